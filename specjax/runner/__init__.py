@@ -1,0 +1,11 @@
+"""Sweeps: config -> grid of cells -> one registered experiment per cell -> JSONL -> report.
+
+  errors (specjax.errors)  ConfigError, check: every config validation
+  config_args   parse_config_arg: ``get_config("runlocal,key=value")`` for config files
+  registry      register_experiment / get_experiment: experiments by name, with hooks
+  grid          expand_grid: config.grid -> cells with stable ids
+  results       the resumable JSONL journal (atomic appends, torn-line tolerant)
+  sweep         prepare / execute / run: one workdir per run, resumable, multi-process
+  report        report.md and plots from the results (also ``python -m specjax.report``)
+  cli           one-line errors for the command-line entry points
+"""

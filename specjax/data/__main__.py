@@ -1,0 +1,34 @@
+"""``python -m specjax.data [--force] [--ship]``: build the corpus cache and summarise it.
+
+``--force`` rebuilds every domain; ``--ship`` also regenerates the held-out texts and
+prompts shipped in ``specjax/data/{heldout,prompts}`` (maintainers only).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from specjax.data import corpora, shipped
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Builds every domain, prints sizes, and optionally rewrites the shipped files."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    unknown = set(argv) - {"--force", "--ship"}
+    if unknown:
+        raise SystemExit(f"unknown arguments {sorted(unknown)}; usage: python -m "
+                         "specjax.data [--force] [--ship]")
+    for name in corpora.DOMAINS:
+        meta = corpora.build_domain(name, force="--force" in argv)
+        print(f"{name:9s} train {meta['train']['bytes']:>10,d} B "
+              f"({meta['train']['documents']} docs)  heldout "
+              f"{meta['heldout']['bytes']:>9,d} B ({meta['heldout']['documents']} docs)  "
+              f"cache {corpora.default_cache_dir() / name}")
+    if "--ship" in argv:
+        for path in shipped.write_shipped_files():
+            print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Static and dynamic descriptions of a speculative run: who drafts, who verifies, how.
+
+Static parts are frozen, hashable dataclasses passed to `jax.jit` as static arguments
+(changing them retraces, by design); array parts are pytrees (changing them does not).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax.errors import ConfigError
+from specjax.verify.rules import RULES
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterSpec:
+    """One drafter (static).
+
+    Attributes:
+        name: the drafter's name in metrics and configs.
+        lm: its functional LM (ARCHITECTURE.md), in its own token ids.
+        temperature: its sampling temperature τ_i ≥ 0 (0 = greedy).
+        top_k / top_p: optional filtering; `q` is always the filtered distribution.
+        cost: c_i, its per-token cost relative to one verifier call (cost model).
+    """
+    name: str
+    lm: Any
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    cost: float = 0.0
+
+
+@struct.dataclass
+class DrafterData:
+    """One drafter's arrays (dynamic).
+
+    Attributes:
+        params: the drafter's parameters.
+        to_verifier: i32[Vd] verifier id with identical bytes, or -1 (rule 3's intersection).
+        from_verifier: i32[Vv] the inverse on the intersection, or -1.
+        retok: i32[Vv, M] the drafter's tokenisation of each verifier token's bytes.
+        retok_len: i32[Vv] its length (1..M).
+    """
+    params: Any
+    to_verifier: jax.Array
+    from_verifier: jax.Array
+    retok: jax.Array
+    retok_len: jax.Array
+
+
+def identity_maps(params, vocab: int) -> DrafterData:
+    """DrafterData for a drafter that shares the verifier's tokenizer."""
+    ids = jnp.arange(vocab, dtype=jnp.int32)
+    return DrafterData(params=params, to_verifier=ids, from_verifier=ids,
+                                          retok=ids[:, None], retok_len=jnp.ones((vocab,), jnp.int32))
+
+
+def cross_vocab_maps(params, to_verifier: np.ndarray, retok: np.ndarray,
+                                          retok_len: np.ndarray, verifier_vocab: int) -> DrafterData:
+    """DrafterData for a drafter with another tokenizer (token-level intersection, TLI)."""
+    to_verifier = np.asarray(to_verifier, np.int32)
+    if not (to_verifier >= 0).any():
+        raise ConfigError("drafter vocabulary: it shares no token with the verifier's "
+                                            "(token-level intersection is empty); cross-vocabulary drafting "
+                                            "needs at least one token with identical bytes")
+    from_verifier = np.full((verifier_vocab,), -1, np.int32)
+    ok = to_verifier >= 0
+    from_verifier[to_verifier[ok]] = np.nonzero(ok)[0]
+    return DrafterData(params=params, to_verifier=jnp.asarray(to_verifier),
+                                          from_verifier=jnp.asarray(from_verifier),
+                                          retok=jnp.asarray(retok, jnp.int32),
+                                          retok_len=jnp.asarray(retok_len, jnp.int32))
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """How a batch is decoded (static).
+
+    Attributes:
+        gamma: γ, draft tokens per chain per round (≥ 1).
+        rule: 'rejection' | 'token_tree' | 'shared_block' | 'coupled'.
+        verifier_temperature: τ of the verifier (0 = greedy).
+        n_slots: S, chains per row in the verifier's block (the row's drafters, in priority
+            order; a row may leave slots empty).
+        max_new_tokens: tokens generated per row before it stops.
+        verifier_top_k / verifier_top_p: optional filtering of the verifier's distribution.
+    """
+    gamma: int = 4
+    rule: str = "rejection"
+    verifier_temperature: float = 1.0
+    n_slots: int = 1
+    max_new_tokens: int = 32
+    verifier_top_k: int = 0
+    verifier_top_p: float = 1.0
+
+    def __post_init__(self):
+        validate_engine_config(self)
+
+
+def validate_engine_config(c: EngineConfig) -> None:
+    """Raises ConfigError naming the field, the value and what is allowed."""
+    if not isinstance(c.gamma, int) or c.gamma < 1:
+        raise ConfigError(f"gamma: got {c.gamma!r}; allowed: an integer ≥ 1")
+    if c.rule not in RULES:
+        raise ConfigError(f"rule: got {c.rule!r}; allowed: one of {', '.join(RULES)}")
+    if not (math.isfinite(c.verifier_temperature) and c.verifier_temperature >= 0):
+        raise ConfigError(f"verifier_temperature: got {c.verifier_temperature!r}; "
+                                            "allowed: a finite number ≥ 0")
+    if not isinstance(c.n_slots, int) or c.n_slots < 1:
+        raise ConfigError(f"n_slots: got {c.n_slots!r}; allowed: an integer ≥ 1")
+    if c.rule == "rejection" and c.n_slots != 1:
+        raise ConfigError(f"n_slots: got {c.n_slots} with rule 'rejection'; allowed: 1 "
+                                            "(use 'token_tree' or 'shared_block' for several drafters per row)")
+    if not isinstance(c.max_new_tokens, int) or c.max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens: got {c.max_new_tokens!r}; allowed: an integer ≥ 1")
+    if not (0 < c.verifier_top_p <= 1):
+        raise ConfigError(f"verifier_top_p: got {c.verifier_top_p!r}; allowed: (0, 1]")
+
+
+def validate_drafter(d: DrafterSpec) -> None:
+    if not (math.isfinite(d.temperature) and d.temperature >= 0):
+        raise ConfigError(f"drafter {d.name!r} temperature: got {d.temperature!r}; "
+                                            "allowed: a finite number ≥ 0")
+    if not (0 < d.top_p <= 1):
+        raise ConfigError(f"drafter {d.name!r} top_p: got {d.top_p!r}; allowed: (0, 1]")
+    if d.top_k < 0:
+        raise ConfigError(f"drafter {d.name!r} top_k: got {d.top_k!r}; allowed: ≥ 0")
+    if not (math.isfinite(d.cost) and d.cost >= 0):
+        raise ConfigError(f"drafter {d.name!r} cost: got {d.cost!r}; allowed: ≥ 0")

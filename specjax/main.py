@@ -1,0 +1,79 @@
+r"""Runs a sweep: ``python -m specjax.main --config=configs/NAME.py[:variant,key=value] --workdir=DIR``.
+
+  python -m specjax.main --config=configs/seed_reproduction.py:runlocal --workdir=runs/seed
+  python -m specjax.main --config=configs/seed_reproduction.py:grid.gamma=[2,4] \
+      --config.num_prompts=8 --workdir=runs/seed_gamma   # ml_collections overrides work too
+  specjax --config=... --workdir=...                      # the installed console script
+
+Rerunning with the same workdir resumes the sweep. Bad input (an unknown field, a value
+out of range, a workdir that is a file, ...) prints one line ``specjax: error: ...`` and
+exits with status 2 before anything is written. ``--jax_distributed`` initialises
+`jax.distributed` first (multi-host TPU / GPU); the cells are then split over processes.
+
+The work happens in `specjax.runner.sweep.run(config, workdir)`, importable from a
+notebook; this file only parses flags.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from specjax.errors import ConfigError
+from specjax.runner.cli import fail, parse_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file, optionally followed by ':variant,key=value,...'.",
+    lock_config=True)
+if "workdir" not in flags.FLAGS:  # shared with specjax.report
+    flags.DEFINE_string("workdir", None, "Directory of the run (created; reused to resume).")
+flags.DEFINE_bool("jax_distributed", False,
+                  "Call jax.distributed.initialize() first (multi-host TPU / GPU).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        fail(f"unexpected arguments: {' '.join(argv[1:])}")
+    if flags.FLAGS.jax_distributed:
+        import jax  # pylint: disable=import-outside-toplevel
+
+        jax.distributed.initialize()
+
+    from specjax.runner import sweep  # pylint: disable=import-outside-toplevel
+
+    # Validation, before anything is written.
+    try:
+        config = _CONFIG.value
+        if not _is_config(config):
+            filename = config_flags.get_config_filename(flags.FLAGS["config"])
+            raise ConfigError.invalid("--config", filename,
+                                      "the path of a readable config file (.py)")
+        plan = sweep.prepare(config, flags.FLAGS.workdir)
+    except ValueError as e:  # ConfigError included
+        fail(e)
+
+    # The sweep itself: only a ConfigError is bad input here; anything else is a bug
+    # whose traceback the user needs.
+    try:
+        sweep.execute(plan)
+    except ConfigError as e:
+        fail(e)
+
+
+def _is_config(config) -> bool:
+    import ml_collections  # pylint: disable=import-outside-toplevel
+
+    return isinstance(config, ml_collections.ConfigDict)
+
+
+def entry() -> None:
+    """The ``specjax`` console script."""
+    app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,111 @@
+"""The adversarial synthetic setups of the losslessness suite (SPEC §9), shared by tests.
+
+A case is a verifier table and three drafter tables over a small vocabulary. The drafters
+have their *own* vocabularies (rule 3): drafter 0 shares the verifier's ids, drafter 1 is a
+permutation of them plus a token the verifier lacks (a "thinking" token), drafter 2 covers
+only part of the verifier's vocabulary (verifier tokens outside it are re-tokenised into two
+drafter tokens). So every case also exercises cross-vocabulary drafting.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.engine.spec import DrafterData, DrafterSpec, cross_vocab_maps
+from specjax.models.synthetic import BigramLM, random_table
+
+V = 5            # verifier vocabulary
+NEG = -1e4       # logit of an impossible token (exp underflows to exactly 0 in f32)
+CASES = ("random", "q_equals_p", "disjoint_support", "one_hot_q", "sharp_p", "flat_p")
+DRAFTER_TEMPERATURES = (1.0, 0.7, 1.5)
+
+
+@dataclasses.dataclass
+class Setup:
+    verifier: BigramLM
+    v_params: dict
+    drafters: tuple
+    d_data: tuple
+    v_table: np.ndarray
+
+
+def _maps():
+    """(to_verifier, retok, retok_len) for the three drafters."""
+    # Drafter 0: identity.
+    m0 = (np.arange(V), np.arange(V)[:, None], np.ones(V, np.int32))
+    # Drafter 1: reversed ids + one extra token (id V) the verifier lacks.
+    perm = np.arange(V)[::-1].copy()
+    to1 = np.concatenate([perm, [-1]])
+    inv = np.argsort(perm)
+    m1 = (to1, inv[:, None], np.ones(V, np.int32))
+    # Drafter 2: knows verifier ids 0..V-3 only; ids V-2, V-1 exist as two-token spellings.
+    known = V - 2
+    to2 = np.concatenate([np.arange(known), [-1, -1]])
+    retok2 = np.zeros((V, 2), np.int32)
+    lens2 = np.ones(V, np.int32)
+    for v in range(V):
+        if v < known:
+            retok2[v, 0] = v
+        else:
+            retok2[v] = [known + (v - known), (v * 7) % known]
+            lens2[v] = 2
+    m2 = (to2, retok2, lens2)
+    return (m0, m1, m2)
+
+
+def case_tables(name: str, seed: int = 0):
+    """(verifier table f32[V, V], [three drafter tables in their own ids])."""
+    rng = np.random.default_rng(seed)
+    vt = random_table(rng, V, 1.5)
+    maps = _maps()
+    # Drafter logits in *verifier* ids, then laid out in each drafter's own ids.
+    dq = [random_table(rng, V, 1.5) for _ in range(3)]
+    if name == "q_equals_p":
+        dq = [vt.copy() for _ in range(3)]
+    elif name == "disjoint_support":
+        vt[:, : V // 2] = NEG                       # p lives on the upper ids
+        for t in dq:
+            t[:, V // 2:] = NEG                     # q on the lower ids
+    elif name == "one_hot_q":
+        for i, t in enumerate(dq):
+            t[:] = NEG
+            t[np.arange(V), (np.arange(V) + i) % V] = 0.0
+    elif name == "sharp_p":
+        vt *= 6.0
+    elif name == "flat_p":
+        vt *= 0.05
+    elif name != "random":
+        raise ValueError(f"case: got {name!r}; allowed: {CASES}")
+    d_tables = []
+    for (to_v, _, _), t in zip(maps, dq):
+        vd = len(to_v)
+        table = np.full((vd, vd), NEG, np.float32)
+        ok = np.nonzero(to_v >= 0)[0]
+        # Row = the drafter's context token (in its ids), column = the next token.
+        ctx_v = np.where(to_v >= 0, to_v, 0)
+        table[:, ok] = t[ctx_v][:, to_v[ok]]
+        if vd > V:  # the extra "thinking" token: likely, but outside the intersection
+            table[:, V:] = 2.0
+        d_tables.append(table)
+    return vt.astype(np.float32), d_tables
+
+
+def make_setup(name: str, seed: int = 0, temperatures=DRAFTER_TEMPERATURES) -> Setup:
+    vt, d_tables = case_tables(name, seed)
+    drafters, data = [], []
+    for i, ((to_v, retok, lens), table) in enumerate(zip(_maps(), d_tables)):
+        drafters.append(DrafterSpec(f"d{i}", BigramLM(table.shape[0]),
+                                    temperature=temperatures[i]))
+        data.append(cross_vocab_maps({"table": jnp.asarray(table)}, to_v, retok, lens, V))
+    return Setup(verifier=BigramLM(V), v_params={"table": jnp.asarray(vt)},
+                 drafters=tuple(drafters), d_data=tuple(data), v_table=vt)
+
+
+def drafter_prompts(prompt: list[int]) -> list[list[int]]:
+    """The prompt re-spelt in each drafter's ids (through its re-tokenisation table)."""
+    out = []
+    for _, retok, lens in _maps():
+        out.append([int(t) for v in prompt for t in retok[v, :lens[v]]])
+    return out

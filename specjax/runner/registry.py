@@ -1,0 +1,158 @@
+"""Experiments by name: what a config's ``experiment`` field selects.
+
+An experiment computes the metrics of one grid cell::
+
+    @register_experiment("seed_reproduction", validate=check_config, finalize=summarise)
+    def seed_reproduction(config: ConfigDict, cell: dict, workdir: Path) -> dict:
+        ...  # JSON-serialisable metrics (SPEC §7 names)
+
+Hooks, all optional:
+  * ``validate(config) -> None`` raises `specjax.errors.ConfigError` for a bad config;
+    the runner calls it before anything is written to the workdir.
+  * ``finalize(config, workdir, results) -> None`` runs once (on process 0) after every
+    cell has a result, e.g. to write ``summary.json``.
+
+The project's experiments are registered by importing `specjax.experiments_registry`
+(done lazily, the first time a name is looked up). A config may also name its own module
+in ``config.experiment_module`` (a dotted module name or a path to a ``.py`` file), so
+that research code outside the package can be swept without editing specjax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import hashlib
+import sys
+import types
+from pathlib import Path
+from typing import Any, Callable
+
+from specjax.errors import ConfigError
+
+__all__ = [
+    "Experiment",
+    "register_experiment",
+    "get_experiment",
+    "known_experiments",
+    "import_experiment_module",
+]
+
+PROJECT_REGISTRY_MODULE = "specjax.experiments_registry"
+
+RunFn = Callable[[Any, dict, Path], dict]
+ValidateFn = Callable[[Any], None]
+FinalizeFn = Callable[[Any, Path, list], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """A registered experiment: its cell function and optional hooks."""
+
+    name: str
+    run: RunFn
+    validate: ValidateFn | None = None
+    finalize: FinalizeFn | None = None
+
+
+_REGISTRY: dict[str, Experiment] = {}
+_project_registry_imported = False
+
+
+def register_experiment(name: str, *, validate: ValidateFn | None = None,
+                        finalize: FinalizeFn | None = None) -> Callable[[RunFn], RunFn]:
+    """Decorator registering `fn(config, cell, workdir) -> dict` under `name`.
+
+    Registering the same function twice (a module imported under two names, or
+    reloaded) is harmless; registering a different function under a taken name is a
+    programming error and raises ValueError.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"experiment name must be a non-empty string, got {name!r}")
+
+    def decorator(fn: RunFn) -> RunFn:
+        if not callable(fn):
+            raise TypeError(f"experiment {name!r}: {fn!r} is not callable")
+        old = _REGISTRY.get(name)
+        if old is not None and _origin(old.run) != _origin(fn):
+            raise ValueError(
+                f"experiment {name!r} is already registered by {_origin(old.run)}; "
+                f"cannot register {_origin(fn)} under the same name")
+        _REGISTRY[name] = Experiment(name=name, run=fn, validate=validate, finalize=finalize)
+        return fn
+
+    return decorator
+
+
+def get_experiment(name: str) -> Experiment:
+    """The experiment registered as `name`; ConfigError listing the known names if none."""
+    _import_project_registry()
+    if name not in _REGISTRY:
+        raise ConfigError.invalid("experiment", name, known_experiments() or
+                                  "(none registered: specjax.experiments_registry is missing)")
+    return _REGISTRY[name]
+
+
+def known_experiments() -> list[str]:
+    _import_project_registry()
+    return sorted(_REGISTRY)
+
+
+def import_experiment_module(spec: str) -> types.ModuleType:
+    """Imports (once) a module that registers experiments: a dotted name or a ``.py`` path.
+
+    Returns:
+      The module.
+
+    Raises:
+      ConfigError: the module cannot be found (field ``experiment_module``).
+    """
+    if spec.endswith(".py") or "/" in spec or "\\" in spec:
+        path = Path(spec).expanduser().resolve()
+        if not path.is_file():
+            raise ConfigError.invalid("experiment_module", spec, "a dotted module name or "
+                                      "the path of an existing .py file")
+        # One module per file, named after its path, so that importing it twice (e.g.
+        # once per sweep in a notebook) does not run its registrations twice.
+        digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+        mod_name = f"specjax_user_experiments.{path.stem}_{digest}"
+        if mod_name in sys.modules:
+            return sys.modules[mod_name]
+        module_spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[mod_name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[mod_name]
+            raise
+        return module
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (spec == e.name or spec.startswith(e.name + ".")):
+            raise ConfigError.invalid("experiment_module", spec,
+                                      "an importable module name or the path of a .py "
+                                      "file") from e
+        raise
+
+
+def _import_project_registry() -> None:
+    global _project_registry_imported
+    if _project_registry_imported:
+        return
+    try:
+        importlib.import_module(PROJECT_REGISTRY_MODULE)
+    except ModuleNotFoundError as e:
+        # Only the registry module itself may be absent; a missing dependency inside it
+        # is a real error and must surface.
+        if e.name != PROJECT_REGISTRY_MODULE:
+            raise
+    _project_registry_imported = True
+
+
+def _origin(fn: Callable) -> str:
+    code = getattr(fn, "__code__", None)
+    where = f"{code.co_filename}:{code.co_firstlineno}" if code else repr(fn)
+    return f"{getattr(fn, '__qualname__', fn)} ({where})"

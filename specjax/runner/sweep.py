@@ -1,0 +1,346 @@
+"""Running a sweep: every cell of ``config.grid`` through one registered experiment.
+
+One workdir per run (big_vision style)::
+
+    workdir/
+      config.json      the config of the last invocation
+      version.json     specjax / jax versions, devices, git commit (and earlier ones)
+      results.jsonl    one JSON line per finished cell: cell_id, cell params, metrics,
+                       wall_time_s (the resumable journal, see `results`)
+      report.md, plots/*.png   (`specjax.runner.report`), then the experiment's own files
+
+The runner reads these config fields; everything else belongs to the experiment:
+
+  experiment              str, a registered experiment name (required)
+  grid                    ConfigDict axis -> list of values (required, see `grid`)
+  experiment_module       str, optional: module or .py path registering experiments
+  report                  bool, optional (default True): write report.md and plots
+  cells_across_processes  str, optional: "round_robin" (default) — with several JAX
+                          processes, process i runs the i-th, (i+n)-th, ... of the cells
+                          not yet recorded, on its local devices;
+                          "all" — every process runs every cell together (one computation
+                          over a mesh spanning hosts), process 0 records the results.
+
+`run` = `prepare` (validates; writes nothing, so a bad config leaves no workdir behind)
+then `execute`. Rerunning with the same workdir skips the cells already recorded, so a
+killed sweep resumes; extending the grid runs only the new cells. Resuming with a config
+that differs outside ``grid`` (and the runner's own fields) is refused: its results would
+be mixed with the old ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import ml_collections
+from absl import logging
+
+import specjax
+from specjax.errors import ConfigError, check
+from specjax.runner import grid as grid_lib
+from specjax.runner import registry
+from specjax.runner import results as results_lib
+
+__all__ = ["Plan", "Processes", "prepare", "execute", "run", "version_info"]
+
+CONFIG_NAME = "config.json"
+VERSION_NAME = "version.json"
+SPLIT_MODES = ("round_robin", "all")
+# Fields that may change when a sweep is resumed: they do not change any cell's result.
+RESUME_IGNORED = ("grid", "report", "experiment_module", "cells_across_processes")
+
+
+@dataclasses.dataclass(frozen=True)
+class Processes:
+    """Who this process is among the JAX processes, and a named barrier across them."""
+
+    index: int = 0
+    count: int = 1
+    barrier: Callable[[str], None] = lambda name: None
+
+    @classmethod
+    def from_jax(cls) -> "Processes":
+        import jax  # pylint: disable=import-outside-toplevel
+
+        count, index = jax.process_count(), jax.process_index()
+        if count == 1:
+            return cls()
+        from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+        return cls(index=index, count=count, barrier=multihost_utils.sync_global_devices)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A validated sweep, ready to execute."""
+
+    config: ml_collections.ConfigDict
+    workdir: Path
+    experiment: registry.Experiment
+    cells: list[dict]
+    config_json: dict
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Plan:
+    """Validates the config and the workdir; writes nothing.
+
+    Raises:
+      ConfigError: a workdir that exists as a file (or under a file), no or an unknown
+        experiment, a bad grid, a config the experiment's validate hook rejects, or a
+        workdir holding results of a config that differs outside ``grid``.
+    """
+    check(isinstance(config, ml_collections.ConfigDict), "--config", type(config).__name__,
+          "a ConfigDict returned by the config file's get_config()")
+    workdir = _check_workdir(workdir)
+    name = config.get("experiment")
+    check(isinstance(name, str) and name, "experiment", name,
+          "the name of a registered experiment (config.experiment = '...')")
+    module = config.get("experiment_module")
+    if module:
+        check(isinstance(module, str), "experiment_module", module, "a string")
+        registry.import_experiment_module(module)
+    experiment = registry.get_experiment(name)
+    check(config.get("cells_across_processes", "round_robin") in SPLIT_MODES,
+          "cells_across_processes", config.get("cells_across_processes"), SPLIT_MODES)
+    cells = grid_lib.expand_grid(config)
+    if experiment.validate is not None:
+        experiment.validate(config)
+    config_json = json.loads(config.to_json_best_effort())
+    _check_resumable(workdir, config_json)
+    return Plan(config=config, workdir=workdir, experiment=experiment, cells=cells,
+                config_json=config_json)
+
+
+def execute(plan: Plan, *, progress: bool = True,
+            processes: Processes | None = None) -> list[dict]:
+    """Runs the cells of `plan` not yet recorded; returns every recorded result row."""
+    procs = processes or Processes.from_jax()
+    workdir = plan.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    spmd = plan.config.get("cells_across_processes", "round_robin") == "all"
+    own_journal = procs.count > 1 and not spmd
+    journal = results_lib.results_path(workdir, procs.index if own_journal else None)
+    records = procs.index == 0 or own_journal
+    with contextlib.ExitStack() as locks:
+        # Process 0 holds the workdir's lock (that of results.jsonl, which it merges into);
+        # every other process writing a journal holds that journal's.
+        for path in {results_lib.results_path(workdir) if procs.index == 0 else None,
+                     journal if records else None} - {None}:
+            try:
+                locks.enter_context(results_lib.journal_lock(path))
+            except BlockingIOError:
+                raise ConfigError(
+                    f"--workdir: {workdir} is in use by another running sweep (lock on "
+                    f"{path.name} held); wait for it or use another workdir",
+                    field="--workdir", value=str(workdir), allowed="a workdir not in use"
+                ) from None
+        return _execute_locked(plan, procs, journal, records, spmd, progress)
+
+
+def _execute_locked(plan: Plan, procs: Processes, journal: Path, records: bool,
+                    spmd: bool, progress: bool) -> list[dict]:
+    workdir, config, exp = plan.workdir, plan.config, plan.experiment
+    if procs.index == 0:
+        results_lib.atomic_write_json(workdir / CONFIG_NAME, plan.config_json)
+        _write_version(workdir)
+
+    procs.barrier("specjax_sweep_start")  # config written, journals complete
+    done = {r["cell_id"] for r in results_lib.read_all_results(workdir) if "cell_id" in r}
+    procs.barrier("specjax_sweep_read")  # nobody appends before everyone has read
+    todo = [c for c in plan.cells if c["cell_id"] not in done]
+    mine = todo if spmd or procs.count == 1 else todo[procs.index::procs.count]
+    if done:
+        logging.info("%s: %d of %d cells already recorded; %d to run",
+                     workdir, len(plan.cells) - len(todo), len(plan.cells), len(todo))
+    if records:
+        results_lib.repair(journal)
+
+    bar = _progress_bar(len(mine), f"{exp.name} p{procs.index}" if procs.count > 1 else exp.name,
+                        enabled=progress)
+    try:
+        for cell in mine:
+            start = time.perf_counter()
+            metrics = exp.run(config, dict(cell), workdir)
+            wall = time.perf_counter() - start
+            record = _record(exp.name, cell, metrics, wall, procs.index)
+            if records:
+                results_lib.append_result(journal, record)
+            bar.set_postfix_str(f"{cell['cell_id']} {wall:.1f}s", refresh=False)
+            bar.update(1)
+    finally:
+        bar.close()
+
+    procs.barrier("specjax_sweep_cells_done")
+    if procs.index == 0:
+        rows = results_lib.merge_results(workdir, order=[c["cell_id"] for c in plan.cells])
+        if config.get("report", True):
+            from specjax.runner import report  # pylint: disable=import-outside-toplevel
+
+            try:
+                report.write_report(workdir, rows, plan.config_json)
+            except Exception:  # pylint: disable=broad-except
+                # The results are safe; a plotting bug must not cost the finalize hook.
+                logging.exception("writing the report failed; fix and rebuild it with "
+                                  "python -m specjax.report --workdir=%s", workdir)
+        if exp.finalize is not None:
+            exp.finalize(config, workdir, rows)
+    procs.barrier("specjax_sweep_finalized")
+    return results_lib.read_all_results(workdir)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
+        progress: bool = True) -> list[dict]:
+    """`prepare` then `execute`: the whole sweep, resumable. Returns every result row."""
+    return execute(prepare(config, workdir), progress=progress)
+
+
+def version_info() -> dict[str, Any]:
+    """Versions, devices and the git commit of the running code."""
+    import jax  # pylint: disable=import-outside-toplevel
+    import jaxlib  # pylint: disable=import-outside-toplevel
+
+    devices = jax.devices()
+    info = {
+        "specjax": specjax.__version__,
+        "jax": jax.__version__,
+        "jaxlib": getattr(jaxlib, "__version__", None),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "backend": jax.default_backend(),
+        "process_count": jax.process_count(),
+        "device_count": len(devices),
+        "local_device_count": jax.local_device_count(),
+        "device_kind": devices[0].device_kind if devices else None,
+        "devices": [str(d) for d in devices[:64]],
+        "argv": list(sys.argv),
+        "started_at": _now(),
+    }
+    info.update(_git_info(Path(specjax.__file__).resolve().parent.parent))
+    return info
+
+
+# ----------------------------------------------------------------------------------
+# Helpers.
+# ----------------------------------------------------------------------------------
+
+
+def _check_workdir(workdir: str | os.PathLike) -> Path:
+    check(workdir is not None and str(workdir).strip(), "--workdir", workdir,
+          "a directory path")
+    path = Path(workdir).expanduser()
+    for p in [path, *path.parents]:
+        if p.exists():
+            if p.is_dir():
+                break
+            allowed = ("a directory or a path to create, not an existing file" if p == path
+                       else f"a path that can be created ({p} is a file)")
+            raise ConfigError.invalid("--workdir", str(workdir), allowed)
+    return path
+
+
+def _check_resumable(workdir: Path, config_json: dict) -> None:
+    old_path = workdir / CONFIG_NAME
+    if not old_path.is_file() or not results_lib.read_all_results(workdir):
+        return
+    try:
+        old = json.loads(old_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return  # unreadable: the results are still keyed by cell_id
+    differ = _diff_paths({k: v for k, v in old.items() if k not in RESUME_IGNORED},
+                         {k: v for k, v in config_json.items() if k not in RESUME_IGNORED})
+    if differ:
+        shown = ", ".join(differ[:8]) + (", ..." if len(differ) > 8 else "")
+        raise ConfigError(
+            f"--workdir: {workdir} holds results of a different config (differs in "
+            f"{shown}); use a new workdir, or the same values to resume",
+            field="--workdir", value=str(workdir), allowed="a workdir of the same config")
+
+
+def _diff_paths(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in list(a) + [k for k in b if k not in a]:
+            path = f"{prefix}.{k}" if prefix else k
+            if k not in a or k not in b:
+                out.append(path)
+            else:
+                out.extend(_diff_paths(a[k], b[k], path))
+        return out
+    return [] if a == b else [prefix or "(root)"]
+
+
+def _record(name: str, cell: dict, metrics: Any, wall: float, index: int) -> dict:
+    if not isinstance(metrics, dict):
+        raise TypeError(f"experiment {name!r} returned {type(metrics).__name__}; expected a "
+                        f"dict of JSON-serialisable metrics")
+    clash = sorted(set(metrics) & set(grid_lib.RESERVED_AXES))
+    if clash:
+        raise ValueError(f"experiment {name!r} returned the runner's own keys {clash}")
+    params = grid_lib.cell_params(cell)
+    return {
+        "cell_id": cell["cell_id"],
+        "cell": params,
+        **params,
+        **grid_lib.to_jsonable(metrics, f"metrics of experiment {name!r}"),
+        "wall_time_s": round(wall, 6),
+        "finished_at": _now(),
+        "process_index": index,
+    }
+
+
+def _write_version(workdir: Path) -> None:
+    info = version_info()
+    path = workdir / VERSION_NAME
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        old = None
+    if isinstance(old, dict):
+        # Keep the versions a resumed sweep ran under before, when they differ.
+        previous = old.pop("previous", [])
+        keys = ("specjax", "jax", "jaxlib", "git_commit", "git_dirty", "backend",
+                "device_count")
+        if any(old.get(k) != info.get(k) for k in keys):
+            previous.append(old)
+        if previous:
+            info["previous"] = previous
+    results_lib.atomic_write_json(path, info)
+
+
+def _git_info(root: Path) -> dict[str, Any]:
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                                 timeout=10, check=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {"git_commit": None}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": commit, "git_dirty": bool(status) if status is not None else None}
+
+
+def _progress_bar(total: int, desc: str, enabled: bool):
+    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+
+    return tqdm(total=total, desc=desc, unit="cell", file=sys.stderr, disable=not enabled,
+                dynamic_ncols=True, smoothing=0.1,
+                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, "
+                           "{rate_fmt}{postfix}]")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

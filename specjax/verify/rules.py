@@ -1,0 +1,236 @@
+"""The lossless verification rules (SPEC §3), for one sequence; lift with `jax.vmap`.
+
+Block layout (one row). The verifier scored `[root] + S slot chains of γ drafts`, so:
+
+    p_root:  f32[V]        target distribution after the root (the last committed token)
+    p_nodes: f32[S, γ, V]  target distribution after slot s's draft j (context: root + that
+                                                    slot's drafts ≤ j)
+    q:       f32[S, γ, V]  the distribution slot s's draft j was sampled from (verifier ids)
+    drafts:  i32[S, γ]     the drafts (verifier ids)
+    active:  bool[S]       which slots hold a chain this round (inactive slots are ignored)
+
+Every rule returns a `Verdict`: `n` drafted tokens committed, then one token from the
+verifier (residual, fresh or bonus sample), so `1 ≤ n + 1 ≤ γ + 1` tokens per round.
+
+Rules:
+    * `shared_block` — switch 2 off (the naive design) and, with one active slot, plain
+        `rejection` (Leviathan et al. 2023): every chain tested alone with min(1, p/q_k); the
+        block is cut at the first position where *any* chain was rejected; the primary chain
+        (first active slot) is committed up to the cut; the token at the cut is the primary's
+        residual only if its own rejection came strictly first, otherwise a fresh sample of p.
+    * `token_tree` — switch 2 on: recursive rejection sampling over the slot chains
+        (SpecInfer, Miao et al. 2024, Thm 4.2); each chain truncated at its own first rejection,
+        each rejection attributed to its slot.
+    * `coupled` — drafter-invariant Gumbel coupling (Daliri, Musco, Suresh 2025): drafts and
+        the verifier's tokens are Gumbel-max samples with the same noise; the output is the
+        verifier's Gumbel-max sample whatever the drafts.
+"""
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.verify.distributions import accept_test, gumbel_argmax, residual, sample
+
+RULES = ("rejection", "token_tree", "shared_block", "coupled")
+
+
+@struct.dataclass
+class Verdict:
+    """What one round of verification decided for one row.
+
+    Attributes:
+        n: i32[] drafted tokens committed (0..γ).
+        tokens: i32[γ+1] committed tokens: `tokens[:n]` drafts, `tokens[n]` the verifier's;
+            entries past `n` are 0.
+        path_slot: i32[γ] the slot whose tree node holds path depth j (valid for j < n); used
+            to compact the verifier's KV cache onto the committed path.
+        accepted: i32[S] drafts of each slot accepted by this round's verification.
+        rejected: i32[S] rejections attributed to each slot (rejection attribution).
+        matched: i32[S] leading drafts of each slot equal to the committed drafts (≤ n): the
+            part of a drafter's own cache that stays valid.
+        own_first_rejection: i32[S] where each chain, tested alone against p with its own
+            uniforms, was first rejected (γ if never): per-drafter and independent-branch
+            acceptance, measured without an extra verifier call.
+        reached: i32[] block positions that verification reached, min(n + 1, γ).
+    """
+    n: jax.Array
+    tokens: jax.Array
+    path_slot: jax.Array
+    accepted: jax.Array
+    rejected: jax.Array
+    matched: jax.Array
+    own_first_rejection: jax.Array
+    reached: jax.Array
+
+
+def _p_before(p_root, p_nodes):
+    """f32[S, γ, V]: the target distribution each draft was tested against."""
+    s = p_nodes.shape[0]
+    root = jnp.broadcast_to(p_root, (s, 1) + p_root.shape)
+    return jnp.concatenate([root, p_nodes[:, :-1]], axis=1)
+
+
+def _gather_tok(dist, tok):
+    """dist f32[..., V], tok i32[...] → f32[...]."""
+    return jnp.take_along_axis(dist, tok[..., None], axis=-1)[..., 0]
+
+
+def _leading(flags):
+    """Number of leading True values along the last axis."""
+    return jnp.sum(jnp.cumprod(flags.astype(jnp.int32), axis=-1), axis=-1)
+
+
+def _matched(drafts, path, n):
+    gamma = drafts.shape[-1]
+    eq = (drafts == path[None, :gamma]) & (jnp.arange(gamma) < n)[None, :]
+    return _leading(eq)
+
+
+def _own_tests(u, p_before, q, drafts, active):
+    """Each chain tested alone: i32[S] first rejection (γ when never; γ when inactive)."""
+    acc = accept_test(u, _gather_tok(p_before, drafts), _gather_tok(q, drafts))
+    first = _leading(acc)
+    return jnp.where(active, first, drafts.shape[-1])
+
+
+def _check(p_root, p_nodes, q, drafts, active):
+    s, gamma, v = q.shape
+    chex.assert_shape(p_root, (v,))
+    chex.assert_shape(p_nodes, (s, gamma, v))
+    chex.assert_shape(drafts, (s, gamma))
+    chex.assert_shape(active, (s,))
+
+
+def shared_block(key, p_root, p_nodes, q, drafts, active) -> Verdict:
+    """Switch 2 off: one shared block, the verifier a min over drafters (SPEC §4).
+
+    With a single active slot this is exactly Leviathan/Chen rejection sampling.
+    Lossless: other chains' outcomes are independent of the primary chain, so the cut is a
+    stopping time for it, and a fresh sample of p after a stopping time is exact. A tie at
+    the cut takes the fresh sample (the residual there would bias the output).
+    """
+    _check(p_root, p_nodes, q, drafts, active)
+    s, gamma, _ = q.shape
+    k_u, k_tok = jax.random.split(key)
+    p_before = _p_before(p_root, p_nodes)
+    first = _own_tests(jax.random.uniform(k_u, (s, gamma)), p_before, q, drafts, active)
+    primary = jnp.argmax(active)
+    cut = jnp.min(first)
+    others_later = jnp.all(jnp.where(jnp.arange(s) == primary, True, first > cut))
+    own_first = first[primary] == cut
+    cut_c = jnp.minimum(cut, gamma - 1)
+    p_cut = p_before[primary, cut_c]
+    dist = jnp.where(cut == gamma, p_nodes[primary, gamma - 1],
+                                      jnp.where(own_first & others_later,
+                                                          residual(p_cut, q[primary, cut_c]), p_cut))
+    final = sample(k_tok, dist)
+    idx = jnp.arange(gamma + 1)
+    tokens = jnp.where(idx < cut, jnp.pad(drafts[primary], (0, 1)), 0)
+    tokens = jnp.where(idx == cut, final, tokens)
+    rejected = (active & (first == cut) & (cut < gamma)).astype(jnp.int32)
+    return Verdict(
+            n=cut.astype(jnp.int32), tokens=tokens.astype(jnp.int32),
+            path_slot=jnp.full((gamma,), primary, jnp.int32),
+            accepted=jnp.where(active, jnp.minimum(first, cut), 0).astype(jnp.int32),
+            rejected=rejected, matched=jnp.where(active, _matched(drafts, tokens, cut), 0),
+            own_first_rejection=first.astype(jnp.int32),
+            reached=jnp.minimum(cut + 1, gamma).astype(jnp.int32))
+
+
+def rejection(key, p_root, p_nodes, q, drafts, active) -> Verdict:
+    """Rule 1 (Leviathan et al. 2023; Chen et al. 2023) for a single chain (S = 1)."""
+    if q.shape[0] != 1:
+        raise ValueError(f"rule 'rejection' verifies one chain per row; got {q.shape[0]} slots "
+                                          "(use 'token_tree' or 'shared_block' for several drafters)")
+    return shared_block(key, p_root, p_nodes, q, drafts, active)
+
+
+def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
+    """Rule 2: recursive rejection sampling over the slot chains (SpecInfer Thm 4.2).
+
+    At a node the children (the depth-d drafts of the chains still on the committed path,
+    in slot order) are tried in turn: child k is accepted with min(1, r_k(x_k)/q_k(x_k)),
+    r_1 = p, r_{k+1} = norm(max(0, r_k − q_k)); if all are rejected the token is sampled
+    from the last residual. A chain stays on the path while its drafts equal the committed
+    ones (its next draft is then a fresh sample from q_k given the path, as the theorem
+    needs), so chains that agree keep proposing.
+    """
+    _check(p_root, p_nodes, q, drafts, active)
+    s, gamma, v = q.shape
+    k_u, k_own, k_tok = jax.random.split(key, 3)
+    u = jax.random.uniform(k_u, (gamma, s))
+    tok_keys = jax.random.split(k_tok, gamma + 1)
+    p_before = _p_before(p_root, p_nodes)
+
+    def depth(carry, d):
+        done, n, cur, alive, tokens, path_slot, acc, rej = carry
+        r0 = jnp.where(d == 0, p_root, p_nodes[cur, jnp.maximum(d - 1, 0)])
+
+        def child(c, k):
+            r, found, slot, rej_k = c
+            x = drafts[k, d]
+            try_k = alive[k] & ~found & ~done
+            ok = accept_test(u[d, k], r[x], q[k, d, x])
+            hit = try_k & ok
+            miss = try_k & ~ok
+            r = jnp.where(miss, residual(r, q[k, d]), r)
+            rej_k = rej_k.at[k].add(miss.astype(jnp.int32))
+            return (r, found | hit, jnp.where(hit, k, slot), rej_k), None
+
+        (r, found, slot, rej), _ = jax.lax.scan(
+                child, (r0, jnp.array(False), jnp.int32(0), rej), jnp.arange(s))
+        x = drafts[slot, d]
+        stop_here = ~done & ~found
+        final = sample(tok_keys[d], r)
+        tokens = tokens.at[d].set(jnp.where(done, tokens[d], jnp.where(found, x, final)))
+        path_slot = path_slot.at[d].set(jnp.where(found & ~done, slot, path_slot[d]))
+        acc = acc.at[slot].add((found & ~done).astype(jnp.int32))
+        alive = jnp.where(found & ~done, alive & (drafts[:, d] == x), alive)
+        n = n + (found & ~done).astype(jnp.int32)
+        cur = jnp.where(found & ~done, slot, cur)
+        return (done | stop_here, n, cur, alive, tokens, path_slot, acc, rej), None
+
+    init = (jnp.array(False), jnp.int32(0), jnp.argmax(active).astype(jnp.int32), active,
+                    jnp.zeros((gamma + 1,), jnp.int32), jnp.zeros((gamma,), jnp.int32),
+                    jnp.zeros((s,), jnp.int32), jnp.zeros((s,), jnp.int32))
+    (done, n, cur, _, tokens, path_slot, acc, rej), _ = jax.lax.scan(
+            depth, init, jnp.arange(gamma))
+    bonus = sample(tok_keys[gamma], p_nodes[cur, gamma - 1])
+    tokens = tokens.at[gamma].set(jnp.where(done, 0, bonus))
+    first = _own_tests(jax.random.uniform(k_own, (s, gamma)), p_before, q, drafts, active)
+    return Verdict(n=n, tokens=tokens, path_slot=path_slot, accepted=acc, rejected=rej,
+                                  matched=jnp.where(active, _matched(drafts, tokens, n), 0),
+                                  own_first_rejection=first.astype(jnp.int32),
+                                  reached=jnp.minimum(n + 1, gamma).astype(jnp.int32))
+
+
+def coupled(gumbel, p_root, p_nodes, q, drafts, active) -> Verdict:
+    """Rule 4: drafter-invariant verification with shared Gumbel noise.
+
+    Args:
+        gumbel: f32[γ+1, V] the noise of absolute positions length..length+γ; the drafts must
+            be `argmax(log q + g)` with the same noise. The committed tokens are
+            `argmax(log p + g)` along the path, i.e. the verifier's own sample for this noise.
+    """
+    _check(p_root, p_nodes, q, drafts, active)
+    s, gamma, _ = q.shape
+    p_before = _p_before(p_root, p_nodes)
+    target = gumbel_argmax(p_before, gumbel[None, :gamma])          # i32[S, γ]
+    lead = jnp.where(active, _leading(drafts == target), -1)
+    best = jnp.argmax(lead)
+    n = jnp.maximum(lead[best], 0).astype(jnp.int32)
+    final = jnp.where(n < gamma, target[best, jnp.minimum(n, gamma - 1)],
+                                        gumbel_argmax(p_nodes[best, gamma - 1], gumbel[gamma]))
+    idx = jnp.arange(gamma + 1)
+    tokens = jnp.where(idx < n, jnp.pad(drafts[best], (0, 1)), 0)
+    tokens = jnp.where(idx == n, final, tokens).astype(jnp.int32)
+    lead0 = jnp.maximum(lead, 0)
+    return Verdict(n=n, tokens=tokens, path_slot=jnp.full((gamma,), best, jnp.int32),
+                                  accepted=jnp.minimum(lead0, n).astype(jnp.int32),
+                                  rejected=(active & (lead0 < gamma) & (lead0 <= n)).astype(jnp.int32),
+                                  matched=jnp.where(active, _matched(drafts, tokens, n), 0),
+                                  own_first_rejection=jnp.where(active, lead0, gamma).astype(jnp.int32),
+                                  reached=jnp.minimum(n + 1, gamma).astype(jnp.int32))
