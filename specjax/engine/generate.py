@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Any, Sequence
 
 import chex
@@ -42,14 +43,20 @@ class GenerateResult:
         return self.tokens[row, self.start[row]:self.length[row]].tolist()
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], field: str = "prompt") -> tuple[np.ndarray, np.ndarray]:
-    """Right-pads token lists into (i32[B, P], lengths i32[B]); empty prompts are errors."""
+def pad_prompts(prompts: Sequence[Sequence[int]], field: str = "prompt",
+                bucket: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pads token lists into (i32[B, P], lengths i32[B]); empty prompts are errors.
+
+    P is rounded up to a multiple of `bucket`, so that growing prompts (plan steps) reuse
+    one compiled program per bucket instead of retracing per length.
+    """
     if not prompts:
         raise ConfigError(f"{field}: got an empty batch; allowed: ≥ 1 prompt")
     lens = np.array([len(p) for p in prompts], np.int32)
     if (lens < 1).any():
         raise ConfigError(f"{field}: row {int(np.argmin(lens))} is empty; allowed: ≥ 1 token")
-    out = np.zeros((len(prompts), int(lens.max())), np.int32)
+    width = -(-int(lens.max()) // bucket) * bucket
+    out = np.zeros((len(prompts), width), np.int32)
     for i, p in enumerate(prompts):
         out[i, :len(p)] = p
     return out, lens
@@ -104,7 +111,8 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
                          d_data: Sequence[DrafterData], prompts: Sequence[Sequence[int]],
                          drafter_prompts: Sequence[Sequence[Sequence[int]]],
                          row_keys: jax.Array, slots: np.ndarray | None = None,
-                         stop_table: np.ndarray | None = None) -> GenerateResult:
+                         stop_table: np.ndarray | None = None,
+                         bucket: int = 1) -> GenerateResult:
     """Speculative generation of `cfg.max_new_tokens` per row (or until a stop token).
 
     Args:
@@ -118,6 +126,7 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
       slots: i32[B, S] drafter indices per row in priority order, -1 = empty; default
         every row uses drafters 0..S−1.
       stop_table: bool[Vv], tokens that end a row (e.g. those containing a newline).
+      bucket: prompt widths are rounded up to a multiple of it (fewer compilations).
 
     Returns:
       GenerateResult.
@@ -128,7 +137,7 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
                           "autoregressive_generate for the verifier alone)")
     for d in drafters:
         validate_drafter(d)
-    prompt, plen = pad_prompts(prompts)
+    prompt, plen = pad_prompts(prompts, bucket=bucket)
     b = prompt.shape[0]
     if slots is None:
         if cfg.n_slots > k:
@@ -147,7 +156,7 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
     _check_context("verifier", verifier, prompt.shape[1] + cfg.max_new_tokens + cfg.n_slots * gamma)
     d_pad = []
     for spec, data, dp in zip(drafters, d_data, drafter_prompts):
-        arr, ln = pad_prompts(dp, field=f"drafter {spec.name!r} prompt")
+        arr, ln = pad_prompts(dp, field=f"drafter {spec.name!r} prompt", bucket=bucket)
         m = int(np.asarray(data.retok).shape[1])
         _check_context(f"drafter {spec.name!r}", spec.lm,
                        arr.shape[1] + (cfg.max_new_tokens + gamma + 1) * m + gamma)
@@ -165,11 +174,23 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
     args = (cfg, verifier, tuple(drafters), v_params, tuple(d_data), jnp.asarray(slots),
             jnp.asarray(stop_table), jnp.asarray(prompt), jnp.asarray(plen),
             tuple(x for x, _ in d_pad), tuple(y for _, y in d_pad), jnp.asarray(row_keys))
-    state = _run_speculative(*args, buf_len=buf_len)
-    state = jax.block_until_ready(state)
+    state, seconds = _timed(_run_speculative, *args, buf_len=buf_len)
     return GenerateResult(tokens=np.asarray(state.tokens), length=np.asarray(state.length),
                           start=np.asarray(state.start),
-                          counters=jax.tree.map(np.asarray, state.counters))
+                          counters=jax.tree.map(np.asarray, state.counters), seconds=seconds)
+
+
+def _timed(fn, *args, **kwargs):
+    """Runs a jitted fn; if the call compiled, runs it again so `seconds` excludes compiling."""
+    before = fn._cache_size()
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(fn(*args, **kwargs))
+    seconds = time.perf_counter() - t0
+    if fn._cache_size() != before:
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(fn(*args, **kwargs))
+        seconds = time.perf_counter() - t0
+    return out, seconds
 
 
 @functools.partial(jax.jit, static_argnames=("verifier", "temperature", "max_new",
@@ -204,25 +225,25 @@ def _run_autoregressive(verifier, v_params, prompt, prompt_len, row_keys, stop_t
 
 def autoregressive_generate(verifier, v_params, prompts, row_keys, *, temperature: float,
                             max_new_tokens: int, coupled: bool = False, stop_table=None,
-                            top_k: int = 0, top_p: float = 1.0) -> GenerateResult:
+                            top_k: int = 0, top_p: float = 1.0, bucket: int = 1) -> GenerateResult:
     """The baseline: the verifier alone, one token per call, same PRNG streams as the engine.
 
     With `coupled=True` each token is the Gumbel-max sample with the noise of its absolute
     position — the very token rule 'coupled' commits — so the two can be compared exactly.
     """
     EngineConfig(gamma=1, verifier_temperature=temperature, max_new_tokens=max_new_tokens)
-    prompt, plen = pad_prompts(prompts)
+    prompt, plen = pad_prompts(prompts, bucket=bucket)
     _check_context("verifier", verifier, prompt.shape[1] + max_new_tokens + 1)
     _check_finite("verifier", v_params)
     if stop_table is None:
         stop_table = np.zeros((verifier.vocab_size,), bool)
-    tokens, length, _, _ = _run_autoregressive(
-        verifier, v_params, jnp.asarray(prompt), jnp.asarray(plen), jnp.asarray(row_keys),
-        jnp.asarray(stop_table), temperature=float(temperature), max_new=max_new_tokens,
-        coupled=coupled, buf_len=prompt.shape[1] + max_new_tokens + 1, top_k=top_k,
-        top_p=top_p)
+    (tokens, length, _, _), seconds = _timed(
+        _run_autoregressive, verifier, v_params, jnp.asarray(prompt), jnp.asarray(plen),
+        jnp.asarray(row_keys), jnp.asarray(stop_table), temperature=float(temperature),
+        max_new=max_new_tokens, coupled=coupled, buf_len=prompt.shape[1] + max_new_tokens + 1,
+        top_k=top_k, top_p=top_p)
     return GenerateResult(tokens=np.asarray(tokens), length=np.asarray(length),
-                          start=plen, counters=None)
+                          start=plen, counters=None, seconds=seconds)
 
 
 def row_keys_for(seed: int, batch: int, share: int = 1) -> np.ndarray:

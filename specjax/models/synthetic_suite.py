@@ -109,3 +109,46 @@ def drafter_prompts(prompt: list[int]) -> list[list[int]]:
     for _, retok, lens in _maps():
         out.append([int(t) for v in prompt for t in retok[v, :lens[v]]])
     return out
+
+
+SYMBOLS = "\nabcd"   # verifier token v is the character SYMBOLS[v]; token 0 ends a plan step
+
+
+def make_deployment(case: str = "random", seed: int = 0, temperatures=DRAFTER_TEMPERATURES,
+                    fourth: bool = False, costs=(0.02, 0.04, 0.1, 0.03)):
+    """A synthetic `Deployment` over `make_setup`'s models, with text spelt in SYMBOLS.
+
+    With `fourth=True` a fourth drafter shares drafter 0's vocabulary (same tokenizer
+    group), so prefix partitioning yields a set of two drafters.
+    """
+    from specjax.engine.deployment import Deployment
+    setup = make_setup(case, seed, temperatures)
+    drafters, data = list(setup.drafters), list(setup.d_data)
+    groups = ["verifier", "reversed", "partial"]
+    maps = list(_maps())
+    if fourth:
+        rng = np.random.default_rng(seed + 99)
+        drafters.append(DrafterSpec("d3", BigramLM(V), temperature=1.2))
+        data.append(cross_vocab_maps({"table": jnp.asarray(random_table(rng, V, 1.5))},
+                                     *maps[0], V))
+        groups.append("verifier")
+        maps.append(maps[0])
+    drafters = [dataclasses.replace(d, cost=c) for d, c in zip(drafters, costs)]
+
+    def encode(text):
+        return [SYMBOLS.index(ch) for ch in text]
+
+    def decode(ids):
+        return "".join(SYMBOLS[i] for i in ids)
+
+    def drafter_encoder(m):
+        _, retok, lens = m
+        return lambda text: [int(t) for v in encode(text) for t in retok[v, :lens[v]]]
+
+    stop = np.zeros(V, bool)
+    stop[0] = True
+    return Deployment(verifier=setup.verifier, v_params=setup.v_params,
+                      drafters=tuple(drafters), d_data=tuple(data), groups=tuple(groups),
+                      encode=encode, decode=decode,
+                      drafter_encode=tuple(drafter_encoder(m) for m in maps),
+                      stop_table=stop), setup

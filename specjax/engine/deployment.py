@@ -1,0 +1,105 @@
+"""A deployment: one verifier and K drafters, with the text ↔ token plumbing between them.
+
+The engine works in token ids; plans, consensus and journals work in text. A `Deployment`
+holds both sides: the models (functional LMs + parameters + vocabulary maps) and, for each
+model, how to spell text in its ids. Built from the zoo (`specjax.models.zoo`) or from
+synthetic tables (tests), it is what the policy layer and the experiments take.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.engine.decode import _causal, _pack
+from specjax.engine.spec import DrafterData, DrafterSpec
+from specjax.verify.distributions import sampling_probs, to_verifier_space
+
+
+@dataclasses.dataclass
+class Deployment:
+    """One verifier, K drafters (in priority order) and their tokenisations.
+
+    Attributes:
+      verifier: the verifier's functional LM; v_params its parameters.
+      drafters / d_data: the drafters' static specs and arrays.
+      groups: K tokenizer-group labels (equal label = identical tokenizer).
+      encode: text → verifier ids. decode: verifier ids → text.
+      drafter_encode: K functions text → drafter ids (each drafter's own tokenizer).
+      stop_table: bool[Vv], verifier tokens that end a plan step (contain the delimiter).
+    """
+    verifier: Any
+    v_params: Any
+    drafters: tuple
+    d_data: tuple
+    groups: tuple
+    encode: Callable[[str], list[int]]
+    decode: Callable[[Sequence[int]], str]
+    drafter_encode: tuple
+    stop_table: np.ndarray
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.drafters)
+
+    def index(self, name: str) -> int:
+        if name not in self.names:
+            from specjax.errors import ConfigError
+            raise ConfigError(f"drafter: got {name!r}; allowed: one of {', '.join(self.names)}")
+        return self.names.index(name)
+
+    def subset(self, names: Sequence[str]) -> "Deployment":
+        """The same verifier with only the named drafters (in the given order)."""
+        idx = [self.index(n) for n in names]
+        return dataclasses.replace(
+            self, drafters=tuple(self.drafters[i] for i in idx),
+            d_data=tuple(self.d_data[i] for i in idx),
+            groups=tuple(self.groups[i] for i in idx),
+            drafter_encode=tuple(self.drafter_encode[i] for i in idx))
+
+    def with_temperatures(self, temps: Sequence[float]) -> "Deployment":
+        return dataclasses.replace(self, drafters=tuple(
+            dataclasses.replace(d, temperature=float(t)) for d, t in zip(self.drafters, temps)))
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "v_vocab"))
+def _prefix_q(spec: DrafterSpec, data: DrafterData, v_tokens, v_valid, v_vocab):
+    b, t = v_tokens.shape
+    m = data.retok.shape[1]
+    lens = jnp.where(v_valid, data.retok_len[v_tokens], 0)             # [B, T]
+    ids = data.retok[v_tokens].reshape(b, t * m)
+    valid = (jnp.arange(m)[None, None, :] < lens[:, :, None]).reshape(b, t * m)
+    ids, _ = _pack(ids, valid)
+    cache = spec.lm.init_cache(b)
+    logits, _ = spec.lm.forward(data.params, cache, ids,
+                                jnp.broadcast_to(jnp.arange(t * m), (b, t * m)),
+                                _causal(b, t * m))
+    ends = jnp.maximum(jnp.cumsum(lens, axis=1) - 1, 0)                # last piece of token t
+    at = jnp.take_along_axis(logits, ends[:, :, None], axis=1)
+    q = sampling_probs(at, spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
+                       mask=data.to_verifier >= 0)
+    return to_verifier_space(q, data.to_verifier, v_vocab)
+
+
+def prefix_distributions(dep: Deployment, v_tokens: np.ndarray, v_len: np.ndarray,
+                         last: int) -> jax.Array:
+    """Each drafter's next-token distribution at the last `last` positions of each prefix.
+
+    Drafters read the prefix re-spelt token by token in their own ids, and their
+    distributions are taken at verifier-token boundaries, so positions align across
+    tokenizers. Returns f32[K, B·last, Vv] (positions before a row's start are dropped by
+    the returned validity mask) and bool[B·last].
+    """
+    b, t = v_tokens.shape
+    valid = np.arange(t)[None, :] < v_len[:, None]
+    qs = [_prefix_q(s, d, jnp.asarray(v_tokens), jnp.asarray(valid), dep.verifier.vocab_size)
+          for s, d in zip(dep.drafters, dep.d_data)]
+    pos = v_len[:, None] - last + np.arange(last)[None, :]               # [B, last]
+    ok = pos >= 0
+    pos = np.maximum(pos, 0)
+    q = jnp.stack([jnp.take_along_axis(x, jnp.asarray(pos)[:, :, None], axis=1) for x in qs])
+    return q.reshape(len(qs), b * last, -1), ok.reshape(-1)

@@ -1,0 +1,121 @@
+"""Policies end to end on a synthetic 4-drafter, 3-tokenizer deployment (SPEC §4–6, §9).
+
+Losslessness: for every one of the 16 switch combinations, every distinct branch the
+policy builds (its drafters as slots, its rule) generates 100,000 rows whose first three
+tokens are tested by χ² against the exact target law (α = 1e-3, fixed seeds, as in
+test_verify). Switch 3 changes only the vote, switch 4 only which drafters share a branch,
+so the distinct (rule, branch) pairs are tested once each and every policy is mapped onto
+them (asserted below).
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from specjax.engine.generate import row_keys_for, speculative_generate
+from specjax.engine.spec import EngineConfig
+from specjax.models import synthetic_suite as suite
+from specjax.models.synthetic import sequence_distribution
+from specjax.policy.journal import PlanJournal
+from specjax.policy.plan import (PlanConfig, _kl_on_prefix, RunStats, branch_layout,
+                                 branch_slots, run_plans)
+from specjax.policy.switches import Policy, all_combinations
+
+from test_verify import ALPHA, LENGTH, START, chi2_pvalue
+
+N = 100_000
+
+
+@pytest.fixture(scope="module")
+def deployment():
+    return suite.make_deployment("random", seed=7, fourth=True)
+
+
+def _layouts(dep):
+    cfg = PlanConfig(gamma=2, bucket=8)
+    kl = _kl_on_prefix(dep, cfg, [dep.encode("abcabdca")], RunStats(k=4, gamma=2))
+    out = {}
+    for pol in all_combinations():
+        _, branches, rule = branch_layout(dep, pol, kl, set(), 3)
+        out[pol.name] = (rule, [tuple(b) for b in branches])
+    return out
+
+
+def test_every_policy_generates_losslessly(deployment):
+    dep, setup = deployment
+    layouts = _layouts(dep)
+    assert len(layouts) == 16
+    distinct = sorted({(rule, b) for rule, bs in layouts.values() for b in bs})
+    # The naive shared block over all four drafters and the partitioned two-drafter set
+    # must both be among what is tested.
+    assert ("shared_block", (0, 1, 2, 3)) in distinct and ("token_tree", (0, 3)) in distinct
+    exact = sequence_distribution(setup.v_table, 1.0, START, LENGTH)
+    prompts = [[START]] * N
+    dprompts = [[p] * N for p in (enc("a") for enc in dep.drafter_encode)]
+    pvalues = {}
+    for rule, branch in distinct:
+        slots = np.tile(branch_slots([list(branch)]), (N, 1))
+        cfg = EngineConfig(gamma=2, rule=rule if len(branch) > 1 or rule != "rejection" else rule,
+                           verifier_temperature=1.0, n_slots=len(branch), max_new_tokens=LENGTH)
+        res = speculative_generate(cfg, dep.verifier, dep.v_params, dep.drafters, dep.d_data,
+                                   prompts, dprompts,
+                                   row_keys_for(zlib.crc32(f"{rule}{branch}".encode()), N),
+                                   slots=slots)
+        pvalues[(rule, branch)] = chi2_pvalue(res.tokens[:, 1:1 + LENGTH], exact)
+    print({f"{r}{b}": f"{p:.3g}" for (r, b), p in pvalues.items()})
+    bad = {k: v for k, v in pvalues.items() if v < ALPHA}
+    assert not bad, f"χ² rejects losslessness (p < {ALPHA}) for {bad}"
+
+
+def test_every_policy_is_greedy_exact(deployment):
+    """τ_verifier = 0: all 16 policies commit the verifier's greedy plan, fallback or not."""
+    dep, _ = deployment
+    cfg = PlanConfig(gamma=3, verifier_temperature=0.0, plan_steps=2, max_step_tokens=6,
+                     bucket=16)
+    prompts = ["ab", "c", "dda", "b"]
+    ref, _ = run_plans(dep, cfg, prompts)
+    for pol in all_combinations():
+        texts, stats = run_plans(dep, cfg, prompts, policy=pol)
+        assert texts == ref, pol.name
+        assert stats.steps == 2 * len(prompts)
+
+
+def test_journal_exactly_once_under_injected_branch_failure(deployment, tmp_path):
+    dep, _ = deployment
+    cfg = PlanConfig(gamma=2, verifier_temperature=0.0, plan_steps=3, max_step_tokens=5,
+                     bucket=16)
+    prompts = ["ab", "cd", "a"]
+    ids = ["p0", "p1", "p2"]
+    ref, _ = run_plans(dep, cfg, prompts, policy=Policy.all_on())
+
+    def fail(step, row):
+        if step == 1 and row == 2:
+            raise RuntimeError("branch died mid-step")
+
+    path = tmp_path / "journal.jsonl"
+    with PlanJournal(path) as j:
+        with pytest.raises(RuntimeError, match="mid-step"):
+            run_plans(dep, cfg, prompts, policy=Policy.all_on(), journal=j, plan_ids=ids,
+                      fail_hook=fail)
+        assert [len(j.committed_steps(p)) for p in ids] == [2, 2, 1]
+    with PlanJournal(path) as j:
+        texts, _ = run_plans(dep, cfg, prompts, policy=Policy.all_on(), journal=j, plan_ids=ids)
+        for p in ids:
+            assert [s.step_index for s in j.committed_steps(p)] == [0, 1, 2]
+    assert texts == ref
+    lines = path.read_text().splitlines()
+    assert len(lines) == 9  # 3 plans × 3 steps, each exactly once
+
+
+def test_naive_records_collapses_with_reasons(deployment):
+    dep, _ = deployment
+    cfg = PlanConfig(gamma=3, verifier_temperature=1.0, plan_steps=2, max_step_tokens=6,
+                     bucket=16)
+    _, stats = run_plans(dep, cfg, ["ab", "cd", "a", "bb"], policy=Policy.naive())
+    assert len(stats.decisions) == 2
+    for batch in stats.decisions:
+        assert len(batch) == 1 and batch[0].branch_id == (0, 1, 2, 3)
+    assert stats.collapses.total == sum(d.collapsed for b in stats.decisions for d in b)
+    assert np.isfinite(stats.kl_max).all()
