@@ -175,8 +175,7 @@ def _draft(cfg: EngineConfig, k: int, spec: DrafterSpec, data: DrafterData, cach
     b = logits.shape[0]
     mask = data.to_verifier >= 0
 
-    def step(carry, j):
-        cache, logits = carry
+    def sample_at(logits, j):
         q_d = sampling_probs(logits, spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
                              mask=mask)
         q_v = to_verifier_space(q_d, data.to_verifier, v_vocab)
@@ -184,15 +183,23 @@ def _draft(cfg: EngineConfig, k: int, spec: DrafterSpec, data: DrafterData, cach
             x = gumbel_argmax(q_v, gumbel[:, j])
         else:
             x = jax.vmap(sample)(_keys(row_keys, _STREAM_DRAFT, length, k, j), q_v)
-        xd = data.from_verifier[x]
+        return x, q_v
+
+    def step(carry, j):
+        cache, logits = carry
+        x, q_v = sample_at(logits, j)
         new_logits, new_cache = spec.lm.forward(
-            data.params, cache, xd[:, None], cache.length[:, None], _causal(b, 1))
+            data.params, cache, data.from_verifier[x][:, None], cache.length[:, None],
+            _causal(b, 1))
         new_cache = spec.lm.advance(new_cache, jnp.ones((b,), jnp.int32))
         return (new_cache, new_logits[:, 0]), (x, q_v)
 
-    # The last draft's forward is not needed to draft, but it keeps x_γ in the cache, so a
-    # fully accepted chain costs no re-feeding next round.
-    (cache, _), (xs, qs) = jax.lax.scan(step, (cache, logits), jnp.arange(cfg.gamma))
+    # γ − 1 forwards: x_1 comes from the logits the drafter already has, and x_γ is not fed
+    # (if it is committed, next round's consume feeds it with the verifier's token).
+    (cache, logits), (xs, qs) = jax.lax.scan(step, (cache, logits), jnp.arange(cfg.gamma - 1))
+    x_last, q_last = sample_at(logits, cfg.gamma - 1)
+    xs = jnp.concatenate([xs, x_last[None]], 0)
+    qs = jnp.concatenate([qs, q_last[None]], 0)
     return xs.T, jnp.swapaxes(qs, 0, 1), cache
 
 
@@ -208,11 +215,13 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSpe
     gumbel = (_gumbel(state.row_keys, length, gamma, v_vocab) if cfg.rule == "coupled"
               else None)
 
-    # 1. Drafting.
+    # 1. Drafting. A lone drafter always proposed the committed path, so at most two
+    # committed tokens are new to it (x_γ and the bonus); otherwise up to γ + 1.
+    width = 2 if (len(drafters) == 1 and s_n == 1) else gamma + 1
     drafts, qs, dcaches, base_len, dlogits = [], [], [], [], []
     for k, (spec, data) in enumerate(zip(drafters, d_data)):
         cache, logits = _consume(spec, data, state.dcaches[k], state.dlogits[k], state.tokens,
-                                 state.dsynced[k], length, gamma + 1)
+                                 state.dsynced[k], length, min(width, gamma + 1))
         base_len.append(cache.length)
         dlogits.append(logits)
         x, q, cache = _draft(cfg, k, spec, data, cache, logits, state.row_keys, length,
@@ -271,7 +280,7 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSpe
     new_dcaches, new_synced = [], []
     for k, spec in enumerate(drafters):
         mine = jnp.max(jnp.where(slots == k, slot_match, 0), axis=1)
-        keep = jnp.where(live, jnp.minimum(mine, n_commit), 0)
+        keep = jnp.where(live, jnp.minimum(jnp.minimum(mine, n_commit), gamma - 1), 0)
         new_dcaches.append(spec.lm.rollback(dcaches[k], base_len[k] + keep))
         new_synced.append(jnp.where(live, length + keep, length))
     new_length = length + n_commit

@@ -287,8 +287,12 @@ def _speculative_step(dep, cfg, texts, step, stats, policy, single, split, n_gro
     k = len(dep.drafters)
     n_plans = len(texts)
     v, d = _prompts(dep, texts, cfg.bucket)
+    run_dep, index = dep, list(range(k))
     if single is not None:
-        sets, branches, rule = [[single]], [[single]], "rejection"
+        # Only the baseline's drafter runs (the others would draft for nothing).
+        run_dep, index = dep.subset([dep.names[single]]), [single]
+        d = [d[single]]
+        sets, branches, rule = [[0]], [[0]], "rejection"
     else:
         kl_pair = _kl_on_prefix(dep, cfg, v, stats)  # measured under every policy (reported)
         sets, branches, rule = branch_layout(dep, policy, kl_pair, split,
@@ -298,17 +302,19 @@ def _speculative_step(dep, cfg, texts, step, stats, policy, single, split, n_gro
     n_b = len(branches)
     s_max = max(len(b) for b in branches)
     rows_v = [v[p] for p in range(n_plans) for _ in range(n_b)]
-    rows_d = [[d[j][p] for p in range(n_plans) for _ in range(n_b)] for j in range(k)]
+    rows_d = [[dj[p] for p in range(n_plans) for _ in range(n_b)] for dj in d]
     slots = np.tile(branch_slots(branches), (n_plans, 1))
     coupled = rule == "coupled"
     ecfg = EngineConfig(gamma=cfg.gamma, rule=rule, verifier_temperature=cfg.verifier_temperature,
                         n_slots=s_max, max_new_tokens=cfg.max_step_tokens)
     share = n_b if coupled else 1
     keys = row_keys_for(cfg.seed * 1000 + step, n_plans * n_b, share=share)
-    res = speculative_generate(ecfg, dep.verifier, dep.v_params, dep.drafters, dep.d_data,
+    res = speculative_generate(ecfg, run_dep.verifier, run_dep.v_params, run_dep.drafters,
+                               run_dep.d_data,
                                rows_v, rows_d, keys, slots=slots, stop_table=dep.stop_table,
                                bucket=cfg.bucket)
-    c = res.counters
+    c = _expand_counters(res.counters, index, k)
+    slots = np.where(slots >= 0, np.asarray(index)[np.maximum(slots, 0)], -1)
     stats.seconds += res.seconds
     all_rows = np.arange(n_plans * n_b)
     stats.add_counters(c, all_rows)
@@ -367,6 +373,20 @@ def _speculative_step(dep, cfg, texts, step, stats, policy, single, split, n_gro
         stats.verifier_calls += sub.verifier_calls
         stats.cost += sub.cost + cfg.consensus_cost * len(fallback_plans)
     return out, meta
+
+
+def _expand_counters(c, index, k):
+    """Counters of a sub-deployment (drafters `index`) laid out over all K drafters."""
+    if list(index) == list(range(k)):
+        return c
+
+    def widen(x):
+        out = np.zeros((x.shape[0], k) + x.shape[2:], x.dtype)
+        out[:, index] = x
+        return out
+    return c.replace(proposed=widen(c.proposed), accepted=widen(c.accepted),
+                     rejected=widen(c.rejected), own_accepted_at=widen(c.own_accepted_at),
+                     own_reached_at=widen(c.own_reached_at))
 
 
 def _kl_on_prefix(dep, cfg, v, stats):
