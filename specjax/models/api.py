@@ -1,0 +1,191 @@
+"""The functional LM API (see ARCHITECTURE.md) and its Flax transformer implementation.
+
+Every model the engine drives is a frozen, hashable dataclass, passed to ``jax.jit`` as a
+static argument, with pure methods over a plain ``params`` pytree and a :class:`Cache`::
+
+    lm = TransformerLM(TransformerConfig(...))
+    params = lm.init_params(jax.random.key(0))        # nested dict of arrays
+    cache = lm.init_cache(batch)                       # length == 0
+    logits, cache = lm.forward(params, cache, tokens, positions, block_mask)
+    cache = advance(cache, n)                          # commit
+
+``forward`` writes the block at slots ``[length, length+T)``, lets block token ``t``
+attend to slots ``< length`` and to block tokens ``s`` with ``block_mask[b, t, s]``, and
+does not move ``length``. Rotary positions are the caller's responsibility: a chain
+continuing a row of ``length`` committed tokens uses ``length + arange(T)``; a tree node at
+depth ``d`` uses ``length + d``. ``block_mask[b, t, t]`` must be True.
+
+Capacity: ``T > max_len`` raises before any work; ``length + T > max_len`` cannot be
+checked under ``jit`` (it is data) and is the caller's responsibility (see ``cache.py``
+for what happens then: the overflowing slots are dropped, never wrapped).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Protocol
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.models.cache import Cache, advance, compact, init_cache, rollback
+from specjax.models.transformer import Transformer, TransformerConfig, scale_noise
+
+__all__ = ['LM', 'Cache', 'TransformerLM', 'TransformerConfig', 'advance', 'rollback',
+           'compact', 'causal_block_mask', 'count_params']
+
+
+class LM(Protocol):
+    vocab_size: int
+    max_len: int
+
+    def init_cache(self, batch: int) -> Cache: ...
+
+    def forward(self, params, cache: Cache, tokens, positions, block_mask) -> tuple[Any, Cache]: ...
+
+    # Commit helpers (the module-level functions below, for a `Cache`).
+    def advance(self, cache, n): ...
+
+    def rollback(self, cache, new_length): ...
+
+    def compact(self, cache, src, n): ...
+
+
+def causal_block_mask(batch: int, block: int) -> jax.Array:
+    """bool[B, T, T]: token t sees block tokens s <= t (a chain)."""
+    m = jnp.tril(jnp.ones((block, block), jnp.bool_))
+    return jnp.broadcast_to(m, (batch, block, block))
+
+
+def count_params(params) -> int:
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerLM:
+    """The Flax transformer behind the functional LM API.
+
+    Equality and hash are the config's: the nnx GraphDef (``graphdef``) and the abstract
+    parameter state are derived from it once, at construction.
+    """
+
+    config: TransformerConfig
+    graphdef: Any = dataclasses.field(init=False, compare=False, hash=False, repr=False)
+    _abstract_state: Any = dataclasses.field(init=False, compare=False, hash=False, repr=False)
+
+    def __post_init__(self):
+        if not isinstance(self.config, TransformerConfig):
+            raise ValueError(f'TransformerLM.config: expected a TransformerConfig, '
+                             f'got {type(self.config).__name__}')
+        abstract = nnx.eval_shape(lambda: Transformer(self.config, rngs=nnx.Rngs(0)))
+        graphdef, state = nnx.split(abstract)
+        object.__setattr__(self, 'graphdef', graphdef)
+        object.__setattr__(self, '_abstract_state', state)
+
+    # -- static facts ---------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_len(self) -> int:
+        return self.config.max_len
+
+    def abstract_params(self):
+        """The params pytree as ``jax.ShapeDtypeStruct`` leaves (for restoring)."""
+        return nnx.to_pure_dict(self._abstract_state)
+
+    def param_logical_axes(self):
+        """The params pytree with each leaf replaced by its tuple of logical axis names."""
+        return nnx.to_pure_dict(self._abstract_state,
+                                extract_fn=_logical_axes_of)
+
+    # -- state ----------------------------------------------------------------------------
+    def init_params(self, rng) -> dict:
+        """Fresh parameters (a nested dict of arrays) from a PRNG key or an int seed."""
+        if isinstance(rng, (int, np.integer)):
+            rng = jax.random.key(int(rng))
+        return _init_params(self, rng)
+
+    def init_cache(self, batch: int) -> Cache:
+        c = self.config
+        return init_cache(c.n_layers, batch, c.max_len, c.n_kv_heads, c.head_dim,
+                          jnp.dtype(c.dtype))
+
+    # The cache helpers as methods, so an engine can commit any LM's cache (the synthetic
+    # LMs keep a cache of another type) without knowing which kind of model it holds.
+    def advance(self, cache: Cache, n) -> Cache:
+        return advance(cache, n)
+
+    def rollback(self, cache: Cache, new_length) -> Cache:
+        return rollback(cache, new_length)
+
+    def compact(self, cache: Cache, src, n) -> Cache:
+        return compact(cache, src, n)
+
+    # -- compute --------------------------------------------------------------------------
+    def _module(self, params) -> Transformer:
+        return nnx.merge(self.graphdef, nnx.State(params))
+
+    def forward(self, params, cache: Cache, tokens, positions, block_mask):
+        """Scores a block against the cache.
+
+        Args:
+          params: from :meth:`init_params` (or restored).
+          cache: the row caches; ``cache.length`` i32[B] committed slots.
+          tokens: i32[B, T]; positions: i32[B, T] rotary positions (caller's choice).
+          block_mask: bool[B, T, T], ``[b, t, s]``: block token t sees block token s.
+
+        Returns:
+          (logits f32[B, T, V], cache with the block written at ``[length, length+T)``;
+          ``length`` unchanged).
+        """
+        B, T = tokens.shape
+        if T > self.max_len:
+            raise ValueError(f'TransformerLM.forward: block length T={T} exceeds the cache '
+                             f'capacity max_len={self.max_len} (allowed: 1 <= T <= {self.max_len})')
+        chex.assert_shape(positions, (B, T))
+        chex.assert_shape(block_mask, (B, T, T))
+        chex.assert_shape(cache.length, (B,))
+        chex.assert_type([tokens, positions], int)
+        logits, k, v = self._module(params)(
+            tokens, positions, block_mask, cache.k, cache.v, cache.length)
+        return logits, cache.replace(k=k, v=v)
+
+    def logits_full(self, params, tokens) -> jax.Array:
+        """Causal logits f32[B, T, V] over whole sequences (training and evaluation)."""
+        B, T = tokens.shape
+        if T > self.max_len:
+            raise ValueError(f'TransformerLM.logits_full: T={T} exceeds max_len={self.max_len} '
+                             f'(allowed: 1 <= T <= {self.max_len})')
+        chex.assert_type(tokens, int)
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        logits, _, _ = self._module(params)(tokens, positions, causal_block_mask(B, T))
+        return logits
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_params(lm: TransformerLM, rng):
+    # One truncated-normal draw for all parameters, sliced and scaled per leaf by its
+    # ``init_std``: XLA:CPU takes ~0.7 s to compile each separate threefry draw, so the
+    # per-parameter draws of ``Transformer.__init__`` would cost ~10 s for a tiny model.
+    flat = nnx.to_flat_state(lm._abstract_state)
+    total = sum(int(np.prod(v.shape)) for _, v in flat)
+    z = jax.random.truncated_normal(rng, -2.0, 2.0, (total,), jnp.float32)
+    params, offset = {}, 0
+    for path, var in flat:
+        size = int(np.prod(var.shape))
+        noise = z[offset:offset + size].reshape(var.shape)
+        node = params
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = scale_noise(noise, var.get_metadata().get('init_std'), var.dtype)
+        offset += size
+    return params
+
+
+def _logical_axes_of(v) -> tuple:
+    return tuple(v.get_metadata().get('out_sharding') or (None,) * len(v.shape))

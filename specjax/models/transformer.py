@@ -1,0 +1,293 @@
+"""A decoder-only Llama-style transformer in flax.nnx.
+
+RMSNorm (pre-norm), rotary positions with explicit position ids, SwiGLU MLP,
+grouped-query attention, untied or tied embeddings. Every parameter carries logical axis
+names in its ``out_sharding`` metadata (``nnx.with_partitioning``'s key; the older
+``sharding_names`` is deprecated in flax 0.12) with eager sharding off, so building the
+model never needs a mesh: placement is ``specjax.sharding``'s job.
+
+The module is driven through the functional API in ``specjax.models.api``; it never owns
+a cache. ``Transformer.__call__`` takes the cache arrays, writes the block's keys/values
+at slots ``[length, length + T)`` and returns the updated arrays (``length`` is the
+caller's to move).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.models.cache import write_layer
+from specjax.sharding import with_logical_constraint
+
+_DTYPES = ('float32', 'bfloat16', 'float16')
+_NEG = float(np.finfo(np.float32).min)  # finite, so a fully masked row gives no NaN
+
+
+def _dtype_name(value, field: str) -> str:
+    try:
+        name = jnp.dtype(value).name
+    except TypeError:
+        name = None
+    if name not in _DTYPES:
+        raise ValueError(f'TransformerConfig.{field}={value!r}: must be one of {_DTYPES}')
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Static hyperparameters of the transformer (hashable, JSON-friendly)."""
+
+    vocab_size: int = 256       # number of token ids
+    d_model: int = 128          # residual stream width
+    n_layers: int = 2           # transformer blocks
+    n_heads: int = 4            # query heads; head_dim = d_model // n_heads (even)
+    n_kv_heads: int = 4         # key/value heads (GQA); divides n_heads
+    d_ff: int = 512             # SwiGLU hidden width
+    max_len: int = 512          # KV-cache capacity (context length)
+    rope_theta: float = 10_000.0  # rotary base
+    tie_embeddings: bool = False  # output projection = embedding matrix transposed
+    dtype: str = 'float32'        # compute dtype (logits are always f32)
+    param_dtype: str = 'float32'  # storage dtype of parameters
+
+    def __post_init__(self):
+        def check_int(field, lo, hi=None, extra=''):
+            v = getattr(self, field)
+            ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= lo
+            ok = ok and (hi is None or v <= hi)
+            if not ok:
+                rng = f'[{lo}, {hi}]' if hi is not None else f'>= {lo}'
+                raise ValueError(f'TransformerConfig.{field}={v!r}: must be an integer {rng}{extra}')
+
+        for f in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'max_len'):
+            check_int(f, 1)
+        check_int('n_kv_heads', 1, self.n_heads, f' dividing n_heads={self.n_heads}')
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f'TransformerConfig.n_kv_heads={self.n_kv_heads}: must divide '
+                             f'n_heads={self.n_heads} (allowed: a divisor of {self.n_heads})')
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(f'TransformerConfig.n_heads={self.n_heads}: d_model={self.d_model} '
+                             f'must split into n_heads heads of even size (rotary pairs)')
+        if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
+            raise ValueError(f'TransformerConfig.rope_theta={self.rope_theta!r}: must be > 0')
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(f'TransformerConfig.tie_embeddings={self.tie_embeddings!r}: '
+                             f'must be True or False')
+        object.__setattr__(self, 'dtype', _dtype_name(self.dtype, 'dtype'))
+        object.__setattr__(self, 'param_dtype', _dtype_name(self.param_dtype, 'param_dtype'))
+        object.__setattr__(self, 'rope_theta', float(self.rope_theta))
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> 'TransformerConfig':
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f'TransformerConfig: unknown fields {unknown} (allowed: {sorted(known)})')
+        return cls(**d)
+
+
+_TRUNC_STD = 0.87962566103423978  # std of a standard normal truncated to [-2, 2]
+
+
+def init_value(key, shape, init_std: float | None, dtype) -> jax.Array:
+    """The one initialisation rule: ones (``init_std=None``) or a normal truncated at two
+    standard deviations with standard deviation ``init_std``. ``key=None`` with a
+    standard truncated-normal ``noise`` array is the batched path of ``init_params``."""
+    if init_std is None:
+        return jnp.ones(shape, dtype)
+    z = jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32)
+    return scale_noise(z, init_std, dtype)
+
+
+def scale_noise(z: jax.Array, init_std: float | None, dtype) -> jax.Array:
+    if init_std is None:
+        return jnp.ones(z.shape, dtype)
+    return (z * (init_std / _TRUNC_STD)).astype(dtype)
+
+
+def _param(rngs: nnx.Rngs, shape, axes, init_std: float | None, dtype) -> nnx.Param:
+    """A parameter with logical axes (``out_sharding``) and its init rule (``init_std``).
+
+    Eager sharding is off: logical names mean nothing without rules, and placement is
+    ``specjax.sharding``'s job.
+    """
+    value = init_value(rngs.params(), shape, init_std, jnp.dtype(dtype))
+    return nnx.Param(value, out_sharding=axes, eager_sharding=False, init_std=init_std)
+
+
+def _fan_in_std(fan_in: int, scale: float = 1.0) -> float:
+    return float(np.sqrt(scale / fan_in))
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, cfg: TransformerConfig, *, rngs: nnx.Rngs, eps: float = 1e-6):
+        self.eps = eps
+        self.scale = _param(rngs, (dim,), ('embed',), None, cfg.param_dtype)
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (normed * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+
+
+def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotates ``x: [B, T, N, hd]`` by ``positions: i32[B, T]`` (rotate-half convention)."""
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / (theta ** (np.arange(half, dtype=np.float32) / half))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, half]
+    sin = jnp.sin(angles)[:, :, None, :]
+    cos = jnp.cos(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention over committed cache slots plus the current block."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        pd = cfg.param_dtype
+        out_scale = 1.0 / (2 * cfg.n_layers)  # residual branches start small
+        std_in = _fan_in_std(d)
+        self.wq = _param(rngs, (d, h, hd), ('embed', 'heads', 'head_dim'), std_in, pd)
+        self.wk = _param(rngs, (d, kv, hd), ('embed', 'kv_heads', 'head_dim'), std_in, pd)
+        self.wv = _param(rngs, (d, kv, hd), ('embed', 'kv_heads', 'head_dim'), std_in, pd)
+        self.wo = _param(rngs, (h, hd, d), ('heads', 'head_dim', 'embed'),
+                         _fan_in_std(h * hd, out_scale), pd)
+
+    def __call__(self, x, positions, block_mask, cache=None):
+        """Args:
+          x: [B, T, D]; positions: i32[B, T]; block_mask: bool[B, T, T].
+          cache: None (no history) or (k, v, length, layer): the whole
+            [n_layers, B, L, KV, hd] arrays, i32[B] committed slots, this layer's index.
+
+        Returns (out [B, T, D], updated (k, v) arrays or None).
+        """
+        cfg = self.cfg
+        dt = jnp.dtype(cfg.dtype)
+        B, T, _ = x.shape
+        kv, g, hd = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
+        q = jnp.einsum('btd,dnh->btnh', x, self.wq[...].astype(dt))
+        k = jnp.einsum('btd,dnh->btnh', x, self.wk[...].astype(dt))
+        v = jnp.einsum('btd,dnh->btnh', x, self.wv[...].astype(dt))
+        q = with_logical_constraint(q, ('batch', 'length', 'heads', 'head_dim'))
+        q = rotary(q, positions, cfg.rope_theta) * jnp.asarray(hd ** -0.5, dt)
+        k = rotary(k, positions, cfg.rope_theta)
+        qg = q.reshape(B, T, kv, g, hd)
+
+        # The block attends to its own keys directly, so its logits never depend on where
+        # (or whether) it lands in the cache; the cache supplies only committed slots.
+        s_blk = jnp.einsum('btkgh,bskh->bkgts', qg, k, preferred_element_type=jnp.float32)
+        s_blk = jnp.where(block_mask[:, None, None, :, :], s_blk, _NEG)
+        if cache is None:
+            probs = jax.nn.softmax(s_blk, axis=-1).astype(dt)
+            out = jnp.einsum('bkgts,bskh->btkgh', probs, v)
+            new_cache = None
+        else:
+            cache_k, cache_v, length, layer = cache
+            # Write first, then read the *updated* arrays: the old buffers die at the
+            # write, so XLA updates the cache in place instead of copying it every step.
+            cache_k = write_layer(cache_k, layer, k, length)
+            cache_v = write_layer(cache_v, layer, v, length)
+            ck, cv = cache_k[layer].astype(dt), cache_v[layer].astype(dt)
+            L = ck.shape[1]
+            s_c = jnp.einsum('btkgh,bskh->bkgts', qg, ck, preferred_element_type=jnp.float32)
+            m_c = (jnp.arange(L)[None, :] < length[:, None])[:, None, None, None, :]
+            s_c = jnp.where(m_c, s_c, _NEG)
+            probs = jax.nn.softmax(jnp.concatenate([s_c, s_blk], axis=-1), axis=-1).astype(dt)
+            out = (jnp.einsum('bkgts,bskh->btkgh', probs[..., :L], cv)
+                   + jnp.einsum('bkgts,bskh->btkgh', probs[..., L:], v))
+            new_cache = (cache_k, cache_v)
+        out = out.reshape(B, T, cfg.n_heads, hd)
+        y = jnp.einsum('btnh,nhd->btd', out, self.wo[...].astype(dt))
+        return y, new_cache
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.dtype = cfg.dtype
+        d, f, pd = cfg.d_model, cfg.d_ff, cfg.param_dtype
+        self.w_gate = _param(rngs, (d, f), ('embed', 'mlp'), _fan_in_std(d), pd)
+        self.w_up = _param(rngs, (d, f), ('embed', 'mlp'), _fan_in_std(d), pd)
+        self.w_down = _param(rngs, (f, d), ('mlp', 'embed'),
+                             _fan_in_std(f, 1.0 / (2 * cfg.n_layers)), pd)
+
+    def __call__(self, x):
+        dt = jnp.dtype(self.dtype)
+        gate = x @ self.w_gate[...].astype(dt)
+        up = x @ self.w_up[...].astype(dt)
+        h = with_logical_constraint(jax.nn.silu(gate) * up, ('batch', 'length', 'mlp'))
+        return h @ self.w_down[...].astype(dt)
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.d_model, cfg, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg, rngs=rngs)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x, positions, block_mask, cache=None):
+        a, new_cache = self.attn(self.attn_norm(x), positions, block_mask, cache)
+        x = x + a
+        x = x + self.mlp(self.mlp_norm(x))
+        return with_logical_constraint(x, ('batch', 'length', 'embed')), new_cache
+
+
+class Transformer(nnx.Module):
+    """Token ids -> next-token logits. Layers are attributes ``layer_{i}`` so the pure
+    parameter dict has string keys only (orbax- and npz-friendly)."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        # Untied: unit-variance rows (the first RMSNorm fixes the scale). Tied (Gemma-style):
+        # rows of norm ~1 so the output logits start O(1); inputs are rescaled by sqrt(d).
+        std = cfg.d_model ** -0.5 if cfg.tie_embeddings else 1.0
+        self.embed = _param(rngs, (cfg.vocab_size, cfg.d_model), ('vocab', 'embed'), std,
+                            cfg.param_dtype)
+        for i in range(cfg.n_layers):
+            setattr(self, f'layer_{i}', Block(cfg, rngs=rngs))
+        self.final_norm = RMSNorm(cfg.d_model, cfg, rngs=rngs)
+        if not cfg.tie_embeddings:
+            self.lm_head = _param(rngs, (cfg.d_model, cfg.vocab_size), ('embed', 'vocab'),
+                                  _fan_in_std(cfg.d_model), cfg.param_dtype)
+
+    def __call__(self, tokens, positions, block_mask, cache_k=None, cache_v=None, length=None):
+        """Args:
+          tokens, positions: i32[B, T]; block_mask: bool[B, T, T].
+          cache_k, cache_v: [n_layers, B, L, KV, hd] or None; length: i32[B].
+
+        Returns (logits f32[B, T, V], cache_k, cache_v) with the block's keys/values
+        written at slots [length, length + T) (None, None without a cache).
+        """
+        cfg = self.cfg
+        dt = jnp.dtype(cfg.dtype)
+        table = self.embed[...]
+        x = jnp.take(table, tokens, axis=0).astype(dt)
+        if cfg.tie_embeddings:
+            x = x * jnp.asarray(cfg.d_model ** 0.5, dt)
+        x = with_logical_constraint(x, ('batch', 'length', 'embed'))
+        for i in range(cfg.n_layers):
+            layer = getattr(self, f'layer_{i}')
+            cache = None if cache_k is None else (cache_k, cache_v, length, i)
+            x, new_cache = layer(x, positions, block_mask, cache)
+            if new_cache is not None:
+                cache_k, cache_v = new_cache
+        x = self.final_norm(x)
+        head = table.T if cfg.tie_embeddings else self.lm_head[...]
+        logits = jnp.einsum('btd,dv->btv', x, head.astype(dt), preferred_element_type=jnp.float32)
+        logits = with_logical_constraint(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
+        return logits, cache_k, cache_v

@@ -1,0 +1,240 @@
+"""Device mesh, logical axis rules, and sharded placement of models and caches.
+
+Parameters and activations are annotated with *logical* axis names ('vocab', 'embed',
+'heads', 'mlp', 'batch', ...). A rules tuple maps each logical name to a mesh axis
+('data', 'model') or to ``None`` (replicated). Changing the parallelism layout is a
+config change (a different rules tuple), never a model change.
+
+Today's API only: ``jax.make_mesh`` with Auto axis types, ``jax.set_mesh``,
+``jax.jit(..., in_shardings=..., out_shardings=...)``, ``NamedSharding``/``PartitionSpec``.
+
+Two conventions that make small models shard on any mesh:
+
+- a dimension whose size is not divisible by its mesh axes is replicated instead
+  (``jax.device_put`` refuses uneven shardings); a tiny model with 2 KV heads on a
+  4-way 'model' axis therefore keeps K/V projections replicated and shards the rest;
+- a mesh axis is used at most once per array: a later dimension mapping to an axis
+  already used in the same spec is replicated.
+
+This module imports nothing from ``specjax.models``: the model calls
+:func:`with_logical_constraint`, and the helpers take any LM duck-typed.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ('data', 'model')
+
+LogicalAxes = tuple[str | None, ...]
+Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
+
+# Logical name -> mesh axis. Batch is data-parallel; the wide dimensions (vocabulary,
+# attention heads, MLP hidden units) are split over 'model' (Megatron-style); the model
+# width 'embed', sequence positions and the cache's length stay replicated.
+DEFAULT_RULES: Rules = (
+    ('batch', 'data'),
+    ('vocab', 'model'),
+    ('embed', None),
+    ('heads', 'model'),
+    ('kv_heads', 'model'),
+    ('head_dim', None),
+    ('mlp', 'model'),
+    ('length', None),
+    ('cache_length', None),
+    ('layers', None),
+)
+
+
+def make_mesh(data: int, model: int) -> Mesh:
+    """A ('data', 'model') mesh of ``data * model`` devices with Auto axis types.
+
+    Auto axes let XLA propagate shardings from the annotated inputs (an Explicit mesh,
+    today's default in ``jax.make_mesh``, rejects the embedding gather).
+    """
+    for name, value in (('data', data), ('model', model)):
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f'make_mesh: {name}={value!r} must be an integer >= 1')
+    n_dev = jax.device_count()
+    if data * model > n_dev:
+        raise ValueError(f'make_mesh: data*model={data}*{model}={data * model} exceeds the '
+                         f'{n_dev} available devices (allowed: data*model <= {n_dev})')
+    return jax.make_mesh((data, model), MESH_AXES, axis_types=(AxisType.Auto,) * 2,
+                         devices=jax.devices()[:data * model])
+
+
+def normalize_rules(rules: Sequence[Sequence[Any]] | None) -> Rules:
+    """Validates a rules sequence (e.g. a list of pairs read from a ConfigDict).
+
+    Returns a hashable tuple of ``(logical_name, mesh_axis | tuple | None)`` pairs;
+    ``None`` means :data:`DEFAULT_RULES`.
+    """
+    if rules is None:
+        return DEFAULT_RULES
+    out = []
+    for i, rule in enumerate(rules):
+        if len(rule) != 2 or not isinstance(rule[0], str):
+            raise ValueError(f'sharding rules[{i}]={rule!r}: must be a pair (logical_name: str, '
+                             f'mesh axis in {MESH_AXES} | tuple of them | None)')
+        name, axis = rule
+        axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+        for a in axes:
+            if a is not None and a not in MESH_AXES:
+                raise ValueError(f'sharding rules[{i}]={rule!r}: mesh axis {a!r} is not one of '
+                                 f'{MESH_AXES} or None')
+        out.append((name, tuple(axis) if isinstance(axis, list) else axis))
+    return tuple(out)
+
+
+def _axes_size(mesh_shape: dict[str, int], axis) -> int:
+    axes = axis if isinstance(axis, tuple) else (axis,)
+    return int(np.prod([mesh_shape[a] for a in axes]))
+
+
+def logical_to_spec(logical: LogicalAxes, rules: Rules = DEFAULT_RULES,
+                    shape: Sequence[int] | None = None,
+                    mesh_shape: dict[str, int] | None = None) -> PartitionSpec:
+    """Maps one array's logical axis names to a ``PartitionSpec``.
+
+    Unknown names and ``None`` are replicated. With ``shape`` and ``mesh_shape`` given, a
+    dimension not divisible by its mesh axes is replicated (see the module docstring).
+    """
+    table = dict(rules)
+    used: set[str] = set()
+    spec = []
+    for d, name in enumerate(logical):
+        axis = table.get(name) if name is not None else None
+        axes = axis if isinstance(axis, tuple) else (axis,)
+        if axis is None or any(a in used for a in axes):
+            spec.append(None)
+            continue
+        if mesh_shape is not None:
+            if any(a not in mesh_shape for a in axes):
+                spec.append(None)
+                continue
+            if shape is not None and shape[d] % _axes_size(mesh_shape, axis):
+                spec.append(None)
+                continue
+        used.update(axes)
+        spec.append(axis)
+    return PartitionSpec(*spec)
+
+
+def _is_logical(x) -> bool:
+    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+
+
+def logical_to_sharding(tree_of_logical_names, mesh: Mesh, rules: Rules = DEFAULT_RULES,
+                        shapes=None):
+    """A tree of logical-name tuples -> a tree of ``NamedSharding`` on ``mesh``.
+
+    Args:
+      tree_of_logical_names: pytree whose leaves are tuples of logical names (or None).
+      mesh: the device mesh.
+      rules: logical -> mesh axis rules.
+      shapes: optional pytree (same structure) of arrays / ``ShapeDtypeStruct``; when
+        given, non-divisible dimensions are replicated.
+    """
+    rules = normalize_rules(rules)
+    mesh_shape = dict(mesh.shape)
+    if shapes is None:
+        return jax.tree.map(
+            lambda names: NamedSharding(mesh, logical_to_spec(names, rules, None, mesh_shape)),
+            tree_of_logical_names, is_leaf=_is_logical)
+    return jax.tree.map(
+        lambda names, x: NamedSharding(mesh, logical_to_spec(names, rules, x.shape, mesh_shape)),
+        tree_of_logical_names, shapes, is_leaf=_is_logical)
+
+
+def shard_params(params, mesh: Mesh, rules: Rules = DEFAULT_RULES, *, logical_axes):
+    """Places ``params`` on ``mesh`` by their logical axes (``lm.param_logical_axes()``)."""
+    shardings = logical_to_sharding(logical_axes, mesh, rules, shapes=params)
+    return jax.device_put(params, shardings)
+
+
+# ----------------------------------------------------------------------------------------
+# Activation constraints
+# ----------------------------------------------------------------------------------------
+
+_ACTIVE_RULES: contextvars.ContextVar[Rules | None] = contextvars.ContextVar(
+    'specjax_activation_rules', default=None)
+
+
+@contextlib.contextmanager
+def activation_rules(rules: Rules = DEFAULT_RULES) -> Iterator[None]:
+    """While tracing inside this context, :func:`with_logical_constraint` is active."""
+    token = _ACTIVE_RULES.set(normalize_rules(rules))
+    try:
+        yield
+    finally:
+        _ACTIVE_RULES.reset(token)
+
+
+def with_logical_constraint(x: jax.Array, logical: LogicalAxes) -> jax.Array:
+    """``with_sharding_constraint`` by logical names; a no-op without rules and a mesh.
+
+    Active only while tracing under :func:`activation_rules` and ``jax.set_mesh``, so the
+    model code is identical on one device and on a mesh.
+    """
+    rules = _ACTIVE_RULES.get()
+    if rules is None:
+        return x
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    spec = logical_to_spec(logical, rules, x.shape, dict(mesh.shape))
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
+# ----------------------------------------------------------------------------------------
+# Sharded forward
+# ----------------------------------------------------------------------------------------
+
+def cache_shardings(lm, batch: int, mesh: Mesh, rules: Rules = DEFAULT_RULES):
+    """Shardings for ``lm.init_cache(batch)`` (batch on 'data', KV heads on 'model')."""
+    abstract = jax.eval_shape(lambda: lm.init_cache(batch))
+    return logical_to_sharding(type(abstract).logical_axes(), mesh, rules, shapes=abstract)
+
+
+def make_sharded_forward(lm, mesh: Mesh, batch: int, block: int,
+                         rules: Rules = DEFAULT_RULES) -> Callable:
+    """``lm.forward`` jitted over ``mesh`` with explicit in/out shardings.
+
+    Returns ``fn(params, cache, tokens, positions, block_mask) -> (logits, cache)`` with
+    the same contract as ``lm.forward``. Params go in sharded by their logical axes,
+    tokens/positions/mask/logits by batch on 'data', and the logits' vocabulary on
+    'model'. ``block`` (T) is needed for the divisibility checks of the activations.
+    """
+    rules = normalize_rules(rules)
+    mesh_shape = dict(mesh.shape)
+
+    def named(logical, shape):
+        return NamedSharding(mesh, logical_to_spec(logical, rules, shape, mesh_shape))
+
+    p_shard = logical_to_sharding(lm.param_logical_axes(), mesh, rules,
+                                  shapes=lm.abstract_params())
+    c_shard = cache_shardings(lm, batch, mesh, rules)
+    tok_shard = named(('batch', 'length'), (batch, block))
+    mask_shard = named(('batch', 'length', None), (batch, block, block))
+    logit_shard = named(('batch', 'length', 'vocab'), (batch, block, lm.vocab_size))
+
+    def fn(params, cache, tokens, positions, block_mask):
+        with activation_rules(rules):
+            return lm.forward(params, cache, tokens, positions, block_mask)
+
+    jitted = jax.jit(fn, in_shardings=(p_shard, c_shard, tok_shard, tok_shard, mask_shard),
+                     out_shardings=(logit_shard, c_shard))
+
+    def call(params, cache, tokens, positions, block_mask):
+        with jax.set_mesh(mesh):
+            return jitted(params, cache, tokens, positions, block_mask)
+
+    call.param_shardings = p_shard
+    call.cache_shardings = c_shard
+    return call

@@ -1,0 +1,87 @@
+"""Sharded forward on 8 fake CPU devices equals the single-device forward.
+
+Tolerance: f32; sharding over 'model' splits the contractions of the MLP, attention output
+and logits into per-device partial sums (all-reduced), which reorders additions only.
+"""
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from specjax import sharding as shd
+from specjax.models.api import advance, causal_block_mask
+
+TOL = dict(atol=1e-5, rtol=1e-5)
+
+needs8 = pytest.mark.skipif(jax.device_count() < 8, reason='needs 8 (fake) devices')
+
+
+def test_logical_to_spec_rules_divisibility_and_reuse():
+    mesh_shape = {'data': 2, 'model': 4}
+    assert shd.logical_to_spec(('vocab', 'embed')) == P('model', None)
+    assert shd.logical_to_spec(('batch', 'length', 'vocab')) == P('data', None, 'model')
+    # 2 KV heads do not split 4 ways: replicated.
+    assert shd.logical_to_spec(('embed', 'kv_heads', 'head_dim'), shd.DEFAULT_RULES,
+                               (32, 2, 8), mesh_shape) == P(None, None, None)
+    # A mesh axis is used once per array.
+    assert shd.logical_to_spec(('heads', 'mlp')) == P('model', None)
+    # Rules are overridable (e.g. from a ConfigDict's list of pairs).
+    rules = shd.normalize_rules([['batch', ['data', 'model']], ['vocab', None]])
+    assert shd.logical_to_spec(('batch', 'vocab'), rules) == P(('data', 'model'), None)
+    with pytest.raises(ValueError, match=r"rules\[0\].*'tensor'"):
+        shd.normalize_rules([('batch', 'tensor')])
+
+
+def test_make_mesh_validates():
+    with pytest.raises(ValueError, match=r'data\*model=.*exceeds'):
+        shd.make_mesh(jax.device_count(), 2)
+    with pytest.raises(ValueError, match=r'model=0'):
+        shd.make_mesh(1, 0)
+
+
+@needs8
+@pytest.mark.parametrize('data,model', [(2, 4), (8, 1)])
+def test_sharded_forward_equals_unsharded(tiny_lm, tiny_params, data, model):
+    lm, params = tiny_lm, tiny_params
+    mesh = shd.make_mesh(data, model)
+    assert mesh.axis_types == (jax.sharding.AxisType.Auto,) * 2
+    B, P_len, T = 8, 6, 3
+    rng = np.random.default_rng(0)
+    prefix = jnp.asarray(rng.integers(0, lm.vocab_size, (B, P_len)), jnp.int32)
+    block = jnp.asarray(rng.integers(0, lm.vocab_size, (B, T)), jnp.int32)
+
+    def run(forward, params, cache):
+        pos = cache.length[:, None] + jnp.arange(P_len)[None]
+        logits1, cache = forward(params, cache, prefix, pos, causal_block_mask(B, P_len))
+        cache = advance(cache, P_len)
+        pos = cache.length[:, None] + jnp.arange(T)[None]
+        logits2, cache = forward(params, cache, block, pos, causal_block_mask(B, T))
+        return logits1, logits2, cache
+
+    ref1, ref2, ref_cache = run(jax.jit(lm.forward), params, lm.init_cache(B))
+
+    sharded_params = shd.shard_params(params, mesh, logical_axes=lm.param_logical_axes())
+    wq = sharded_params['layer_0']['attn']['wq']
+    assert wq.sharding.spec == P(None, 'model', None)  # 4 heads split over 'model'
+    prefill = shd.make_sharded_forward(lm, mesh, batch=B, block=P_len)
+    score = shd.make_sharded_forward(lm, mesh, batch=B, block=T)
+    cache = jax.device_put(lm.init_cache(B), prefill.cache_shardings)
+    pos = cache.length[:, None] + jnp.arange(P_len)[None]
+    logits1, cache = prefill(sharded_params, cache, prefix, pos, causal_block_mask(B, P_len))
+    cache = advance(cache, P_len)
+    pos = cache.length[:, None] + jnp.arange(T)[None]
+    logits2, cache = score(sharded_params, cache, block, pos, causal_block_mask(B, T))
+
+    assert logits2.sharding.spec[0] == 'data'
+    assert len(logits2.sharding.device_set) == data * model
+    chex.assert_trees_all_close((logits1, logits2), (ref1, ref2), **TOL)
+    chex.assert_trees_all_close(cache.k, ref_cache.k, **TOL)
+
+
+def test_constraints_are_noops_without_rules_or_mesh():
+    x = jnp.ones((2, 3))
+    assert shd.with_logical_constraint(x, ('batch', 'embed')) is x
+    with shd.activation_rules():
+        assert shd.with_logical_constraint(x, ('batch', 'embed')) is x  # no mesh set
