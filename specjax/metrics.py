@@ -31,323 +31,323 @@ DEFAULT_CONSENSUS_COST = 1.0
 
 
 def _float(x) -> jax.Array:
-  return jnp.asarray(x, dtype=jnp.result_type(float))
+    return jnp.asarray(x, dtype=jnp.result_type(float))
 
 
 def _is_concrete(x) -> bool:
-  return not isinstance(x, jax.core.Tracer)
+    return not isinstance(x, jax.core.Tracer)
 
 
 def _check_range(function: str, name: str, x, low=None, high=None) -> None:
-  """Raises ValueError for values outside [low, high] (NaN included); concrete inputs only."""
-  if not _is_concrete(x):
-    return
-  values = np.asarray(x, dtype=np.float64)
-  bad = ~np.isfinite(values)  # NaN and ±inf are never valid counters or rates.
-  if low is not None:
-    bad |= values < low
-  if high is not None:
-    bad |= values > high
-  if np.any(bad):
-    allowed = f"finite, in [{'-inf' if low is None else low}, {'inf' if high is None else high}]"
-    raise ValueError(
-        f"{function}: {name}={values[bad].ravel()[:4].tolist()} is not allowed; "
-        f"allowed: {allowed}."
-    )
+    """Raises ValueError for values outside [low, high] (NaN included); concrete inputs only."""
+    if not _is_concrete(x):
+        return
+    values = np.asarray(x, dtype=np.float64)
+    bad = ~np.isfinite(values)  # NaN and ±inf are never valid counters or rates.
+    if low is not None:
+        bad |= values < low
+    if high is not None:
+        bad |= values > high
+    if np.any(bad):
+        allowed = f"finite, in [{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+        raise ValueError(
+                f"{function}: {name}={values[bad].ravel()[:4].tolist()} is not allowed; "
+                f"allowed: {allowed}."
+        )
 
 
 def _ratio(numerator, denominator, pool_axis: Axis, empty: float) -> jax.Array:
-  numerator = _float(numerator)
-  denominator = _float(denominator)
-  if pool_axis is not None:
-    axis = pool_axis if isinstance(pool_axis, int) else tuple(pool_axis)
-    numerator = jnp.sum(numerator, axis=axis)
-    denominator = jnp.sum(denominator, axis=axis)
-  nonzero = denominator != 0
-  return jnp.where(nonzero, numerator / jnp.where(nonzero, denominator, 1.0), empty)
+    numerator = _float(numerator)
+    denominator = _float(denominator)
+    if pool_axis is not None:
+        axis = pool_axis if isinstance(pool_axis, int) else tuple(pool_axis)
+        numerator = jnp.sum(numerator, axis=axis)
+        denominator = jnp.sum(denominator, axis=axis)
+    nonzero = denominator != 0
+    return jnp.where(nonzero, numerator / jnp.where(nonzero, denominator, 1.0), empty)
 
 
 # ------------------------------------------------------------------------- acceptance
 
 
 def acceptance(accepted, proposed, *, pool_axis: Axis = None) -> jax.Array:
-  """Acceptance `α_i` = accepted draft tokens / proposed draft tokens (per drafter).
+    """Acceptance `α_i` = accepted draft tokens / proposed draft tokens (per drafter).
 
-  Args:
-    accepted: accepted draft tokens, any shape (e.g. `[K]` per drafter).
-    proposed: proposed draft tokens, same shape.
-    pool_axis: axes to sum over before dividing (pooling), or None.
+    Args:
+        accepted: accepted draft tokens, any shape (e.g. `[K]` per drafter).
+        proposed: proposed draft tokens, same shape.
+        pool_axis: axes to sum over before dividing (pooling), or None.
 
-  Returns:
-    The ratio; NaN where nothing was proposed.
-  """
-  return _ratio(accepted, proposed, pool_axis, jnp.nan)
+    Returns:
+        The ratio; NaN where nothing was proposed.
+    """
+    return _ratio(accepted, proposed, pool_axis, jnp.nan)
 
 
 def per_position_acceptance(accepted_at_k, reached_k, drafts) -> tuple[jax.Array, jax.Array]:
-  """Acceptance at each draft position `k` = 1..γ (index `k − 1` of the last axis).
+    """Acceptance at each draft position `k` = 1..γ (index `k − 1` of the last axis).
 
-  * conditional = accepted at `k` / reached `k` (the chain got to position `k`, i.e. all
-    earlier positions were accepted): the per-position acceptance rate;
-  * unconditional = accepted at `k` / drafts (every drafted chain in the denominator):
-    the probability that a chain's `k`-th token is accepted, so its sum over `k` is the
-    mean accepted draft length per chain.
+    * conditional = accepted at `k` / reached `k` (the chain got to position `k`, i.e. all
+        earlier positions were accepted): the per-position acceptance rate;
+    * unconditional = accepted at `k` / drafts (every drafted chain in the denominator):
+        the probability that a chain's `k`-th token is accepted, so its sum over `k` is the
+        mean accepted draft length per chain.
 
-  Args:
-    accepted_at_k: f32[..., γ], accepted tokens at each position.
-    reached_k: f32[..., γ], chains that reached each position (`reached_k[..., 0]` is
-      normally `drafts`).
-    drafts: f32[...], drafted chains (broadcast against the leading axes).
+    Args:
+        accepted_at_k: f32[..., γ], accepted tokens at each position.
+        reached_k: f32[..., γ], chains that reached each position (`reached_k[..., 0]` is
+            normally `drafts`).
+        drafts: f32[...], drafted chains (broadcast against the leading axes).
 
-  Returns:
-    (conditional, unconditional), each f32[..., γ]; NaN where the denominator is 0.
-  """
-  chex.assert_equal_shape([jnp.asarray(accepted_at_k), jnp.asarray(reached_k)])
-  conditional = _ratio(accepted_at_k, reached_k, None, jnp.nan)
-  drafts = _float(drafts)[..., None]
-  unconditional = _ratio(accepted_at_k, drafts, None, jnp.nan)
-  return conditional, unconditional
+    Returns:
+        (conditional, unconditional), each f32[..., γ]; NaN where the denominator is 0.
+    """
+    chex.assert_equal_shape([jnp.asarray(accepted_at_k), jnp.asarray(reached_k)])
+    conditional = _ratio(accepted_at_k, reached_k, None, jnp.nan)
+    drafts = _float(drafts)[..., None]
+    unconditional = _ratio(accepted_at_k, drafts, None, jnp.nan)
+    return conditional, unconditional
 
 
 def joint_acceptance(
-    shared_committed_from_draft, shared_reached, *, pool_axis: Axis = None
+        shared_committed_from_draft, shared_reached, *, pool_axis: Axis = None
 ) -> jax.Array:
-  """Joint acceptance conditioned on a shared committed prefix (the seed's 0.19 → 0.52).
+    """Joint acceptance conditioned on a shared committed prefix (the seed's 0.19 → 0.52).
 
-  = positions of the shared block committed from drafted tokens / positions of the shared
-  block that verification reached, counted over the rounds in which ≥ 2 drafters extended
-  the same committed prefix (the caller counts only those rounds). Per-position and
-  conditional; pool per-round counters with `pool_axis=0`.
+    = positions of the shared block committed from drafted tokens / positions of the shared
+    block that verification reached, counted over the rounds in which ≥ 2 drafters extended
+    the same committed prefix (the caller counts only those rounds). Per-position and
+    conditional; pool per-round counters with `pool_axis=0`.
 
-  Returns:
-    The ratio; NaN where no shared position was reached.
-  """
-  return _ratio(shared_committed_from_draft, shared_reached, pool_axis, jnp.nan)
+    Returns:
+        The ratio; NaN where no shared position was reached.
+    """
+    return _ratio(shared_committed_from_draft, shared_reached, pool_axis, jnp.nan)
 
 
 def rejection_attribution(rejected_by_drafter) -> dict:
-  """Rejected positions bucketed by the proposing drafter, as shares of all rejections.
+    """Rejected positions bucketed by the proposing drafter, as shares of all rejections.
 
-  Args:
-    rejected_by_drafter: a mapping drafter name → rejected positions, or a sequence /
-      array `[K]` (keys are then the indices). A value may itself be an array (e.g. per
-      position); it is summed.
+    Args:
+        rejected_by_drafter: a mapping drafter name → rejected positions, or a sequence /
+            array `[K]` (keys are then the indices). A value may itself be an array (e.g. per
+            position); it is summed.
 
-  Returns:
-    drafter → share of all rejected positions (floats summing to 1); every share is 0.0
-    when nothing was rejected.
-  """
-  if isinstance(rejected_by_drafter, Mapping):
-    items = list(rejected_by_drafter.items())
-  else:
-    items = list(enumerate(np.asarray(rejected_by_drafter)))
-  counts = {key: float(np.sum(np.asarray(value, dtype=np.float64))) for key, value in items}
-  for key, count in counts.items():
-    if not (np.isfinite(count) and count >= 0):
-      raise ValueError(
-          f"rejection_attribution: drafter {key!r} has {count!r} rejections; allowed: ≥ 0."
-      )
-  total = sum(counts.values())
-  if total == 0:
-    return {key: 0.0 for key in counts}
-  return {key: count / total for key, count in counts.items()}
+    Returns:
+        drafter → share of all rejected positions (floats summing to 1); every share is 0.0
+        when nothing was rejected.
+    """
+    if isinstance(rejected_by_drafter, Mapping):
+        items = list(rejected_by_drafter.items())
+    else:
+        items = list(enumerate(np.asarray(rejected_by_drafter)))
+    counts = {key: float(np.sum(np.asarray(value, dtype=np.float64))) for key, value in items}
+    for key, count in counts.items():
+        if not (np.isfinite(count) and count >= 0):
+            raise ValueError(
+                    f"rejection_attribution: drafter {key!r} has {count!r} rejections; allowed: ≥ 0."
+            )
+    total = sum(counts.values())
+    if total == 0:
+        return {key: 0.0 for key in counts}
+    return {key: count / total for key, count in counts.items()}
 
 
 # ------------------------------------------------------------------------- lengths
 
 
 def mean_accepted_length(committed_tokens, verifier_calls, *, pool_axis: Axis = None):
-  """Mean accepted length = tokens committed per verifier call, bonus token included.
+    """Mean accepted length = tokens committed per verifier call, bonus token included.
 
-  Autoregressive decoding scores 1; a speculative round commits between 1 and γ + 1.
-  NaN with no verifier call.
-  """
-  return _ratio(committed_tokens, verifier_calls, pool_axis, jnp.nan)
+    Autoregressive decoding scores 1; a speculative round commits between 1 and γ + 1.
+    NaN with no verifier call.
+    """
+    return _ratio(committed_tokens, verifier_calls, pool_axis, jnp.nan)
 
 
 def block_efficiency(committed_tokens, verifier_calls, *, pool_axis: Axis = None):
-  """Block efficiency, taken as tokens committed per verifier call (bonus included).
+    """Block efficiency, taken as tokens committed per verifier call (bonus included).
 
-  This is the same number as `mean_accepted_length` (Leviathan et al.'s "expected tokens
-  per iteration", SpecInfer's "average number of tokens verified per decoding step"); it
-  is kept under both names because papers report both. Compare it with
-  `leviathan_expected_tokens`.
-  """
-  return mean_accepted_length(committed_tokens, verifier_calls, pool_axis=pool_axis)
+    This is the same number as `mean_accepted_length` (Leviathan et al.'s "expected tokens
+    per iteration", SpecInfer's "average number of tokens verified per decoding step"); it
+    is kept under both names because papers report both. Compare it with
+    `leviathan_expected_tokens`.
+    """
+    return mean_accepted_length(committed_tokens, verifier_calls, pool_axis=pool_axis)
 
 
 def mean_truncation_depth(discarded_tokens, truncations, *, pool_axis: Axis = None):
-  """Mean truncation depth = draft tokens discarded per truncation.
+    """Mean truncation depth = draft tokens discarded per truncation.
 
-  A truncation cuts a chain at a rejection; the discarded tokens are the rejected one and
-  every drafted token after it. With no truncation the depth is 0.0 (nothing discarded),
-  not NaN, so it can feed the decision boundary's depth ceiling directly.
-  """
-  return _ratio(discarded_tokens, truncations, pool_axis, 0.0)
+    A truncation cuts a chain at a rejection; the discarded tokens are the rejected one and
+    every drafted token after it. With no truncation the depth is 0.0 (nothing discarded),
+    not NaN, so it can feed the decision boundary's depth ceiling directly.
+    """
+    return _ratio(discarded_tokens, truncations, pool_axis, 0.0)
 
 
 def consensus_fallback_rate(fallback_steps, plan_steps, *, pool_axis: Axis = None):
-  """Consensus-fallback rate = plan steps that fell back / plan steps. NaN with no step."""
-  return _ratio(fallback_steps, plan_steps, pool_axis, jnp.nan)
+    """Consensus-fallback rate = plan steps that fell back / plan steps. NaN with no step."""
+    return _ratio(fallback_steps, plan_steps, pool_axis, jnp.nan)
 
 
 # ------------------------------------------------------------------------- throughput
 
 
 def tokens_per_second(committed_tokens, seconds, *, pool_axis: Axis = None):
-  """Wall-clock throughput = committed tokens / seconds. NaN for zero seconds."""
-  return _ratio(committed_tokens, seconds, pool_axis, jnp.nan)
+    """Wall-clock throughput = committed tokens / seconds. NaN for zero seconds."""
+    return _ratio(committed_tokens, seconds, pool_axis, jnp.nan)
 
 
 def modelled_cost(
-    verifier_calls,
-    drafter_tokens: Mapping[str, float],
-    c: Mapping[str, float],
-    consensus_rounds=0,
-    fallback_verifier_calls=0,
-    consensus_cost: float = DEFAULT_CONSENSUS_COST,
+        verifier_calls,
+        drafter_tokens: Mapping[str, float],
+        c: Mapping[str, float],
+        consensus_rounds=0,
+        fallback_verifier_calls=0,
+        consensus_cost: float = DEFAULT_CONSENSUS_COST,
 ) -> dict[str, float]:
-  """The cost model, in units of one verifier call, itemised.
+    """The cost model, in units of one verifier call, itemised.
 
-  cost = verifier_calls + Σ_i c_i · drafter_tokens_i + consensus_cost · consensus_rounds
-         + fallback_verifier_calls
+    cost = verifier_calls + Σ_i c_i · drafter_tokens_i + consensus_cost · consensus_rounds
+                  + fallback_verifier_calls
 
-  `verifier_calls` are the speculative rounds' calls; `fallback_verifier_calls` the
-  verifier's autoregressive calls while generating fallback steps (not counted in the
-  former).
+    `verifier_calls` are the speculative rounds' calls; `fallback_verifier_calls` the
+    verifier's autoregressive calls while generating fallback steps (not counted in the
+    former).
 
-  Returns:
-    {'verifier', 'drafters', 'consensus', 'fallback', 'total'} → cost.
-  """
-  missing = sorted(set(drafter_tokens) - set(c))
-  if missing:
-    raise ValueError(
-        f"modelled_cost: no cost coefficient c for drafter(s) {missing}; every drafter "
-        "in drafter_tokens needs an entry in c."
-    )
-  values = {
-      "verifier_calls": verifier_calls,
-      "consensus_rounds": consensus_rounds,
-      "fallback_verifier_calls": fallback_verifier_calls,
-      "consensus_cost": consensus_cost,
-  }
-  values.update({f"drafter_tokens[{k!r}]": v for k, v in drafter_tokens.items()})
-  values.update({f"c[{k!r}]": v for k, v in c.items()})
-  for name, value in values.items():
-    _check_range("modelled_cost", name, value, low=0.0)
-  drafters = sum(float(c[name]) * float(tokens) for name, tokens in drafter_tokens.items())
-  parts = {
-      "verifier": float(verifier_calls),
-      "drafters": drafters,
-      "consensus": float(consensus_cost) * float(consensus_rounds),
-      "fallback": float(fallback_verifier_calls),
-  }
-  parts["total"] = sum(parts.values())
-  return parts
+    Returns:
+        {'verifier', 'drafters', 'consensus', 'fallback', 'total'} → cost.
+    """
+    missing = sorted(set(drafter_tokens) - set(c))
+    if missing:
+        raise ValueError(
+                f"modelled_cost: no cost coefficient c for drafter(s) {missing}; every drafter "
+                "in drafter_tokens needs an entry in c."
+        )
+    values = {
+            "verifier_calls": verifier_calls,
+            "consensus_rounds": consensus_rounds,
+            "fallback_verifier_calls": fallback_verifier_calls,
+            "consensus_cost": consensus_cost,
+    }
+    values.update({f"drafter_tokens[{k!r}]": v for k, v in drafter_tokens.items()})
+    values.update({f"c[{k!r}]": v for k, v in c.items()})
+    for name, value in values.items():
+        _check_range("modelled_cost", name, value, low=0.0)
+    drafters = sum(float(c[name]) * float(tokens) for name, tokens in drafter_tokens.items())
+    parts = {
+            "verifier": float(verifier_calls),
+            "drafters": drafters,
+            "consensus": float(consensus_cost) * float(consensus_rounds),
+            "fallback": float(fallback_verifier_calls),
+    }
+    parts["total"] = sum(parts.values())
+    return parts
 
 
 def cost_model_throughput(
-    committed_tokens,
-    verifier_calls,
-    drafter_tokens: Mapping[str, float],
-    c: Mapping[str, float],
-    consensus_rounds=0,
-    fallback_verifier_calls=0,
-    consensus_cost: float = DEFAULT_CONSENSUS_COST,
+        committed_tokens,
+        verifier_calls,
+        drafter_tokens: Mapping[str, float],
+        c: Mapping[str, float],
+        consensus_rounds=0,
+        fallback_verifier_calls=0,
+        consensus_cost: float = DEFAULT_CONSENSUS_COST,
 ) -> float:
-  """Committed tokens per unit of modelled cost (see `modelled_cost`).
+    """Committed tokens per unit of modelled cost (see `modelled_cost`).
 
-  A verifier call costs 1, a drafter token `c_i` (drafter `i`'s per-token cost relative to
-  a verifier call), a consensus round `consensus_cost`, a fallback verifier call 1. Plain
-  autoregressive decoding scores exactly 1.0 on this scale; NaN when the cost is 0.
-  """
-  _check_range("cost_model_throughput", "committed_tokens", committed_tokens, low=0.0)
-  cost = modelled_cost(
-      verifier_calls, drafter_tokens, c, consensus_rounds, fallback_verifier_calls,
-      consensus_cost,
-  )["total"]
-  return float(committed_tokens) / cost if cost > 0 else float("nan")
+    A verifier call costs 1, a drafter token `c_i` (drafter `i`'s per-token cost relative to
+    a verifier call), a consensus round `consensus_cost`, a fallback verifier call 1. Plain
+    autoregressive decoding scores exactly 1.0 on this scale; NaN when the cost is 0.
+    """
+    _check_range("cost_model_throughput", "committed_tokens", committed_tokens, low=0.0)
+    cost = modelled_cost(
+            verifier_calls, drafter_tokens, c, consensus_rounds, fallback_verifier_calls,
+            consensus_cost,
+    )["total"]
+    return float(committed_tokens) / cost if cost > 0 else float("nan")
 
 
 # ------------------------------------------------------------------------- theory
 
 
 def leviathan_expected_tokens(alpha, gamma) -> jax.Array:
-  """Leviathan et al.'s expected tokens per verifier call, `(1 − α^{γ+1}) / (1 − α)`.
+    """Leviathan et al.'s expected tokens per verifier call, `(1 − α^{γ+1}) / (1 − α)`.
 
-  Computed as `expm1((γ+1)·log α) / expm1(log α)`, which is accurate near α = 1; the
-  α = 1 limit is γ + 1, and α = 0 gives 1 (the verifier's own token).
+    Computed as `expm1((γ+1)·log α) / expm1(log α)`, which is accurate near α = 1; the
+    α = 1 limit is γ + 1, and α = 0 gives 1 (the verifier's own token).
 
-  Args:
-    alpha: acceptance rate(s) in [0, 1].
-    gamma: draft window(s) ≥ 0.
-  """
-  _check_range("leviathan_expected_tokens", "alpha", alpha, 0.0, 1.0)
-  _check_range("leviathan_expected_tokens", "gamma", gamma, 0.0)
-  alpha = _float(alpha)
-  gamma = _float(gamma)
-  one = alpha == 1.0
-  safe = jnp.where(one, 0.5, alpha)
-  log_alpha = jnp.log(safe)  # −inf at α = 0, where expm1 gives −1/−1 = 1.
-  ratio = jnp.expm1((gamma + 1.0) * log_alpha) / jnp.expm1(log_alpha)
-  return jnp.where(one, gamma + 1.0, ratio)
+    Args:
+        alpha: acceptance rate(s) in [0, 1].
+        gamma: draft window(s) ≥ 0.
+    """
+    _check_range("leviathan_expected_tokens", "alpha", alpha, 0.0, 1.0)
+    _check_range("leviathan_expected_tokens", "gamma", gamma, 0.0)
+    alpha = _float(alpha)
+    gamma = _float(gamma)
+    one = alpha == 1.0
+    safe = jnp.where(one, 0.5, alpha)
+    log_alpha = jnp.log(safe)  # −inf at α = 0, where expm1 gives −1/−1 = 1.
+    ratio = jnp.expm1((gamma + 1.0) * log_alpha) / jnp.expm1(log_alpha)
+    return jnp.where(one, gamma + 1.0, ratio)
 
 
 def leviathan_speedup(alpha, gamma, c) -> jax.Array:
-  """Leviathan et al.'s expected wall-time speedup, `(1 − α^{γ+1}) / ((1 − α)(γc + 1))`.
+    """Leviathan et al.'s expected wall-time speedup, `(1 − α^{γ+1}) / ((1 − α)(γc + 1))`.
 
-  `c` is the drafter's cost per token relative to one verifier call.
-  """
-  _check_range("leviathan_speedup", "c", c, 0.0)
-  return leviathan_expected_tokens(alpha, gamma) / (_float(gamma) * _float(c) + 1.0)
+    `c` is the drafter's cost per token relative to one verifier call.
+    """
+    _check_range("leviathan_speedup", "c", c, 0.0)
+    return leviathan_expected_tokens(alpha, gamma) / (_float(gamma) * _float(c) + 1.0)
 
 
 def hardware_aware_speedup(expected_tokens, t_step, t_draft, t_score, gamma) -> jax.Array:
-  """Predicted speedup from measured times, `E · T_step / (γ · T_draft + T_score)`.
+    """Predicted speedup from measured times, `E · T_step / (γ · T_draft + T_score)`.
 
-  Args:
-    expected_tokens: E, committed tokens per round (measured or
-      `leviathan_expected_tokens`).
-    t_step: the verifier's one-token autoregressive step time.
-    t_draft: the drafter's time per drafted token.
-    t_score: the verifier's scoring pass over the γ + 1 block — not free on a CPU (2–3×
-      a one-token step), which is why this replaces `γc + 1`.
-    gamma: the draft window.
-  """
-  for name, value in (("t_step", t_step), ("t_draft", t_draft), ("t_score", t_score),
-                      ("gamma", gamma), ("expected_tokens", expected_tokens)):
-    _check_range("hardware_aware_speedup", name, value, 0.0)
-  return (_float(expected_tokens) * _float(t_step)) / (
-      _float(gamma) * _float(t_draft) + _float(t_score)
-  )
+    Args:
+        expected_tokens: E, committed tokens per round (measured or
+            `leviathan_expected_tokens`).
+        t_step: the verifier's one-token autoregressive step time.
+        t_draft: the drafter's time per drafted token.
+        t_score: the verifier's scoring pass over the γ + 1 block — not free on a CPU (2–3×
+            a one-token step), which is why this replaces `γc + 1`.
+        gamma: the draft window.
+    """
+    for name, value in (("t_step", t_step), ("t_draft", t_draft), ("t_score", t_score),
+                                            ("gamma", gamma), ("expected_tokens", expected_tokens)):
+        _check_range("hardware_aware_speedup", name, value, 0.0)
+    return (_float(expected_tokens) * _float(t_step)) / (
+            _float(gamma) * _float(t_draft) + _float(t_score)
+    )
 
 
 # ------------------------------------------------------------------------- distributions
 
 
 def tv_distance(p, q) -> jax.Array:
-  """Total variation distance `½ Σ_x |p(x) − q(x)|` over the last axis (batched).
+    """Total variation distance `½ Σ_x |p(x) − q(x)|` over the last axis (batched).
 
-  Args:
-    p, q: f32[..., V] distributions of the same shape.
+    Args:
+        p, q: f32[..., V] distributions of the same shape.
 
-  Returns:
-    f32[...], in [0, 1].
-  """
-  p, q = _float(p), _float(q)
-  chex.assert_equal_shape([p, q])
-  return 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)
+    Returns:
+        f32[...], in [0, 1].
+    """
+    p, q = _float(p), _float(q)
+    chex.assert_equal_shape([p, q])
+    return 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)
 
 
 def alpha_from_distributions(p, q) -> jax.Array:
-  """Expected acceptance of rejection sampling, `α = Σ_x min(p(x), q(x))` (= 1 − TV).
+    """Expected acceptance of rejection sampling, `α = Σ_x min(p(x), q(x))` (= 1 − TV).
 
-  Args:
-    p: f32[..., V] the verifier's distribution; q: f32[..., V] the drafter's.
+    Args:
+        p: f32[..., V] the verifier's distribution; q: f32[..., V] the drafter's.
 
-  Returns:
-    f32[...], in [0, 1].
-  """
-  p, q = _float(p), _float(q)
-  chex.assert_equal_shape([p, q])
-  return jnp.sum(jnp.minimum(p, q), axis=-1)
+    Returns:
+        f32[...], in [0, 1].
+    """
+    p, q = _float(p), _float(q)
+    chex.assert_equal_shape([p, q])
+    return jnp.sum(jnp.minimum(p, q), axis=-1)

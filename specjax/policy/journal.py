@@ -4,14 +4,14 @@ Committing a plan step is a side effect, so it goes through an append-only JSON-
 file with these guarantees:
 
 * **exactly once** — `commit` of a `(plan_id, step_index)` already in the journal is a
-  no-op (returns False) when the text is the same and raises `JournalConflictError` when
-  it differs; steps of a plan are committed in order, 0, 1, 2, … (no gaps);
+    no-op (returns False) when the text is the same and raises `JournalConflictError` when
+    it differs; steps of a plan are committed in order, 0, 1, 2, … (no gaps);
 * **atomic lines** — each step is one full line written by a single `os.write` on an
-  `O_APPEND` descriptor, then `fsync`ed before `commit` returns;
+    `O_APPEND` descriptor, then `fsync`ed before `commit` returns;
 * **crash recovery** — a torn final line (a crash mid-write, no trailing newline) is
-  ignored and truncated away when the journal is opened; everything before it is intact;
+    ignored and truncated away when the journal is opened; everything before it is intact;
 * **resume** — reopening the file restores every committed step; `run_step_exactly_once`
-  returns a journaled step without producing it again.
+    returns a journaled step without producing it again.
 
 One writer per file: the journal holds an exclusive `flock` on it while open, so a second
 `PlanJournal` on the same path (in this or another process) fails instead of racing.
@@ -26,292 +26,292 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 try:
-  import fcntl
+    import fcntl
 except ImportError:  # Not POSIX: no cross-process lock, the rest still holds.
-  fcntl = None
+    fcntl = None
 
 PlanId = str | int
 
 
 class JournalError(RuntimeError):
-  """Base class of the journal's errors."""
+    """Base class of the journal's errors."""
 
 
 class JournalConflictError(JournalError):
-  """A step already committed is committed again with a different text."""
+    """A step already committed is committed again with a different text."""
 
 
 class JournalOrderError(JournalError):
-  """A step is committed before the steps preceding it in its plan."""
+    """A step is committed before the steps preceding it in its plan."""
 
 
 class JournalCorruptError(JournalError):
-  """A line other than the last cannot be read (not a torn write: real corruption)."""
+    """A line other than the last cannot be read (not a torn write: real corruption)."""
 
 
 class JournalLockedError(JournalError):
-  """Another open `PlanJournal` holds the file."""
+    """Another open `PlanJournal` holds the file."""
 
 
 @dataclasses.dataclass(frozen=True)
 class CommittedStep:
-  """One journaled plan step."""
+    """One journaled plan step."""
 
-  plan_id: PlanId
-  step_index: int
-  text: str
-  meta: dict[str, Any]
+    plan_id: PlanId
+    step_index: int
+    text: str
+    meta: dict[str, Any]
 
-  def to_json(self) -> str:
-    record = {
-        "plan_id": self.plan_id,
-        "step_index": self.step_index,
-        "text": self.text,
-        "meta": self.meta,
-    }
-    return json.dumps(record, ensure_ascii=False, sort_keys=True, default=_json_default)
+    def to_json(self) -> str:
+        record = {
+                "plan_id": self.plan_id,
+                "step_index": self.step_index,
+                "text": self.text,
+                "meta": self.meta,
+        }
+        return json.dumps(record, ensure_ascii=False, sort_keys=True, default=_json_default)
 
 
 def _json_default(obj):
-  # numpy / jax scalars and arrays in `meta` (counters, weights) become plain JSON.
-  if hasattr(obj, "tolist"):
-    return obj.tolist()
-  raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+    # numpy / jax scalars and arrays in `meta` (counters, weights) become plain JSON.
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
 
 
 def _validate_key(plan_id, step_index) -> None:
-  if isinstance(plan_id, bool) or not isinstance(plan_id, (str, int)):
-    raise TypeError(f"plan_id={plan_id!r} is not allowed; allowed: a str or an int.")
-  if isinstance(step_index, bool) or not isinstance(step_index, int) or step_index < 0:
-    raise ValueError(f"step_index={step_index!r} is not allowed; allowed: an int ≥ 0.")
+    if isinstance(plan_id, bool) or not isinstance(plan_id, (str, int)):
+        raise TypeError(f"plan_id={plan_id!r} is not allowed; allowed: a str or an int.")
+    if isinstance(step_index, bool) or not isinstance(step_index, int) or step_index < 0:
+        raise ValueError(f"step_index={step_index!r} is not allowed; allowed: an int ≥ 0.")
 
 
 class PlanJournal:
-  """Append-only JSON-lines journal of committed plan steps (see the module docstring).
-
-  Args:
-    path: the journal file; created (with its directory) if missing.
-    fsync: fsync after every commit (default). Turning it off keeps atomic lines but
-      loses durability across a power cut; only for tests and benchmarks.
-
-  Usable as a context manager; `close()` releases the file.
-  """
-
-  def __init__(self, path: str | os.PathLike, *, fsync: bool = True):
-    self.path = os.fspath(path)
-    self._fsync = fsync
-    self._steps: dict[tuple[PlanId, int], CommittedStep] = {}
-    self._order: list[CommittedStep] = []
-    self._next: dict[PlanId, int] = {}
-    #: bytes of a torn final line removed when the journal was opened (0 if none).
-    self.recovered_torn_bytes = 0
-    directory = os.path.dirname(os.path.abspath(self.path))
-    os.makedirs(directory, exist_ok=True)
-    existed = os.path.exists(self.path)
-    self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-      self._lock()
-      if not existed and fsync:
-        _fsync_directory(directory)  # The new file's directory entry is durable too.
-      self._load()
-    except BaseException:
-      os.close(self._fd)
-      self._fd = -1
-      raise
-
-  # ---------------------------------------------------------------- open / close
-
-  def _lock(self) -> None:
-    if fcntl is None:
-      return
-    try:
-      fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      raise JournalLockedError(
-          f"plan journal {self.path} is already open in another PlanJournal; close it "
-          "first (one writer per journal)."
-      ) from None
-
-  def _load(self) -> None:
-    size = os.fstat(self._fd).st_size
-    data = os.pread(self._fd, size, 0) if size else b""
-    if data and not data.endswith(b"\n"):
-      keep = data.rfind(b"\n") + 1
-      self.recovered_torn_bytes = len(data) - keep
-      os.ftruncate(self._fd, keep)
-      os.fsync(self._fd)
-      data = data[:keep]
-    for line_no, line in enumerate(data.splitlines(), start=1):
-      try:
-        record = json.loads(line)
-        entry = CommittedStep(
-            plan_id=record["plan_id"],
-            step_index=record["step_index"],
-            text=record["text"],
-            meta=record.get("meta", {}),
-        )
-        _validate_key(entry.plan_id, entry.step_index)
-      except (ValueError, KeyError, TypeError) as exc:
-        raise JournalCorruptError(
-            f"{self.path}:{line_no}: unreadable journal line ({exc}); only a torn final "
-            "line is recovered automatically."
-        ) from None
-      expected = self.next_step(entry.plan_id)
-      if entry.step_index != expected:
-        what = "appears twice" if entry.step_index < expected else f"precedes step {expected}"
-        raise JournalCorruptError(
-            f"{self.path}:{line_no}: step {entry.step_index} of plan {entry.plan_id!r} "
-            f"{what}."
-        )
-      self._index(entry)
-
-  def _index(self, entry: CommittedStep) -> None:
-    self._steps[(entry.plan_id, entry.step_index)] = entry
-    self._order.append(entry)
-    self._next[entry.plan_id] = entry.step_index + 1
-
-  def close(self) -> None:
-    if self._fd >= 0:
-      os.close(self._fd)  # Closing the descriptor releases the flock.
-      self._fd = -1
-
-  @property
-  def closed(self) -> bool:
-    return self._fd < 0
-
-  def __enter__(self) -> PlanJournal:
-    return self
-
-  def __exit__(self, *exc_info) -> None:
-    self.close()
-
-  # ---------------------------------------------------------------- commit
-
-  def commit(
-      self, plan_id: PlanId, step_index: int, text: str, meta: dict[str, Any] | None = None
-  ) -> bool:
-    """Appends a committed step, exactly once.
+    """Append-only JSON-lines journal of committed plan steps (see the module docstring).
 
     Args:
-      plan_id: the plan (str or int).
-      step_index: the step within the plan; must be the plan's next step
-        (`next_step(plan_id)`) unless already committed.
-      text: the committed step text.
-      meta: JSON-serialisable details (numpy/jax values are converted); not compared
-        when the step is already committed.
+        path: the journal file; created (with its directory) if missing.
+        fsync: fsync after every commit (default). Turning it off keeps atomic lines but
+            loses durability across a power cut; only for tests and benchmarks.
 
-    Returns:
-      True if the step was written now; False if it was already committed with this text.
-
-    Raises:
-      JournalConflictError: the step was committed with a different text.
-      JournalOrderError: an earlier step of the plan is not committed yet.
+    Usable as a context manager; `close()` releases the file.
     """
-    if self.closed:
-      raise JournalError(f"plan journal {self.path} is closed.")
-    _validate_key(plan_id, step_index)
-    if not isinstance(text, str):
-      raise TypeError(f"text={text!r} is not allowed; allowed: a str.")
-    existing = self._steps.get((plan_id, step_index))
-    if existing is not None:
-      if existing.text == text:
-        return False
-      raise JournalConflictError(
-          f"step {step_index} of plan {plan_id!r} is already committed as "
-          f"{_preview(existing.text)}; refusing to commit {_preview(text)} over it."
-      )
-    expected = self.next_step(plan_id)
-    if step_index != expected:
-      raise JournalOrderError(
-          f"step {step_index} of plan {plan_id!r} cannot be committed before step "
-          f"{expected}; steps are committed in order."
-      )
-    entry = CommittedStep(plan_id, step_index, text, dict(meta or {}))
-    try:
-      line = (entry.to_json() + "\n").encode("utf-8")
-    except TypeError as exc:
-      raise TypeError(f"meta of step {step_index} of plan {plan_id!r}: {exc}") from None
-    written = os.write(self._fd, line)  # One write on O_APPEND: the line lands whole.
-    if written != len(line):
-      # A short write left a torn line; only reopening (which truncates it) is safe.
-      self.close()
-      raise OSError(
-          f"short write to plan journal {self.path} ({written} of {len(line)} bytes); "
-          "the journal was closed, reopen it to recover."
-      )
-    if self._fsync:
-      os.fsync(self._fd)
-    self._index(entry)
-    return True
 
-  # ---------------------------------------------------------------- queries
+    def __init__(self, path: str | os.PathLike, *, fsync: bool = True):
+        self.path = os.fspath(path)
+        self._fsync = fsync
+        self._steps: dict[tuple[PlanId, int], CommittedStep] = {}
+        self._order: list[CommittedStep] = []
+        self._next: dict[PlanId, int] = {}
+        #: bytes of a torn final line removed when the journal was opened (0 if none).
+        self.recovered_torn_bytes = 0
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        existed = os.path.exists(self.path)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            self._lock()
+            if not existed and fsync:
+                _fsync_directory(directory)  # The new file's directory entry is durable too.
+            self._load()
+        except BaseException:
+            os.close(self._fd)
+            self._fd = -1
+            raise
 
-  def get(self, plan_id: PlanId, step_index: int) -> CommittedStep | None:
-    return self._steps.get((plan_id, step_index))
+    # ---------------------------------------------------------------- open / close
 
-  def committed_steps(self, plan_id: PlanId) -> list[CommittedStep]:
-    """The plan's committed steps, in step order (0, 1, …)."""
-    return [self._steps[(plan_id, i)] for i in range(self._next.get(plan_id, 0))]
+    def _lock(self) -> None:
+        if fcntl is None:
+            return
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise JournalLockedError(
+                    f"plan journal {self.path} is already open in another PlanJournal; close it "
+                    "first (one writer per journal)."
+            ) from None
 
-  def next_step(self, plan_id: PlanId) -> int:
-    """The first step of the plan not yet committed (where a resumed run continues)."""
-    return self._next.get(plan_id, 0)
+    def _load(self) -> None:
+        size = os.fstat(self._fd).st_size
+        data = os.pread(self._fd, size, 0) if size else b""
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            self.recovered_torn_bytes = len(data) - keep
+            os.ftruncate(self._fd, keep)
+            os.fsync(self._fd)
+            data = data[:keep]
+        for line_no, line in enumerate(data.splitlines(), start=1):
+            try:
+                record = json.loads(line)
+                entry = CommittedStep(
+                        plan_id=record["plan_id"],
+                        step_index=record["step_index"],
+                        text=record["text"],
+                        meta=record.get("meta", {}),
+                )
+                _validate_key(entry.plan_id, entry.step_index)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise JournalCorruptError(
+                        f"{self.path}:{line_no}: unreadable journal line ({exc}); only a torn final "
+                        "line is recovered automatically."
+                ) from None
+            expected = self.next_step(entry.plan_id)
+            if entry.step_index != expected:
+                what = "appears twice" if entry.step_index < expected else f"precedes step {expected}"
+                raise JournalCorruptError(
+                        f"{self.path}:{line_no}: step {entry.step_index} of plan {entry.plan_id!r} "
+                        f"{what}."
+                )
+            self._index(entry)
 
-  def plan_ids(self) -> list[PlanId]:
-    """Plans with at least one committed step, in order of first commit."""
-    return list(self._next)
+    def _index(self, entry: CommittedStep) -> None:
+        self._steps[(entry.plan_id, entry.step_index)] = entry
+        self._order.append(entry)
+        self._next[entry.plan_id] = entry.step_index + 1
 
-  def __iter__(self) -> Iterator[CommittedStep]:
-    """Every committed step, in file (commit) order."""
-    return iter(list(self._order))
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # Closing the descriptor releases the flock.
+            self._fd = -1
 
-  def __len__(self) -> int:
-    return len(self._order)
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
 
-  def __contains__(self, key: tuple[PlanId, int]) -> bool:
-    return key in self._steps
+    def __enter__(self) -> PlanJournal:
+        return self
 
-  def __repr__(self) -> str:
-    return f"PlanJournal({self.path!r}, {len(self)} steps)"
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- commit
+
+    def commit(
+            self, plan_id: PlanId, step_index: int, text: str, meta: dict[str, Any] | None = None
+    ) -> bool:
+        """Appends a committed step, exactly once.
+
+        Args:
+            plan_id: the plan (str or int).
+            step_index: the step within the plan; must be the plan's next step
+                (`next_step(plan_id)`) unless already committed.
+            text: the committed step text.
+            meta: JSON-serialisable details (numpy/jax values are converted); not compared
+                when the step is already committed.
+
+        Returns:
+            True if the step was written now; False if it was already committed with this text.
+
+        Raises:
+            JournalConflictError: the step was committed with a different text.
+            JournalOrderError: an earlier step of the plan is not committed yet.
+        """
+        if self.closed:
+            raise JournalError(f"plan journal {self.path} is closed.")
+        _validate_key(plan_id, step_index)
+        if not isinstance(text, str):
+            raise TypeError(f"text={text!r} is not allowed; allowed: a str.")
+        existing = self._steps.get((plan_id, step_index))
+        if existing is not None:
+            if existing.text == text:
+                return False
+            raise JournalConflictError(
+                    f"step {step_index} of plan {plan_id!r} is already committed as "
+                    f"{_preview(existing.text)}; refusing to commit {_preview(text)} over it."
+            )
+        expected = self.next_step(plan_id)
+        if step_index != expected:
+            raise JournalOrderError(
+                    f"step {step_index} of plan {plan_id!r} cannot be committed before step "
+                    f"{expected}; steps are committed in order."
+            )
+        entry = CommittedStep(plan_id, step_index, text, dict(meta or {}))
+        try:
+            line = (entry.to_json() + "\n").encode("utf-8")
+        except TypeError as exc:
+            raise TypeError(f"meta of step {step_index} of plan {plan_id!r}: {exc}") from None
+        written = os.write(self._fd, line)  # One write on O_APPEND: the line lands whole.
+        if written != len(line):
+            # A short write left a torn line; only reopening (which truncates it) is safe.
+            self.close()
+            raise OSError(
+                    f"short write to plan journal {self.path} ({written} of {len(line)} bytes); "
+                    "the journal was closed, reopen it to recover."
+            )
+        if self._fsync:
+            os.fsync(self._fd)
+        self._index(entry)
+        return True
+
+    # ---------------------------------------------------------------- queries
+
+    def get(self, plan_id: PlanId, step_index: int) -> CommittedStep | None:
+        return self._steps.get((plan_id, step_index))
+
+    def committed_steps(self, plan_id: PlanId) -> list[CommittedStep]:
+        """The plan's committed steps, in step order (0, 1, …)."""
+        return [self._steps[(plan_id, i)] for i in range(self._next.get(plan_id, 0))]
+
+    def next_step(self, plan_id: PlanId) -> int:
+        """The first step of the plan not yet committed (where a resumed run continues)."""
+        return self._next.get(plan_id, 0)
+
+    def plan_ids(self) -> list[PlanId]:
+        """Plans with at least one committed step, in order of first commit."""
+        return list(self._next)
+
+    def __iter__(self) -> Iterator[CommittedStep]:
+        """Every committed step, in file (commit) order."""
+        return iter(list(self._order))
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __contains__(self, key: tuple[PlanId, int]) -> bool:
+        return key in self._steps
+
+    def __repr__(self) -> str:
+        return f"PlanJournal({self.path!r}, {len(self)} steps)"
 
 
 def run_step_exactly_once(
-    journal: PlanJournal,
-    plan_id: PlanId,
-    step_index: int,
-    produce: Callable[[], tuple[str, dict[str, Any]]],
+        journal: PlanJournal,
+        plan_id: PlanId,
+        step_index: int,
+        produce: Callable[[], tuple[str, dict[str, Any]]],
 ) -> CommittedStep:
-  """Produces and commits one plan step, unless it is already journaled.
+    """Produces and commits one plan step, unless it is already journaled.
 
-  If the step is in the journal it is returned and `produce` is not called (resume after
-  a restart). Otherwise `produce()` runs the step (branches, consensus, fallback) and
-  returns `(text, meta)`, which is committed. If `produce` raises — a branch failing
-  mid-step — nothing is written and the exception propagates; calling again retries the
-  step, which is then committed once.
+    If the step is in the journal it is returned and `produce` is not called (resume after
+    a restart). Otherwise `produce()` runs the step (branches, consensus, fallback) and
+    returns `(text, meta)`, which is committed. If `produce` raises — a branch failing
+    mid-step — nothing is written and the exception propagates; calling again retries the
+    step, which is then committed once.
 
-  Returns:
-    The committed step.
-  """
-  existing = journal.get(plan_id, step_index)
-  if existing is not None:
-    return existing
-  text, meta = produce()
-  journal.commit(plan_id, step_index, text, meta)
-  return journal.get(plan_id, step_index)
+    Returns:
+        The committed step.
+    """
+    existing = journal.get(plan_id, step_index)
+    if existing is not None:
+        return existing
+    text, meta = produce()
+    journal.commit(plan_id, step_index, text, meta)
+    return journal.get(plan_id, step_index)
 
 
 def _preview(text: str, limit: int = 60) -> str:
-  return repr(text if len(text) <= limit else text[:limit] + "…")
+    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 def _fsync_directory(directory: str) -> None:
-  try:
-    fd = os.open(directory, os.O_RDONLY)
-  except OSError:
-    return  # Some platforms cannot open directories; the file's own fsync still holds.
-  try:
-    os.fsync(fd)
-  except OSError:
-    pass
-  finally:
-    os.close(fd)
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # Some platforms cannot open directories; the file's own fsync still holds.
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
