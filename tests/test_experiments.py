@@ -1,0 +1,64 @@
+"""The shipped configs and the `plans` experiment, as a user runs them."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_cli import specjax
+
+CONFIGS = ["configs/seed_reproduction.py", "configs/ablation_invariants.py",
+           "configs/sweep_gamma_temperature.py", "configs/sweep_tokenizer_pairings.py"]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("override,field", [
+    ("grid.gamma=[0]", "grid.gamma"),
+    ("grid.verifier_temperature=[-1.0]", "grid.verifier_temperature"),
+    ("grid.pairing=[[code,nope]]", "grid.pairing"),
+    ("grid.policy=[wholesale]", "policy"),
+    ("no_such_field=3", "no_such_field"),
+    ("plans_per_domain=0", "plans_per_domain"),
+])
+def test_bad_override_is_one_line_and_writes_nothing(tmp_path, config, override, field):
+    if config != CONFIGS[0] and override.startswith(("grid.policy", "plans")):
+        pytest.skip("one config suffices for this field")
+    workdir = tmp_path / "run"
+    proc = specjax(f"--config={config}:runlocal,{override}", f"--workdir={workdir}")
+    assert proc.returncode != 0
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("specjax: error:"), proc.stderr
+    assert field in err[0]
+    assert "Traceback" not in proc.stderr
+    assert not workdir.exists()
+
+
+def test_empty_grid_and_file_workdir(tmp_path):
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    for args in ([f"--config={CONFIGS[0]}:runlocal,grid={{}}", f"--workdir={tmp_path / 'w'}"],
+                 [f"--config={CONFIGS[0]}:runlocal", f"--workdir={afile}"]):
+        proc = specjax(*args)
+        assert proc.returncode != 0
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "w").exists() and afile.read_text() == "x"
+
+
+def test_plans_experiment_end_to_end_on_synthetic(tmp_path):
+    """The experiment, the seed table and the report on the exact synthetic deployment."""
+    workdir = tmp_path / "seed"
+    arg = ("runlocal,deployment=synthetic,plans_per_domain=1,plan_steps=2,max_step_tokens=4,"
+           "bucket=16,grid.policy=[naive,all_on],grid.pairing=[[d0,d1,d2,d3]]")
+    proc = specjax(f"--config={CONFIGS[0]}:{arg}", f"--workdir={workdir}", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((workdir / "summary.json").read_text())
+    for name in ("naive", "all_on"):
+        m = summary["measured"][name]
+        assert 0 <= m["joint_acceptance"] <= 1
+        assert 0 <= m["consensus_fallback_rate"] <= 1
+        assert m["tv_distance"] == 0.0          # greedy: every policy commits the greedy plan
+    assert (workdir / "seed_report.md").read_text().startswith("# The seed's table")
+    assert (workdir / "plots" / "seed_policies.png").stat().st_size > 10_000
+    assert (workdir / "report.md").exists()
+    rows = [json.loads(l) for l in (workdir / "results.jsonl").read_text().splitlines()]
+    assert {r["policy"] for r in rows} == {"naive", "all_on"}
