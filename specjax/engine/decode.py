@@ -149,24 +149,46 @@ def _pack(ids: jax.Array, valid: jax.Array):
     return jnp.take_along_axis(ids, order, axis=-1), jnp.sum(valid, axis=-1)
 
 
+def consume_width(data_retok_m: int, tokens: int) -> int:
+    """Static width (drafter tokens) of the block that feeds `tokens` verifier tokens.
+
+    A drafter of another tokenizer may spell a rare verifier token in many pieces (a run of
+    indentation is one verifier token and 16 prose tokens); sizing the block for that worst
+    case would make every round pay for it. The block holds two pieces per token on average
+    (at least the worst single token); what does not fit stays pending for the next round.
+    """
+    return min(tokens * data_retok_m, max(2 * tokens, data_retok_m))
+
+
 def _consume(spec: DrafterSpec, data: DrafterData, cache, logits, tokens, synced, length,
              width: int):
-    """Feeds committed verifier tokens [synced, length) (≤ width) to one drafter."""
+    """Feeds committed verifier tokens [synced, length) (≤ width of them) to one drafter.
+
+    Whole verifier tokens are fed while their pieces fit in the block; the rest stay
+    pending. Returns (cache, logits after the last fed token, synced after feeding,
+    caught_up: bool[B] whether every committed token is now in the drafter's cache).
+    """
     b = tokens.shape[0]
+    m = data.retok.shape[1]
+    w = consume_width(m, width)
     i = jnp.arange(width)
     pos = synced[:, None] + i[None, :]
     vt = jnp.take_along_axis(tokens, jnp.minimum(pos, tokens.shape[1] - 1), axis=1)
-    m = data.retok.shape[1]
-    ids = data.retok[vt].reshape(b, width * m)
-    valid = ((pos < length[:, None])[:, :, None]
+    pieces = jnp.where(pos < length[:, None], data.retok_len[vt], 0)          # [B, width]
+    fits = jnp.cumsum(pieces, axis=1) <= w
+    take = jnp.minimum(jnp.sum(jnp.cumprod(fits.astype(jnp.int32), axis=1), axis=1),
+                       jnp.maximum(length - synced, 0))                      # whole tokens
+    valid = ((i[None, :] < take[:, None])[:, :, None]
              & (jnp.arange(m)[None, None, :] < data.retok_len[vt][:, :, None]))
-    ids, n = _pack(ids, valid.reshape(b, width * m))
-    positions = cache.length[:, None] + jnp.arange(width * m)[None, :]
+    ids, n = _pack(data.retok[vt].reshape(b, width * m), valid.reshape(b, width * m))
+    ids = ids[:, :w]
+    positions = cache.length[:, None] + jnp.arange(w)[None, :]
     block_logits, cache = spec.lm.forward(data.params, cache, ids, positions,
-                                          _causal(b, width * m))
+                                          _causal(b, w) & (n >= 0)[:, None, None])
     last = jnp.take_along_axis(block_logits, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0]
     logits = jnp.where((n > 0)[:, None], last, logits)
-    return spec.lm.advance(cache, n), logits
+    synced = synced + take
+    return spec.lm.advance(cache, n), logits, synced, synced >= length
 
 
 def _draft(cfg: EngineConfig, k: int, spec: DrafterSpec, data: DrafterData, cache, logits,
@@ -218,11 +240,13 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSpe
     # 1. Drafting. A lone drafter always proposed the committed path, so at most two
     # committed tokens are new to it (x_γ and the bonus); otherwise up to γ + 1.
     width = 2 if (len(drafters) == 1 and s_n == 1) else gamma + 1
-    drafts, qs, dcaches, base_len, dlogits = [], [], [], [], []
+    drafts, qs, dcaches, base_len, dlogits, fed = [], [], [], [], [], []
     for k, (spec, data) in enumerate(zip(drafters, d_data)):
-        cache, logits = _consume(spec, data, state.dcaches[k], state.dlogits[k], state.tokens,
-                                 state.dsynced[k], length, min(width, gamma + 1))
+        cache, logits, synced, caught_up = _consume(
+            spec, data, state.dcaches[k], state.dlogits[k], state.tokens, state.dsynced[k],
+            length, min(width, gamma + 1))
         base_len.append(cache.length)
+        fed.append((synced, caught_up))
         dlogits.append(logits)
         x, q, cache = _draft(cfg, k, spec, data, cache, logits, state.row_keys, length,
                              gumbel, v_vocab)
@@ -280,9 +304,12 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSpe
     new_dcaches, new_synced = [], []
     for k, spec in enumerate(drafters):
         mine = jnp.max(jnp.where(slots == k, slot_match, 0), axis=1)
-        keep = jnp.where(live, jnp.minimum(jnp.minimum(mine, n_commit), gamma - 1), 0)
+        synced, caught_up = fed[k]
+        # Its drafts followed the committed text only if it had caught up before drafting.
+        keep = jnp.where(live & caught_up,
+                         jnp.minimum(jnp.minimum(mine, n_commit), gamma - 1), 0)
         new_dcaches.append(spec.lm.rollback(dcaches[k], base_len[k] + keep))
-        new_synced.append(jnp.where(live, length + keep, length))
+        new_synced.append(jnp.where(caught_up, length + keep, synced))
     new_length = length + n_commit
     generated = new_length - state.start
     done = state.done | (generated >= cfg.max_new_tokens) | (live & (first_stop <= n))

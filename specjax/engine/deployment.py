@@ -73,13 +73,19 @@ def _prefix_q(spec: DrafterSpec, data: DrafterData, v_tokens, v_valid, v_vocab):
     lens = jnp.where(v_valid, data.retok_len[v_tokens], 0)             # [B, T]
     ids = data.retok[v_tokens].reshape(b, t * m)
     valid = (jnp.arange(m)[None, None, :] < lens[:, :, None]).reshape(b, t * m)
-    ids, _ = _pack(ids, valid)
-    cache = spec.lm.init_cache(b)
+    ids, total = _pack(ids, valid)
+    # Only the most recent pieces that fit in half the drafter's context are read: the KL
+    # is measured on the last positions of the prefix, which this window always covers.
+    w = min(t * m, spec.lm.max_len // 2)
+    offset = jnp.maximum(total - w, 0)
+    ids = jnp.take_along_axis(ids, offset[:, None] + jnp.arange(w)[None, :], axis=1)
+    # Runtime zero length: avoids constant-folding attention over empty slots (generate.py).
+    cache = spec.lm.init_cache(b).replace(length=jnp.minimum(total, 0).astype(jnp.int32))
     logits, _ = spec.lm.forward(data.params, cache, ids,
-                                jnp.broadcast_to(jnp.arange(t * m), (b, t * m)),
-                                _causal(b, t * m))
-    ends = jnp.maximum(jnp.cumsum(lens, axis=1) - 1, 0)                # last piece of token t
-    at = jnp.take_along_axis(logits, ends[:, :, None], axis=1)
+                                jnp.broadcast_to(jnp.arange(w), (b, w)),
+                                _causal(b, w) & (total >= 0)[:, None, None])
+    ends = jnp.cumsum(lens, axis=1) - 1 - offset[:, None]             # last piece of token t
+    at = jnp.take_along_axis(logits, jnp.clip(ends, 0, w - 1)[:, :, None], axis=1)
     q = sampling_probs(at, spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
                        mask=data.to_verifier >= 0)
     return to_verifier_space(q, data.to_verifier, v_vocab)

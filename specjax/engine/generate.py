@@ -78,7 +78,10 @@ def _check_finite(name: str, params) -> None:
 def _prefill_lm(lm, params, tokens, n):
     """Caches tokens[:, :n] (n i32[B] ≤ P); returns (cache, logits after token n−1)."""
     b, p = tokens.shape
-    cache = lm.init_cache(b)
+    # A fresh cache's length is a compile-time 0, and XLA then constant-folds the masked
+    # attention over every empty slot (tens of seconds of compilation at batch 12). Tie it
+    # to a runtime value that is 0.
+    cache = lm.init_cache(b).replace(length=jnp.minimum(n, 0).astype(jnp.int32))
     logits, cache = lm.forward(params, cache, tokens, jnp.broadcast_to(jnp.arange(p), (b, p)),
                                _causal(b, p))
     last = jnp.take_along_axis(logits, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0]
@@ -158,8 +161,13 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
     for spec, data, dp in zip(drafters, d_data, drafter_prompts):
         arr, ln = pad_prompts(dp, field=f"drafter {spec.name!r} prompt", bucket=bucket)
         m = int(np.asarray(data.retok).shape[1])
+        # A drafter of another tokenizer may spell a verifier token in up to m of its own
+        # tokens; the prompt plus one consume block must fit. Past that, its cache drops
+        # writes (models/cache.py): its drafts degrade, the output stays exact (q is what
+        # it sampled from).
+        from specjax.engine.decode import consume_width  # pylint: disable=import-outside-toplevel
         _check_context(f"drafter {spec.name!r}", spec.lm,
-                       arr.shape[1] + (cfg.max_new_tokens + gamma + 1) * m + gamma)
+                       arr.shape[1] + consume_width(m, gamma + 1) + gamma)
         if int(np.asarray(data.to_verifier).shape[0]) != spec.lm.vocab_size:
             raise ConfigError(f"drafter {spec.name!r} vocabulary: map covers "
                               f"{np.asarray(data.to_verifier).shape[0]} ids, model has "
