@@ -5,7 +5,8 @@
 
 The zoo's code, prose and reasoning drafters against its verifier on mixed-domain plans:
 the naive deployment, the four invariants on, and the ablation (each invariant removed
-alone and added alone), plus the coupled rule. Writes summary.json, seed_report.md and
+alone and added alone). `grid.rule=[default,coupled],grid.verifier_temperature=[1.0]` adds
+the coupled rule (consensus by construction at τ > 0). Writes summary.json, seed_report.md and
 plots/ beside results.jsonl. `runlocal` runs in a few minutes on a 2-core CPU.
 """
 import ml_collections

@@ -2,7 +2,7 @@ r"""Runs a sweep: ``python -m specjax.main --config=configs/NAME.py[:variant,key
 
   python -m specjax.main --config=configs/seed_reproduction.py:runlocal --workdir=runs/seed
   python -m specjax.main --config=configs/seed_reproduction.py:grid.gamma=[2,4] \
-      --config.num_prompts=8 --workdir=runs/seed_gamma   # ml_collections overrides work too
+      --config.plans_per_domain=8 --workdir=runs/seed_gamma   # ml_collections overrides work too
   specjax --config=... --workdir=...                      # the installed console script
 
 Rerunning with the same workdir resumes the sweep. Bad input (an unknown field, a value
