@@ -43,8 +43,10 @@ def main(argv: Sequence[str]) -> None:
 
         jax.distributed.initialize()
 
+    from specjax import compile_cache  # pylint: disable=import-outside-toplevel
     from specjax.runner import sweep  # pylint: disable=import-outside-toplevel
 
+    compile_cache.enable()
     # Validation, before anything is written.
     try:
         config = _CONFIG.value

@@ -9,6 +9,10 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from specjax import compile_cache  # noqa: E402
+
+compile_cache.enable()  # xdist workers and the subprocess tests share compiled programs
+
 from specjax.models.api import TransformerLM  # noqa: E402
 from specjax.models.transformer import TransformerConfig  # noqa: E402
 

@@ -1,0 +1,525 @@
+"""The shipped model zoo: one verifier and three drafters, and the loader that checks them.
+
+Layout (built by ``experiments/train_zoo.py``)::
+
+    zoo/manifest.json             what every file is, its sha256, and how it was made
+    zoo/tokenizers/<name>.json    `Tokenizer.save` files
+    zoo/models/<name>.npz         `checkpoints.save_params_file` files (f32)
+
+The manifest's ``models`` map each model name to a record: ``role`` ('verifier' or
+'drafter'), ``file`` and ``sha256`` (of the file's bytes), ``params_sha256`` (of the
+arrays, `checkpoints.tree_sha256`), ``config`` (`TransformerConfig.to_dict`),
+``n_params``, ``tokenizer`` (a key of ``tokenizers``), ``domains``, ``train`` (steps,
+seed, wall-clock seconds, ...), ``heldout`` (per-domain losses and the unigram
+baseline) and, for drafters, ``temperature``, ``cost`` and ``acceptance``. Drafters are
+listed in ``drafter_order`` (code, prose, reasoning: the seed's 1.5B / 3B / 7B).
+
+`load_zoo` verifies every file it reads against the manifest before using it; every
+failure is a one-line `ConfigError` naming the file or model and what is wrong.
+`Zoo.deployment` assembles a `specjax.engine.deployment.Deployment` from the loaded
+models. The evaluation helpers at the bottom (held-out loss, unigram baseline,
+acceptance in verifier space, decode speed) are what the training script records and the
+tests re-measure.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import checkpoints
+from specjax.errors import ConfigError
+from specjax.models.api import TransformerLM, advance, count_params
+from specjax.models.transformer import TransformerConfig
+from specjax.tokenizers import Tokenizer, intersection_map, load_tokenizer, retokenization_table
+
+__all__ = ['ZOO_FORMAT', 'DRAFTER_ORDER', 'Zoo', 'ZooModel', 'load_zoo', 'default_zoo_path',
+           'file_sha256', 'heldout_loss', 'unigram_loss', 'acceptance_rates',
+           'decode_tokens_per_s']
+
+ZOO_FORMAT = 'specjax-zoo/1'
+MANIFEST = 'manifest.json'
+VERIFIER = 'verifier'
+#: The seed's drafters in priority order (its 1.5B code, 3B prose and 7B reasoning models).
+DRAFTER_ORDER = ('code', 'prose', 'reasoning')
+_REBUILD = 'rebuild it with `python experiments/train_zoo.py --out <zoo>`'
+
+
+def default_zoo_path() -> Path:
+    """``$SPECJAX_ZOO`` if set, else ``zoo/`` at the repository root (next to the package)."""
+    env = os.environ.get('SPECJAX_ZOO')
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / 'zoo'
+
+
+def _resolve(path) -> Path:
+    if path is None:
+        return default_zoo_path()
+    p = Path(path)
+    if not p.exists() and not p.is_absolute():
+        # A relative path that is not under the working directory: try the repository.
+        alt = default_zoo_path().parent / p
+        if alt.exists():
+            return alt
+    return p
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 (hex) of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(1 << 20), b''):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------
+# Loaded objects
+# ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ZooModel:
+    """One loaded model.
+
+    Attributes:
+      name: its manifest name ('verifier', 'code', 'prose', 'reasoning').
+      role: 'verifier' or 'drafter'.
+      lm: the functional LM (`TransformerLM`). params: its parameters (dict of arrays).
+      tokenizer: its own tokenizer; tokenizer_name: the tokenizer's manifest key.
+      domains: the domains it was trained on.
+      temperature: default sampling temperature (1.0 for the verifier).
+      cost: c_i = its parameter count / the verifier's (1.0 for the verifier).
+      n_params: parameter count. record: its manifest record (read-only use).
+    """
+    name: str
+    role: str
+    lm: TransformerLM
+    params: Any
+    tokenizer: Tokenizer
+    tokenizer_name: str
+    domains: tuple[str, ...]
+    temperature: float
+    cost: float
+    n_params: int
+    record: Mapping[str, Any]
+
+    @property
+    def domain(self) -> str:
+        """The drafter's domain (the first of ``domains``; 'mixed' for several)."""
+        return self.domains[0] if len(self.domains) == 1 else 'mixed'
+
+    def __repr__(self) -> str:
+        return (f'ZooModel({self.name!r}, role={self.role}, n_params={self.n_params}, '
+                f'tokenizer={self.tokenizer_name!r}, domains={self.domains}, '
+                f'temperature={self.temperature}, cost={self.cost:.4f})')
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Zoo:
+    """A verified zoo: ``verifier`` and ``drafters`` (in ``drafter_order``)."""
+    path: Path
+    manifest: Mapping[str, Any]
+    verifier: ZooModel
+    drafters: tuple[ZooModel, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The loaded drafters' names, in priority order."""
+        return tuple(d.name for d in self.drafters)
+
+    def drafter(self, name: str) -> ZooModel:
+        for d in self.drafters:
+            if d.name == name:
+                return d
+        raise ConfigError(f'zoo drafter: got {name!r}; allowed: one of '
+                          f'{", ".join(map(repr, self.names))}', field='drafter', value=name,
+                          allowed=self.names)
+
+    def model(self, name: str) -> ZooModel:
+        return self.verifier if name == VERIFIER else self.drafter(name)
+
+    def deployment(self, names: Sequence[str] | None = None,
+                   temperatures: Sequence[float] | Mapping[str, float] | None = None,
+                   costs: Sequence[float] | Mapping[str, float] | None = None):
+        """The verifier and the named drafters (default: all loaded, in priority order).
+
+        Args:
+          names: drafters, in the priority order wanted.
+          temperatures / costs: overrides, either aligned with ``names`` or a mapping
+            name -> value (missing names keep their defaults).
+
+        Returns:
+          A `specjax.engine.deployment.Deployment`: identity maps for drafters sharing
+          the verifier's tokenizer, token-level-intersection maps otherwise; groups are
+          tokenizer fingerprints; text is spelt with the verifier's tokenizer and each
+          drafter's own; ``stop_table`` marks the verifier tokens whose bytes hold ``\\n``.
+        """
+        from specjax.engine.deployment import Deployment
+        from specjax.engine.spec import DrafterSpec, cross_vocab_maps, identity_maps, validate_drafter
+
+        if isinstance(names, str):
+            names = (names,)
+        names = tuple(self.names if names is None else names)
+        if not names:
+            raise ConfigError('zoo deployment names: got an empty list; allowed: one or more of '
+                              f'{", ".join(map(repr, self.names))}')
+        if len(set(names)) != len(names):
+            raise ConfigError(f'zoo deployment names: got {list(names)}; allowed: distinct names')
+        models = [self.drafter(n) for n in names]
+        temps = _per_drafter('temperatures', temperatures, names,
+                             [m.temperature for m in models])
+        cost = _per_drafter('costs', costs, names, [m.cost for m in models])
+        v = self.verifier
+        v_tok, vocab = v.tokenizer, v.lm.vocab_size
+        specs, data, groups, encoders = [], [], [], []
+        for m, t, c in zip(models, temps, cost):
+            spec = DrafterSpec(name=m.name, lm=m.lm, temperature=float(t), cost=float(c))
+            validate_drafter(spec)
+            if m.tokenizer.fingerprint() == v_tok.fingerprint():
+                d = identity_maps(m.params, vocab)
+            else:
+                to_v = intersection_map(m.tokenizer, v_tok)
+                retok, retok_len = retokenization_table(v_tok, m.tokenizer)
+                d = cross_vocab_maps(m.params, to_v, retok, retok_len, vocab)
+            specs.append(spec)
+            data.append(d)
+            groups.append(m.tokenizer.fingerprint())
+            encoders.append(m.tokenizer.encode)
+        stop = np.array([b'\n' in b for b in v_tok.all_token_bytes()], bool)
+        return Deployment(verifier=v.lm, v_params=v.params, drafters=tuple(specs),
+                          d_data=tuple(data), groups=tuple(groups), encode=v_tok.encode,
+                          decode=v_tok.decode, drafter_encode=tuple(encoders),
+                          stop_table=stop)
+
+
+def _per_drafter(field, value, names, defaults) -> list[float]:
+    if value is None:
+        return list(defaults)
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - set(names))
+        if unknown:
+            raise ConfigError(f'zoo deployment {field}: got names {unknown}; allowed: '
+                              f'{", ".join(map(repr, names))}')
+        return [float(value.get(n, d)) for n, d in zip(names, defaults)]
+    value = list(value)
+    if len(value) != len(names):
+        raise ConfigError(f'zoo deployment {field}: got {len(value)} values for '
+                          f'{len(names)} drafters {list(names)}; allowed: one per drafter')
+    return [float(x) for x in value]
+
+
+# ----------------------------------------------------------------------------------------
+# Loading
+# ----------------------------------------------------------------------------------------
+
+def read_manifest(path=None) -> tuple[Path, dict]:
+    """(zoo directory, parsed manifest), checking its format and top-level structure."""
+    root = _resolve(path)
+    mpath = root / MANIFEST
+    if not root.is_dir():
+        raise ConfigError(f'zoo {root}: no such directory ({_REBUILD})')
+    if not mpath.is_file():
+        raise ConfigError(f'zoo {root}: missing {MANIFEST} ({_REBUILD})')
+    try:
+        manifest = json.loads(mpath.read_text(encoding='utf-8'))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f'zoo manifest {mpath}: corrupt, not valid JSON ({_line(e)})') from None
+    if not isinstance(manifest, dict):
+        raise ConfigError(f'zoo manifest {mpath}: corrupt, expected a JSON object')
+    if manifest.get('format') != ZOO_FORMAT:
+        raise ConfigError(f'zoo manifest {mpath}: format {manifest.get("format")!r}, '
+                          f'expected {ZOO_FORMAT!r}')
+    for key, kind in (('models', dict), ('tokenizers', dict), ('drafter_order', list)):
+        if not isinstance(manifest.get(key), kind):
+            raise ConfigError(f'zoo manifest {mpath}: missing or malformed {key!r} '
+                              f'(expected a JSON {"object" if kind is dict else "list"})')
+    roles = {n: r.get('role') for n, r in manifest['models'].items() if isinstance(r, dict)}
+    if roles.get(VERIFIER) != 'verifier':
+        raise ConfigError(f'zoo manifest {mpath}: no model {VERIFIER!r} with role "verifier"')
+    for n in manifest['drafter_order']:
+        if roles.get(n) != 'drafter':
+            raise ConfigError(f'zoo manifest {mpath}: drafter_order names {n!r}, which is not '
+                              f'a model with role "drafter"')
+    return root, manifest
+
+
+def _line(e: BaseException) -> str:
+    return ' '.join(str(e).split())[:300] or type(e).__name__
+
+
+def _verified_file(root: Path, rec: Mapping[str, Any], what: str) -> Path:
+    rel, sha = rec.get('file'), rec.get('sha256')
+    if not isinstance(rel, str) or not isinstance(sha, str):
+        raise ConfigError(f'zoo manifest {root / MANIFEST}: {what} lacks "file" or "sha256"')
+    path = root / rel
+    if not path.is_file():
+        raise ConfigError(f'zoo file {path}: missing ({what}; {_REBUILD})')
+    got = file_sha256(path)
+    if got != sha:
+        raise ConfigError(f'zoo file {path}: sha256 mismatch, corrupt or modified ({what}: '
+                          f'file {got[:12]}…, manifest {sha[:12]}…)')
+    return path
+
+
+def _load_model(root: Path, manifest: dict, name: str, tokenizers: dict[str, Tokenizer],
+                verifier_params: int | None) -> ZooModel:
+    mpath = root / MANIFEST
+    rec = manifest['models'][name]
+    tok_name = rec.get('tokenizer')
+    if tok_name not in manifest['tokenizers']:
+        raise ConfigError(f'zoo manifest {mpath}: model {name!r} names tokenizer {tok_name!r}; '
+                          f'known: {", ".join(map(repr, manifest["tokenizers"]))}')
+    if tok_name not in tokenizers:
+        trec = manifest['tokenizers'][tok_name]
+        tpath = _verified_file(root, trec, f'tokenizer {tok_name!r}')
+        try:
+            tok = load_tokenizer(tpath)
+        except ValueError as e:
+            raise ConfigError(f'zoo file {tpath}: corrupt tokenizer ({_line(e)})') from None
+        if trec.get('vocab_size') not in (None, tok.vocab_size):
+            raise ConfigError(f'zoo file {tpath}: vocabulary size {tok.vocab_size}, the manifest '
+                              f'says {trec.get("vocab_size")}')
+        tokenizers[tok_name] = tok
+    tok = tokenizers[tok_name]
+    try:
+        config = TransformerConfig.from_dict(dict(rec.get('config') or {}))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f'zoo model {name!r}: bad config in {mpath} ({_line(e)})') from None
+    if config.vocab_size != tok.vocab_size:
+        raise ConfigError(f'zoo model {name!r}: vocabulary mismatch, model vocab_size '
+                          f'{config.vocab_size} != tokenizer {tok_name!r} vocab_size '
+                          f'{tok.vocab_size}')
+    lm = TransformerLM(config)
+    ppath = _verified_file(root, rec, f'model {name!r} parameters')
+    try:
+        params = checkpoints.load_params_file(str(ppath), lm.abstract_params(),
+                                              expected_sha256=rec.get('params_sha256'))
+    except ValueError as e:
+        raise ConfigError(f'zoo model {name!r}: {_line(e)}') from None
+    n = count_params(params)
+    if rec.get('n_params') not in (None, n):
+        raise ConfigError(f'zoo model {name!r}: {n} parameters, the manifest says '
+                          f'{rec.get("n_params")}')
+    role = rec['role']
+    cost = 1.0 if role == 'verifier' else float(rec.get('cost', n / verifier_params))
+    return ZooModel(name=name, role=role, lm=lm, params=params, tokenizer=tok,
+                    tokenizer_name=tok_name, domains=tuple(rec.get('domains') or ()),
+                    temperature=float(rec.get('temperature', 1.0)), cost=cost, n_params=n,
+                    record=rec)
+
+
+def load_zoo(path: str | os.PathLike | None = None,
+             names: Sequence[str] | None = None) -> Zoo:
+    """Loads and verifies the zoo.
+
+    Args:
+      path: the zoo directory (default: `default_zoo_path`, i.e. ``$SPECJAX_ZOO`` or the
+        repository's ``zoo/``; a relative path missing from the working directory is also
+        looked up at the repository root).
+      names: drafters to load, in the priority order wanted (default: the manifest's
+        ``drafter_order``). The verifier is always loaded ('verifier' may be listed).
+
+    Returns:
+      The `Zoo`.
+
+    Raises:
+      ConfigError: one line naming the problem: missing manifest, unknown model name
+        (the known ones are listed), missing or corrupt file, sha256 mismatch, model /
+        tokenizer vocabulary mismatch.
+    """
+    root, manifest = read_manifest(path)
+    order = list(manifest['drafter_order'])
+    if isinstance(names, str):
+        names = (names,)
+    wanted = order if names is None else [n for n in names if n != VERIFIER]
+    known = [VERIFIER] + order
+    for n in wanted:
+        if n not in order:
+            raise ConfigError(f'zoo model: got {n!r}; allowed: one of '
+                              f'{", ".join(map(repr, known))}', field='model', value=n,
+                              allowed=known)
+    if len(set(wanted)) != len(wanted):
+        raise ConfigError(f'zoo model names: got {list(names)}; allowed: distinct names')
+    tokenizers: dict[str, Tokenizer] = {}
+    verifier = _load_model(root, manifest, VERIFIER, tokenizers, None)
+    drafters = tuple(_load_model(root, manifest, n, tokenizers, verifier.n_params)
+                     for n in wanted)
+    return Zoo(path=root, manifest=manifest, verifier=verifier, drafters=drafters)
+
+
+# ----------------------------------------------------------------------------------------
+# Evaluation helpers (recorded by experiments/train_zoo.py, re-measured by the tests)
+# ----------------------------------------------------------------------------------------
+
+def heldout_loss(lm, params, tokenizer: Tokenizer, text: str, seq_len: int | None = None,
+                 max_tokens: int | None = None, batch_size: int = 8) -> dict[str, float]:
+    """Next-token loss of ``text`` in nats/token and nats/byte.
+
+    Consecutive windows of ``seq_len`` predictions (default: the model's ``max_len``),
+    as `specjax.train.eval_loss`; the first token of the text is context only, so bytes
+    are counted over the predicted tokens.
+    """
+    from specjax.train import eval_loss
+    ids = np.asarray(tokenizer.encode(text), np.int32)
+    if max_tokens is not None:
+        ids = ids[:max_tokens + 1]
+    nats_tok = eval_loss(lm, params, ids, seq_len=seq_len, batch_size=batch_size)
+    n_pred = len(ids) - 1
+    n_bytes = sum(len(tokenizer.token_bytes(int(i))) for i in ids[1:])
+    return {'nats_per_token': nats_tok, 'nats_per_byte': nats_tok * n_pred / n_bytes,
+            'tokens': int(n_pred), 'bytes': int(n_bytes)}
+
+
+def unigram_counts(tokenizer: Tokenizer, train_text: str) -> np.ndarray:
+    """Token counts of ``train_text`` (int64[V])."""
+    ids = np.asarray(tokenizer.encode(train_text), np.int64)
+    return np.bincount(ids, minlength=tokenizer.vocab_size)
+
+
+def unigram_loss(tokenizer: Tokenizer, counts: np.ndarray, text: str,
+                 max_tokens: int | None = None) -> dict[str, float]:
+    """Loss of an add-one-smoothed unigram model (``counts`` + 1) on ``text``.
+
+    Scored over the same tokens as `heldout_loss` (all but the first).
+    """
+    logp = np.log((counts + 1.0) / (counts.sum() + len(counts)))
+    ids = np.asarray(tokenizer.encode(text), np.int64)
+    if max_tokens is not None:
+        ids = ids[:max_tokens + 1]
+    pred = ids[1:]
+    nats = float(-logp[pred].sum())
+    n_bytes = sum(len(tokenizer.token_bytes(int(i))) for i in pred)
+    return {'nats_per_token': nats / len(pred), 'nats_per_byte': nats / n_bytes}
+
+
+@functools.partial(jax.jit, static_argnames=('lm', 'temperature'))
+def _verifier_probs(lm, params, tokens, temperature):
+    from specjax.verify.distributions import sampling_probs
+    return sampling_probs(lm.logits_full(params, tokens), temperature)
+
+
+@functools.partial(jax.jit, static_argnames=('spec', 'v_vocab'))
+def _overlap_sums(spec, data, p, ids, ends, valid, v_vocab):
+    """Σ over valid positions of Σ_x min(p, q) for one drafter, and the count."""
+    from specjax.verify.distributions import sampling_probs, to_verifier_space
+    logits = spec.lm.logits_full(data.params, ids)
+    at = jnp.take_along_axis(logits, ends[:, :, None], axis=1)
+    q = sampling_probs(at, spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
+                       mask=data.to_verifier >= 0)
+    q = to_verifier_space(q, data.to_verifier, v_vocab)
+    overlap = jnp.minimum(p, q).sum(-1)
+    return jnp.where(valid, overlap, 0.0).sum(), valid.sum()
+
+
+def _windows(v_ids: np.ndarray, widths: list[np.ndarray], max_lens: list[int],
+             window: int) -> list[tuple[int, int]]:
+    """[start, end) windows of at most ``window`` verifier tokens whose re-spelling in
+    every drafter's ids fits that drafter's context."""
+    out, start, used = [], 0, [0] * len(widths)
+    for i, tok in enumerate(v_ids):
+        w = [int(x[tok]) for x in widths]
+        if i - start >= window or any(u + a > m for u, a, m in zip(used, w, max_lens)):
+            out.append((start, i))
+            start, used = i, [0] * len(widths)
+        used = [u + a for u, a in zip(used, w)]
+    if len(v_ids) > start:
+        out.append((start, len(v_ids)))
+    return out
+
+
+def acceptance_rates(dep, text: str, window: int = 128, verifier_temperature: float = 1.0,
+                     batch_size: int = 8, max_tokens: int | None = None) -> np.ndarray:
+    """Each drafter's mean acceptance α = Σ_x min(p(x), q(x)) on ``text``, in verifier space.
+
+    The text is spelt with the verifier's tokenizer and cut into windows of at most
+    ``window`` verifier tokens; within a window every position counts (the context is the
+    window so far). ``p`` is the verifier's sampling distribution at
+    ``verifier_temperature``; ``q`` is what the drafter samples from at its temperature
+    after the token-level-intersection mask, read at verifier-token boundaries with the
+    prefix re-spelt through the drafter's re-tokenisation table — the same quantity as
+    `specjax.engine.deployment.prefix_distributions`, computed with the re-spelt prefix
+    packed (no per-token padding to the table's width), so long windows fit the context.
+
+    Returns:
+      f32[K], in ``dep.drafters`` order.
+    """
+    v_ids = np.asarray(dep.encode(text), np.int32)
+    if max_tokens is not None:
+        v_ids = v_ids[:max_tokens]
+    if len(v_ids) < 1:
+        raise ValueError('acceptance_rates: empty text')
+    retok = [np.asarray(d.retok) for d in dep.d_data]
+    lens = [np.asarray(d.retok_len) for d in dep.d_data]
+    wins = _windows(v_ids, lens, [s.lm.max_len for s in dep.drafters], window)
+    W = max(e - s for s, e in wins)
+    n_pad = math.ceil(len(wins) / batch_size) * batch_size
+    v_tok = np.zeros((n_pad, W), np.int32)
+    valid = np.zeros((n_pad, W), bool)
+    for r, (s, e) in enumerate(wins):
+        v_tok[r, :e - s] = v_ids[s:e]
+        valid[r, :e - s] = True
+    # Drafter streams: concatenated re-spellings; ends[r, t] = index of token t's last piece.
+    streams = []
+    for k, spec in enumerate(dep.drafters):
+        flats = [np.concatenate([retok[k][t, :lens[k][t]] for t in v_ids[s:e]])
+                 for s, e in wins]
+        # Pad to the longest stream (rounded up to 64, so shapes repeat across texts).
+        L = min(spec.lm.max_len, -(-max(len(f) for f in flats) // 64) * 64)
+        ids = np.zeros((n_pad, L), np.int32)
+        ends = np.zeros((n_pad, W), np.int32)
+        for r, ((s, e), flat) in enumerate(zip(wins, flats)):
+            ids[r, :len(flat)] = flat
+            ends[r, :e - s] = np.cumsum(lens[k][v_ids[s:e]]) - 1
+        streams.append((ids, ends))
+    tot = np.zeros(len(dep.drafters))
+    cnt = 0.0
+    for b in range(0, n_pad, batch_size):
+        sl = slice(b, b + batch_size)
+        p = _verifier_probs(dep.verifier, dep.v_params, jnp.asarray(v_tok[sl]),
+                            float(verifier_temperature))
+        for k, (spec, data) in enumerate(zip(dep.drafters, dep.d_data)):
+            ids, ends = streams[k]
+            s, c = _overlap_sums(spec, data, p, jnp.asarray(ids[sl]), jnp.asarray(ends[sl]),
+                                 jnp.asarray(valid[sl]), dep.verifier.vocab_size)
+            tot[k] += float(s)
+        cnt += float(valid[sl].sum())
+    return (tot / cnt).astype(np.float32)
+
+
+def decode_tokens_per_s(lm, params, n_tokens: int = 256, repeats: int = 3) -> float:
+    """Greedy decoding speed at batch 1: one-token ``forward`` steps inside a jitted
+    ``lax.scan`` (compiled once, then the best of ``repeats`` timed runs)."""
+    n_tokens = min(n_tokens, lm.max_len)
+
+    @jax.jit
+    def run(params, first):
+        def step(carry, i):
+            cache, tok = carry
+            logits, cache = lm.forward(params, cache, tok[:, None],
+                                       jnp.full((1, 1), i, jnp.int32), jnp.ones((1, 1, 1), bool))
+            cache = advance(cache, jnp.ones((1,), jnp.int32))
+            nxt = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+            return (cache, nxt), nxt
+        _, toks = jax.lax.scan(step, (lm.init_cache(1), first), jnp.arange(n_tokens))
+        return toks
+
+    first = jnp.zeros((1,), jnp.int32)
+    run(params, first).block_until_ready()
+    best = float('inf')
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run(params, first).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return n_tokens / best
