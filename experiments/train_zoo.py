@@ -20,7 +20,9 @@ Everything is deterministic: tokenizers (the HF trainer breaks ties by ids), bat
 (`specjax.train` draws step ``s``'s batch from ``(seed, s)``), initialisation (fixed
 seeds), step counts (not time budgets). With ``--workers 2`` the verifier trains in one
 process while the drafters train in another (XLA:CPU barely uses a second core for these
-sizes), which changes nothing numerically.
+sizes), which changes nothing numerically. Training checkpoints every 100 steps under
+``--workdir`` (default ``runs/train_zoo``): rerunning a killed build resumes it, with the
+same result as an uninterrupted one.
 
 Afterwards the zoo is loaded back through `specjax.models.zoo.load_zoo` (so the written
 files are verified as a user will load them) and the script records in the manifest, and
@@ -31,13 +33,12 @@ at its default τ, in verifier space on the shipped held-out text), and decode s
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import hashlib
 import json
 import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -109,6 +110,7 @@ MAX_LEN = 512
 DRAFTERS = ('code', 'prose', 'reasoning')
 SEED_ACCEPTANCE = {'code': 0.68, 'prose': 0.61, 'reasoning': 0.54}
 ACCEPTANCE_WINDOW = 128  # verifier tokens of context per held-out window
+CHECKPOINT_EVERY = 100  # training steps between resumable checkpoints
 
 log = logging.getLogger('train_zoo')
 
@@ -123,8 +125,13 @@ def _scaled_steps(train: dict, scale: float) -> dict:
 # ----------------------------------------------------------------------------------------
 
 def train_model(name: str, config: dict, train_kwargs: dict, seed: int, tokens: np.ndarray,
-                out_file: str) -> dict:
-    """Trains one model on a token stream and writes its params file."""
+                out_file: str, workdir: str) -> dict:
+    """Trains one model on a token stream and writes its params file.
+
+    Checkpoints go to ``workdir`` every ``CHECKPOINT_EVERY`` steps, so a killed run resumes
+    where it stopped (bit-identically, see `specjax.train`); a workdir left by a different
+    config, seed or token stream is wiped first. ``wall_s`` adds up the sessions.
+    """
     import jax
 
     from specjax import checkpoints
@@ -137,18 +144,40 @@ def train_model(name: str, config: dict, train_kwargs: dict, seed: int, tokens: 
     _quiet_jax()
     logging.getLogger('specjax.train').setLevel(logging.INFO)
     lm = TransformerLM(TransformerConfig(**config))
-    tc = TrainConfig(seed=seed, log_every=50, **train_kwargs)
-    t0 = time.monotonic()
-    params = lm.init_params(jax.random.key(seed))
-    params, history = train(lm, tc, tokens, None, params=params)
-    wall = time.monotonic() - t0
+    tc = TrainConfig(seed=seed, log_every=50, checkpoint_every=CHECKPOINT_EVERY,
+                     keep_checkpoints=1, **train_kwargs)
+    wd = Path(workdir)
+    key = hashlib.sha256(json.dumps([config, train_kwargs, seed], sort_keys=True).encode()
+                         + np.ascontiguousarray(tokens).tobytes()).hexdigest()
+    stamp = wd / 'run.json'
+    state = json.loads(stamp.read_text()) if stamp.is_file() else {}
+    if state.get('key') != key:
+        shutil.rmtree(wd, ignore_errors=True)
+        state = {'key': key, 'wall_s': 0.0}
+    wd.mkdir(parents=True, exist_ok=True)
+    prev, t0 = float(state['wall_s']), time.monotonic()
+
+    def record_wall(step=None, metrics=None):
+        if step is None or step % 10 == 0:
+            state['wall_s'] = prev + time.monotonic() - t0
+            stamp.write_text(json.dumps(state))
+
+    params = lm.init_params(jax.random.key(seed))  # ignored when resuming
+    params, history = train(lm, tc, tokens, None, workdir=str(wd), params=params,
+                            callback=record_wall)
+    record_wall()
+    wall = state['wall_s']
+    if history.get('resumed_from') is not None:
+        logging.info('resumed from step %d', history['resumed_from'])
     params_sha = checkpoints.save_params_file(out_file, params)
     losses = history['loss']
     tail = losses[-20:]
+    steps = int(history['final_step'])
     return dict(name=name, wall_s=round(wall, 1), params_sha256=params_sha,
                 n_params=count_params(params), final_train_loss=float(np.mean(tail)),
-                first_train_loss=float(losses[0]), steps=int(history['final_step']),
-                tokens_per_s=round(float(history['tokens_per_s']), 1))
+                first_train_loss=float(losses[0]), steps=steps,
+                resumed=history.get('resumed_from') is not None,
+                tokens_per_s=round(steps * tc.batch_size * tc.seq_len / max(wall, 1e-9), 1))
 
 
 # ----------------------------------------------------------------------------------------
@@ -215,6 +244,9 @@ def main(argv=None) -> int:
     ap.add_argument('--workers', type=int, default=2,
                     help='training processes (2: verifier alongside the drafters; 1: in-process)')
     ap.add_argument('--cache', default=None, help='data cache (default: specjax.data default)')
+    ap.add_argument('--workdir', default=str(ROOT / 'runs' / 'train_zoo'),
+                    help='training checkpoints (a killed run resumes from them) and the zoo '
+                         'being built; the checkpoints are deleted after a successful build')
     args = ap.parse_args(argv)
     if args.budget_scale <= 0:
         ap.error(f'--budget_scale: got {args.budget_scale}; allowed: > 0')
@@ -226,8 +258,10 @@ def main(argv=None) -> int:
     from specjax.models import zoo as zoo_lib
 
     out = Path(args.out)
-    work = Path(tempfile.mkdtemp(prefix='.zoo-build-', dir=out.resolve().parent))
-    (work / 'tokenizers').mkdir()
+    workdir = Path(args.workdir)
+    work = workdir / 'zoo'  # the zoo being built; moved to --out at the end
+    shutil.rmtree(work, ignore_errors=True)
+    (work / 'tokenizers').mkdir(parents=True)
     (work / 'models').mkdir()
     try:
         # ---- corpora and tokenizers ------------------------------------------------------
@@ -268,7 +302,7 @@ def main(argv=None) -> int:
                                        vocab_size=toks[spec['tokenizer']].vocab_size))
             tk = _scaled_steps(spec['train'], args.budget_scale)
             jobs.append((mname, config, tk, spec['seed'], model_tokens(spec),
-                         str(work / 'models' / f'{mname}.npz')))
+                         str(work / 'models' / f'{mname}.npz'), str(workdir / 'ckpt' / mname)))
         t0 = time.monotonic()
         results = {}
         if args.workers <= 1:
@@ -288,7 +322,7 @@ def main(argv=None) -> int:
         # ---- manifest (without measurements), then load through the zoo loader -----------
         v_params = results['verifier']['n_params']
         models = {}
-        for (mname, config, tk, seed, tokens, path) in jobs:
+        for (mname, config, tk, seed, tokens, path, _) in jobs:
             spec, res = MODELS[mname], results[mname]
             rec = dict(
                 role=spec['role'], file=f'models/{mname}.npz',
@@ -296,6 +330,7 @@ def main(argv=None) -> int:
                 config=config, n_params=res['n_params'], tokenizer=spec['tokenizer'],
                 domains=list(spec['domains']),
                 train=dict(tk, seed=seed, wall_s=res['wall_s'], tokens_per_s=res['tokens_per_s'],
+                           resumed=res['resumed'],
                            train_tokens=int(len(tokens)),
                            corpus={d: f'specjax.data.load_domain({d!r}, "train", '
                                       f'max_bytes={TRAIN_BYTES})' for d in spec['domains']},
@@ -373,13 +408,13 @@ def main(argv=None) -> int:
         zoo_lib.load_zoo(work)  # the final manifest still verifies
 
         # ---- publish -----------------------------------------------------------------------
-        os.chmod(work, 0o755)  # mkdtemp made it private
         if out.exists():
             shutil.rmtree(out)
-        os.replace(work, out)
+        shutil.move(str(work), str(out))
     except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)  # the checkpoints stay, for a resume
         raise
+    shutil.rmtree(workdir / 'ckpt', ignore_errors=True)
     _print_report(manifest, out)
     return 0
 

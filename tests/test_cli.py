@@ -127,7 +127,9 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path):
 
 def test_second_sweep_in_a_running_workdir_is_refused(tmp_path):
     workdir = tmp_path / "run"
-    arg = "runlocal,sleep_s=0.3,report=false"
+    # Slow cells (8 × 5 s): on a loaded machine the second process can take seconds to
+    # start, and the first sweep must still be running then (it is killed at the end).
+    arg = "runlocal,sleep_s=5,report=false"
     first = specjax(f"--config={TOY}:{arg}", f"--workdir={workdir}",
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
