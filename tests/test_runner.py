@@ -438,7 +438,8 @@ def test_report_writes_markdown_and_every_plot(tmp_path):
     assert "## Mean over cells, per policy" in text and "| naive | 18 |" in text
     assert text.count("\n| `") == 36  # one table row per cell
     assert "code 0.6" in text and "code+prose+reasoning" in text
-    for name in report.PLOTS:
+    from specjax.runner.plots import PLOTS
+    for name in PLOTS:
         assert _is_png(tmp_path / "plots" / f"{name}.png"), name
         assert f"(plots/{name}.png)" in text
 

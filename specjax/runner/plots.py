@@ -1,0 +1,346 @@
+"""The report's plots: each takes result rows and a path, and returns False (writing
+nothing) when the rows lack the columns it needs. `PLOTS` lists them for `report.py`."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from specjax.runner.report import (  # noqa: F401
+    DEFAULT_ACCEPTANCE_FLOOR,
+    DEFAULT_DEPTH_CEILING,
+    DEFAULT_KL_CEILING,
+    DEFAULT_OVERHEAD,
+    Row,
+    _has,
+    _is_number,
+    _numbers,
+    _sd,
+    _unique,
+    label)
+
+# ----------------------------------------------------------------------------------
+# Plots. Each takes the rows and a path, returns False (writing nothing) when the rows
+# lack the columns it needs.
+# ----------------------------------------------------------------------------------
+
+
+def plot_acceptance_vs_gamma(rows: Sequence[Row], path: str | Path) -> bool:
+    """Per-drafter acceptance α against γ, one line per temperature, a panel per drafter."""
+    rows = [r for r in rows if _is_number(r.get("gamma")) and _acceptance(r)]
+    if not rows:
+        return False
+    drafters = _unique(d for r in rows for d in _acceptance(r))
+    temp_keys = [k for k in ("drafter_temperature", "verifier_temperature") if _has(rows, k)]
+
+    def temp_label(r: Row) -> str:
+        names = {"drafter_temperature": "τ drafter", "verifier_temperature": "τ verifier"}
+        return ", ".join(f"{names[k]} = {label(r.get(k))}" for k in temp_keys) or "all cells"
+
+    fig, axs = _figure(len(drafters), width=4.2, height=3.6, sharey=True)
+    temps = _unique(temp_label(r) for r in rows)
+    colors = _colors(temps)
+    for ax, drafter in zip(axs, drafters):
+        for temp in temps:
+            pts: dict[float, list[float]] = {}
+            for r in rows:
+                a = _acceptance(r).get(drafter)
+                if temp_label(r) == temp and _is_number(a):
+                    pts.setdefault(r["gamma"], []).append(a)
+            if not pts:
+                continue
+            xs = sorted(pts)
+            ax.errorbar(xs, [statistics.fmean(pts[x]) for x in xs],
+                        yerr=[_sd(pts[x]) for x in xs], marker="o", capsize=3,
+                        color=colors[temp], label=temp)
+        ax.set_title(f"drafter: {drafter}")
+        ax.set_xlabel("γ (draft tokens per round)")
+        ax.set_xticks(sorted({r["gamma"] for r in rows}))
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    axs[0].set_ylabel("acceptance α (accepted / proposed)")
+    axs[-1].legend(title="temperature", fontsize=8, title_fontsize=8, loc="lower left")
+    fig.suptitle("Per-drafter acceptance vs γ (mean ± sd over the other axes)")
+    return _save(fig, path)
+
+
+def plot_joint_vs_per_drafter(rows: Sequence[Row], path: str | Path) -> bool:
+    """Bars: each drafter's α and the joint acceptance, per pairing (a panel per policy).
+
+    A red ✕ marks the product of the pairing's α — what the joint acceptance collapses to
+    when one shared block must pass every drafter (SPEC §4, switch 2 off).
+    """
+    rows = [r for r in rows if r.get("pairing") is not None and _acceptance(r)
+            and _is_number(r.get("joint_acceptance"))]
+    if not rows:
+        return False
+    policies = _unique(label(r.get("policy")) for r in rows) if _has(rows, "policy") else [None]
+    drafters = _unique(d for r in rows for d in _acceptance(r))
+    colors = _colors(drafters)
+    pairings = _unique(label(r["pairing"]) for r in rows)
+    fig, axs = _figure(len(policies), width=max(4.5, 1.3 * len(pairings) + 2), height=4.0,
+                       sharey=True)
+    for ax, policy in zip(axs, policies):
+        group = [r for r in rows if policy is None or label(r.get("policy")) == policy]
+        for i, pairing in enumerate(pairings):
+            cells = [r for r in group if label(r["pairing"]) == pairing]
+            if not cells:
+                continue
+            members = _unique(d for r in cells for d in _acceptance(r))
+            n = len(members) + 1
+            width = 0.8 / n
+            x0 = i - 0.4 + width / 2
+            alphas = []
+            for j, d in enumerate(members):
+                vals = _numbers(_acceptance(r).get(d) for r in cells)
+                alphas.append(statistics.fmean(vals))
+                ax.bar(x0 + j * width, alphas[-1], width, yerr=_sd(vals), capsize=2,
+                       color=colors[d], label=f"α {d}")
+            joint = _numbers(r["joint_acceptance"] for r in cells)
+            ax.bar(x0 + len(members) * width, statistics.fmean(joint), width, yerr=_sd(joint),
+                   capsize=2, color="0.25", hatch="//", edgecolor="white", label="joint α")
+            if len(members) > 1:
+                ax.plot([x0 + len(members) * width], [math.prod(alphas)], "x", color="red",
+                        markersize=9, markeredgewidth=2, label="product of α")
+        ax.set_xticks(range(len(pairings)))
+        ax.set_xticklabels(pairings, rotation=15 if len(pairings) > 3 else 0, fontsize=8)
+        ax.set_xlabel("tokenizer pairing (drafters sharing the prefix)")
+        ax.set_ylim(0, 1.02)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_title(f"policy: {policy}" if policy is not None else "all cells")
+        _dedup_legend(ax, order=[f"α {d}" for d in drafters] + ["joint α", "product of α"],
+                      fontsize=8, loc="upper right")
+    axs[0].set_ylabel("acceptance")
+    fig.suptitle("Joint vs per-drafter acceptance, per pairing")
+    return _save(fig, path)
+
+
+def plot_joint_vs_kl(rows: Sequence[Row], path: str | Path,
+                     kl_ceiling: float = DEFAULT_KL_CEILING) -> bool:
+    """Scatter of joint acceptance against the max pairwise KL, the KL ceiling marked."""
+    rows = [r for r in rows if _is_number(r.get("kl_max")) and math.isfinite(r["kl_max"])
+            and _is_number(r.get("joint_acceptance"))]
+    if not rows:
+        return False
+    fig, (ax,) = _figure(1, width=8.0, height=4.4)
+    by_policy = _has(rows, "policy")
+    by_pairing = _has(rows, "pairing")
+    series = _unique(label(r.get("policy")) for r in rows) if by_policy else ["cells"]
+    colors = _colors(series)
+    shapes = dict(zip(_unique(label(r.get("pairing")) for r in rows) if by_pairing else [],
+                      "osD^vP*Xph"))
+    for s in series:
+        for shape_label, marker in (shapes.items() if by_pairing else [(None, "o")]):
+            pts = [r for r in rows if (not by_policy or label(r.get("policy")) == s)
+                   and (shape_label is None or label(r.get("pairing")) == shape_label)]
+            if pts:
+                ax.scatter([r["kl_max"] for r in pts], [r["joint_acceptance"] for r in pts],
+                           color=colors[s], marker=marker, alpha=0.8, edgecolor="black",
+                           linewidth=0.4)
+    xmax = max(max(r["kl_max"] for r in rows), kl_ceiling) * 1.1
+    ax.axvline(kl_ceiling, color="firebrick", linestyle="--", linewidth=1.5)
+    ax.axvspan(kl_ceiling, xmax, color="firebrick", alpha=0.07)
+    ax.set_xlim(0, xmax)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("max pairwise KL(q_i ‖ q_j) on the shared prefix (nats)")
+    ax.set_ylabel("joint acceptance (shared prefix)")
+    ax.set_title("Joint acceptance vs drafter divergence")
+    ax.grid(alpha=0.3)
+    handles = [_line("firebrick", "--", f"KL ceiling {kl_ceiling:g} nats"),
+               _patch("firebrick", 0.07, "beyond it: drafters do\nnot share a prefix")]
+    handles += [_handle(ax, "o", colors[s], f"policy {s}") for s in series] if by_policy else []
+    handles += [_handle(ax, m, "white", f"pairing {p}") for p, m in shapes.items()]
+    fig.legend(handles=handles, fontsize=8, loc="outside right upper")
+    return _save(fig, path)
+
+
+def plot_policy_costs(rows: Sequence[Row], path: str | Path) -> bool:
+    """Bars per policy: consensus-fallback rate; throughput ratios to the single drafter."""
+    rows = [r for r in rows if r.get("policy") is not None]
+    ratio_keys = [k for k in ("throughput_ratio_vs_single", "wallclock_ratio_vs_single")
+                  if _has(rows, k)]
+    panels = (["consensus_fallback_rate"] if _has(rows, "consensus_fallback_rate") else [])
+    panels += ["ratios"] if ratio_keys else []
+    if not rows or not panels:
+        return False
+    policies = _unique(label(r["policy"]) for r in rows)
+    fig, axs = _figure(len(panels), width=max(4.5, 0.9 * len(policies) + 2.5), height=4.0)
+    xs = range(len(policies))
+    for ax, panel in zip(axs, panels):
+        if panel == "consensus_fallback_rate":
+            means, sds = _per_group(rows, policies, "consensus_fallback_rate")
+            ax.bar(xs, means, yerr=sds, capsize=3, color="tab:orange")
+            ax.set_ylim(0, 1.02)
+            ax.set_ylabel("consensus-fallback rate (fallback steps / plan steps)")
+            ax.set_title("Consensus fallback")
+        else:
+            names = {"throughput_ratio_vs_single": "cost model",
+                     "wallclock_ratio_vs_single": "wall clock"}
+            width = 0.8 / len(ratio_keys)
+            for j, key in enumerate(ratio_keys):
+                means, sds = _per_group(rows, policies, key)
+                ax.bar([x - 0.4 + width * (j + 0.5) for x in xs], means, width, yerr=sds,
+                       capsize=3, label=names[key], color=("tab:blue", "tab:cyan")[j])
+            ax.axhline(1.0, color="black", linestyle="--", linewidth=1,
+                       label="single-drafter baseline")
+            ax.set_ylabel("throughput / single-drafter throughput")
+            ax.set_title("Throughput vs the best single drafter")
+            ax.legend(fontsize=8)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(policies, rotation=20 if len(policies) > 3 else 0, fontsize=8)
+        ax.set_xlabel("policy")
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("Cost of each policy (mean ± sd over the other axes)")
+    return _save(fig, path)
+
+
+def plot_decision_boundary(rows: Sequence[Row], path: str | Path,
+                           acceptance_floor: float = DEFAULT_ACCEPTANCE_FLOOR,
+                           depth_ceiling: float = DEFAULT_DEPTH_CEILING,
+                           overhead: float = DEFAULT_OVERHEAD) -> bool:
+    """Shared-prefix acceptance against mean truncation depth, the SPEC §6 region marked.
+
+    Below the acceptance floor or beyond the depth ceiling the boundary raises
+    SpeculativePrefixCollapseError; inside, a cell is coloured by the boundary's answer
+    when its independent-branch acceptance is known (shared − independent > overhead:
+    truncate and re-propose, else independent branches), by policy otherwise.
+    """
+    rows = [r for r in rows if _is_number(r.get("mean_truncation_depth"))
+            and _is_number(r.get("shared_prefix_acceptance"))]
+    if not rows:
+        return False
+    fig, (ax,) = _figure(1, width=8.6, height=4.6)
+    xmax = max(max(r["mean_truncation_depth"] for r in rows), depth_ceiling) * 1.15
+    ax.axhspan(0, acceptance_floor, color="firebrick", alpha=0.08)
+    ax.axvspan(depth_ceiling, xmax, color="firebrick", alpha=0.08)
+    ax.axhline(acceptance_floor, color="firebrick", linestyle="--", linewidth=1.5)
+    ax.axvline(depth_ceiling, color="firebrick", linestyle=":", linewidth=1.5)
+
+    def decision(r: Row) -> str:
+        shared, depth = r["shared_prefix_acceptance"], r["mean_truncation_depth"]
+        if not 0 <= shared <= 1 or shared < acceptance_floor or depth > depth_ceiling:
+            return "collapse"
+        indep = r.get("independent_branch_acceptance")
+        if not _is_number(indep):
+            return "inside the boundary"
+        return ("truncate & re-propose" if shared - indep > overhead
+                else "independent branches")
+
+    decisions = _unique(decision(r) for r in rows)
+    palette = {"collapse": "firebrick", "truncate & re-propose": "tab:green",
+               "independent branches": "tab:blue", "inside the boundary": "tab:green"}
+    by_policy = _has(rows, "policy")
+    markers = dict(zip(_unique(label(r.get("policy")) for r in rows) if by_policy else [],
+                       "osD^vP*Xph"))
+    for r in rows:
+        ax.scatter(r["mean_truncation_depth"], r["shared_prefix_acceptance"],
+                   color=palette[decision(r)], marker=markers.get(label(r.get("policy")), "o"),
+                   alpha=0.85, edgecolor="black", linewidth=0.4)
+    ax.set_xlim(0, xmax)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("mean truncation depth (draft tokens discarded per truncation)")
+    ax.set_ylabel("shared-prefix (joint) acceptance")
+    ax.set_title("Decision boundary (per batch, SPEC §6)")
+    ax.grid(alpha=0.3)
+    handles = [_line("firebrick", "--", f"acceptance floor {acceptance_floor:g}"),
+               _line("firebrick", ":", f"depth ceiling {depth_ceiling:g}"),
+               _patch("firebrick", 0.08, "collapse region (raises\nSpeculativePrefixCollapseError)")]
+    handles += [_handle(ax, "o", palette[d], f"decision: {d}") for d in decisions]
+    handles += [_handle(ax, m, "white", f"policy {p}") for p, m in markers.items()]
+    fig.legend(handles=handles, fontsize=8, loc="outside right upper")
+    return _save(fig, path)
+
+
+# name -> (title in the report, function, thresholds it takes)
+PLOTS: dict[str, tuple[str, Callable[..., bool], tuple[str, ...]]] = {
+    "acceptance_vs_gamma": ("Acceptance vs γ per temperature", plot_acceptance_vs_gamma, ()),
+    "joint_vs_per_drafter": ("Joint vs per-drafter acceptance per pairing",
+                             plot_joint_vs_per_drafter, ()),
+    "joint_vs_kl": ("Joint acceptance vs max pairwise KL", plot_joint_vs_kl, ("kl_ceiling",)),
+    "policy_costs": ("Fallback rate and throughput per policy", plot_policy_costs, ()),
+    "decision_boundary": ("Decision boundary", plot_decision_boundary,
+                          ("acceptance_floor", "depth_ceiling", "overhead")),
+}
+
+
+
+# ----------------------------------------------------------------------------------
+# Figure helpers.
+# ----------------------------------------------------------------------------------
+
+
+def _figure(n: int, width: float, height: float, sharey: bool = False):
+    from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
+
+    fig = Figure(figsize=(width * n, height), dpi=110, layout="constrained")
+    axs = fig.subplots(1, n, sharey=sharey, squeeze=False)[0]
+    return fig, list(axs)
+
+
+def _save(fig, path: str | Path) -> bool:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=import-outside-toplevel
+
+    FigureCanvasAgg(fig)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp)
+    tmp.replace(path)
+    return True
+
+
+def _colors(keys: Sequence[str]) -> dict[str, Any]:
+    from matplotlib import colormaps  # pylint: disable=import-outside-toplevel
+
+    cmap = colormaps["tab10"]
+    return {k: cmap(i % 10) for i, k in enumerate(keys)}
+
+
+def _handle(ax, marker: str, color: Any, text: str):
+    del ax
+    from matplotlib.lines import Line2D  # pylint: disable=import-outside-toplevel
+
+    return Line2D([], [], marker=marker, linestyle="", markerfacecolor=color,
+                  markeredgecolor="black", markersize=7, label=text)
+
+
+def _dedup_legend(ax, order: Sequence[str] = (), **kwargs) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    seen = {}
+    for h, l in zip(handles, labels):
+        seen.setdefault(l, h)
+    rank = {l: i for i, l in enumerate(order)}
+    names = sorted(seen, key=lambda l: rank.get(l, len(rank)))
+    if names:
+        ax.legend([seen[l] for l in names], names, **kwargs)
+
+
+def _line(color: Any, style: str, text: str):
+    from matplotlib.lines import Line2D  # pylint: disable=import-outside-toplevel
+
+    return Line2D([], [], color=color, linestyle=style, linewidth=1.5, label=text)
+
+
+def _patch(color: Any, alpha: float, text: str):
+    from matplotlib.patches import Patch  # pylint: disable=import-outside-toplevel
+
+    return Patch(facecolor=color, alpha=alpha * 2, edgecolor="none", label=text)
+
+
+def _acceptance(r: Row) -> dict[str, float]:
+    a = r.get("acceptance")
+    if isinstance(a, dict):
+        return {str(k): v for k, v in a.items() if _is_number(v)}
+    if _is_number(a):
+        return {"drafter": a}
+    return {}
+
+
+def _per_group(rows: Sequence[Row], groups: Sequence[str], key: str):
+    means, sds = [], []
+    for g in groups:
+        vals = _numbers(r.get(key) for r in rows if label(r["policy"]) == g)
+        means.append(statistics.fmean(vals) if vals else math.nan)
+        sds.append(_sd(vals))
+    return means, sds
