@@ -5,9 +5,15 @@
 
 The zoo's code, prose and reasoning drafters against its verifier on mixed-domain plans:
 the naive deployment, the four invariants on, and the ablation (each invariant removed
-alone and added alone). `grid.rule=[default,coupled],grid.verifier_temperature=[1.0]` adds
-the coupled rule (consensus by construction at τ > 0). Writes summary.json, seed_report.md and
-plots/ beside results.jsonl. `runlocal` took 46 min on a loaded 2-core CPU (mostly compilation).
+alone and added alone). Writes summary.json, seed_report.md and plots/ beside results.jsonl.
+
+Operating point: the verifier samples at τ = 1 and the drafters at their own temperatures
+(code 1.0, prose 1.0, reasoning 1.3) under the coupled rule — drafts and verification share
+Gumbel noise, so every branch of a plan yields the verifier's own sample and consensus is
+decided by the vote weights alone (switch 2 picks the rule's form: each chain cut at its own
+mismatch, or the whole block cut at the first mismatch of any chain). At τ = 0 the tiny
+verifier's greedy text degenerates into repetition; `grid.rule=[default],
+grid.verifier_temperature=[0.0]` runs that regime.
 """
 import ml_collections
 
@@ -23,7 +29,6 @@ def defaults() -> ml_collections.ConfigDict:
     c.seed_table = True               # write summary.json + seed_report.md (the seed's table)
     c.grid.policy = (["naive", "all_on"] + [f"all_on_minus_{s}" for s in SWITCHES]
                      + [f"naive_plus_{s}" for s in SWITCHES])  # 10 policies
-    c.grid.rule = ["default"]         # 'default' (switch 2 picks) or 'coupled'
     return c
 
 

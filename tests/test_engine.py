@@ -38,7 +38,8 @@ def test_round_is_traced_once_per_shape():
 
 def test_committed_per_round_within_one_and_gamma_plus_one():
     setup = suite.make_setup("random", seed=2)
-    for rule, s in (("rejection", 1), ("shared_block", 3), ("token_tree", 3), ("coupled", 3)):
+    for rule, s in (("rejection", 1), ("shared_block", 3), ("token_tree", 3), ("coupled", 3),
+                    ("coupled_block", 3)):
         cfg = EngineConfig(gamma=4, rule=rule, verifier_temperature=1.0, n_slots=s,
                            max_new_tokens=20)
         res = _run(setup, cfg, n=64)
@@ -112,7 +113,8 @@ def test_greedy_equality_on_the_zoo():
     keys = gen.row_keys_for(0, len(v))
     ref = gen.autoregressive_generate(dep.verifier, dep.v_params, v, keys, temperature=0.0,
                                       max_new_tokens=24, bucket=64)
-    for rule, s in (("shared_block", 3), ("token_tree", 3), ("coupled", 3), ("rejection", 1)):
+    for rule, s in (("shared_block", 3), ("token_tree", 3), ("coupled", 3),
+                    ("coupled_block", 3), ("rejection", 1)):
         for slot_rows in ([[0, 1, 2]] if s == 3 else [[0], [1], [2]]):
             cfg = EngineConfig(gamma=4, rule=rule, verifier_temperature=0.0, n_slots=s,
                                max_new_tokens=24)

@@ -31,7 +31,8 @@ N = 100_000
 LENGTH = 3
 ALPHA = 1e-3
 START = 1
-RULES_SLOTS = [("rejection", 1), ("shared_block", 3), ("token_tree", 3), ("coupled", 3)]
+RULES_SLOTS = [("rejection", 1), ("shared_block", 3), ("token_tree", 3), ("coupled", 3),
+               ("coupled_block", 3)]
 
 
 def chi2_pvalue(seqs: np.ndarray, exact: np.ndarray) -> float:
@@ -96,12 +97,13 @@ def test_greedy_equals_verifier_greedy(rule, slots_n):
         np.testing.assert_array_equal(spec.tokens[:, :10], ar.tokens[:, :10])
 
 
-def test_coupled_equals_autoregressive_with_same_noise():
+@pytest.mark.parametrize("rule", ["coupled", "coupled_block"])
+def test_coupled_equals_autoregressive_with_same_noise(rule):
     """Rule 4 commits exactly the verifier's own Gumbel-max sample, whatever the drafters."""
     setup = suite.make_setup("random", seed=3)
     n = 2000
     prompts = [[START]] * n
-    cfg = EngineConfig(gamma=3, rule="coupled", verifier_temperature=1.0, n_slots=3,
+    cfg = EngineConfig(gamma=3, rule=rule, verifier_temperature=1.0, n_slots=3,
                        max_new_tokens=8)
     spec = speculative_generate(cfg, setup.verifier, setup.v_params, setup.drafters,
                                 setup.d_data, prompts,
@@ -111,7 +113,7 @@ def test_coupled_equals_autoregressive_with_same_noise():
                                  temperature=1.0, max_new_tokens=8, coupled=True)
     np.testing.assert_array_equal(spec.tokens[:, :9], ar.tokens[:, :9])
     # And a different drafter set yields the same output (drafter invariance).
-    one = speculative_generate(EngineConfig(gamma=2, rule="coupled", verifier_temperature=1.0,
+    one = speculative_generate(EngineConfig(gamma=2, rule=rule, verifier_temperature=1.0,
                                             n_slots=1, max_new_tokens=8),
                                setup.verifier, setup.v_params, setup.drafters, setup.d_data,
                                prompts, [[p] * n for p in suite.drafter_prompts([START])],

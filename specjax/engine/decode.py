@@ -198,10 +198,11 @@ def _draft(cfg: EngineConfig, k: int, spec: DrafterSpec, data: DrafterData, cach
     mask = data.to_verifier >= 0
 
     def sample_at(logits, j):
-        q_d = sampling_probs(logits, spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
+        temperature = spec.temperature if data.temperature is None else data.temperature
+        q_d = sampling_probs(logits, temperature, top_k=spec.top_k, top_p=spec.top_p,
                              mask=mask)
         q_v = to_verifier_space(q_d, data.to_verifier, v_vocab)
-        if cfg.rule == "coupled":
+        if cfg.rule in rules_lib.COUPLED_RULES:
             x = gumbel_argmax(q_v, gumbel[:, j])
         else:
             x = jax.vmap(sample)(_keys(row_keys, _STREAM_DRAFT, length, k, j), q_v)
@@ -234,7 +235,8 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSpe
     v_vocab = verifier.vocab_size
     live = ~state.done
     length = state.length
-    gumbel = (_gumbel(state.row_keys, length, gamma, v_vocab) if cfg.rule == "coupled"
+    gumbel = (_gumbel(state.row_keys, length, gamma, v_vocab)
+              if cfg.rule in rules_lib.COUPLED_RULES
               else None)
 
     # 1. Drafting. A lone drafter always proposed the committed path, so at most two
@@ -275,7 +277,7 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSpe
 
     # 4. The rule.
     rule = getattr(rules_lib, cfg.rule)
-    first_arg = (gumbel if cfg.rule == "coupled"
+    first_arg = (gumbel if cfg.rule in rules_lib.COUPLED_RULES
                  else _keys(state.row_keys, _STREAM_VERIFY, length))
     verdict = jax.vmap(rule)(first_arg, p_root, p_nodes, chain_q, chain, active)
 

@@ -18,7 +18,8 @@ import numpy as np
 
 from specjax.engine.decode import (Counters, DecodeState, _causal, _gumbel, _keys,
                                    _STREAM_VERIFY, speculative_round)
-from specjax.engine.spec import (DrafterData, DrafterSpec, EngineConfig, validate_drafter)
+from specjax.engine.spec import (TRACED_TEMPERATURE, DrafterData, DrafterSpec, EngineConfig,
+                                 validate_drafter)
 from specjax.errors import ConfigError
 from specjax.verify.distributions import gumbel_argmax, sample, sampling_probs
 
@@ -44,18 +45,18 @@ class GenerateResult:
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], field: str = "prompt",
-                bucket: int = 1) -> tuple[np.ndarray, np.ndarray]:
+                bucket: int = 1, min_width: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Right-pads token lists into (i32[B, P], lengths i32[B]); empty prompts are errors.
 
-    P is rounded up to a multiple of `bucket`, so that growing prompts (plan steps) reuse
-    one compiled program per bucket instead of retracing per length.
+    P is at least `min_width` and rounded up to a multiple of `bucket`, so that growing
+    prompts (plan steps) reuse one compiled program instead of retracing per length.
     """
     if not prompts:
         raise ConfigError(f"{field}: got an empty batch; allowed: ≥ 1 prompt")
     lens = np.array([len(p) for p in prompts], np.int32)
     if (lens < 1).any():
         raise ConfigError(f"{field}: row {int(np.argmin(lens))} is empty; allowed: ≥ 1 token")
-    width = -(-int(lens.max()) // bucket) * bucket
+    width = -(-max(int(lens.max()), int(min_width)) // bucket) * bucket
     out = np.zeros((len(prompts), width), np.int32)
     for i, p in enumerate(prompts):
         out[i, :len(p)] = p
@@ -115,7 +116,8 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
                          drafter_prompts: Sequence[Sequence[Sequence[int]]],
                          row_keys: jax.Array, slots: np.ndarray | None = None,
                          stop_table: np.ndarray | None = None,
-                         bucket: int = 1) -> GenerateResult:
+                         bucket: int = 1, min_width: int = 0,
+                         drafter_min_width: Sequence[int] | None = None) -> GenerateResult:
     """Speculative generation of `cfg.max_new_tokens` per row (or until a stop token).
 
     Args:
@@ -130,6 +132,8 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
         every row uses drafters 0..S−1.
       stop_table: bool[Vv], tokens that end a row (e.g. those containing a newline).
       bucket: prompt widths are rounded up to a multiple of it (fewer compilations).
+      min_width / drafter_min_width: the verifier's and each drafter's padded prompt width
+        is at least this (a run whose prompts grow keeps one compiled program).
 
     Returns:
       GenerateResult.
@@ -140,7 +144,7 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
                           "autoregressive_generate for the verifier alone)")
     for d in drafters:
         validate_drafter(d)
-    prompt, plen = pad_prompts(prompts, bucket=bucket)
+    prompt, plen = pad_prompts(prompts, bucket=bucket, min_width=min_width)
     b = prompt.shape[0]
     if slots is None:
         if cfg.n_slots > k:
@@ -158,8 +162,10 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
     gamma = cfg.gamma
     _check_context("verifier", verifier, prompt.shape[1] + cfg.max_new_tokens + cfg.n_slots * gamma)
     d_pad = []
-    for spec, data, dp in zip(drafters, d_data, drafter_prompts):
-        arr, ln = pad_prompts(dp, field=f"drafter {spec.name!r} prompt", bucket=bucket)
+    d_min = list(drafter_min_width) if drafter_min_width is not None else [0] * k
+    for spec, data, dp, w in zip(drafters, d_data, drafter_prompts, d_min):
+        arr, ln = pad_prompts(dp, field=f"drafter {spec.name!r} prompt", bucket=bucket,
+                              min_width=w)
         m = int(np.asarray(data.retok).shape[1])
         # A drafter of another tokenizer may spell a verifier token in up to m of its own
         # tokens; the prompt plus one consume block must fit. Past that, its cache drops
@@ -179,6 +185,10 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
     if stop_table is None:
         stop_table = np.zeros((verifier.vocab_size,), bool)
     buf_len = prompt.shape[1] + cfg.max_new_tokens + gamma + 1
+    # Temperatures travel as arrays: one compiled program serves every temperature.
+    d_data = [data.replace(temperature=jnp.float32(spec.temperature))
+              for spec, data in zip(drafters, d_data)]
+    drafters = [dataclasses.replace(spec, temperature=TRACED_TEMPERATURE) for spec in drafters]
     args = (cfg, verifier, tuple(drafters), v_params, tuple(d_data), jnp.asarray(slots),
             jnp.asarray(stop_table), jnp.asarray(prompt), jnp.asarray(plen),
             tuple(x for x, _ in d_pad), tuple(y for _, y in d_pad), jnp.asarray(row_keys))
@@ -203,7 +213,7 @@ def _timed(fn, *args, **kwargs):
 
 @functools.partial(jax.jit, static_argnames=("verifier", "temperature", "max_new",
                                              "coupled", "buf_len", "top_k", "top_p"))
-def _run_autoregressive(verifier, v_params, prompt, prompt_len, row_keys, stop_table,
+def _run_autoregressive(verifier, v_params, prompt, prompt_len, row_keys, stop_table, active,
                         temperature, max_new, coupled, buf_len, top_k=0, top_p=1.0):
     b = prompt.shape[0]
     vcache, _ = _prefill_lm(verifier, v_params, prompt, prompt_len - 1)
@@ -227,27 +237,33 @@ def _run_autoregressive(verifier, v_params, prompt, prompt_len, row_keys, stop_t
         done = done | (new_len - prompt_len >= max_new) | (live & stop_table[tok])
         return tokens, new_len, done, cache
 
-    init = (tokens, prompt_len, jnp.zeros((b,), bool), vcache)
+    init = (tokens, prompt_len, ~active, vcache)
     return jax.lax.while_loop(lambda c: ~jnp.all(c[2]), body, init)
 
 
 def autoregressive_generate(verifier, v_params, prompts, row_keys, *, temperature: float,
                             max_new_tokens: int, coupled: bool = False, stop_table=None,
-                            top_k: int = 0, top_p: float = 1.0, bucket: int = 1) -> GenerateResult:
+                            top_k: int = 0, top_p: float = 1.0, bucket: int = 1,
+                            min_width: int = 0, active=None) -> GenerateResult:
     """The baseline: the verifier alone, one token per call, same PRNG streams as the engine.
 
     With `coupled=True` each token is the Gumbel-max sample with the noise of its absolute
     position — the very token rule 'coupled' commits — so the two can be compared exactly.
+    `active` (bool[B], default all) marks the rows to generate; the others are padding that
+    keeps the batch shape (and the compiled program) fixed, and generate nothing.
     """
     EngineConfig(gamma=1, verifier_temperature=temperature, max_new_tokens=max_new_tokens)
-    prompt, plen = pad_prompts(prompts, bucket=bucket)
+    prompt, plen = pad_prompts(prompts, bucket=bucket, min_width=min_width)
     _check_context("verifier", verifier, prompt.shape[1] + max_new_tokens + 1)
+    active = (np.ones((prompt.shape[0],), bool) if active is None
+              else np.asarray(active, bool).reshape(prompt.shape[0]))
     _check_finite("verifier", v_params)
     if stop_table is None:
         stop_table = np.zeros((verifier.vocab_size,), bool)
     (tokens, length, _, _), seconds = _timed(
         _run_autoregressive, verifier, v_params, jnp.asarray(prompt), jnp.asarray(plen),
-        jnp.asarray(row_keys), jnp.asarray(stop_table), temperature=float(temperature),
+        jnp.asarray(row_keys), jnp.asarray(stop_table), jnp.asarray(active),
+        temperature=float(temperature),
         max_new=max_new_tokens, coupled=coupled, buf_len=prompt.shape[1] + max_new_tokens + 1,
         top_k=top_k, top_p=top_p)
     return GenerateResult(tokens=np.asarray(tokens), length=np.asarray(length),

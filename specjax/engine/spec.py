@@ -47,12 +47,20 @@ class DrafterData:
         from_verifier: i32[Vv] the inverse on the intersection, or -1.
         retok: i32[Vv, M] the drafter's tokenisation of each verifier token's bytes.
         retok_len: i32[Vv] its length (1..M).
+        temperature: f32[] the sampling temperature as an array, or None (then the spec's).
+            `speculative_generate` moves the spec's temperature here, so a temperature sweep
+            reuses one compiled program.
     """
     params: Any
     to_verifier: jax.Array
     from_verifier: jax.Array
     retok: jax.Array
     retok_len: jax.Array
+    temperature: Any = None
+
+
+# DrafterSpec.temperature inside a jitted call whose DrafterData carries the temperature.
+TRACED_TEMPERATURE = -1.0
 
 
 def identity_maps(params, vocab: int) -> DrafterData:
@@ -85,7 +93,7 @@ class EngineConfig:
 
     Attributes:
         gamma: γ, draft tokens per chain per round (≥ 1).
-        rule: 'rejection' | 'token_tree' | 'shared_block' | 'coupled'.
+        rule: 'rejection' | 'token_tree' | 'shared_block' | 'coupled' | 'coupled_block'.
         verifier_temperature: τ of the verifier (0 = greedy).
         n_slots: S, chains per row in the verifier's block (the row's drafters, in priority
             order; a row may leave slots empty).

@@ -22,10 +22,11 @@ import dataclasses
 import time
 from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
 
 from specjax.engine.deployment import Deployment, prefix_distributions
-from specjax.engine.generate import (autoregressive_generate, row_keys_for,
+from specjax.engine.generate import (GenerateResult, autoregressive_generate, row_keys_for,
                                      speculative_generate)
 from specjax.engine.spec import EngineConfig
 from specjax.errors import ConfigError
@@ -162,6 +163,7 @@ class RunStats:
     kl_max: list = dataclasses.field(default_factory=list)
     kl_mean: list = dataclasses.field(default_factory=list)
     decisions: list = dataclasses.field(default_factory=list)
+    supports: list = dataclasses.field(default_factory=list)
     collapses: Any = dataclasses.field(default_factory=boundary_lib.CollapseLog)
     distance: list = dataclasses.field(default_factory=list)
 
@@ -203,6 +205,31 @@ def _prompts(dep: Deployment, texts: Sequence[str], bucket: int):
     return v, d
 
 
+def run_widths(dep: Deployment, cfg: PlanConfig, texts: Sequence[str]) -> tuple[int, list[int]]:
+    """Padded prompt widths (verifier, each drafter) that hold every step of a run.
+
+    The prompts grow by at most `(plan_steps − 1) · max_step_tokens` verifier tokens; a
+    drafter's by that times its measured tokens-per-verifier-token ratio (with a margin).
+    Padding every call of the run to these widths keeps ONE compiled program per engine
+    configuration instead of one per length bucket (compilation dominates short CPU runs).
+    A prompt that still outgrows its width is padded to the next bucket (correct, one more
+    compilation).
+    """
+    from specjax.engine.decode import consume_width  # pylint: disable=import-outside-toplevel
+    v, d = _prompts(dep, texts, cfg.bucket)
+    grow = (cfg.plan_steps - 1) * cfg.max_step_tokens
+    room_v = dep.verifier.max_len - cfg.max_step_tokens - len(dep.drafters) * cfg.gamma
+    wv = min(_bucket(max(map(len, v)) + grow, cfg.bucket), max(room_v // cfg.bucket, 1) * cfg.bucket)
+    wd = []
+    for spec, data, dk in zip(dep.drafters, dep.d_data, d):
+        ratio = max(len(a) / max(len(b), 1) for a, b in zip(dk, v))
+        m = int(np.asarray(data.retok).shape[1])
+        room = spec.lm.max_len - consume_width(m, cfg.gamma + 1) - cfg.gamma
+        want = max(map(len, dk)) + int(np.ceil(1.25 * ratio * grow))
+        wd.append(min(_bucket(want, cfg.bucket), max(room // cfg.bucket, 1) * cfg.bucket))
+    return wv, wd
+
+
 def run_plans(dep: Deployment, cfg: PlanConfig, prompts: Sequence[str], *,
               policy: Policy | None = None, single: int | None = None,
               journal: PlanJournal | None = None, plan_ids: Sequence[str] | None = None,
@@ -235,6 +262,7 @@ def run_plans(dep: Deployment, cfg: PlanConfig, prompts: Sequence[str], *,
     split: set = set()
     cooldown: dict = {}
     n_groups = len(dict.fromkeys(dep.groups))
+    widths = run_widths(dep, cfg, texts)
     for step in range(cfg.plan_steps):
         todo = [i for i, pid in enumerate(plan_ids)
                 if journal is None or journal.get(pid, step) is None]
@@ -242,10 +270,10 @@ def run_plans(dep: Deployment, cfg: PlanConfig, prompts: Sequence[str], *,
             continue
         step_texts = [texts[i] for i in todo]
         if policy is None and single is None:
-            new, meta = _autoregressive_step(dep, cfg, step_texts, step, stats)
+            new, meta = _autoregressive_step(dep, cfg, step_texts, step, stats, widths)
         else:
             new, meta = _speculative_step(dep, cfg, step_texts, step, stats, policy, single,
-                                          split, n_groups, agreement)
+                                          split, n_groups, agreement, widths)
         for j, i in enumerate(todo):
             if fail_hook is not None:
                 fail_hook(step, j)
@@ -266,16 +294,28 @@ def run_plans(dep: Deployment, cfg: PlanConfig, prompts: Sequence[str], *,
     return texts, stats
 
 
-def _autoregressive_step(dep, cfg, texts, step, stats):
+def _autoregressive_step(dep, cfg, texts, step, stats, widths, rows=None, n_rows=None,
+                         stream=None):
+    """The verifier alone on `texts`; with `rows`, they are rows `rows` of an `n_rows` batch
+    (the others are inactive padding, so the compiled program does not change) and row r
+    uses the PRNG key of row r of stream `stream` (default: this step's)."""
     v, _ = _prompts(dep, texts, cfg.bucket)
-    keys = row_keys_for(cfg.seed * 1000 + step, len(v))
-    res = autoregressive_generate(dep.verifier, dep.v_params, v, keys,
+    rows = list(range(len(v))) if rows is None else list(rows)
+    n_rows = len(v) if n_rows is None else n_rows
+    keys = row_keys_for(cfg.seed * 1000 + (step if stream is None else stream), n_rows)
+    full = [v[0]] * n_rows
+    for j, r in enumerate(rows):
+        full[r] = v[j]
+    active = np.zeros((n_rows,), bool)
+    active[rows] = True
+    res = autoregressive_generate(dep.verifier, dep.v_params, full, keys,
                                   temperature=cfg.verifier_temperature,
                                   max_new_tokens=cfg.max_step_tokens, stop_table=dep.stop_table,
-                                  bucket=cfg.bucket)
-    new = [dep.decode(res.new_tokens(i)) for i in range(len(v))]
+                                  coupled=cfg.rule == "coupled", bucket=cfg.bucket,
+                                  min_width=widths[0], active=active)
+    new = [dep.decode(res.new_tokens(r)) for r in rows]
     stats.seconds += res.seconds
-    n = int((res.length - res.start).sum())
+    n = int((res.length - res.start)[rows].sum())
     stats.tokens += n
     stats.verifier_calls += n      # one verifier call per token
     stats.cost += n
@@ -283,38 +323,27 @@ def _autoregressive_step(dep, cfg, texts, step, stats):
 
 
 def _speculative_step(dep, cfg, texts, step, stats, policy, single, split, n_groups,
-                      agreement):
+                      agreement, widths):
     k = len(dep.drafters)
     n_plans = len(texts)
     v, d = _prompts(dep, texts, cfg.bucket)
-    run_dep, index = dep, list(range(k))
     if single is not None:
-        # Only the baseline's drafter runs (the others would draft for nothing).
-        run_dep, index = dep.subset([dep.names[single]]), [single]
-        d = [d[single]]
-        sets, branches, rule = [[0]], [[0]], "rejection"
+        sets, branches, rule = [[single]], [[single]], "rejection"
     else:
-        kl_pair = _kl_on_prefix(dep, cfg, v, stats)  # measured under every policy (reported)
+        kl_pair = _kl_on_prefix(dep, cfg, v, stats, widths[0])  # measured under every policy
         sets, branches, rule = branch_layout(dep, policy, kl_pair, split,
                                              cfg.n_branches or n_groups)
-    if cfg.rule == "coupled":
-        rule = "coupled"
+    coupled = cfg.rule == "coupled"
+    if coupled:
+        # Switch 2 picks the coupled rule's form: each chain cut at its own mismatch (on) or
+        # the whole block cut at the first mismatch of any chain (off, the naive design).
+        rule = "coupled" if single is not None or policy.truncate_and_attribute else "coupled_block"
     n_b = len(branches)
-    s_max = max(len(b) for b in branches)
-    rows_v = [v[p] for p in range(n_plans) for _ in range(n_b)]
-    rows_d = [[dj[p] for p in range(n_plans) for _ in range(n_b)] for dj in d]
+    n_rows = n_plans * n_b
+    keys = row_keys_for(cfg.seed * 1000 + step, n_rows, share=n_b if coupled else 1)
+    res = _run_sets(dep, cfg, rule, branches, v, d, keys, widths, dedupe=coupled)
+    c = res.counters
     slots = np.tile(branch_slots(branches), (n_plans, 1))
-    coupled = rule == "coupled"
-    ecfg = EngineConfig(gamma=cfg.gamma, rule=rule, verifier_temperature=cfg.verifier_temperature,
-                        n_slots=s_max, max_new_tokens=cfg.max_step_tokens)
-    share = n_b if coupled else 1
-    keys = row_keys_for(cfg.seed * 1000 + step, n_plans * n_b, share=share)
-    res = speculative_generate(ecfg, run_dep.verifier, run_dep.v_params, run_dep.drafters,
-                               run_dep.d_data,
-                               rows_v, rows_d, keys, slots=slots, stop_table=dep.stop_table,
-                               bucket=cfg.bucket)
-    c = _expand_counters(res.counters, index, k)
-    slots = np.where(slots >= 0, np.asarray(index)[np.maximum(slots, 0)], -1)
     stats.seconds += res.seconds
     all_rows = np.arange(n_plans * n_b)
     stats.add_counters(c, all_rows)
@@ -359,12 +388,19 @@ def _speculative_step(dep, cfg, texts, step, stats, policy, single, split, n_gro
             out[p] = dec.committed
             stats.tokens += int(res.length[p * n_b + dec.plurality_index]
                                 - res.start[p * n_b + dec.plurality_index])
+        stats.supports.append(float(dec.support))
         meta[p] = {"support": round(float(dec.support), 4), "fallback": bool(dec.fallback),
                    "weights": [round(float(w), 4) for w in weights]}
     if fallback_plans:
+        # The verifier generates the step alone, in a batch of the plans' shape (one compiled
+        # program). Under the coupled rule it uses the branches' noise, so the fallback
+        # commits the very step the branches produced (the output stays the verifier's own
+        # sample whatever the vote); otherwise an independent stream.
         fb_texts = [texts[p] for p in fallback_plans]
         sub = RunStats(k=k, gamma=cfg.gamma)
-        fb_new, _ = _autoregressive_step(dep, cfg, fb_texts, 10_000 + step, sub)
+        fb_new, _ = _autoregressive_step(dep, cfg, fb_texts, step, sub, widths,
+                                         rows=fallback_plans, n_rows=n_plans,
+                                         stream=step if coupled else 10_000 + step)
         for j, p in enumerate(fallback_plans):
             out[p] = fb_new[j]
         stats.fallbacks += len(fallback_plans)
@@ -373,6 +409,52 @@ def _speculative_step(dep, cfg, texts, step, stats, policy, single, split, n_gro
         stats.verifier_calls += sub.verifier_calls
         stats.cost += sub.cost + cfg.consensus_cost * len(fallback_plans)
     return out, meta
+
+
+def _run_sets(dep, cfg, rule, branches, v, d, keys, widths, dedupe: bool) -> GenerateResult:
+    """Every (plan, branch) row of a step, one engine call per distinct drafter set.
+
+    Each call runs only its set's drafters (a sub-deployment), so no row pays for drafters
+    it does not use, and a one-drafter set runs the very program of that drafter's
+    single-drafter baseline (one compilation serves both). A one-drafter set uses rule 1
+    (`rejection`, or `coupled`): with one chain every rule reduces to it. With `dedupe`
+    (coupled rule: the branches of a plan share their noise) a set that several branches
+    share runs once per plan. Returns the result laid out per (plan, branch) row, counters
+    over all K drafters, `seconds` summed over the calls.
+    """
+    k, n_b, n_plans = len(dep.drafters), len(branches), len(v)
+    uniq = list(dict.fromkeys(tuple(b) for b in branches))
+    length = np.zeros(n_plans * n_b, np.int32)
+    start = np.zeros(n_plans * n_b, np.int32)
+    tokens, counters, seconds = [None] * (n_plans * n_b), [None] * (n_plans * n_b), 0.0
+    for u in uniq:
+        members = [b for b in range(n_b) if tuple(branches[b]) == u]
+        runs = members[:1] if dedupe else members
+        rows = [p * n_b + b for p in range(n_plans) for b in runs]
+        sub = dep.subset([dep.names[j] for j in u])
+        set_rule = ("coupled" if rule.startswith("coupled") else "rejection") if len(u) == 1 else rule
+        ecfg = EngineConfig(gamma=cfg.gamma, rule=set_rule,
+                            verifier_temperature=cfg.verifier_temperature, n_slots=len(u),
+                            max_new_tokens=cfg.max_step_tokens)
+        res = speculative_generate(
+            ecfg, sub.verifier, sub.v_params, sub.drafters, sub.d_data,
+            [v[r // n_b] for r in rows], [[d[j][r // n_b] for r in rows] for j in u],
+            keys[np.asarray(rows)], stop_table=dep.stop_table, bucket=cfg.bucket,
+            min_width=widths[0], drafter_min_width=[widths[1][j] for j in u])
+        seconds += res.seconds
+        c = _expand_counters(res.counters, list(u), k)
+        for i, r in enumerate(rows):
+            for b in (members if dedupe else [r % n_b]):
+                rr = (r // n_b) * n_b + b
+                tokens[rr] = res.tokens[i, :res.length[i]]
+                length[rr], start[rr] = res.length[i], res.start[i]
+                counters[rr] = jax.tree.map(lambda x, i=i: x[i], c)
+    width = max(len(t) for t in tokens)
+    tok = np.zeros((len(tokens), width), np.int32)
+    for i, t in enumerate(tokens):
+        tok[i, :len(t)] = t
+    return GenerateResult(tokens=tok, length=length, start=start, seconds=seconds,
+                          counters=jax.tree.map(lambda *xs: np.stack(xs), *counters))
 
 
 def _expand_counters(c, index, k):
@@ -389,13 +471,13 @@ def _expand_counters(c, index, k):
                      own_reached_at=widen(c.own_reached_at))
 
 
-def _kl_on_prefix(dep, cfg, v, stats):
+def _kl_on_prefix(dep, cfg, v, stats, width: int = 0):
     """f32[K, K] KL per ordered pair, mean over the last positions of every plan's prefix."""
     if len(dep.drafters) < 2:
         return None
     from specjax.engine.generate import pad_prompts
     arr, lens = pad_prompts(v)
-    width = _bucket(arr.shape[1], cfg.bucket)
+    width = _bucket(max(arr.shape[1], width), cfg.bucket)
     arr = np.pad(arr, ((0, 0), (0, width - arr.shape[1])))
     q, ok = prefix_distributions(dep, arr, lens, min(cfg.kl_positions, int(lens.min())))
     kl = np.asarray(pairwise_kl(q))[:, :, ok]                        # [K, K, N]

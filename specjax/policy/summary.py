@@ -20,6 +20,9 @@ def _f(x) -> float:
     return x if math.isfinite(x) else float("nan")
 
 
+THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
 def summarize(stats: RunStats, names, *, single: dict[str, RunStats] | None = None,
               autoregressive: RunStats | None = None) -> dict:
     """The figures of one run; ratios to the baselines when they are given.
@@ -70,6 +73,13 @@ def summarize(stats: RunStats, names, *, single: dict[str, RunStats] | None = No
         "tokens_per_second": _f(stats.tokens / stats.seconds) if stats.seconds else float("nan"),
         "plan_steps": int(stats.steps),
         "fallback_steps": int(stats.fallbacks),
+        # The vote's plurality support per step: its mean, and the fallback rate the same
+        # steps would have had at other thresholds (exact where the committed text does not
+        # depend on the vote: τ = 0 or the coupled rule; otherwise a first-order what-if).
+        "consensus_support_mean": _f(np.mean(stats.supports)) if stats.supports else float("nan"),
+        "fallback_rate_by_threshold": {
+            f"{t:.1f}": _f(np.mean(np.asarray(stats.supports) < t)) for t in THRESHOLDS}
+        if stats.supports else {},
     }
     shared = out["joint_acceptance"]
     out["shared_prefix_acceptance"] = shared

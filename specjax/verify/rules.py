@@ -23,7 +23,11 @@ Rules:
         each rejection attributed to its slot.
     * `coupled` — drafter-invariant Gumbel coupling (Daliri, Musco, Suresh 2025): drafts and
         the verifier's tokens are Gumbel-max samples with the same noise; the output is the
-        verifier's Gumbel-max sample whatever the drafts.
+        verifier's Gumbel-max sample whatever the drafts. Each chain is cut at its own first
+        mismatch and the longest chain is committed (switch 2 on).
+    * `coupled_block` — the same coupling with the naive shared block (switch 2 off): the
+        block is cut at the first position where *any* active chain mismatched, for every
+        drafter. Still exact (every committed token is the verifier's Gumbel-max sample).
 """
 from __future__ import annotations
 
@@ -34,7 +38,8 @@ from flax import struct
 
 from specjax.verify.distributions import accept_test, gumbel_argmax, residual, sample
 
-RULES = ("rejection", "token_tree", "shared_block", "coupled")
+RULES = ("rejection", "token_tree", "shared_block", "coupled", "coupled_block")
+COUPLED_RULES = ("coupled", "coupled_block")
 
 
 @struct.dataclass
@@ -208,29 +213,43 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
 
 
 def coupled(gumbel, p_root, p_nodes, q, drafts, active) -> Verdict:
-    """Rule 4: drafter-invariant verification with shared Gumbel noise.
+    """Rule 4: drafter-invariant verification with shared Gumbel noise (longest chain).
 
     Args:
         gumbel: f32[γ+1, V] the noise of absolute positions length..length+γ; the drafts must
             be `argmax(log q + g)` with the same noise. The committed tokens are
             `argmax(log p + g)` along the path, i.e. the verifier's own sample for this noise.
     """
+    return _coupled(gumbel, p_root, p_nodes, q, drafts, active, shared_block=False)
+
+
+def coupled_block(gumbel, p_root, p_nodes, q, drafts, active) -> Verdict:
+    """Rule 4 with switch 2 off: the block is cut where the first active chain mismatched."""
+    return _coupled(gumbel, p_root, p_nodes, q, drafts, active, shared_block=True)
+
+
+def _coupled(gumbel, p_root, p_nodes, q, drafts, active, shared_block: bool) -> Verdict:
     _check(p_root, p_nodes, q, drafts, active)
     s, gamma, _ = q.shape
     p_before = _p_before(p_root, p_nodes)
     target = gumbel_argmax(p_before, gumbel[None, :gamma])          # i32[S, γ]
     lead = jnp.where(active, _leading(drafts == target), -1)
-    best = jnp.argmax(lead)
-    n = jnp.maximum(lead[best], 0).astype(jnp.int32)
+    if shared_block:
+        # The primary chain, cut at the earliest mismatch of any active chain.
+        best = jnp.argmax(active)
+        n = jnp.min(jnp.where(active, lead, gamma)).astype(jnp.int32)
+    else:
+        best = jnp.argmax(lead)
+        n = jnp.maximum(lead[best], 0).astype(jnp.int32)
     final = jnp.where(n < gamma, target[best, jnp.minimum(n, gamma - 1)],
-                                        gumbel_argmax(p_nodes[best, gamma - 1], gumbel[gamma]))
+                      gumbel_argmax(p_nodes[best, gamma - 1], gumbel[gamma]))
     idx = jnp.arange(gamma + 1)
     tokens = jnp.where(idx < n, jnp.pad(drafts[best], (0, 1)), 0)
     tokens = jnp.where(idx == n, final, tokens).astype(jnp.int32)
     lead0 = jnp.maximum(lead, 0)
     return Verdict(n=n, tokens=tokens, path_slot=jnp.full((gamma,), best, jnp.int32),
-                                  accepted=jnp.minimum(lead0, n).astype(jnp.int32),
-                                  rejected=(active & (lead0 < gamma) & (lead0 <= n)).astype(jnp.int32),
-                                  matched=jnp.where(active, _matched(drafts, tokens, n), 0),
-                                  own_first_rejection=jnp.where(active, lead0, gamma).astype(jnp.int32),
-                                  reached=jnp.minimum(n + 1, gamma).astype(jnp.int32))
+                   accepted=jnp.minimum(lead0, n).astype(jnp.int32),
+                   rejected=(active & (lead0 < gamma) & (lead0 <= n)).astype(jnp.int32),
+                   matched=jnp.where(active, _matched(drafts, tokens, n), 0),
+                   own_first_rejection=jnp.where(active, lead0, gamma).astype(jnp.int32),
+                   reached=jnp.minimum(n + 1, gamma).astype(jnp.int32))
