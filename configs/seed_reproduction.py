@@ -33,7 +33,7 @@ def defaults() -> ml_collections.ConfigDict:
 
 
 def runlocal(c: ml_collections.ConfigDict) -> None:
-    c.plans_per_domain = 4
+    c.plans_per_domain = 2
 
 
 def get_config(arg=None):

@@ -3,7 +3,9 @@
   python -m specjax.report --workdir=runs/seed_reproduction
 
 Writes ``report.md`` and ``plots/*.png`` in the workdir from ``results.jsonl`` (and
-``config.json`` / ``version.json`` when present); see `specjax.runner.report`. Useful
+``config.json`` / ``version.json`` when present), and for the seed reproduction also
+``summary.json``, ``seed_report.md`` and ``plots/seed_policies.png``; see
+`specjax.runner.report` and `specjax.runner.seed_table`. Useful
 after changing the plotting code, or to look at a sweep that is still running.
 """
 
@@ -40,6 +42,22 @@ def main(argv: Sequence[str]) -> None:
         fail(e)
     out = report.write_report(path, rows)
     print(out)
+    _seed_table(path, rows)
+
+
+def _seed_table(path: Path, rows) -> None:
+    """The seed reproduction's summary.json, seed_report.md and seed plot, rebuilt too."""
+    import json  # pylint: disable=import-outside-toplevel
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        return
+    config = json.loads(cfg_path.read_text())
+    config = config.get("config", config)
+    if not config.get("seed_table"):
+        return
+    import ml_collections  # pylint: disable=import-outside-toplevel
+    from specjax.runner import seed_table  # pylint: disable=import-outside-toplevel
+    seed_table.write(ml_collections.ConfigDict(config), path, rows)
 
 
 def entry() -> None:

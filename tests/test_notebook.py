@@ -53,7 +53,6 @@ def _outputs(nb, output_type=None):
                 yield out
 
 
-@pytest.mark.slow  # ~85 s on a 2-core CPU, mostly XLA compilation of the first cell
 def test_notebook_runs_headless(tmp_path, monkeypatch):
     overrides = os.environ.get("SPECJAX_NOTEBOOK_OVERRIDES", "")
     if not (ROOT / "zoo" / "manifest.json").is_file() and "deployment=synthetic" not in overrides:

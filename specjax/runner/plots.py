@@ -60,7 +60,7 @@ def plot_acceptance_vs_gamma(rows: Sequence[Row], path: str | Path) -> bool:
         ax.set_xticks(sorted({r["gamma"] for r in rows}))
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-    axs[0].set_ylabel("acceptance α (accepted / proposed)")
+    axs[0].set_ylabel("acceptance α per position (chain tested alone)")
     axs[-1].legend(title="temperature", fontsize=8, title_fontsize=8, loc="lower left")
     fig.suptitle("Per-drafter acceptance vs γ (mean ± sd over the other axes)")
     return _save(fig, path)
@@ -80,8 +80,9 @@ def plot_joint_vs_per_drafter(rows: Sequence[Row], path: str | Path) -> bool:
     drafters = _unique(d for r in rows for d in _acceptance(r))
     colors = _colors(drafters)
     pairings = _unique(label(r["pairing"]) for r in rows)
+    cols = 4
     fig, axs = _figure(len(policies), width=max(4.5, 1.3 * len(pairings) + 2), height=4.0,
-                       sharey=True)
+                       sharey=True, max_cols=cols)
     for ax, policy in zip(axs, policies):
         group = [r for r in rows if policy is None or label(r.get("policy")) == policy]
         for i, pairing in enumerate(pairings):
@@ -112,8 +113,10 @@ def plot_joint_vs_per_drafter(rows: Sequence[Row], path: str | Path) -> bool:
         ax.set_title(f"policy: {policy}" if policy is not None else "all cells")
         _dedup_legend(ax, order=[f"α {d}" for d in drafters] + ["joint α", "product of α"],
                       fontsize=8, loc="upper right")
-    axs[0].set_ylabel("acceptance")
-    fig.suptitle("Joint vs per-drafter acceptance, per pairing")
+    for ax in axs[::cols]:
+        ax.set_ylabel("acceptance per position")
+    fig.suptitle("Joint vs per-drafter acceptance (α per position, each chain tested alone), "
+                 "per pairing")
     return _save(fig, path)
 
 
@@ -271,12 +274,18 @@ PLOTS: dict[str, tuple[str, Callable[..., bool], tuple[str, ...]]] = {
 # ----------------------------------------------------------------------------------
 
 
-def _figure(n: int, width: float, height: float, sharey: bool = False):
+def _figure(n: int, width: float, height: float, sharey: bool = False, max_cols: int = 0):
+    """n panels of width × height, in rows of at most `max_cols` (0 = one row)."""
     from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
 
-    fig = Figure(figsize=(width * n, height), dpi=110, layout="constrained")
-    axs = fig.subplots(1, n, sharey=sharey, squeeze=False)[0]
-    return fig, list(axs)
+    cols = min(n, max_cols) if max_cols else n
+    nrows = -(-n // cols)
+    fig = Figure(figsize=(width * cols, height * nrows), dpi=110, layout="constrained")
+    grid = fig.subplots(nrows, cols, sharey=sharey, squeeze=False)
+    axs = [ax for row in grid for ax in row]
+    for ax in axs[n:]:
+        ax.set_visible(False)
+    return fig, axs[:n]
 
 
 def _save(fig, path: str | Path) -> bool:
@@ -329,7 +338,8 @@ def _patch(color: Any, alpha: float, text: str):
 
 
 def _acceptance(r: Row) -> dict[str, float]:
-    a = r.get("acceptance")
+    """Each drafter's α per position (its chain tested alone), else accepted / proposed."""
+    a = r.get("per_token_acceptance") or r.get("acceptance")
     if isinstance(a, dict):
         return {str(k): v for k, v in a.items() if _is_number(v)}
     if _is_number(a):

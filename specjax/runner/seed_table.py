@@ -213,6 +213,7 @@ def _plots(workdir: Path, rows) -> None:
     axes[0].axhline(0.19, ls=":", c="C0", lw=1, label="seed naive joint 0.19")
     axes[0].axhline(0.52, ls="--", c="C0", lw=1, label="seed all-on joint 0.52")
     axes[0].set_title("Acceptance and fallback per policy")
+    axes[0].set_ylim(0, 1.5)
     tr = [rows[n].get("throughput_ratio_vs_single") or np.nan for n in names]
     pr = [rows[n].get("throughput_ratio_vs_single_at_seed_sizes") or np.nan for n in names]
     wr = [rows[n].get("wallclock_ratio_vs_single") or np.nan for n in names]
@@ -223,10 +224,11 @@ def _plots(workdir: Path, rows) -> None:
     axes[1].axhline(0.4, ls=":", c="C3", lw=1, label="seed naive 0.4×")
     axes[1].axhline(1.7, ls="--", c="C3", lw=1, label="seed all-on 1.7×")
     axes[1].set_title("Throughput vs best single drafter")
+    axes[1].set_ylim(0, max([2.2] + [v * 1.3 for v in tr + pr + wr if v == v]))
     for ax in axes:
         ax.set_xticks(x)
         ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, ncol=2, loc="upper left")
     fig.tight_layout()
     fig.savefig(workdir / "plots" / "seed_policies.png", dpi=110)
     plt.close(fig)
