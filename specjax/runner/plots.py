@@ -61,7 +61,7 @@ def plot_acceptance_vs_gamma(rows: Sequence[Row], path: str | Path) -> bool:
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     axs[0].set_ylabel("acceptance α per position (chain tested alone)")
-    axs[-1].legend(title="temperature", fontsize=8, title_fontsize=8, loc="lower left")
+    axs[-1].legend(title="temperature", fontsize=8, title_fontsize=8, loc="upper right")
     fig.suptitle("Per-drafter acceptance vs γ (mean ± sd over the other axes)")
     return _save(fig, path)
 
