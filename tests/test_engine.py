@@ -103,7 +103,10 @@ def test_bad_inputs_fail_before_work():
 
 @pytest.mark.skipif(not ZOO.exists(), reason="the zoo is not built")
 def test_greedy_equality_on_the_zoo():
-    """Every rule, on the real zoo (cross-tokenizer drafters included), equals greedy decoding."""
+    """The naive block, the token tree and rule 1 on the real zoo (cross-tokenizer drafters
+        included) equal greedy decoding. (The coupled forms are greedy-tested on the synthetic
+    suite in test_verify and through every policy in test_policy; each rule here costs a
+    ~25 s compilation of the three-drafter zoo on this CPU.)"""
     from specjax.data import load_prompts
     from specjax.models.zoo import load_zoo
     dep = load_zoo(ZOO.parent).deployment()
@@ -113,8 +116,7 @@ def test_greedy_equality_on_the_zoo():
     keys = gen.row_keys_for(0, len(v))
     ref = gen.autoregressive_generate(dep.verifier, dep.v_params, v, keys, temperature=0.0,
                                       max_new_tokens=24, bucket=64)
-    for rule, s in (("shared_block", 3), ("token_tree", 3), ("coupled", 3),
-                    ("coupled_block", 3), ("rejection", 1)):
+    for rule, s in (("shared_block", 3), ("token_tree", 3), ("rejection", 1)):
         for slot_rows in ([[0, 1, 2]] if s == 3 else [[0], [1], [2]]):
             cfg = EngineConfig(gamma=4, rule=rule, verifier_temperature=0.0, n_slots=s,
                                max_new_tokens=24)

@@ -8,8 +8,10 @@ of the batch advance together (one batch = one step of every plan):
      block: all drafters (switch 1 off) or one set per tokenizer group (switch 1 on), split
      further by the KL ceiling (switch 4) and by the decision boundary of the previous batch;
   2. branches are built from the sets (at least `n_branches`, default one per tokenizer
-     group); every (plan, branch) is one row of ONE engine call, its slots its set's drafters;
-     the rule is `token_tree` (switch 2 on) or the naive `shared_block` (off);
+     group); every (plan, branch) is one engine row, its slots its set's drafters, and the
+     rows of one drafter set run in one engine call with only that set's drafters; the rule
+     is `token_tree` (switch 2 on) or the naive `shared_block` (off) — under the coupled rule
+     `coupled` or `coupled_block`, with one call per plan and set (shared noise);
   3. per plan, the branches' candidate steps are voted on with raw or agreement-weighted
      weights (switch 3); the plurality is committed if its support reaches the threshold,
      else the verifier generates the step alone (fallback, one consensus round charged);
@@ -49,7 +51,8 @@ class PlanConfig:
       consensus_threshold: support needed to commit without fallback, in (0, 1].
       n_branches: minimum number of parallel branches (None = one per tokenizer group).
       rule: None (the policy's switch 2 picks the rule) or 'coupled' (shared Gumbel noise
-        across the branches of a plan: drafter-invariant, consensus by construction).
+        across the branches of a plan: drafter-invariant, consensus by construction; switch
+        2 picks `coupled` or the naive `coupled_block`).
       consensus_cost: modelled cost of one consensus round, in verifier calls.
       kl_positions: the last positions of the shared prefix on which the KL is measured.
       boundary: act on the decision boundary (split a set whose batch falls below it).
