@@ -202,7 +202,7 @@ def _batch_stats(c, rows):
     return boundary_lib.BoundaryStats(float(shared), float(depth), float(indep))
 
 
-def _prompts(dep: Deployment, texts: Sequence[str], bucket: int):
+def _prompts(dep: Deployment, texts: Sequence[str]):
     v = [dep.encode(t) for t in texts]
     d = [[enc(t) for t in texts] for enc in dep.drafter_encode]
     return v, d
@@ -219,7 +219,7 @@ def run_widths(dep: Deployment, cfg: PlanConfig, texts: Sequence[str]) -> tuple[
     compilation).
     """
     from specjax.engine.decode import consume_width  # pylint: disable=import-outside-toplevel
-    v, d = _prompts(dep, texts, cfg.bucket)
+    v, d = _prompts(dep, texts)
     grow = (cfg.plan_steps - 1) * cfg.max_step_tokens
     room_v = dep.verifier.max_len - cfg.max_step_tokens - len(dep.drafters) * cfg.gamma
     wv = min(_bucket(max(map(len, v)) + grow, cfg.bucket), max(room_v // cfg.bucket, 1) * cfg.bucket)
@@ -302,7 +302,7 @@ def _autoregressive_step(dep, cfg, texts, step, stats, widths, rows=None, n_rows
     """The verifier alone on `texts`; with `rows`, they are rows `rows` of an `n_rows` batch
     (the others are inactive padding, so the compiled program does not change) and row r
     uses the PRNG key of row r of stream `stream` (default: this step's)."""
-    v, _ = _prompts(dep, texts, cfg.bucket)
+    v = [dep.encode(t) for t in texts]  # the verifier alone: no drafter re-encoding
     rows = list(range(len(v))) if rows is None else list(rows)
     n_rows = len(v) if n_rows is None else n_rows
     keys = row_keys_for(cfg.seed * 1000 + (step if stream is None else stream), n_rows)
@@ -329,7 +329,7 @@ def _speculative_step(dep, cfg, texts, step, stats, policy, single, split, n_gro
                       agreement, widths):
     k = len(dep.drafters)
     n_plans = len(texts)
-    v, d = _prompts(dep, texts, cfg.bucket)
+    v, d = _prompts(dep, texts)
     if single is not None:
         sets, branches, rule = [[single]], [[single]], "rejection"
     else:
@@ -427,9 +427,7 @@ def _run_sets(dep, cfg, rule, branches, v, d, keys, widths, dedupe: bool) -> Gen
     """
     k, n_b, n_plans = len(dep.drafters), len(branches), len(v)
     uniq = list(dict.fromkeys(tuple(b) for b in branches))
-    length = np.zeros(n_plans * n_b, np.int32)
-    start = np.zeros(n_plans * n_b, np.int32)
-    tokens, counters, seconds = [None] * (n_plans * n_b), [None] * (n_plans * n_b), 0.0
+    results, source, seconds = [], np.zeros(n_plans * n_b, np.int64), 0.0
     for u in uniq:
         members = [b for b in range(n_b) if tuple(branches[b]) == u]
         runs = members[:1] if dedupe else members
@@ -445,19 +443,21 @@ def _run_sets(dep, cfg, rule, branches, v, d, keys, widths, dedupe: bool) -> Gen
             keys[np.asarray(rows)], stop_table=dep.stop_table, bucket=cfg.bucket,
             min_width=widths[0], drafter_min_width=[widths[1][j] for j in u])
         seconds += res.seconds
-        c = _expand_counters(res.counters, list(u), k)
-        for i, r in enumerate(rows):
+        offset = sum(len(r.length) for r in results)
+        results.append(dataclasses.replace(res, counters=_expand_counters(res.counters,
+                                                                           list(u), k)))
+        for i, r in enumerate(rows):  # every branch of this set in the row's plan reads row i
             for b in (members if dedupe else [r % n_b]):
-                rr = (r // n_b) * n_b + b
-                tokens[rr] = res.tokens[i, :res.length[i]]
-                length[rr], start[rr] = res.length[i], res.start[i]
-                counters[rr] = jax.tree.map(lambda x, i=i: x[i], c)
-    width = max(len(t) for t in tokens)
-    tok = np.zeros((len(tokens), width), np.int32)
-    for i, t in enumerate(tokens):
-        tok[i, :len(t)] = t
-    return GenerateResult(tokens=tok, length=length, start=start, seconds=seconds,
-                          counters=jax.tree.map(lambda *xs: np.stack(xs), *counters))
+                source[(r // n_b) * n_b + b] = offset + i
+    width = max(r.tokens.shape[1] for r in results)
+    tokens = np.concatenate([np.pad(r.tokens, ((0, 0), (0, width - r.tokens.shape[1])))
+                             for r in results])
+    counters = jax.tree.map(lambda *xs: np.concatenate(xs)[source],
+                            *[r.counters for r in results])
+    return GenerateResult(tokens=tokens[source],
+                          length=np.concatenate([r.length for r in results])[source],
+                          start=np.concatenate([r.start for r in results])[source],
+                          counters=counters, seconds=seconds)
 
 
 def _expand_counters(c, index, k):
