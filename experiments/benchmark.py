@@ -48,7 +48,7 @@ flags.DEFINE_list("batches", ["1", "8"], "batch sizes")
 flags.DEFINE_integer("new_tokens", 64, "tokens generated per row")
 flags.DEFINE_integer("repeats", 3, "repeats per measurement (median)")
 flags.DEFINE_float("verifier_temperature", 1.0, "τ of the verifier")
-flags.DEFINE_string("zoo", "zoo", "zoo path")
+flags.DEFINE_string("zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped specjax/zoo)")
 
 
 @functools.partial(jax.jit, static_argnames=("lm", "width", "reps"))

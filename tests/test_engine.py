@@ -13,7 +13,7 @@ from specjax.errors import ConfigError
 from specjax.models import synthetic_suite as suite
 from specjax.models.synthetic import BigramLM
 
-ZOO = Path(__file__).resolve().parents[1] / "zoo" / "manifest.json"
+ZOO = Path(__file__).resolve().parents[1] / "specjax" / "zoo" / "manifest.json"
 
 
 def _run(setup, cfg, n=16, seed=0, prompts=None, **kw):

@@ -55,7 +55,7 @@ def _outputs(nb, output_type=None):
 
 def test_notebook_runs_headless(tmp_path, monkeypatch):
     overrides = os.environ.get("SPECJAX_NOTEBOOK_OVERRIDES", "")
-    if not (ROOT / "zoo" / "manifest.json").is_file() and "deployment=synthetic" not in overrides:
+    if not (ROOT / "specjax" / "zoo" / "manifest.json").is_file() and "deployment=synthetic" not in overrides:
         pytest.fail("zoo/manifest.json is missing: the notebook reproduces the seed on the "
                     "shipped zoo (build it with `make train-zoo`)")
 

@@ -53,15 +53,17 @@ MANIFEST = 'manifest.json'
 VERIFIER = 'verifier'
 #: The seed's drafters in priority order (its 1.5B code, 3B prose and 7B reasoning models).
 DRAFTER_ORDER = ('code', 'prose', 'reasoning')
+#: The zoo shipped as package data (``specjax/zoo/``: manifest, tokenizers, weights).
+SHIPPED_ZOO = Path(__file__).resolve().parents[1] / 'zoo'
 _REBUILD = 'rebuild it with `python experiments/train_zoo.py --out <zoo>`'
 
 
 def default_zoo_path() -> Path:
-    """``$SPECJAX_ZOO`` if set, else ``zoo/`` at the repository root (next to the package)."""
+    """``$SPECJAX_ZOO`` if set, else the zoo shipped inside the package (``specjax/zoo/``)."""
     env = os.environ.get('SPECJAX_ZOO')
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / 'zoo'
+    return SHIPPED_ZOO
 
 
 def _resolve(path) -> Path:
@@ -70,7 +72,7 @@ def _resolve(path) -> Path:
     p = Path(path)
     if not p.exists() and not p.is_absolute():
         # A relative path that is not under the working directory: try the repository.
-        alt = default_zoo_path().parent / p
+        alt = Path(__file__).resolve().parents[2] / p
         if alt.exists():
             return alt
     return p
@@ -341,12 +343,13 @@ def load_zoo(path: str | os.PathLike | None = None,
     """
     root, manifest = read_manifest(path)
     order = list(manifest['drafter_order'])
+    loadable = order + [n for n in manifest.get('extra_drafters', []) if n not in order]
     if isinstance(names, str):
         names = (names,)
     wanted = order if names is None else [n for n in names if n != VERIFIER]
-    known = [VERIFIER] + order
+    known = [VERIFIER] + loadable
     for n in wanted:
-        if n not in order:
+        if n not in loadable:
             raise ConfigError(f'zoo model: got {n!r}; allowed: one of '
                               f'{", ".join(map(repr, known))}', field='model', value=n,
                               allowed=known)

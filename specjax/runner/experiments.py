@@ -37,7 +37,7 @@ def _zoo(path: str):
 def load_deployment(config):
     """The full deployment the config names ('zoo' or 'synthetic')."""
     if config.deployment == "zoo":
-        return _zoo(config.get("zoo_path", "zoo")).deployment()
+        return _zoo(config.get("zoo_path")).deployment()
     if config.deployment == "synthetic":
         from specjax.models import synthetic_suite  # pylint: disable=import-outside-toplevel
         dep, _ = synthetic_suite.make_deployment("random", seed=0, fourth=True)
@@ -196,7 +196,7 @@ def plans_defaults():
     c = ml_collections.ConfigDict()
     c.experiment = "plans"            # the registered experiment (specjax/runner/experiments.py)
     c.deployment = "zoo"              # 'zoo' (shipped tiny models) or 'synthetic' (exact tables)
-    c.zoo_path = "zoo"                # where the zoo's manifest lives
+    c.zoo_path = None                 # zoo folder; None: $SPECJAX_ZOO, else the shipped specjax/zoo
     c.plans_per_domain = 24           # plan prompts per domain (code, prose, reasoning), mixed
     c.plan_steps = 4                  # steps per plan
     c.max_step_tokens = 32            # token budget of one step
