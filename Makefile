@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: reproduce test test-all train-zoo benchmark clean-venv
+.PHONY: reproduce test test-all train-zoo benchmark benchmark-device clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ train-zoo: $(STAMP)
 
 benchmark: $(STAMP)
 	$(PY) experiments/benchmark.py
+
+# The same benchmark on a GPU/TPU in under 5 minutes, with an interpreter that already has
+# jax for the accelerator (no venv bootstrap: accelerator hosts may have no network).
+benchmark-device:
+	$(PYTHON) experiments/benchmark.py --out runs/benchmark_device --batches 1,8,32 \
+		--gammas 2,4,8 --repeats 3 --peer=false --require_accelerator
 
 clean-venv:
 	rm -rf $(VENV)

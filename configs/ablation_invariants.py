@@ -8,8 +8,7 @@
 import ml_collections
 
 from specjax.policy.switches import all_combinations
-from specjax.runner.config_args import parse_config_arg
-from specjax.runner.experiments import plans_defaults
+from specjax.runner import parse_config_arg, plans_defaults
 
 
 def defaults() -> ml_collections.ConfigDict:

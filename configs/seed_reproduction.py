@@ -3,22 +3,25 @@
   python -m specjax.main --config=configs/seed_reproduction.py:runlocal --workdir=runs/seed_reproduction
   python -m specjax.main --config=configs/seed_reproduction.py --workdir=runs/seed_full
 
-The zoo's code, prose and reasoning drafters against its verifier on mixed-domain plans:
-the naive deployment, the four invariants on, and the ablation (each invariant removed
-alone and added alone). Writes summary.json, seed_report.md and plots/ beside results.jsonl.
+The zoo is deployed like the seed's: code and prose drafters in the verifier's tokenizer
+group, a hotter reasoning drafter with its own tokenizer and thinking tokens, all three on
+mixed-domain plans. Every policy of the ablation (naive, all-on, each invariant removed
+alone and added alone) plus `auto` (adaptive drafter sets) and `oracle` (each plan drafted
+by its own domain's drafter alone, the domain known), over a small γ grid (each policy is
+reported at its best γ) and three seeds, with 95% bootstrap intervals over plans. The step
+decision is the seed's `execute_parallel_plan`; the quorum vote's verdict on the same steps
+is recorded too.
 
 Operating point: the verifier samples at τ = 1 and the drafters at their own temperatures
-(code 1.0, prose 1.0, reasoning 1.3) under the coupled rule — drafts and verification share
-Gumbel noise, so every branch of a plan yields the verifier's own sample and consensus is
-decided by the vote weights alone (switch 2 picks the rule's form: each chain cut at its own
-mismatch, or the whole block cut at the first mismatch of any chain). At τ = 0 the tiny
-verifier's greedy text degenerates into repetition; `grid.rule=[default],
-grid.verifier_temperature=[0.0]` runs that regime.
+under the coupled rule — drafts and verification share Gumbel noise, so every policy
+commits the verifier's own sample for the plan's noise (the text does not depend on the
+step decision, which makes its counterfactuals exact) and identical computations are
+shared across policies. Per-drafter α is still Leviathan's (each chain also tested alone
+with rule 1's test). `grid.rule=[default]` runs independent noise.
 """
 import ml_collections
 
-from specjax.runner.config_args import parse_config_arg
-from specjax.runner.experiments import plans_defaults
+from specjax.runner import parse_config_arg, plans_defaults
 
 SWITCHES = ("prefix_partitioning", "truncate_and_attribute", "agreement_weighted_consensus",
             "kl_ceiling")
@@ -28,12 +31,16 @@ def defaults() -> ml_collections.ConfigDict:
     c = plans_defaults()  # shared fields, each commented (specjax/runner/experiments.py)
     c.seed_table = True               # write summary.json + seed_report.md (the seed's table)
     c.grid.policy = (["naive", "all_on"] + [f"all_on_minus_{s}" for s in SWITCHES]
-                     + [f"naive_plus_{s}" for s in SWITCHES])  # 10 policies
+                     + [f"naive_plus_{s}" for s in SWITCHES]
+                     + ["auto", "oracle"])  # 10 switch policies, adaptive, oracle router
+    c.grid.gamma = [2, 3, 4]          # each policy is reported at its best γ of this grid
+    c.grid.seed = [0, 1, 2]           # PRNG seeds (intervals bootstrap over plans)
     return c
 
 
 def runlocal(c: ml_collections.ConfigDict) -> None:
     c.plans_per_domain = 2
+    c.grid.gamma = [3, 4]
 
 
 def get_config(arg=None):

@@ -5,16 +5,16 @@
 """
 import ml_collections
 
-from specjax.runner.config_args import parse_config_arg
-from specjax.runner.experiments import plans_defaults
+from specjax.runner import parse_config_arg, plans_defaults
 
 
 def defaults() -> ml_collections.ConfigDict:
     c = plans_defaults()  # shared fields, each commented (specjax/runner/experiments.py)
-    # code shares the verifier's tokenizer; prose and reasoning each have their own.
-    c.grid.pairing = [("code",), ("prose",), ("reasoning",), ("code", "prose"),
-                      ("code", "reasoning"), ("prose", "reasoning"),
-                      ("code", "prose", "reasoning")]
+    # code and prose share the verifier's tokenizer; reasoning has its own; prose512 (an
+    # extra drafter of the zoo) a third: same-group, cross-group and three-tokenizer pairings.
+    c.grid.pairing = [("code",), ("prose",), ("reasoning",), ("prose512",), ("code", "prose"),
+                      ("code", "reasoning"), ("prose", "prose512"), ("code", "prose512"),
+                      ("code", "prose", "reasoning"), ("code", "reasoning", "prose512")]
     c.grid.policy = ["naive", "all_on"]         # policy names
     return c
 
@@ -22,7 +22,8 @@ def defaults() -> ml_collections.ConfigDict:
 def runlocal(c: ml_collections.ConfigDict) -> None:
     c.plans_per_domain = 2
     c.plan_steps = 2
-    c.grid.pairing = [("code", "prose"), ("prose", "reasoning"), ("code", "prose", "reasoning")]
+    c.grid.pairing = [("code", "prose"), ("code", "prose512"),
+                      ("code", "reasoning", "prose512")]
 
 
 def get_config(arg=None):

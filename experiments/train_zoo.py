@@ -12,8 +12,8 @@ models tuned towards a speciality are:
 | model     | tokenizer                             | trained on (token shares)       | params  | c_i   |
 | --------- | ------------------------------------- | ------------------------------- | ------- | ----- |
 | verifier  | `verifier`: BPE 1024, all three domains | code / prose / reasoning 1:1:1 | ~3.4 M  | 1     |
-| code      | `verifier` (the verifier's group)     | code 0.6, prose 0.2, reasoning 0.2 | ~0.16 M | ~0.05 |
-| prose     | `verifier` (the verifier's group)     | prose 0.6, code 0.2, reasoning 0.2 | ~0.5 M  | ~0.15 |
+| code      | `verifier` (the verifier's group)     | code 0.78, prose 0.2, reasoning 0.02 | ~0.16 M | ~0.05 |
+| prose     | `verifier` (the verifier's group)     | prose 0.78, code 0.2, reasoning 0.02 | ~0.5 M  | ~0.15 |
 | reasoning | `reasoning`: BPE 768 with `<think>`/`</think>` | reasoning 0.6, code 0.2, prose 0.2 | ~0.84 M | ~0.24 |
 | prose512  | `prose512`: BPE 512 on prose (a third tokenizer) | prose only            | ~0.43 M | ~0.13 |
 
@@ -88,9 +88,12 @@ TOKENIZERS = {
     'prose512': (512, {'prose': TOKENIZER_BYTES}, (), None),
 }
 
-def _mix(own: str) -> dict[str, float]:
-    """Token shares of a drafter trained on the mixed traffic with emphasis on ``own``."""
-    return {d: (0.6 if d == own else 0.2) for d in DOMAINS}
+def _mix(own: str, **others: float) -> dict[str, float]:
+    """Token shares of a drafter trained on the mixed traffic with emphasis on ``own``
+    (``others``: the other domains' shares; the rest is ``own``'s)."""
+    shares = {d: others.get(d, 0.2) for d in DOMAINS if d != own}
+    shares[own] = round(1.0 - sum(shares.values()), 6)
+    return {d: shares[d] for d in DOMAINS}
 
 
 MODELS = {
@@ -104,14 +107,14 @@ MODELS = {
                    warmup_steps=50),
         temperature=1.0, seed=1),
     'code': dict(
-        role='drafter', tokenizer='verifier', domains=_mix('code'),
+        role='drafter', tokenizer='verifier', domains=_mix('code', reasoning=0.02),
         config=dict(d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=176,
                     tie_embeddings=True),
         train=dict(steps=800, batch_size=16, seq_len=256, learning_rate=4e-3,
                    warmup_steps=40),
         temperature=1.0, seed=2),
     'prose': dict(
-        role='drafter', tokenizer='verifier', domains=_mix('prose'),
+        role='drafter', tokenizer='verifier', domains=_mix('prose', reasoning=0.02),
         config=dict(d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=352,
                     tie_embeddings=True),
         train=dict(steps=500, batch_size=16, seq_len=256, learning_rate=3e-3,
@@ -284,6 +287,7 @@ def main(argv=None) -> int:
     t_start = time.monotonic()
 
     from specjax.data import load_domain, load_heldout
+    from specjax.engine.deployment import from_zoo
     from specjax.models import zoo as zoo_lib
 
     out = Path(args.out)
@@ -421,7 +425,7 @@ def main(argv=None) -> int:
 
         # ---- acceptance --------------------------------------------------------------------
         t0 = time.monotonic()
-        dep = zoo.deployment()
+        dep = from_zoo(zoo)
         for name, data in zip(dep.names, dep.d_data):
             # M: the most drafter tokens one verifier token re-spells into (1: same tokenizer).
             models[name]['retok_width'] = int(np.asarray(data.retok).shape[1])

@@ -16,6 +16,7 @@ notebook; this file only parses flags.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 from absl import app
@@ -43,21 +44,19 @@ def main(argv: Sequence[str]) -> None:
 
         jax.distributed.initialize()
 
-    from specjax import compile_cache  # pylint: disable=import-outside-toplevel
     from specjax.runner import sweep  # pylint: disable=import-outside-toplevel
 
-    compile_cache.enable()
-    # Validation, before anything is written.
+    # Validation, before anything is written (the compilation cache included), and
+    # before any INFO line: an error is the only line printed.
     try:
-        config = _CONFIG.value
-        if not _is_config(config):
-            filename = config_flags.get_config_filename(flags.FLAGS["config"])
-            raise ConfigError.invalid("--config", filename,
-                                      "the path of a readable config file (.py)")
-        plan = sweep.prepare(config, flags.FLAGS.workdir)
+        with _quiet():
+            plan = sweep.prepare(_config(), flags.FLAGS.workdir)
     except ValueError as e:  # ConfigError included
         fail(e)
 
+    from specjax import compile_cache  # pylint: disable=import-outside-toplevel
+
+    compile_cache.enable()
     # The sweep itself: only a ConfigError is bad input here; anything else is a bug
     # whose traceback the user needs.
     try:
@@ -66,10 +65,36 @@ def main(argv: Sequence[str]) -> None:
         fail(e)
 
 
-def _is_config(config) -> bool:
+def _config():
+    """The loaded config, or a `ConfigError` naming ``--config`` and what is wrong."""
+    import os  # pylint: disable=import-outside-toplevel
+
     import ml_collections  # pylint: disable=import-outside-toplevel
 
-    return isinstance(config, ml_collections.ConfigDict)
+    given = config_flags.get_config_filename(flags.FLAGS["config"])
+    filename = given if os.path.isfile(given) else given.split(":", 1)[0]
+    if not os.path.isfile(filename) or not os.access(filename, os.R_OK):
+        raise ConfigError.invalid("--config", given,
+                                  "the path of a readable config file (.py)")
+    config = _CONFIG.value
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError.invalid(
+            "--config", filename, f"a config file whose get_config() returns a ConfigDict "
+            f"(it returned {type(config).__name__})")
+    return config
+
+
+@contextlib.contextmanager
+def _quiet():
+    """absl logs WARNING and above only (JAX's INFO lines would precede an error)."""
+    from absl import logging  # pylint: disable=import-outside-toplevel
+
+    before = logging.get_verbosity()
+    logging.set_verbosity(min(before, logging.WARNING))  # absl: higher is more verbose
+    try:
+        yield
+    finally:
+        logging.set_verbosity(before)
 
 
 def entry() -> None:

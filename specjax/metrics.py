@@ -16,7 +16,9 @@ The KL max/mean per pair lives in `specjax.policy.kl` (`kl_summary`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import chex
 import jax
@@ -267,6 +269,108 @@ def cost_model_throughput(
             consensus_cost,
     )["total"]
     return float(committed_tokens) / cost if cost > 0 else float("nan")
+
+
+# ---------------------------------------------------------------- the one cost function
+
+#: The items of the modelled cost, in the order `itemised_cost` reports them.
+COST_ITEMS = ("verifier_calls", "verifier_prefills", "drafter_tokens", "drafter_prefills",
+              "kl_passes", "consensus_rounds")
+
+
+def itemised_cost(counts: Mapping[str, Any], c: Sequence[float],
+                  consensus_cost: float = DEFAULT_CONSENSUS_COST) -> dict[str, np.ndarray]:
+    """The modelled cost of a run, itemised, in units of one verifier call (SPEC §7).
+
+    Every figure that prices work (throughput per unit cost, the ratios to the baselines,
+    the projection to the seed's model sizes) calls this function; nothing else prices.
+
+    ====================  =====================================================  =========
+    item                  what is counted (`specjax.policy.runstats` counters)   price
+    ====================  =====================================================  =========
+    verifier_calls        one per round, and one per token of a fallback step;   1
+                          with ``share_verifier_call`` (the default) the
+                          branches of a plan are batched into one call per
+                          round, otherwise each branch's rounds are calls
+    verifier_prefills     prompt prefills of the verifier (one per step and      1
+                          plan: the engine re-reads the committed text)
+    drafter_tokens        tokens drafted by drafter i (γ per round it drafted)   c_i
+    drafter_prefills      prompt prefills of drafter i                           c_i
+    kl_passes             forward passes of drafter i for the KL check           c_i
+                          (charged only to policies with the KL ceiling on)
+    consensus_rounds      consensus rounds charged by fallback steps             consensus_cost
+    ====================  =====================================================  =========
+
+    Args:
+      counts: the counters above, each an array whose first axis may be the plan (then the
+        items are per plan) with drafter counters ``[..., K]``.
+      c: the K drafters' cost coefficients (per-token cost relative to a verifier call).
+      consensus_cost: the price of a consensus round, in verifier calls (≥ 0).
+
+    Returns:
+      item → cost (arrays shaped like the counters' plan axis), plus ``'total'``.
+    """
+    c = np.asarray(c, np.float64)
+    if c.ndim != 1 or not np.all(np.isfinite(c)) or np.any(c < 0):
+        raise ValueError(f"itemised_cost: c={c.tolist()!r} is not allowed; allowed: one finite "
+                         "cost ≥ 0 per drafter")
+    if not (math.isfinite(consensus_cost) and consensus_cost >= 0):
+        raise ValueError(f"itemised_cost: consensus_cost={consensus_cost!r} is not allowed; "
+                         "allowed: a finite number ≥ 0")
+    out = {}
+    for item in COST_ITEMS:
+        x = np.asarray(counts[item], np.float64)
+        if np.any(x < 0):
+            raise ValueError(f"itemised_cost: {item} has negative counts")
+        if item in ("drafter_tokens", "drafter_prefills", "kl_passes"):
+            if x.shape[-1] != len(c):
+                raise ValueError(f"itemised_cost: {item} has {x.shape[-1]} drafters, c has "
+                                 f"{len(c)}")
+            out[item] = x @ c
+        elif item == "consensus_rounds":
+            out[item] = x * float(consensus_cost)
+        else:
+            out[item] = x
+    out["total"] = sum(out[i] for i in COST_ITEMS)
+    return out
+
+
+# ---------------------------------------------------------------- uncertainty
+
+def bootstrap_ci(units: int, statistic, n_resamples: int = 1000, level: float = 0.95,
+                 seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of `statistic` over resampled units (plans).
+
+    Args:
+      units: the number of units U (plans; with several seeds, a plan's seeds stay
+        together, so a unit is a plan).
+      statistic: f(idx: i64[U]) → float, the figure computed on the units `idx` (drawn
+        with replacement); it must pool counts over the units (a ratio of sums), as the
+        point estimate does.
+      n_resamples / level / seed: resamples, coverage, and the resampling seed.
+
+    Returns:
+      (low, high); NaN where the statistic is undefined on most resamples.
+    """
+    if units < 1:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    vals = np.array([statistic(rng.integers(0, units, units)) for _ in range(n_resamples)],
+                    np.float64)
+    vals = vals[np.isfinite(vals)]
+    if len(vals) < n_resamples / 2:
+        return float("nan"), float("nan")
+    a = (1.0 - level) / 2.0
+    return float(np.quantile(vals, a)), float(np.quantile(vals, 1.0 - a))
+
+
+def ratio_of_sums(num, den, idx=None) -> float:
+    """Σ num / Σ den over the units `idx` (all units when None); NaN for a zero sum."""
+    num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
+    if idx is not None:
+        num, den = num[idx], den[idx]
+    d = den.sum()
+    return float(num.sum() / d) if d else float("nan")
 
 
 # ------------------------------------------------------------------------- theory

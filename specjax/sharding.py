@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -50,6 +51,31 @@ DEFAULT_RULES: Rules = (
     ('cache_length', None),
     ('layers', None),
 )
+
+
+# Named rule sets, chosen in a config (`sharding.rules = 'fsdp_tp'`):
+#   'tp'         tensor parallelism over 'model' (Megatron-style; DEFAULT_RULES), batch on 'data'
+#   'fsdp'       fully sharded data parallelism: every parameter split over 'data' along
+#                its model width ('embed'), gathered per layer by XLA; batch on 'data'
+#   'fsdp_tp'    both: 'embed' over 'data', the wide dimensions over 'model'
+#   'replicated' parameters on every device, batch on 'data' (plain data parallelism)
+FSDP_RULES: Rules = (('batch', 'data'), ('embed', 'data'), ('vocab', None), ('heads', None),
+                     ('kv_heads', None), ('head_dim', None), ('mlp', None), ('length', None),
+                     ('cache_length', None), ('layers', None))
+FSDP_TP_RULES: Rules = tuple((n, 'data') if n == 'embed' else (n, a) for n, a in DEFAULT_RULES)
+REPLICATED_RULES: Rules = (('batch', 'data'),)
+RULE_SETS: dict[str, Rules] = {'tp': DEFAULT_RULES, 'fsdp': FSDP_RULES,
+                               'fsdp_tp': FSDP_TP_RULES, 'replicated': REPLICATED_RULES}
+
+
+def resolve_rules(rules) -> Rules:
+    """A rule-set name (a key of `RULE_SETS`), a rules sequence, or None (the default)."""
+    if isinstance(rules, str):
+        if rules not in RULE_SETS:
+            raise ValueError(f'sharding rules: got {rules!r}, allowed: one of '
+                             f'{", ".join(map(repr, RULE_SETS))} or a list of (logical, axis) pairs')
+        return RULE_SETS[rules]
+    return normalize_rules(rules)
 
 
 def make_mesh(data: int, model: int) -> Mesh:
@@ -141,7 +167,7 @@ def logical_to_sharding(tree_of_logical_names, mesh: Mesh, rules: Rules = DEFAUL
       shapes: optional pytree (same structure) of arrays / ``ShapeDtypeStruct``; when
         given, non-divisible dimensions are replicated.
     """
-    rules = normalize_rules(rules)
+    rules = resolve_rules(rules)
     mesh_shape = dict(mesh.shape)
     if shapes is None:
         return jax.tree.map(
@@ -154,8 +180,19 @@ def logical_to_sharding(tree_of_logical_names, mesh: Mesh, rules: Rules = DEFAUL
 
 def shard_params(params, mesh: Mesh, rules: Rules = DEFAULT_RULES, *, logical_axes):
     """Places ``params`` on ``mesh`` by their logical axes (``lm.param_logical_axes()``)."""
-    shardings = logical_to_sharding(logical_axes, mesh, rules, shapes=params)
+    shardings = logical_to_sharding(logical_axes, mesh, resolve_rules(rules), shapes=params)
     return jax.device_put(params, shardings)
+
+
+def param_shardings(lm, mesh: Mesh, rules=DEFAULT_RULES):
+    """``NamedSharding`` per parameter of ``lm`` (a rules tuple or a `RULE_SETS` name)."""
+    return logical_to_sharding(lm.param_logical_axes(), mesh, resolve_rules(rules),
+                               shapes=lm.abstract_params())
+
+
+def shard_lm_params(lm, params, mesh: Mesh, rules=DEFAULT_RULES):
+    """``params`` of ``lm`` placed on ``mesh`` by ``rules`` (name or tuple)."""
+    return jax.device_put(params, param_shardings(lm, mesh, rules))
 
 
 # ----------------------------------------------------------------------------------------
@@ -169,7 +206,7 @@ _ACTIVE_RULES: contextvars.ContextVar[Rules | None] = contextvars.ContextVar(
 @contextlib.contextmanager
 def activation_rules(rules: Rules = DEFAULT_RULES) -> Iterator[None]:
     """While tracing inside this context, :func:`with_logical_constraint` is active."""
-    token = _ACTIVE_RULES.set(normalize_rules(rules))
+    token = _ACTIVE_RULES.set(resolve_rules(rules))
     try:
         yield
     finally:
@@ -199,7 +236,35 @@ def with_logical_constraint(x: jax.Array, logical: LogicalAxes) -> jax.Array:
 def cache_shardings(lm, batch: int, mesh: Mesh, rules: Rules = DEFAULT_RULES):
     """Shardings for ``lm.init_cache(batch)`` (batch on 'data', KV heads on 'model')."""
     abstract = jax.eval_shape(lambda: lm.init_cache(batch))
-    return logical_to_sharding(type(abstract).logical_axes(), mesh, rules, shapes=abstract)
+    return cache_like_shardings(abstract, mesh, rules)
+
+
+def per_field_axes(cache) -> list[tuple[Any, LogicalAxes]]:
+    """(array, logical names) for every array of a cache dataclass whose
+    ``logical_axes()`` gives one name tuple per field (a field may hold one array or a
+    pytree of per-layer arrays, all with those names)."""
+    axes = type(cache).logical_axes()
+    out = []
+    for field in dataclasses.fields(cache):
+        names = getattr(axes, field.name)
+        out += [(a, names) for a in jax.tree.leaves(getattr(cache, field.name))]
+    return out
+
+
+def cache_like_shardings(cache, mesh: Mesh, rules: Rules = DEFAULT_RULES):
+    """``NamedSharding`` for every array of ``cache`` (arrays or ShapeDtypeStructs), by
+    the logical names of its field."""
+    rules = resolve_rules(rules)
+    mesh_shape = dict(mesh.shape)
+    axes = type(cache).logical_axes()
+
+    def field(name):
+        names = getattr(axes, name)
+        return jax.tree.map(
+            lambda x: NamedSharding(mesh, logical_to_spec(names, rules, x.shape, mesh_shape)),
+            getattr(cache, name))
+
+    return cache.replace(**{f.name: field(f.name) for f in dataclasses.fields(cache)})
 
 
 def make_sharded_forward(lm, mesh: Mesh, batch: int, block: int,
@@ -211,7 +276,7 @@ def make_sharded_forward(lm, mesh: Mesh, batch: int, block: int,
     tokens/positions/mask/logits by batch on 'data', and the logits' vocabulary on
     'model'. ``block`` (T) is needed for the divisibility checks of the activations.
     """
-    rules = normalize_rules(rules)
+    rules = resolve_rules(rules)
     mesh_shape = dict(mesh.shape)
 
     def named(logical, shape):
@@ -238,3 +303,30 @@ def make_sharded_forward(lm, mesh: Mesh, batch: int, block: int,
     call.param_shardings = p_shard
     call.cache_shardings = c_shard
     return call
+
+
+# ----------------------------------------------------------------------------------------
+# Whole deployments on a mesh
+# ----------------------------------------------------------------------------------------
+
+def shard_deployment(dep, mesh: Mesh, rules=DEFAULT_RULES):
+    """A deployment (``specjax.engine.deployment.Deployment``, duck-typed) with the
+    verifier's and every drafter's parameters placed on ``mesh`` by ``rules``.
+
+    Nothing else changes: the engine's jitted programs take their shardings from these
+    inputs (Auto mesh axes), so `speculative_generate`, `autoregressive_generate` and the
+    plan runner run sharded as they are. Synthetic LMs (no logical axes) stay as they are.
+
+    No activation constraints are added: `activation_rules` acts while tracing, and the
+    engine's programs are cached by their static arguments and input avals, so a program
+    traced under one rules tuple would be reused under another.
+    """
+    def place(lm, params):
+        if not hasattr(lm, 'param_logical_axes'):
+            return params
+        return shard_lm_params(lm, params, mesh, rules)
+
+    d_data = tuple(d.replace(params=place(s.lm, d.params))
+                   for s, d in zip(dep.drafters, dep.d_data))
+    return dataclasses.replace(dep, v_params=place(dep.verifier, dep.v_params), d_data=d_data)
+

@@ -5,6 +5,9 @@ _flag = '--xla_force_host_platform_device_count=8'
 if _flag not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' + _flag).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+# Value checks in the code paths (finite, normalised distributions, committed lengths,
+# rollback; SPEC §9, `specjax.debug`): on for the whole suite, read at trace time.
+os.environ.setdefault('SPECJAX_CHECKS', '1')
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

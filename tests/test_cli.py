@@ -1,5 +1,10 @@
 """`python -m specjax.main` and `python -m specjax.report` as a user runs them: subprocesses
-on the toy experiment (tests/toy_experiment.py, tests/configs/toy.py)."""
+on the toy experiment (tests/toy_experiment.py, tests/configs/toy.py).
+
+No test depends on a sleep or a kill window: a sweep that must die partway kills itself at
+a given cell, and a sweep that must be running waits at a gate file the test opens
+(``SPECJAX_TOY_KILL_AT``, ``SPECJAX_TOY_GATE`` in tests/toy_experiment.py). The bad-input
+table is tests/test_bad_inputs.py; the few cases here run as subprocesses."""
 
 from __future__ import annotations
 
@@ -20,8 +25,9 @@ TOY = "tests/configs/toy.py"
 
 
 def specjax(*args: str, module: str = "specjax.main", timeout: float = 120,
+            env_extra: dict | None = None,
             **popen) -> subprocess.CompletedProcess | subprocess.Popen:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env_extra or {})}
     cmd = [sys.executable, "-m", module, *args]
     if popen:
         return subprocess.Popen(cmd, cwd=REPO, env=env, **popen)
@@ -40,25 +46,18 @@ def toy_cells(arg: str) -> list[dict]:
 
 def test_sweep_killed_partway_resumes_with_every_cell_exactly_once(tmp_path):
     workdir = tmp_path / "run"
-    arg = "runlocal,sleep_s=0.4,report=false"
+    arg = "runlocal,report=false"
     expected = {c["cell_id"] for c in toy_cells(arg)}
     assert len(expected) == 8
     journal = workdir / "results.jsonl"
 
+    # The sweep kills itself (SIGKILL: a crash, no cleanup) as it starts its 4th cell, so
+    # exactly 3 cells are recorded: deterministic, no kill window.
     proc = specjax(f"--config={TOY}:{arg}", f"--workdir={workdir}",
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while len(results.read_results(journal)) < 3:
-            assert proc.poll() is None, "the sweep ended before it could be killed"
-            assert time.monotonic() < deadline, "no results appeared"
-            time.sleep(0.05)
-    finally:
-        proc.send_signal(signal.SIGKILL)  # a crash: no cleanup runs
-        proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
+                   env_extra={"SPECJAX_TOY_KILL_AT": "4"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
     done_before = results.completed_cell_ids(journal)
-    assert 3 <= len(done_before) < 8, "killed partway"
+    assert len(done_before) == 3, "killed partway"
     # The worst moment to die: in the middle of writing a line.
     with open(journal, "ab") as f:
         f.write(b'{"cell_id": "torn", "acceptance": {"co')
@@ -89,7 +88,9 @@ def _bad_inputs(tmp_path: Path) -> list[tuple[str, list[str], str]]:
         ("unknown field", [f"--config={TOY}:runlocal,nope=1", wd],
          "nope=1: no such config field"),
         ("unknown --config. field", [f"--config={TOY}", "--config.nope=1", wd],
-         "no such config field 'nope'"),
+         "nope=1: no such config field"),
+        ("--config. value of the wrong type", [f"--config={TOY}", "--config.sleep_s=slow", wd],
+         "sleep_s: got 'slow', allowed: a number"),
         ("gamma=0 (validate hook)", [f"--config={TOY}:grid.gamma=0", wd],
          "grid.gamma: got [0], allowed: integers >= 1"),
         ("wrong type", [f"--config={TOY}:sleep_s=slow", wd],
@@ -127,23 +128,32 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path):
 
 def test_second_sweep_in_a_running_workdir_is_refused(tmp_path):
     workdir = tmp_path / "run"
-    # Slow cells (8 × 5 s): on a loaded machine the second process can take seconds to
-    # start, and the first sweep must still be running then (it is killed at the end).
-    arg = "runlocal,sleep_s=5,report=false"
+    gate = tmp_path / "gate"
+    arg = "runlocal,report=false"
+    # The first sweep's first cell signals that it runs (so the sweep holds the workdir's
+    # lock) and waits for the gate file: the second sweep starts while it surely runs.
     first = specjax(f"--config={TOY}:{arg}", f"--workdir={workdir}",
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    env_extra={"SPECJAX_TOY_GATE": str(gate)},
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 120
-        while not (workdir / "config.json").exists():
-            assert first.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
+        started = Path(f"{gate}.started")
+        deadline = time.monotonic() + 300  # a bound on a hung start, not a timing window
+        while not started.exists():
+            assert first.poll() is None, first.stderr.read().decode()
+            assert time.monotonic() < deadline, "the first sweep never started a cell"
+            time.sleep(0.02)
         second = specjax(f"--config={TOY}:{arg}", f"--workdir={workdir}")
         assert second.returncode == 2
-        assert second.stderr.splitlines()[-1].startswith(
-            f"specjax: error: --workdir: {workdir} is in use by another running sweep")
+        assert second.stderr.splitlines() == [
+            f"specjax: error: --workdir: {workdir} is in use by another running sweep (lock on "
+            f"results.jsonl held); wait for it or use another workdir"]
+        gate.touch()  # let the first sweep finish: it is unharmed
+        assert first.wait(timeout=300) == 0
     finally:
-        first.send_signal(signal.SIGKILL)
-        first.wait(timeout=30)
+        if first.poll() is None:
+            first.kill()
+            first.wait(timeout=30)
+    assert len(results.read_results(workdir / "results.jsonl")) == 8
 
 
 def test_report_rebuilds_from_results_without_rerunning(tmp_path):

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from specjax.engine import generate as gen
+from specjax.engine.deployment import from_zoo
 from specjax.engine.spec import DrafterSpec, EngineConfig, cross_vocab_maps
 from specjax.errors import ConfigError
-from specjax.models import synthetic_suite as suite
+from specjax import testing as suite
 from specjax.models.synthetic import BigramLM
 
 ZOO = Path(__file__).resolve().parents[1] / "specjax" / "zoo" / "manifest.json"
@@ -29,11 +30,17 @@ def test_round_is_traced_once_per_shape():
     cfg = EngineConfig(gamma=3, rule="token_tree", verifier_temperature=1.0, n_slots=3,
                        max_new_tokens=7)
     _run(setup, cfg, seed=0)
-    size = gen._run_speculative._cache_size()
+    size = gen.compiled_programs()
     for seed in range(1, 4):                      # new values, same shapes: no retrace
         other = suite.make_setup("random", seed=10 + seed)
         _run(other, cfg, seed=seed)
-    assert gen._run_speculative._cache_size() == size
+    # New drafter temperatures / costs and a new verifier temperature: still no retrace.
+    import dataclasses
+    hot = dataclasses.replace(setup, drafters=tuple(
+        dataclasses.replace(d, temperature=d.temperature + 0.3, cost=d.cost + 0.1)
+        for d in setup.drafters))
+    _run(hot, dataclasses.replace(cfg, verifier_temperature=0.5), seed=5)
+    assert gen.compiled_programs() == size
 
 
 def test_committed_per_round_within_one_and_gamma_plus_one():
@@ -109,7 +116,7 @@ def test_greedy_equality_on_the_zoo():
     ~25 s compilation of the three-drafter zoo on this CPU.)"""
     from specjax.data import load_prompts
     from specjax.models.zoo import load_zoo
-    dep = load_zoo(ZOO.parent).deployment()
+    dep = from_zoo(load_zoo(ZOO.parent))
     texts = [p["prompt"] for p in load_prompts()][::9][:6]
     v = [dep.encode(t) for t in texts]
     d = [[enc(t) for t in texts] for enc in dep.drafter_encode]
@@ -125,3 +132,197 @@ def test_greedy_equality_on_the_zoo():
                                            slots=np.tile(slot_rows, (len(v), 1)), bucket=64)
             for i in range(len(v)):
                 assert res.new_tokens(i) == ref.new_tokens(i), (rule, slot_rows, i)
+
+
+# ----------------------------------------------------------------------------------------
+# Issue 10: one host round-trip per call, cache carrying, per-drafter γ, value checks
+# ----------------------------------------------------------------------------------------
+
+def _tiny_transformers(vocab=32, max_len=64):
+    """A tiny transformer verifier and two tiny transformer drafters of its vocabulary."""
+    import dataclasses as dc
+    from specjax.engine.spec import identity_maps
+    from specjax.models.api import TransformerLM
+    from specjax.models.transformer import TransformerConfig
+    base = TransformerConfig(vocab_size=vocab, d_model=32, n_layers=2, n_heads=4,
+                             n_kv_heads=2, d_ff=64, max_len=max_len)
+    v = TransformerLM(base)
+    ds = [TransformerLM(dc.replace(base, d_model=16, n_heads=2, n_kv_heads=1, d_ff=32,
+                                   n_layers=n)) for n in (1, 2)]
+    specs = tuple(DrafterSpec(f"t{i}", lm, temperature=1.0) for i, lm in enumerate(ds))
+    data = tuple(identity_maps(lm.init_params(10 + i), vocab) for i, lm in enumerate(ds))
+    return v, v.init_params(0), specs, data
+
+
+def test_one_transfer_each_way_per_call(monkeypatch):
+    """Under transfer_guard('disallow') nothing moves implicitly; the only transfers are the
+    call's one device_put (inputs) and one device_get (tokens + counters)."""
+    import jax
+    setup = suite.make_setup("random", seed=5)
+    cfg = EngineConfig(gamma=2, rule="token_tree", verifier_temperature=1.0, n_slots=3,
+                       max_new_tokens=6)
+    _run(setup, cfg, n=8)                 # compiles; parameters checked finite (memoised)
+    ar_kw = dict(temperature=1.0, max_new_tokens=6)
+    gen.autoregressive_generate(setup.verifier, setup.v_params, [[1]] * 8,
+                                gen.row_keys_for(0, 8), **ar_kw)
+    calls = {"put": 0, "get": 0}
+    put, get = jax.device_put, jax.device_get
+
+    def counting_put(*a, **k):
+        calls["put"] += 1
+        return put(*a, **k)
+
+    def counting_get(*a, **k):
+        calls["get"] += 1
+        return get(*a, **k)
+    monkeypatch.setattr(jax, "device_put", counting_put)
+    monkeypatch.setattr(jax, "device_get", counting_get)
+    keys = gen.row_keys_for(0, 8)
+    prompts = [[i % suite.V] for i in range(8)]
+    dp = [[suite.drafter_prompts(p)[k] for p in prompts] for k in range(3)]
+    calls.update(put=0, get=0)
+    with jax.transfer_guard("disallow"):
+        res = gen.speculative_generate(cfg, setup.verifier, setup.v_params, setup.drafters,
+                                       setup.d_data, prompts, dp, keys)
+        assert calls == {"put": 1, "get": 1}
+        gen.autoregressive_generate(setup.verifier, setup.v_params, [[1]] * 8, keys, **ar_kw)
+        assert calls == {"put": 2, "get": 2}
+    assert (res.length - res.start == 6).all() and res.seconds > 0
+
+
+def test_carried_caches_continue_exactly():
+    """Cache carrying (plan steps): continuing a returned state gives exactly what one
+    call gives, for rules whose output depends on positions only (greedy, coupled), through
+    transformer caches (verifier compaction, drafter rollback) and a fallback in between.
+    (Budgets and temperatures are inputs, not compiled in: 3 programs per rule.)"""
+    v, vp, specs, data = _tiny_transformers()
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
+    dp = [prompts, prompts]
+    keys = gen.row_keys_for(3, len(prompts))
+    for rule, s, temp in (("token_tree", 2, 0.0), ("coupled", 2, 1.0)):
+        def run(n, state, rule=rule, s=s, temp=temp):
+            cfg = EngineConfig(gamma=3, rule=rule, verifier_temperature=temp, n_slots=s,
+                               max_new_tokens=n)
+            if state is None:
+                return gen.speculative_generate(cfg, v, vp, specs, data, prompts, dp, keys,
+                                                reserve=12 - n, return_state=True)
+            return gen.speculative_generate(cfg, v, vp, specs, data, None, None, keys,
+                                            state=state, return_state=True)
+        whole = run(12, None)
+        part = run(5, None)
+        rest = run(7, part.state)
+        np.testing.assert_array_equal(rest.start, part.length)
+        for i in range(len(prompts)):
+            assert part.new_tokens(i) + rest.new_tokens(i) == whole.new_tokens(i), (rule, i)
+        # A fallback in between (the verifier alone continues the state, the drafters'
+        # caches fall behind and catch up), then speculative again: still the same text.
+        ar = gen.autoregressive_generate(v, vp, None, keys, temperature=temp, max_new_tokens=4,
+                                         coupled=rule == "coupled", state=part.state,
+                                         return_state=True)
+        again = run(3, ar.state)
+        for i in range(len(prompts)):
+            assert (part.new_tokens(i) + ar.new_tokens(i) + again.new_tokens(i)
+                    == whole.new_tokens(i)), (rule, "fallback", i)
+        # Rows of a state (a plan's committed branch copied into its branch rows).
+        pick = np.array([2, 2, 0, 3])
+        sub = gen.speculative_generate(
+            EngineConfig(gamma=3, rule=rule, verifier_temperature=temp, n_slots=s,
+                         max_new_tokens=7), v, vp, specs, data, None, None, keys[pick],
+            state=part.state.rows(pick), return_state=True)
+        for j, i in enumerate(pick):
+            assert sub.new_tokens(j) == rest.new_tokens(i), (rule, "rows", j)
+
+
+def test_autoregressive_continues_exactly():
+    v, vp, _, _ = _tiny_transformers()
+    prompts = [[1, 2, 3], [4]]
+    keys = gen.row_keys_for(7, 2)
+    kw = dict(temperature=1.0)
+    whole = gen.autoregressive_generate(v, vp, prompts, keys, max_new_tokens=10, **kw)
+    part = gen.autoregressive_generate(v, vp, prompts, keys, max_new_tokens=4, reserve=6,
+                                       return_state=True, **kw)
+    rest = gen.autoregressive_generate(v, vp, None, keys, max_new_tokens=6, state=part.state,
+                                       **kw)
+    for i in range(2):
+        assert part.new_tokens(i) + rest.new_tokens(i) == whole.new_tokens(i)
+
+
+def test_capacity_follows_the_call():
+    """Caches are sized to the call, not to max_len; the output does not depend on it."""
+    v, vp, specs, data = _tiny_transformers(max_len=256)
+    prompts = [[1, 2, 3], [4, 5]]
+    keys = gen.row_keys_for(1, 2)
+    cfg = EngineConfig(gamma=2, rule="rejection", verifier_temperature=0.0, max_new_tokens=6)
+    res = gen.speculative_generate(cfg, v, vp, specs[:1], data[:1], prompts, [prompts], keys,
+                                   return_state=True)
+    assert res.state.vcache.max_len < 32 and res.state.dcaches[0].max_len < 32
+    ref = gen.autoregressive_generate(v, vp, prompts, keys, temperature=0.0, max_new_tokens=6)
+    for i in range(2):
+        assert res.new_tokens(i) == ref.new_tokens(i)
+
+
+@pytest.mark.parametrize("rule", ["rejection", "coupled"])
+def test_per_drafter_gamma_is_lossless(rule):
+    """γ_i per drafter (SPEC §2), rows of one chain: χ² against the exact target law (the
+    statistical design of test_verify: N = 100,000 rows, α = 1e-3) and exact greedy."""
+    import dataclasses
+    import zlib
+    from specjax.models.synthetic import sequence_distribution
+    from test_verify import ALPHA, LENGTH, START, chi2_pvalue
+    n = 100_000
+    setup = suite.make_setup("random", seed=21)
+    drafters = tuple(dataclasses.replace(d, gamma=g) for d, g in zip(setup.drafters, (1, 3, 2)))
+    cfg = EngineConfig(gamma=2, rule=rule, verifier_temperature=1.0, n_slots=1,
+                       max_new_tokens=LENGTH)
+    slots = (np.arange(n) % 3)[:, None]
+    res = gen.speculative_generate(cfg, setup.verifier, setup.v_params, drafters, setup.d_data,
+                                   [[START]] * n, [[p] * n for p in suite.drafter_prompts([START])],
+                                   gen.row_keys_for(zlib.crc32(rule.encode()), n), slots=slots)
+    c = res.counters
+    assert (c.proposed[:, 0] <= c.rounds).all()      # drafter 0 drafts 1 token per round
+    per_round = c.committed / c.rounds
+    windows = np.array([1, 3, 2])[slots[:, 0]]
+    assert (per_round >= 1).all() and (per_round <= windows + 1).all()
+    assert (c.own_reached_at[:, 0, 1:] == 0).all()   # positions drafter 0 never has
+    exact = sequence_distribution(setup.v_table, 1.0, START, LENGTH)
+    p = chi2_pvalue(res.tokens[:, 1:1 + LENGTH], exact)
+    assert p >= ALPHA, f"χ² rejects per-drafter γ under {rule!r}: p = {p}"
+    if rule == "coupled":  # drafter-invariant: the verifier's own Gumbel-max sample
+        ar = gen.autoregressive_generate(setup.verifier, setup.v_params, [[START]] * n,
+                                         gen.row_keys_for(zlib.crc32(rule.encode()), n),
+                                         temperature=1.0, max_new_tokens=LENGTH, coupled=True)
+        np.testing.assert_array_equal(res.tokens[:, :1 + LENGTH], ar.tokens[:, :1 + LENGTH])
+
+
+def test_per_drafter_gamma_needs_one_chain_per_row():
+    import dataclasses
+    setup = suite.make_setup("random", seed=4)
+    drafters = (dataclasses.replace(setup.drafters[0], gamma=2),) + setup.drafters[1:]
+    bad = dataclasses.replace(setup, drafters=drafters)
+    with pytest.raises(ConfigError, match="gamma"):
+        _run(bad, EngineConfig(gamma=3, rule="token_tree", n_slots=3, max_new_tokens=4))
+    with pytest.raises(ConfigError, match="gamma"):
+        DrafterSpec("x", setup.drafters[0].lm, gamma=0).static and \
+            gen.speculative_generate(EngineConfig(max_new_tokens=2), setup.verifier,
+                                     setup.v_params, (DrafterSpec("x", setup.drafters[0].lm,
+                                                                  gamma=0),),
+                                     setup.d_data[:1], [[1]], [[[1]]], gen.row_keys_for(0, 1))
+
+
+def test_value_checks_pass_in_the_code_paths():
+    """SPEC §9 value checks (committed length within [1, γ+1], caches rolled back, p and q
+    distributions) traced in with `specjax.debug` on, on transformer caches."""
+    from specjax import debug
+    v, vp, specs, data = _tiny_transformers()
+    prompts = [[1, 2, 3], [4, 5]]
+    was = debug.enabled()
+    debug.set_enabled(True)
+    try:
+        for rule, s in (("token_tree", 2),):   # the tree path: compaction and rollback
+            cfg = EngineConfig(gamma=3, rule=rule, verifier_temperature=1.0, n_slots=s,
+                               max_new_tokens=8)
+            res = gen.speculative_generate(cfg, v, vp, specs[:s], data[:s], prompts,
+                                           [prompts] * s, gen.row_keys_for(2, 2))
+            assert (res.length - res.start == 8).all()
+    finally:
+        debug.set_enabled(was)

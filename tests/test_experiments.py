@@ -48,17 +48,25 @@ def test_plans_experiment_end_to_end_on_synthetic(tmp_path):
     """The experiment, the seed table and the report on the exact synthetic deployment."""
     workdir = tmp_path / "seed"
     arg = ("runlocal,deployment=synthetic,plans_per_domain=1,plan_steps=2,max_step_tokens=4,"
-           "bucket=16,grid.policy=[naive,all_on],grid.pairing=[[d0,d1,d2,d3]]")
-    proc = specjax(f"--config={CONFIGS[0]}:{arg}", f"--workdir={workdir}", timeout=600)
+           "bucket=16,grid.policy=[naive,all_on,auto],grid.pairing=[[d0,d1,d2,d3]],"
+           "grid.gamma=[2],grid.seed=[0,1],grid.verifier_temperature=[0.0],grid.rule=[default]")
+    proc = specjax(f"--config={CONFIGS[0]}:{arg}", f"--workdir={workdir}", timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((workdir / "summary.json").read_text())
-    for name in ("naive", "all_on"):
-        m = summary["measured"][name]
-        assert 0 <= m["joint_acceptance"] <= 1
-        assert 0 <= m["consensus_fallback_rate"] <= 1
+    for name in ("naive", "all_on", "auto"):
+        m = summary["policies"][name]
+        fb = m["consensus_fallback_rate"]
+        assert 0 <= fb["value"] <= 1 and fb["ci"][0] <= fb["value"] <= fb["ci"][1]
         assert m["tv_distance"] == 0.0          # greedy: every policy commits the greedy plan
+        assert m["gamma"] == 2
+    naive = summary["policies"]["naive"]
+    assert 0 <= naive["joint_acceptance"]["value"] <= 1   # ≥ 2 drafters share the prefix
+    assert summary["policies"]["auto"]["consensus_fallback_rate"]["value"] == 0
+    assert summary["settings"]["seeds"] == [0, 1]
+    assert set(summary["claims"]) >= {"collapse", "fallback_drop", "throughput"}
     assert (workdir / "seed_report.md").read_text().startswith("# The seed's table")
     assert (workdir / "plots" / "seed_policies.png").stat().st_size > 10_000
     assert (workdir / "report.md").exists()
     rows = [json.loads(l) for l in (workdir / "results.jsonl").read_text().splitlines()]
-    assert {r["policy"] for r in rows} == {"naive", "all_on"}
+    assert {r["policy"] for r in rows} == {"naive", "all_on", "auto"}
+    assert all(r["branch_records"] for r in rows if r["policy"] != "auto")

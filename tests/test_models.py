@@ -239,7 +239,8 @@ def test_overflowing_block_is_exact_and_never_overwrites_history(tiny_lm, tiny_p
     logits, new = _forward(lm, params, cache, seq[:, P:], _chain_positions(cache, T),
                            causal_block_mask(B, T))
     chex.assert_trees_all_close(logits, _full(big, params, seq)[:, P:], **TOL)
-    np.testing.assert_array_equal(new.k[:, :, :P], cache.k[:, :, :P])
+    for new_k, old_k in zip(new.k, cache.k):  # per layer [B, KV, S, hd]
+        np.testing.assert_array_equal(new_k[:, :, :P], old_k[:, :, :P])
     assert int(advance(new, T).length[0]) == lm.max_len
 
 
@@ -259,3 +260,26 @@ def test_variants_decode_like_full_forward(tiny_config, overrides):
     # bf16 rounds differently along the two paths: compare at bf16 resolution.
     tol = dict(atol=5e-2, rtol=5e-2) if cfg.dtype == 'bfloat16' else TOL
     chex.assert_trees_all_close(logits[:, 0], full[:, P], **tol)
+
+
+def test_cache_capacity_is_per_cache_and_does_not_change_logits(tiny_lm, tiny_params):
+    """A cache sized to the call (capacity < max_len) scores exactly like a full-size one;
+    the layout is one [B, KV, S, hd] array per layer."""
+    lm, params = tiny_lm, tiny_params
+    B, P, T = 2, 5, 3
+    seq = _tokens(17, (B, P + T), lm.vocab_size)
+    outs = []
+    for cap in (None, P + T):
+        cache = lm.init_cache(B, cap)
+        assert len(cache.k) == lm.config.n_layers
+        assert cache.k[0].shape == (B, lm.config.n_kv_heads, cap or lm.max_len,
+                                    lm.config.head_dim)
+        _, cache = _forward(lm, params, cache, seq[:, :P], _chain_positions(cache, P),
+                            causal_block_mask(B, P))
+        cache = advance(cache, P)
+        logits, _ = _forward(lm, params, cache, seq[:, P:], _chain_positions(cache, T),
+                             causal_block_mask(B, T))
+        outs.append(logits)
+    chex.assert_trees_all_close(outs[0], outs[1], **TOL)
+    with pytest.raises(ValueError, match=r'capacity=33'):
+        lm.init_cache(B, lm.max_len + 1)

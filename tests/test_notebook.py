@@ -42,8 +42,11 @@ def test_notebook_is_stored_clean():
         assert cell.outputs == [] and cell.execution_count is None, \
             f"code cell {i} has stored outputs; clear them before committing"
     assert "SPECJAX_NOTEBOOK_SMOKE" in code[0].source, "the parameter cell must come first"
-    assert any("colab.research.google.com/github/specjax/specjax/blob/main/colab/"
-               "reproduce_seed.ipynb" in c.source for c in nb.cells if c.cell_type == "markdown")
+    # No hard-coded repository address (there is no public one): the address is the
+    # parameter REPO_URL, and an uploaded wheel or checkout archive works without it.
+    text = "\n".join(c.source for c in nb.cells)
+    assert "github.com/specjax/specjax" not in text
+    assert "REPO_URL" in code[0].source and "SOURCE" in code[0].source
 
 
 def _outputs(nb, output_type=None):
@@ -92,7 +95,7 @@ def test_notebook_runs_headless(tmp_path, monkeypatch):
     # The run itself, in the workdir the test gave it.
     assert TABLE_TITLE in (workdir / "seed_report.md").read_text()
     summary = json.loads((workdir / "summary.json").read_text())
-    assert {"naive", "all_on"} <= set(summary["measured"])
+    assert {"naive", "all_on"} <= set(summary["policies"])
     rows = [json.loads(line) for line in (workdir / "results.jsonl").read_text().splitlines()
             if line.strip()]
     assert sorted(r["policy"] for r in rows) == ["all_on", "naive"]

@@ -9,6 +9,7 @@ them (asserted below).
 """
 from __future__ import annotations
 
+import collections
 import zlib
 
 import numpy as np
@@ -16,8 +17,10 @@ import pytest
 
 from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
-from specjax.models import synthetic_suite as suite
+from specjax import testing as suite
 from specjax.models.synthetic import sequence_distribution
+from specjax.policy.boundary import (REASONS, SpeculativePrefixCollapseError,
+                                     should_truncate_and_repropose)
 from specjax.policy.journal import PlanJournal
 from specjax.policy.plan import (PlanConfig, _kl_on_prefix, RunStats, branch_layout,
                                  branch_slots, run_plans)
@@ -57,8 +60,8 @@ def test_every_policy_generates_losslessly(deployment):
     pvalues = {}
     for rule, branch in distinct:
         slots = np.tile(branch_slots([list(branch)]), (N, 1))
-        cfg = EngineConfig(gamma=2, rule=rule if len(branch) > 1 or rule != "rejection" else rule,
-                           verifier_temperature=1.0, n_slots=len(branch), max_new_tokens=LENGTH)
+        cfg = EngineConfig(gamma=2, rule=rule, verifier_temperature=1.0, n_slots=len(branch),
+                           max_new_tokens=LENGTH)
         res = speculative_generate(cfg, dep.verifier, dep.v_params, dep.drafters, dep.d_data,
                                    prompts, dprompts,
                                    row_keys_for(zlib.crc32(f"{rule}{branch}".encode()), N),
@@ -117,6 +120,26 @@ def test_naive_records_collapses_with_reasons(deployment):
     assert len(stats.decisions) == 2
     for batch in stats.decisions:
         assert len(batch) == 1 and batch[0].branch_id == (0, 1, 2, 3)
-    assert stats.collapses.total == sum(d.collapsed for b in stats.decisions for d in b)
     assert np.isfinite(stats.kl_max).all()
 
+
+def test_collapse_log_matches_recomputed_boundary_verdicts(deployment):
+    """Every branch's recorded step decision is the boundary's verdict recomputed here from
+    the branch's recorded inputs, and the collapse log counts exactly those collapses, by
+    reason. (The log and the records are written by one call, so comparing them with each
+    other — a count with itself — would prove nothing.)"""
+    dep, _ = deployment
+    cfg = PlanConfig(gamma=3, verifier_temperature=1.0, plan_steps=2, max_step_tokens=6,
+                     bucket=16)
+    _, stats = run_plans(dep, cfg, ["ab", "cd", "a", "bb"], policy=Policy.naive())
+    assert stats.branch_records, "no branch reached the step decision"
+    expected = collections.Counter()
+    for rec in stats.branch_records:
+        try:
+            verdict = should_truncate_and_repropose(rec["s"], rec["d"], rec["i"],
+                                                    **cfg.thresholds.kwargs())
+        except SpeculativePrefixCollapseError as e:
+            verdict = e.reason
+            expected[e.reason] += 1
+        assert rec["decision"] == verdict, rec
+    assert stats.collapses.counts() == {r: expected[r] for r in REASONS}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specjax.models import synthetic_suite as suite
+from specjax import testing as suite
 from specjax.policy.plan import PlanConfig, run_plans
 from specjax.policy.switches import all_combinations
 
@@ -24,7 +24,8 @@ def test_coupled_rule_commits_the_verifiers_own_sample_under_every_policy(deploy
     plan's text is the verifier's own Gumbel-max sample with the plan's noise."""
     dep, _ = deployment
     cfg = PlanConfig(gamma=3, verifier_temperature=1.0, plan_steps=3, max_step_tokens=6,
-                     bucket=16, rule="coupled", consensus_threshold=threshold)
+                     bucket=16, rule="coupled", consensus="quorum",
+                     consensus_threshold=threshold)
     prompts = ["ab", "c", "dda", "b", "ca"]
     ref, _ = run_plans(dep, cfg, prompts)
     fallbacks = 0

@@ -567,19 +567,3 @@ def test_public_modules_import():
             "acceptance_out_of_range", "acceptance_below_floor", "truncation_thrash"
     )
     assert math.isclose(switches.DEFAULT_KL_CEILING, 0.35)
-
-
-def test_summary_thresholds_the_recorded_supports_anew():
-    """`fallback_rate_by_threshold`: the share of steps whose plurality support is below t."""
-    from specjax.policy.plan import RunStats
-    from specjax.policy.summary import summarize
-    stats = RunStats(k=1, gamma=2)
-    stats.supports = [0.05, 0.25, 0.6, 0.5]
-    stats.steps, stats.fallbacks = 4, 2        # at the default threshold 0.5: 0.05 and 0.25
-    out = summarize(stats, ["d0"])
-    assert out["consensus_support_mean"] == pytest.approx(0.35)
-    by = out["fallback_rate_by_threshold"]
-    assert by["0.1"] == pytest.approx(0.25) and by["0.3"] == pytest.approx(0.5)
-    assert by["0.5"] == pytest.approx(out["consensus_fallback_rate"])  # 0.5 itself commits
-    assert by["0.7"] == pytest.approx(1.0)
-    assert summarize(RunStats(k=1, gamma=2), ["d0"])["fallback_rate_by_threshold"] == {}

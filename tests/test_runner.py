@@ -392,8 +392,10 @@ def test_sweep_over_two_processes_splits_round_robin_and_merges(tmp_path, counti
     workdir = tmp_path / "run"
     config = load_toy_config("runlocal,report=false")
     cells = grid.expand_grid(config)
-    # Process 1 of an earlier, killed run left two cells in its journal.
+    # Process 1 of an earlier, killed run left two cells in its journal (and the run had
+    # written its config.json first, as every run does: results without one are refused).
     workdir.mkdir()
+    (workdir / "config.json").write_text(config.to_json_best_effort())
     for c in cells[:2]:
         results.append_result(results.results_path(workdir, 1),
                               {**c, **toy_experiment.toy(config, c, workdir)})

@@ -85,3 +85,94 @@ def test_constraints_are_noops_without_rules_or_mesh():
     assert shd.with_logical_constraint(x, ('batch', 'embed')) is x
     with shd.activation_rules():
         assert shd.with_logical_constraint(x, ('batch', 'embed')) is x  # no mesh set
+
+
+# ----------------------------------------------------------------------------------------
+# The whole speculative round, the baseline and a plan step on a mesh (issue 9)
+# ----------------------------------------------------------------------------------------
+
+def _engine_setup():
+    """A verifier and two drafters (one of another vocabulary) as tiny transformers."""
+    from types import SimpleNamespace
+
+    from specjax.models.api import TransformerLM
+    from specjax.models.transformer import TransformerConfig
+    from specjax.runner.hf_deployment import build_deployment
+    from specjax.tokenizers import ByteTokenizer
+
+    def model(vocab, d, layers, seed, tok):
+        cfg = TransformerConfig(vocab_size=vocab, d_model=d, n_layers=layers, n_heads=4,
+                                n_kv_heads=2, d_ff=2 * d, max_len=96)
+        lm = TransformerLM(cfg)
+        return SimpleNamespace(lm=lm, params=lm.init_params(seed), tokenizer=tok)
+
+    plain, marked = ByteTokenizer(), ByteTokenizer(special_tokens=["<think>", "</think>"])
+    verifier = model(256, 32, 2, 0, plain)
+    return build_deployment(verifier, [("same", model(256, 16, 1, 1, plain), 1.0, 0.1),
+                                       ("other", model(258, 16, 1, 2, marked), 1.0, 0.1)])
+
+
+@pytest.fixture(scope="module")
+def engine_case():
+    from specjax.engine import generate as gen
+    from specjax.engine.spec import EngineConfig
+
+    dep = _engine_setup()
+    texts = ["def f(x):", "In the beginning", "1 + 2 =", "the", "x", "print(", "And", "ok"]
+    prompts = [dep.encode(t) for t in texts]
+    d_prompts = [[enc(t) for t in texts] for enc in dep.drafter_encode]
+    keys = gen.row_keys_for(0, len(texts))
+    cfg = EngineConfig(gamma=3, rule="token_tree", verifier_temperature=1.0, n_slots=2,
+                       max_new_tokens=10)
+
+    def run(dep):
+        spec = gen.speculative_generate(cfg, dep.verifier, dep.v_params, dep.drafters,
+                                        dep.d_data, prompts, d_prompts, keys)
+        ar = gen.autoregressive_generate(dep.verifier, dep.v_params, prompts, keys,
+                                         temperature=1.0, max_new_tokens=10)
+        return spec, ar
+
+    return dep, run, run(dep)
+
+
+@needs8
+@pytest.mark.parametrize("rules", [  # fsdp_tp uses both mesh axes; the rest add ~25 s each
+    "fsdp_tp", *(pytest.param(r, marks=pytest.mark.slow) for r in ("tp", "fsdp", "replicated"))])
+def test_speculative_and_baseline_sharded_equal_unsharded(engine_case, rules):
+    dep, run, (ref_spec, ref_ar) = engine_case
+    mesh = shd.make_mesh(2, 4)
+    sdep = shd.shard_deployment(dep, mesh, rules)
+    wq = sdep.v_params["layer_0"]["attn"]["wq"]
+    assert len(wq.sharding.device_set) == 8
+    assert wq.sharding.spec == shd.logical_to_spec(("embed", "heads", "head_dim"),
+                                                   shd.RULE_SETS[rules], wq.shape, dict(mesh.shape))
+    spec, ar = run(sdep)
+    np.testing.assert_array_equal(spec.tokens, ref_spec.tokens)
+    np.testing.assert_array_equal(spec.counters.accepted, ref_spec.counters.accepted)
+    np.testing.assert_array_equal(ar.tokens, ref_ar.tokens)
+
+
+@needs8
+@pytest.mark.slow  # ~80 s; aborted once inside an xdist worker under load (see README)
+def test_plan_step_sharded_equals_unsharded():
+    from specjax.policy.plan import PlanConfig, run_plans
+    from specjax.policy.switches import Policy
+
+    # One drafter and the naive policy: the fewest programs that still run a plan step
+    # (an engine call and the step decision); the engine itself is covered above.
+    dep = _engine_setup().subset(["same"])
+    pcfg = PlanConfig(gamma=2, verifier_temperature=0.0, plan_steps=1, max_step_tokens=6,
+                      bucket=16)
+    prompts = ["def f(x):", "In the beginning", "1 + 2 ="]
+    ref, _ = run_plans(dep, pcfg, prompts, policy=Policy.from_name("naive"))
+    sdep = shd.shard_deployment(dep, shd.make_mesh(2, 4), "fsdp_tp")
+    got, stats = run_plans(sdep, pcfg, prompts, policy=Policy.from_name("naive"))
+    assert got == ref and stats.tokens > 0
+
+
+def test_rule_sets_resolve_by_name():
+    assert shd.resolve_rules("tp") == shd.DEFAULT_RULES
+    assert shd.logical_to_spec(("vocab", "embed"), shd.resolve_rules("fsdp_tp")) == P("model", "data")
+    assert shd.logical_to_spec(("batch", "length", "embed"), shd.FSDP_RULES) == P("data", None, None)
+    with pytest.raises(ValueError, match=r"got 'zero3', allowed: one of 'tp', 'fsdp'"):
+        shd.resolve_rules("zero3")

@@ -6,7 +6,9 @@ empirical law over the V³ = 125 sequences is compared with the exactly computed
 verifier by Pearson's χ² test. Significance level α = 1e-3 per test (fixed seeds, so the
 suite is deterministic; with ~30 independent tests the family-wise false-alarm rate of a
 correct implementation is ≈ 3 %, and each test has power ≈ 1 against the biases of the
-known wrong variants — see `test_wrong_tie_rule_is_detected`). Cells with expected count
+known wrong variants — tests/test_lossless.py runs them as negative controls through the
+same harness and prints their p-values). Targets come from an independent float64 NumPy
+reference (tests/lossless_reference.py), not from `sampling_probs`. Cells with expected count
 < 5 are pooled. Each (rule, case) test draws its own stream (seed from a hash of both).
 One such stream once gave p = 1.0e-4 (shared_block, one_hot_q, seed 103); 12 further seeds of
 the same setup gave p ∈ [0.03, 0.98] and the 400k-row marginals passed, i.e. a chance
@@ -24,8 +26,9 @@ from scipy import stats
 from specjax.engine.generate import (autoregressive_generate, row_keys_for,
                                      speculative_generate)
 from specjax.engine.spec import EngineConfig
-from specjax.models import synthetic_suite as suite
-from specjax.models.synthetic import sequence_distribution
+from specjax import testing as suite
+
+from lossless_reference import reference_law
 
 N = 100_000
 LENGTH = 3
@@ -36,7 +39,12 @@ RULES_SLOTS = [("rejection", 1), ("shared_block", 3), ("token_tree", 3), ("coupl
 
 
 def chi2_pvalue(seqs: np.ndarray, exact: np.ndarray) -> float:
-    v = exact.shape[0]
+    return chi2_test(seqs, exact)[2]
+
+
+def chi2_test(seqs: np.ndarray, exact: np.ndarray) -> tuple[float, int, float, float]:
+    """(χ² statistic, degrees of freedom, p-value, log10 p-value) of `seqs` i32[N, L]
+    against the exact law `exact` f64[V]*L (log10 p stays finite where p underflows)."""
     obs = np.bincount(np.ravel_multi_index(seqs.T, exact.shape), minlength=exact.size)
     exp = exact.ravel() * len(seqs)
     assert obs[exp == 0].sum() == 0, "a sequence of probability 0 under the target was generated"
@@ -45,7 +53,10 @@ def chi2_pvalue(seqs: np.ndarray, exact: np.ndarray) -> float:
     exp_b = np.append(exp[big], exp[~big].sum())
     if exp_b[-1] == 0:
         obs_b, exp_b = obs_b[:-1], exp_b[:-1]
-    return float(stats.chisquare(obs_b, exp_b).pvalue)
+    res = stats.chisquare(obs_b, exp_b)
+    df = len(obs_b) - 1
+    log10p = float(stats.chi2.logsf(res.statistic, df) / np.log(10))
+    return float(res.statistic), df, float(res.pvalue), log10p
 
 
 def run(rule, slots_n, setup, seed, temperature=1.0, n=N, slots=None):
@@ -69,7 +80,7 @@ def test_lossless_chi_square(rule, slots_n):
         res = run(rule, slots_n, setup, seed=zlib.crc32(f"{rule}/{case}".encode()))
         seqs = res.tokens[:, 1:1 + LENGTH]
         assert (res.length - res.start == LENGTH).all()
-        exact = sequence_distribution(setup.v_table, 1.0, START, LENGTH)
+        exact = reference_law(setup.v_table, 1.0, START, LENGTH)  # independent NumPy
         pvalues[case] = chi2_pvalue(seqs, exact)
         c = res.counters
         per_round = c.committed / c.rounds

@@ -13,6 +13,7 @@ import pytest
 
 from specjax.data import REASONING_SPECIAL_TOKENS, load_heldout
 from specjax.errors import ConfigError
+from specjax.engine.deployment import from_zoo
 from specjax.models import zoo as zoo_lib
 from specjax.models.api import count_params
 
@@ -86,10 +87,13 @@ def test_parameter_counts_and_vocab_sizes(zoo, manifest):
         assert d.cost == pytest.approx(d.n_params / v)
         assert 0 < d.cost < 0.35
     assert [d.temperature for d in zoo.drafters] == [1.0, 1.0, 1.3]
-    # Tokenizers: the code drafter shares the verifier's; the others are their own.
+    # Deployed like the seed's (SPEC §8): code and prose in the verifier's tokenizer group,
+    # reasoning with its own; the extra drafter prose512 has a third, for the pairing sweep.
     fp = {m.name: m.tokenizer.fingerprint() for m in models}
-    assert fp['code'] == fp['verifier']
-    assert len({fp['verifier'], fp['prose'], fp['reasoning']}) == 3
+    assert fp['code'] == fp['prose'] == fp['verifier']
+    assert fp['reasoning'] != fp['verifier']
+    extra = zoo_lib.load_zoo(names=['prose512']).drafter('prose512')
+    assert len({fp['verifier'], fp['reasoning'], extra.tokenizer.fingerprint()}) == 3
     rt = zoo.drafter('reasoning').tokenizer
     for s in REASONING_SPECIAL_TOKENS:
         assert len(rt.encode(s)) == 1  # one token for the drafter...
@@ -108,6 +112,18 @@ def test_manifest_records_measurements(manifest):
         if rec['role'] == 'drafter':
             assert set(rec['acceptance']) == set(DOMAINS)
             assert all(0 < a < 1 for a in rec['acceptance'].values())
+
+
+def test_drafters_land_in_the_seeds_band_and_lead_their_own_domain(manifest):
+    """Mixed-traffic α (the mean over the three domains, as recorded by train_zoo) in the
+    seed's band, and each drafter the best of the three on its own domain."""
+    order = manifest['drafter_order']
+    acc = {n: manifest['models'][n]['acceptance'] for n in order}
+    for n in order:
+        mixed = float(np.mean([acc[n][d] for d in DOMAINS]))
+        assert 0.45 <= mixed <= 0.75, (n, mixed)
+        own = manifest['models'][n]['domains'][0]
+        assert acc[n][own] == max(acc[m][own] for m in order), (n, own)
 
 
 # ---------------------------------------------------------------------------------------
@@ -146,47 +162,49 @@ def test_beats_unigram_on_own_domains(zoo, manifest, name):
 # ---------------------------------------------------------------------------------------
 
 def test_deployment_builds(zoo, manifest):
-    dep = zoo.deployment()
+    dep = from_zoo(zoo)
     assert dep.names == ('code', 'prose', 'reasoning')
     assert len(dep.drafters) == len(dep.d_data) == len(dep.drafter_encode) == 3
-    assert len(set(dep.groups)) == 3
-    assert dep.groups[0] == zoo.verifier.tokenizer.fingerprint()
+    assert len(set(dep.groups)) == 2          # {code, prose} share the verifier's tokenizer
+    assert dep.groups[0] == dep.groups[1] == zoo.verifier.tokenizer.fingerprint()
     assert dep.stop_table.shape == (zoo.verifier.lm.vocab_size,) and dep.stop_table.any()
     toks = zoo.verifier.tokenizer
     assert all((b'\n' in toks.token_bytes(i)) == dep.stop_table[i] for i in range(toks.vocab_size))
     vv = zoo.verifier.lm.vocab_size
-    code = dep.d_data[0]
-    np.testing.assert_array_equal(code.to_verifier, np.arange(vv))
-    np.testing.assert_array_equal(code.retok_len, np.ones(vv))
+    for same in dep.d_data[:2]:
+        np.testing.assert_array_equal(same.to_verifier, np.arange(vv))
+        np.testing.assert_array_equal(same.retok_len, np.ones(vv))
     # A cross-vocabulary drafter re-spells a verifier token in at most M of its own tokens,
     # M ≤ the verifier's longest token in bytes (byte-level BPE: one byte is one token).
     longest = max(len(b) for b in toks.all_token_bytes())
-    for k, name in ((1, 'prose'), (2, 'reasoning')):  # cross-vocabulary: partial intersection
-        to_v = np.asarray(dep.d_data[k].to_verifier)
+    wide = from_zoo(zoo_lib.load_zoo(names=['reasoning', 'prose512']))
+    for k in (0, 1):  # cross-vocabulary: partial intersection
+        to_v = np.asarray(wide.d_data[k].to_verifier)
         assert (to_v >= 0).any() and (to_v < 0).any()
-        vv_rows, width = dep.d_data[k].retok.shape
+        vv_rows, width = wide.d_data[k].retok.shape
         assert vv_rows == vv and 1 <= width <= longest
     rt = zoo.drafter('reasoning').tokenizer
     think = rt.encode(REASONING_SPECIAL_TOKENS[0])[0]
     assert int(dep.d_data[2].to_verifier[think]) == -1  # not a verifier token
     text = 'def f(x):\n    return x\n'
     assert dep.decode(dep.encode(text)) == text
-    assert [f(text) for f in dep.drafter_encode][1] == zoo.drafter('prose').tokenizer.encode(text)
+    assert [f(text) for f in dep.drafter_encode][2] == zoo.drafter('reasoning').tokenizer.encode(
+        text)
     assert [d.cost for d in dep.drafters] == [d.cost for d in zoo.drafters]
     assert [d.temperature for d in dep.drafters] == [1.0, 1.0, 1.3]
 
 
 def test_deployment_overrides(zoo):
-    dep = zoo.deployment(names=['reasoning', 'code'], temperatures={'code': 0.0},
+    dep = from_zoo(zoo, names=['reasoning', 'code'], temperatures={'code': 0.0},
                          costs=[0.5, 0.25])
     assert dep.names == ('reasoning', 'code')
     assert [d.temperature for d in dep.drafters] == [1.3, 0.0]
     assert [d.cost for d in dep.drafters] == [0.5, 0.25]
     with pytest.raises(ConfigError) as e:
-        zoo.deployment(names=['code', 'poetry'])
+        from_zoo(zoo, names=['code', 'poetry'])
     _one_line_error(e, 'poetry', 'prose')
     with pytest.raises(ConfigError) as e:
-        zoo.deployment(temperatures=[1.0])
+        from_zoo(zoo, temperatures=[1.0])
     _one_line_error(e, 'temperatures')
 
 
@@ -196,7 +214,7 @@ def test_acceptance_helper_matches_prefix_distributions(zoo):
     per-token padding to the re-tokenisation width fits the drafters' context)."""
     from specjax.engine.deployment import prefix_distributions
     from specjax.verify.distributions import sampling_probs
-    dep = zoo.deployment(names=['reasoning'])  # cross-vocabulary, with thinking tokens
+    dep = from_zoo(zoo, names=['reasoning'])  # cross-vocabulary, with thinking tokens
     text = load_heldout('reasoning')[:400]
     n = 6
     got = zoo_lib.acceptance_rates(dep, text, window=n, max_tokens=n)
@@ -266,7 +284,7 @@ def test_corrupt_file_with_matching_manifest_sha(tmp_path):
     _one_line_error(e, "'code'", str(path), 'corrupt')
 
 
-@pytest.mark.parametrize('target', ['models/reasoning.npz', 'tokenizers/prose.json'])
+@pytest.mark.parametrize('target', ['models/reasoning.npz', 'tokenizers/reasoning.json'])
 def test_missing_file(tmp_path, target):
     root = _copy(tmp_path)
     (root / target).unlink()
@@ -278,9 +296,9 @@ def test_missing_file(tmp_path, target):
 def test_vocabulary_mismatch(tmp_path):
     root = _copy(tmp_path)
     manifest = json.loads((root / 'manifest.json').read_text())
-    manifest['models']['prose']['tokenizer'] = 'verifier'  # 1024 ids for a 512-id model
+    manifest['models']['reasoning']['tokenizer'] = 'verifier'  # 1024 ids for a 768-id model
     (root / 'manifest.json').write_text(json.dumps(manifest))
     with pytest.raises(ConfigError) as e:
         zoo_lib.load_zoo(root)
-    msg = _one_line_error(e, "'prose'", 'vocab')
-    assert '512' in msg and '1024' in msg
+    msg = _one_line_error(e, "'reasoning'", 'vocab')
+    assert '768' in msg and '1024' in msg

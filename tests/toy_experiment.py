@@ -2,15 +2,25 @@
 
 Its numbers are a caricature of the seed's story (naive joint acceptance ≈ the product of
 the drafters' acceptances, agreement-weighted invariants ≈ 0.5), produced from the cell's
-values and a seeded RNG — no model is run. ``config.sleep_s`` makes each cell slow enough
-for a test to kill the sweep partway.
+values and a seeded RNG — no model is run. ``config.sleep_s`` makes each cell slow.
+
+Two environment variables let the CLI tests synchronise with a sweep deterministically
+(no sleeps, no kill windows); they are not part of the config, so a resumed sweep's config
+is the same:
+
+* ``SPECJAX_TOY_KILL_AT=n`` — the process kills itself (SIGKILL: no cleanup runs) when it
+  is about to run its n-th cell, so exactly n - 1 cells are recorded;
+* ``SPECJAX_TOY_GATE=path`` — the first cell creates ``path.started`` and waits until
+  ``path`` exists, so a test knows the sweep holds its workdir's lock.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import signal
 import time
 from pathlib import Path
 
@@ -36,9 +46,25 @@ def finalize(config, workdir: Path, results: list[dict]) -> None:
     (Path(workdir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
+_CALLS = [0]
+
+
+def _test_hooks() -> None:
+    _CALLS[0] += 1
+    kill_at = os.environ.get("SPECJAX_TOY_KILL_AT")
+    if kill_at and _CALLS[0] == int(kill_at):
+        os.kill(os.getpid(), signal.SIGKILL)
+    gate = os.environ.get("SPECJAX_TOY_GATE")
+    if gate and _CALLS[0] == 1:
+        Path(gate + ".started").touch()
+        while not Path(gate).exists():  # waiting for an event, not for a time
+            time.sleep(0.01)
+
+
 @register_experiment("toy", validate=validate, finalize=finalize)
 def toy(config, cell: dict, workdir: Path) -> dict:
     del workdir
+    _test_hooks()
     time.sleep(config.sleep_s)
     rng = random.Random(cell["cell_id"])
     gamma = cell.get("gamma", 4)

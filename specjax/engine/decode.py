@@ -12,8 +12,14 @@ One round, for every row of the batch at once:
      committed path and every drafter's cache rolled back to what stays valid.
 
 `generate` runs rounds in a `lax.while_loop` until every row is done: one host round-trip
-per call. PRNG streams are folded from a per-row key and the row's absolute position, so
-a row's output does not depend on the batch it is in.
+per call. PRNG streams are folded from a per-row key and the row's absolute position
+(`specjax.engine.streams`), so a row's output does not depend on the batch it is in.
+
+Per-drafter γ_i (SPEC §2): drafter k drafts γ_k tokens; the verifier's block holds
+max γ_k per chain. A row whose slot holds a shorter chain is verified on its γ_k drafts
+(rows of one chain: the rule's decision is cut at γ_k and, if all γ_k passed, the bonus
+is sampled from p after draft γ_k — the rule's decisions up to γ_k do not depend on the
+padding, so this is exactly rule 1 with γ_k). Rows of several chains need equal γ.
 """
 from __future__ import annotations
 
@@ -25,12 +31,14 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig
+from specjax import debug
+from specjax.engine.spec import DrafterData, DrafterStatic, EngineConfig
+from specjax.engine.streams import (STREAM_BONUS, STREAM_DRAFT, STREAM_VERIFY, fold_keys,
+                                    gumbel_noise, sample_rows)
+from specjax.models.api import causal_block_mask
 from specjax.verify import rules as rules_lib
-from specjax.verify.distributions import (gumbel_argmax, sample, sampling_probs,
+from specjax.verify.distributions import (gumbel_argmax, sampling_probs,
                                           to_verifier_space)
-
-_STREAM_DRAFT, _STREAM_VERIFY, _STREAM_NOISE = 1, 2, 3
 
 
 @struct.dataclass
@@ -44,12 +52,19 @@ class Counters:
       reached: i32[B] shared-block positions verification reached.
       multi_rounds / multi_from_draft / multi_reached: the same over rounds in which ≥ 2
         drafters extended the row's committed prefix (joint acceptance).
-      truncations: i32[B] rounds cut before the end of the block.
-      discarded: i32[B] draft positions of the block discarded by those cuts.
+      truncations: i32[B] chains cut at a rejection (their own, or in the naive shared block
+        the block's cut), summed over the row's chains and rounds.
+      discarded: i32[B] draft tokens those cuts discarded, the rejected one included
+        (mean truncation depth = discarded / truncations, SPEC §7).
+      pruned / pruned_discarded: i32[B] token-tree chains that left the path because a
+        sibling's token was accepted, and the draft tokens they dropped (`pruned_depth`).
       proposed: i32[B, K] drafts proposed by each drafter (γ per round it took part in).
       accepted / rejected: i32[B, K] drafts accepted / rejections, attributed per drafter.
       own_accepted_at / own_reached_at: i32[B, K, γ] each drafter's chain tested alone
-        against p, per position (per-drafter and independent-branch acceptance).
+        against p with Leviathan's rule, per position (per-drafter α and independent-branch
+        acceptance), under every rule.
+      match_at / match_reached_at: i32[B, K, γ] coupled rules: each drafter's chain against
+        the verifier's Gumbel-max tokens (`coupled_match_rate`); zero under other rules.
     """
     rounds: jax.Array
     committed: jax.Array
@@ -65,6 +80,10 @@ class Counters:
     rejected: jax.Array
     own_accepted_at: jax.Array
     own_reached_at: jax.Array
+    pruned: jax.Array
+    pruned_discarded: jax.Array
+    match_at: jax.Array
+    match_reached_at: jax.Array
 
     @classmethod
     def zeros(cls, batch: int, n_drafters: int, gamma: int) -> "Counters":
@@ -72,7 +91,8 @@ class Counters:
         return cls(z(batch), z(batch), z(batch), z(batch), z(batch), z(batch), z(batch),
                    z(batch), z(batch), z(batch, n_drafters), z(batch, n_drafters),
                    z(batch, n_drafters), z(batch, n_drafters, gamma),
-                   z(batch, n_drafters, gamma))
+                   z(batch, n_drafters, gamma), z(batch), z(batch),
+                   z(batch, n_drafters, gamma), z(batch, n_drafters, gamma))
 
 
 @struct.dataclass
@@ -102,6 +122,42 @@ class DecodeState:
     dlogits: tuple
     counters: Counters
 
+    def carry(self) -> "EngineState":
+        return EngineState(tokens=self.tokens, length=self.length, vcache=self.vcache,
+                           dcaches=self.dcaches, dsynced=self.dsynced, dlogits=self.dlogits)
+
+
+@struct.dataclass
+class EngineState:
+    """What a later call needs to continue its rows (caches carried across plan steps).
+
+    Attributes:
+      tokens: i32[B, L] prompt then committed verifier tokens (L fixed by the first call).
+      length: i32[B] tokens in `tokens`.
+      vcache: the verifier's cache, holding tokens[:length-1].
+      dcaches / dlogits: per drafter (of the call that made it), its cache and its
+        logits after its cached tokens; empty for a verifier-only state.
+      dsynced: i32[K, B] committed verifier tokens already in each drafter's cache (a
+        drafter behind `length` catches up at the start of the next call).
+    """
+    tokens: jax.Array
+    length: jax.Array
+    vcache: Any
+    dcaches: tuple
+    dsynced: jax.Array
+    dlogits: tuple
+
+    def rows(self, idx) -> "EngineState":
+        """The state of rows `idx` (i32[B']), e.g. a plan's committed branch copied into
+        every branch row of the plan for its next step."""
+        idx = jnp.asarray(idx, jnp.int32)
+        take = lambda x: jnp.take(x, idx, axis=0)
+        return EngineState(tokens=take(self.tokens), length=take(self.length),
+                           vcache=jax.tree.map(take, self.vcache),
+                           dcaches=jax.tree.map(take, self.dcaches),
+                           dsynced=jnp.take(self.dsynced, idx, axis=1),
+                           dlogits=jax.tree.map(take, self.dlogits))
+
 
 def tree_block_mask(n_slots: int, gamma: int) -> jax.Array:
     """bool[1+Sγ, 1+Sγ]: root, then S chains; chain token j sees root and its chain ≤ j."""
@@ -118,32 +174,7 @@ def _tree_depths(n_slots: int, gamma: int) -> jax.Array:
     return jnp.where(idx == 0, 0, (idx - 1) % gamma + 1)
 
 
-def _causal(batch: int, t: int) -> jax.Array:
-    return jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (batch, t, t))
-
-
-def _keys(row_keys: jax.Array, *folds) -> jax.Array:
-    """Per-row keys folded with per-row (array) or shared (int) values."""
-    def one(k, *f):
-        k = jax.random.wrap_key_data(k)
-        for x in f:
-            k = jax.random.fold_in(k, x)
-        return k
-    axes = (0,) + tuple(0 if jnp.ndim(f) else None for f in folds)
-    return jax.vmap(one, in_axes=axes)(row_keys, *folds)
-
-
-def _gumbel(row_keys, length, gamma, vocab):
-    """f32[B, γ+1, V]: the noise of absolute positions length..length+γ (rule 4)."""
-    def one(k, n):
-        k = jax.random.wrap_key_data(k)
-        ks = jax.vmap(lambda j: jax.random.fold_in(jax.random.fold_in(k, _STREAM_NOISE),
-                                                   n + j))(jnp.arange(gamma + 1))
-        return jax.vmap(lambda kk: jax.random.gumbel(kk, (vocab,)))(ks)
-    return jax.vmap(one)(row_keys, length)
-
-
-def _pack(ids: jax.Array, valid: jax.Array):
+def pack_valid(ids: jax.Array, valid: jax.Array):
     """Moves valid entries of i32[B, N] to the front, keeping their order."""
     order = jnp.argsort(~valid, axis=-1, stable=True)
     return jnp.take_along_axis(ids, order, axis=-1), jnp.sum(valid, axis=-1)
@@ -160,7 +191,7 @@ def consume_width(data_retok_m: int, tokens: int) -> int:
     return min(tokens * data_retok_m, max(2 * tokens, data_retok_m))
 
 
-def _consume(spec: DrafterSpec, data: DrafterData, cache, logits, tokens, synced, length,
+def consume(spec: DrafterStatic, data: DrafterData, cache, logits, tokens, synced, length,
              width: int):
     """Feeds committed verifier tokens [synced, length) (≤ width of them) to one drafter.
 
@@ -178,73 +209,82 @@ def _consume(spec: DrafterSpec, data: DrafterData, cache, logits, tokens, synced
     fits = jnp.cumsum(pieces, axis=1) <= w
     take = jnp.minimum(jnp.sum(jnp.cumprod(fits.astype(jnp.int32), axis=1), axis=1),
                        jnp.maximum(length - synced, 0))                      # whole tokens
-    valid = ((i[None, :] < take[:, None])[:, :, None]
-             & (jnp.arange(m)[None, None, :] < data.retok_len[vt][:, :, None]))
-    ids, n = _pack(data.retok[vt].reshape(b, width * m), valid.reshape(b, width * m))
-    ids = ids[:, :w]
+    if data.identity:  # one piece per token, already in place
+        ids, n = jnp.where(i[None, :] < take[:, None], vt, 0), take
+    else:
+        valid = ((i[None, :] < take[:, None])[:, :, None]
+                 & (jnp.arange(m)[None, None, :] < data.retok_len[vt][:, :, None]))
+        ids, n = pack_valid(data.retok[vt].reshape(b, width * m), valid.reshape(b, width * m))
+        ids = ids[:, :w]
     positions = cache.length[:, None] + jnp.arange(w)[None, :]
     block_logits, cache = spec.lm.forward(data.params, cache, ids, positions,
-                                          _causal(b, w) & (n >= 0)[:, None, None])
+                                          causal_block_mask(b, w) & (n >= 0)[:, None, None])
     last = jnp.take_along_axis(block_logits, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0]
     logits = jnp.where((n > 0)[:, None], last, logits)
     synced = synced + take
     return spec.lm.advance(cache, n), logits, synced, synced >= length
 
 
-def _draft(cfg: EngineConfig, k: int, spec: DrafterSpec, data: DrafterData, cache, logits,
+def _draft(cfg: EngineConfig, k: int, spec: DrafterStatic, data: DrafterData, cache, logits,
            row_keys, length, gumbel, v_vocab: int):
-    """γ drafts of one drafter: (drafts i32[B,γ] verifier ids, q f32[B,γ,Vv], cache)."""
+    """γ_k drafts of one drafter: (drafts i32[B,γ_k] verifier ids, q f32[B,γ_k,Vv], cache)."""
     b = logits.shape[0]
     mask = data.to_verifier >= 0
+    gamma = spec.window(cfg.gamma)
 
     def sample_at(logits, j):
-        temperature = spec.temperature if data.temperature is None else data.temperature
-        q_d = sampling_probs(logits, temperature, top_k=spec.top_k, top_p=spec.top_p,
-                             mask=mask)
-        q_v = to_verifier_space(q_d, data.to_verifier, v_vocab)
+        q_d = sampling_probs(logits, data.temperature, top_k=spec.top_k, top_p=spec.top_p,
+                             mask=None if data.identity else mask)
+        q_v = q_d if data.identity else to_verifier_space(q_d, data.to_verifier, v_vocab)
         if cfg.rule in rules_lib.COUPLED_RULES:
             x = gumbel_argmax(q_v, gumbel[:, j])
         else:
-            x = jax.vmap(sample)(_keys(row_keys, _STREAM_DRAFT, length, k, j), q_v)
+            x = sample_rows(fold_keys(row_keys, STREAM_DRAFT, length, k, j), q_v)
         return x, q_v
 
     def step(carry, j):
         cache, logits = carry
         x, q_v = sample_at(logits, j)
         new_logits, new_cache = spec.lm.forward(
-            data.params, cache, data.from_verifier[x][:, None], cache.length[:, None],
-            _causal(b, 1))
+            data.params, cache, (x if data.identity else data.from_verifier[x])[:, None],
+            cache.length[:, None],
+            causal_block_mask(b, 1))
         new_cache = spec.lm.advance(new_cache, jnp.ones((b,), jnp.int32))
         return (new_cache, new_logits[:, 0]), (x, q_v)
 
     # γ − 1 forwards: x_1 comes from the logits the drafter already has, and x_γ is not fed
     # (if it is committed, next round's consume feeds it with the verifier's token).
-    (cache, logits), (xs, qs) = jax.lax.scan(step, (cache, logits), jnp.arange(cfg.gamma - 1))
-    x_last, q_last = sample_at(logits, cfg.gamma - 1)
+    (cache, logits), (xs, qs) = jax.lax.scan(step, (cache, logits), jnp.arange(gamma - 1))
+    x_last, q_last = sample_at(logits, gamma - 1)
     xs = jnp.concatenate([xs, x_last[None]], 0)
     qs = jnp.concatenate([qs, q_last[None]], 0)
     return xs.T, jnp.swapaxes(qs, 0, 1), cache
 
 
-def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSpec],
+def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterStatic],
                       v_params, d_data: Sequence[DrafterData], slots: jax.Array,
-                      stop_table: jax.Array, state: DecodeState) -> DecodeState:
-    """One round for every row (see the module docstring). `slots`: i32[B, S] drafter ids."""
-    gamma, s_n = cfg.gamma, cfg.n_slots
+                      stop_table: jax.Array, state: DecodeState,
+                      v_temperature=None, max_new=None) -> DecodeState:
+    """One round for every row (see the module docstring). `slots`: i32[B, S] drafter ids;
+    `v_temperature` / `max_new`: the verifier's τ and the token budget as arrays (default:
+    the config's), so that neither is compiled into the program."""
+    s_n = cfg.n_slots
+    gammas = tuple(d.window(cfg.gamma) for d in drafters)
+    gamma = max(gammas)                                   # block width per chain
+    ragged = len(set(gammas)) > 1                         # rows of one chain, per-drafter γ
     b = state.tokens.shape[0]
     v_vocab = verifier.vocab_size
     live = ~state.done
     length = state.length
-    gumbel = (_gumbel(state.row_keys, length, gamma, v_vocab)
-              if cfg.rule in rules_lib.COUPLED_RULES
-              else None)
+    coupled = cfg.rule in rules_lib.COUPLED_RULES
+    gumbel = gumbel_noise(state.row_keys, length, gamma, v_vocab) if coupled else None
 
     # 1. Drafting. A lone drafter always proposed the committed path, so at most two
     # committed tokens are new to it (x_γ and the bonus); otherwise up to γ + 1.
     width = 2 if (len(drafters) == 1 and s_n == 1) else gamma + 1
     drafts, qs, dcaches, base_len, dlogits, fed = [], [], [], [], [], []
     for k, (spec, data) in enumerate(zip(drafters, d_data)):
-        cache, logits, synced, caught_up = _consume(
+        cache, logits, synced, caught_up = consume(
             spec, data, state.dcaches[k], state.dlogits[k], state.tokens, state.dsynced[k],
             length, min(width, gamma + 1))
         base_len.append(cache.length)
@@ -252,8 +292,10 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSpe
         dlogits.append(logits)
         x, q, cache = _draft(cfg, k, spec, data, cache, logits, state.row_keys, length,
                              gumbel, v_vocab)
-        drafts.append(x)
-        qs.append(q)
+        debug.check_distribution(q, f'drafter {k} q')
+        pad = gamma - gammas[k]                           # a shorter chain: padded, cut below
+        drafts.append(jnp.pad(x, ((0, 0), (0, pad))))
+        qs.append(jnp.pad(q, ((0, 0), (0, pad), (0, 0))))
         dcaches.append(cache)
     drafts = jnp.stack(drafts, 1)                         # i32[B, K, γ]
     qs = jnp.stack(qs, 1)                                 # f32[B, K, γ, V]
@@ -264,6 +306,7 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSpe
     chain = jnp.take_along_axis(drafts, sl[:, :, None], axis=1)            # [B, S, γ]
     chain_q = jnp.take_along_axis(qs, sl[:, :, None, None], axis=1)        # [B, S, γ, V]
     chain = jnp.where(active[:, :, None], chain, 0)
+    slot_gamma = jnp.asarray(gammas, jnp.int32)[sl]                         # i32[B, S]
 
     # 3. One verifier call over the tree.
     root = jnp.take_along_axis(state.tokens, (length - 1)[:, None], axis=1)
@@ -271,35 +314,52 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSpe
     positions = (length - 1)[:, None] + _tree_depths(s_n, gamma)[None, :]
     mask = jnp.broadcast_to(tree_block_mask(s_n, gamma), (b,) + (1 + s_n * gamma,) * 2)
     v_logits, vcache = verifier.forward(v_params, state.vcache, block, positions, mask)
-    p = sampling_probs(v_logits, cfg.verifier_temperature, top_k=cfg.verifier_top_k,
+    v_temperature = cfg.verifier_temperature if v_temperature is None else v_temperature
+    p = sampling_probs(v_logits, v_temperature, top_k=cfg.verifier_top_k,
                        top_p=cfg.verifier_top_p)
+    debug.check_distribution(p, 'verifier p')
     p_root, p_nodes = p[:, 0], p[:, 1:].reshape(b, s_n, gamma, v_vocab)
 
     # 4. The rule.
     rule = getattr(rules_lib, cfg.rule)
-    first_arg = (gumbel if cfg.rule in rules_lib.COUPLED_RULES
-                 else _keys(state.row_keys, _STREAM_VERIFY, length))
-    verdict = jax.vmap(rule)(first_arg, p_root, p_nodes, chain_q, chain, active)
+    verify_keys = fold_keys(state.row_keys, STREAM_VERIFY, length)
+    if coupled:
+        # The key only drives the per-drafter Leviathan test (a measurement, SPEC §7).
+        verdict = jax.vmap(rule)(gumbel, p_root, p_nodes, chain_q, chain, active,
+                                 verify_keys)
+    else:
+        verdict = jax.vmap(rule)(verify_keys, p_root, p_nodes, chain_q, chain, active)
+    if ragged:
+        verdict = _cut_to_window(verdict, slot_gamma[:, 0], p_nodes[:, 0], gumbel,
+                                 fold_keys(state.row_keys, STREAM_BONUS, length))
 
     # 5. Commit: stop at a stop token or the budget (both stopping times: still exact).
     n = verdict.n
     idx = jnp.arange(gamma + 1)
     is_stop = stop_table[verdict.tokens] & (idx[None, :] <= n[:, None])
     first_stop = jnp.where(jnp.any(is_stop, 1), jnp.argmax(is_stop, 1), gamma + 1)
-    budget = cfg.max_new_tokens - (length - state.start)
+    budget = _budget(cfg, state, max_new, gamma)
     n_commit = jnp.minimum(jnp.minimum(n + 1, first_stop + 1), budget)
     n_commit = jnp.where(live, n_commit, 0)
     chex.assert_shape(n_commit, (b,))
+    debug.check_range(jnp.where(live, n_commit, 1), 1, gamma + 1,
+                      'tokens committed per round (SPEC §9)')
 
     def write(row, new, at, cnt):
         old = jax.lax.dynamic_slice(row, (at,), (gamma + 1,))
         return jax.lax.dynamic_update_slice(row, jnp.where(idx < cnt, new, old), (at,))
     tokens = jax.vmap(write)(state.tokens, verdict.tokens, length, n_commit)
 
-    src = jnp.concatenate([jnp.zeros((b, 1), jnp.int32),
-                           1 + verdict.path_slot * gamma + jnp.arange(gamma)[None, :]], 1)
-    keep_v = jnp.where(live, n + 1, 0)
-    vcache = verifier.compact(vcache, src, keep_v)
+    # The root and the first n_commit − 1 drafts are now history (a row that stopped early
+    # keeps nothing past its last committed token, so a continued call starts clean).
+    keep_v = n_commit
+    if s_n == 1:
+        # One chain: the accepted path is the block's own prefix, nothing to move.
+        vcache = verifier.advance(vcache, keep_v)
+    else:
+        src = jnp.concatenate([jnp.zeros((b, 1), jnp.int32),
+                               1 + verdict.path_slot * gamma + jnp.arange(gamma)[None, :]], 1)
+        vcache = verifier.compact(vcache, src, keep_v)
 
     # Drafter k keeps the drafts of its own chain that were committed.
     slot_match = jnp.where(active, verdict.matched, 0)
@@ -309,26 +369,75 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSpe
         synced, caught_up = fed[k]
         # Its drafts followed the committed text only if it had caught up before drafting.
         keep = jnp.where(live & caught_up,
-                         jnp.minimum(jnp.minimum(mine, n_commit), gamma - 1), 0)
+                         jnp.minimum(jnp.minimum(mine, n_commit), gammas[k] - 1), 0)
         new_dcaches.append(spec.lm.rollback(dcaches[k], base_len[k] + keep))
         new_synced.append(jnp.where(caught_up, length + keep, synced))
     new_length = length + n_commit
-    generated = new_length - state.start
-    done = state.done | (generated >= cfg.max_new_tokens) | (live & (first_stop <= n))
+    # SPEC §9, caches rolled back: the verifier's cache holds every committed token but the
+    # last (a row at capacity keeps what fits).
+    debug.check(~live | (vcache.length == jnp.minimum(new_length - 1, _capacity(vcache))),
+                "verifier cache length != committed tokens - 1 after a round")
+    done = (state.done | (new_length - state.start >= budget + (length - state.start))
+            | (live & (first_stop <= n)))
 
     counters = _count(state.counters, verdict, slots, active, live, n_commit, gamma,
-                      len(drafters))
+                      len(drafters), coupled, slot_gamma)
     return state.replace(tokens=tokens, length=new_length, done=done, vcache=vcache,
                          dcaches=tuple(new_dcaches), dsynced=jnp.stack(new_synced),
                          dlogits=tuple(dlogits), counters=counters)
 
 
-def _count(c: Counters, v, slots, active, live, n_commit, gamma, n_drafters) -> Counters:
+def _capacity(cache):
+    """A cache's slots per row, or 'unbounded' for caches that store no slots."""
+    return getattr(cache, 'max_len', jnp.iinfo(jnp.int32).max)
+
+
+def _budget(cfg: EngineConfig, state: DecodeState, max_new=None, gamma=None) -> jax.Array:
+    """i32[B] tokens a row may still commit: its `max_new_tokens` and the room left in the
+    token buffer (a continued call cannot outgrow the buffer of the call that began it)."""
+    max_new = cfg.max_new_tokens if max_new is None else max_new
+    gamma = cfg.gamma if gamma is None else gamma     # the block's γ (max γ_i)
+    room = state.tokens.shape[1] - (gamma + 1) - state.length
+    return jnp.minimum(max_new - (state.length - state.start), room)
+
+
+def _cut_to_window(v, row_gamma, p_chain, gumbel, bonus_keys):
+    """Rows of one chain whose drafter has γ_k below the block's γ: the rule's verdict cut
+    at γ_k (its decisions there never looked past γ_k) and, where all γ_k drafts passed,
+    the bonus drawn from p after draft γ_k (Leviathan's rule with γ_k, exactly)."""
+    n = v.n
+    over = n >= row_gamma
+    n_t = jnp.minimum(n, row_gamma)
+    last = jnp.take_along_axis(p_chain, (row_gamma - 1)[:, None, None], axis=1)[:, 0]  # [B, V]
+    if gumbel is None:
+        bonus = sample_rows(bonus_keys, last)
+    else:
+        g = jnp.take_along_axis(gumbel, row_gamma[:, None, None], axis=1)[:, 0]
+        bonus = gumbel_argmax(last, g)
+    idx = jnp.arange(v.tokens.shape[1])[None, :]
+    tokens = jnp.where(over[:, None] & (idx == n_t[:, None]), bonus[:, None], v.tokens)
+    tokens = jnp.where(idx > n_t[:, None], 0, tokens)
+    g1 = row_gamma[:, None]
+    gamma = v.path_slot.shape[1]
+    return v.replace(
+        n=n_t, tokens=tokens, accepted=jnp.minimum(v.accepted, g1),
+        rejected=v.rejected * (~over)[:, None], matched=jnp.minimum(v.matched, n_t[:, None]),
+        own_first_rejection=jnp.minimum(v.own_first_rejection, g1),
+        reached=jnp.minimum(n_t + 1, row_gamma),
+        cut_at=jnp.where(v.cut_at < g1, v.cut_at, gamma),
+        match_lead=jnp.minimum(v.match_lead, g1))
+
+
+def _count(c: Counters, v, slots, active, live, n_commit, gamma, n_drafters,
+           coupled_rule: bool = False, slot_gamma=None) -> Counters:
+    """`slot_gamma`: i32[B, S] the chain length γ_k of each slot (default: all γ)."""
+    slot_gamma = jnp.full(slots.shape, gamma, jnp.int32) if slot_gamma is None else slot_gamma
     li = live.astype(jnp.int32)
     n = v.n
     from_draft = jnp.minimum(n, n_commit)
     multi = (jnp.sum(active, 1) >= 2) & live
-    trunc = (n < gamma) & live
+    cut = (v.cut_at < slot_gamma) & active & live[:, None]     # bool[B, S]
+    pruned = (v.pruned_at < gamma) & active & live[:, None]
 
     def per_drafter(x):  # i32[B, S, ...] by slot → i32[B, K, ...] by drafter
         onehot = (slots[:, :, None] == jnp.arange(n_drafters)[None, None, :]) & active[:, :, None]
@@ -337,8 +446,12 @@ def _count(c: Counters, v, slots, active, live, n_commit, gamma, n_drafters) -> 
 
     j = jnp.arange(gamma)
     f = v.own_first_rejection[:, :, None]
+    exists = j[None, None, :] < slot_gamma[:, :, None]       # positions a chain has
     own_acc = (j[None, None, :] < f).astype(jnp.int32)
-    own_reach = (j[None, None, :] <= f).astype(jnp.int32)
+    own_reach = ((j[None, None, :] <= f) & exists).astype(jnp.int32)
+    m = v.match_lead[:, :, None]
+    match_acc = (j[None, None, :] < m).astype(jnp.int32) * coupled_rule
+    match_reach = ((j[None, None, :] <= m) & exists).astype(jnp.int32) * coupled_rule
     return Counters(
         rounds=c.rounds + li,
         committed=c.committed + n_commit,
@@ -347,10 +460,14 @@ def _count(c: Counters, v, slots, active, live, n_commit, gamma, n_drafters) -> 
         multi_rounds=c.multi_rounds + multi,
         multi_from_draft=c.multi_from_draft + from_draft * multi,
         multi_reached=c.multi_reached + v.reached * multi,
-        truncations=c.truncations + trunc,
-        discarded=c.discarded + (gamma - n) * trunc,
-        proposed=c.proposed + per_drafter(jnp.full(slots.shape, gamma, jnp.int32)),
+        truncations=c.truncations + jnp.sum(cut, 1),
+        discarded=c.discarded + jnp.sum((slot_gamma - v.cut_at) * cut, 1),
+        proposed=c.proposed + per_drafter(slot_gamma),
         accepted=c.accepted + per_drafter(v.accepted),
         rejected=c.rejected + per_drafter(v.rejected),
         own_accepted_at=c.own_accepted_at + per_drafter(own_acc),
-        own_reached_at=c.own_reached_at + per_drafter(own_reach))
+        own_reached_at=c.own_reached_at + per_drafter(own_reach),
+        pruned=c.pruned + jnp.sum(pruned, 1),
+        pruned_discarded=c.pruned_discarded + jnp.sum((gamma - v.pruned_at) * pruned, 1),
+        match_at=c.match_at + per_drafter(match_acc),
+        match_reached_at=c.match_reached_at + per_drafter(match_reach))

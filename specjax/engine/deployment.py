@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.engine.decode import _causal, _pack
-from specjax.engine.spec import DrafterData, DrafterSpec
+from specjax.engine.decode import pack_valid
+from specjax.engine.spec import DrafterData, DrafterSpec, DrafterStatic
+from specjax.errors import ConfigError
+from specjax.models.api import causal_block_mask
 from specjax.verify.distributions import sampling_probs, to_verifier_space
 
 
@@ -67,26 +70,28 @@ class Deployment:
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "v_vocab"))
-def _prefix_q(spec: DrafterSpec, data: DrafterData, v_tokens, v_valid, v_vocab):
+def _prefix_q(spec: DrafterStatic, data: DrafterData, temperature, v_tokens, v_valid, v_vocab):
+    # `spec` is the drafter's static part and the temperature an array: one program per
+    # drafter model and shape, whatever the temperature (a temperature sweep compiles once).
     b, t = v_tokens.shape
     m = data.retok.shape[1]
     lens = jnp.where(v_valid, data.retok_len[v_tokens], 0)             # [B, T]
     ids = data.retok[v_tokens].reshape(b, t * m)
     valid = (jnp.arange(m)[None, None, :] < lens[:, :, None]).reshape(b, t * m)
-    ids, total = _pack(ids, valid)
+    ids, total = pack_valid(ids, valid)
     # Only the most recent pieces that fit in half the drafter's context are read: the KL
     # is measured on the last positions of the prefix, which this window always covers.
     w = min(t * m, spec.lm.max_len // 2)
     offset = jnp.maximum(total - w, 0)
     ids = jnp.take_along_axis(ids, offset[:, None] + jnp.arange(w)[None, :], axis=1)
     # Runtime zero length: avoids constant-folding attention over empty slots (generate.py).
-    cache = spec.lm.init_cache(b).replace(length=jnp.minimum(total, 0).astype(jnp.int32))
+    cache = spec.lm.init_cache(b, w).replace(length=jnp.minimum(total, 0).astype(jnp.int32))
     logits, _ = spec.lm.forward(data.params, cache, ids,
                                 jnp.broadcast_to(jnp.arange(w), (b, w)),
-                                _causal(b, w) & (total >= 0)[:, None, None])
+                                causal_block_mask(b, w) & (total >= 0)[:, None, None])
     ends = jnp.cumsum(lens, axis=1) - 1 - offset[:, None]             # last piece of token t
     at = jnp.take_along_axis(logits, jnp.clip(ends, 0, w - 1)[:, :, None], axis=1)
-    q = sampling_probs(at, spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
+    q = sampling_probs(at, temperature, top_k=spec.top_k, top_p=spec.top_p,
                        mask=data.to_verifier >= 0)
     return to_verifier_space(q, data.to_verifier, v_vocab)
 
@@ -102,10 +107,83 @@ def prefix_distributions(dep: Deployment, v_tokens: np.ndarray, v_len: np.ndarra
     """
     b, t = v_tokens.shape
     valid = np.arange(t)[None, :] < v_len[:, None]
-    qs = [_prefix_q(s, d, jnp.asarray(v_tokens), jnp.asarray(valid), dep.verifier.vocab_size)
+    toks, ok_in = jax.device_put((np.asarray(v_tokens, np.int32), valid))
+    qs = [_prefix_q(dataclasses.replace(s.static, gamma=None), d, jax.device_put(np.float32(s.temperature)), toks, ok_in,
+                    dep.verifier.vocab_size)
           for s, d in zip(dep.drafters, dep.d_data)]
     pos = v_len[:, None] - last + np.arange(last)[None, :]               # [B, last]
     ok = pos >= 0
     pos = np.maximum(pos, 0)
     q = jnp.stack([jnp.take_along_axis(x, jnp.asarray(pos)[:, :, None], axis=1) for x in qs])
     return q.reshape(len(qs), b * last, -1), ok.reshape(-1)
+
+
+def from_zoo(zoo, names: Sequence[str] | None = None,
+             temperatures: Sequence[float] | Mapping[str, float] | None = None,
+             costs: Sequence[float] | Mapping[str, float] | None = None) -> "Deployment":
+    """A `specjax.models.zoo.Zoo`'s verifier and named drafters as a deployment (default: all
+    loaded drafters, in priority order). The zoo loads models; the engine assembles them.
+
+    Args:
+      names: drafters, in the priority order wanted.
+      temperatures / costs: overrides, either aligned with ``names`` or a mapping
+        name -> value (missing names keep their defaults).
+
+    Returns:
+      A `specjax.engine.deployment.Deployment`: identity maps for drafters sharing
+      the verifier's tokenizer, token-level-intersection maps otherwise; groups are
+      tokenizer fingerprints; text is spelt with the verifier's tokenizer and each
+      drafter's own; ``stop_table`` marks the verifier tokens whose bytes hold ``\\n``.
+    """
+    from specjax.engine.spec import cross_vocab_maps, identity_maps, validate_drafter  # pylint: disable=import-outside-toplevel
+    from specjax.tokenizers import intersection_map, retokenization_table  # pylint: disable=import-outside-toplevel
+
+    if isinstance(names, str):
+        names = (names,)
+    names = tuple(zoo.names if names is None else names)
+    if not names:
+        raise ConfigError('zoo deployment names: got an empty list; allowed: one or more of '
+                          f'{", ".join(map(repr, zoo.names))}')
+    if len(set(names)) != len(names):
+        raise ConfigError(f'zoo deployment names: got {list(names)}; allowed: distinct names')
+    models = [zoo.drafter(n) for n in names]
+    temps = _per_drafter('temperatures', temperatures, names,
+                         [m.temperature for m in models])
+    cost = _per_drafter('costs', costs, names, [m.cost for m in models])
+    v = zoo.verifier
+    v_tok, vocab = v.tokenizer, v.lm.vocab_size
+    specs, data, groups, encoders = [], [], [], []
+    for m, t, c in zip(models, temps, cost):
+        spec = DrafterSpec(name=m.name, lm=m.lm, temperature=float(t), cost=float(c))
+        validate_drafter(spec)
+        if m.tokenizer.fingerprint() == v_tok.fingerprint():
+            d = identity_maps(m.params, vocab)
+        else:
+            to_v = intersection_map(m.tokenizer, v_tok)
+            retok, retok_len = retokenization_table(v_tok, m.tokenizer)
+            d = cross_vocab_maps(m.params, to_v, retok, retok_len, vocab)
+        specs.append(spec)
+        data.append(d)
+        groups.append(m.tokenizer.fingerprint())
+        encoders.append(m.tokenizer.encode)
+    stop = np.array([b'\n' in b for b in v_tok.all_token_bytes()], bool)
+    return Deployment(verifier=v.lm, v_params=v.params, drafters=tuple(specs),
+                      d_data=tuple(data), groups=tuple(groups), encode=v_tok.encode,
+                      decode=v_tok.decode, drafter_encode=tuple(encoders),
+                      stop_table=stop)
+
+
+def _per_drafter(field, value, names, defaults) -> list[float]:
+    if value is None:
+        return list(defaults)
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - set(names))
+        if unknown:
+            raise ConfigError(f'zoo deployment {field}: got names {unknown}; allowed: '
+                              f'{", ".join(map(repr, names))}')
+        return [float(value.get(n, d)) for n, d in zip(names, defaults)]
+    value = list(value)
+    if len(value) != len(names):
+        raise ConfigError(f'zoo deployment {field}: got {len(value)} values for '
+                          f'{len(names)} drafters {list(names)}; allowed: one per drafter')
+    return [float(x) for x in value]

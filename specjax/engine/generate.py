@@ -1,27 +1,50 @@
 """Generation: prefill, the speculative loop and the autoregressive baseline, each jitted.
 
 `speculative_generate` and `autoregressive_generate` are the entry points: they validate
-their inputs on the host (before any work), build the padded prompt arrays once, and run
-the whole generation in one jitted `lax.while_loop` (one host round-trip per call).
+their inputs on the host (before any work, numpy only), move every input to the device in
+ONE `jax.device_put`, run the whole generation in one ahead-of-time compiled
+`lax.while_loop` program and fetch tokens and counters in ONE `jax.device_get`. Nothing
+else crosses between host and device inside a call: parameters are checked for NaN/inf
+once per parameter array (`check_finite`, memoised), shapes are read from shapes, and
+`seconds` times the compiled executable alone (compilation is a separate step, never a
+rerun).
+
+Caches follow the call, not the model's context: every cache is allocated with the
+capacity this call can fill (prompt width + new tokens + one block, plus `reserve` for
+continuations), since attention reads every slot of it.
+
+Carrying caches across calls (plan steps): with ``return_state=True`` a result holds the
+device-side `EngineState` (tokens, the verifier's and every drafter's cache); pass it
+(or ``state.rows(idx)``) as ``state=`` to a later call to continue those rows for
+``max_new_tokens`` more without re-encoding or re-prefilling anything. The state must
+come from a call with the same drafters; `autoregressive_generate` continuing such a state
+(a fallback step) passes the drafter caches through, and drafters left behind the
+committed text catch up at the start of the next speculative call.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import time
+import weakref
 from typing import Any, Sequence
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.engine.decode import (Counters, DecodeState, _causal, _gumbel, _keys,
-                                   _STREAM_VERIFY, speculative_round)
-from specjax.engine.spec import (TRACED_TEMPERATURE, DrafterData, DrafterSpec, EngineConfig,
-                                 validate_drafter)
+from specjax import debug
+from specjax.engine.decode import (Counters, DecodeState, EngineState, _budget, consume,
+                                   consume_width, speculative_round)
+from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig, validate_drafter
+from specjax.engine.streams import (STREAM_VERIFY, fold_keys, gumbel_noise,  # noqa: F401
+                                    row_keys_for, sample_rows)
 from specjax.errors import ConfigError
-from specjax.verify.distributions import gumbel_argmax, sample, sampling_probs
+from specjax.models.api import causal_block_mask
+from specjax.verify.distributions import gumbel_argmax, sampling_probs
+
+__all__ = ['GenerateResult', 'EngineState', 'speculative_generate', 'autoregressive_generate',
+           'pad_prompts', 'row_keys_for', 'check_finite', 'compiled_programs']
 
 
 @dataclasses.dataclass
@@ -30,15 +53,18 @@ class GenerateResult:
 
     Attributes:
       tokens: i32[B, L] prompt + committed tokens (verifier ids).
-      length: i32[B]; start: i32[B] prompt lengths; new tokens are tokens[b, start:length].
+      length: i32[B]; start: i32[B] where this call began; new tokens are
+        tokens[b, start:length].
       counters: Counters as numpy arrays (None for the autoregressive baseline).
-      seconds: wall-clock of the jitted call (after compilation when `warm`).
+      seconds: wall-clock of the compiled program alone (no compilation, no transfers).
+      state: the device-side `EngineState` when asked for (``return_state=True``).
     """
     tokens: np.ndarray
     length: np.ndarray
     start: np.ndarray
     counters: Any
     seconds: float = float("nan")
+    state: Any = None
 
     def new_tokens(self, row: int) -> list[int]:
         return self.tokens[row, self.start[row]:self.length[row]].tolist()
@@ -69,71 +95,221 @@ def _check_context(name: str, lm, need: int) -> None:
                           f"max_new_tokens + block); allowed: ≤ max_len = {lm.max_len}")
 
 
-def _check_finite(name: str, params) -> None:
-    leaves = [np.asarray(x) for x in jax.tree.leaves(params)
-              if np.issubdtype(np.asarray(x).dtype, np.floating)]
-    if not all(np.isfinite(x).all() for x in leaves):
+# ----------------------------------------------------------------------------------------
+# Parameter finiteness: once per parameter array, not per call
+# ----------------------------------------------------------------------------------------
+
+_FINITE: dict[int, Any] = {}   # id(array) -> weakref to it, for arrays checked finite
+
+
+def _known_finite(x) -> bool:
+    ref = _FINITE.get(id(x))
+    return ref is not None and ref() is x
+
+
+def _remember_finite(x) -> None:
+    key = id(x)
+    try:
+        _FINITE[key] = weakref.ref(x, lambda _, key=key: _FINITE.pop(key, None))
+    except TypeError:  # not weak-referenceable: it is checked again next time
+        pass
+
+
+def check_finite(name: str, params) -> None:
+    """Raises ConfigError if a floating parameter of `params` holds NaN or inf.
+
+    Each array is checked once (memoised by identity while it lives), with one device→host
+    transfer of a single flag for all unchecked device arrays; loaders may call it at load
+    time, and the generate calls then find every array already checked.
+    """
+    todo = [x for x in jax.tree.leaves(params)
+            if hasattr(x, 'dtype') and jnp.issubdtype(x.dtype, jnp.floating)
+            and not _known_finite(x)]
+    if not todo:
+        return
+    host = [x for x in todo if isinstance(x, np.ndarray)]
+    dev = [x for x in todo if not isinstance(x, np.ndarray)]
+    ok = all(np.isfinite(x).all() for x in host)
+    if ok and dev:
+        ok = bool(jax.device_get(jnp.stack([jnp.all(jnp.isfinite(x)) for x in dev]).all()))
+    if not ok:
         raise ConfigError(f"{name} parameters: contain NaN or inf; allowed: finite values")
+    for x in todo:
+        _remember_finite(x)
 
 
-def _prefill_lm(lm, params, tokens, n):
+# ----------------------------------------------------------------------------------------
+# Ahead-of-time compiled programs
+# ----------------------------------------------------------------------------------------
+
+_PROGRAMS: dict = {}
+
+
+def compiled_programs() -> int:
+    """How many engine programs this process has compiled (a retracing test reads it)."""
+    return len(_PROGRAMS)
+
+
+def _leaf_key(x):
+    sharding = getattr(x, 'sharding', None) if isinstance(x, jax.Array) else None
+    return (tuple(x.shape), str(x.dtype), bool(getattr(x, 'weak_type', False)), sharding)
+
+
+def _program(fn, statics: dict, args: tuple):
+    """`fn` lowered and compiled for these static arguments and these argument types,
+    compiled once per process (the persistent compilation cache spans processes)."""
+    key = (fn, tuple(sorted(statics.items())), jax.tree.structure(args),
+           tuple(_leaf_key(x) for x in jax.tree.leaves(args)), debug.enabled())
+    exe = _PROGRAMS.get(key)
+    if exe is None:
+        exe = fn.lower(*args, **statics).compile()
+        _PROGRAMS[key] = exe
+    return exe
+
+
+def _run(fn, statics: dict, args: tuple):
+    """Runs the compiled program; returns (outputs on device, seconds of execution)."""
+    exe = _program(fn, statics, args)
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(exe(*args))
+    return out, time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------------------
+# The speculative loop
+# ----------------------------------------------------------------------------------------
+
+def _prefill_lm(lm, params, tokens, n, capacity):
     """Caches tokens[:, :n] (n i32[B] ≤ P); returns (cache, logits after token n−1)."""
     b, p = tokens.shape
     # A fresh cache's length is a compile-time 0, and XLA then constant-folds the masked
     # attention over every empty slot (tens of seconds of compilation at batch 12). Tie it
     # to a runtime value that is 0.
-    cache = lm.init_cache(b).replace(length=jnp.minimum(n, 0).astype(jnp.int32))
+    cache = lm.init_cache(b, capacity).replace(length=jnp.minimum(n, 0).astype(jnp.int32))
     logits, cache = lm.forward(params, cache, tokens, jnp.broadcast_to(jnp.arange(p), (b, p)),
-                               _causal(b, p))
+                               causal_block_mask(b, p))
     last = jnp.take_along_axis(logits, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0]
     return lm.advance(cache, n), last
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "verifier", "drafters", "buf_len"))
-def _run_speculative(cfg, verifier, drafters, v_params, d_data, slots, stop_table,
-                     prompt, prompt_len, d_prompts, d_prompt_len, row_keys, buf_len):
+def _outputs(state: DecodeState, return_state: bool):
+    out = dict(tokens=state.tokens, length=state.length, start=state.start,
+               counters=state.counters)
+    if return_state:
+        out['state'] = state.carry()
+    return out
+
+
+def _spec_loop(cfg, verifier, drafters, v_params, d_data, slots, stop_table, v_temperature,
+               max_new, carry: EngineState, row_keys, return_state):
+    b = carry.tokens.shape[0]
+    k = len(drafters)
+    gamma = max(d.window(cfg.gamma) for d in drafters)
+    state = DecodeState(
+        tokens=carry.tokens, length=carry.length, start=carry.length,
+        done=jnp.zeros((b,), bool), row_keys=row_keys, vcache=carry.vcache,
+        dcaches=carry.dcaches, dsynced=carry.dsynced, dlogits=carry.dlogits,
+        counters=Counters.zeros(b, k, gamma))
+    state = state.replace(done=_budget(cfg, state, max_new, gamma) <= 0)
+    body = functools.partial(speculative_round, cfg, verifier, drafters, v_params, d_data,
+                             slots, stop_table, v_temperature=v_temperature, max_new=max_new)
+    state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+    return _outputs(state, return_state)
+
+
+_SPEC_STATICS = ("cfg", "verifier", "drafters", "buf_len", "v_cap", "d_caps", "return_state")
+
+
+@functools.partial(jax.jit, static_argnames=_SPEC_STATICS)
+def _spec_from_prompts(v_params, d_data, slots, stop_table, v_temperature, max_new, prompt,
+                       prompt_len,
+                       d_prompts, d_prompt_len, row_keys, *, cfg, verifier, drafters,
+                       buf_len,
+                       v_cap, d_caps, return_state):
     b = prompt.shape[0]
-    vcache, _ = _prefill_lm(verifier, v_params, prompt, prompt_len - 1)
+    vcache, _ = _prefill_lm(verifier, v_params, prompt, prompt_len - 1, v_cap)
     dcaches, dlogits = [], []
-    for spec, data, dp, dl in zip(drafters, d_data, d_prompts, d_prompt_len):
-        c, lg = _prefill_lm(spec.lm, data.params, dp, dl)
+    for spec, data, dp, dl, cap in zip(drafters, d_data, d_prompts, d_prompt_len, d_caps):
+        c, lg = _prefill_lm(spec.lm, data.params, dp, dl, cap)
         dcaches.append(c)
         dlogits.append(lg)
     tokens = jnp.zeros((b, buf_len), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
-    k = len(drafters)
-    state = DecodeState(
-        tokens=tokens, length=prompt_len, start=prompt_len, done=jnp.zeros((b,), bool),
-        row_keys=row_keys, vcache=vcache, dcaches=tuple(dcaches),
-        dsynced=jnp.broadcast_to(prompt_len, (k, b)), dlogits=tuple(dlogits),
-        counters=Counters.zeros(b, k, cfg.gamma))
-    body = functools.partial(speculative_round, cfg, verifier, drafters, v_params, d_data,
-                             slots, stop_table)
-    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+    carry = EngineState(tokens=tokens, length=prompt_len, vcache=vcache,
+                        dcaches=tuple(dcaches),
+                        dsynced=jnp.broadcast_to(prompt_len, (len(drafters), b)),
+                        dlogits=tuple(dlogits))
+    return _spec_loop(cfg, verifier, drafters, v_params, d_data, slots, stop_table,
+                      v_temperature, max_new, carry, row_keys, return_state)
+
+
+@functools.partial(jax.jit, static_argnames=_SPEC_STATICS)
+def _spec_from_state(v_params, d_data, slots, stop_table, v_temperature, max_new, carry,
+                     row_keys, *,
+                     cfg, verifier, drafters, buf_len, v_cap, d_caps, return_state):
+    del buf_len, v_cap, d_caps  # fixed by the call that made the state
+    gamma = max(d.window(cfg.gamma) for d in drafters)
+    # Drafters behind the committed text (a verifier-only step, a fallback) catch up now,
+    # γ + 1 verifier tokens per forward, before the first round.
+    dcaches, dlogits, dsynced = [], [], []
+    for kk, (spec, data) in enumerate(zip(drafters, d_data)):
+        def behind(c):
+            return jnp.any(c[2] < carry.length)
+
+        def feed(c, spec=spec, data=data):
+            cache, logits, synced = c
+            cache, logits, synced, _ = consume(spec, data, cache, logits, carry.tokens, synced,
+                                               carry.length, gamma + 1)
+            return cache, logits, synced
+        c = jax.lax.while_loop(behind, feed, (carry.dcaches[kk], carry.dlogits[kk],
+                                              carry.dsynced[kk]))
+        dcaches.append(c[0])
+        dlogits.append(c[1])
+        dsynced.append(c[2])
+    carry = carry.replace(dcaches=tuple(dcaches), dlogits=tuple(dlogits),
+                          dsynced=jnp.stack(dsynced))
+    return _spec_loop(cfg, verifier, drafters, v_params, d_data, slots, stop_table,
+                      v_temperature, max_new, carry, row_keys, return_state)
+
+
+def _drafter_capacity(spec_lm, m: int, d_width: int, v_width: int, buf_len: int,
+                      gamma: int) -> int:
+    """Slots a drafter's cache can fill in one run: its prompt, the pieces of every
+    verifier token the run can commit (≤ m each) and its kept drafts."""
+    return int(min(spec_lm.max_len, d_width + (buf_len - v_width) * m + gamma))
 
 
 def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequence[DrafterSpec],
-                         d_data: Sequence[DrafterData], prompts: Sequence[Sequence[int]],
-                         drafter_prompts: Sequence[Sequence[Sequence[int]]],
-                         row_keys: jax.Array, slots: np.ndarray | None = None,
+                         d_data: Sequence[DrafterData], prompts: Sequence[Sequence[int]] | None,
+                         drafter_prompts: Sequence[Sequence[Sequence[int]]] | None,
+                         row_keys, slots: np.ndarray | None = None,
                          stop_table: np.ndarray | None = None,
                          bucket: int = 1, min_width: int = 0,
-                         drafter_min_width: Sequence[int] | None = None) -> GenerateResult:
+                         drafter_min_width: Sequence[int] | None = None, *,
+                         state: EngineState | None = None, reserve: int = 0,
+                         return_state: bool = False) -> GenerateResult:
     """Speculative generation of `cfg.max_new_tokens` per row (or until a stop token).
 
     Args:
       cfg: the engine configuration (γ, rule, verifier temperature, slots, budget).
       verifier / v_params: the verifier's functional LM and parameters.
-      drafters / d_data: K drafters (static specs) and their arrays.
+      drafters / d_data: K drafters (specs; each may carry its own γ_i) and their arrays.
       prompts: B verifier-token prompts. drafter_prompts[k]: the same texts in drafter k's
-        own tokenisation (B lists).
-      row_keys: u32[B, 2] key data, one per row (`jax.random.key_data`). Rows that share a
-        key share their randomness (rule 'coupled' relies on it).
+        own tokenisation (B lists). Both None when continuing a `state`.
+      row_keys: u32[B, 2] key data, one per row (`row_keys_for`). Rows that share a key
+        share their randomness (rule 'coupled' relies on it).
       slots: i32[B, S] drafter indices per row in priority order, -1 = empty; default
         every row uses drafters 0..S−1.
       stop_table: bool[Vv], tokens that end a row (e.g. those containing a newline).
       bucket: prompt widths are rounded up to a multiple of it (fewer compilations).
       min_width / drafter_min_width: the verifier's and each drafter's padded prompt width
         is at least this (a run whose prompts grow keeps one compiled program).
+      state: continue these rows (an `EngineState` from an earlier call with the same
+        drafters, possibly continued by `autoregressive_generate`, or its `rows(idx)`);
+        `max_new_tokens` more per row; `prompts` and `drafter_prompts` are then None.
+      reserve: extra tokens per row that later continuations of this call will commit
+        (sizes the token buffer and the caches; the first call of a plan reserves its
+        later steps).
+      return_state: keep the caches on the device and return them as `result.state`.
 
     Returns:
       GenerateResult.
@@ -144,8 +320,21 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
                           "autoregressive_generate for the verifier alone)")
     for d in drafters:
         validate_drafter(d)
-    prompt, plen = pad_prompts(prompts, bucket=bucket, min_width=min_width)
-    b = prompt.shape[0]
+    windows = [d.gamma if d.gamma is not None else cfg.gamma for d in drafters]
+    gamma = max(windows)
+    if cfg.n_slots > 1 and len(set(windows)) > 1:
+        raise ConfigError(f"gamma: drafters {[d.name for d in drafters]} have γ {windows} "
+                          f"with rule {cfg.rule!r} over {cfg.n_slots} slots; allowed: equal "
+                          "γ for drafters that share a row (per-drafter γ needs one chain "
+                          "per row)")
+    if state is not None and prompts is None:
+        b = int(state.tokens.shape[0])
+    else:
+        prompt, plen = pad_prompts(prompts, bucket=bucket, min_width=min_width)
+        b = prompt.shape[0]
+    if np.shape(row_keys)[0] != b:
+        raise ConfigError(f"row_keys: got {np.shape(row_keys)[0]} rows; allowed: one per row "
+                          f"({b})")
     if slots is None:
         if cfg.n_slots > k:
             raise ConfigError(f"n_slots: got {cfg.n_slots}; allowed: ≤ {k} drafters")
@@ -157,122 +346,193 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
                           f"with drafter indices in [-1, {k - 1}]")
     if not (slots >= 0).any(axis=1).all():
         raise ConfigError("slots: a row has no drafter; allowed: ≥ 1 drafter per row")
-    if len(drafter_prompts) != k or any(len(dp) != b for dp in drafter_prompts):
-        raise ConfigError(f"drafter_prompts: need {k} lists of {b} prompts")
-    gamma = cfg.gamma
-    _check_context("verifier", verifier, prompt.shape[1] + cfg.max_new_tokens + cfg.n_slots * gamma)
-    d_pad = []
-    d_min = list(drafter_min_width) if drafter_min_width is not None else [0] * k
-    for spec, data, dp, w in zip(drafters, d_data, drafter_prompts, d_min):
-        arr, ln = pad_prompts(dp, field=f"drafter {spec.name!r} prompt", bucket=bucket,
-                              min_width=w)
-        m = int(np.asarray(data.retok).shape[1])
-        # A drafter of another tokenizer may spell a verifier token in up to m of its own
-        # tokens; the prompt plus one consume block must fit. Past that, its cache drops
-        # writes (models/cache.py): its drafts degrade, the output stays exact (q is what
-        # it sampled from).
-        from specjax.engine.decode import consume_width  # pylint: disable=import-outside-toplevel
-        _check_context(f"drafter {spec.name!r}", spec.lm,
-                       arr.shape[1] + consume_width(m, gamma + 1) + gamma)
-        if int(np.asarray(data.to_verifier).shape[0]) != spec.lm.vocab_size:
-            raise ConfigError(f"drafter {spec.name!r} vocabulary: map covers "
-                              f"{np.asarray(data.to_verifier).shape[0]} ids, model has "
-                              f"{spec.lm.vocab_size}; allowed: equal sizes")
-        d_pad.append((jnp.asarray(arr), jnp.asarray(ln)))
-    _check_finite("verifier", v_params)
     for spec, data in zip(drafters, d_data):
-        _check_finite(f"drafter {spec.name!r}", data.params)
+        if int(data.to_verifier.shape[0]) != spec.lm.vocab_size:
+            raise ConfigError(f"drafter {spec.name!r} vocabulary: map covers "
+                              f"{data.to_verifier.shape[0]} ids, model has "
+                              f"{spec.lm.vocab_size}; allowed: equal sizes")
+    check_finite("verifier", v_params)
+    for spec, data in zip(drafters, d_data):
+        check_finite(f"drafter {spec.name!r}", data.params)
     if stop_table is None:
         stop_table = np.zeros((verifier.vocab_size,), bool)
-    buf_len = prompt.shape[1] + cfg.max_new_tokens + gamma + 1
-    # Temperatures travel as arrays: one compiled program serves every temperature.
-    d_data = [data.replace(temperature=jnp.float32(spec.temperature))
-              for spec, data in zip(drafters, d_data)]
-    drafters = [dataclasses.replace(spec, temperature=TRACED_TEMPERATURE) for spec in drafters]
-    args = (cfg, verifier, tuple(drafters), v_params, tuple(d_data), jnp.asarray(slots),
-            jnp.asarray(stop_table), jnp.asarray(prompt), jnp.asarray(plen),
-            tuple(x for x, _ in d_pad), tuple(y for _, y in d_pad), jnp.asarray(row_keys))
-    state, seconds = _timed(_run_speculative, *args, buf_len=buf_len)
-    return GenerateResult(tokens=np.asarray(state.tokens), length=np.asarray(state.length),
-                          start=np.asarray(state.start),
-                          counters=jax.tree.map(np.asarray, state.counters), seconds=seconds)
+    statics_drafters = tuple(d.static for d in drafters)
+    temps = tuple(np.float32(d.temperature) for d in drafters)
+    host = dict(slots=slots, stop_table=np.asarray(stop_table, bool),
+                v_temperature=np.float32(cfg.verifier_temperature), temps=temps,
+                max_new=np.int32(cfg.max_new_tokens),
+                row_keys=np.asarray(row_keys))
+    # The compiled program depends on neither the verifier's temperature nor the token
+    # budget (inputs); the budget's shapes are in `buf_len`.
+    cfg_static = dataclasses.replace(cfg, verifier_temperature=1.0, max_new_tokens=1)
+
+    if state is None or prompts is not None:
+        if drafter_prompts is None or len(drafter_prompts) != k or any(
+                len(dp) != b for dp in drafter_prompts):
+            raise ConfigError(f"drafter_prompts: need {k} lists of {b} prompts")
+        buf_len = prompt.shape[1] + cfg.max_new_tokens + reserve + gamma + 1
+        _check_context("verifier", verifier,
+                       prompt.shape[1] + cfg.max_new_tokens + reserve + cfg.n_slots * gamma)
+        v_cap = (buf_len - gamma - 1 if cfg.n_slots == 1
+                 else buf_len + (cfg.n_slots - 1) * gamma)
+        v_cap = min(v_cap, verifier.max_len)
+        d_min = list(drafter_min_width) if drafter_min_width is not None else [0] * k
+        d_arr, d_len, d_caps = [], [], []
+        for spec, data, dp, w, g in zip(drafters, d_data, drafter_prompts, d_min, windows):
+            arr, ln = pad_prompts(dp, field=f"drafter {spec.name!r} prompt", bucket=bucket,
+                                  min_width=w)
+            m = int(data.retok.shape[1])
+            # A drafter of another tokenizer may spell a verifier token in up to m of its
+            # own tokens; the prompt plus one consume block must fit. Past that, its cache
+            # drops writes (models/cache.py): its drafts degrade, the output stays exact
+            # (q is what it sampled from).
+            _check_context(f"drafter {spec.name!r}", spec.lm,
+                           arr.shape[1] + consume_width(m, g + 1) + g)
+            d_arr.append(arr)
+            d_len.append(ln)
+            d_caps.append(_drafter_capacity(spec.lm, m, arr.shape[1], prompt.shape[1],
+                                            buf_len, g))
+        host.update(prompt=prompt, prompt_len=plen, d_prompts=tuple(d_arr),
+                    d_prompt_len=tuple(d_len))
+        if state is not None:
+            raise ConfigError("state: give prompts=None to continue a state, or no state")
+        dev = jax.device_put(host)
+        d_data = tuple(data.replace(temperature=t) for data, t in zip(d_data, dev['temps']))
+        args = (v_params, d_data, dev['slots'], dev['stop_table'], dev['v_temperature'],
+                dev['max_new'], dev['prompt'], dev['prompt_len'], dev['d_prompts'],
+                dev['d_prompt_len'], dev['row_keys'])
+        fn = _spec_from_prompts
+    else:
+        if len(state.dcaches) != k:
+            raise ConfigError(f"state: holds {len(state.dcaches)} drafter caches; allowed: "
+                              f"one per drafter of this call ({k}); continue a verifier-only "
+                              "state with autoregressive_generate")
+        buf_len, v_cap, d_caps = int(state.tokens.shape[1]), 0, ()
+        dev = jax.device_put(host)
+        d_data = tuple(data.replace(temperature=t) for data, t in zip(d_data, dev['temps']))
+        args = (v_params, d_data, dev['slots'], dev['stop_table'], dev['v_temperature'],
+                dev['max_new'], state, dev['row_keys'])
+        fn = _spec_from_state
+    statics = dict(cfg=cfg_static, verifier=verifier, drafters=statics_drafters,
+                   buf_len=buf_len, v_cap=v_cap, d_caps=tuple(d_caps),
+                   return_state=return_state)
+    out, seconds = _run(fn, statics, args)
+    carried = out.pop('state', None)
+    host_out = jax.device_get(out)
+    return GenerateResult(tokens=host_out['tokens'], length=host_out['length'],
+                          start=host_out['start'], counters=host_out['counters'],
+                          seconds=seconds, state=carried)
 
 
-def _timed(fn, *args, **kwargs):
-    """Runs a jitted fn; if the call compiled, runs it again so `seconds` excludes compiling."""
-    before = fn._cache_size()
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(fn(*args, **kwargs))
-    seconds = time.perf_counter() - t0
-    if fn._cache_size() != before:
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(fn(*args, **kwargs))
-        seconds = time.perf_counter() - t0
-    return out, seconds
+# ----------------------------------------------------------------------------------------
+# The autoregressive baseline
+# ----------------------------------------------------------------------------------------
+
+_AR_STATICS = ("verifier", "coupled", "buf_len", "v_cap", "top_k", "top_p", "return_state")
 
 
-@functools.partial(jax.jit, static_argnames=("verifier", "temperature", "max_new",
-                                             "coupled", "buf_len", "top_k", "top_p"))
-def _run_autoregressive(verifier, v_params, prompt, prompt_len, row_keys, stop_table, active,
-                        temperature, max_new, coupled, buf_len, top_k=0, top_p=1.0):
-    b = prompt.shape[0]
-    vcache, _ = _prefill_lm(verifier, v_params, prompt, prompt_len - 1)
-    tokens = jnp.zeros((b, buf_len), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
+def _ar_loop(verifier, v_params, carry: EngineState, row_keys, stop_table, active,
+             temperature, max_new, coupled, top_k, top_p, return_state):
+    b, buf_len = carry.tokens.shape
+    start = carry.length
 
     def body(c):
         tokens, length, done, cache = c
         root = jnp.take_along_axis(tokens, (length - 1)[:, None], axis=1)
         logits, cache = verifier.forward(v_params, cache, root, (length - 1)[:, None],
-                                         _causal(b, 1))
+                                         causal_block_mask(b, 1))
         p = sampling_probs(logits[:, 0], temperature, top_k=top_k, top_p=top_p)
         if coupled:
-            tok = gumbel_argmax(p, _gumbel(row_keys, length, 0, p.shape[-1])[:, 0])
+            tok = gumbel_argmax(p, gumbel_noise(row_keys, length, 0, p.shape[-1])[:, 0])
         else:
-            tok = jax.vmap(sample)(_keys(row_keys, _STREAM_VERIFY, length), p)
+            tok = sample_rows(fold_keys(row_keys, STREAM_VERIFY, length), p)
         live = ~done
         tokens = jax.vmap(lambda r, t, i, w: jnp.where(w, r.at[i].set(t), r))(
             tokens, tok, length, live)
         cache = verifier.advance(cache, live.astype(jnp.int32))
         new_len = length + live
-        done = done | (new_len - prompt_len >= max_new) | (live & stop_table[tok])
+        done = (done | (new_len - start >= max_new) | (new_len >= buf_len - 1)
+                | (live & stop_table[tok]))
         return tokens, new_len, done, cache
 
-    init = (tokens, prompt_len, ~active, vcache)
-    return jax.lax.while_loop(lambda c: ~jnp.all(c[2]), body, init)
+    done = ~active | (carry.length >= buf_len - 1)
+    tokens, length, _, vcache = jax.lax.while_loop(
+        lambda c: ~jnp.all(c[2]), body, (carry.tokens, carry.length, done, carry.vcache))
+    out = dict(tokens=tokens, length=length, start=start)
+    if return_state:
+        out['state'] = carry.replace(tokens=tokens, length=length, vcache=vcache)
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=_AR_STATICS)
+def _ar_from_prompts(v_params, prompt, prompt_len, row_keys, stop_table, active, temperature,
+                     max_new, *, verifier, coupled, buf_len, v_cap, top_k, top_p, return_state):
+    b = prompt.shape[0]
+    vcache, _ = _prefill_lm(verifier, v_params, prompt, prompt_len - 1, v_cap)
+    tokens = jnp.zeros((b, buf_len), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
+    carry = EngineState(tokens=tokens, length=prompt_len, vcache=vcache, dcaches=(),
+                        dsynced=jnp.zeros((0, b), jnp.int32), dlogits=())
+    return _ar_loop(verifier, v_params, carry, row_keys, stop_table, active, temperature,
+                    max_new, coupled, top_k, top_p, return_state)
+
+
+@functools.partial(jax.jit, static_argnames=_AR_STATICS)
+def _ar_from_state(v_params, carry, row_keys, stop_table, active, temperature, max_new, *,
+                   verifier, coupled, buf_len, v_cap, top_k, top_p, return_state):
+    del buf_len, v_cap
+    return _ar_loop(verifier, v_params, carry, row_keys, stop_table, active, temperature,
+                    max_new, coupled, top_k, top_p, return_state)
 
 
 def autoregressive_generate(verifier, v_params, prompts, row_keys, *, temperature: float,
                             max_new_tokens: int, coupled: bool = False, stop_table=None,
                             top_k: int = 0, top_p: float = 1.0, bucket: int = 1,
-                            min_width: int = 0, active=None) -> GenerateResult:
+                            min_width: int = 0, active=None, state: EngineState | None = None,
+                            reserve: int = 0, return_state: bool = False) -> GenerateResult:
     """The baseline: the verifier alone, one token per call, same PRNG streams as the engine.
 
     With `coupled=True` each token is the Gumbel-max sample with the noise of its absolute
     position — the very token rule 'coupled' commits — so the two can be compared exactly.
     `active` (bool[B], default all) marks the rows to generate; the others are padding that
     keeps the batch shape (and the compiled program) fixed, and generate nothing.
+    `state` / `reserve` / `return_state`: as in `speculative_generate` (``prompts=None``
+    with a state; a state's drafter caches pass through untouched and catch up in the next
+    speculative call).
     """
     EngineConfig(gamma=1, verifier_temperature=temperature, max_new_tokens=max_new_tokens)
-    prompt, plen = pad_prompts(prompts, bucket=bucket, min_width=min_width)
-    _check_context("verifier", verifier, prompt.shape[1] + max_new_tokens + 1)
-    active = (np.ones((prompt.shape[0],), bool) if active is None
-              else np.asarray(active, bool).reshape(prompt.shape[0]))
-    _check_finite("verifier", v_params)
+    check_finite("verifier", v_params)
     if stop_table is None:
         stop_table = np.zeros((verifier.vocab_size,), bool)
-    (tokens, length, _, _), seconds = _timed(
-        _run_autoregressive, verifier, v_params, jnp.asarray(prompt), jnp.asarray(plen),
-        jnp.asarray(row_keys), jnp.asarray(stop_table), jnp.asarray(active),
-        temperature=float(temperature),
-        max_new=max_new_tokens, coupled=coupled, buf_len=prompt.shape[1] + max_new_tokens + 1,
-        top_k=top_k, top_p=top_p)
-    return GenerateResult(tokens=np.asarray(tokens), length=np.asarray(length),
-                          start=plen, counters=None, seconds=seconds)
-
-
-def row_keys_for(seed: int, batch: int, share: int = 1) -> np.ndarray:
-    """Key data u32[B, 2]: row b gets key (seed, b // share) — `share` rows share noise."""
-    base = jax.random.key(seed)
-    keys = jax.vmap(lambda i: jax.random.key_data(jax.random.fold_in(base, i)))(
-        jnp.arange(batch) // share)
-    return np.asarray(keys)
+    if state is None:
+        prompt, plen = pad_prompts(prompts, bucket=bucket, min_width=min_width)
+        b = prompt.shape[0]
+        _check_context("verifier", verifier, prompt.shape[1] + max_new_tokens + reserve + 1)
+        buf_len = prompt.shape[1] + max_new_tokens + reserve + 1
+    else:
+        if prompts is not None:
+            raise ConfigError("state: give prompts=None to continue a state, or no state")
+        b, buf_len = (int(n) for n in state.tokens.shape)
+    active = (np.ones((b,), bool) if active is None else np.asarray(active, bool).reshape(b))
+    host = dict(row_keys=np.asarray(row_keys), stop_table=np.asarray(stop_table, bool),
+                active=active, temperature=np.float32(temperature),
+                max_new=np.int32(max_new_tokens))
+    statics = dict(verifier=verifier, coupled=coupled,
+                   buf_len=buf_len, v_cap=min(buf_len - 1, verifier.max_len), top_k=top_k,
+                   top_p=top_p, return_state=return_state)
+    if state is None:
+        host.update(prompt=prompt, prompt_len=plen)
+        dev = jax.device_put(host)
+        args = (v_params, dev['prompt'], dev['prompt_len'], dev['row_keys'], dev['stop_table'],
+                dev['active'], dev['temperature'], dev['max_new'])
+        fn = _ar_from_prompts
+    else:
+        dev = jax.device_put(host)
+        args = (v_params, state, dev['row_keys'], dev['stop_table'], dev['active'],
+                dev['temperature'], dev['max_new'])
+        fn = _ar_from_state
+    out, seconds = _run(fn, statics, args)
+    carried = out.pop('state', None)
+    host_out = jax.device_get(out)
+    return GenerateResult(tokens=host_out['tokens'], length=host_out['length'],
+                          start=host_out['start'], counters=None, seconds=seconds,
+                          state=carried)

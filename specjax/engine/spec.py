@@ -20,7 +20,11 @@ from specjax.verify.rules import RULES
 
 @dataclasses.dataclass(frozen=True)
 class DrafterSpec:
-    """One drafter (static).
+    """One drafter, as configured (host side).
+
+    Only its `static` part is compiled into a program; the temperature travels as an
+    array (`DrafterData.temperature`) and the cost never enters the engine (it is the
+    cost model's), so a new temperature or cost reuses the compiled program.
 
     Attributes:
         name: the drafter's name in metrics and configs.
@@ -28,6 +32,7 @@ class DrafterSpec:
         temperature: its sampling temperature τ_i ≥ 0 (0 = greedy).
         top_k / top_p: optional filtering; `q` is always the filtered distribution.
         cost: c_i, its per-token cost relative to one verifier call (cost model).
+        gamma: γ_i, its draft tokens per round (SPEC §2); None = the engine config's γ.
     """
     name: str
     lm: Any
@@ -35,6 +40,26 @@ class DrafterSpec:
     top_k: int = 0
     top_p: float = 1.0
     cost: float = 0.0
+    gamma: int | None = None
+
+    @property
+    def static(self) -> "DrafterStatic":
+        """What a compiled program depends on (hashable; passed to `jax.jit` as static)."""
+        return DrafterStatic(lm=self.lm, top_k=self.top_k, top_p=self.top_p, gamma=self.gamma)
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterStatic:
+    """The compiled part of a drafter: its model, its filtering and its γ_i (None = the
+    engine config's). Name, temperature and cost are not in it (see `DrafterSpec`)."""
+    lm: Any
+    top_k: int = 0
+    top_p: float = 1.0
+    gamma: int | None = None
+
+    def window(self, default: int) -> int:
+        """γ_i: this drafter's draft tokens per round."""
+        return default if self.gamma is None else self.gamma
 
 
 @struct.dataclass
@@ -47,9 +72,10 @@ class DrafterData:
         from_verifier: i32[Vv] the inverse on the intersection, or -1.
         retok: i32[Vv, M] the drafter's tokenisation of each verifier token's bytes.
         retok_len: i32[Vv] its length (1..M).
-        temperature: f32[] the sampling temperature as an array, or None (then the spec's).
-            `speculative_generate` moves the spec's temperature here, so a temperature sweep
-            reuses one compiled program.
+        temperature: f32[] the sampling temperature as an array (`speculative_generate`
+            sets it from the spec, so a temperature sweep reuses one compiled program).
+        identity: static; True when the maps are the identity (the drafter shares the
+            verifier's tokenizer), so drafting skips the moves between vocabularies.
     """
     params: Any
     to_verifier: jax.Array
@@ -57,17 +83,16 @@ class DrafterData:
     retok: jax.Array
     retok_len: jax.Array
     temperature: Any = None
+    identity: bool = struct.field(pytree_node=False, default=False)
 
-
-# DrafterSpec.temperature inside a jitted call whose DrafterData carries the temperature.
-TRACED_TEMPERATURE = -1.0
 
 
 def identity_maps(params, vocab: int) -> DrafterData:
     """DrafterData for a drafter that shares the verifier's tokenizer."""
     ids = jnp.arange(vocab, dtype=jnp.int32)
     return DrafterData(params=params, to_verifier=ids, from_verifier=ids,
-                                          retok=ids[:, None], retok_len=jnp.ones((vocab,), jnp.int32))
+                       retok=ids[:, None], retok_len=jnp.ones((vocab,), jnp.int32),
+                       identity=True)
 
 
 def cross_vocab_maps(params, to_verifier: np.ndarray, retok: np.ndarray,
@@ -142,3 +167,6 @@ def validate_drafter(d: DrafterSpec) -> None:
         raise ConfigError(f"drafter {d.name!r} top_k: got {d.top_k!r}; allowed: ≥ 0")
     if not (math.isfinite(d.cost) and d.cost >= 0):
         raise ConfigError(f"drafter {d.name!r} cost: got {d.cost!r}; allowed: ≥ 0")
+    if d.gamma is not None and (not isinstance(d.gamma, (int, np.integer)) or d.gamma < 1):
+        raise ConfigError(f"drafter {d.name!r} gamma: got {d.gamma!r}; allowed: None (the "
+                          "engine's γ) or an integer ≥ 1")

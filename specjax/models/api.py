@@ -42,7 +42,7 @@ class LM(Protocol):
     vocab_size: int
     max_len: int
 
-    def init_cache(self, batch: int) -> Cache: ...
+    def init_cache(self, batch: int, capacity: int | None = None) -> Cache: ...
 
     def forward(self, params, cache: Cache, tokens, positions, block_mask) -> tuple[Any, Cache]: ...
 
@@ -110,9 +110,19 @@ class TransformerLM:
             rng = jax.random.key(int(rng))
         return _init_params(self, rng)
 
-    def init_cache(self, batch: int) -> Cache:
+    def init_cache(self, batch: int, capacity: int | None = None) -> Cache:
+        """An empty cache of ``capacity`` slots per row (default ``max_len``).
+
+        Attention reads every slot of the cache, so its cost follows the capacity: size
+        it to what the caller will fill (the engine uses prompt width + new tokens +
+        one block), not to the model's context.
+        """
         c = self.config
-        return init_cache(c.n_layers, batch, c.max_len, c.n_kv_heads, c.head_dim,
+        capacity = c.max_len if capacity is None else int(capacity)
+        if not 1 <= capacity <= c.max_len:
+            raise ValueError(f'TransformerLM.init_cache: capacity={capacity} (allowed: '
+                             f'1 <= capacity <= max_len={c.max_len})')
+        return init_cache(c.n_layers, batch, capacity, c.n_kv_heads, c.head_dim,
                           jnp.dtype(c.dtype))
 
     # The cache helpers as methods, so an engine can commit any LM's cache (the synthetic

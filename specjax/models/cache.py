@@ -5,9 +5,22 @@ and always masked, so rolling back is only ``length`` moving back. ``forward`` w
 block at slots ``[length, length + T)`` without moving ``length``; the caller commits
 with :func:`advance` (a chain) or :func:`compact` (a token tree's accepted path).
 
+Layout: one array per layer, ``f32[B, KV, S, hd]`` (batch and KV heads leading, the slots
+next to the head dimension). Measured on XLA:CPU (issue 10) against the stacked
+``[n_layers, B, S, KV, hd]`` layout of the first version and a stacked
+``[n_layers, B, KV, S, hd]``: with S between the batch dimensions every layer's keys were
+transposed on every call, and with a stacked leading layer axis ``k[layer]`` is a copy of
+that layer on every call (a ``slice`` fusion feeding the dot); per-layer arrays in this
+order feed the attention dots directly and are updated in place inside ``while_loop``. On
+TPU the same order is the one the MXU wants (batch dims leading, contraction minor).
+
+Capacity ``S`` is chosen per cache (``init_cache(..., capacity)``), not fixed at the
+model's context: attention reads all ``S`` slots of every row, so an engine call sizes its
+caches to what the call can fill (prompt width + new tokens + one block).
+
 Writes use scatters with ``mode='drop'``: a slot at or past capacity is dropped, never
 clamped onto committed slots (``dynamic_update_slice`` would clamp its start and
-silently overwrite history). Keeping ``length + T <= max_len`` is the caller's job; the
+silently overwrite history). Keeping ``length + T <= capacity`` is the caller's job; the
 logits of an overflowing block are still exact (attention reads the block's own keys),
 but its cache entries are lost.
 """
@@ -18,33 +31,69 @@ import jax.numpy as jnp
 from flax import struct
 
 
+@jax.tree_util.register_pytree_node_class
+class PerLayer(tuple):
+    """A tuple of per-layer arrays of one shape (a pytree whose children are the layers).
+
+    ``shape`` / ``dtype`` are those of one layer, so a tree of logical axis names that
+    holds *one* name tuple for the field (``Cache.logical_axes()``) maps onto every layer
+    (``specjax.sharding`` broadcasts a sharding over the layers as a tree prefix).
+    """
+
+    @property
+    def shape(self):
+        return self[0].shape
+
+    @property
+    def dtype(self):
+        return self[0].dtype
+
+    def tree_flatten(self):
+        return tuple(self), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        del aux
+        return cls(children)
+
+
 @struct.dataclass
 class Cache:
-    """k, v: f32[n_layers, B, L, n_kv_heads, head_dim] (post-rotary keys); length: i32[B]."""
+    """k, v: ``PerLayer`` of n_layers arrays f32[B, KV, S, hd] (post-rotary keys);
+    length: i32[B]."""
 
-    k: jax.Array
-    v: jax.Array
+    k: PerLayer
+    v: PerLayer
     length: jax.Array
 
     @property
     def max_len(self) -> int:
+        """The capacity S (slots per row)."""
         return self.k.shape[2]
+
+    capacity = max_len
 
     @property
     def batch(self) -> int:
-        return self.k.shape[1]
+        return self.k.shape[0]
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.k)
 
     @staticmethod
     def logical_axes() -> 'Cache':
-        """Logical axis names of each field (for ``specjax.sharding``)."""
-        kv = ('layers', 'batch', 'cache_length', 'kv_heads', 'head_dim')
+        """Logical axis names of each field (one name tuple per field: the same for every
+        layer; see `PerLayer`)."""
+        kv = ('batch', 'kv_heads', 'cache_length', 'head_dim')
         return Cache(k=kv, v=kv, length=('batch',))
 
 
-def init_cache(n_layers: int, batch: int, max_len: int, n_kv_heads: int, head_dim: int,
+def init_cache(n_layers: int, batch: int, capacity: int, n_kv_heads: int, head_dim: int,
                dtype=jnp.float32) -> Cache:
-    shape = (n_layers, batch, max_len, n_kv_heads, head_dim)
-    return Cache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+    shape = (batch, n_kv_heads, capacity, head_dim)
+    return Cache(k=PerLayer(jnp.zeros(shape, dtype) for _ in range(n_layers)),
+                 v=PerLayer(jnp.zeros(shape, dtype) for _ in range(n_layers)),
                  length=jnp.zeros((batch,), jnp.int32))
 
 
@@ -55,13 +104,17 @@ def _rows_len(cache: Cache, x, name: str) -> jax.Array:
     return jnp.broadcast_to(x, (cache.batch,))
 
 
-def write_layer(arr: jax.Array, layer: int, block: jax.Array, length: jax.Array) -> jax.Array:
-    """Writes one layer's ``block: [B, T, KV, hd]`` into ``arr: [n_layers, B, L, KV, hd]``
-    at slots ``[length, length + T)`` of each row (slots past capacity are dropped)."""
-    B, T = block.shape[0], block.shape[1]
-    rows = jnp.arange(B)[:, None]
+def _index(batch: int, kv: int, slots: jax.Array):
+    """Scatter/gather indices (rows, heads, slots) for ``slots: i32[B, T]`` on [B, KV, S, hd]."""
+    return (jnp.arange(batch)[:, None, None], jnp.arange(kv)[None, :, None], slots[:, None, :])
+
+
+def write_block(arr: jax.Array, block: jax.Array, length: jax.Array) -> jax.Array:
+    """Writes one layer's ``block: [B, KV, T, hd]`` into ``arr: [B, KV, S, hd]`` at slots
+    ``[length, length + T)`` of each row (slots past capacity are dropped)."""
+    B, KV, T = block.shape[:3]
     slots = length[:, None] + jnp.arange(T)[None, :]  # [B, T]
-    return arr.at[layer, rows, slots].set(block.astype(arr.dtype), mode='drop')
+    return arr.at[_index(B, KV, slots)].set(block.astype(arr.dtype), mode='drop')
 
 
 def advance(cache: Cache, n) -> Cache:
@@ -92,13 +145,20 @@ def compact(cache: Cache, src, n) -> Cache:
     if src.ndim != 2 or src.shape[0] != cache.batch:
         raise ValueError(f'compact(src): expected i32[{cache.batch}, K], got shape {src.shape}')
     K = src.shape[1]
-    rows = jnp.arange(cache.batch)[:, None]
+    B, KV = cache.batch, cache.k.shape[1]
     base = cache.length[:, None]
-    src_slots = base + src
-    dst_slots = base + jnp.arange(K)[None, :]
+    src_idx = _index(B, KV, base + src)
+    dst_idx = _index(B, KV, base + jnp.arange(K)[None, :])
 
     def move(x):
-        moved = x.at[:, rows, src_slots].get(mode='clip')  # [n_layers, B, K, KV, hd]
-        return x.at[:, rows, dst_slots].set(moved, mode='drop')
+        moved = x.at[src_idx].get(mode='clip')  # [B, KV, K, hd]
+        return x.at[dst_idx].set(moved, mode='drop')
 
-    return advance(cache.replace(k=move(cache.k), v=move(cache.v)), n)
+    return advance(cache.replace(k=PerLayer(map(move, cache.k)),
+                                 v=PerLayer(map(move, cache.v))), n)
+
+
+def select_rows(cache, rows: jax.Array):
+    """The caches of rows ``rows: i32[B']`` (a gather along the batch; any cache pytree
+    whose leaves all lead with the batch, e.g. a synthetic LM's ``LengthCache``)."""
+    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), cache)

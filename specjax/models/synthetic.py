@@ -35,7 +35,8 @@ class BigramLM:
     vocab_size: int
     max_len: int = 1 << 20
 
-    def init_cache(self, batch: int) -> LengthCache:
+    def init_cache(self, batch: int, capacity: int | None = None) -> LengthCache:
+        del capacity  # nothing is stored per slot
         return LengthCache(length=jnp.zeros((batch,), jnp.int32))
 
     def forward(self, params, cache, tokens, positions, block_mask):

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.models.cache import write_layer
+from specjax.models.cache import PerLayer, write_block
 from specjax.sharding import with_logical_constraint
 
 _DTYPES = ('float32', 'bfloat16', 'float16')
@@ -48,11 +48,19 @@ class TransformerConfig:
     n_heads: int = 4            # query heads; head_dim = d_model // n_heads (even)
     n_kv_heads: int = 4         # key/value heads (GQA); divides n_heads
     d_ff: int = 512             # SwiGLU hidden width
-    max_len: int = 512          # KV-cache capacity (context length)
+    max_len: int = 512          # context length (positions; the largest KV-cache capacity)
     rope_theta: float = 10_000.0  # rotary base
     tie_embeddings: bool = False  # output projection = embedding matrix transposed
     dtype: str = 'float32'        # compute dtype (logits are always f32)
     param_dtype: str = 'float32'  # storage dtype of parameters
+    # Fields for imported Hugging Face families (specjax.models.hf). `to_dict` omits them
+    # at their defaults, so zoo manifests and recipe hashes written before them are unchanged.
+    norm_eps: float = 1e-6        # RMSNorm epsilon
+    rope_scaling: tuple = ()      # () or sorted (key, value) pairs, e.g. (('factor', 8.0),
+    #                               ('rope_type', 'linear')); types: 'linear', 'llama3'
+    qkv_bias: bool = False        # biases on the q/k/v projections (Qwen2)
+    embed_input_scale: bool = True  # tied only: inputs times sqrt(d_model) (Gemma-style);
+    #                                 HF Llama / Qwen2 / Mistral do not scale
 
     def __post_init__(self):
         def check_int(field, lo, hi=None, extra=''):
@@ -80,13 +88,26 @@ class TransformerConfig:
         object.__setattr__(self, 'dtype', _dtype_name(self.dtype, 'dtype'))
         object.__setattr__(self, 'param_dtype', _dtype_name(self.param_dtype, 'param_dtype'))
         object.__setattr__(self, 'rope_theta', float(self.rope_theta))
+        if not (isinstance(self.norm_eps, (int, float)) and 0 < self.norm_eps < 1):
+            raise ValueError(f'TransformerConfig.norm_eps={self.norm_eps!r}: must be in (0, 1)')
+        object.__setattr__(self, 'norm_eps', float(self.norm_eps))
+        object.__setattr__(self, 'rope_scaling', _rope_scaling(self.rope_scaling))
+        for f in ('qkv_bias', 'embed_input_scale'):
+            if not isinstance(getattr(self, f), bool):
+                raise ValueError(f'TransformerConfig.{f}={getattr(self, f)!r}: must be True or False')
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        for f in _LATER_FIELDS:  # omitted at their defaults: older dicts stay byte-identical
+            if d[f] == _DEFAULTS[f]:
+                del d[f]
+        if 'rope_scaling' in d:
+            d['rope_scaling'] = [list(kv) for kv in d['rope_scaling']]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> 'TransformerConfig':
@@ -95,6 +116,57 @@ class TransformerConfig:
         if unknown:
             raise ValueError(f'TransformerConfig: unknown fields {unknown} (allowed: {sorted(known)})')
         return cls(**d)
+
+
+_LATER_FIELDS = ('norm_eps', 'rope_scaling', 'qkv_bias', 'embed_input_scale')
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+_ROPE_TYPES = {'linear': ('factor',),
+               'llama3': ('factor', 'low_freq_factor', 'high_freq_factor',
+                          'original_max_position_embeddings')}
+
+
+def _rope_scaling(value) -> tuple:
+    """A dict / list of pairs / tuple -> sorted ``((key, value), ...)`` (hashable)."""
+    if value in (None, (), [], {}):
+        return ()
+    try:
+        items = dict(value.items() if hasattr(value, 'items') else value)
+    except (TypeError, ValueError):
+        raise ValueError(f'TransformerConfig.rope_scaling={value!r}: must be a mapping or '
+                         f'(key, value) pairs') from None
+    kind = items.get('rope_type', items.get('type'))
+    items.pop('type', None)
+    items['rope_type'] = kind
+    if kind not in _ROPE_TYPES:
+        raise ValueError(f'TransformerConfig.rope_scaling: rope_type={kind!r} is not supported '
+                         f'(allowed: {sorted(_ROPE_TYPES)})')
+    missing = [k for k in _ROPE_TYPES[kind] if not isinstance(items.get(k), (int, float))]
+    if missing:
+        raise ValueError(f'TransformerConfig.rope_scaling: rope_type={kind!r} needs numbers '
+                         f'for {missing}')
+    keep = ('rope_type',) + _ROPE_TYPES[kind]
+    return tuple(sorted((k, items[k] if k == 'rope_type' else float(items[k])) for k in keep))
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: tuple = ()) -> np.ndarray:
+    """f32[head_dim // 2] rotary inverse frequencies, with HF's 'linear' / 'llama3' scaling."""
+    half = head_dim // 2
+    # f32 throughout, as transformers computes it (and as zoo models were trained).
+    inv = (1.0 / (theta ** (np.arange(half, dtype=np.float32) / half))).astype(np.float32)
+    s = dict(scaling)
+    if s.get('rope_type') == 'linear':
+        inv = inv / np.float32(s['factor'])
+    elif s.get('rope_type') == 'llama3':
+        # Long wavelengths are divided by `factor`, short ones kept, the band between
+        # interpolated (transformers' _compute_llama3_parameters).
+        factor, lo, hi, old = (float(s[k]) for k in (
+            'factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings'))
+        wavelen = 2 * np.pi / inv
+        smooth = (old / wavelen - lo) / (hi - lo)
+        scaled = np.where(wavelen > old / lo, inv / factor, inv)
+        mid = (wavelen <= old / lo) & (wavelen >= old / hi)
+        inv = np.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    return inv.astype(np.float32)
 
 
 _TRUNC_STD = 0.87962566103423978  # std of a standard normal truncated to [-2, 2]
@@ -131,8 +203,8 @@ def _fan_in_std(fan_in: int, scale: float = 1.0) -> float:
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, cfg: TransformerConfig, *, rngs: nnx.Rngs, eps: float = 1e-6):
-        self.eps = eps
+    def __init__(self, dim: int, cfg: TransformerConfig, *, rngs: nnx.Rngs, eps: float | None = None):
+        self.eps = cfg.norm_eps if eps is None else eps
         self.scale = _param(rngs, (dim,), ('embed',), None, cfg.param_dtype)
 
     def __call__(self, x):
@@ -141,10 +213,9 @@ class RMSNorm(nnx.Module):
         return (normed * self.scale[...].astype(jnp.float32)).astype(x.dtype)
 
 
-def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def rotary(x: jax.Array, positions: jax.Array, theta: float, scaling: tuple = ()) -> jax.Array:
     """Rotates ``x: [B, T, N, hd]`` by ``positions: i32[B, T]`` (rotate-half convention)."""
-    half = x.shape[-1] // 2
-    inv_freq = 1.0 / (theta ** (np.arange(half, dtype=np.float32) / half))
+    inv_freq = rope_inv_freq(x.shape[-1], theta, scaling)
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, half]
     sin = jnp.sin(angles)[:, :, None, :]
     cos = jnp.cos(angles)[:, :, None, :]
@@ -167,14 +238,18 @@ class Attention(nnx.Module):
         self.wv = _param(rngs, (d, kv, hd), ('embed', 'kv_heads', 'head_dim'), std_in, pd)
         self.wo = _param(rngs, (h, hd, d), ('heads', 'head_dim', 'embed'),
                          _fan_in_std(h * hd, out_scale), pd)
+        if cfg.qkv_bias:  # zero-initialised (init_std 0)
+            self.bq = _param(rngs, (h, hd), ('heads', 'head_dim'), 0.0, pd)
+            self.bk = _param(rngs, (kv, hd), ('kv_heads', 'head_dim'), 0.0, pd)
+            self.bv = _param(rngs, (kv, hd), ('kv_heads', 'head_dim'), 0.0, pd)
 
     def __call__(self, x, positions, block_mask, cache=None):
         """Args:
           x: [B, T, D]; positions: i32[B, T]; block_mask: bool[B, T, T].
-          cache: None (no history) or (k, v, length, layer): the whole
-            [n_layers, B, L, KV, hd] arrays, i32[B] committed slots, this layer's index.
+          cache: None (no history) or (k, v, length): this layer's [B, KV, S, hd] arrays
+            (``specjax.models.cache``) and i32[B] committed slots.
 
-        Returns (out [B, T, D], updated (k, v) arrays or None).
+        Returns (out [B, T, D], this layer's updated (k, v) arrays or None).
         """
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
@@ -183,9 +258,11 @@ class Attention(nnx.Module):
         q = jnp.einsum('btd,dnh->btnh', x, self.wq[...].astype(dt))
         k = jnp.einsum('btd,dnh->btnh', x, self.wk[...].astype(dt))
         v = jnp.einsum('btd,dnh->btnh', x, self.wv[...].astype(dt))
+        if cfg.qkv_bias:
+            q, k, v = (y + b[...].astype(dt) for y, b in ((q, self.bq), (k, self.bk), (v, self.bv)))
         q = with_logical_constraint(q, ('batch', 'length', 'heads', 'head_dim'))
-        q = rotary(q, positions, cfg.rope_theta) * jnp.asarray(hd ** -0.5, dt)
-        k = rotary(k, positions, cfg.rope_theta)
+        q = rotary(q, positions, cfg.rope_theta, cfg.rope_scaling) * jnp.asarray(hd ** -0.5, dt)
+        k = rotary(k, positions, cfg.rope_theta, cfg.rope_scaling)
         qg = q.reshape(B, T, kv, g, hd)
 
         # The block attends to its own keys directly, so its logits never depend on where
@@ -197,19 +274,32 @@ class Attention(nnx.Module):
             out = jnp.einsum('bkgts,bskh->btkgh', probs, v)
             new_cache = None
         else:
-            cache_k, cache_v, length, layer = cache
+            cache_k, cache_v, length = cache
+            kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)   # [B, KV, T, hd]
             # Write first, then read the *updated* arrays: the old buffers die at the
             # write, so XLA updates the cache in place instead of copying it every step.
-            cache_k = write_layer(cache_k, layer, k, length)
-            cache_v = write_layer(cache_v, layer, v, length)
-            ck, cv = cache_k[layer].astype(dt), cache_v[layer].astype(dt)
-            L = ck.shape[1]
-            s_c = jnp.einsum('btkgh,bskh->bkgts', qg, ck, preferred_element_type=jnp.float32)
-            m_c = (jnp.arange(L)[None, :] < length[:, None])[:, None, None, None, :]
-            s_c = jnp.where(m_c, s_c, _NEG)
-            probs = jax.nn.softmax(jnp.concatenate([s_c, s_blk], axis=-1), axis=-1).astype(dt)
-            out = (jnp.einsum('bkgts,bskh->btkgh', probs[..., :L], cv)
-                   + jnp.einsum('bkgts,bskh->btkgh', probs[..., L:], v))
+            cache_k = write_block(cache_k, kt, length)
+            cache_v = write_block(cache_v, vt, length)
+            S = cache_k.shape[2]
+            # Query rows (g, t) of each KV head against its slots: batch dims (B, KV)
+            # leading and the contraction minor, as the cache is laid out (no transposes).
+            qc = qg.transpose(0, 2, 3, 1, 4).reshape(B, kv, g * T, hd)
+            s_c = jnp.einsum('bkqh,bksh->bkqs', qc, cache_k.astype(dt),
+                             preferred_element_type=jnp.float32)
+            s_c = jnp.where((jnp.arange(S)[None, :] < length[:, None])[:, None, None, :],
+                            s_c, _NEG).reshape(B, kv, g, T, S)
+            # Softmax over [committed slots, block tokens] without concatenating them; the
+            # normalisation is applied to the (smaller) outputs.
+            m = jnp.maximum(jnp.max(s_c, axis=-1, keepdims=True),
+                            jnp.max(s_blk, axis=-1, keepdims=True))
+            e_c, e_b = jnp.exp(s_c - m), jnp.exp(s_blk - m)
+            z = jnp.sum(e_c, axis=-1) + jnp.sum(e_b, axis=-1)               # [B, KV, G, T]
+            o_c = jnp.einsum('bkqs,bksh->bkqh', e_c.reshape(B, kv, g * T, S).astype(dt),
+                             cache_v.astype(dt), preferred_element_type=jnp.float32)
+            o_b = jnp.einsum('bkgts,bksh->bkgth', e_b.astype(dt), vt,
+                             preferred_element_type=jnp.float32)
+            out = (o_c.reshape(B, kv, g, T, hd) + o_b) / z[..., None]
+            out = out.transpose(0, 3, 1, 2, 4).astype(dt)                    # [B, T, KV, G, hd]
             new_cache = (cache_k, cache_v)
         out = out.reshape(B, T, cfg.n_heads, hd)
         y = jnp.einsum('btnh,nhd->btd', out, self.wo[...].astype(dt))
@@ -268,7 +358,8 @@ class Transformer(nnx.Module):
     def __call__(self, tokens, positions, block_mask, cache_k=None, cache_v=None, length=None):
         """Args:
           tokens, positions: i32[B, T]; block_mask: bool[B, T, T].
-          cache_k, cache_v: [n_layers, B, L, KV, hd] or None; length: i32[B].
+          cache_k, cache_v: per-layer [B, KV, S, hd] arrays (``PerLayer``) or None;
+            length: i32[B].
 
         Returns (logits f32[B, T, V], cache_k, cache_v) with the block's keys/values
         written at slots [length, length + T) (None, None without a cache).
@@ -277,15 +368,19 @@ class Transformer(nnx.Module):
         dt = jnp.dtype(cfg.dtype)
         table = self.embed[...]
         x = jnp.take(table, tokens, axis=0).astype(dt)
-        if cfg.tie_embeddings:
+        if cfg.tie_embeddings and cfg.embed_input_scale:
             x = x * jnp.asarray(cfg.d_model ** 0.5, dt)
         x = with_logical_constraint(x, ('batch', 'length', 'embed'))
+        new_k, new_v = [], []
         for i in range(cfg.n_layers):
             layer = getattr(self, f'layer_{i}')
-            cache = None if cache_k is None else (cache_k, cache_v, length, i)
+            cache = None if cache_k is None else (cache_k[i], cache_v[i], length)
             x, new_cache = layer(x, positions, block_mask, cache)
             if new_cache is not None:
-                cache_k, cache_v = new_cache
+                new_k.append(new_cache[0])
+                new_v.append(new_cache[1])
+        if cache_k is not None:
+            cache_k, cache_v = PerLayer(new_k), PerLayer(new_v)
         x = self.final_norm(x)
         head = table.T if cfg.tie_embeddings else self.lm_head[...]
         logits = jnp.einsum('btd,dv->btv', x, head.astype(dt), preferred_element_type=jnp.float32)

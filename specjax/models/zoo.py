@@ -16,8 +16,8 @@ listed in ``drafter_order`` (code, prose, reasoning: the seed's 1.5B / 3B / 7B).
 
 `load_zoo` verifies every file it reads against the manifest before using it; every
 failure is a one-line `ConfigError` naming the file or model and what is wrong.
-`Zoo.deployment` assembles a `specjax.engine.deployment.Deployment` from the loaded
-models. The evaluation helpers at the bottom (held-out loss, unigram baseline,
+The zoo only loads; `specjax.engine.deployment.from_zoo` assembles a deployment from the
+loaded models (the models layer never imports the engine). The evaluation helpers at the bottom (held-out loss, unigram baseline,
 acceptance in verifier space, decode speed) are what the training script records and the
 tests re-measure.
 """
@@ -42,7 +42,7 @@ from specjax import checkpoints
 from specjax.errors import ConfigError
 from specjax.models.api import TransformerLM, advance, count_params
 from specjax.models.transformer import TransformerConfig
-from specjax.tokenizers import Tokenizer, intersection_map, load_tokenizer, retokenization_table
+from specjax.tokenizers import Tokenizer, load_tokenizer
 
 __all__ = ['ZOO_FORMAT', 'DRAFTER_ORDER', 'Zoo', 'ZooModel', 'load_zoo', 'default_zoo_path',
            'file_sha256', 'heldout_loss', 'unigram_loss', 'acceptance_rates',
@@ -151,75 +151,6 @@ class Zoo:
 
     def model(self, name: str) -> ZooModel:
         return self.verifier if name == VERIFIER else self.drafter(name)
-
-    def deployment(self, names: Sequence[str] | None = None,
-                   temperatures: Sequence[float] | Mapping[str, float] | None = None,
-                   costs: Sequence[float] | Mapping[str, float] | None = None):
-        """The verifier and the named drafters (default: all loaded, in priority order).
-
-        Args:
-          names: drafters, in the priority order wanted.
-          temperatures / costs: overrides, either aligned with ``names`` or a mapping
-            name -> value (missing names keep their defaults).
-
-        Returns:
-          A `specjax.engine.deployment.Deployment`: identity maps for drafters sharing
-          the verifier's tokenizer, token-level-intersection maps otherwise; groups are
-          tokenizer fingerprints; text is spelt with the verifier's tokenizer and each
-          drafter's own; ``stop_table`` marks the verifier tokens whose bytes hold ``\\n``.
-        """
-        from specjax.engine.deployment import Deployment
-        from specjax.engine.spec import DrafterSpec, cross_vocab_maps, identity_maps, validate_drafter
-
-        if isinstance(names, str):
-            names = (names,)
-        names = tuple(self.names if names is None else names)
-        if not names:
-            raise ConfigError('zoo deployment names: got an empty list; allowed: one or more of '
-                              f'{", ".join(map(repr, self.names))}')
-        if len(set(names)) != len(names):
-            raise ConfigError(f'zoo deployment names: got {list(names)}; allowed: distinct names')
-        models = [self.drafter(n) for n in names]
-        temps = _per_drafter('temperatures', temperatures, names,
-                             [m.temperature for m in models])
-        cost = _per_drafter('costs', costs, names, [m.cost for m in models])
-        v = self.verifier
-        v_tok, vocab = v.tokenizer, v.lm.vocab_size
-        specs, data, groups, encoders = [], [], [], []
-        for m, t, c in zip(models, temps, cost):
-            spec = DrafterSpec(name=m.name, lm=m.lm, temperature=float(t), cost=float(c))
-            validate_drafter(spec)
-            if m.tokenizer.fingerprint() == v_tok.fingerprint():
-                d = identity_maps(m.params, vocab)
-            else:
-                to_v = intersection_map(m.tokenizer, v_tok)
-                retok, retok_len = retokenization_table(v_tok, m.tokenizer)
-                d = cross_vocab_maps(m.params, to_v, retok, retok_len, vocab)
-            specs.append(spec)
-            data.append(d)
-            groups.append(m.tokenizer.fingerprint())
-            encoders.append(m.tokenizer.encode)
-        stop = np.array([b'\n' in b for b in v_tok.all_token_bytes()], bool)
-        return Deployment(verifier=v.lm, v_params=v.params, drafters=tuple(specs),
-                          d_data=tuple(data), groups=tuple(groups), encode=v_tok.encode,
-                          decode=v_tok.decode, drafter_encode=tuple(encoders),
-                          stop_table=stop)
-
-
-def _per_drafter(field, value, names, defaults) -> list[float]:
-    if value is None:
-        return list(defaults)
-    if isinstance(value, Mapping):
-        unknown = sorted(set(value) - set(names))
-        if unknown:
-            raise ConfigError(f'zoo deployment {field}: got names {unknown}; allowed: '
-                              f'{", ".join(map(repr, names))}')
-        return [float(value.get(n, d)) for n, d in zip(names, defaults)]
-    value = list(value)
-    if len(value) != len(names):
-        raise ConfigError(f'zoo deployment {field}: got {len(value)} values for '
-                          f'{len(names)} drafters {list(names)}; allowed: one per drafter')
-    return [float(x) for x in value]
 
 
 # ----------------------------------------------------------------------------------------

@@ -19,6 +19,9 @@ import dataclasses
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
+from specjax.seed_constants import (ACCEPTANCE_FLOOR, DEPTH_CEILING,
+                                    TRUNCATION_OVERHEAD_RATIO)
+
 ACCEPTANCE_OUT_OF_RANGE = "acceptance_out_of_range"
 ACCEPTANCE_BELOW_FLOOR = "acceptance_below_floor"
 TRUNCATION_THRASH = "truncation_thrash"
@@ -62,9 +65,9 @@ def should_truncate_and_repropose(
         shared_prefix_acceptance: float,
         mean_truncation_depth: float,
         independent_branch_acceptance: float,
-        truncation_overhead_ratio: float = 0.15,
-        acceptance_floor: float = 0.45,
-        depth_ceiling: float = 2.5,
+        truncation_overhead_ratio: float = TRUNCATION_OVERHEAD_RATIO,
+        acceptance_floor: float = ACCEPTANCE_FLOOR,
+        depth_ceiling: float = DEPTH_CEILING,
 ) -> bool:
     """Whether this batch's branches should keep sharing a prefix (truncate-and-repropose).
 
@@ -120,6 +123,38 @@ def should_truncate_and_repropose(
 
 
 # ----------------------------------------------------------------------------- records
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundaryThresholds:
+    """The boundary's three thresholds (the config holds one of these; the seed's defaults).
+
+    Attributes:
+        truncation_overhead_ratio: the gain `s − i` a shared prefix must exceed.
+        acceptance_floor: below it the shared prefix collapses ('acceptance_below_floor').
+        depth_ceiling: above it truncation thrash collapses it ('truncation_thrash').
+    """
+
+    truncation_overhead_ratio: float = TRUNCATION_OVERHEAD_RATIO
+    acceptance_floor: float = ACCEPTANCE_FLOOR
+    depth_ceiling: float = DEPTH_CEILING
+
+    def __post_init__(self):
+        import math  # pylint: disable=import-outside-toplevel
+        from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
+        for name, lo, hi in (("truncation_overhead_ratio", -1.0, 1.0),
+                             ("acceptance_floor", 0.0, 1.0), ("depth_ceiling", 0.0, math.inf)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+                    math.isfinite(v) or v == math.inf) or not lo <= v <= hi:
+                raise ConfigError.invalid(f"boundary.{name}", v,
+                                          f"a number in [{lo}, {hi}]")
+            object.__setattr__(self, name, float(v))
+
+    def kwargs(self) -> dict[str, float]:
+        """The keyword arguments of `should_truncate_and_repropose`."""
+        return dataclasses.asdict(self)
+
 
 
 class BoundaryStats(NamedTuple):
@@ -226,9 +261,9 @@ def evaluate_boundary(
         stats_per_branch: Mapping[Hashable, Any] | Sequence[Any],
         *,
         log: CollapseLog | None = None,
-        truncation_overhead_ratio: float = 0.15,
-        acceptance_floor: float = 0.45,
-        depth_ceiling: float = 2.5,
+        truncation_overhead_ratio: float = TRUNCATION_OVERHEAD_RATIO,
+        acceptance_floor: float = ACCEPTANCE_FLOOR,
+        depth_ceiling: float = DEPTH_CEILING,
 ) -> list[BoundaryDecision]:
     """Evaluates the boundary for every branch of one batch; a collapse becomes a record.
 
@@ -282,9 +317,9 @@ def execute_parallel_plan(
         consensus: Consensus,
         *,
         log: CollapseLog | None = None,
-        truncation_overhead_ratio: float = 0.15,
-        acceptance_floor: float = 0.45,
-        depth_ceiling: float = 2.5,
+        truncation_overhead_ratio: float = TRUNCATION_OVERHEAD_RATIO,
+        acceptance_floor: float = ACCEPTANCE_FLOOR,
+        depth_ceiling: float = DEPTH_CEILING,
         on_decisions: Callable[[list[BoundaryDecision]], None] | None = None,
 ):
     """The seed's plan step: branches that pass the boundary commit, else fallback.
@@ -335,16 +370,53 @@ def execute_parallel_plan(
     return consensus.commit(passing, verifier=verifier)
 
 
+def replay_step_decisions(branch_records: Sequence[Mapping[str, Any]],
+                          thresholds: "BoundaryThresholds | None" = None) -> dict:
+    """Re-decides recorded steps with `execute_parallel_plan`'s rule under `thresholds`.
+
+    The branch statistics a step decision reads (`s`, `i`, `d`: already raw or
+    agreement-weighted as the run's switch 3 chose) are recorded per (step, plan, branch)
+    by the plan runner; the decision depends on nothing else, so the fallback rate under
+    other thresholds is exact for the recorded branches. (Under independent noise later
+    steps would have other text, so it is exact for the recorded steps, not for a rerun.)
+
+    Returns:
+      {'steps', 'fallbacks', 'fallback_rate', 'branches', 'true', 'false',
+      'acceptance_below_floor', 'truncation_thrash', 'acceptance_out_of_range'}.
+    """
+    kw = (thresholds or BoundaryThresholds()).kwargs()
+    steps: dict = {}
+    counts = collections.Counter()
+    for r in branch_records:
+        try:
+            ok = should_truncate_and_repropose(r["s"], r["d"], r["i"], **kw)
+            counts["true" if ok else "false"] += 1
+        except SpeculativePrefixCollapseError as e:
+            ok = False
+            counts[e.reason] += 1
+        key = (r.get("seed", 0), r["step"], r["plan"])
+        steps[key] = steps.get(key, False) or ok
+    n = len(steps)
+    fb = sum(not v for v in steps.values())
+    out = {"steps": n, "fallbacks": fb, "fallback_rate": fb / n if n else float("nan"),
+           "branches": len(branch_records)}
+    for k in ("true", "false") + REASONS:
+        out[k] = counts[k]
+    return out
+
+
 __all__ = [
         "ACCEPTANCE_BELOW_FLOOR",
         "ACCEPTANCE_OUT_OF_RANGE",
         "REASONS",
         "TRUNCATION_THRASH",
         "BoundaryDecision",
+        "BoundaryThresholds",
         "BoundaryStats",
         "CollapseLog",
         "SpeculativePrefixCollapseError",
         "evaluate_boundary",
+        "replay_step_decisions",
         "execute_parallel_plan",
         "should_truncate_and_repropose",
 ]

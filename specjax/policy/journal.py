@@ -10,6 +10,14 @@ file with these guarantees:
     `O_APPEND` descriptor, then `fsync`ed before `commit` returns;
 * **crash recovery** — a torn final line (a crash mid-write, no trailing newline) is
     ignored and truncated away when the journal is opened; everything before it is intact;
+* **I/O errors** — when ``write`` or ``fsync`` raises, the line may or may not have reached
+    the disk (whole, in part, or not at all), and `commit` re-raises without recording the
+    step. The journal remembers the offset the line was written at, and before anything
+    else (the retry's `commit`, `get`, `next_step`, ...) *reconciles*: it reads the file back
+    from that offset; a whole line is the step committed (fsynced again, then recorded, so
+    the retry does not write it twice), a part of one is truncated away. A journal is
+    always reopenable: a torn final line is dropped, and a step that appears twice *with
+    the same text* (written by a version without reconciliation) is read once;
 * **resume** — reopening the file restores every committed step; `run_step_exactly_once`
     returns a journaled step without producing it again.
 
@@ -105,6 +113,11 @@ class PlanJournal:
         self._next: dict[PlanId, int] = {}
         #: bytes of a torn final line removed when the journal was opened (0 if none).
         self.recovered_torn_bytes = 0
+        #: identical repeated lines skipped when the journal was opened (0 if none).
+        self.skipped_duplicate_lines = 0
+        # (entry, offset, line bytes) of a commit whose write or fsync raised: reconciled
+        # against the file before the journal is used again.
+        self._pending: tuple[CommittedStep, int, bytes] | None = None
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
         existed = os.path.exists(self.path)
@@ -141,6 +154,9 @@ class PlanJournal:
             os.ftruncate(self._fd, keep)
             os.fsync(self._fd)
             data = data[:keep]
+        elif data and self._fsync:
+            # A line whose fsync raised before a crash may sit only in the page cache.
+            os.fsync(self._fd)
         for line_no, line in enumerate(data.splitlines(), start=1):
             try:
                 record = json.loads(line)
@@ -156,7 +172,13 @@ class PlanJournal:
                         f"{self.path}:{line_no}: unreadable journal line ({exc}); only a torn final "
                         "line is recovered automatically."
                 ) from None
-            expected = self.next_step(entry.plan_id)
+            expected = self._next.get(entry.plan_id, 0)
+            seen = self._steps.get((entry.plan_id, entry.step_index))
+            if seen is not None and seen.text == entry.text:
+                # The same step twice with the same text: a retry after an I/O error by a
+                # journal without reconciliation. The text is not in doubt; read it once.
+                self.skipped_duplicate_lines += 1
+                continue
             if entry.step_index != expected:
                 what = "appears twice" if entry.step_index < expected else f"precedes step {expected}"
                 raise JournalCorruptError(
@@ -209,13 +231,16 @@ class PlanJournal:
         """
         if self.closed:
             raise JournalError(f"plan journal {self.path} is closed.")
+        reconciled = self._settle()
         _validate_key(plan_id, step_index)
         if not isinstance(text, str):
             raise TypeError(f"text={text!r} is not allowed; allowed: a str.")
         existing = self._steps.get((plan_id, step_index))
         if existing is not None:
             if existing.text == text:
-                return False
+                # The retry of a commit that raised after its line reached the disk counts
+                # as the write (the caller never saw it succeed); any other repeat is a no-op.
+                return reconciled is existing
             raise JournalConflictError(
                     f"step {step_index} of plan {plan_id!r} is already committed as "
                     f"{_preview(existing.text)}; refusing to commit {_preview(text)} over it."
@@ -231,48 +256,98 @@ class PlanJournal:
             line = (entry.to_json() + "\n").encode("utf-8")
         except TypeError as exc:
             raise TypeError(f"meta of step {step_index} of plan {plan_id!r}: {exc}") from None
+        offset = os.fstat(self._fd).st_size  # One writer (flock): the line goes here.
+        self._pending = (entry, offset, line)
         written = os.write(self._fd, line)  # One write on O_APPEND: the line lands whole.
         if written != len(line):
-            # A short write left a torn line; only reopening (which truncates it) is safe.
-            self.close()
+            # A short write (disk full) left a torn line: reconciled before the next use.
             raise OSError(
                     f"short write to plan journal {self.path} ({written} of {len(line)} bytes); "
-                    "the journal was closed, reopen it to recover."
+                    "the torn line is removed before the journal is used again (or reopened)."
             )
         if self._fsync:
             os.fsync(self._fd)
+        self._pending = None
         self._index(entry)
         return True
 
+    def _settle(self) -> CommittedStep | None:
+        """Reconciles a commit whose write or fsync raised (see the module docstring).
+
+        Returns:
+            The pending step if its line turned out to be on disk (now fsynced and
+            recorded), else None.
+
+        Raises:
+            OSError: reading back, truncating or fsyncing failed again (still pending).
+            JournalCorruptError: the bytes after the offset are not (a part of) the line.
+        """
+        if self._pending is None:
+            return None
+        entry, offset, line = self._pending
+        size = os.fstat(self._fd).st_size
+        data = os.pread(self._fd, max(size - offset, 0), offset) if size > offset else b""
+        if data == line:
+            if self._fsync:
+                os.fsync(self._fd)
+            self._pending = None
+            self._index(entry)
+            return entry
+        if not line.startswith(data):
+            raise JournalCorruptError(
+                    f"{self.path}: after a failed commit at byte {offset}, the file holds "
+                    f"{len(data)} bytes that are not the line being written; reopen it to "
+                    "recover what is readable.")
+        if data:  # A part of the line: remove it, durably, before anything is appended.
+            os.ftruncate(self._fd, offset)
+            if self._fsync:
+                os.fsync(self._fd)
+        self._pending = None
+        return None
+
     # ---------------------------------------------------------------- queries
 
+    # Every query reconciles a pending commit first, so that a step whose line reached the
+    # disk is seen as committed (`run_step_exactly_once` does not produce it again).
+
+    def _settled(self) -> None:
+        if self._pending is not None and not self.closed:
+            self._settle()
+
     def get(self, plan_id: PlanId, step_index: int) -> CommittedStep | None:
+        self._settled()
         return self._steps.get((plan_id, step_index))
 
     def committed_steps(self, plan_id: PlanId) -> list[CommittedStep]:
         """The plan's committed steps, in step order (0, 1, …)."""
+        self._settled()
         return [self._steps[(plan_id, i)] for i in range(self._next.get(plan_id, 0))]
 
     def next_step(self, plan_id: PlanId) -> int:
         """The first step of the plan not yet committed (where a resumed run continues)."""
+        self._settled()
         return self._next.get(plan_id, 0)
 
     def plan_ids(self) -> list[PlanId]:
         """Plans with at least one committed step, in order of first commit."""
+        self._settled()
         return list(self._next)
 
     def __iter__(self) -> Iterator[CommittedStep]:
         """Every committed step, in file (commit) order."""
+        self._settled()
         return iter(list(self._order))
 
     def __len__(self) -> int:
+        self._settled()
         return len(self._order)
 
     def __contains__(self, key: tuple[PlanId, int]) -> bool:
+        self._settled()
         return key in self._steps
 
     def __repr__(self) -> str:
-        return f"PlanJournal({self.path!r}, {len(self)} steps)"
+        return f"PlanJournal({self.path!r}, {len(self._order)} steps)"
 
 
 def run_step_exactly_once(

@@ -87,6 +87,61 @@ def pairwise_kl(q: jax.Array, eps: float = 1e-6) -> jax.Array:
     return kl
 
 
+def _kl_common_one(q_i, q_j, m_i, m_j, eps):
+    """KL on the common support of one pair at one position, and q_i's mass outside it."""
+    common = (m_i & m_j).astype(q_i.dtype)
+    n = jnp.maximum(jnp.sum(common), 1.0)
+    a_in, b_in = q_i * common, q_j * common
+    outside = jnp.maximum(1.0 - jnp.sum(a_in) / jnp.maximum(jnp.sum(q_i), 1e-30), 0.0)
+    a = (a_in + common * eps / n) / (jnp.sum(a_in) + eps)
+    b = (b_in + common * eps / n) / (jnp.sum(b_in) + eps)
+    safe_a, safe_b = jnp.where(common > 0, a, 1.0), jnp.where(common > 0, b, 1.0)
+    kl = jnp.sum(jnp.where(common > 0, a * (jnp.log(safe_a) - jnp.log(safe_b)), 0.0))
+    return jnp.maximum(kl, 0.0), outside
+
+
+# Over positions, then every ordered pair: f32[K, T, V], bool[K, V] → f32[K, K, T] twice.
+_kl_common_pos = jax.vmap(_kl_common_one, in_axes=(0, 0, None, None, None))
+_kl_common_pairs = jax.vmap(jax.vmap(_kl_common_pos, in_axes=(None, 0, None, 0, None)),
+                            in_axes=(0, None, 0, None, None))
+
+
+@jax.jit
+def _pairwise_kl_common(q, support, eps):
+    return _kl_common_pairs(q.astype(jnp.float32), q.astype(jnp.float32), support, support, eps)
+
+
+def pairwise_kl_common(q: jax.Array, support: jax.Array, eps: float = 1e-6):
+    """`KL(q_i ‖ q_j)` on the pair's common support, and the mass left outside it (SPEC §7).
+
+    Each drafter's distribution lives on its vocabulary in verifier space (`support[i]`: the
+    verifier ids its tokenizer can spell, the token-level intersection of rule 3). For a
+    pair, both rows are restricted to the intersection of the two supports and renormalised
+    there (with `eps` of uniform mass on that intersection, so that a token one drafter
+    filtered out gives a large finite KL), so the figure measures how differently the two
+    drafters rank what both can say, and is never dominated by the smoothing of mass one of
+    them cannot place. That mass is reported separately.
+
+    Args:
+      q: f32[K, T, V] next-token distributions in verifier space at T prefix positions.
+      support: bool[K, V] each drafter's vocabulary in verifier space.
+      eps: smoothing mass on the common support, > 0.
+
+    Returns:
+      (kl f32[K, K, T], outside f32[K, K, T]): `outside[i, j, t]` is the mass of q_i outside
+      the common support of (i, j).
+    """
+    chex.assert_rank(q, 3)
+    chex.assert_rank(support, 2)
+    chex.assert_equal(support.shape, (q.shape[0], q.shape[2]))
+    if not (np.isfinite(eps) and eps > 0):
+        raise ValueError(f"pairwise_kl_common: eps={eps!r} is not allowed; allowed: a finite "
+                         "float > 0.")
+    kl, outside = _pairwise_kl_common(q, jnp.asarray(support, bool), jnp.float32(float(eps)))
+    chex.assert_shape(kl, (q.shape[0], q.shape[0], q.shape[1]))
+    return kl, outside
+
+
 def _pair_mask(kl: jax.Array, active) -> jax.Array:
     """bool[K, K, T]: off-diagonal pairs at active positions."""
     k, _, t = kl.shape

@@ -1,4 +1,4 @@
-"""Parallel plan execution under a policy: branches, consensus, fallback, the boundary.
+"""Parallel plan execution under a policy: branches, the step decision, fallback (SPEC §5–6).
 
 A plan is a prompt followed by `plan_steps` steps; a step ends at a stop token (a verifier
 token containing the step delimiter) or after `max_step_tokens`. For every step, all plans
@@ -7,36 +7,54 @@ of the batch advance together (one batch = one step of every plan):
   1. the policy forms *sharing sets* — drafters that extend one prefix in one verifier
      block: all drafters (switch 1 off) or one set per tokenizer group (switch 1 on), split
      further by the KL ceiling (switch 4) and by the decision boundary of the previous batch;
-  2. branches are built from the sets (at least `n_branches`, default one per tokenizer
-     group); every (plan, branch) is one engine row, its slots its set's drafters, and the
-     rows of one drafter set run in one engine call with only that set's drafters; the rule
-     is `token_tree` (switch 2 on) or the naive `shared_block` (off) — under the coupled rule
-     `coupled` or `coupled_block`, with one call per plan and set (shared noise);
-  3. per plan, the branches' candidate steps are voted on with raw or agreement-weighted
-     weights (switch 3); the plurality is committed if its support reaches the threshold,
-     else the verifier generates the step alone (fallback, one consensus round charged);
-  4. committed steps go to the plan journal exactly once; the batch's statistics feed the
+  2. *branches* are built from the sets (at least `n_branches`, default one per tokenizer
+     group); every (plan, branch) is one engine row, and the rows of one drafter set run in
+     one engine call with only that set's drafters; the rule is `token_tree` (switch 2 on) or
+     the naive `shared_block` (off) — under the coupled rule `coupled` or `coupled_block`;
+  3. each branch reports its statistics for the step — shared-prefix acceptance `s_b`,
+     independent acceptance `i_b`, mean truncation depth `d_b` and vote weight `w_b`, raw or
+     agreement-weighted by switch 3 (`branch_statistics`) — and the step is decided by the
+     seed's own `execute_parallel_plan` (``consensus='seed'``: commit the weighted plurality
+     of the branches whose `should_truncate_and_repropose` holds, else fallback) or by the
+     quorum vote (``consensus='quorum'``); the other rule's verdict is recorded too;
+  4. on fallback the verifier generates the step alone and a consensus round is charged;
+     committed steps go to the plan journal exactly once; the batch's statistics feed the
      decision boundary (SPEC §6) for the next batch.
+
+Randomness: every row's key is derived with `jax.random.fold_in` from (seed, plan, step,
+branch), never by seed arithmetic, so a plan's noise does not depend on the batch it runs
+in. Under the coupled rule the branches of a plan share the plan's key, and so do its
+single-drafter baselines, the autoregressive reference and the fallback: all of them
+commit the verifier's own sample for that noise, and identical computations of different
+policies are shared (`shared_calls`).
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
-import time
+import hashlib
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specjax.engine.deployment import Deployment, prefix_distributions
-from specjax.engine.generate import (GenerateResult, autoregressive_generate, row_keys_for,
+from specjax.engine.generate import (GenerateResult, autoregressive_generate,
                                      speculative_generate)
 from specjax.engine.spec import EngineConfig
 from specjax.errors import ConfigError
 from specjax.policy import boundary as boundary_lib
 from specjax.policy.consensus import decide, exact_match, vote_weight
 from specjax.policy.journal import PlanJournal
-from specjax.policy.kl import kl_groups, pairwise_kl
+from specjax.policy.kl import kl_groups, pairwise_kl_common
+from specjax.policy.runstats import RunStats
 from specjax.policy.switches import Policy
+
+CONSENSUS_RULES = ("seed", "quorum")
+#: fold_in tags of the plan streams.
+_TAG_PLANS, _TAG_FALLBACK = 0x706C616E, 0x66616C6C
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,14 +66,21 @@ class PlanConfig:
       verifier_temperature: τ of the verifier (0 = greedy).
       plan_steps: steps per plan.
       max_step_tokens: token budget of one step.
-      consensus_threshold: support needed to commit without fallback, in (0, 1].
+      consensus: the step decision: 'seed' (`execute_parallel_plan`: commit from the
+        branches whose boundary check holds, else fallback) or 'quorum' (weighted plurality,
+        committed iff its support ≥ `consensus_threshold`).
+      consensus_threshold: the quorum rule's support threshold, in (0, 1].
+      thresholds: the decision boundary's thresholds (the seed's by default).
       n_branches: minimum number of parallel branches (None = one per tokenizer group).
       rule: None (the policy's switch 2 picks the rule) or 'coupled' (shared Gumbel noise
-        across the branches of a plan: drafter-invariant, consensus by construction; switch
-        2 picks `coupled` or the naive `coupled_block`).
+        across the branches of a plan: drafter-invariant; switch 2 picks `coupled` or the
+        naive `coupled_block`).
       consensus_cost: modelled cost of one consensus round, in verifier calls.
+      share_verifier_call: the cost model batches the branches of a plan into one verifier
+        call per round (True) or charges each branch's rounds as calls (False).
       kl_positions: the last positions of the shared prefix on which the KL is measured.
-      boundary: act on the decision boundary (split a set whose batch falls below it).
+      boundary: act on the per-batch boundary (a set below it runs its drafters as
+        independent branches in the next batch).
       bucket: prompts are padded to a multiple of this (no retrace per step).
       seed: PRNG seed.
     """
@@ -63,10 +88,13 @@ class PlanConfig:
     verifier_temperature: float = 0.0
     plan_steps: int = 4
     max_step_tokens: int = 32
+    consensus: str = "seed"
     consensus_threshold: float = 0.5
+    thresholds: boundary_lib.BoundaryThresholds = boundary_lib.BoundaryThresholds()
     n_branches: int | None = None
     rule: str | None = None
     consensus_cost: float = 1.0
+    share_verifier_call: bool = True
     kl_positions: int = 16
     boundary: bool = True
     bucket: int = 64
@@ -75,16 +103,39 @@ class PlanConfig:
     def __post_init__(self):
         EngineConfig(gamma=self.gamma, verifier_temperature=self.verifier_temperature,
                      max_new_tokens=self.max_step_tokens)
-        if not (isinstance(self.plan_steps, int) and self.plan_steps >= 1):
-            raise ConfigError(f"plan_steps: got {self.plan_steps!r}; allowed: an integer ≥ 1")
-        if not (0 < self.consensus_threshold <= 1):
-            raise ConfigError(f"consensus_threshold: got {self.consensus_threshold!r}; "
-                              "allowed: (0, 1]")
+        def bad(field, allowed):
+            raise ConfigError.invalid(field, getattr(self, field), allowed)
+        if isinstance(self.plan_steps, bool) or not (isinstance(self.plan_steps, int)
+                                                     and self.plan_steps >= 1):
+            bad("plan_steps", "an integer ≥ 1")
+        if self.consensus not in CONSENSUS_RULES:
+            bad("consensus", list(CONSENSUS_RULES))
+        if not (isinstance(self.consensus_threshold, (int, float))
+                and 0 < self.consensus_threshold <= 1):
+            bad("consensus_threshold", "a number in (0, 1]")
+        if not isinstance(self.thresholds, boundary_lib.BoundaryThresholds):
+            bad("thresholds", "a BoundaryThresholds")
         if self.rule not in (None, "coupled"):
-            raise ConfigError(f"rule: got {self.rule!r}; allowed: None or 'coupled'")
-        if self.n_branches is not None and self.n_branches < 1:
-            raise ConfigError(f"n_branches: got {self.n_branches!r}; allowed: None or ≥ 1")
+            bad("rule", "None or 'coupled'")
+        if self.n_branches is not None and not (isinstance(self.n_branches, int)
+                                                and self.n_branches >= 1):
+            bad("n_branches", "None or an integer ≥ 1")
+        if not (isinstance(self.consensus_cost, (int, float)) and np.isfinite(
+                self.consensus_cost) and self.consensus_cost >= 0):
+            bad("consensus_cost", "a finite number ≥ 0")
+        if not (isinstance(self.bucket, int) and self.bucket >= 1):
+            bad("bucket", "an integer ≥ 1")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            bad("seed", "an integer ≥ 0")
+        if not (isinstance(self.kl_positions, int) and self.kl_positions >= 1):
+            bad("kl_positions", "an integer ≥ 1")
 
+    @property
+    def coupled(self) -> bool:
+        return self.rule == "coupled"
+
+
+# ---------------------------------------------------------------------------- layout
 
 def sharing_sets(dep: Deployment, policy: Policy, kl_pair: np.ndarray | None,
                  split: set[tuple[int, ...]] = frozenset()) -> list[list[int]]:
@@ -139,72 +190,108 @@ def _bucket(n: int, b: int) -> int:
     return ((n + b - 1) // b) * b
 
 
-@dataclasses.dataclass
-class RunStats:
-    """Counters of one run (a policy, a single-drafter baseline or autoregressive)."""
-    k: int
-    gamma: int
-    tokens: int = 0
-    cost: float = 0.0
-    seconds: float = 0.0
-    verifier_calls: int = 0
-    drafter_tokens: np.ndarray = None
-    rounds: int = 0
-    from_draft: int = 0
-    reached: int = 0
-    multi_from_draft: int = 0
-    multi_reached: int = 0
-    truncations: int = 0
-    discarded: int = 0
-    proposed: np.ndarray = None
-    accepted: np.ndarray = None
-    rejected: np.ndarray = None
-    own_accepted_at: np.ndarray = None
-    own_reached_at: np.ndarray = None
-    steps: int = 0
-    fallbacks: int = 0
-    kl_max: list = dataclasses.field(default_factory=list)
-    kl_mean: list = dataclasses.field(default_factory=list)
-    decisions: list = dataclasses.field(default_factory=list)
-    supports: list = dataclasses.field(default_factory=list)
-    collapses: Any = dataclasses.field(default_factory=boundary_lib.CollapseLog)
-    distance: list = dataclasses.field(default_factory=list)
+# ---------------------------------------------------------------------------- keys
 
-    def __post_init__(self):
-        z = lambda *s: np.zeros(s, np.int64)
-        self.drafter_tokens = z(self.k)
-        self.proposed, self.accepted, self.rejected = z(self.k), z(self.k), z(self.k)
-        self.own_accepted_at, self.own_reached_at = z(self.k, self.gamma), z(self.k, self.gamma)
-
-    def add_counters(self, c, rows: np.ndarray):
-        self.rounds += int(c.rounds[rows].sum())
-        self.from_draft += int(c.from_draft[rows].sum())
-        self.reached += int(c.reached[rows].sum())
-        self.multi_from_draft += int(c.multi_from_draft[rows].sum())
-        self.multi_reached += int(c.multi_reached[rows].sum())
-        self.truncations += int(c.truncations[rows].sum())
-        self.discarded += int(c.discarded[rows].sum())
-        self.proposed += c.proposed[rows].sum(0)
-        self.accepted += c.accepted[rows].sum(0)
-        self.rejected += c.rejected[rows].sum(0)
-        self.own_accepted_at += c.own_accepted_at[rows].sum(0)
-        self.own_reached_at += c.own_reached_at[rows].sum(0)
+@jax.jit
+def _fold_keys(seed, plan, step, branch, tag):
+    def one(p, s, b, t):
+        k = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _TAG_PLANS), p)
+        k = jax.random.fold_in(k, s)
+        kb = jax.random.fold_in(jax.random.fold_in(k, t), b)
+        return jnp.where((b < 0) & (t == 0), jax.random.key_data(k), jax.random.key_data(kb))
+    return jax.vmap(one)(plan, step, branch, tag)
 
 
-def _batch_stats(c, rows):
-    """Boundary inputs of one sharing set over one batch (SPEC §6), from the round's counters."""
-    mr, mf = c.multi_reached[rows].sum(), c.multi_from_draft[rows].sum()
-    shared = mf / mr if mr else float("nan")
-    tr = c.truncations[rows].sum()
-    depth = c.discarded[rows].sum() / tr if tr else 0.0
-    oa, orr = c.own_accepted_at[rows].sum(), c.own_reached_at[rows].sum()
-    indep = oa / orr if orr else float("nan")
-    return boundary_lib.BoundaryStats(float(shared), float(depth), float(indep))
+def plan_keys(seed: int, plans: Sequence[int], step: int, branches: Sequence[int] | None = None,
+              fallback: bool = False) -> np.ndarray:
+    """u32[R, 2] key data: the key of (plan, step), folded with a branch index (≥ 0) or the
+    fallback tag; branch −1 without the fallback tag is the plan's own key."""
+    n = len(plans)
+    b = np.full(n, -1) if branches is None else np.asarray(branches)
+    tag = np.full(n, _TAG_FALLBACK if fallback else 0)
+    return np.asarray(_fold_keys(jnp.int32(seed), jnp.asarray(plans, jnp.int32),
+                                 jnp.full((n,), step, jnp.int32), jnp.asarray(b, jnp.int32),
+                                 jnp.asarray(tag, jnp.uint32)))
 
 
-def _prompts(dep: Deployment, texts: Sequence[str]):
+# ---------------------------------------------------------------------------- shared calls
+
+class _CallMemo:
+    """Identical engine calls of different policies in one process, computed once.
+
+    Keyed by everything the call's output depends on (models by identity, kept alive by the
+    entry, drafter set, rule, γ, temperatures, budget, widths, prompts, keys); the measured
+    seconds of the first computation are stored with the result and charged to every
+    policy that needs the call.
+    """
+
+    def __init__(self, size: int = 512):
+        self.size, self.entries, self.hits, self.misses = size, collections.OrderedDict(), 0, 0
+
+    def get(self, key):
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            self.hits += 1
+            return self.entries[key][1]
+        self.misses += 1
+        return None
+
+    def put(self, key, refs, value):
+        self.entries[key] = (refs, value)
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+
+
+_MEMO: _CallMemo | None = None
+
+
+@contextlib.contextmanager
+def shared_calls(size: int = 512):
+    """Within the block, identical engine calls (of different policies, baselines and the
+    fallback) are computed once; yields the memo (``.hits`` / ``.misses``)."""
+    global _MEMO
+    prev, _MEMO = _MEMO, _CallMemo(size)
+    try:
+        yield _MEMO
+    finally:
+        _MEMO = prev
+
+
+def enable_shared_calls(size: int = 512) -> None:
+    """Turns on sharing of identical engine calls for the rest of the process (the runner
+    does, so that the cells of a sweep share their common calls); a no-op when on."""
+    global _MEMO
+    if _MEMO is None:
+        _MEMO = _CallMemo(size)
+
+
+def _digest(*arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str((a.dtype, a.shape)).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _memoized(key_parts, refs, compute):
+    if _MEMO is None:
+        return compute()
+    key = tuple(key_parts)
+    hit = _MEMO.get(key)
+    if hit is not None:
+        return hit
+    value = compute()
+    _MEMO.put(key, refs, value)
+    return value
+
+
+# ---------------------------------------------------------------------------- prompts
+
+def _prompts(dep: Deployment, texts: Sequence[str], drafters: Sequence[int] | None = None):
     v = [dep.encode(t) for t in texts]
-    d = [[enc(t) for t in texts] for enc in dep.drafter_encode]
+    idx = range(len(dep.drafters)) if drafters is None else drafters
+    d = {j: [dep.drafter_encode[j](t) for t in texts] for j in idx}
     return v, d
 
 
@@ -214,35 +301,237 @@ def run_widths(dep: Deployment, cfg: PlanConfig, texts: Sequence[str]) -> tuple[
     The prompts grow by at most `(plan_steps − 1) · max_step_tokens` verifier tokens; a
     drafter's by that times its measured tokens-per-verifier-token ratio (with a margin).
     Padding every call of the run to these widths keeps ONE compiled program per engine
-    configuration instead of one per length bucket (compilation dominates short CPU runs).
-    A prompt that still outgrows its width is padded to the next bucket (correct, one more
-    compilation).
+    configuration instead of one per length bucket. A prompt that still outgrows its
+    width is padded to the next bucket (correct, one more compilation).
     """
     from specjax.engine.decode import consume_width  # pylint: disable=import-outside-toplevel
     v, d = _prompts(dep, texts)
     grow = (cfg.plan_steps - 1) * cfg.max_step_tokens
     room_v = dep.verifier.max_len - cfg.max_step_tokens - len(dep.drafters) * cfg.gamma
-    wv = min(_bucket(max(map(len, v)) + grow, cfg.bucket), max(room_v // cfg.bucket, 1) * cfg.bucket)
+    wv = min(_bucket(max(map(len, v)) + grow, cfg.bucket),
+             max(room_v // cfg.bucket, 1) * cfg.bucket)
     wd = []
-    for spec, data, dk in zip(dep.drafters, dep.d_data, d):
+    for j, (spec, data) in enumerate(zip(dep.drafters, dep.d_data)):
+        dk = d[j]
         ratio = max(len(a) / max(len(b), 1) for a, b in zip(dk, v))
-        m = int(np.asarray(data.retok).shape[1])
+        m = int(data.retok.shape[1])
         room = spec.lm.max_len - consume_width(m, cfg.gamma + 1) - cfg.gamma
         want = max(map(len, dk)) + int(np.ceil(1.25 * ratio * grow))
         wd.append(min(_bucket(want, cfg.bucket), max(room // cfg.bucket, 1) * cfg.bucket))
     return wv, wd
 
 
+# ---------------------------------------------------------------------------- engine rows
+
+@dataclasses.dataclass
+class _Rows:
+    """Results of a step's engine rows (one per distinct (plan, set, key))."""
+    tokens: list            # per row: committed verifier tokens of the step
+    counters: Any           # numpy counters over all K drafters, one row per row
+    seconds: np.ndarray     # f64[R] each row's share of its call's measured seconds
+
+
+def _run_rows(dep: Deployment, cfg: PlanConfig, rule: str, sets: Sequence[tuple[int, ...]],
+              plans: Sequence[int], keys: np.ndarray, v, d, widths) -> _Rows:
+    """Rows (plan, drafter set, key), one engine call per distinct set.
+
+    Each call runs only its set's drafters (a sub-deployment), so no row pays for drafters
+    it does not use; a one-drafter set uses rule 1 (`rejection`, or `coupled`): with one
+    chain every rule reduces to it, and the call is that drafter's single baseline's.
+    """
+    k = len(dep.drafters)
+    n = len(sets)
+    tokens, seconds = [None] * n, np.zeros(n)
+    counters = None
+    for u in dict.fromkeys(sets):
+        rows = [i for i in range(n) if sets[i] == u]
+        sub = dep.subset([dep.names[j] for j in u])
+        set_rule = (("coupled" if rule.startswith("coupled") else "rejection")
+                    if len(u) == 1 else rule)
+        ecfg = EngineConfig(gamma=cfg.gamma, rule=set_rule,
+                            verifier_temperature=cfg.verifier_temperature, n_slots=len(u),
+                            max_new_tokens=cfg.max_step_tokens)
+        v_rows = [v[plans[i]] for i in rows]
+        d_rows = [[d[j][plans[i]] for i in rows] for j in u]
+        r_keys = keys[np.asarray(rows)]
+        wd = [widths[1][j] for j in u]
+
+        def compute(sub=sub, ecfg=ecfg, v_rows=v_rows, d_rows=d_rows, r_keys=r_keys, wd=wd):
+            res = speculative_generate(
+                ecfg, sub.verifier, sub.v_params, sub.drafters, sub.d_data, v_rows, d_rows,
+                r_keys, stop_table=dep.stop_table, bucket=cfg.bucket, min_width=widths[0],
+                drafter_min_width=wd)
+            c = jax.tree.map(np.asarray, res.counters)
+            return ([res.new_tokens(i) for i in range(len(v_rows))], c, float(res.seconds))
+
+        key = ("spec", id(dep.v_params), tuple(id(sub_d.params) for sub_d in sub.d_data),
+               tuple(sub.drafters), set_rule, cfg.gamma, cfg.verifier_temperature,
+               cfg.max_step_tokens, cfg.bucket, widths[0], tuple(wd),
+               _temperatures(sub),
+               _digest(r_keys, *[np.asarray(x, np.int64) for x in v_rows],
+                       *[np.asarray(x, np.int64) for dr in d_rows for x in dr]))
+        new, c, secs = _memoized(key, (dep.v_params, sub.d_data), compute)
+        c = _expand_counters(c, list(u), k)
+        if counters is None:
+            counters = jax.tree.map(lambda x: np.zeros((n,) + x.shape[1:], x.dtype), c)
+        for j, i in enumerate(rows):
+            tokens[i] = new[j]
+            seconds[i] = secs / len(rows)
+            counters = _set_row(counters, c, i, j)
+    return _Rows(tokens=tokens, counters=counters, seconds=seconds)
+
+
+def _temperatures(dep) -> tuple:
+    out = []
+    for spec, data in zip(dep.drafters, dep.d_data):
+        t = getattr(data, "temperature", None)
+        out.append(float(np.asarray(t)) if t is not None else float(spec.temperature))
+    return tuple(out)
+
+
+def _set_row(dst, src, i, j):
+    for f in dataclasses.fields(dst):
+        getattr(dst, f.name)[i] = getattr(src, f.name)[j]
+    return dst
+
+
+def _expand_counters(c, index, k):
+    """Counters of a sub-deployment (drafters `index`) laid out over all K drafters."""
+    if list(index) == list(range(k)):
+        return c
+
+    def widen(x):
+        if x.ndim < 2:
+            return x
+        out = np.zeros((x.shape[0], k) + x.shape[2:], x.dtype)
+        out[:, index] = x
+        return out
+    per_drafter = ("proposed", "accepted", "rejected", "own_accepted_at", "own_reached_at",
+                   "match_at", "match_reached_at")
+    return c.replace(**{f: widen(getattr(c, f)) for f in per_drafter})
+
+
+def _autoregressive(dep: Deployment, cfg: PlanConfig, texts: Sequence[str], plans, keys,
+                    width: int, n_rows: int | None = None):
+    """The verifier alone on `texts` (rows `plans` of a fixed-shape batch, so the compiled
+    program never changes); returns (new token lists, seconds)."""
+    v = [dep.encode(t) for t in texts]
+    n_rows = n_rows or len(v)
+    full = [v[0]] * n_rows
+    rows = list(range(len(v))) if len(v) == n_rows else list(plans)
+    row_keys = np.zeros((n_rows,) + keys.shape[1:], keys.dtype)
+    active = np.zeros((n_rows,), bool)
+    for j, r in enumerate(rows):
+        full[r], row_keys[r], active[r] = v[j], keys[j], True
+
+    def compute():
+        res = autoregressive_generate(dep.verifier, dep.v_params, full, row_keys,
+                                      temperature=cfg.verifier_temperature,
+                                      max_new_tokens=cfg.max_step_tokens,
+                                      stop_table=dep.stop_table, coupled=cfg.coupled,
+                                      bucket=cfg.bucket, min_width=width, active=active)
+        return [res.new_tokens(r) for r in rows], float(res.seconds)
+
+    key = ("ar", id(dep.v_params), cfg.verifier_temperature, cfg.coupled, cfg.max_step_tokens,
+           cfg.bucket, width, n_rows,
+           _digest(row_keys, active, *[np.asarray(x, np.int64) for x in full]))
+    return _memoized(key, (dep.v_params,), compute)
+
+
+# ---------------------------------------------------------------------------- statistics
+
+def branch_statistics(c, row: int, n_set: int, gamma: int, agreement_weighted: bool) -> dict:
+    """A branch's step statistics from its row's counters (SPEC §5).
+
+    Returns raw and agreement-weighted forms of `s` (shared-prefix acceptance: the joint
+    acceptance over the blocks its set verified together; a one-drafter set shares nothing,
+    so `s = i`), `i` (independent acceptance: its drafters' chains tested alone against p),
+    `w` (vote weight), and `d` (mean truncation depth, the boundary's input) with `s`, `i`,
+    `w` as switch 3 picks them. Raw: accepted / proposed positions (tokens discarded after a
+    truncation count against the branch); agreement-weighted: accepted / (accepted +
+    rejected), i.e. positions after a chain's cut are not counted.
+    """
+    def ratio(a, b):
+        return float(a) / float(b) if b else float("nan")
+    own_acc = c.own_accepted_at[row].sum()
+    own_reach = c.own_reached_at[row].sum()
+    proposed = c.proposed[row].sum()
+    i_w, i_r = ratio(own_acc, own_reach), ratio(own_acc, proposed)
+    if n_set >= 2:
+        s_w = ratio(c.multi_from_draft[row], c.multi_reached[row])
+        s_r = ratio(c.multi_from_draft[row], gamma * c.multi_rounds[row])
+    else:
+        s_w, s_r = i_w, i_r
+    acc, rej = int(c.accepted[row].sum()), int(c.rejected[row].sum())
+    w_w = vote_weight(acc, int(proposed), rej, True)
+    w_r = vote_weight(acc, int(proposed), rej, False)
+    tr = int(c.truncations[row])
+    depth = float(c.discarded[row]) / tr if tr else 0.0
+    pick = (lambda wtd, raw: wtd) if agreement_weighted else (lambda wtd, raw: raw)
+    return {"s": pick(s_w, s_r), "i": pick(i_w, i_r), "w": pick(w_w, w_r), "d": depth,
+            "s_weighted": s_w, "s_raw": s_r, "i_weighted": i_w, "i_raw": i_r,
+            "w_weighted": w_w, "w_raw": w_r, "truncations": tr,
+            "pruned": int(c.pruned[row])}
+
+
+@dataclasses.dataclass
+class BranchOutcome:
+    """One branch of one step, as `execute_parallel_plan` reads it (SPEC §5–6)."""
+    index: int
+    candidate: str
+    weight: float
+    shared_acceptance: float
+    truncation_depth: float
+    independent_acceptance: float
+    collapse: str | None = None
+
+    def record_collapse(self, exc: boundary_lib.SpeculativePrefixCollapseError) -> None:
+        self.collapse = exc.reason
+
+
+class SeedConsensus:
+    """`execute_parallel_plan`'s consensus: commit the candidate with the largest total
+    weight among the passing branches (ties → branch priority); fallback is executed by the
+    caller (the verifier generates the step alone, batched over the plans that need it)."""
+
+    def __init__(self, agreement: Callable[[str, str], bool] = exact_match):
+        self.agreement = agreement
+
+    def commit(self, branches: Sequence[BranchOutcome], verifier=None) -> BranchOutcome:
+        totals = [sum(o.weight for o in branches if self.agreement(o.candidate, b.candidate))
+                  for b in branches]
+        return branches[max(range(len(branches)), key=lambda i: (totals[i], -i))]
+
+    def fallback(self, branches, verifier=None) -> None:
+        return None
+
+
+def seed_step_decision(outcomes: Sequence[BranchOutcome], thresholds, log=None,
+                       agreement=exact_match) -> tuple[BranchOutcome | None, list]:
+    """The seed's step decision over one plan's branches: (the committed branch or None for
+    fallback, the per-branch `BoundaryDecision` records)."""
+    records = []
+    chosen = boundary_lib.execute_parallel_plan(
+        outcomes, None, SeedConsensus(agreement), log=log, on_decisions=records.extend,
+        **thresholds.kwargs())
+    return chosen, records
+
+
+# ---------------------------------------------------------------------------- the run
+
 def run_plans(dep: Deployment, cfg: PlanConfig, prompts: Sequence[str], *,
-              policy: Policy | None = None, single: int | None = None,
-              journal: PlanJournal | None = None, plan_ids: Sequence[str] | None = None,
+              policy: Policy | None = None, single: int | Sequence[int] | None = None,
+              router=None, journal: PlanJournal | None = None,
+              plan_ids: Sequence[str] | None = None,
               agreement: Callable[[str, str], bool] = exact_match,
               fail_hook: Callable[[int, int], None] | None = None) -> tuple[list[str], RunStats]:
     """Executes every plan for `cfg.plan_steps` steps.
 
-    Exactly one of `policy` (parallel branches + consensus), `single` (the single-drafter
-    baseline: that drafter, rule 1, one branch, no consensus) or neither (the verifier
-    alone, autoregressive) is used.
+    One of: `policy` (parallel branches + the step decision), `single` (a drafter index,
+    or one per plan: that drafter alone, rule 1, one branch, no consensus — the
+    single-drafter baseline, or with one index per plan the oracle router), `router` (an
+    adaptive policy, e.g. `specjax.policy.auto.AutoRouter`: one branch per plan, its
+    drafter set chosen per step), or none of them (the verifier alone, autoregressive).
 
     Args:
       journal / plan_ids: where committed steps go; steps already journaled are not rerun
@@ -253,239 +542,262 @@ def run_plans(dep: Deployment, cfg: PlanConfig, prompts: Sequence[str], *,
     Returns:
       (the full text of each plan, RunStats).
     """
-    if policy is not None and single is not None:
-        raise ValueError("run_plans: give policy or single, not both")
+    if sum(x is not None for x in (policy, single, router)) > 1:
+        raise ValueError("run_plans: give at most one of policy, single, router")
     k = len(dep.drafters)
-    stats = RunStats(k=k, gamma=cfg.gamma)
-    plan_ids = list(plan_ids or [f"plan{i}" for i in range(len(prompts))])
+    n_plans = len(prompts)
+    stats = RunStats(k=k, gamma=cfg.gamma, n_plans=n_plans)
+    plan_ids = list(plan_ids or [f"plan{i}" for i in range(n_plans)])
     texts = list(prompts)
     if journal is not None:  # Resume: replay committed steps.
         for i, pid in enumerate(plan_ids):
             texts[i] = prompts[i] + "".join(s.text for s in journal.committed_steps(pid))
+    if single is not None:
+        single = [int(single)] * n_plans if np.ndim(single) == 0 else [int(x) for x in single]
+        if len(single) != n_plans:
+            raise ValueError(f"run_plans: single has {len(single)} entries for {n_plans} plans")
     split: set = set()
     cooldown: dict = {}
-    n_groups = len(dict.fromkeys(dep.groups))
     widths = run_widths(dep, cfg, texts)
     for step in range(cfg.plan_steps):
         todo = [i for i, pid in enumerate(plan_ids)
                 if journal is None or journal.get(pid, step) is None]
         if not todo:
             continue
-        step_texts = [texts[i] for i in todo]
-        if policy is None and single is None:
-            new, meta = _autoregressive_step(dep, cfg, step_texts, step, stats, widths)
+        if policy is None and single is None and router is None:
+            new, meta = _autoregressive_step(dep, cfg, texts, todo, step, stats, widths)
+        elif policy is None:
+            sets = ([(single[i],) for i in todo] if single is not None
+                    else [router.choose(i, step) for i in todo])
+            new, meta = _routed_step(dep, cfg, texts, todo, step, stats, sets, router, widths)
         else:
-            new, meta = _speculative_step(dep, cfg, step_texts, step, stats, policy, single,
-                                          split, n_groups, agreement, widths)
+            new, meta = _policy_step(dep, cfg, texts, todo, step, stats, policy, split,
+                                     agreement, widths)
         for j, i in enumerate(todo):
             if fail_hook is not None:
                 fail_hook(step, j)
             if journal is not None:
                 journal.commit(plan_ids[i], step, new[j], meta[j])
             texts[i] += new[j]
-        stats.steps += len(todo)
+            stats.add("steps", i, 1)
         # Boundary bookkeeping: split sets stay independent for one batch, then re-probe.
         for s in list(cooldown):
             cooldown[s] -= 1
             if cooldown[s] <= 0:
                 split.discard(s)
                 del cooldown[s]
-        for d in stats.decisions[-1] if stats.decisions and policy is not None else []:
-            if cfg.boundary and not d.decision and policy.truncate_and_attribute:
-                split.add(d.branch_id)
-                cooldown[d.branch_id] = 2
+        # Acting on the boundary is part of switch 2 (per-position attribution with
+        # truncation); the naive deployment keeps its shared block whatever the boundary says.
+        if (policy is not None and cfg.boundary and policy.truncate_and_attribute
+                and stats.decisions):
+            for d in stats.decisions[-1]:
+                if not d.decision:
+                    split.add(d.branch_id)
+                    cooldown[d.branch_id] = 2
     return texts, stats
 
 
-def _autoregressive_step(dep, cfg, texts, step, stats, widths, rows=None, n_rows=None,
-                         stream=None):
-    """The verifier alone on `texts`; with `rows`, they are rows `rows` of an `n_rows` batch
-    (the others are inactive padding, so the compiled program does not change) and row r
-    uses the PRNG key of row r of stream `stream` (default: this step's)."""
-    v = [dep.encode(t) for t in texts]  # the verifier alone: no drafter re-encoding
-    rows = list(range(len(v))) if rows is None else list(rows)
-    n_rows = len(v) if n_rows is None else n_rows
-    keys = row_keys_for(cfg.seed * 1000 + (step if stream is None else stream), n_rows)
-    full = [v[0]] * n_rows
-    for j, r in enumerate(rows):
-        full[r] = v[j]
-    active = np.zeros((n_rows,), bool)
-    active[rows] = True
-    res = autoregressive_generate(dep.verifier, dep.v_params, full, keys,
-                                  temperature=cfg.verifier_temperature,
-                                  max_new_tokens=cfg.max_step_tokens, stop_table=dep.stop_table,
-                                  coupled=cfg.rule == "coupled", bucket=cfg.bucket,
-                                  min_width=widths[0], active=active)
-    new = [dep.decode(res.new_tokens(r)) for r in rows]
-    stats.seconds += res.seconds
-    n = int((res.length - res.start)[rows].sum())
-    stats.tokens += n
-    stats.verifier_calls += n      # one verifier call per token
-    stats.cost += n
-    return new, [{"mode": "autoregressive"}] * len(v)
+def _autoregressive_step(dep, cfg, texts, todo, step, stats, widths):
+    keys = plan_keys(cfg.seed, todo, step)
+    new, secs = _autoregressive(dep, cfg, [texts[i] for i in todo], todo, keys, widths[0],
+                                n_rows=len(texts))
+    for j, i in enumerate(todo):
+        n = len(new[j])
+        stats.add("tokens", i, n)
+        stats.add("verifier_calls", i, n)  # one verifier call per token
+        stats.add("verifier_prefills", i, 1)
+        stats.add("seconds", i, secs / len(todo))
+    return [dep.decode(t) for t in new], [{"mode": "autoregressive"}] * len(todo)
 
 
-def _speculative_step(dep, cfg, texts, step, stats, policy, single, split, n_groups,
-                      agreement, widths):
-    k = len(dep.drafters)
-    n_plans = len(texts)
-    v, d = _prompts(dep, texts)
-    if single is not None:
-        sets, branches, rule = [[single]], [[single]], "rejection"
+def _charge_rows(stats, cfg, plan, rows, counters, seconds, sets_of_rows):
+    """Adds the engine counters and the itemised cost of one plan's distinct rows."""
+    rounds = [int(counters.rounds[r]) for r in rows]
+    if cfg.share_verifier_call:
+        stats.add("verifier_calls", plan, max(rounds))
+        stats.add("verifier_prefills", plan, 1)
     else:
-        kl_pair = _kl_on_prefix(dep, cfg, v, stats, widths[0])  # measured under every policy
-        sets, branches, rule = branch_layout(dep, policy, kl_pair, split,
-                                             cfg.n_branches or n_groups)
-    coupled = cfg.rule == "coupled"
-    if coupled:
-        # Switch 2 picks the coupled rule's form: each chain cut at its own mismatch (on) or
-        # the whole block cut at the first mismatch of any chain (off, the naive design).
-        rule = "coupled" if single is not None or policy.truncate_and_attribute else "coupled_block"
-    n_b = len(branches)
-    n_rows = n_plans * n_b
-    keys = row_keys_for(cfg.seed * 1000 + step, n_rows, share=n_b if coupled else 1)
-    res = _run_sets(dep, cfg, rule, branches, v, d, keys, widths, dedupe=coupled)
+        stats.add("verifier_calls", plan, sum(rounds))
+        stats.add("verifier_prefills", plan, len(rows))
+    for r in rows:
+        stats.add_engine(counters, r, plan)
+        stats.add("drafter_tokens", plan, counters.proposed[r])
+        pre = np.zeros(stats.k, np.int64)
+        pre[list(sets_of_rows[r])] = 1
+        stats.add("drafter_prefills", plan, pre)
+        stats.add("seconds", plan, seconds[r])
+
+
+def _routed_step(dep, cfg, texts, todo, step, stats, sets, router, widths):
+    """One branch per plan, its drafter set given per plan (baseline, oracle, router)."""
+    used = sorted({j for s in sets for j in s})
+    v, d = _prompts(dep, [texts[i] for i in todo], used)
+    if cfg.coupled:
+        keys = plan_keys(cfg.seed, todo, step)
+    else:
+        keys = plan_keys(cfg.seed, todo, step, branches=[0] * len(todo))
+    rule = ("coupled" if cfg.coupled else "token_tree")
+    res = _run_rows(dep, cfg, rule, [tuple(s) for s in sets], list(range(len(todo))), keys,
+                    v, d, widths)
+    out, meta = [], []
+    for j, i in enumerate(todo):
+        _charge_rows(stats, cfg, i, [j], res.counters, res.seconds, {j: sets[j]})
+        stats.add("tokens", i, len(res.tokens[j]))
+        out.append(dep.decode(res.tokens[j]))
+        names = [dep.names[x] for x in sets[j]]
+        meta.append({"mode": "routed", "drafters": names})
+        if router is not None:
+            router.observe(i, step, sets[j], res.counters, j)
+    if router is not None:
+        stats.routes.append({todo[j]: [dep.names[x] for x in sets[j]] for j in range(len(todo))})
+    return out, meta
+
+
+def _policy_step(dep, cfg, texts, todo, step, stats, policy, split, agreement, widths):
+    k = len(dep.drafters)
+    v, d = _prompts(dep, [texts[i] for i in todo])
+    kl_pair = _kl_on_prefix(dep, cfg, v, stats, widths[0])  # measured under every policy
+    n_groups = len(dict.fromkeys(dep.groups))
+    sets, branches, rule = branch_layout(dep, policy, kl_pair, split,
+                                         cfg.n_branches or n_groups)
+    if cfg.coupled:
+        rule = "coupled" if policy.truncate_and_attribute else "coupled_block"
+    n_b, n_p = len(branches), len(todo)
+    # Rows: one per (plan, branch); under coupling identical branches of a plan are one row.
+    row_of, row_sets, row_plans, row_keys = {}, [], [], []
+    for p in range(n_p):
+        for b, bs in enumerate(branches):
+            ident = (p, tuple(bs)) if cfg.coupled else (p, b)
+            if ident not in row_of:
+                row_of[ident] = len(row_sets)
+                row_sets.append(tuple(bs))
+                row_plans.append(p)
+                row_keys.append((todo[p], -1 if cfg.coupled else b))
+    keys = plan_keys(cfg.seed, [pl for pl, _ in row_keys], step,
+                     branches=[br for _, br in row_keys])
+    res = _run_rows(dep, cfg, rule, row_sets, row_plans, keys, v, d, widths)
     c = res.counters
-    slots = np.tile(branch_slots(branches), (n_plans, 1))
-    stats.seconds += res.seconds
-    all_rows = np.arange(n_plans * n_b)
-    stats.add_counters(c, all_rows)
-    # Cost model: a round is one verifier call for all branches of a plan (batched);
-    # each drafter is charged γ tokens per round it drafted for any of them.
-    costs = np.array([dd.cost for dd in dep.drafters])
-    for p in range(n_plans):
-        rows = all_rows[p * n_b:(p + 1) * n_b]
-        r = int(c.rounds[rows].max())
-        stats.verifier_calls += r
-        used = np.zeros(k, np.int64)
-        for row in rows:
-            for dj in slots[row][slots[row] >= 0]:
-                used[dj] = max(used[dj], int(c.rounds[row]))
-        stats.drafter_tokens += used * cfg.gamma
-        stats.cost += r + float((used * cfg.gamma * costs).sum())
-    cand = [dep.decode(res.new_tokens(i)) for i in range(n_plans * n_b)]
-    if single is not None:
-        stats.tokens += int((res.length - res.start).sum())
-        return cand, [{"mode": f"single:{dep.names[single]}"}] * n_plans
-    # Decision boundary, per sharing set with ≥ 2 drafters, from this batch's counters.
+
+    def row(p, b):
+        return row_of[(p, tuple(branches[b])) if cfg.coupled else (p, b)]
+
+    # Per-batch boundary (SPEC §6), per sharing set with ≥ 2 drafters.
     per_set = {}
     for s in sets:
         if len(s) < 2:
             continue
-        rows = np.array([p * n_b + b for p in range(n_plans)
-                         for b, bs in enumerate(branches) if bs == s])
-        per_set[tuple(s)] = _batch_stats(c, rows)
-    decisions = boundary_lib.evaluate_boundary(per_set, log=stats.collapses) if per_set else []
+        rows = sorted({row(p, b) for p in range(n_p) for b, bs in enumerate(branches)
+                       if bs == s})
+        per_set[tuple(s)] = _batch_stats(c, rows, cfg.gamma, policy.agreement_weighted_consensus)
+    decisions = (boundary_lib.evaluate_boundary(per_set, **cfg.thresholds.kwargs())
+                 if per_set else [])
     stats.decisions.append(decisions)
-    # Consensus per plan.
-    out, meta, fallback_plans = [None] * n_plans, [None] * n_plans, []
-    for p in range(n_plans):
-        rows = range(p * n_b, (p + 1) * n_b)
-        weights = [vote_weight(int(c.accepted[r].sum()), int(c.proposed[r].sum()),
-                               int(c.rejected[r].sum()), policy.agreement_weighted_consensus)
-                   for r in rows]
-        dec = decide([cand[r] for r in rows], weights, agreement, cfg.consensus_threshold)
-        if dec.fallback:
+
+    out, meta, fallback_plans = [None] * n_p, [None] * n_p, []
+    for p in range(n_p):
+        plan = todo[p]
+        prow = sorted({row(p, b) for b in range(n_b)})
+        _charge_rows(stats, cfg, plan, prow, c, res.seconds, dict(enumerate(row_sets)))
+        if policy.kl_ceiling is not None and k >= 2:
+            stats.add("kl_passes", plan, np.ones(k, np.int64))
+        outcomes, cands = [], []
+        for b in range(n_b):
+            r = row(p, b)
+            st = branch_statistics(c, r, len(branches[b]), cfg.gamma,
+                                   policy.agreement_weighted_consensus)
+            cand = dep.decode(res.tokens[r])
+            cands.append(cand)
+            outcomes.append(BranchOutcome(b, cand, st["w"], st["s"], st["d"], st["i"]))
+            stats.branch_records.append(dict(
+                step=step, plan=plan, branch=b, drafters=[dep.names[j] for j in branches[b]],
+                candidate=cands.index(cand), **{x: _r(y) for x, y in st.items()}))
+        chosen, records = seed_step_decision(outcomes, cfg.thresholds, stats.collapses,
+                                             agreement)
+        for rec, o in zip(records, outcomes):
+            stats.branch_records[-n_b + o.index]["decision"] = (
+                rec.reason if rec.reason else bool(rec.decision))
+        vote = decide(cands, [o.weight for o in outcomes], agreement, cfg.consensus_threshold)
+        seed_commit = None if chosen is None else chosen.index
+        quorum_commit = None if vote.fallback else vote.plurality_index
+        commit = seed_commit if cfg.consensus == "seed" else quorum_commit
+        stats.step_records.append(dict(
+            step=step, plan=plan, seed_commit=seed_commit, quorum_commit=quorum_commit,
+            quorum_support=_r(vote.support), committed=commit,
+            candidates=len(set(cands))))
+        meta[p] = {"consensus": cfg.consensus, "fallback": commit is None,
+                   "branch": commit, "quorum_support": _r(vote.support),
+                   "weights": [_r(o.weight) for o in outcomes]}
+        if commit is None:
             fallback_plans.append(p)
         else:
-            out[p] = dec.committed
-            stats.tokens += int(res.length[p * n_b + dec.plurality_index]
-                                - res.start[p * n_b + dec.plurality_index])
-        stats.supports.append(float(dec.support))
-        meta[p] = {"support": round(float(dec.support), 4), "fallback": bool(dec.fallback),
-                   "weights": [round(float(w), 4) for w in weights]}
+            out[p] = cands[commit]
+            stats.add("tokens", plan, len(res.tokens[row(p, commit)]))
     if fallback_plans:
-        # The verifier generates the step alone, in a batch of the plans' shape (one compiled
-        # program). Under the coupled rule it uses the branches' noise, so the fallback
-        # commits the very step the branches produced (the output stays the verifier's own
-        # sample whatever the vote); otherwise an independent stream.
-        fb_texts = [texts[p] for p in fallback_plans]
-        sub = RunStats(k=k, gamma=cfg.gamma)
-        fb_new, _ = _autoregressive_step(dep, cfg, fb_texts, step, sub, widths,
-                                         rows=fallback_plans, n_rows=n_plans,
-                                         stream=step if coupled else 10_000 + step)
+        # The verifier generates the step alone, in a batch of the plans' shape. Under the
+        # coupled rule it uses the plan's noise, so the fallback commits the very step the
+        # branches produced (the output stays the verifier's own sample whatever the
+        # decision); otherwise the plan's fallback stream.
+        plans = [todo[p] for p in fallback_plans]
+        keys = plan_keys(cfg.seed, plans, step, fallback=not cfg.coupled)
+        new, secs = _autoregressive(dep, cfg, [texts[i] for i in plans], plans, keys,
+                                    widths[0], n_rows=len(texts))
         for j, p in enumerate(fallback_plans):
-            out[p] = fb_new[j]
-        stats.fallbacks += len(fallback_plans)
-        stats.tokens += sub.tokens
-        stats.seconds += sub.seconds
-        stats.verifier_calls += sub.verifier_calls
-        stats.cost += sub.cost + cfg.consensus_cost * len(fallback_plans)
+            plan = todo[p]
+            out[p] = dep.decode(new[j])
+            n = len(new[j])
+            stats.add("tokens", plan, n)
+            stats.add("verifier_calls", plan, n)
+            stats.add("verifier_prefills", plan, 1)
+            stats.add("consensus_rounds", plan, 1)
+            stats.add("fallbacks", plan, 1)
+            stats.add("seconds", plan, secs / len(plans))
     return out, meta
 
 
-def _run_sets(dep, cfg, rule, branches, v, d, keys, widths, dedupe: bool) -> GenerateResult:
-    """Every (plan, branch) row of a step, one engine call per distinct drafter set.
-
-    Each call runs only its set's drafters (a sub-deployment), so no row pays for drafters
-    it does not use, and a one-drafter set runs the very program of that drafter's
-    single-drafter baseline (one compilation serves both). A one-drafter set uses rule 1
-    (`rejection`, or `coupled`): with one chain every rule reduces to it. With `dedupe`
-    (coupled rule: the branches of a plan share their noise) a set that several branches
-    share runs once per plan. Returns the result laid out per (plan, branch) row, counters
-    over all K drafters, `seconds` summed over the calls.
-    """
-    k, n_b, n_plans = len(dep.drafters), len(branches), len(v)
-    uniq = list(dict.fromkeys(tuple(b) for b in branches))
-    results, source, seconds = [], np.zeros(n_plans * n_b, np.int64), 0.0
-    for u in uniq:
-        members = [b for b in range(n_b) if tuple(branches[b]) == u]
-        runs = members[:1] if dedupe else members
-        rows = [p * n_b + b for p in range(n_plans) for b in runs]
-        sub = dep.subset([dep.names[j] for j in u])
-        set_rule = ("coupled" if rule.startswith("coupled") else "rejection") if len(u) == 1 else rule
-        ecfg = EngineConfig(gamma=cfg.gamma, rule=set_rule,
-                            verifier_temperature=cfg.verifier_temperature, n_slots=len(u),
-                            max_new_tokens=cfg.max_step_tokens)
-        res = speculative_generate(
-            ecfg, sub.verifier, sub.v_params, sub.drafters, sub.d_data,
-            [v[r // n_b] for r in rows], [[d[j][r // n_b] for r in rows] for j in u],
-            keys[np.asarray(rows)], stop_table=dep.stop_table, bucket=cfg.bucket,
-            min_width=widths[0], drafter_min_width=[widths[1][j] for j in u])
-        seconds += res.seconds
-        offset = sum(len(r.length) for r in results)
-        results.append(dataclasses.replace(res, counters=_expand_counters(res.counters,
-                                                                           list(u), k)))
-        for i, r in enumerate(rows):  # every branch of this set in the row's plan reads row i
-            for b in (members if dedupe else [r % n_b]):
-                source[(r // n_b) * n_b + b] = offset + i
-    width = max(r.tokens.shape[1] for r in results)
-    tokens = np.concatenate([np.pad(r.tokens, ((0, 0), (0, width - r.tokens.shape[1])))
-                             for r in results])
-    counters = jax.tree.map(lambda *xs: np.concatenate(xs)[source],
-                            *[r.counters for r in results])
-    return GenerateResult(tokens=tokens[source],
-                          length=np.concatenate([r.length for r in results])[source],
-                          start=np.concatenate([r.start for r in results])[source],
-                          counters=counters, seconds=seconds)
+def _r(x):
+    return round(float(x), 6) if isinstance(x, float) and np.isfinite(x) else x
 
 
-def _expand_counters(c, index, k):
-    """Counters of a sub-deployment (drafters `index`) laid out over all K drafters."""
-    if list(index) == list(range(k)):
-        return c
-
-    def widen(x):
-        out = np.zeros((x.shape[0], k) + x.shape[2:], x.dtype)
-        out[:, index] = x
-        return out
-    return c.replace(proposed=widen(c.proposed), accepted=widen(c.accepted),
-                     rejected=widen(c.rejected), own_accepted_at=widen(c.own_accepted_at),
-                     own_reached_at=widen(c.own_reached_at))
+def _batch_stats(c, rows, gamma, agreement_weighted):
+    """Boundary inputs of one sharing set over one batch (SPEC §6), pooled over its rows."""
+    rows = np.asarray(rows)
+    mr, mf, mrounds = (c.multi_reached[rows].sum(), c.multi_from_draft[rows].sum(),
+                       c.multi_rounds[rows].sum())
+    oa, orr, prop = (c.own_accepted_at[rows].sum(), c.own_reached_at[rows].sum(),
+                     c.proposed[rows].sum())
+    if agreement_weighted:
+        shared, indep = (mf / mr if mr else float("nan")), (oa / orr if orr else float("nan"))
+    else:
+        shared = mf / (gamma * mrounds) if mrounds else float("nan")
+        indep = oa / prop if prop else float("nan")
+    tr = c.truncations[rows].sum()
+    depth = c.discarded[rows].sum() / tr if tr else 0.0
+    return boundary_lib.BoundaryStats(float(shared), float(depth), float(indep))
 
 
 def _kl_on_prefix(dep, cfg, v, stats, width: int = 0):
-    """f32[K, K] KL per ordered pair, mean over the last positions of every plan's prefix."""
+    """f32[K, K] KL per ordered pair on the common support, mean over the last positions of
+    every plan's prefix; records the max, the mean and the mass outside the support."""
     if len(dep.drafters) < 2:
         return None
-    from specjax.engine.generate import pad_prompts
+    from specjax.engine.generate import pad_prompts  # pylint: disable=import-outside-toplevel
     arr, lens = pad_prompts(v)
     width = _bucket(max(arr.shape[1], width), cfg.bucket)
     arr = np.pad(arr, ((0, 0), (0, width - arr.shape[1])))
-    q, ok = prefix_distributions(dep, arr, lens, min(cfg.kl_positions, int(lens.min())))
-    kl = np.asarray(pairwise_kl(q))[:, :, ok]                        # [K, K, N]
+    last = min(cfg.kl_positions, int(lens.min()))
+
+    def compute():
+        q, ok = prefix_distributions(dep, arr, lens, last)
+        support = jnp.stack([jnp.asarray(dd.from_verifier) >= 0 for dd in dep.d_data])
+        kl, outside = pairwise_kl_common(q, support)
+        return np.asarray(kl)[:, :, ok], np.asarray(outside)[:, :, ok]   # [K, K, N]
+
+    key = ("kl", tuple(id(dd.params) for dd in dep.d_data), _temperatures(dep), last,
+           _digest(arr, lens))
+    kl, outside = _memoized(key, tuple(dd.params for dd in dep.d_data), compute)
     pair = kl.mean(-1)
     off = ~np.eye(len(pair), dtype=bool)
     stats.kl_max.append(float(pair[off].max()))
     stats.kl_mean.append(float(pair[off].mean()))
+    stats.kl_outside.append(float(outside.mean(-1)[off].max()))
     return pair

@@ -9,3 +9,16 @@
   report        report.md and plots from the results (also ``python -m specjax.report``)
   cli           one-line errors for the command-line entry points
 """
+
+__all__ = ["parse_config_arg", "plans_defaults"]
+
+
+def __getattr__(name):
+    # The config files' public API (imported lazily: configs load before JAX is needed).
+    if name == "parse_config_arg":
+        from specjax.runner.config_args import parse_config_arg
+        return parse_config_arg
+    if name == "plans_defaults":
+        from specjax.runner.experiments import plans_defaults
+        return plans_defaults
+    raise AttributeError(name)

@@ -8,6 +8,7 @@ config file's ``get_config`` parses its argument.
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import NoReturn, Sequence
 
@@ -33,13 +34,13 @@ def error_message(error: BaseException | str) -> str:
 
     absl wraps a ValueError raised while parsing a flag in IllegalFlagValueError, and
     ml_collections re-raises errors from ``get_config`` with a traceback in the message;
-    the innermost exception of the chain holds the message meant for the user.
+    the innermost exception of the chain holds the message meant for the user. A
+    ``raise ... from None`` ends the chain: its author chose the message (e.g. a zoo error
+    re-raised naming ``SPECJAX_ZOO`` and the folder).
     """
     if isinstance(error, str):
         return " ".join(error.split())
-    chain = [error]
-    while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and nxt not in chain:
-        chain.append(nxt)
+    chain = _chain(error)
     config_errors = [e for e in chain if isinstance(e, ConfigError)]
     root = config_errors[-1] if config_errors else chain[-1]
     text = " ".join(str(root).split()) or type(root).__name__
@@ -49,22 +50,135 @@ def error_message(error: BaseException | str) -> str:
 
 
 def parse_flags(argv: Sequence[str]) -> list[str]:
-    """absl flags parser for `app.run`: bad flags -> `fail` instead of usage + traceback."""
+    """absl flags parser for `app.run`: bad flags -> `fail` instead of usage + traceback.
+
+    ``--config.<field>=<value>`` overrides are applied here, after the config file is
+    loaded, with `specjax.runner.config_args.apply_override` (the same coercion as the
+    ``--config=file.py:field=value`` form), so that a bad override names its field
+    (``plan_steps: got 'abc', allowed: an integer``) instead of the parser's message. A
+    config file that cannot be loaded — missing, a syntax error, an exception while it
+    runs, no ``get_config`` — is one line naming ``--config`` and the file.
+    """
+    argv = list(argv)
+    overrides: list[tuple[str, str]] = []
+    if "config" in flags.FLAGS:
+        kept = argv[:1]
+        for arg in argv[1:]:
+            m = re.match(r"^--?config\.([^=]+)=(.*)$", arg, re.S)
+            if m:
+                overrides.append((m.group(1), m.group(2)))
+            else:
+                kept.append(arg)
+        argv = kept
+    from absl import logging  # pylint: disable=import-outside-toplevel
+
+    absl_logger = logging.get_absl_logger()
+    was_disabled, absl_logger.disabled = absl_logger.disabled, True  # only our one line
+    # ml_collections reads its overrides from sys.argv, not from the argv it is given.
+    saved_argv, sys.argv = sys.argv, list(argv)
+    # ml_collections loads the file as module "config_config" with the deprecated
+    # load_module(), which re-executes into a module already in sys.modules: a file
+    # without get_config would then inherit the previous file's (a second parse in one
+    # process: a notebook, the tests).
+    sys.modules.pop("config_config", None)
     try:
-        return flags.FLAGS(argv)
-    except (flags.Error, ValueError, TypeError, KeyError, AttributeError, OSError) as e:
-        # ml_collections reports `--config.<unknown field>=...` as a bare KeyError
-        # (wrapped in an AttributeError): name the override instead.
-        overrides = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
+        rest = flags.FLAGS(argv)
+    except flags.Error as e:
         root = _root(e)
-        if overrides and isinstance(root, KeyError) and root.args:
-            fail(ConfigError(f"no such config field {str(root.args[0]).strip(chr(39))!r} "
-                             f"(overrides given: {', '.join(overrides)})"))
+        if isinstance(root, ConfigError):
+            fail(root)
+        given = config_flag_value(argv)
+        if given is not None and "--config must have a value" in str(e):
+            fail(ConfigError.invalid("--config", given, "a config file whose get_config() "
+                                     "returns a ConfigDict (it returned None)"))
+        if not isinstance(root, flags.Error) and "config" in flags.FLAGS:
+            fail(_config_load_error(root, argv))
         fail(e)
+    except Exception as e:  # pylint: disable=broad-except
+        # Loading a config file runs arbitrary code: any exception is bad input.
+        root = _root(e)
+        if isinstance(root, ConfigError):
+            fail(root)
+        fail(_config_load_error(root, argv))
+    finally:
+        absl_logger.disabled = was_disabled
+        sys.argv = saved_argv
+    if overrides:
+        from specjax.runner import config_args  # pylint: disable=import-outside-toplevel
+
+        config = flags.FLAGS["config"].value
+        if _is_config_dict(config):
+            try:
+                for key, raw in overrides:
+                    config_args.apply_override(config, key, raw)
+            except ConfigError as e:
+                fail(e)
+    return rest
+
+
+def _is_config_dict(value) -> bool:
+    import ml_collections  # pylint: disable=import-outside-toplevel
+
+    return isinstance(value, ml_collections.ConfigDict)
+
+
+def config_flag_value(argv: Sequence[str]) -> str | None:
+    """The ``--config`` value in `argv` (``file.py[:arg]``), or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg.startswith(("--config=", "-config=")):
+            value = arg.split("=", 1)[1]
+        elif arg in ("--config", "-config") and i + 1 < len(argv):
+            value = argv[i + 1]
+    return value
+
+
+def _config_load_error(error: BaseException, argv: Sequence[str]) -> ConfigError:
+    """`error`, raised while absl parsed the flags, as a one-line `ConfigError`."""
+    given = config_flag_value(argv)
+    if given is None:
+        return ConfigError(error_message(error))
+    filename = given.split(":", 1)[0]
+    where = _where_in(error, filename)
+    if isinstance(error, AttributeError) and "get_config" in str(error):
+        what = "it defines no get_config()"
+        allowed = "a config file (.py) defining get_config(arg=None) that returns a ConfigDict"
+    elif isinstance(error, SyntaxError):
+        what = f"SyntaxError: {error.msg} (line {error.lineno})"
+        allowed = "a Python config file that compiles"
+    else:
+        what = f"loading it raised {type(error).__name__}: {' '.join(str(error).split())}{where}"
+        allowed = "a config file whose get_config(arg) returns a ConfigDict"
+    return ConfigError(f"--config: got {given!r}, allowed: {allowed}; {what}",
+                       field="--config", value=given, allowed=allowed)
+
+
+def _where_in(error: BaseException, filename: str) -> str:
+    """`` (file.py, line N)`` for the innermost traceback frame in `filename`, if any."""
+    import os  # pylint: disable=import-outside-toplevel
+    import traceback  # pylint: disable=import-outside-toplevel
+
+    try:
+        target = os.path.realpath(filename)
+        frames = [f for f in traceback.extract_tb(error.__traceback__)
+                  if os.path.realpath(f.filename) == target]
+    except (OSError, ValueError):
+        return ""
+    return f" ({filename}, line {frames[-1].lineno})" if frames else ""
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """`error` and its causes, outermost first; ``raise ... from None`` ends the chain
+    (whoever wrote it chose the message the user sees)."""
+    chain = [error]
+    while True:
+        e = chain[-1]
+        nxt = e.__cause__ if e.__cause__ is not None else (
+            None if e.__suppress_context__ else e.__context__)
+        if nxt is None or nxt in chain:
+            return chain
+        chain.append(nxt)
 
 
 def _root(error: BaseException) -> BaseException:
-    seen = [error]
-    while (nxt := seen[-1].__cause__ or seen[-1].__context__) is not None and nxt not in seen:
-        seen.append(nxt)
-    return seen[-1]
+    return _chain(error)[-1]

@@ -15,34 +15,92 @@ import json
 import math
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 from specjax.errors import ConfigError, check
-from specjax.policy.plan import PlanConfig, run_plans
-from specjax.policy.summary import summarize
+from specjax.policy.auto import AutoRouter
+from specjax.policy.boundary import BoundaryThresholds
+from specjax.policy.plan import PlanConfig, enable_shared_calls, run_plans
+from specjax.policy.summary import plan_totals, summarize
+from specjax.seed_constants import (ACCEPTANCE_FLOOR, DEPTH_CEILING, SEED_COSTS,
+                                    TRUNCATION_OVERHEAD_RATIO)
 from specjax.policy.switches import Policy
 from specjax.runner.registry import register_experiment
-
-# c_i of the seed's deployment: drafter parameters / verifier parameters (1.5B, 3B, 7B vs 70B).
-SEED_COSTS = {"code": 1.5 / 70, "prose": 3.0 / 70, "reasoning": 7.0 / 70}
 SYNTHETIC_PROMPTS = ["ab", "cda", "b", "dd", "acb", "c", "bad", "da"]
 
 
 @functools.lru_cache(maxsize=4)
 def _zoo(path: str):
-    from specjax.models.zoo import load_zoo  # pylint: disable=import-outside-toplevel
-    return load_zoo(path)
+    """The zoo with every drafter it ships (the seed's, and extras such as `prose512`)."""
+    from specjax.models.zoo import load_zoo, read_manifest  # pylint: disable=import-outside-toplevel
+    _, manifest = read_manifest(path)
+    extra = [n for n in manifest.get("extra_drafters", []) if n not in manifest["drafter_order"]]
+    return load_zoo(path, names=list(manifest["drafter_order"]) + extra)
+
+
+@functools.lru_cache(maxsize=16)
+def _zoo_deployment(path: str, names: tuple[str, ...]):
+    from specjax.engine.deployment import from_zoo  # pylint: disable=import-outside-toplevel
+    return from_zoo(_zoo(path), list(names))
+
+
+def resolve_zoo_path(config) -> tuple[Path, str]:
+    """(absolute zoo folder, where it came from), by one precedence (README):
+
+    1. ``config.zoo_path`` when set (``--config.zoo_path=...``; relative to the working
+       directory) — ``"zoo_path"``;
+    2. else ``$SPECJAX_ZOO`` when set and non-empty — ``"SPECJAX_ZOO"``;
+    3. else the zoo shipped inside the package, ``specjax/zoo`` — ``"shipped"``.
+    """
+    from specjax.models import zoo as zoo_lib  # pylint: disable=import-outside-toplevel
+    explicit = config.get("zoo_path")
+    if explicit is not None:
+        return Path(str(explicit)).expanduser().absolute(), "zoo_path"
+    env = os.environ.get("SPECJAX_ZOO")
+    if env:
+        return Path(env).expanduser().absolute(), "SPECJAX_ZOO"
+    return zoo_lib.SHIPPED_ZOO, "shipped"
+
+
+def load_zoo_checked(config):
+    """The zoo the config resolves to, loaded and verified; (zoo, its `inputs` record).
+
+    Raises:
+      ConfigError: one line naming the field or variable that chose the folder, the
+        folder, and what is wrong with it (missing, manifest, sha256, shapes, ...).
+    """
+    from specjax.models import zoo as zoo_lib  # pylint: disable=import-outside-toplevel
+    path, source = resolve_zoo_path(config)
+    given = {"zoo_path": config.get("zoo_path"),
+             "SPECJAX_ZOO": os.environ.get("SPECJAX_ZOO")}.get(source, str(path))
+    try:
+        zoo = _zoo(str(path))
+        manifest_sha = zoo_lib.file_sha256(path / zoo_lib.MANIFEST)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: got {str(given)!r} (zoo folder {path}), allowed: a zoo "
+                          f"folder that loads and verifies; {e}", field=source, value=given,
+                          allowed="a zoo folder") from None
+    except OSError as e:
+        raise ConfigError(f"{source}: got {str(given)!r} (zoo folder {path}), allowed: a "
+                          f"readable zoo folder; {e.strerror or e}", field=source,
+                          value=given, allowed="a zoo folder") from None
+    return zoo, {"zoo": {"path": str(path), "source": source,
+                         "manifest_sha256": manifest_sha}}
 
 
 def load_deployment(config):
     """The full deployment the config names ('zoo' or 'synthetic')."""
     if config.deployment == "zoo":
-        return _zoo(config.get("zoo_path")).deployment()
+        zoo = load_zoo_checked(config)[0]
+        return _zoo_deployment(str(resolve_zoo_path(config)[0]),
+                               tuple(zoo.manifest["drafter_order"]))
     if config.deployment == "synthetic":
-        from specjax.models import synthetic_suite  # pylint: disable=import-outside-toplevel
-        dep, _ = synthetic_suite.make_deployment("random", seed=0, fourth=True)
+        from specjax import testing  # pylint: disable=import-outside-toplevel
+        dep, _ = testing.make_deployment("random", seed=0, fourth=True)
         return dep
-    raise ConfigError.invalid("deployment", config.deployment, ["zoo", "synthetic"])
+    if config.deployment == "hf":  # Hugging Face folders by local path (configs/real_models.py)
+        from specjax.runner import hf_deployment  # pylint: disable=import-outside-toplevel
+        return hf_deployment.load_hf_deployment(config)
+    raise ConfigError.invalid("deployment", config.deployment, ["zoo", "synthetic", "hf"])
 
 
 def plan_prompts(config) -> tuple[list[str], list[str]]:
@@ -63,53 +121,133 @@ def plan_prompts(config) -> tuple[list[str], list[str]]:
     return [p["prompt"] for p in picked], [p["id"] for p in picked]
 
 
-def validate(config) -> None:
-    """Checks every field and grid value the experiment reads (before anything is written)."""
-    check(config.deployment in ("zoo", "synthetic"), "deployment", config.deployment,
-          ["zoo", "synthetic"])
-    check(isinstance(config.plans_per_domain, int) and config.plans_per_domain >= 1,
-          "plans_per_domain", config.plans_per_domain, "an integer >= 1")
+GRID_AXES = ("gamma", "verifier_temperature", "drafter_temperature", "policy", "rule",
+             "pairing", "seed")
+MAX_SEED = 2**31 - 1
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def validate(config) -> dict | None:
+    """Checks every field and grid value the experiment reads (before anything is written).
+
+    For the zoo deployment the zoo is loaded and verified here (manifest, sha256 of every
+    file, shapes), so a bad zoo is refused before the workdir is touched.
+
+    Returns:
+      The run's inputs besides the config (`specjax.runner.registry`): for the zoo, its
+      folder, where the folder came from, and the sha256 of its manifest; else None.
+    """
+    check(config.get("deployment") in ("zoo", "synthetic", "hf"), "deployment",
+          config.get("deployment"), ["zoo", "synthetic", "hf"])
+    zoo_path = config.get("zoo_path")
+    check(zoo_path is None or (isinstance(zoo_path, str) and zoo_path.strip()), "zoo_path",
+          zoo_path, "None ($SPECJAX_ZOO, else the shipped zoo) or a folder path")
+    for field, ok, allowed in (
+            ("plans_per_domain", _is_int, "an integer >= 1"),
+            ("plan_steps", _is_int, "an integer >= 1"),
+            ("max_step_tokens", _is_int, "an integer >= 1"),
+            ("bucket", _is_int, "an integer >= 1")):
+        value = config.get(field)
+        check(ok(value) and value >= 1, field, value, allowed)
+    value = config.get("consensus_threshold")
+    check(_is_number(value) and 0 < value <= 1, "consensus_threshold", value,
+          "a number in (0, 1]")
+    value = config.get("consensus_cost")
+    check(_is_number(value) and value >= 0, "consensus_cost", value, "a finite number >= 0")
+    for field in ("report", "seed_table"):
+        value = config.get(field, False)
+        check(isinstance(value, bool), field, value, "true or false")
     grid = config.grid
+    for axis in grid.keys():
+        check(axis in GRID_AXES, f"grid.{axis}", list(grid[axis]) if isinstance(
+            grid[axis], (list, tuple)) else grid[axis],
+              f"an axis the plans experiment reads: {', '.join(GRID_AXES)}")
     for g in grid.get("gamma", [4]):
-        check(isinstance(g, int) and not isinstance(g, bool) and g >= 1, "grid.gamma", g,
-              "integers >= 1")
+        check(_is_int(g) and g >= 1, "grid.gamma", g, "integers >= 1")
     for t in list(grid.get("verifier_temperature", [0.0])):
-        check(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0,
-              "grid.verifier_temperature", t, "finite numbers >= 0")
+        check(_is_number(t) and t >= 0, "grid.verifier_temperature", t, "finite numbers >= 0")
     for t in list(grid.get("drafter_temperature", [None])):
-        check(t is None or (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0),
-              "grid.drafter_temperature", t, "None (each drafter's default) or numbers >= 0")
+        check(t is None or (_is_number(t) and t >= 0), "grid.drafter_temperature", t,
+              "None (each drafter's default) or finite numbers >= 0")
+    for seed in list(grid.get("seed", [0])):
+        check(_is_int(seed) and 0 <= seed <= MAX_SEED, "grid.seed", seed,
+              f"integers in [0, {MAX_SEED}]")
+    check(config.get("consensus", "seed") in ("seed", "quorum"), "consensus",
+          config.get("consensus"), ["seed", "quorum"])
+    check(isinstance(config.get("share_verifier_call", True), bool), "share_verifier_call",
+          config.get("share_verifier_call"), "true or false")
+    value = config.get("auto_explore", 0.15)
+    check(_is_number(value) and 0 <= value <= 1, "auto_explore", value, "a number in [0, 1]")
+    plan_thresholds(config)  # names the boundary field and its allowed range
     for p in list(grid.get("policy", ["all_on"])):
+        if p in ROUTED_POLICIES:
+            continue
         try:
             Policy.from_name(p) if isinstance(p, str) else Policy(**dict(p))
-        except (ConfigError, TypeError, ValueError) as e:
+        except (ConfigError, TypeError, ValueError):
             raise ConfigError.invalid("grid.policy", p, "a policy name (naive, all_on, "
-                                      "all_on_minus_<switch>, naive_plus_<switch>, p1t0a1k0)"
-                                      ) from e
+                                      "all_on_minus_<switch>, naive_plus_<switch>, p1t0a1k0, "
+                                      "auto, oracle)"
+                                      ) from None
     for r in list(grid.get("rule", [None])):
         check(r in (None, "coupled", "default"), "grid.rule", r, [None, "default", "coupled"])
-    known = {"code", "prose", "reasoning"} if config.deployment == "zoo" else {"d0", "d1", "d2", "d3"}
+    PlanConfig(plan_steps=config.plan_steps, max_step_tokens=config.max_step_tokens,
+               consensus_threshold=config.consensus_threshold,
+               consensus_cost=config.consensus_cost, bucket=config.bucket)
+    inputs = None
+    if config.deployment == "zoo":
+        zoo, inputs = load_zoo_checked(config)
+        known = set(zoo.names)
+    elif config.deployment == "hf":
+        from specjax.runner import hf_deployment  # pylint: disable=import-outside-toplevel
+        hf_deployment.validate_hf(config)
+        known = set(hf_deployment.drafter_names(config))
+    else:
+        known = {"d0", "d1", "d2", "d3"}
     for pairing in list(grid.get("pairing", [None])):
         if pairing is None:
             continue
+        check(isinstance(pairing, (list, tuple)), "grid.pairing", pairing,
+              "lists of drafter names")
         names = list(pairing)
-        check(len(names) >= 1 and len(set(names)) == len(names), "grid.pairing", pairing,
-              "non-empty lists of distinct drafter names")
+        check(len(names) >= 1 and len(set(map(str, names))) == len(names), "grid.pairing",
+              pairing, "non-empty lists of distinct drafter names")
         for n in names:
             check(n in known, "grid.pairing", n, sorted(known))
-    PlanConfig(plan_steps=config.plan_steps, max_step_tokens=config.max_step_tokens,
-               consensus_threshold=config.consensus_threshold)
+    return inputs
 
 
 def _cell_deployment(config, cell):
-    dep = load_deployment(config)
     pairing = cell.get("pairing")
-    if pairing:
-        dep = dep.subset(list(pairing))
+    if pairing and config.deployment == "zoo":
+        load_zoo_checked(config)
+        dep = _zoo_deployment(str(resolve_zoo_path(config)[0]), tuple(pairing))
+    else:
+        dep = load_deployment(config)
+        if pairing:
+            dep = dep.subset(list(pairing))
     t = cell.get("drafter_temperature")
     if t is not None:
         dep = dep.with_temperatures([t] * len(dep.drafters))
     return dep
+
+
+ROUTED_POLICIES = ("auto", "oracle")
+
+
+def plan_thresholds(config) -> BoundaryThresholds:
+    """The decision boundary's thresholds, from the config's one `boundary` block."""
+    b = config.get("boundary") or {}
+    return BoundaryThresholds(**{k: b[k] for k in ("truncation_overhead_ratio",
+                                                   "acceptance_floor", "depth_ceiling")
+                                 if k in b})
 
 
 def _plan_config(config, cell) -> PlanConfig:
@@ -117,71 +255,129 @@ def _plan_config(config, cell) -> PlanConfig:
     return PlanConfig(gamma=int(cell.get("gamma", 4)),
                       verifier_temperature=float(cell.get("verifier_temperature", 0.0)),
                       plan_steps=config.plan_steps, max_step_tokens=config.max_step_tokens,
+                      consensus=config.get("consensus", "seed"),
                       consensus_threshold=config.consensus_threshold,
+                      thresholds=plan_thresholds(config),
                       rule=None if rule in (None, "default") else rule,
-                      consensus_cost=config.consensus_cost, seed=int(cell.get("seed", 0)),
-                      bucket=config.bucket)
+                      consensus_cost=config.consensus_cost,
+                      share_verifier_call=bool(config.get("share_verifier_call", True)),
+                      seed=int(cell.get("seed", 0)), bucket=config.bucket)
 
 
-def _light(stats) -> dict:
-    return {"tokens": stats.tokens, "cost": stats.cost, "seconds": stats.seconds,
-            "verifier_calls": stats.verifier_calls,
-            "drafter_tokens": [int(x) for x in stats.drafter_tokens]}
+def _costs(dep):
+    costs = [d.cost for d in dep.drafters]
+    seed = [SEED_COSTS.get(n) for n in dep.names]
+    return costs, (None if any(c is None for c in seed) else seed)
 
 
 def _baselines(config, cell, dep, pcfg, prompts, workdir: Path):
-    key = json.dumps({"pairing": list(dep.names), "gamma": pcfg.gamma,
+    """Per-plan totals of each single drafter and of the verifier alone (cached on disk)."""
+    costs, seed_costs = _costs(dep)
+    key = json.dumps({"v": 3, "pairing": list(dep.names), "gamma": pcfg.gamma,
                       "tv": pcfg.verifier_temperature, "rule": pcfg.rule,
-                      "td": [d.temperature for d in dep.drafters], "seed": pcfg.seed},
+                      "td": [d.temperature for d in dep.drafters], "seed": pcfg.seed,
+                      "steps": pcfg.plan_steps, "max_step_tokens": pcfg.max_step_tokens,
+                      "costs": costs, "consensus_cost": pcfg.consensus_cost,
+                      "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()},
                      sort_keys=True)
     path = workdir / "baselines" / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
     if path.exists():
-        data = json.loads(path.read_text())
-    else:
-        single = {n: _light(run_plans(dep, pcfg, prompts, single=i)[1])
-                  for i, n in enumerate(dep.names)}
-        ar_texts, ar_stats = run_plans(dep, pcfg, prompts)
-        exact_ref = pcfg.verifier_temperature == 0 or pcfg.rule == "coupled"
-        data = {"key": json.loads(key), "single": single, "autoregressive": _light(ar_stats),
-                "reference_texts": ar_texts if exact_ref else None}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
-    single = {n: SimpleNamespace(**v) for n, v in data["single"].items()}
-    return single, SimpleNamespace(**data["autoregressive"]), data
+        return json.loads(path.read_text())
+    totals = lambda st: plan_totals(st.counts, costs, seed_costs, pcfg.consensus_cost)
+    single = {}
+    for i, n in enumerate(dep.names):
+        _, st = run_plans(dep, pcfg, prompts, single=i)
+        single[n] = totals(st)
+        single[n]["per_drafter_alpha"] = summarize(st, dep.names, costs)["per_drafter_alpha"]
+    ar_texts, ar_stats = run_plans(dep, pcfg, prompts)
+    exact_ref = pcfg.verifier_temperature == 0 or pcfg.coupled
+    data = {"key": json.loads(key), "single": single, "autoregressive": totals(ar_stats),
+            "reference_texts": ar_texts if exact_ref else None}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+    return data
+
+
+def oracle_drafters(dep, domains) -> list[int]:
+    """The oracle router's drafter per plan: the drafter named after the plan's domain."""
+    out = []
+    for d in domains:
+        if d not in dep.names:
+            raise ConfigError(f"grid.policy: got 'oracle', but the pairing {list(dep.names)} has "
+                              f"no drafter for the domain {d!r}; allowed: a pairing with a "
+                              "drafter named after every plan domain")
+        out.append(dep.names.index(d))
+    return out
 
 
 @register_experiment("plans", validate=validate,
                      finalize=lambda c, w, r: _finalize(c, w, r))
 def plans(config, cell: dict, workdir: Path) -> dict:
-    """One cell: the plan prompts under the cell's policy, with baselines and SPEC §7 figures."""
+    """One cell: the plan prompts under the cell's policy, with baselines and SPEC §7 figures.
+
+    Identical engine calls of the run's cells (under the coupled rule every policy commits
+    the same text, so many calls repeat) are computed once per process
+    (`specjax.policy.plan.shared_calls`); each cell is charged the measured seconds of every
+    call it needs.
+    """
+    enable_shared_calls()
     dep = _cell_deployment(config, cell)
     pcfg = _plan_config(config, cell)
-    prompts, _ = plan_prompts(config)
+    prompts, ids = plan_prompts(config)
     pol = cell.get("policy", "all_on")
-    policy = Policy.from_name(pol) if isinstance(pol, str) else Policy(**dict(pol))
-    single, ar, base = _baselines(config, cell, dep, pcfg, prompts, Path(workdir))
-    texts, stats = run_plans(dep, pcfg, prompts, policy=policy)
-    row = summarize(stats, dep.names, single=single, autoregressive=ar)
+    costs, seed_costs = _costs(dep)
+    base = _baselines(config, cell, dep, pcfg, prompts, Path(workdir))
+    if pol == "auto":
+        router = AutoRouter(costs, pcfg.gamma, seed=pcfg.seed,
+                            explore=float(config.get("auto_explore", 0.15)))
+        texts, stats = run_plans(dep, pcfg, prompts, router=router)
+        name = "auto"
+    elif pol == "oracle":
+        texts, stats = run_plans(dep, pcfg, prompts,
+                                 single=oracle_drafters(dep, plan_domains(config, ids)))
+        name = "oracle"
+    else:
+        policy = Policy.from_name(pol) if isinstance(pol, str) else Policy(**dict(pol))
+        texts, stats = run_plans(dep, pcfg, prompts, policy=policy)
+        name = policy.name
+    row = summarize(stats, dep.names, costs, seed_costs=seed_costs,
+                    consensus_cost=pcfg.consensus_cost, consensus=pcfg.consensus,
+                    consensus_threshold=pcfg.consensus_threshold, thresholds=pcfg.thresholds,
+                    single=base["single"], autoregressive=base["autoregressive"])
     ref = base.get("reference_texts")
     if ref is not None:
         # τ = 0: the target is a point mass (the greedy plan), so the exact TV distance is
         # the fraction of plans off it. Coupled rule: the reference is the verifier's own
         # sample with the same noise, and by the coupling inequality the fraction of plans
-        # that differ from it bounds TV from above (0 means the policy reproduced the
-        # target's sampler plan for plan).
+        # that differ from it bounds TV from above (0: the policy reproduced the target's
+        # sampler plan for plan).
         row["tv_distance"] = sum(a != b for a, b in zip(texts, ref)) / len(ref)
         row["tv_distance_kind"] = "exact" if pcfg.verifier_temperature == 0 else "coupling_bound"
     else:
         row["tv_distance"] = None  # not computable exactly for a neural verifier at τ > 0
         row["tv_distance_kind"] = None
-    row["policy"] = policy.name
+    row["policy"] = name
+    row["plan_ids"] = list(ids)
     row["pairing"] = list(dep.names)
     row["baselines"] = {"single": base["single"], "autoregressive": base["autoregressive"]}
     row["drafter_costs"] = {d.name: d.cost for d in dep.drafters}
     row["drafter_temperatures"] = {d.name: d.temperature for d in dep.drafters}
+    row["branch_records"] = stats.branch_records
+    row["step_records"] = stats.step_records
+    if stats.routes:
+        row["routes"] = stats.routes
     return row
+
+
+def plan_domains(config, ids) -> list[str]:
+    """Each plan's domain (the oracle router needs it; the policies are not told)."""
+    if config.deployment == "synthetic":
+        return ["d0"] * len(ids)
+    from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
+    dom = {p["id"]: p["domain"] for p in load_prompts()}
+    return [dom[i] for i in ids]
 
 
 def _finalize(config, workdir: Path, results: list[dict]) -> None:
@@ -200,7 +396,14 @@ def plans_defaults():
     c.plans_per_domain = 24           # plan prompts per domain (code, prose, reasoning), mixed
     c.plan_steps = 4                  # steps per plan
     c.max_step_tokens = 32            # token budget of one step
-    c.consensus_threshold = 0.5       # support needed to commit without fallback
+    c.consensus = "seed"              # step decision: 'seed' (execute_parallel_plan) or 'quorum'
+    c.consensus_threshold = 0.5       # quorum rule: support needed to commit without fallback
+    c.boundary = ml_collections.ConfigDict()   # the decision boundary (SPEC §6), the seed's
+    c.boundary.acceptance_floor = ACCEPTANCE_FLOOR                    # s_b below it: collapse
+    c.boundary.depth_ceiling = DEPTH_CEILING                          # d_b above it: collapse
+    c.boundary.truncation_overhead_ratio = TRUNCATION_OVERHEAD_RATIO  # s_b − i_b must exceed it
+    c.share_verifier_call = True      # cost model: a plan's branches share one verifier call
+    c.auto_explore = 0.15             # policy 'auto': chance a step re-measures a dropped drafter
     c.consensus_cost = 1.0            # modelled cost of a consensus round (verifier calls)
     c.bucket = 64                     # prompt widths rounded up to a multiple (no retrace)
     c.report = True                   # write report.md and plots/ after the cells

@@ -339,7 +339,7 @@ def _patch(color: Any, alpha: float, text: str):
 
 def _acceptance(r: Row) -> dict[str, float]:
     """Each drafter's α per position (its chain tested alone), else accepted / proposed."""
-    a = r.get("per_token_acceptance") or r.get("acceptance")
+    a = r.get("per_drafter_alpha") or r.get("acceptance")
     if isinstance(a, dict):
         return {str(k): v for k, v in a.items() if _is_number(v)}
     if _is_number(a):

@@ -7,8 +7,12 @@ An experiment computes the metrics of one grid cell::
         ...  # JSON-serialisable metrics (SPEC §7 names)
 
 Hooks, all optional:
-  * ``validate(config) -> None`` raises `specjax.errors.ConfigError` for a bad config;
-    the runner calls it before anything is written to the workdir.
+  * ``validate(config) -> None | dict`` raises `specjax.errors.ConfigError` for a bad
+    config; the runner calls it before anything is written to the workdir. It may return
+    a dict of *inputs*: what the cells read besides the config (e.g. the zoo's folder and
+    the sha256 of its manifest). The runner records it in ``version.json`` and in every
+    result row under ``inputs``, and refuses to resume a workdir whose results were
+    computed from other inputs.
   * ``finalize(config, workdir, results) -> None`` runs once (on process 0) after every
     cell has a result, e.g. to write ``summary.json``.
 
@@ -42,7 +46,7 @@ __all__ = [
 PROJECT_REGISTRY_MODULE = "specjax.experiments_registry"
 
 RunFn = Callable[[Any, dict, Path], dict]
-ValidateFn = Callable[[Any], None]
+ValidateFn = Callable[[Any], "dict | None"]
 FinalizeFn = Callable[[Any, Path, list], None]
 
 
@@ -124,9 +128,12 @@ def import_experiment_module(spec: str) -> types.ModuleType:
         sys.modules[mod_name] = module
         try:
             module_spec.loader.exec_module(module)
-        except BaseException:
+        except ConfigError:
             del sys.modules[mod_name]
             raise
+        except Exception as e:  # pylint: disable=broad-except
+            del sys.modules[mod_name]
+            raise _import_error(spec, e, str(path)) from e
         return module
     try:
         return importlib.import_module(spec)
@@ -135,7 +142,30 @@ def import_experiment_module(spec: str) -> types.ModuleType:
             raise ConfigError.invalid("experiment_module", spec,
                                       "an importable module name or the path of a .py "
                                       "file") from e
+        raise _import_error(spec, e, None) from e
+    except ConfigError:
         raise
+    except Exception as e:  # pylint: disable=broad-except
+        raise _import_error(spec, e, None) from e
+
+
+def _import_error(spec: str, error: BaseException, filename: str | None) -> ConfigError:
+    """A module that fails to import, as one line naming ``experiment_module``."""
+    import traceback  # pylint: disable=import-outside-toplevel
+
+    where = ""
+    if isinstance(error, SyntaxError) and error.lineno:
+        where = f" ({error.filename}, line {error.lineno})"
+    else:
+        frames = traceback.extract_tb(error.__traceback__)
+        if filename is not None:
+            frames = [f for f in frames if f.filename == filename] or frames
+        if frames:
+            where = f" ({frames[-1].filename}, line {frames[-1].lineno})"
+    text = " ".join(str(error).split())
+    return ConfigError(f"experiment_module: got {spec!r}, allowed: a module that imports; "
+                       f"importing it raised {type(error).__name__}: {text}{where}",
+                       field="experiment_module", value=spec, allowed="a module that imports")
 
 
 def _import_project_registry() -> None:

@@ -1,10 +1,22 @@
-"""The seed's table (SPEC §8) beside the measured one, the ablation, the projection.
+"""The seed's table (SPEC §8) beside the measured one, with intervals, the ablation, `auto`.
 
 Written by the `plans` experiment's finalize hook when `config.seed_table` is set:
-`summary.json` (fields named after SPEC §7), `seed_report.md` and `plots/seed_*.png`.
+`summary.json`, `seed_report.md` and `plots/seed_policies.png`.
+
+How the figures are formed (SPEC §7):
+  * a *unit* is a plan: its counts are summed over the grid's seeds, and every figure is a
+    ratio of sums over units; 95% intervals are percentile bootstraps over units
+    (`metrics.bootstrap_ci`), paired across policies (the same resampled plans), so an
+    ablation effect has an interval of its own;
+  * every policy is reported at its own best γ of the grid (the throughput ratio to the
+    best single drafter, cost model at zoo sizes, decides), and so is the single-drafter
+    baseline; the γ sweep shows the rest;
+  * per-drafter α is Leviathan's (each chain tested alone, rule 1's test), measured on the
+    naive policy's rounds, where every drafter drafts every plan.
 """
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -12,87 +24,297 @@ from pathlib import Path
 
 import numpy as np
 
-SEED = {"per_drafter_acceptance": {"code": 0.68, "prose": 0.61, "reasoning": 0.54},
-        "joint_acceptance": {"naive": 0.19, "all_on": 0.52},
-        "consensus_fallback_rate": {"naive": 0.80, "all_on": 0.14},
-        "throughput_ratio_vs_single": {"naive": 0.4, "all_on": 1.7}}
-SEED_COSTS = {"code": 1.5 / 70, "prose": 3.0 / 70, "reasoning": 7.0 / 70}
+from specjax import metrics
+from specjax.policy import boundary as boundary_lib
+from specjax.policy.summary import step_decision_figures
+from specjax.policy.runstats import RunStats
+from specjax.seed_constants import SEED_COSTS, SEED_TABLE
+
+SWITCHES = ("prefix_partitioning", "truncate_and_attribute", "agreement_weighted_consensus",
+            "kl_ceiling")
+N_BOOT = 1000
 
 
-def projected_ratio(row: dict, consensus_cost: float) -> float:
-    """Cost-model throughput ratio vs the best single drafter with the seed's c_i."""
-    def cost(verifier_calls, drafter_tokens: dict, fallbacks=0):
-        return (verifier_calls + sum(SEED_COSTS.get(n, 0.0) * t for n, t in drafter_tokens.items())
-                + consensus_cost * fallbacks)
-    mine = row["committed_tokens"] / cost(row["verifier_calls"], row["drafter_tokens"],
-                                          row["fallback_steps"])
-    names = list(row["pairing"])
-    best = 0.0
-    for n, b in row["baselines"]["single"].items():
-        dt = dict(zip(names, b["drafter_tokens"]))
-        best = max(best, b["tokens"] / cost(b["verifier_calls"], dt))
-    return mine / best if best else float("nan")
-
-
-def _fmt(x, pct=False):
+def _fmt(x, pct=False, ci=None):
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "n/a"
-    return f"{100 * x:.0f}%" if pct else f"{x:.2f}"
+        return "—"
+    body = f"{100 * x:.0f}%" if pct else f"{x:.2f}"
+    if ci and all(v is not None and math.isfinite(v) for v in ci):
+        lo, hi = ci
+        body += (f" [{100 * lo:.0f}, {100 * hi:.0f}]" if pct else f" [{lo:.2f}, {hi:.2f}]")
+    return body
 
 
-def _by_policy(results):
-    """Results by policy name; when the results mix rules, non-coupled rows keep the plain
-    name and coupled ones get '+coupled'."""
-    mixed = len({r.get("rule") or "default" for r in results}) > 1
-    out = {}
-    for r in results:
-        key = r["policy"] + ("+coupled" if mixed and r.get("rule") == "coupled" else "")
-        out.setdefault(key, r)
+def _arr(rows, key, sub=None):
+    """A per-plan counter summed over the rows (seeds): f64[P, ...]."""
+    out = None
+    for r in rows:
+        src = r["per_plan"] if sub is None else sub(r)
+        x = np.asarray(src[key], np.float64)
+        out = x if out is None else out + x
     return out
 
 
-def write(config, workdir: Path, results: list[dict]) -> dict:
-    rows = _by_policy(results)
-    cc = float(config.consensus_cost)
-    for r in rows.values():
-        r["throughput_ratio_vs_single_at_seed_sizes"] = projected_ratio(r, cc)
-    naive, on = rows.get("naive"), rows.get("all_on")
-    measured = {}
-    if naive:
-        measured["per_drafter_acceptance"] = naive.get("per_token_acceptance", {})
-    for name, r in (("naive", naive), ("all_on", on)):
-        if r is None:
+class _Units:
+    """Per-plan sums of one policy at one γ (over seeds), and its baselines at that γ."""
+
+    def __init__(self, rows):
+        self.rows = rows
+        self.p = {k: _arr(rows, k) for k in rows[0]["per_plan"]}
+        names = list(rows[0]["pairing"])
+        self.names = names
+        self.single = {n: {k: _arr(rows, k, lambda r, n=n: r["baselines"]["single"][n])
+                           for k in ("tokens", "seconds", "cost") +
+                           (("cost_seed",) if "cost_seed" in rows[0]["baselines"]["single"][n]
+                            else ())}
+                       for n in names}
+        self.gamma = rows[0].get("gamma")
+
+    def rate(self, key, idx=None):
+        return metrics.ratio_of_sums(self.p["tokens"], self.p[key], idx)
+
+
+def _single_rate(u: _Units, name, key, idx=None):
+    return metrics.ratio_of_sums(u.single[name]["tokens"], u.single[name][key], idx)
+
+
+def _figures(u: _Units, best_single: dict, k: int) -> dict:
+    """Point estimates and bootstrap intervals of one policy's headline figures."""
+    p, names = u.p, u.names
+
+    def alpha(i):
+        return lambda idx=None: metrics.ratio_of_sums(np.asarray(p["own_accepted"])[:, i],
+                                                      np.asarray(p["own_reached"])[:, i], idx)
+
+    stats = {
+        "joint_acceptance": (lambda idx=None: metrics.ratio_of_sums(
+            p["multi_from_draft"], p["multi_reached"], idx)) if p["multi_reached"].sum() else None,
+        "consensus_fallback_rate": lambda idx=None: metrics.ratio_of_sums(
+            p["fallbacks"], p["steps"], idx),
+        "throughput_ratio_vs_single": lambda idx=None: u.rate("cost", idx) / _single_rate(
+            best_single["cost"][0], best_single["cost"][1], "cost", idx),
+        "wallclock_ratio_vs_single": lambda idx=None: u.rate("seconds", idx) / _single_rate(
+            best_single["cost"][0], best_single["cost"][1], "seconds", idx),
+    }
+    if "cost_seed" in p and best_single.get("cost_seed"):
+        stats["throughput_ratio_vs_single_at_seed_sizes"] = (
+            lambda idx=None: u.rate("cost_seed", idx) / _single_rate(
+                best_single["cost_seed"][0], best_single["cost_seed"][1], "cost_seed", idx))
+    for i, n in enumerate(names):
+        if np.asarray(p["own_reached"])[:, i].sum():
+            stats[f"alpha:{n}"] = alpha(i)
+    units = len(p["tokens"])
+    out = {}
+    for key, f in stats.items():
+        if f is None:
+            out[key] = {"value": None, "ci": None}
             continue
-        measured[name] = {k: r.get(k) for k in (
-            "joint_acceptance", "joint_acceptance_basis", "consensus_fallback_rate",
-            "throughput_ratio_vs_single", "wallclock_ratio_vs_single",
-            "throughput_ratio_vs_single_at_seed_sizes", "throughput_ratio_vs_autoregressive",
-            "mean_truncation_depth", "kl_max", "kl_mean", "mean_accepted_length",
-            "tv_distance", "tv_distance_kind", "collapses", "consensus_support_mean",
-            "per_token_acceptance", "acceptance", "fallback_rate_by_threshold")}
-    ablation = {k: {f: r.get(f) for f in (
-        "joint_acceptance", "joint_acceptance_basis", "consensus_fallback_rate",
-        "throughput_ratio_vs_single", "wallclock_ratio_vs_single",
-        "throughput_ratio_vs_single_at_seed_sizes", "tv_distance", "mean_truncation_depth",
-        "kl_max", "boundary_independent_batches", "consensus_support_mean",
-        "fallback_rate_by_threshold", "tv_distance_kind")} for k, r in rows.items()}
-    summary = {"seed": SEED, "measured": measured, "ablation": ablation,
-               "seed_costs": SEED_COSTS,
-               "settings": {k: config.get(k) for k in ("deployment", "plans_per_domain",
-                                                       "plan_steps", "max_step_tokens",
-                                                       "consensus_threshold", "consensus_cost")}}
-    first = next(iter(rows.values()), {})
-    summary["settings"].update({k: first.get(k) for k in (
-        "gamma", "verifier_temperature", "rule", "drafter_temperatures")})
-    if naive:
-        alphas = list(naive.get("per_token_acceptance", {}).values())
-        summary["measured"]["product_of_per_drafter_acceptance"] = float(np.prod(alphas))
-    _atomic(workdir / "summary.json", json.dumps(summary, indent=2, default=float) + "\n")
-    md = _markdown(summary, rows)
+        out[key] = {"value": f(), "ci": metrics.bootstrap_ci(units, f, N_BOOT, seed=k)}
+    out["gamma"] = u.gamma
+    return out, stats
+
+
+def _best_single(by_gamma: dict) -> dict:
+    """The best single drafter over the γ grid, by cost (zoo sizes) and by cost (seed sizes)."""
+    out = {}
+    for key in ("cost", "cost_seed"):
+        best, best_v = None, -math.inf
+        for u in by_gamma.values():
+            for n in u.names:
+                if key not in u.single[n]:
+                    continue
+                v = _single_rate(u, n, key)
+                if math.isfinite(v) and v > best_v:
+                    best, best_v = (u, n), v
+        if best is not None:
+            out[key] = best
+    return out
+
+
+def _group(results):
+    """{policy: {γ: [rows over seeds]}} for the rows of the seed pairing."""
+    groups = collections.defaultdict(lambda: collections.defaultdict(list))
+    for r in results:
+        groups[r["policy"]][r.get("gamma")].append(r)
+    return groups
+
+
+def write(config, workdir: Path, results: list[dict]) -> dict:
+    """Builds summary.json, seed_report.md and the plot from the run's result rows."""
+    results = [r for r in results if "per_plan" in r]
+    if not results:
+        return {}
+    groups = _group(results)
+    by_gamma = {g: _Units(rows) for g, rows in next(iter(groups.values())).items()}
+    # Baselines of every γ are the same in every policy's rows: take them from any policy.
+    for pol in groups.values():
+        for g, rows in pol.items():
+            by_gamma.setdefault(g, _Units(rows))
+    best_single = _best_single(by_gamma)
+    policies, fns = {}, {}
+    for k, (name, per_gamma) in enumerate(sorted(groups.items(), key=lambda x: _order(x[0]))):
+        cands = {g: _Units(rows) for g, rows in per_gamma.items()}
+        scored = {g: _figures(u, best_single, k) for g, u in cands.items()}
+        g_best = max(scored, key=lambda g: _nan_low(scored[g][0]["throughput_ratio_vs_single"]
+                                                    ["value"]))
+        fig, fn = scored[g_best]
+        fig["by_gamma"] = {str(g): scored[g][0]["throughput_ratio_vs_single"]["value"]
+                           for g in sorted(scored)}
+        recs = []
+        for r in cands[g_best].rows:
+            recs += [dict(b, seed=r.get("seed", 0)) for b in r.get("branch_records", [])]
+        st = RunStats(k=1, gamma=1)
+        st.branch_records = recs
+        st.step_records = [s for r in cands[g_best].rows for s in r.get("step_records", [])]
+        fig["step_decision"] = step_decision_figures(st, _thresholds(config))
+        sup = [s["quorum_support"] for s in st.step_records]
+        fig["fallback_rate_quorum"] = (float(np.mean(np.asarray(sup) < config.consensus_threshold))
+                                       if sup else None)
+        fig["kl_max"] = _max(r.get("kl_max") for r in cands[g_best].rows)
+        fig["kl_outside_mass"] = _max(r.get("kl_outside_mass") for r in cands[g_best].rows)
+        fig["mean_truncation_depth"] = _mean(r.get("mean_truncation_depth")
+                                             for r in cands[g_best].rows)
+        fig["tv_distance"] = _max(r.get("tv_distance") for r in cands[g_best].rows)
+        fig["coupled_match_rate"] = cands[g_best].rows[0].get("coupled_match_rate")
+        fig["shared_rounds"] = int(sum(r.get("shared_rounds", 0) for r in cands[g_best].rows))
+        policies[name] = fig
+        fns[name] = (fn, len(cands[g_best].p["tokens"]))
+    effects = _effects(policies, fns)
+    seeds = sorted({r.get("seed", 0) for r in results})
+    bs = best_single.get("cost")
+    summary = {
+        "seed": SEED_TABLE, "seed_costs": SEED_COSTS, "policies": policies, "effects": effects,
+        "best_single": {"drafter": bs[1], "gamma": bs[0].gamma} if bs else None,
+        "claims": _claims(policies),
+        "settings": {"seeds": seeds, "plans": len(results[0]["per_plan"]["tokens"]),
+                     **{k: config.get(k) for k in (
+                         "deployment", "plans_per_domain", "plan_steps", "max_step_tokens",
+                         "consensus", "consensus_threshold", "consensus_cost",
+                         "share_verifier_call")},
+                     "boundary": _thresholds(config).kwargs(),
+                     "gammas": sorted({r.get("gamma") for r in results}),
+                     "verifier_temperature": results[0].get("verifier_temperature"),
+                     "rule": results[0].get("rule"),
+                     "drafter_temperatures": results[0].get("drafter_temperatures"),
+                     "drafter_costs": results[0].get("drafter_costs")},
+    }
+    _atomic(workdir / "summary.json", json.dumps(summary, indent=2, default=_json) + "\n")
+    md = _markdown(summary)
     _atomic(workdir / "seed_report.md", md)
-    _plots(workdir, rows)
+    _plots(workdir, policies)
     print(md)
     return summary
+
+
+def _json(x):
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    return str(x)
+
+
+def _nan_low(x):
+    return x if x is not None and math.isfinite(x) else -math.inf
+
+
+def _max(xs):
+    xs = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
+    return max(xs) if xs else None
+
+
+def _mean(xs):
+    xs = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
+    return float(np.mean(xs)) if xs else None
+
+
+def _thresholds(config):
+    b = config.get("boundary") or {}
+    return boundary_lib.BoundaryThresholds(**{k: b[k] for k in (
+        "truncation_overhead_ratio", "acceptance_floor", "depth_ceiling") if k in b})
+
+
+def _order(name):
+    fixed = ["naive", "all_on"] + [f"all_on_minus_{s}" for s in SWITCHES] + [
+        f"naive_plus_{s}" for s in SWITCHES] + ["auto", "oracle"]
+    return (fixed.index(name) if name in fixed else len(fixed), name)
+
+
+def _effects(policies, fns) -> dict:
+    """Each invariant's effect (removed from all-on; added to naive) on the headline figures,
+    with paired bootstrap intervals (same resampled plans for both policies)."""
+    out = {}
+    pairs = {}
+    for s in SWITCHES:
+        pairs[f"removing {s} from all_on"] = (f"all_on_minus_{s}", "all_on")
+        pairs[f"adding {s} to naive"] = (f"naive_plus_{s}", "naive")
+    pairs["auto vs all_on"] = ("auto", "all_on")
+    pairs["auto vs oracle"] = ("auto", "oracle")
+    for label, (a, b) in pairs.items():
+        if a not in fns or b not in fns or fns[a][1] != fns[b][1]:
+            continue
+        fa, fb = fns[a][0], fns[b][0]
+        units = fns[a][1]
+        eff = {}
+        for key in ("throughput_ratio_vs_single", "consensus_fallback_rate", "joint_acceptance"):
+            if fa.get(key) is None or fb.get(key) is None:
+                continue
+            def d(idx=None, ka=fa[key], kb=fb[key]):
+                return ka(idx) - kb(idx)
+            v = d()
+            ci = metrics.bootstrap_ci(units, d, N_BOOT, seed=17)
+            eff[key] = {"value": v, "ci": ci,
+                        "distinguishable": bool(ci[0] > 0 or ci[1] < 0) if all(
+                            math.isfinite(c) for c in ci) else False}
+        out[label] = eff
+    return out
+
+
+def _val(policies, name, key):
+    f = policies.get(name, {}).get(key)
+    return None if f is None else f.get("value")
+
+
+def _ci(policies, name, key):
+    f = policies.get(name, {}).get(key)
+    return None if f is None else f.get("ci")
+
+
+def _claims(policies) -> dict:
+    """The seed's four claims, each judged from the intervals of this run."""
+    out = {}
+    n, a = policies.get("naive"), policies.get("all_on")
+    if not n or not a:
+        return out
+    alphas = [v["value"] for k, v in n.items() if k.startswith("alpha:") and v["value"]]
+    j_n, j_n_ci = _val(policies, "naive", "joint_acceptance"), _ci(policies, "naive",
+                                                                   "joint_acceptance")
+    if j_n is not None and alphas:
+        out["collapse"] = {
+            "holds": bool(j_n_ci and j_n_ci[1] < min(alphas)),
+            "text": f"naive joint acceptance {j_n:.2f} [{j_n_ci[0]:.2f}, {j_n_ci[1]:.2f}] vs "
+                    f"per-drafter α {' / '.join(f'{x:.2f}' for x in alphas)} (product "
+                    f"{float(np.prod(alphas)):.3f})"}
+    j_a, j_a_ci = _val(policies, "all_on", "joint_acceptance"), _ci(policies, "all_on",
+                                                                    "joint_acceptance")
+    if j_a is None:
+        out["joint_recovery"] = {"holds": None, "text": "all-on shares no prefix (every "
+                                 "sharing set has one drafter): joint acceptance is undefined"}
+    elif j_n is not None:
+        out["joint_recovery"] = {"holds": bool(j_a_ci[0] > j_n_ci[1]),
+                                 "text": f"all-on {j_a:.2f} [{j_a_ci[0]:.2f}, {j_a_ci[1]:.2f}] "
+                                         f"vs naive {j_n:.2f}"}
+    f_n, f_a = (_val(policies, x, "consensus_fallback_rate") for x in ("naive", "all_on"))
+    c_n, c_a = (_ci(policies, x, "consensus_fallback_rate") for x in ("naive", "all_on"))
+    if f_n is not None and f_a is not None:
+        out["fallback_drop"] = {"holds": bool(c_a[1] < c_n[0]),
+                                "text": f"fallback naive {100 * f_n:.0f}% → all-on "
+                                        f"{100 * f_a:.0f}%"}
+    t_n, t_a = (_val(policies, x, "throughput_ratio_vs_single") for x in ("naive", "all_on"))
+    c_ta = _ci(policies, "all_on", "throughput_ratio_vs_single")
+    if t_n is not None and t_a is not None:
+        out["throughput"] = {"holds": bool(c_ta[0] > 1.0 and t_a > t_n),
+                             "text": f"throughput vs best single: naive {t_n:.2f}×, all-on "
+                                     f"{t_a:.2f}× [{c_ta[0]:.2f}, {c_ta[1]:.2f}]"}
+    return out
 
 
 def _atomic(path: Path, text: str) -> None:
@@ -101,163 +323,11 @@ def _atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _markdown(summary, rows) -> str:
-    s, m = summary["seed"], summary["measured"]
-    naive, on = m.get("naive", {}), m.get("all_on", {})
-    pa = m.get("per_drafter_acceptance", {})
-    st = summary["settings"]
-    lines = ["# The seed's table, reproduced", "",
-             f"Operating point: γ = {st.get('gamma')}, verifier τ = {st.get('verifier_temperature')}, "
-             f"rule = {st.get('rule') or 'default (switch 2 picks)'}, drafter τ = "
-             f"{st.get('drafter_temperatures')}, consensus threshold "
-             f"{st.get('consensus_threshold')}, {st.get('plans_per_domain')} plans per domain × "
-             f"{st.get('plan_steps')} steps of ≤ {st.get('max_step_tokens')} tokens.", "",
-             "| quantity | seed, naive | measured, naive | seed, invariants on | measured, all on |",
-             "| --- | --- | --- | --- | --- |",
-             "| per-drafter acceptance α, per position (code / prose / reasoning) | "
-             "0.68 / 0.61 / 0.54 | "
-             + " / ".join(_fmt(pa.get(n)) for n in ("code", "prose", "reasoning")) + " | — | — |",
-             f"| joint acceptance on shared prefixes | 0.19 | {_fmt(naive.get('joint_acceptance'))} "
-             f"| 0.52 | {_fmt(on.get('joint_acceptance'))} |",
-             f"| mean consensus support (commit needs ≥ threshold) | — | "
-             f"{_fmt(naive.get('consensus_support_mean'))} | — | "
-             f"{_fmt(on.get('consensus_support_mean'))} |",
-             f"| consensus-fallback rate | ~80% | {_fmt(naive.get('consensus_fallback_rate'), True)} "
-             f"| ~14% | {_fmt(on.get('consensus_fallback_rate'), True)} |",
-             f"| throughput vs single-drafter baseline (cost model, zoo sizes) | 0.4× | "
-             f"{_fmt(naive.get('throughput_ratio_vs_single'))}× | 1.7× | "
-             f"{_fmt(on.get('throughput_ratio_vs_single'))}× |",
-             f"| same, projected to 1.5B/3B/7B drafters + 70B verifier | 0.4× | "
-             f"{_fmt(naive.get('throughput_ratio_vs_single_at_seed_sizes'))}× | 1.7× | "
-             f"{_fmt(on.get('throughput_ratio_vs_single_at_seed_sizes'))}× |",
-             f"| throughput vs single-drafter baseline (wall clock, this machine) | — | "
-             f"{_fmt(naive.get('wallclock_ratio_vs_single'))}× | — | "
-             f"{_fmt(on.get('wallclock_ratio_vs_single'))}× |",
-             ""]
-    if "product_of_per_drafter_acceptance" in m:
-        lines += [f"Product of the per-drafter acceptances: "
-                  f"{m['product_of_per_drafter_acceptance']:.3f} (the naive shared block's joint "
-                  f"acceptance is about this product; the seed: 0.68·0.61·0.54 = 0.22 vs 0.19).", ""]
-    lines += ["## Distance from the seed", ""]
-    for label, seed_v, got in (
-            ("joint acceptance, naive", 0.19, naive.get("joint_acceptance")),
-            ("joint acceptance, all on", 0.52, on.get("joint_acceptance")),
-            ("fallback rate, naive", 0.80, naive.get("consensus_fallback_rate")),
-            ("fallback rate, all on", 0.14, on.get("consensus_fallback_rate")),
-            ("throughput vs single, naive (seed sizes)", 0.4,
-             naive.get("throughput_ratio_vs_single_at_seed_sizes")),
-            ("throughput vs single, all on (seed sizes)", 1.7,
-             on.get("throughput_ratio_vs_single_at_seed_sizes"))):
-        if got is not None and math.isfinite(got):
-            lines.append(f"- {label}: measured {got:.2f}, seed {seed_v:.2f} "
-                         f"(difference {got - seed_v:+.2f})")
-    lines += ["", "Why, from this run's own figures:", ""] + _why(summary) + [
-        "", "## Ablation: which invariant matters", "",
-              "| policy | joint acc. | basis | fallback | thr./single (cost) | thr./single (seed sizes) "
-              "| thr./single (wall) | TV from target | trunc. depth | KL max | boundary → independent |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for k, a in summary["ablation"].items():
-        lines.append(f"| {k} | {_fmt(a['joint_acceptance'])} | {a['joint_acceptance_basis']} | "
-                     f"{_fmt(a['consensus_fallback_rate'], True)} | "
-                     f"{_fmt(a['throughput_ratio_vs_single'])} | "
-                     f"{_fmt(a['throughput_ratio_vs_single_at_seed_sizes'])} | "
-                     f"{_fmt(a['wallclock_ratio_vs_single'])} | {_fmt(a['tv_distance'])} | "
-                     f"{_fmt(a['mean_truncation_depth'])} | {_fmt(a['kl_max'])} | "
-                     f"{a['boundary_independent_batches']} |")
-    lines += ["", "TV from target: at verifier temperature 0 the target is a point mass (the "
-              "verifier's greedy plan), so the exact TV distance is the fraction of plans whose "
-              "committed text differs from it. Under the coupled rule the reference is the "
-              "verifier's own sample with the same noise, and the fraction of plans that differ "
-              "bounds TV from above (coupling inequality); 0 means every plan was the target's "
-              "own sample.", ""]
-    thr = [(k, a.get("fallback_rate_by_threshold") or {}) for k, a in summary["ablation"].items()]
-    keys = list(next((t for _, t in thr if t), {}))
-    if keys:
-        lines += ["## Fallback rate at other consensus thresholds", "",
-                  "The same steps' plurality support, thresholded anew (exact at τ = 0 and "
-                  "under the coupled rule, where the committed text does not depend on the vote).",
-                  "", "| policy | mean support | " + " | ".join(keys) + " |",
-                  "| --- | --- | " + " | ".join("---" for _ in keys) + " |"]
-        for k, t in thr:
-            lines.append(f"| {k} | {_fmt(summary['ablation'][k].get('consensus_support_mean'))} | "
-                         + " | ".join(_fmt(t.get(x), True) for x in keys) + " |")
-        lines.append("")
-    base = summary["ablation"]
-    if "naive" in base and "all_on" in base:
-        lines += ["## Effect of each invariant (on the throughput ratio, cost model)", ""]
-        for sw in ("prefix_partitioning", "truncate_and_attribute",
-                   "agreement_weighted_consensus", "kl_ceiling"):
-            add = base.get(f"naive_plus_{sw}")
-            rem = base.get(f"all_on_minus_{sw}")
-            if add and rem:
-                d_add = add["throughput_ratio_vs_single"] - base["naive"]["throughput_ratio_vs_single"]
-                d_rem = base["all_on"]["throughput_ratio_vs_single"] - rem["throughput_ratio_vs_single"]
-                lines.append(f"- {sw}: added alone to naive {d_add:+.2f}; removed alone from all-on "
-                             f"{-d_rem:+.2f} (fallback {_fmt(add['consensus_fallback_rate'], True)} "
-                             f"/ {_fmt(rem['consensus_fallback_rate'], True)})")
-        lines.append("")
-    return "\n".join(lines) + "\n"
+def _markdown(summary) -> str:
+    from specjax.runner import seed_report  # pylint: disable=import-outside-toplevel
+    return seed_report.markdown(summary)
 
 
-def _why(summary) -> list[str]:
-    """The measured causes behind the distance from the seed, each from a figure of the run."""
-    m, st = summary["measured"], summary["settings"]
-    naive, on = m.get("naive", {}), m.get("all_on", {})
-    out = []
-    alphas = m.get("per_drafter_acceptance", {})
-    if alphas:
-        out.append("- per-drafter α per position " + " / ".join(f"{v:.2f}" for v in alphas.values())
-                   + " against the seed's 0.68 / 0.61 / 0.54, pooled over mixed-domain plans "
-                   "(a domain-specialist drafter is weak on the other domains' plans).")
-    prod = m.get("product_of_per_drafter_acceptance")
-    if prod is not None and naive.get("joint_acceptance") is not None:
-        out.append(f"- naive joint acceptance {naive['joint_acceptance']:.2f} ≈ the product of "
-                   f"the per-drafter α ({prod:.3f}): the shared block needs every chain to pass.")
-    thr = st.get("consensus_threshold")
-    for name, r in (("naive", naive), ("all on", on)):
-        sup, fb = r.get("consensus_support_mean"), r.get("consensus_fallback_rate")
-        if sup is not None and fb is not None and thr is not None and math.isfinite(sup):
-            out.append(f"- {name}: mean consensus support {sup:.2f} against the threshold {thr} "
-                       f"→ fallback on {100 * fb:.0f}% of steps (support is the branches' mean "
-                       "vote weight; a branch whose drafter is off its domain weighs little).")
-    kl = on.get("kl_max", naive.get("kl_max"))
-    if kl is not None and math.isfinite(kl):
-        out.append(f"- max pairwise KL {kl:.2f} nats = {kl / 0.35:.0f}× the 0.35-nat ceiling: the "
-                   "ceiling alone puts every drafter in its own branch.")
-    return out
-
-
-def _plots(workdir: Path, rows) -> None:
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-    (workdir / "plots").mkdir(exist_ok=True)
-    names = list(rows)
-    x = np.arange(len(names))
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    ja = [rows[n].get("joint_acceptance") or np.nan for n in names]
-    fb = [rows[n].get("consensus_fallback_rate") or np.nan for n in names]
-    axes[0].bar(x - 0.2, ja, 0.4, label="joint acceptance")
-    axes[0].bar(x + 0.2, fb, 0.4, label="consensus-fallback rate")
-    axes[0].axhline(0.19, ls=":", c="C0", lw=1, label="seed naive joint 0.19")
-    axes[0].axhline(0.52, ls="--", c="C0", lw=1, label="seed all-on joint 0.52")
-    axes[0].set_title("Acceptance and fallback per policy")
-    axes[0].set_ylim(0, 1.5)
-    tr = [rows[n].get("throughput_ratio_vs_single") or np.nan for n in names]
-    pr = [rows[n].get("throughput_ratio_vs_single_at_seed_sizes") or np.nan for n in names]
-    wr = [rows[n].get("wallclock_ratio_vs_single") or np.nan for n in names]
-    axes[1].bar(x - 0.27, tr, 0.27, label="cost model, zoo sizes")
-    axes[1].bar(x, pr, 0.27, label="cost model, seed sizes")
-    axes[1].bar(x + 0.27, wr, 0.27, label="wall clock")
-    axes[1].axhline(1.0, c="k", lw=0.8)
-    axes[1].axhline(0.4, ls=":", c="C3", lw=1, label="seed naive 0.4×")
-    axes[1].axhline(1.7, ls="--", c="C3", lw=1, label="seed all-on 1.7×")
-    axes[1].set_title("Throughput vs best single drafter")
-    axes[1].set_ylim(0, max([2.2] + [v * 1.3 for v in tr + pr + wr if v == v]))
-    for ax in axes:
-        ax.set_xticks(x)
-        ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
-        ax.legend(fontsize=7, ncol=2, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(workdir / "plots" / "seed_policies.png", dpi=110)
-    plt.close(fig)
+def _plots(workdir: Path, policies) -> None:
+    from specjax.runner import seed_report  # pylint: disable=import-outside-toplevel
+    seed_report.plot(workdir, policies)

@@ -4,9 +4,11 @@ One workdir per run (big_vision style)::
 
     workdir/
       config.json      the config of the last invocation
-      version.json     specjax / jax versions, devices, git commit (and earlier ones)
+      version.json     specjax / jax versions, devices, git commit (and earlier ones), and
+                       ``inputs``: what the experiment's validate hook reports the cells
+                       read besides the config (the zoo's folder and manifest sha256)
       results.jsonl    one JSON line per finished cell: cell_id, cell params, metrics,
-                       wall_time_s (the resumable journal, see `results`)
+                       wall_time_s, inputs (the resumable journal, see `results`)
       report.md, plots/*.png   (`specjax.runner.report`), then the experiment's own files
 
 The runner reads these config fields; everything else belongs to the experiment:
@@ -24,8 +26,9 @@ The runner reads these config fields; everything else belongs to the experiment:
 `run` = `prepare` (validates; writes nothing, so a bad config leaves no workdir behind)
 then `execute`. Rerunning with the same workdir skips the cells already recorded, so a
 killed sweep resumes; extending the grid runs only the new cells. Resuming with a config
-that differs outside ``grid`` (and the runner's own fields) is refused: its results would
-be mixed with the old ones.
+that differs outside ``grid`` (and the runner's own fields), or whose ``inputs`` differ, is
+refused: its results would be mixed with the old ones. So is a workdir holding results
+whose ``config.json`` is missing or unreadable (the results could not be attributed).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -58,6 +62,10 @@ VERSION_NAME = "version.json"
 SPLIT_MODES = ("round_robin", "all")
 # Fields that may change when a sweep is resumed: they do not change any cell's result.
 RESUME_IGNORED = ("grid", "report", "experiment_module", "cells_across_processes")
+# The key under which version.json and every result row record what the experiment's
+# validate hook says the cells read besides the config (e.g. the zoo's folder and the
+# sha256 of its manifest).
+INPUTS_KEY = "inputs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +97,7 @@ class Plan:
     experiment: registry.Experiment
     cells: list[dict]
     config_json: dict
+    inputs: dict = dataclasses.field(default_factory=dict)
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Plan:
@@ -113,12 +122,17 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Pl
     check(config.get("cells_across_processes", "round_robin") in SPLIT_MODES,
           "cells_across_processes", config.get("cells_across_processes"), SPLIT_MODES)
     cells = grid_lib.expand_grid(config)
-    if experiment.validate is not None:
-        experiment.validate(config)
+    check(INPUTS_KEY not in grid_lib.grid_axes(config), f"grid.{INPUTS_KEY}", INPUTS_KEY,
+          f"an axis name other than {INPUTS_KEY!r} (the runner's record of the inputs)")
+    inputs = experiment.validate(config) if experiment.validate is not None else None
+    if inputs is not None and not isinstance(inputs, dict):
+        raise TypeError(f"experiment {name!r}: validate returned {type(inputs).__name__}; "
+                        f"expected None or a dict of JSON-serialisable inputs")
+    inputs = grid_lib.to_jsonable(inputs or {}, f"inputs of experiment {name!r}")
     config_json = json.loads(config.to_json_best_effort())
-    _check_resumable(workdir, config_json)
+    _check_resumable(workdir, config_json, inputs)
     return Plan(config=config, workdir=workdir, experiment=experiment, cells=cells,
-                config_json=config_json)
+                config_json=config_json, inputs=inputs)
 
 
 def execute(plan: Plan, *, progress: bool = True,
@@ -126,7 +140,11 @@ def execute(plan: Plan, *, progress: bool = True,
     """Runs the cells of `plan` not yet recorded; returns every recorded result row."""
     procs = processes or Processes.from_jax()
     workdir = plan.workdir
-    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # the workdir was checked in `prepare`; it changed since
+        raise ConfigError.invalid("--workdir", str(workdir),
+                                  f"a directory that can be created ({_os_reason(e)})") from None
     spmd = plan.config.get("cells_across_processes", "round_robin") == "all"
     own_journal = procs.count > 1 and not spmd
     journal = results_lib.results_path(workdir, procs.index if own_journal else None)
@@ -152,7 +170,7 @@ def _execute_locked(plan: Plan, procs: Processes, journal: Path, records: bool,
     workdir, config, exp = plan.workdir, plan.config, plan.experiment
     if procs.index == 0:
         results_lib.atomic_write_json(workdir / CONFIG_NAME, plan.config_json)
-        _write_version(workdir)
+        _write_version(workdir, plan.inputs)
 
     procs.barrier("specjax_sweep_start")  # config written, journals complete
     done = {r["cell_id"] for r in results_lib.read_all_results(workdir) if "cell_id" in r}
@@ -172,7 +190,7 @@ def _execute_locked(plan: Plan, procs: Processes, journal: Path, records: bool,
             start = time.perf_counter()
             metrics = exp.run(config, dict(cell), workdir)
             wall = time.perf_counter() - start
-            record = _record(exp.name, cell, metrics, wall, procs.index)
+            record = _record(exp.name, cell, metrics, wall, procs.index, plan.inputs)
             if records:
                 results_lib.append_result(journal, record)
             bar.set_postfix_str(f"{cell['cell_id']} {wall:.1f}s", refresh=False)
@@ -235,27 +253,78 @@ def version_info() -> dict[str, Any]:
 
 
 def _check_workdir(workdir: str | os.PathLike) -> Path:
+    """The workdir as a Path: an existing writable directory, or one that can be created.
+
+    Writes nothing that stays: whether a directory can be created (or written to) is
+    tested by creating a temporary directory in the nearest existing ancestor (or in the
+    workdir) and removing it at once, since permission bits say nothing when running as
+    root and nothing about /proc or /sys.
+    """
     check(workdir is not None and str(workdir).strip(), "--workdir", workdir,
           "a directory path")
-    path = Path(workdir).expanduser()
-    for p in [path, *path.parents]:
-        if p.exists():
-            if p.is_dir():
-                break
-            allowed = ("a directory or a path to create, not an existing file" if p == path
-                       else f"a path that can be created ({p} is a file)")
-            raise ConfigError.invalid("--workdir", str(workdir), allowed)
+    path = existing = None
+    try:
+        path = Path(workdir).expanduser()
+        for p in [path, *path.parents]:
+            if p.exists() or p.is_symlink():
+                if p.is_dir():
+                    existing = p
+                    break
+                allowed = ("a directory or a path to create, not an existing file" if p == path
+                           else f"a path that can be created ({p} is a file)")
+                raise ConfigError.invalid("--workdir", str(workdir), allowed)
+        if existing is None:
+            raise ConfigError.invalid("--workdir", str(workdir), "a path that can be created")
+        probe = tempfile.mkdtemp(prefix=".specjax-probe-", dir=existing)
+        os.rmdir(probe)
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as e:
+        allowed = ("a directory path" if existing is None else "a writable directory"
+                   if existing == path else
+                   f"a directory that can be created ({existing} is not writable)")
+        raise ConfigError.invalid("--workdir", str(workdir),
+                                  f"{allowed}: {_os_reason(e)}") from None
     return path
 
 
-def _check_resumable(workdir: Path, config_json: dict) -> None:
-    old_path = workdir / CONFIG_NAME
-    if not old_path.is_file() or not results_lib.read_all_results(workdir):
-        return
+def _os_reason(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _check_resumable(workdir: Path, config_json: dict, inputs: dict | None = None) -> None:
+    """Refuses a workdir whose results were computed under another config or inputs.
+
+    A workdir that holds results but whose ``config.json`` is missing or unreadable is
+    refused too: its results could no longer be attributed to a config, and writing the
+    new one would silently re-label them.
+    """
     try:
-        old = json.loads(old_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return  # unreadable: the results are still keyed by cell_id
+        rows = results_lib.read_all_results(workdir)
+    except OSError as e:
+        raise ConfigError.invalid("--workdir", str(workdir),
+                                  f"a run directory whose {results_lib.RESULTS_NAME} is "
+                                  f"readable ({_os_reason(e)})") from None
+    if not rows:
+        return
+    old_path = workdir / CONFIG_NAME
+    way_out = (f"restore {CONFIG_NAME}, or use a new workdir (or move "
+               f"{results_lib.RESULTS_NAME} away to start over)")
+    try:
+        old = json.loads(old_path.read_text(encoding="utf-8"))
+        problem = None if isinstance(old, dict) else "not a JSON object"
+    except FileNotFoundError:
+        problem = "missing"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        problem = f"unreadable ({_os_reason(e) if isinstance(e, OSError) else 'not JSON'})"
+    if problem:
+        raise ConfigError(
+            f"--workdir: {workdir} holds {len(rows)} result(s) but its {CONFIG_NAME} is "
+            f"{problem}, so they cannot be attributed to a config; {way_out}",
+            field="--workdir", value=str(workdir),
+            allowed=f"a workdir whose results have their {CONFIG_NAME}")
     differ = _diff_paths({k: v for k, v in old.items() if k not in RESUME_IGNORED},
                          {k: v for k, v in config_json.items() if k not in RESUME_IGNORED})
     if differ:
@@ -264,6 +333,21 @@ def _check_resumable(workdir: Path, config_json: dict) -> None:
             f"--workdir: {workdir} holds results of a different config (differs in "
             f"{shown}); use a new workdir, or the same values to resume",
             field="--workdir", value=str(workdir), allowed="a workdir of the same config")
+    recorded = [r.get(INPUTS_KEY) for r in rows if INPUTS_KEY in r]
+    other = [r for r in recorded if r != (inputs or {})]
+    if other:
+        differ = _diff_paths(other[0], inputs or {}) if isinstance(other[0], dict) else []
+        shown = ", ".join(f"{INPUTS_KEY}.{d}" for d in differ[:4]) or INPUTS_KEY
+        raise ConfigError(
+            f"--workdir: {workdir} holds results computed from other inputs (differ in "
+            f"{shown}: recorded {_brief(other[0])}, now {_brief(inputs)}); use a new "
+            f"workdir, or the same inputs to resume",
+            field="--workdir", value=str(workdir), allowed="a workdir of the same inputs")
+
+
+def _brief(obj: Any, limit: int = 160) -> str:
+    text = json.dumps(obj, sort_keys=True)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _diff_paths(a: Any, b: Any, prefix: str = "") -> list[str]:
@@ -279,11 +363,12 @@ def _diff_paths(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [] if a == b else [prefix or "(root)"]
 
 
-def _record(name: str, cell: dict, metrics: Any, wall: float, index: int) -> dict:
+def _record(name: str, cell: dict, metrics: Any, wall: float, index: int,
+            inputs: dict | None = None) -> dict:
     if not isinstance(metrics, dict):
         raise TypeError(f"experiment {name!r} returned {type(metrics).__name__}; expected a "
                         f"dict of JSON-serialisable metrics")
-    clash = sorted(set(metrics) & set(grid_lib.RESERVED_AXES))
+    clash = sorted(set(metrics) & {*grid_lib.RESERVED_AXES, *([INPUTS_KEY] if inputs else [])})
     if clash:
         raise ValueError(f"experiment {name!r} returned the runner's own keys {clash}")
     params = grid_lib.cell_params(cell)
@@ -295,11 +380,14 @@ def _record(name: str, cell: dict, metrics: Any, wall: float, index: int) -> dic
         "wall_time_s": round(wall, 6),
         "finished_at": _now(),
         "process_index": index,
+        **({INPUTS_KEY: inputs} if inputs else {}),
     }
 
 
-def _write_version(workdir: Path) -> None:
+def _write_version(workdir: Path, inputs: dict | None = None) -> None:
     info = version_info()
+    if inputs:
+        info[INPUTS_KEY] = inputs
     path = workdir / VERSION_NAME
     try:
         old = json.loads(path.read_text())
@@ -309,7 +397,7 @@ def _write_version(workdir: Path) -> None:
         # Keep the versions a resumed sweep ran under before, when they differ.
         previous = old.pop("previous", [])
         keys = ("specjax", "jax", "jaxlib", "git_commit", "git_dirty", "backend",
-                "device_count")
+                "device_count", INPUTS_KEY)
         if any(old.get(k) != info.get(k) for k in keys):
             previous.append(old)
         if previous:

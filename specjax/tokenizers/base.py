@@ -195,7 +195,9 @@ def _registry() -> dict[str, type[Tokenizer]]:
     # Imported lazily: the concrete modules import this one.
     from specjax.tokenizers.bpe import BPETokenizer
     from specjax.tokenizers.byte import ByteTokenizer
-    return {ByteTokenizer.kind: ByteTokenizer, BPETokenizer.kind: BPETokenizer}
+    from specjax.tokenizers.hf import HFTokenizer
+    return {ByteTokenizer.kind: ByteTokenizer, BPETokenizer.kind: BPETokenizer,
+            HFTokenizer.kind: HFTokenizer}
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:

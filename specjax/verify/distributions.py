@@ -10,6 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax import debug
+
 _NEG_INF = -jnp.inf
 
 
@@ -46,7 +48,10 @@ def sampling_probs(logits: jax.Array, temperature, *, top_k: int = 0, top_p: flo
         keep = jnp.take_along_axis(keep_sorted, jnp.argsort(order, axis=-1), axis=-1)
         probs = jnp.where(keep, probs, 0.0)
         probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
-    return jnp.where(temperature > 0, probs, greedy)
+    out = jnp.where(temperature > 0, probs, greedy)
+    # E.g. a mask that excludes every token, or non-finite logits (SPEC §9; tests only).
+    debug.check_distribution(out, 'sampling_probs')
+    return out
 
 
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
@@ -62,7 +67,9 @@ def residual(p: jax.Array, q: jax.Array) -> jax.Array:
     """
     r = jnp.maximum(p - q, 0.0)
     z = jnp.sum(r, axis=-1, keepdims=True)
-    return jnp.where(z > 0, r / jnp.where(z > 0, z, 1.0), p)
+    out = jnp.where(z > 0, r / jnp.where(z > 0, z, 1.0), p)
+    debug.check_distribution(out, 'residual')
+    return out
 
 
 def accept_test(u: jax.Array, p_x: jax.Array, q_x: jax.Array) -> jax.Array:

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax import debug
 from specjax.verify.distributions import accept_test, gumbel_argmax, residual, sample
 
 RULES = ("rejection", "token_tree", "shared_block", "coupled", "coupled_block")
@@ -60,6 +61,16 @@ class Verdict:
             uniforms, was first rejected (γ if never): per-drafter and independent-branch
             acceptance, measured without an extra verifier call.
         reached: i32[] block positions that verification reached, min(n + 1, γ).
+        cut_at: i32[S] the block depth (0..γ−1) at which each chain's drafts were cut by a
+            rejection — its own, or in the naive shared block the block's cut — so the
+            chain discards `γ − cut_at` draft tokens, the rejected one included; γ when the
+            chain was not cut (SPEC §7 mean truncation depth).
+        pruned_at: i32[S] token tree only: the depth at which a chain left the committed
+            path because a sibling's different token was accepted there (it was never
+            rejected); γ otherwise. Counted apart from truncations (`pruned_depth`).
+        match_lead: i32[S] coupled rules: leading drafts equal to the verifier's Gumbel-max
+            tokens (the coupled match, ≤ Σ min(p, q) per position); other rules: the same
+            as `own_first_rejection`.
     """
     n: jax.Array
     tokens: jax.Array
@@ -69,6 +80,9 @@ class Verdict:
     matched: jax.Array
     own_first_rejection: jax.Array
     reached: jax.Array
+    cut_at: jax.Array
+    pruned_at: jax.Array
+    match_lead: jax.Array
 
 
 def _p_before(p_root, p_nodes):
@@ -107,6 +121,12 @@ def _check(p_root, p_nodes, q, drafts, active):
     chex.assert_shape(p_nodes, (s, gamma, v))
     chex.assert_shape(drafts, (s, gamma))
     chex.assert_shape(active, (s,))
+    # Value checks (SPEC §9), traced only when `specjax.debug` is enabled (the tests).
+    debug.check_distribution(p_root, 'verify: p_root')
+    debug.check_distribution(p_nodes, 'verify: p_nodes')
+    # q rows of a chain shorter than γ are zero padding (the engine cuts them).
+    debug.check_distribution(q, 'verify: q', allow_zero_rows=True)
+    debug.check(jnp.all((drafts >= 0) & (drafts < v)), 'verify: a draft outside [0, V)')
 
 
 def shared_block(key, p_root, p_nodes, q, drafts, active) -> Verdict:
@@ -136,13 +156,21 @@ def shared_block(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     tokens = jnp.where(idx < cut, jnp.pad(drafts[primary], (0, 1)), 0)
     tokens = jnp.where(idx == cut, final, tokens)
     rejected = (active & (first == cut) & (cut < gamma)).astype(jnp.int32)
+    first = first.astype(jnp.int32)
     return Verdict(
             n=cut.astype(jnp.int32), tokens=tokens.astype(jnp.int32),
             path_slot=jnp.full((gamma,), primary, jnp.int32),
             accepted=jnp.where(active, jnp.minimum(first, cut), 0).astype(jnp.int32),
             rejected=rejected, matched=jnp.where(active, _matched(drafts, tokens, cut), 0),
-            own_first_rejection=first.astype(jnp.int32),
-            reached=jnp.minimum(cut + 1, gamma).astype(jnp.int32))
+            own_first_rejection=first,
+            reached=jnp.minimum(cut + 1, gamma).astype(jnp.int32),
+            cut_at=_block_cut(active, cut, gamma), pruned_at=jnp.full((s,), gamma, jnp.int32),
+            match_lead=first)
+
+
+def _block_cut(active, cut, gamma):
+    """Every active chain cut at the block's cut (the naive design), γ when none."""
+    return jnp.where(active & (cut < gamma), cut, gamma).astype(jnp.int32)
 
 
 def rejection(key, p_root, p_nodes, q, drafts, active) -> Verdict:
@@ -171,7 +199,8 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     p_before = _p_before(p_root, p_nodes)
 
     def depth(carry, d):
-        done, n, cur, alive, tokens, path_slot, acc, rej = carry
+        done, n, cur, alive, tokens, path_slot, acc, rej, cut_at, pruned_at = carry
+        rej_before = rej
         r0 = jnp.where(d == 0, p_root, p_nodes[cur, jnp.maximum(d - 1, 0)])
 
         def child(c, k):
@@ -193,42 +222,58 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
         tokens = tokens.at[d].set(jnp.where(done, tokens[d], jnp.where(found, x, final)))
         path_slot = path_slot.at[d].set(jnp.where(found & ~done, slot, path_slot[d]))
         acc = acc.at[slot].add((found & ~done).astype(jnp.int32))
-        alive = jnp.where(found & ~done, alive & (drafts[:, d] == x), alive)
+        new_alive = jnp.where(found & ~done, alive & (drafts[:, d] == x), alive)
+        # Chains leaving the path here: cut by their own rejection at this node, or (never
+        # tried, or their token equals none accepted) pruned by a sibling's accepted token.
+        left = alive & ~done & (~new_alive | stop_here)
+        was_rejected = rej > rej_before
+        cut_at = jnp.where(left & was_rejected, d, cut_at)
+        pruned_at = jnp.where(left & ~was_rejected, d, pruned_at)
+        alive = new_alive
         n = n + (found & ~done).astype(jnp.int32)
         cur = jnp.where(found & ~done, slot, cur)
-        return (done | stop_here, n, cur, alive, tokens, path_slot, acc, rej), None
+        return (done | stop_here, n, cur, alive, tokens, path_slot, acc, rej, cut_at,
+                pruned_at), None
 
     init = (jnp.array(False), jnp.int32(0), jnp.argmax(active).astype(jnp.int32), active,
                     jnp.zeros((gamma + 1,), jnp.int32), jnp.zeros((gamma,), jnp.int32),
-                    jnp.zeros((s,), jnp.int32), jnp.zeros((s,), jnp.int32))
-    (done, n, cur, _, tokens, path_slot, acc, rej), _ = jax.lax.scan(
+                    jnp.zeros((s,), jnp.int32), jnp.zeros((s,), jnp.int32),
+                    jnp.full((s,), gamma, jnp.int32), jnp.full((s,), gamma, jnp.int32))
+    (done, n, cur, _, tokens, path_slot, acc, rej, cut_at, pruned_at), _ = jax.lax.scan(
             depth, init, jnp.arange(gamma))
     bonus = sample(tok_keys[gamma], p_nodes[cur, gamma - 1])
     tokens = tokens.at[gamma].set(jnp.where(done, 0, bonus))
-    first = _own_tests(jax.random.uniform(k_own, (s, gamma)), p_before, q, drafts, active)
+    first = _own_tests(jax.random.uniform(k_own, (s, gamma)), p_before, q, drafts,
+                       active).astype(jnp.int32)
     return Verdict(n=n, tokens=tokens, path_slot=path_slot, accepted=acc, rejected=rej,
-                                  matched=jnp.where(active, _matched(drafts, tokens, n), 0),
-                                  own_first_rejection=first.astype(jnp.int32),
-                                  reached=jnp.minimum(n + 1, gamma).astype(jnp.int32))
+                   matched=jnp.where(active, _matched(drafts, tokens, n), 0),
+                   own_first_rejection=first,
+                   reached=jnp.minimum(n + 1, gamma).astype(jnp.int32),
+                   cut_at=jnp.where(active, cut_at, gamma), pruned_at=jnp.where(
+                       active, pruned_at, gamma), match_lead=first)
 
 
-def coupled(gumbel, p_root, p_nodes, q, drafts, active) -> Verdict:
+def coupled(gumbel, p_root, p_nodes, q, drafts, active, key=None) -> Verdict:
     """Rule 4: drafter-invariant verification with shared Gumbel noise (longest chain).
 
     Args:
         gumbel: f32[γ+1, V] the noise of absolute positions length..length+γ; the drafts must
             be `argmax(log q + g)` with the same noise. The committed tokens are
             `argmax(log p + g)` along the path, i.e. the verifier's own sample for this noise.
+        key: PRNG key of the per-drafter measurement: each chain is also tested alone with
+            Leviathan's rule (fresh uniforms, min(1, p/q)), which is what `own_first_rejection`
+            reports, so per-drafter α means the same under every rule (SPEC §7). It decides
+            nothing. None: `own_first_rejection` is the Gumbel match (`match_lead`).
     """
-    return _coupled(gumbel, p_root, p_nodes, q, drafts, active, shared_block=False)
+    return _coupled(gumbel, p_root, p_nodes, q, drafts, active, key, shared_block=False)
 
 
-def coupled_block(gumbel, p_root, p_nodes, q, drafts, active) -> Verdict:
+def coupled_block(gumbel, p_root, p_nodes, q, drafts, active, key=None) -> Verdict:
     """Rule 4 with switch 2 off: the block is cut where the first active chain mismatched."""
-    return _coupled(gumbel, p_root, p_nodes, q, drafts, active, shared_block=True)
+    return _coupled(gumbel, p_root, p_nodes, q, drafts, active, key, shared_block=True)
 
 
-def _coupled(gumbel, p_root, p_nodes, q, drafts, active, shared_block: bool) -> Verdict:
+def _coupled(gumbel, p_root, p_nodes, q, drafts, active, key, shared_block: bool) -> Verdict:
     _check(p_root, p_nodes, q, drafts, active)
     s, gamma, _ = q.shape
     p_before = _p_before(p_root, p_nodes)
@@ -247,9 +292,21 @@ def _coupled(gumbel, p_root, p_nodes, q, drafts, active, shared_block: bool) -> 
     tokens = jnp.where(idx < n, jnp.pad(drafts[best], (0, 1)), 0)
     tokens = jnp.where(idx == n, final, tokens).astype(jnp.int32)
     lead0 = jnp.maximum(lead, 0)
+    match = jnp.where(active, lead0, gamma).astype(jnp.int32)
+    if key is None:
+        own = match
+    else:
+        own = _own_tests(jax.random.uniform(key, (s, gamma)), p_before, q, drafts,
+                         active).astype(jnp.int32)
+    if shared_block:
+        cut_at = _block_cut(active, n, gamma)
+    else:  # each chain cut at its own mismatch
+        cut_at = jnp.where(active & (lead0 < gamma), lead0, gamma).astype(jnp.int32)
     return Verdict(n=n, tokens=tokens, path_slot=jnp.full((gamma,), best, jnp.int32),
                    accepted=jnp.minimum(lead0, n).astype(jnp.int32),
                    rejected=(active & (lead0 < gamma) & (lead0 <= n)).astype(jnp.int32),
                    matched=jnp.where(active, _matched(drafts, tokens, n), 0),
-                   own_first_rejection=jnp.where(active, lead0, gamma).astype(jnp.int32),
-                   reached=jnp.minimum(n + 1, gamma).astype(jnp.int32))
+                   own_first_rejection=own,
+                   reached=jnp.minimum(n + 1, gamma).astype(jnp.int32),
+                   cut_at=cut_at, pruned_at=jnp.full((s,), gamma, jnp.int32),
+                   match_lead=match)

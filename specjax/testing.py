@@ -1,4 +1,7 @@
-"""The adversarial synthetic setups of the losslessness suite (SPEC §9), shared by tests.
+"""Synthetic test deployments: the adversarial setups of the losslessness suite (SPEC §9).
+
+Used by the tests and by ``deployment="synthetic"`` configs (exact table LMs, so every
+figure has an exactly computable target).
 
 A case is a verifier table and three drafter tables over a small vocabulary. The drafters
 have their *own* vocabularies (rule 3): drafter 0 shares the verifier's ids, drafter 1 is a

@@ -1,0 +1,161 @@
+"""Deployments of Hugging Face checkpoints by local path (``deployment = 'hf'`` configs).
+
+A config names a verifier folder and drafter folders (each ``config.json`` +
+safetensors + ``tokenizer.json``, of any supported family: Llama, Qwen2, Mistral)::
+
+    c.deployment = 'hf'
+    c.verifier = '/models/llama-3.1-70b'
+    c.drafters = {'code': {'path': '/models/qwen2.5-coder-1.5b', 'temperature': 1.0}, ...}
+    c.mesh = {'data': 1, 'model': 8}; c.rules = 'fsdp_tp'
+
+`load_hf_deployment` loads them (streaming into shards when a mesh is set) and builds
+the `Deployment`: identity maps for drafters whose tokenizer equals the verifier's,
+token-level-intersection maps (through token bytes, `specjax.tokenizers.hf`) otherwise.
+`memory_table` gives per-device estimates from the ``config.json`` files alone.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from absl import logging
+
+from specjax.errors import ConfigError, check
+
+__all__ = ['build_deployment', 'load_hf_deployment', 'memory_table', 'validate_hf',
+           'drafter_names']
+
+
+def build_deployment(verifier, drafters: Sequence[tuple[str, Any, float, float | None]]):
+    """A `Deployment` from loaded models.
+
+    Args:
+      verifier: an `HFModel` (or anything with ``lm``, ``params``, ``tokenizer``).
+      drafters: (name, model, temperature, cost or None) in priority order; a missing cost
+        is the drafter's parameter count over the verifier's.
+    """
+    from specjax.engine.deployment import Deployment  # pylint: disable=import-outside-toplevel
+    from specjax.engine.spec import (DrafterSpec, cross_vocab_maps,  # pylint: disable=import-outside-toplevel
+                                     identity_maps, validate_drafter)
+    from specjax.tokenizers import intersection_map, retokenization_table  # pylint: disable=import-outside-toplevel
+
+    v_tok, vocab = verifier.tokenizer, verifier.lm.vocab_size
+    n_v = _n_params(verifier.params)
+    specs, data, groups, encoders = [], [], [], []
+    for name, m, temperature, cost in drafters:
+        cost = _n_params(m.params) / n_v if cost is None else float(cost)
+        spec = DrafterSpec(name=name, lm=m.lm, temperature=float(temperature), cost=cost)
+        validate_drafter(spec)
+        if m.tokenizer.fingerprint() == v_tok.fingerprint():
+            d = identity_maps(m.params, vocab)
+        else:
+            to_v = intersection_map(m.tokenizer, v_tok)
+            retok, retok_len = retokenization_table(v_tok, m.tokenizer)
+            d = cross_vocab_maps(m.params, to_v, retok, retok_len, vocab)
+        specs.append(spec)
+        data.append(d)
+        groups.append(m.tokenizer.fingerprint())
+        encoders.append(m.tokenizer.encode)
+    stop = np.array([b'\n' in b for b in v_tok.all_token_bytes()], bool)
+    return Deployment(verifier=verifier.lm, v_params=verifier.params, drafters=tuple(specs),
+                      d_data=tuple(data), groups=tuple(groups), encode=v_tok.encode,
+                      decode=v_tok.decode, drafter_encode=tuple(encoders), stop_table=stop)
+
+
+def _n_params(params) -> int:
+    import jax  # pylint: disable=import-outside-toplevel
+    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+def drafter_names(config) -> list[str]:
+    return list((config.get('drafters') or {}).keys())
+
+
+def validate_hf(config) -> None:
+    """Checks the hf fields (paths exist and hold a config.json) before anything loads."""
+    from specjax import sharding as shd  # pylint: disable=import-outside-toplevel
+    v = config.get('verifier')
+    check(isinstance(v, str) and (Path(v) / 'config.json').is_file(), 'verifier', v,
+          'a local Hugging Face folder holding config.json (pass --config.verifier=PATH)')
+    drafters = config.get('drafters') or {}
+    check(len(drafters) >= 1, 'drafters', dict(drafters), 'one or more named drafters')
+    for name, d in drafters.items():
+        p = d.get('path')
+        check(isinstance(p, str) and (Path(p) / 'config.json').is_file(),
+              f'drafters.{name}.path', p, 'a local Hugging Face folder holding config.json '
+              f'(pass --config.drafters.{name}.path=PATH)')
+        t = d.get('temperature', 1.0)
+        check(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0,
+              f'drafters.{name}.temperature', t, 'a finite number >= 0')
+    mesh = config.get('mesh') or {}
+    for axis in ('data', 'model'):
+        n = mesh.get(axis, 1)
+        check(isinstance(n, int) and n >= 1, f'mesh.{axis}', n, 'an integer >= 1')
+    try:
+        shd.resolve_rules(config.get('rules') or 'tp')
+    except ValueError as e:
+        raise ConfigError.invalid('rules', config.get('rules'),
+                                  f'one of {sorted(shd.RULE_SETS)}') from e
+
+
+def _mesh(config):
+    from specjax import sharding as shd  # pylint: disable=import-outside-toplevel
+    mesh = config.get('mesh') or {}
+    data, model = int(mesh.get('data', 1)), int(mesh.get('model', 1))
+    if data * model == 1:
+        return None
+    try:
+        return shd.make_mesh(data, model)
+    except ValueError as e:
+        raise ConfigError(f'mesh: {e}') from None
+
+
+def load_hf_deployment(config):
+    """The deployment a ``deployment = 'hf'`` config describes (cached per config)."""
+    key = json.dumps({k: (config.get(k).to_dict() if hasattr(config.get(k), 'to_dict')
+                          else config.get(k))
+                      for k in ('verifier', 'drafters', 'mesh', 'rules', 'max_len', 'dtype',
+                                'pad_vocab')}, sort_keys=True, default=str)
+    return _load(key)
+
+
+@functools.lru_cache(maxsize=2)
+def _load(key: str):
+    from specjax.models.hf import load_hf_model  # pylint: disable=import-outside-toplevel
+    c = json.loads(key)
+    from ml_collections import ConfigDict  # pylint: disable=import-outside-toplevel
+    mesh = _mesh(ConfigDict(c))
+    kw = dict(max_len=c.get('max_len'), dtype=c.get('dtype') or 'float32',
+              pad_vocab=bool(c.get('pad_vocab')), mesh=mesh, rules=c.get('rules') or 'tp')
+    for row in memory_table(ConfigDict(c), batch=1):
+        logging.info('hf %s (%s): per device %.3f GiB params + %.3f GiB KV cache per row',
+                     row['model'], row['family'], row['params'] / 2**30, row['kv_cache'] / 2**30)
+    verifier = load_hf_model(c['verifier'], **kw)
+    drafters = []
+    for name, d in c['drafters'].items():
+        m = load_hf_model(d['path'], **kw)
+        drafters.append((name, m, float(d.get('temperature', 1.0)), d.get('cost')))
+    return build_deployment(verifier, drafters)
+
+
+def memory_table(config, batch: int = 1) -> list[dict]:
+    """Per-device bytes (params, KV cache at ``max_len``) of each model of the config, on
+    its mesh and rules, from the ``config.json`` files alone (no weights read)."""
+    from specjax.models.hf import config_from_hf, estimate_bytes  # pylint: disable=import-outside-toplevel
+    mesh = dict(config.get('mesh') or {})
+    mesh_shape = {'data': int(mesh.get('data', 1)), 'model': int(mesh.get('model', 1))}
+    rows = []
+    models = [('verifier', config.verifier)] + [
+        (n, d['path']) for n, d in (config.get('drafters') or {}).items()]
+    for name, path in models:
+        hf_cfg = json.loads((Path(path) / 'config.json').read_text())
+        cfg, family = config_from_hf(hf_cfg, max_len=config.get('max_len'),
+                                     dtype=config.get('dtype') or 'float32')
+        est = estimate_bytes(cfg, batch=batch, mesh_shape=mesh_shape,
+                             rules=config.get('rules') or 'tp')
+        rows.append({'model': name, 'family': family, 'path': str(path), **est})
+    return rows

@@ -1,0 +1,28 @@
+"""The seed's figures and thresholds, in one place (SPEC §6, §8).
+
+The field report (``shared/seed``) measured a 70B verifier with 1.5B code, 3B prose and 7B
+reasoning drafters; its boundary function and KL ceiling carry these defaults. Everything
+else — `policy.boundary`, `policy.switches`, the runner, the report, the zoo script —
+reads them from here.
+"""
+from __future__ import annotations
+
+#: Model sizes, in billions of parameters.
+SEED_MODEL_SIZES_B = {"verifier": 70.0, "code": 1.5, "prose": 3.0, "reasoning": 7.0}
+#: c_i at the seed's sizes: drafter parameters / verifier parameters.
+SEED_COSTS = {n: s / SEED_MODEL_SIZES_B["verifier"] for n, s in SEED_MODEL_SIZES_B.items()
+              if n != "verifier"}
+#: The seed's table (SPEC §8).
+SEED_ACCEPTANCE = {"code": 0.68, "prose": 0.61, "reasoning": 0.54}
+SEED_TABLE = {
+    "per_drafter_acceptance": SEED_ACCEPTANCE,
+    "joint_acceptance": {"naive": 0.19, "all_on": 0.52},
+    "consensus_fallback_rate": {"naive": 0.80, "all_on": 0.14},
+    "throughput_ratio_vs_single": {"naive": 0.4, "all_on": 1.7},
+}
+#: `should_truncate_and_repropose`'s defaults, as the seed writes them.
+TRUNCATION_OVERHEAD_RATIO = 0.15
+ACCEPTANCE_FLOOR = 0.45
+DEPTH_CEILING = 2.5
+#: Switch 4's default ceiling, nats: the seed's observed safe range is "< 0.35 nats".
+KL_CEILING = 0.35

@@ -1,0 +1,532 @@
+"""Bad input, table-driven: every case is one line ``specjax: error: ...`` naming the field
+or file, exit status 2, and a workdir (the whole test folder) left byte for byte as it was.
+
+Most cases run the command in-process (`specjax.main.main` after `specjax.runner.cli.
+parse_flags`, `specjax.report.main`), which costs no JAX import per case; a handful at the
+end run ``python -m specjax.main`` / ``python -m specjax.report`` as a user does, to check
+that nothing (no absl INFO line, no progress bar, no traceback) precedes the error there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from absl import flags
+
+from specjax import main as main_mod  # defines --config, --workdir, --jax_distributed
+from specjax import report as report_mod
+from specjax.models import zoo as zoo_lib
+from specjax.runner import cli, experiments, results
+
+REPO = Path(__file__).resolve().parent.parent
+SEED = "configs/seed_reproduction.py:runlocal"
+TOY = "tests/configs/toy.py:runlocal"
+
+
+# ----------------------------------------------------------------------------------------
+# Harness
+# ----------------------------------------------------------------------------------------
+
+def _snapshot(root: Path) -> dict[str, bytes | None]:
+    """Every path under `root` with its bytes (None for a directory)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            out[os.path.relpath(os.path.join(dirpath, d), root)] = None
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            out[os.path.relpath(p, root)] = (os.readlink(p).encode() if os.path.islink(p)
+                                             else Path(p).read_bytes())
+    return out
+
+
+def run_main(capsys, *args: str) -> tuple[int, list[str], str]:
+    """``python -m specjax.main ARGS`` in-process: (exit status, stderr lines, stdout)."""
+    flags.FLAGS.unparse_flags()
+    try:
+        argv = cli.parse_flags(["specjax", *args])
+        main_mod.main(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    finally:
+        flags.FLAGS.unparse_flags()
+    out = capsys.readouterr()
+    return code, out.err.splitlines(), out.out
+
+
+def run_report(capsys, workdir: str | None, *extra: str) -> tuple[int, list[str], str]:
+    """``python -m specjax.report --workdir=W`` in-process."""
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS["workdir"].value = workdir  # no parse: --config is required by main
+    flags.FLAGS.mark_as_parsed()
+    try:
+        report_mod.main(["specjax", *extra])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    finally:
+        flags.FLAGS.unparse_flags()
+    out = capsys.readouterr()
+    return code, out.err.splitlines(), out.out
+
+
+def assert_one_line_error(code, lines, stdout, *needles):
+    assert code == 2, (code, lines)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("specjax: error: "), lines
+    assert "Traceback" not in lines[0] and stdout == "", (lines, stdout)
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+# ----------------------------------------------------------------------------------------
+# Fixtures: files a case points at
+# ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """Config files and experiment modules that are broken in one way each."""
+    d = tmp_path_factory.mktemp("files")
+    texts = {
+        "raises.py": "raise RuntimeError('boom in the config')\n",
+        "syntax.py": "def get_config(:\n    pass\n",
+        "no_get_config.py": "X = 1\n",
+        "returns_none.py": "def get_config():\n    return None\n",
+        "returns_int.py": "def get_config():\n    return 5\n",
+        "get_config_raises.py": "def get_config():\n    return 1 / 0\n",
+        "bad_module.py": "import nonexistent_module_xyz\n",
+        "toy_bad_module.py": (
+            "import importlib.util\n"
+            f"spec = importlib.util.spec_from_file_location('t', {str(REPO / 'tests/configs/toy.py')!r})\n"
+            "toy = importlib.util.module_from_spec(spec); spec.loader.exec_module(toy)\n"
+            "def get_config(arg=None):\n"
+            "    c = toy.get_config(arg)\n"
+            f"    c.experiment_module = {str(d / 'bad_module.py')!r}\n"
+            "    return c\n"),
+    }
+    for name, text in texts.items():
+        (d / name).write_text(text)
+    return {name: d / name for name in texts}
+
+
+def _zoo_variant(root: Path, name: str) -> Path:
+    """A zoo folder of symlinks to the shipped zoo's files, `name` damaged in one way."""
+    src = zoo_lib.SHIPPED_ZOO
+    dst = root / f"zoo_{name}"
+    for p in src.rglob("*"):
+        if p.is_file():
+            q = dst / p.relative_to(src)
+            q.parent.mkdir(parents=True, exist_ok=True)
+            q.symlink_to(p)
+    manifest = dst / zoo_lib.MANIFEST
+    m = json.loads(manifest.read_text())
+    first_model = dst / m["models"]["verifier"]["file"]
+    first_tok = dst / next(iter(m["tokenizers"].values()))["file"]
+
+    def replace(path: Path, data: bytes) -> None:
+        path.unlink()
+        path.write_bytes(data)
+
+    if name == "missing_manifest":
+        manifest.unlink()
+    elif name == "manifest_not_json":
+        replace(manifest, b"{not json")
+    elif name == "wrong_sha256":
+        m["models"]["verifier"]["sha256"] = "0" * 64
+        replace(manifest, json.dumps(m).encode())
+    elif name == "truncated_npz":
+        replace(first_model, first_model.read_bytes()[:1000])
+    elif name == "byte_flipped_tokenizer":
+        data = bytearray(first_tok.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        replace(first_tok, bytes(data))
+    elif name == "missing_model_file":
+        first_model.unlink()
+    else:
+        raise ValueError(name)
+    return dst
+
+
+ZOO_DAMAGE = {
+    "missing_manifest": "missing manifest.json",
+    "manifest_not_json": "not valid JSON",
+    "wrong_sha256": "sha256 mismatch",
+    "truncated_npz": "sha256 mismatch",
+    "byte_flipped_tokenizer": "sha256 mismatch",
+    "missing_model_file": "missing",
+}
+
+
+@pytest.fixture(scope="module")
+def zoos(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("zoos")
+    return {name: _zoo_variant(root, name) for name in ZOO_DAMAGE}
+
+
+# ----------------------------------------------------------------------------------------
+# The table: (case id, arguments, strings the one line must contain)
+# ----------------------------------------------------------------------------------------
+
+CONFIG_CASES = [
+    # Config values (the plans experiment's validate hook, on the seed reproduction config).
+    ("bucket=0", [f"--config={SEED},bucket=0"], ["bucket: got 0", "integer >= 1"]),
+    ("bucket=-3", [f"--config={SEED}", "--config.bucket=-3"], ["bucket: got -3"]),
+    ("max_step_tokens=-1", [f"--config={SEED},max_step_tokens=-1"],
+     ["max_step_tokens: got -1"]),
+    ("max_step_tokens=0", [f"--config={SEED}", "--config.max_step_tokens=0"],
+     ["max_step_tokens: got 0"]),
+    ("plan_steps=0", [f"--config={SEED},plan_steps=0"], ["plan_steps: got 0"]),
+    ("--config.plan_steps=abc", [f"--config={SEED}", "--config.plan_steps=abc"],
+     ["plan_steps: got 'abc'", "an integer"]),
+    ("plan_steps=1.5", [f"--config={SEED},plan_steps=1.5"], ["plan_steps: got '1.5'"]),
+    ("plans_per_domain=0", [f"--config={SEED},plans_per_domain=0"],
+     ["plans_per_domain: got 0"]),
+    ("consensus_cost=-1", [f"--config={SEED},consensus_cost=-1"],
+     ["consensus_cost: got -1", ">= 0"]),
+    ("consensus_cost=nan", [f"--config={SEED}", "--config.consensus_cost=nan"],
+     ["consensus_cost: got nan"]),
+    ("consensus_threshold=0", [f"--config={SEED},consensus_threshold=0"],
+     ["consensus_threshold: got 0", "(0, 1]"]),
+    ("consensus_threshold=1.5", [f"--config={SEED},consensus_threshold=1.5"],
+     ["consensus_threshold: got 1.5"]),
+    ("deployment=cloud", [f"--config={SEED},deployment=cloud"],
+     ["deployment: got 'cloud'", "'synthetic'"]),
+    ("report=maybe", [f"--config={SEED},report=maybe"], ["report: got 'maybe'", "a bool"]),
+    ("zoo_path=''", [f"--config={SEED}", "--config.zoo_path="], ["zoo_path: got ''"]),
+    ("unknown field", [f"--config={SEED},nope=1"], ["nope=1: no such config field"]),
+    ("unknown --config. field", [f"--config={SEED}", "--config.nope=1"],
+     ["nope=1: no such config field"]),
+    ("unknown variant", [f"--config={SEED},runbig"], ["config variant: got 'runbig'"]),
+    ("unknown experiment", [f"--config={SEED},experiment=nope"], ["experiment: got 'nope'"]),
+    # Grid values.
+    ("grid.seed=[1.5]", [f"--config={SEED},grid.seed=[1.5]"],
+     ["grid.seed: got 1.5", "integers in [0,"]),
+    ("grid.seed=[-1]", [f"--config={SEED},grid.seed=[-1]"], ["grid.seed: got -1"]),
+    ("grid.seed=[true]", [f"--config={SEED}", "--config.grid.seed=[true]"],
+     ["grid.seed: got 'true'"]),
+    ("grid.seed=[0,0]", [f"--config={SEED},grid.seed=[0,0]"],
+     ["grid.seed: got [0, 0]", "distinct values"]),
+    ("grid.seed=[]", [f"--config={SEED},grid.seed=[]"], ["grid.seed: got []"]),
+    ("grid.gamma=[0]", [f"--config={SEED},grid.gamma=[0]"], ["grid.gamma: got 0"]),
+    ("grid.gamma=[2.5]", [f"--config={SEED},grid.gamma=[2.5]"], ["grid.gamma: got 2.5"]),
+    ("grid.verifier_temperature=[-1]", [f"--config={SEED},grid.verifier_temperature=[-1]"],
+     ["grid.verifier_temperature: got -1"]),
+    ("grid.verifier_temperature=[inf]", [f"--config={SEED},grid.verifier_temperature=[inf]"],
+     ["grid.verifier_temperature: got 'inf'"]),
+    ("grid.drafter_temperature=[-0.5]", [f"--config={SEED},grid.drafter_temperature=[-0.5]"],
+     ["grid.drafter_temperature: got -0.5"]),
+    ("grid.policy=[bogus]", [f"--config={SEED},grid.policy=[bogus]"],
+     ["grid.policy: got 'bogus'"]),
+    ("grid.rule=[magic]", [f"--config={SEED},grid.rule=[magic]"], ["grid.rule: got 'magic'"]),
+    ("grid.pairing unknown drafter", [f"--config={SEED},grid.pairing=[[code,nope]]"],
+     ["grid.pairing: got 'nope'", "'code'"]),
+    ("grid.pairing repeated drafter", [f"--config={SEED},grid.pairing=[[code,code]]"],
+     ["grid.pairing: got ['code', 'code']", "distinct"]),
+    ("grid.pairing empty", [f"--config={SEED},grid.pairing=[[]]"], ["grid.pairing: got []"]),
+    ("grid unknown axis", [f"--config={SEED},grid={{'gama': [2]}}"],
+     ["grid.gama: got [2]", "an axis the plans experiment reads"]),
+    ("grid={}", [f"--config={SEED},grid={{}}"], ["grid: got {}"]),
+]
+
+FILE_CASES = [
+    ("config file missing", ["--config=tests/configs/nope.py"],
+     ["--config: got 'tests/configs/nope.py'", "readable config file"]),
+    ("config file raises", ["--config={raises.py}"],
+     ["--config: got", "raises.py", "RuntimeError: boom in the config", "line 1"]),
+    ("config file syntax error", ["--config={syntax.py}"],
+     ["--config: got", "syntax.py", "SyntaxError", "line 1"]),
+    ("config file lacks get_config", ["--config={no_get_config.py}"],
+     ["--config: got", "no_get_config.py", "defines no get_config()"]),
+    ("get_config returns None", ["--config={returns_none.py}"],
+     ["--config: got", "returns_none.py", "returned None"]),
+    ("get_config returns an int", ["--config={returns_int.py}"],
+     ["--config: got", "returns_int.py", "returned int"]),
+    ("get_config raises", ["--config={get_config_raises.py}"],
+     ["--config: got", "ZeroDivisionError", "line 2"]),
+    ("experiment_module fails to import", ["--config={toy_bad_module.py}:runlocal"],
+     ["experiment_module: got", "bad_module.py", "ModuleNotFoundError"]),
+]
+
+
+def _format(args, files):
+    out = []
+    for a in args:
+        for k, v in files.items():
+            a = a.replace("{" + k + "}", str(v))
+        out.append(a)
+    return out
+
+
+@pytest.mark.parametrize("name,args,needles", CONFIG_CASES + FILE_CASES,
+                         ids=[c[0] for c in CONFIG_CASES + FILE_CASES])
+def test_bad_config(name, args, needles, tmp_path, files, capsys):
+    del name
+    workdir = tmp_path / "run"
+    before = _snapshot(tmp_path)
+    code, lines, out = run_main(capsys, *_format(args, files), f"--workdir={workdir}")
+    assert_one_line_error(code, lines, out, *needles)
+    assert _snapshot(tmp_path) == before
+
+
+# ----------------------------------------------------------------------------------------
+# Workdirs
+# ----------------------------------------------------------------------------------------
+
+def _toy_results(workdir: Path, n: int = 2) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        results.append_result(workdir / results.RESULTS_NAME,
+                              {"cell_id": f"c{i}", "gamma": 1, "policy": "naive",
+                               "joint_acceptance": 0.5})
+
+
+def _workdir_case(name: str, tmp_path: Path) -> tuple[str, list[str]]:
+    """Sets up the case's workdir; returns (--workdir value, needles)."""
+    run = tmp_path / "run"
+    if name == "is a file":
+        run.write_text("x")
+        return str(run), ["--workdir: got", "not an existing file"]
+    if name == "under a file":
+        run.write_text("x")
+        return str(run / "sub"), ["--workdir: got", "is a file"]
+    if name == "/proc/x":
+        return "/proc/x", ["--workdir: got '/proc/x'", "can be created"]
+    if name == "/sys/x":
+        return "/sys/x", ["--workdir: got '/sys/x'", "can be created"]
+    if name == "empty":
+        return "", ["--workdir"]
+    if name == "results, config.json missing":
+        _toy_results(run)
+        return str(run), ["--workdir:", "config.json is missing", "restore config.json"]
+    if name == "results, config.json not JSON":
+        _toy_results(run)
+        (run / "config.json").write_text("{oops")
+        return str(run), ["--workdir:", "config.json is unreadable", "restore config.json"]
+    if name == "results, config.json a list":
+        _toy_results(run)
+        (run / "config.json").write_text("[1, 2]")
+        return str(run), ["--workdir:", "not a JSON object"]
+    if name == "results of another config":
+        _toy_results(run)
+        (run / "config.json").write_text(json.dumps({"experiment": "toy", "sleep_s": 9.0}))
+        return str(run), ["--workdir:", "holds results of a different config", "sleep_s"]
+    raise ValueError(name)
+
+
+WORKDIR_CASES = ["is a file", "under a file", "/proc/x", "/sys/x", "empty",
+                 "results, config.json missing", "results, config.json not JSON",
+                 "results, config.json a list", "results of another config"]
+
+
+@pytest.mark.parametrize("name", WORKDIR_CASES)
+def test_bad_workdir(name, tmp_path, capsys):
+    workdir, needles = _workdir_case(name, tmp_path)
+    before = _snapshot(tmp_path)
+    code, lines, out = run_main(capsys, f"--config={TOY}", f"--workdir={workdir}")
+    assert_one_line_error(code, lines, out, *needles)
+    assert _snapshot(tmp_path) == before
+
+
+def test_results_from_another_zoo_are_refused(tmp_path, capsys):
+    """Same config, other inputs (the zoo's manifest changed): refused, not resumed."""
+    from specjax.runner import sweep  # pylint: disable=import-outside-toplevel
+
+    config = experiments.plans_defaults()
+    config.plans_per_domain = 1
+    plan = sweep.prepare(config, tmp_path / "run")
+    assert plan.inputs["zoo"]["source"] in ("shipped", "SPECJAX_ZOO")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(plan.config_json))
+    other = {"zoo": {**plan.inputs["zoo"], "manifest_sha256": "0" * 64}}
+    results.append_result(run / results.RESULTS_NAME,
+                          {"cell_id": plan.cells[0]["cell_id"], "inputs": other})
+    before = _snapshot(tmp_path)
+    with pytest.raises(Exception, match="computed from other inputs .*manifest_sha256"):
+        sweep.prepare(config, run)
+    assert _snapshot(tmp_path) == before
+
+
+# ----------------------------------------------------------------------------------------
+# Zoos
+# ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("damage", sorted(ZOO_DAMAGE))
+def test_bad_zoo(damage, zoos, tmp_path, capsys):
+    zoo = zoos[damage]
+    before = _snapshot(tmp_path)
+    code, lines, out = run_main(capsys, f"--config={SEED}", f"--config.zoo_path={zoo}",
+                                f"--workdir={tmp_path / 'run'}")
+    assert_one_line_error(code, lines, out, "zoo_path: got", f"(zoo folder {zoo})",
+                          ZOO_DAMAGE[damage])
+    assert _snapshot(tmp_path) == before
+
+
+def test_missing_zoo_names_the_variable_and_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SPECJAX_ZOO", str(tmp_path / "no_zoo"))
+    before = _snapshot(tmp_path)
+    code, lines, out = run_main(capsys, f"--config={SEED}", f"--workdir={tmp_path / 'run'}")
+    assert_one_line_error(code, lines, out, "SPECJAX_ZOO: got",
+                          f"(zoo folder {tmp_path / 'no_zoo'})", "no such directory")
+    # An explicit zoo_path wins over the variable (README: zoo_path > SPECJAX_ZOO > shipped).
+    code, lines, out = run_main(capsys, f"--config={SEED}", f"--workdir={tmp_path / 'run'}",
+                                f"--config.zoo_path={tmp_path / 'other'}")
+    assert_one_line_error(code, lines, out, "zoo_path: got",
+                          f"(zoo folder {tmp_path / 'other'})")
+    assert _snapshot(tmp_path) == before
+
+
+def test_zoo_precedence(tmp_path, monkeypatch):
+    config = experiments.plans_defaults()
+    monkeypatch.delenv("SPECJAX_ZOO", raising=False)
+    assert experiments.resolve_zoo_path(config) == (zoo_lib.SHIPPED_ZOO, "shipped")
+    monkeypatch.setenv("SPECJAX_ZOO", str(tmp_path / "env"))
+    assert experiments.resolve_zoo_path(config) == (tmp_path / "env", "SPECJAX_ZOO")
+    config.zoo_path = str(tmp_path / "explicit")
+    assert experiments.resolve_zoo_path(config) == (tmp_path / "explicit", "zoo_path")
+    monkeypatch.chdir(tmp_path)
+    config.zoo_path = "rel"
+    assert experiments.resolve_zoo_path(config) == (tmp_path / "rel", "zoo_path")
+
+
+def test_inputs_name_the_zoo_that_runs(tmp_path, monkeypatch):
+    """validate's inputs: the chosen folder, where it came from, the manifest's sha256."""
+    monkeypatch.setenv("SPECJAX_ZOO", str(zoo_lib.SHIPPED_ZOO))
+    config = experiments.plans_defaults()
+    inputs = experiments.validate(config)
+    assert inputs == {"zoo": {"path": str(zoo_lib.SHIPPED_ZOO), "source": "SPECJAX_ZOO",
+                              "manifest_sha256": zoo_lib.file_sha256(
+                                  zoo_lib.SHIPPED_ZOO / zoo_lib.MANIFEST)}}
+
+
+# ----------------------------------------------------------------------------------------
+# Report inputs
+# ----------------------------------------------------------------------------------------
+
+def _report_case(name: str, tmp_path: Path) -> tuple[str | None, list[str], list[str]]:
+    run = tmp_path / "run"
+    extra: list[str] = []
+    if name == "missing workdir":
+        return str(run), ["--workdir: got", "an existing run directory"], extra
+    if name == "workdir is a file":
+        run.write_text("x")
+        return str(run), ["--workdir: got", "an existing run directory"], extra
+    if name == "no results":
+        run.mkdir()
+        return str(run), ["--workdir: got", "results.jsonl is missing or empty"], extra
+    _toy_results(run)
+    (run / "config.json").write_text(json.dumps({"experiment": "toy"}))
+    (run / "report.md").write_text("the old report\n")
+    (run / "plots").mkdir()
+    (run / "plots" / "old.png").write_bytes(b"png")
+    if name == "config.json not JSON":
+        (run / "config.json").write_text("{not json")
+        return str(run), ["config.json: unreadable", "a JSON object", "restore it"], extra
+    if name == "config.json a list":
+        (run / "config.json").write_text("[]")
+        return str(run), ["config.json: got a JSON list", "a JSON object"], extra
+    if name == "version.json not JSON":
+        (run / "version.json").write_bytes(b"\xff\xfe")
+        return str(run), ["version.json: unreadable"], extra
+    if name == "results.jsonl is a directory":
+        (run / "results.jsonl").unlink()
+        (run / "results.jsonl").mkdir()
+        return str(run), ["--workdir: got", "results.jsonl is a file"], extra
+    if name == "plots is a file":
+        shutil.rmtree(run / "plots")
+        (run / "plots").write_text("x")
+        return str(run), ["--workdir: got", "plots is a directory"], extra
+    if name == "report.md is a directory":
+        (run / "report.md").unlink()
+        (run / "report.md").mkdir()
+        return str(run), ["--workdir: got", "report.md is a file"], extra
+    if name == "unexpected argument":
+        return str(run), ["unexpected arguments: extra"], ["extra"]
+    if name == "no workdir":
+        return None, ["--workdir: got None"], extra
+    raise ValueError(name)
+
+
+REPORT_CASES = ["missing workdir", "workdir is a file", "no results", "config.json not JSON",
+                "config.json a list", "version.json not JSON", "results.jsonl is a directory",
+                "plots is a file", "report.md is a directory", "unexpected argument",
+                "no workdir"]
+
+
+@pytest.mark.parametrize("name", REPORT_CASES)
+def test_bad_report_input(name, tmp_path, capsys):
+    workdir, needles, extra = _report_case(name, tmp_path)
+    before = _snapshot(tmp_path)
+    code, lines, out = run_report(capsys, workdir, *extra)
+    assert_one_line_error(code, lines, out, *needles)
+    assert _snapshot(tmp_path) == before
+
+
+def test_case_count():
+    n = (len(CONFIG_CASES) + len(FILE_CASES) + len(WORKDIR_CASES) + len(ZOO_DAMAGE)
+         + len(REPORT_CASES) + 3)  # + another zoo's results, SPECJAX_ZOO, zoo_path
+    assert n >= 40, n
+
+
+# ----------------------------------------------------------------------------------------
+# End to end, as a user runs them (each pays a JAX import)
+# ----------------------------------------------------------------------------------------
+
+def _cli(module: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})},
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_end_to_end_one_line_before_anything_is_written(tmp_path, files):
+    """As subprocesses: no absl INFO line, progress bar or traceback before the error."""
+    run = tmp_path / "run"
+    cases = [
+        (["--config=" + str(files["raises.py"]), f"--workdir={run}"], "RuntimeError"),
+        ([f"--config={SEED},bucket=0", f"--workdir={run}"], "bucket: got 0"),
+        ([f"--config={TOY}", "--workdir=/proc/x"], "--workdir: got '/proc/x'"),
+    ]
+    for args, needle in cases:
+        before = _snapshot(tmp_path)
+        out = _cli("specjax.main", *args, env={"SPECJAX_ZOO": str(tmp_path / "no_zoo")}
+                   if "bucket" not in args[0] else None)
+        assert out.returncode == 2, (args, out.stderr)
+        assert out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
+        assert out.stderr.startswith("specjax: error: ") and needle in out.stderr, out.stderr
+        assert _snapshot(tmp_path) == before
+
+
+def test_end_to_end_report_never_rewrites_from_unreadable_inputs(tmp_path):
+    workdir, needles, _ = _report_case("config.json not JSON", tmp_path)
+    before = _snapshot(tmp_path)
+    out = _cli("specjax.report", f"--workdir={workdir}")
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    assert len(out.stderr.splitlines()) == 1 and all(n in out.stderr for n in needles)
+    assert _snapshot(tmp_path) == before
+
+
+def test_inputs_go_into_version_json_and_every_row(tmp_path):
+    """What validate reports the cells read (the zoo) is recorded with every result."""
+    import ml_collections  # pylint: disable=import-outside-toplevel
+
+    from specjax.runner import registry, sweep  # pylint: disable=import-outside-toplevel
+
+    inputs = {"zoo": {"path": "/z", "source": "SPECJAX_ZOO", "manifest_sha256": "ab" * 32}}
+
+    def probe(config, cell, workdir):
+        del config, workdir
+        return {"value": cell["seed"]}
+
+    registry.register_experiment("inputs_probe", validate=lambda c: inputs)(probe)
+    config = ml_collections.ConfigDict({"experiment": "inputs_probe", "report": False})
+    config.grid = ml_collections.ConfigDict({"seed": [0, 1]})
+    rows = sweep.run(config, tmp_path / "run", progress=False)
+    assert [r["inputs"] for r in rows] == [inputs, inputs]
+    assert json.loads((tmp_path / "run" / "version.json").read_text())["inputs"] == inputs
+    assert len(sweep.run(config, tmp_path / "run", progress=False)) == 2  # resumes
