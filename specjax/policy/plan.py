@@ -351,9 +351,13 @@ def _run_rows(dep: Deployment, cfg: PlanConfig, rule: str, sets: Sequence[tuple[
         ecfg = EngineConfig(gamma=cfg.gamma, rule=set_rule,
                             verifier_temperature=cfg.verifier_temperature, n_slots=len(u),
                             max_new_tokens=cfg.max_step_tokens)
-        v_rows = [v[plans[i]] for i in rows]
-        d_rows = [[d[j][plans[i]] for i in rows] for j in u]
-        r_keys = keys[np.asarray(rows)]
+        # Pad the call to a power-of-two row count (repeating its first row; the copies'
+        # results are dropped), so calls whose sets hold a varying number of plans (the
+        # routed policies) reuse a few compiled programs instead of one per row count.
+        padded = rows + [rows[0]] * (_pow2(len(rows)) - len(rows))
+        v_rows = [v[plans[i]] for i in padded]
+        d_rows = [[d[j][plans[i]] for i in padded] for j in u]
+        r_keys = keys[np.asarray(padded)]
         wd = [widths[1][j] for j in u]
 
         def compute(sub=sub, ecfg=ecfg, v_rows=v_rows, d_rows=d_rows, r_keys=r_keys, wd=wd):
@@ -376,9 +380,13 @@ def _run_rows(dep: Deployment, cfg: PlanConfig, rule: str, sets: Sequence[tuple[
             counters = jax.tree.map(lambda x: np.zeros((n,) + x.shape[1:], x.dtype), c)
         for j, i in enumerate(rows):
             tokens[i] = new[j]
-            seconds[i] = secs / len(rows)
+            seconds[i] = secs / len(rows)   # padding copies are charged too
             counters = _set_row(counters, c, i, j)
     return _Rows(tokens=tokens, counters=counters, seconds=seconds)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 def _temperatures(dep) -> tuple:
