@@ -135,9 +135,6 @@ def from_zoo(zoo, names: Sequence[str] | None = None,
       tokenizer fingerprints; text is spelt with the verifier's tokenizer and each
       drafter's own; ``stop_table`` marks the verifier tokens whose bytes hold ``\\n``.
     """
-    from specjax.engine.spec import cross_vocab_maps, identity_maps, validate_drafter  # pylint: disable=import-outside-toplevel
-    from specjax.tokenizers import intersection_map, retokenization_table  # pylint: disable=import-outside-toplevel
-
     if isinstance(names, str):
         names = (names,)
     names = tuple(zoo.names if names is None else names)
@@ -151,26 +148,38 @@ def from_zoo(zoo, names: Sequence[str] | None = None,
                          [m.temperature for m in models])
     cost = _per_drafter('costs', costs, names, [m.cost for m in models])
     v = zoo.verifier
-    v_tok, vocab = v.tokenizer, v.lm.vocab_size
+    return assemble(v.lm, v.params, v.tokenizer,
+                    [(m.name, m.lm, m.params, m.tokenizer, t, c)
+                     for m, t, c in zip(models, temps, cost)])
+
+
+def assemble(verifier_lm, v_params, v_tok, drafters) -> "Deployment":
+    """A deployment from a verifier and drafters given as (name, lm, params, tokenizer,
+    temperature, cost): identity maps for drafters of the verifier's tokenizer, token-level-
+    intersection maps otherwise; groups are tokenizer fingerprints; text is spelt with the
+    verifier's tokenizer and each drafter's own; ``stop_table`` marks the verifier tokens
+    whose bytes hold a newline."""
+    from specjax.engine.spec import cross_vocab_maps, identity_maps, validate_drafter  # pylint: disable=import-outside-toplevel
+    from specjax.tokenizers import intersection_map, retokenization_table  # pylint: disable=import-outside-toplevel
+    vocab = verifier_lm.vocab_size
     specs, data, groups, encoders = [], [], [], []
-    for m, t, c in zip(models, temps, cost):
-        spec = DrafterSpec(name=m.name, lm=m.lm, temperature=float(t), cost=float(c))
+    for name, lm, params, tok, t, c in drafters:
+        spec = DrafterSpec(name=name, lm=lm, temperature=float(t), cost=float(c))
         validate_drafter(spec)
-        if m.tokenizer.fingerprint() == v_tok.fingerprint():
-            d = identity_maps(m.params, vocab)
+        if tok.fingerprint() == v_tok.fingerprint():
+            d = identity_maps(params, vocab)
         else:
-            to_v = intersection_map(m.tokenizer, v_tok)
-            retok, retok_len = retokenization_table(v_tok, m.tokenizer)
-            d = cross_vocab_maps(m.params, to_v, retok, retok_len, vocab)
+            to_v = intersection_map(tok, v_tok)
+            retok, retok_len = retokenization_table(v_tok, tok)
+            d = cross_vocab_maps(params, to_v, retok, retok_len, vocab)
         specs.append(spec)
         data.append(d)
-        groups.append(m.tokenizer.fingerprint())
-        encoders.append(m.tokenizer.encode)
+        groups.append(tok.fingerprint())
+        encoders.append(tok.encode)
     stop = np.array([b'\n' in b for b in v_tok.all_token_bytes()], bool)
-    return Deployment(verifier=v.lm, v_params=v.params, drafters=tuple(specs),
+    return Deployment(verifier=verifier_lm, v_params=v_params, drafters=tuple(specs),
                       d_data=tuple(data), groups=tuple(groups), encode=v_tok.encode,
-                      decode=v_tok.decode, drafter_encode=tuple(encoders),
-                      stop_table=stop)
+                      decode=v_tok.decode, drafter_encode=tuple(encoders), stop_table=stop)
 
 
 def _per_drafter(field, value, names, defaults) -> list[float]:

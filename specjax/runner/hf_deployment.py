@@ -21,7 +21,6 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 from absl import logging
 
 from specjax.errors import ConfigError, check
@@ -38,32 +37,12 @@ def build_deployment(verifier, drafters: Sequence[tuple[str, Any, float, float |
       drafters: (name, model, temperature, cost or None) in priority order; a missing cost
         is the drafter's parameter count over the verifier's.
     """
-    from specjax.engine.deployment import Deployment  # pylint: disable=import-outside-toplevel
-    from specjax.engine.spec import (DrafterSpec, cross_vocab_maps,  # pylint: disable=import-outside-toplevel
-                                     identity_maps, validate_drafter)
-    from specjax.tokenizers import intersection_map, retokenization_table  # pylint: disable=import-outside-toplevel
-
-    v_tok, vocab = verifier.tokenizer, verifier.lm.vocab_size
+    from specjax.engine.deployment import assemble  # pylint: disable=import-outside-toplevel
     n_v = _n_params(verifier.params)
-    specs, data, groups, encoders = [], [], [], []
-    for name, m, temperature, cost in drafters:
-        cost = _n_params(m.params) / n_v if cost is None else float(cost)
-        spec = DrafterSpec(name=name, lm=m.lm, temperature=float(temperature), cost=cost)
-        validate_drafter(spec)
-        if m.tokenizer.fingerprint() == v_tok.fingerprint():
-            d = identity_maps(m.params, vocab)
-        else:
-            to_v = intersection_map(m.tokenizer, v_tok)
-            retok, retok_len = retokenization_table(v_tok, m.tokenizer)
-            d = cross_vocab_maps(m.params, to_v, retok, retok_len, vocab)
-        specs.append(spec)
-        data.append(d)
-        groups.append(m.tokenizer.fingerprint())
-        encoders.append(m.tokenizer.encode)
-    stop = np.array([b'\n' in b for b in v_tok.all_token_bytes()], bool)
-    return Deployment(verifier=verifier.lm, v_params=verifier.params, drafters=tuple(specs),
-                      d_data=tuple(data), groups=tuple(groups), encode=v_tok.encode,
-                      decode=v_tok.decode, drafter_encode=tuple(encoders), stop_table=stop)
+    return assemble(verifier.lm, verifier.params, verifier.tokenizer, [
+        (name, m.lm, m.params, m.tokenizer, temperature,
+         _n_params(m.params) / n_v if cost is None else float(cost))
+        for name, m, temperature, cost in drafters])
 
 
 def _n_params(params) -> int:

@@ -159,7 +159,7 @@ def _decision(pol, st) -> list[str]:
 
 def _why(summary) -> list[str]:
     """Conditional explanations: each sentence is printed only when the data support it."""
-    pol, st = summary["policies"], summary["settings"]
+    pol = summary["policies"]
     out = ["## What the figures say", ""]
     for name, f in pol.items():
         sd = f.get("step_decision") or {}
