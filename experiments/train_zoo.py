@@ -24,22 +24,16 @@ Drafter:verifier size ratios are about 4.6 / 15 / 24 % against the seed's 2.1 / 
 the same order, each about doubled so that the smallest drafter still learns in minutes on
 a CPU. All f32.
 
-Everything is deterministic: tokenizers (the HF trainer breaks ties by ids), batches
-(`specjax.train` draws step ``s``'s batch from ``(seed, s)``), initialisation (fixed
-seeds), step counts (not time budgets). With ``--workers N`` the verifier trains in one
-process while the drafters train in the others, which changes nothing numerically.
-Training checkpoints every 100 steps under ``--workdir`` (default ``runs/train_zoo``):
-rerunning a killed build resumes it, with the same result as an uninterrupted one.
-``--reuse DIR`` copies from an existing zoo every model whose recipe (config, training
-settings, seed, tokenizer file hash, token shares) is the one this script would train, so
-a drafter-only change does not retrain the verifier (the result is the same bytes).
+Deterministic (tokenizer ties broken by ids, step ``s``'s batch drawn from ``(seed, s)``,
+fixed init seeds, step counts not time budgets); ``--workers N`` trains the verifier beside
+the drafters without changing a number. Checkpoints every 100 steps under ``--workdir``: a
+killed build resumes to the same result. ``--reuse DIR`` copies every model whose recipe
+(config, training settings, seed, tokenizer hash, token shares) is unchanged.
 
-Afterwards the zoo is loaded back through `specjax.models.zoo.load_zoo` (so the written
-files are verified as a user will load them) and the script records in the manifest, and
-prints: held-out loss per domain against an add-one unigram baseline, each drafter's
-acceptance per domain — Σ_x min(p, q) against the verifier (verifier at τ = 1, drafter
-at its default τ, in verifier space on the shipped held-out text), which is Leviathan's
-α for a one-token draft — and decode speed.
+The zoo is then loaded back through `load_zoo` (verified as a user loads it); the manifest
+records held-out loss per domain against an add-one unigram, each drafter's α = Σ min(p, q)
+per domain (verifier τ = 1, drafter at its τ, verifier space, shipped held-out text) and
+decode speed.
 """
 from __future__ import annotations
 
