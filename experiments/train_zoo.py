@@ -17,12 +17,9 @@ models tuned towards a speciality are:
 | reasoning | `reasoning`: BPE 768 with `<think>`/`</think>` | reasoning 0.6, code 0.2, prose 0.2 | ~0.84 M | ~0.24 |
 | prose512  | `prose512`: BPE 512 on prose (a third tokenizer) | prose only            | ~0.43 M | ~0.13 |
 
-`drafter_order` (the seed's deployment, what every config uses by default) is code,
-prose, reasoning; ``prose512`` is listed under ``extra_drafters``, for the tokenizer-pairing
-sweep (a drafter whose tokenizer is neither the verifier's nor the reasoning drafter's).
-Drafter:verifier size ratios are about 4.6 / 15 / 24 % against the seed's 2.1 / 4.3 / 10 %:
-the same order, each about doubled so that the smallest drafter still learns in minutes on
-a CPU. All f32.
+`drafter_order` (the seed's deployment, every config's default) is code, prose, reasoning;
+``prose512`` (a third tokenizer, for the pairing sweep) is under ``extra_drafters``.
+Size ratios 4.6 / 15 / 24 % (the seed's 2.1 / 4.3 / 10 %, doubled to train on a CPU); f32.
 
 Deterministic (tokenizer ties broken by ids, step ``s``'s batch drawn from ``(seed, s)``,
 fixed init seeds, step counts not time budgets); ``--workers N`` trains the verifier beside
