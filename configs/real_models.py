@@ -54,6 +54,7 @@ def defaults() -> ml_collections.ConfigDict:
         d.cost = ml_collections.FieldReference(None, field_type=float)  # c_i; None: n_params ratio
         c.drafters[name] = d
     c.pad_vocab = True                # pad tokenizers to the embedding rows (Qwen2 rounds them up)
+    c.bos = True                      # prompts start with each tokenizer's BOS (its HF template)
     c.max_len = 4096                  # KV-cache capacity / context of every model
     c.dtype = "bfloat16"              # compute and parameter dtype
     c.mesh = ml_collections.ConfigDict()

@@ -66,6 +66,9 @@ flags.DEFINE_float("verifier_temperature", 1.0, "τ of the verifier")
 flags.DEFINE_integer("bucket", 64, "prompt widths are padded to a multiple of this")
 flags.DEFINE_bool("peer", True, "also time transformers (plain and assisted) when installed")
 flags.DEFINE_string("zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped specjax/zoo)")
+flags.DEFINE_bool("same_weights", True, "with --peer: also the side-by-side against "
+                  "transformers' assisted generation on the zoo's own weights exported to HF "
+                  "format (experiments/benchmark_peer.py), batch 1, greedy and sampled")
 flags.DEFINE_bool("require_accelerator", False, "fail unless JAX's default backend is a GPU/TPU "
                   "(make benchmark-device)")
 
@@ -328,6 +331,19 @@ def main(argv):
                 per_batch[b]["peer_tokens_per_s"] = peer["plain"][b]
                 per_batch[b]["ar_over_peer"] = per_batch[b]["ar_tokens_per_s"] / peer["plain"][b]
 
+    same_weights = None
+    if FLAGS.peer and FLAGS.same_weights:
+        try:
+            import benchmark_peer  # pylint: disable=import-outside-toplevel
+            same_weights = benchmark_peer.run(zoo, out / "same_weights", gamma=4,
+                                              new_tokens=FLAGS.new_tokens)
+        except ImportError as e:   # transformers / torch absent: the peer is optional
+            print(f"same-weights peer skipped: {e}")
+        else:
+            print("\nspecjax vs transformers' assisted generation, same weights "
+                  "(experiments/benchmark_peer.py):")
+            benchmark_peer.print_result(same_weights)
+
     print(f"\n{'B':>3} {'AR tok/s':>9} {'decode':>9} {'floor':>9} {'floor/dec':>9} {'peer':>8} "
           f"{'AR/peer':>7}")
     for b in batches:
@@ -354,6 +370,7 @@ def main(argv):
               f"{r['hardware_aware_speedup']:8.2f} {r['measured_speedup']:7.2f} "
               f"{r['measured_over_hardware_aware']:7.2f}")
     result = {"per_batch": [per_batch[b] for b in batches], "rows": rows, "peer": peer,
+              "same_weights": same_weights,
               "verifier_temperature": FLAGS.verifier_temperature,
               "new_tokens": FLAGS.new_tokens, "repeats": FLAGS.repeats,
               "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,

@@ -42,17 +42,21 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", "runs/benchmark_peer", "output directory (benchmark_peer.json)")
-flags.DEFINE_string("drafter", "auto", "the zoo drafter (must share the verifier's tokenizer); "
-                    "'auto': the one of the verifier's tokenizer group with the highest mean "
-                    "acceptance in the zoo manifest")
-flags.DEFINE_string("cross_drafter", "reasoning", "a zoo drafter of another tokenizer, run against "
-                    "transformers' different-tokenizer assisted generation ('' to skip)")
-flags.DEFINE_integer("gamma", 4, "γ, draft tokens per round")
-flags.DEFINE_integer("prompts_per_domain", 2, "plan prompts per domain (code, prose, reasoning)")
-flags.DEFINE_integer("new_tokens", 48, "tokens generated per prompt")
-flags.DEFINE_integer("seed", 0, "PRNG seed (specjax rows; torch.manual_seed)")
-flags.DEFINE_string("zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped zoo)")
+
+
+def _define_flags():
+    """The script's flags (only when run as a script: benchmark.py imports `run`)."""
+    flags.DEFINE_string("out", "runs/benchmark_peer", "output directory (benchmark_peer.json)")
+    flags.DEFINE_string("drafter", "auto", "the zoo drafter (must share the verifier's tokenizer); "
+                        "'auto': the one of the verifier's tokenizer group with the highest mean "
+                        "acceptance in the zoo manifest")
+    flags.DEFINE_string("cross_drafter", "reasoning", "a zoo drafter of another tokenizer, run against "
+                        "transformers' different-tokenizer assisted generation ('' to skip)")
+    flags.DEFINE_integer("gamma", 4, "γ, draft tokens per round")
+    flags.DEFINE_integer("prompts_per_domain", 2, "plan prompts per domain (code, prose, reasoning)")
+    flags.DEFINE_integer("new_tokens", 48, "tokens generated per prompt")
+    flags.DEFINE_integer("seed", 0, "PRNG seed (specjax rows; torch.manual_seed)")
+    flags.DEFINE_string("zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped zoo)")
 
 
 def _specjax(zoo, drafter, prompts, d_prompts, gamma, tau, new_tokens, seed):
@@ -134,8 +138,10 @@ def _peer(target, assistant, prompts, gamma, tau, new_tokens, seed, tokenizers=N
             "plain_seconds": p_s, "plain_tokens_per_s": toks / p_s, "outputs": outs}
 
 
-def main(argv):
-    del argv
+def run(zoo=None, out_dir="runs/benchmark_peer", drafter="auto", cross_drafter="reasoning",
+        gamma=4, prompts_per_domain=2, new_tokens=48, seed=0) -> dict:
+    """The side-by-side run (see the module docstring); returns the JSON-able result and
+    writes ``benchmark_peer.json`` (and the exported HF folders) under `out_dir`."""
     import torch
     import transformers
 
@@ -143,22 +149,22 @@ def main(argv):
     from specjax.models import hf
     from specjax.models.zoo import load_zoo
 
-    out_dir = Path(FLAGS.out)
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
-    zoo = load_zoo(FLAGS.zoo)
+    zoo = load_zoo(zoo) if zoo is None or isinstance(zoo, (str, os.PathLike)) else zoo
     v = zoo.verifier
-    name = FLAGS.drafter
+    name = drafter
     if name == "auto":
         same = [m for m in zoo.drafters if m.tokenizer.fingerprint() == v.tokenizer.fingerprint()]
         name = max(same, key=lambda m: np.mean(list((m.record.get("acceptance") or {0: 0}).values()))).name
-        FLAGS.drafter = name
+        drafter = name
     d = zoo.drafter(name)
     if d.tokenizer.fingerprint() != v.tokenizer.fingerprint():
-        raise SystemExit(f"drafter {FLAGS.drafter!r} has another tokenizer; transformers' "
+        raise SystemExit(f"drafter {drafter!r} has another tokenizer; transformers' "
                          "same-tokenizer assisted generation needs the verifier's")
     export = {}
-    for name, m in (("verifier", v), (FLAGS.drafter, d)):
+    for name, m in (("verifier", v), (drafter, d)):
         path = hf.save_hf(out_dir / "hf" / name, m.lm, m.params, family="llama")
         export[name] = transformers.AutoModelForCausalLM.from_pretrained(
             path, dtype=torch.float32).eval()
@@ -166,11 +172,11 @@ def main(argv):
     by_domain = {}
     for p in load_prompts():
         by_domain.setdefault(p["domain"], []).append(p["prompt"])
-    texts = [t for dom in sorted(by_domain) for t in by_domain[dom][:FLAGS.prompts_per_domain]]
+    texts = [t for dom in sorted(by_domain) for t in by_domain[dom][:prompts_per_domain]]
     prompts = [v.tokenizer.encode(t) for t in texts]
     d_prompts = [d.tokenizer.encode(t) for t in texts]
     parity = {}
-    for name, m in (("verifier", v), (FLAGS.drafter, d)):
+    for name, m in (("verifier", v), (drafter, d)):
         toks = np.asarray(prompts[0])[None]
         ours = np.asarray(m.lm.logits_full(m.params, jnp.asarray(toks, jnp.int32)))
         with torch.no_grad():
@@ -179,10 +185,10 @@ def main(argv):
     torch.set_num_threads(os.cpu_count() or 1)
     rows = {}
     for label, tau in (("greedy", 0.0), ("sampled", 1.0)):
-        s = _specjax(zoo, FLAGS.drafter, prompts, d_prompts, FLAGS.gamma, tau, FLAGS.new_tokens,
-                     FLAGS.seed)
-        p = _peer(export["verifier"], export[FLAGS.drafter], prompts, FLAGS.gamma, tau,
-                  FLAGS.new_tokens, FLAGS.seed)
+        s = _specjax(zoo, drafter, prompts, d_prompts, gamma, tau, new_tokens,
+                     seed)
+        p = _peer(export["verifier"], export[drafter], prompts, gamma, tau,
+                  new_tokens, seed)
         row = {"specjax": {k: v_ for k, v_ in s.items() if k != "outputs"},
                "transformers": {k: v_ for k, v_ in p.items() if k != "outputs"},
                "ratio_tokens_per_s": s["tokens_per_s"] / p["tokens_per_s"],
@@ -191,11 +197,11 @@ def main(argv):
             row["same_outputs"] = s["outputs"] == p["outputs"]
         rows[label] = row
     cross = {}
-    if FLAGS.cross_drafter:
+    if cross_drafter:
         # transformers' different-tokenizer mode: candidates are re-tokenised through text
         # (greedy) or through a vocabulary translation (sampling, "universal assisted
         # generation"); specjax verifies through the token-level intersection (rule 3).
-        c = zoo.drafter(FLAGS.cross_drafter)
+        c = zoo.drafter(cross_drafter)
         path = hf.save_hf(out_dir / "hf" / c.name, c.lm, c.params, family="llama")
         c_model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         toks = {"tokenizer": transformers.PreTrainedTokenizerFast(tokenizer_object=v.tokenizer.hf),
@@ -203,11 +209,11 @@ def main(argv):
                     tokenizer_object=c.tokenizer.hf)}
         c_prompts = [c.tokenizer.encode(t) for t in texts]
         for label, tau in (("greedy", 0.0), ("sampled", 1.0)):
-            s = _specjax(zoo, c.name, prompts, c_prompts, FLAGS.gamma, tau, FLAGS.new_tokens,
-                         FLAGS.seed)
+            s = _specjax(zoo, c.name, prompts, c_prompts, gamma, tau, new_tokens,
+                         seed)
             try:
-                p = _peer(export["verifier"], c_model, prompts, FLAGS.gamma, tau,
-                          FLAGS.new_tokens, FLAGS.seed, tokenizers=toks)
+                p = _peer(export["verifier"], c_model, prompts, gamma, tau,
+                          new_tokens, seed, tokenizers=toks)
             except Exception as e:  # pylint: disable=broad-except
                 p = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
             row = {"specjax": {k: v_ for k, v_ in s.items() if k != "outputs"},
@@ -217,16 +223,26 @@ def main(argv):
                 if tau == 0:
                     row["same_outputs"] = s["outputs"] == p["outputs"]
             cross[label] = row
-    result = {"gamma": FLAGS.gamma, "batch": 1, "prompts": len(prompts),
-              "new_tokens": FLAGS.new_tokens, "drafter": FLAGS.drafter,
+    result = {"gamma": gamma, "batch": 1, "prompts": len(prompts),
+              "new_tokens": new_tokens, "drafter": drafter,
               "export_parity_max_abs": parity, "rows": rows,
-              "cross_tokenizer": {"drafter": FLAGS.cross_drafter, "rows": cross},
+              "cross_tokenizer": {"drafter": cross_drafter, "rows": cross},
               "load_average_before": load_before, "load_average_after": os.getloadavg(),
               "cpus": os.cpu_count(), "jax": jax.__version__, "torch": torch.__version__,
               "transformers": transformers.__version__}
     (out_dir / "benchmark_peer.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def print_result(result: dict) -> None:
+    """The tables of `run`'s result."""
+    parity, rows, cross = (result["export_parity_max_abs"], result["rows"],
+                           result["cross_tokenizer"]["rows"])
+    gamma, cross_drafter = result["gamma"], result["cross_tokenizer"]["drafter"]
+    load_before = result["load_average_before"]
+    n_prompts, new_tokens = result["prompts"], result["new_tokens"]
     print(f"exported parity (max |Δlogit|): {parity}")
-    print(f"γ={FLAGS.gamma}, batch 1, {len(prompts)} prompts x {FLAGS.new_tokens} tokens; "
+    print(f"γ={gamma}, batch 1, {n_prompts} prompts x {new_tokens} tokens; "
           f"load average {load_before[0]:.1f} -> {result['load_average_after'][0]:.1f} "
           f"on {os.cpu_count()} CPUs")
     print(f"{'mode':8s} {'specjax tok/s':>14s} {'α':>6s} {'peer tok/s':>11s} {'α':>6s} "
@@ -242,11 +258,18 @@ def main(argv):
         s, p = r["specjax"], r["transformers"]
         peer = (f"{p['tokens_per_s']:.1f} tok/s, {p['tokens_per_round']:.2f} tokens/round"
                 if "tokens_per_s" in p else p["error"])
-        print(f"cross-tokenizer ({FLAGS.cross_drafter}) {label}: specjax "
+        print(f"cross-tokenizer ({cross_drafter}) {label}: specjax "
               f"{s['tokens_per_s']:.1f} tok/s, {s['tokens_per_round']:.2f} tokens/round; "
               f"transformers {peer}" + (f"; same outputs {r['same_outputs']}"
                                          if "same_outputs" in r else ""))
 
 
+
+def main(argv):
+    del argv
+    print_result(run(FLAGS.zoo, FLAGS.out, FLAGS.drafter, FLAGS.cross_drafter, FLAGS.gamma,
+                     FLAGS.prompts_per_domain, FLAGS.new_tokens, FLAGS.seed))
+
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

@@ -92,6 +92,7 @@ def main(argv=None) -> int:
            "mesh": dict(mesh.shape), "rules": args.rules,
            "sharded_over_processes": len({dev.process_index for dev in
                                           sdep.v_params["embed"].sharding.device_set}),
+           "local_param_fraction": _local_fraction(sdep.v_params),
            "sweep": {}, "timings": timings}
     temps = [float(t) for t in args.temperatures.split(",")]
     for t in temps:                             # the tiny sweep
@@ -117,6 +118,22 @@ def main(argv=None) -> int:
     os.replace(tmp, args.out)
     jax.distributed.shutdown()
     return 0
+
+
+def _local_fraction(params) -> float:
+    """The share of the parameters' elements this process holds (distinct shards only):
+    1.0 when every process has a full copy, 1/P when each tensor is split over P processes."""
+    import jax  # pylint: disable=import-outside-toplevel
+    held = total = 0
+    for x in jax.tree.leaves(params):
+        total += x.size
+        seen = set()
+        for s in x.addressable_shards:
+            key = tuple((i.start, i.stop) for i in s.index)
+            if key not in seen:
+                seen.add(key)
+                held += s.data.size
+    return round(held / total, 4)
 
 
 def _deployment():

@@ -36,7 +36,7 @@ def test_two_processes_generate_like_one(tmp_path):
     for pid in range(2):
         cmd = [sys.executable, str(ROOT / "experiments" / "distributed_generate.py"),
                f"--coordinator=127.0.0.1:{port}", "--num_processes=2", f"--process_id={pid}",
-               "--local_devices=4", "--rules=tp", "--model_axis=4",
+               "--local_devices=4", "--rules=fsdp_tp", "--model_axis=2",
                f"--out={tmp_path / f'p{pid}.json'}"]
         log = open(tmp_path / f"p{pid}.log", "w")
         procs.append((subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log,
@@ -58,6 +58,8 @@ def test_two_processes_generate_like_one(tmp_path):
     a, b = (json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(2))
     assert (a["processes"], a["devices"], a["local_devices"]) == (2, 8, 4)
     assert a["sharded_over_processes"] == 2          # parameters live on both processes
+    assert a["mesh"] == {"data": 4, "model": 2}      # FSDP's 'data' axis spans the processes
+    assert a["local_param_fraction"] < 0.75 and b["local_param_fraction"] < 0.75
     assert a["sweep"] == b["sweep"] and a["autoregressive"] == b["autoregressive"]
     assert a["sweep"]["1.0"] == a["reference"]["spec"]
     assert a["autoregressive"] == a["reference"]["autoregressive"]

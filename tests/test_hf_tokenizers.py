@@ -130,3 +130,9 @@ def test_bad_tokenizer_files(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
     with pytest.raises(ConfigError, match="normalizer Lowercase loses information"):
         load_hf_tokenizer(tmp_path)
+
+
+def test_prompt_prefix_is_the_templates_bos(byte_level, sentencepiece):
+    assert byte_level.prompt_prefix == ()                 # no post-processor template
+    assert sentencepiece.prompt_prefix == (1,)            # "<s> $A"
+    assert sentencepiece.hf_encode("ab")[:1] == [1] and sentencepiece.encode("ab")[:1] != [1]

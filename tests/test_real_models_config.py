@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -34,6 +35,11 @@ def folders(tmp_path_factory):
     toks = {"verifier": bl, "code": bl, "prose": sp, "reasoning": sp}
     paths = {n: F.save_folder(root / n, m, toks[n]) for n, m in models.items()}
     return paths, models
+
+
+def _tok(path):
+    from specjax.tokenizers.hf import load_hf_tokenizer
+    return load_hf_tokenizer(path)
 
 
 def _config(paths, *variant):
@@ -78,6 +84,15 @@ def test_deployment_and_memory_table(folders):
     assert dep.names == ("code", "prose", "reasoning")
     assert dep.groups[0] != dep.groups[1] == dep.groups[2]   # two tokenizer groups
     assert (np.asarray(dep.d_data[1].to_verifier) >= 0).sum() > 100
+    # Prompts start with each tokenizer's own BOS (the SentencePiece-style one has '<s>'
+    # in its template, the byte-level one none); `bos=False` spells the text alone.
+    sp = dep.drafter_encode[1]
+    assert sp("def f") == [1] + sp("def f")[1:] and dep.encode("def f")[0] != 1
+    plain = hf_deployment.build_deployment(
+        SimpleNamespace(lm=dep.verifier, params=dep.v_params, tokenizer=_tok(paths["verifier"])),
+        [("prose", SimpleNamespace(lm=dep.drafters[1].lm, params=dep.d_data[1].params,
+                                   tokenizer=_tok(paths["prose"])), 1.0, 0.1)], bos=False)
+    assert [1] + plain.drafter_encode[0]("def f") == sp("def f")
     # Greedy speculative decoding across families and vocabularies = the verifier's own
     # greedy output (HF transformers).
     texts = ["def add(a, b):", "In the beginning"]

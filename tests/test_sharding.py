@@ -152,8 +152,7 @@ def test_speculative_and_baseline_sharded_equal_unsharded(engine_case, rules):
     np.testing.assert_array_equal(ar.tokens, ref_ar.tokens)
 
 
-@needs8
-@pytest.mark.slow  # ~80 s; aborted once inside an xdist worker under load (see README)
+@needs8  # ~20 s on an idle machine
 def test_plan_step_sharded_equals_unsharded():
     from specjax.policy.plan import PlanConfig, run_plans
     from specjax.policy.switches import Policy

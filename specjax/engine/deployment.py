@@ -153,12 +153,21 @@ def from_zoo(zoo, names: Sequence[str] | None = None,
                      for m, t, c in zip(models, temps, cost)])
 
 
-def assemble(verifier_lm, v_params, v_tok, drafters) -> "Deployment":
+def _prompt_encoder(tok, bos: bool):
+    prefix = tuple(getattr(tok, 'prompt_prefix', ())) if bos else ()
+    if not prefix:
+        return tok.encode
+    return lambda text: list(prefix) + tok.encode(text)
+
+
+def assemble(verifier_lm, v_params, v_tok, drafters, bos: bool = True) -> "Deployment":
     """A deployment from a verifier and drafters given as (name, lm, params, tokenizer,
     temperature, cost): identity maps for drafters of the verifier's tokenizer, token-level-
     intersection maps otherwise; groups are tokenizer fingerprints; text is spelt with the
     verifier's tokenizer and each drafter's own; ``stop_table`` marks the verifier tokens
-    whose bytes hold a newline."""
+    whose bytes hold a newline. With `bos`, each model's prompts start with the special
+    ids its tokenizer's own pipeline puts first (a tokenizer's ``prompt_prefix``: Llama's
+    ``<s>``; none for the zoo's tokenizers)."""
     from specjax.engine.spec import cross_vocab_maps, identity_maps, validate_drafter  # pylint: disable=import-outside-toplevel
     from specjax.tokenizers import intersection_map, retokenization_table  # pylint: disable=import-outside-toplevel
     vocab = verifier_lm.vocab_size
@@ -175,10 +184,11 @@ def assemble(verifier_lm, v_params, v_tok, drafters) -> "Deployment":
         specs.append(spec)
         data.append(d)
         groups.append(tok.fingerprint())
-        encoders.append(tok.encode)
+        encoders.append(_prompt_encoder(tok, bos))
     stop = np.array([b'\n' in b for b in v_tok.all_token_bytes()], bool)
     return Deployment(verifier=verifier_lm, v_params=v_params, drafters=tuple(specs),
-                      d_data=tuple(data), groups=tuple(groups), encode=v_tok.encode,
+                      d_data=tuple(data), groups=tuple(groups),
+                      encode=_prompt_encoder(v_tok, bos),
                       decode=v_tok.decode, drafter_encode=tuple(encoders), stop_table=stop)
 
 

@@ -29,20 +29,23 @@ __all__ = ['build_deployment', 'load_hf_deployment', 'memory_table', 'validate_h
            'drafter_names']
 
 
-def build_deployment(verifier, drafters: Sequence[tuple[str, Any, float, float | None]]):
+def build_deployment(verifier, drafters: Sequence[tuple[str, Any, float, float | None]],
+                     bos: bool = True):
     """A `Deployment` from loaded models.
 
     Args:
       verifier: an `HFModel` (or anything with ``lm``, ``params``, ``tokenizer``).
       drafters: (name, model, temperature, cost or None) in priority order; a missing cost
         is the drafter's parameter count over the verifier's.
+      bos: start every model's prompts with the special ids its tokenizer's pipeline puts
+        first (e.g. Llama's ``<s>``); see `HFTokenizer.prompt_prefix`.
     """
     from specjax.engine.deployment import assemble  # pylint: disable=import-outside-toplevel
     n_v = _n_params(verifier.params)
     return assemble(verifier.lm, verifier.params, verifier.tokenizer, [
         (name, m.lm, m.params, m.tokenizer, temperature,
          _n_params(m.params) / n_v if cost is None else float(cost))
-        for name, m, temperature, cost in drafters])
+        for name, m, temperature, cost in drafters], bos=bos)
 
 
 def _n_params(params) -> int:
@@ -70,6 +73,8 @@ def validate_hf(config) -> None:
         t = d.get('temperature', 1.0)
         check(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0,
               f'drafters.{name}.temperature', t, 'a finite number >= 0')
+    bos = config.get('bos', True)
+    check(isinstance(bos, bool), 'bos', bos, 'true or false')
     mesh = config.get('mesh') or {}
     for axis in ('data', 'model'):
         n = mesh.get(axis, 1)
@@ -98,7 +103,7 @@ def load_hf_deployment(config):
     key = json.dumps({k: (config.get(k).to_dict() if hasattr(config.get(k), 'to_dict')
                           else config.get(k))
                       for k in ('verifier', 'drafters', 'mesh', 'rules', 'max_len', 'dtype',
-                                'pad_vocab')}, sort_keys=True, default=str)
+                                'pad_vocab', 'bos')}, sort_keys=True, default=str)
     return _load(key)
 
 
@@ -118,7 +123,8 @@ def _load(key: str):
     for name, d in c['drafters'].items():
         m = load_hf_model(d['path'], **kw)
         drafters.append((name, m, float(d.get('temperature', 1.0)), d.get('cost')))
-    return build_deployment(verifier, drafters)
+    bos = c.get('bos')
+    return build_deployment(verifier, drafters, bos=True if bos is None else bool(bos))
 
 
 def memory_table(config, batch: int = 1) -> list[dict]:

@@ -224,6 +224,23 @@ class HFTokenizer(Tokenizer):
         """HF's own encoding (dummy prefix, BOS, normalisation): what the model saw."""
         return self._hf.encode(text, add_special_tokens=add_special_tokens).ids
 
+    @property
+    def prompt_prefix(self) -> tuple[int, ...]:
+        """The special ids HF's own pipeline puts before a text (e.g. Llama's BOS ``<s>``,
+        from the ``post_processor`` template), which a model trained with them expects at
+        the start of a prompt; () when it adds none. `encode` never adds them (it spells
+        text exactly); a deployment prepends them to prompts (``assemble(..., bos=True)``)."""
+        probe = "a"
+        with_special = self._hf.encode(probe, add_special_tokens=True).ids
+        plain = self._hf.encode(probe, add_special_tokens=False).ids
+        specials = set(self._specials.values())
+        prefix = []
+        for i in with_special:
+            if i not in specials or with_special[len(prefix):len(prefix) + len(plain)] == plain:
+                break
+            prefix.append(i)
+        return tuple(prefix)
+
     def _check(self, ids: list[int], data: bytes) -> list[int]:
         got = b"".join(self._bytes[i] for i in ids)
         if got != data:
