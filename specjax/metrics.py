@@ -274,12 +274,13 @@ def cost_model_throughput(
 # ---------------------------------------------------------------- the one cost function
 
 #: The items of the modelled cost, in the order `itemised_cost` reports them.
-COST_ITEMS = ("verifier_calls", "verifier_prefills", "drafter_tokens", "drafter_prefills",
-              "kl_passes", "consensus_rounds")
+COST_ITEMS = ("verifier_calls", "verifier_tokens", "verifier_prefills", "drafter_tokens",
+              "drafter_prefills", "kl_passes", "consensus_rounds")
 
 
 def itemised_cost(counts: Mapping[str, Any], c: Sequence[float],
-                  consensus_cost: float = DEFAULT_CONSENSUS_COST) -> dict[str, np.ndarray]:
+                  consensus_cost: float = DEFAULT_CONSENSUS_COST,
+                  score_cost: float = 0.0) -> dict[str, np.ndarray]:
     """The modelled cost of a run, itemised, in units of one verifier call (SPEC §7).
 
     Every figure that prices work (throughput per unit cost, the ratios to the baselines,
@@ -292,10 +293,15 @@ def itemised_cost(counts: Mapping[str, Any], c: Sequence[float],
                           with ``share_verifier_call`` (the default) the
                           branches of a plan are batched into one call per
                           round, otherwise each branch's rounds are calls
-    verifier_prefills     prompt prefills of the verifier (one per step and      1
-                          plan: the engine re-reads the committed text)
+    verifier_tokens       tokens the verifier scored beyond one per call: the    score_cost
+                          block's γ·S drafts of a round (S chains); 0 for an
+                          autoregressive step
+    verifier_prefills     prompt prefills of the verifier: one per plan (later   1
+                          steps continue its carried cache)
     drafter_tokens        tokens drafted by drafter i (γ per round it drafted)   c_i
-    drafter_prefills      prompt prefills of drafter i                           c_i
+    drafter_prefills      prefills of drafter i (one per plan, at its first      c_i
+                          use) and its catch-up passes (one per γ + 1
+                          committed tokens it missed, e.g. a step sat out)
     kl_passes             forward passes of drafter i for the KL check           c_i
                           (charged only to policies with the KL ceiling on)
     consensus_rounds      consensus rounds charged by fallback steps             consensus_cost
@@ -306,6 +312,11 @@ def itemised_cost(counts: Mapping[str, Any], c: Sequence[float],
         items are per plan) with drafter counters ``[..., K]``.
       c: the K drafters' cost coefficients (per-token cost relative to a verifier call).
       consensus_cost: the price of a consensus round, in verifier calls (≥ 0).
+      score_cost: the price of one more token scored in a call, in verifier calls (≥ 0).
+        0 is the seed's model — a call over a few tokens of a large verifier is
+        memory-bound, its price the weights' read whatever the block; a compute-bound
+        machine (a CPU, large batches) measures it: (T_score / T_step − 1) / (γ·S).
+        Counters written before this item existed price it at 0.
 
     Returns:
       item → cost (arrays shaped like the counters' plan axis), plus ``'total'``.
@@ -314,12 +325,16 @@ def itemised_cost(counts: Mapping[str, Any], c: Sequence[float],
     if c.ndim != 1 or not np.all(np.isfinite(c)) or np.any(c < 0):
         raise ValueError(f"itemised_cost: c={c.tolist()!r} is not allowed; allowed: one finite "
                          "cost ≥ 0 per drafter")
-    if not (math.isfinite(consensus_cost) and consensus_cost >= 0):
-        raise ValueError(f"itemised_cost: consensus_cost={consensus_cost!r} is not allowed; "
-                         "allowed: a finite number ≥ 0")
+    for name, price in (("consensus_cost", consensus_cost), ("score_cost", score_cost)):
+        if not (math.isfinite(price) and price >= 0):
+            raise ValueError(f"itemised_cost: {name}={price!r} is not allowed; allowed: a "
+                             "finite number ≥ 0")
     out = {}
     for item in COST_ITEMS:
-        x = np.asarray(counts[item], np.float64)
+        if item == "verifier_tokens" and item not in counts:
+            x = np.zeros_like(np.asarray(counts["verifier_calls"], np.float64))
+        else:
+            x = np.asarray(counts[item], np.float64)
         if np.any(x < 0):
             raise ValueError(f"itemised_cost: {item} has negative counts")
         if item in ("drafter_tokens", "drafter_prefills", "kl_passes"):
@@ -329,6 +344,8 @@ def itemised_cost(counts: Mapping[str, Any], c: Sequence[float],
             out[item] = x @ c
         elif item == "consensus_rounds":
             out[item] = x * float(consensus_cost)
+        elif item == "verifier_tokens":
+            out[item] = x * float(score_cost)
         else:
             out[item] = x
     out["total"] = sum(out[i] for i in COST_ITEMS)

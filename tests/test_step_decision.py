@@ -88,6 +88,14 @@ def test_itemised_cost_by_hand():
     assert cost["total"][1] == pytest.approx(4 + 1 + 3.0 + 0.25)
     assert cost["drafter_tokens"][0] == pytest.approx(4.0)
     assert set(cost) == set(metrics.COST_ITEMS) | {"total"}
+    assert cost["verifier_tokens"].tolist() == [0, 0]   # counters without the item
+    counts["verifier_tokens"] = np.array([30, 12])
+    priced = metrics.itemised_cost(counts, [0.05, 0.25], consensus_cost=2.0, score_cost=0.1)
+    np.testing.assert_allclose(priced["total"] - cost["total"], [3.0, 1.2])
+    assert metrics.itemised_cost(counts, [0.05, 0.25], 2.0)["total"].tolist() == \
+        cost["total"].tolist()                          # the seed's model: scored tokens free
+    with pytest.raises(ValueError, match="score_cost"):
+        metrics.itemised_cost(counts, [0.05, 0.25], score_cost=-1.0)
     with pytest.raises(ValueError, match="c="):
         metrics.itemised_cost(counts, [0.05, -1.0])
     with pytest.raises(ValueError, match="drafters"):
@@ -100,7 +108,8 @@ def test_autoregressive_costs_one_call_per_token_plus_prefills(deployment):
                      bucket=16)
     _, st = run_plans(dep, cfg, ["ab", "c"])
     cost = metrics.itemised_cost(st.counts, [d.cost for d in dep.drafters])
-    assert cost["total"].sum() == st.tokens + st.steps
+    # One call per token, one prefill per plan: later steps continue the carried cache.
+    assert st.steps == 4 and cost["total"].sum() == st.tokens + 2
 
 
 def test_shared_and_separate_verifier_calls(deployment):
@@ -118,7 +127,8 @@ def test_shared_and_separate_verifier_calls(deployment):
     # for all its branches (the plan's longest branch).
     assert b.verifier_calls == b.rounds
     assert a.verifier_calls < b.verifier_calls
-    assert a.counts["verifier_prefills"].sum() == 2 and b.counts["verifier_prefills"].sum() == 6
+    # One prefill per plan either way: branches start from copies of the plan's cache.
+    assert a.counts["verifier_prefills"].sum() == 2 and b.counts["verifier_prefills"].sum() == 2
 
 
 def test_auto_chooses_by_expected_cost_and_explores():

@@ -33,8 +33,9 @@ from flax import struct
 
 from specjax import debug
 from specjax.engine.spec import DrafterData, DrafterStatic, EngineConfig
-from specjax.engine.streams import (STREAM_BONUS, STREAM_DRAFT, STREAM_VERIFY, fold_keys,
-                                    gumbel_noise, sample_rows)
+from specjax.engine.streams import (STREAM_BONUS, STREAM_DRAFT, STREAM_VERIFY, fold_data,
+                                    fold_keys, gumbel_noise, sample_rows, sample_rows_u,
+                                    uniform_data)
 from specjax.models.api import causal_block_mask
 from specjax.verify import rules as rules_lib
 from specjax.verify.distributions import (gumbel_argmax, sampling_probs,
@@ -158,6 +159,29 @@ class EngineState:
                            dsynced=jnp.take(self.dsynced, idx, axis=1),
                            dlogits=jax.tree.map(take, self.dlogits))
 
+    def set_rows(self, idx, other: "EngineState") -> "EngineState":
+        """This state with rows `idx` (i32[B']) replaced by the B' rows of `other`, e.g.
+        new prompts prefilled into the rows a continuous batch freed
+        (`specjax.engine.batching`); the inverse of `rows`.
+
+        `other` must have this state's shapes but its row count (token buffer length,
+        cache capacities, drafters). Indices ≥ B are dropped, so a refill padded to a
+        fixed row count writes only its real rows (a negative index counts from the end,
+        as in numpy). Jitted: one program per shape, in place when the caller donates the
+        state."""
+        return _set_rows(self, jnp.asarray(idx, jnp.int32), other)
+
+
+@jax.jit
+def _set_rows(state: EngineState, idx, other: EngineState) -> EngineState:
+    put = lambda x, y: x.at[idx].set(y.astype(x.dtype), mode='drop')
+    return EngineState(tokens=put(state.tokens, other.tokens),
+                       length=put(state.length, other.length),
+                       vcache=jax.tree.map(put, state.vcache, other.vcache),
+                       dcaches=jax.tree.map(put, state.dcaches, other.dcaches),
+                       dsynced=state.dsynced.at[:, idx].set(other.dsynced, mode='drop'),
+                       dlogits=jax.tree.map(put, state.dlogits, other.dlogits))
+
 
 def tree_block_mask(n_slots: int, gamma: int) -> jax.Array:
     """bool[1+Sγ, 1+Sγ]: root, then S chains; chain token j sees root and its chain ≤ j."""
@@ -205,13 +229,14 @@ def consume(spec: DrafterStatic, data: DrafterData, cache, logits, tokens, synce
     i = jnp.arange(width)
     pos = synced[:, None] + i[None, :]
     vt = jnp.take_along_axis(tokens, jnp.minimum(pos, tokens.shape[1] - 1), axis=1)
-    pieces = jnp.where(pos < length[:, None], data.retok_len[vt], 0)          # [B, width]
-    fits = jnp.cumsum(pieces, axis=1) <= w
-    take = jnp.minimum(jnp.sum(jnp.cumprod(fits.astype(jnp.int32), axis=1), axis=1),
-                       jnp.maximum(length - synced, 0))                      # whole tokens
-    if data.identity:  # one piece per token, already in place
+    if data.identity:  # one piece per token, already in place: every pending token fits
+        take = jnp.clip(length - synced, 0, width)                           # (w == width)
         ids, n = jnp.where(i[None, :] < take[:, None], vt, 0), take
     else:
+        pieces = jnp.where(pos < length[:, None], data.retok_len[vt], 0)      # [B, width]
+        fits = jnp.cumsum(pieces, axis=1) <= w
+        take = jnp.minimum(jnp.sum(jnp.cumprod(fits.astype(jnp.int32), axis=1), axis=1),
+                           jnp.maximum(length - synced, 0))                  # whole tokens
         valid = ((i[None, :] < take[:, None])[:, :, None]
                  & (jnp.arange(m)[None, None, :] < data.retok_len[vt][:, :, None]))
         ids, n = pack_valid(data.retok[vt].reshape(b, width * m), valid.reshape(b, width * m))
@@ -226,25 +251,26 @@ def consume(spec: DrafterStatic, data: DrafterData, cache, logits, tokens, synce
 
 
 def _draft(cfg: EngineConfig, k: int, spec: DrafterStatic, data: DrafterData, cache, logits,
-           row_keys, length, gumbel, v_vocab: int):
-    """γ_k drafts of one drafter: (drafts i32[B,γ_k] verifier ids, q f32[B,γ_k,Vv], cache)."""
+           u, gumbel, v_vocab: int):
+    """γ_k drafts of one drafter: (drafts i32[B,γ_k] verifier ids, q f32[B,γ_k,Vv], cache).
+
+    `u`: f32[B, ≥γ_k] the uniforms of its draws (non-coupled rules; `_draft_uniforms`)."""
     b = logits.shape[0]
     mask = data.to_verifier >= 0
     gamma = spec.window(cfg.gamma)
+    coupled = cfg.rule in rules_lib.COUPLED_RULES
+    noise = gumbel[:, :gamma] if coupled else u[:, :gamma]        # draw j's: [B, γ_k(, V)]
 
-    def sample_at(logits, j):
+    def sample_at(logits, z):
         q_d = sampling_probs(logits, data.temperature, top_k=spec.top_k, top_p=spec.top_p,
                              mask=None if data.identity else mask)
         q_v = q_d if data.identity else to_verifier_space(q_d, data.to_verifier, v_vocab)
-        if cfg.rule in rules_lib.COUPLED_RULES:
-            x = gumbel_argmax(q_v, gumbel[:, j])
-        else:
-            x = sample_rows(fold_keys(row_keys, STREAM_DRAFT, length, k, j), q_v)
+        x = gumbel_argmax(q_v, z) if coupled else sample_rows_u(z, q_v)
         return x, q_v
 
-    def step(carry, j):
+    def step(carry, z):
         cache, logits = carry
-        x, q_v = sample_at(logits, j)
+        x, q_v = sample_at(logits, z)
         new_logits, new_cache = spec.lm.forward(
             data.params, cache, (x if data.identity else data.from_verifier[x])[:, None],
             cache.length[:, None],
@@ -254,8 +280,12 @@ def _draft(cfg: EngineConfig, k: int, spec: DrafterStatic, data: DrafterData, ca
 
     # γ − 1 forwards: x_1 comes from the logits the drafter already has, and x_γ is not fed
     # (if it is committed, next round's consume feeds it with the verifier's token).
-    (cache, logits), (xs, qs) = jax.lax.scan(step, (cache, logits), jnp.arange(gamma - 1))
-    x_last, q_last = sample_at(logits, gamma - 1)
+    # Unrolled: γ is small and static, and a rolled loop costs XLA:CPU copies of its state
+    # (the drafter's cache) and a few thunks per trip.
+    (cache, logits), (xs, qs) = jax.lax.scan(step, (cache, logits),
+                                             jnp.moveaxis(noise[:, :gamma - 1], 1, 0),
+                                             unroll=True)
+    x_last, q_last = sample_at(logits, noise[:, gamma - 1])
     xs = jnp.concatenate([xs, x_last[None]], 0)
     qs = jnp.concatenate([qs, q_last[None]], 0)
     return xs.T, jnp.swapaxes(qs, 0, 1), cache
@@ -278,6 +308,7 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSta
     length = state.length
     coupled = cfg.rule in rules_lib.COUPLED_RULES
     gumbel = gumbel_noise(state.row_keys, length, gamma, v_vocab) if coupled else None
+    u_draft = None if coupled else _draft_uniforms(state.row_keys, length, len(drafters), gamma)
 
     # 1. Drafting. A lone drafter always proposed the committed path, so at most two
     # committed tokens are new to it (x_γ and the bonus); otherwise up to γ + 1.
@@ -290,8 +321,8 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSta
         base_len.append(cache.length)
         fed.append((synced, caught_up))
         dlogits.append(logits)
-        x, q, cache = _draft(cfg, k, spec, data, cache, logits, state.row_keys, length,
-                             gumbel, v_vocab)
+        x, q, cache = _draft(cfg, k, spec, data, cache, logits,
+                             None if coupled else u_draft[:, k], gumbel, v_vocab)
         debug.check_distribution(q, f'drafter {k} q')
         pad = gamma - gammas[k]                           # a shorter chain: padded, cut below
         drafts.append(jnp.pad(x, ((0, 0), (0, pad))))
@@ -303,8 +334,12 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSta
     # 2. Slots → chains.
     active = slots >= 0
     sl = jnp.maximum(slots, 0)
-    chain = jnp.take_along_axis(drafts, sl[:, :, None], axis=1)            # [B, S, γ]
-    chain_q = jnp.take_along_axis(qs, sl[:, :, None, None], axis=1)        # [B, S, γ, V]
+    if len(drafters) == 1:  # every slot holds drafter 0 (or nothing): no gathers
+        chain = jnp.broadcast_to(drafts, (b, s_n, gamma))
+        chain_q = jnp.broadcast_to(qs, (b, s_n, gamma, v_vocab))
+    else:
+        chain = jnp.take_along_axis(drafts, sl[:, :, None], axis=1)        # [B, S, γ]
+        chain_q = jnp.take_along_axis(qs, sl[:, :, None, None], axis=1)    # [B, S, γ, V]
     chain = jnp.where(active[:, :, None], chain, 0)
     slot_gamma = jnp.asarray(gammas, jnp.int32)[sl]                         # i32[B, S]
 
@@ -338,7 +373,7 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSta
     idx = jnp.arange(gamma + 1)
     is_stop = stop_table[verdict.tokens] & (idx[None, :] <= n[:, None])
     first_stop = jnp.where(jnp.any(is_stop, 1), jnp.argmax(is_stop, 1), gamma + 1)
-    budget = _budget(cfg, state, max_new, gamma)
+    budget = round_budget(cfg, state, max_new, gamma)
     n_commit = jnp.minimum(jnp.minimum(n + 1, first_stop + 1), budget)
     n_commit = jnp.where(live, n_commit, 0)
     chex.assert_shape(n_commit, (b,))
@@ -387,12 +422,21 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSta
                          dlogits=tuple(dlogits), counters=counters)
 
 
+def _draft_uniforms(row_keys, length, n_drafters: int, gamma: int) -> jax.Array:
+    """f32[B, K, γ]: the uniform of drafter k's draw j, `uniform(fold_in(row key,
+    STREAM_DRAFT, length, k, j))` — every draw of the round in one computation."""
+    k = jnp.arange(n_drafters)[None, :, None]
+    j = jnp.arange(gamma)[None, None, :]
+    kd = fold_data(row_keys[:, None, None, :], STREAM_DRAFT, length[:, None, None], k, j)
+    return uniform_data(kd)
+
+
 def _capacity(cache):
     """A cache's slots per row, or 'unbounded' for caches that store no slots."""
     return getattr(cache, 'max_len', jnp.iinfo(jnp.int32).max)
 
 
-def _budget(cfg: EngineConfig, state: DecodeState, max_new=None, gamma=None) -> jax.Array:
+def round_budget(cfg: EngineConfig, state: DecodeState, max_new=None, gamma=None) -> jax.Array:
     """i32[B] tokens a row may still commit: its `max_new_tokens` and the room left in the
     token buffer (a continued call cannot outgrow the buffer of the call that began it)."""
     max_new = cfg.max_new_tokens if max_new is None else max_new
@@ -441,8 +485,10 @@ def _count(c: Counters, v, slots, active, live, n_commit, gamma, n_drafters,
 
     def per_drafter(x):  # i32[B, S, ...] by slot → i32[B, K, ...] by drafter
         onehot = (slots[:, :, None] == jnp.arange(n_drafters)[None, None, :]) & active[:, :, None]
-        return jnp.einsum("bsk,bs...->bk...", onehot.astype(jnp.int32), x) * (
-            li.reshape((-1,) + (1,) * (x.ndim - 1)))
+        onehot = (onehot & live[:, None, None]).astype(jnp.int32)
+        onehot = onehot.reshape(onehot.shape + (1,) * (x.ndim - 2))
+        # A masked sum, not an einsum: elementwise work XLA fuses (an einsum is a dot).
+        return jnp.sum(onehot * x[:, :, None], axis=1)
 
     j = jnp.arange(gamma)
     f = v.own_first_rejection[:, :, None]

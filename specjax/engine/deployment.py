@@ -64,6 +64,18 @@ class Deployment:
             groups=tuple(self.groups[i] for i in idx),
             drafter_encode=tuple(self.drafter_encode[i] for i in idx))
 
+    def with_gammas(self, gammas: Sequence[int | None]) -> "Deployment":
+        """Per-drafter draft windows γ_i (None: the engine config's γ). A drafter's own γ
+        applies where it drafts one chain per row; drafters sharing a row's block draft
+        the config's γ."""
+        if len(gammas) != len(self.drafters):
+            from specjax.errors import ConfigError
+            raise ConfigError(f"drafter gamma: got {list(gammas)}; allowed: one γ (or None) "
+                              f"per drafter of {list(self.names)}")
+        return dataclasses.replace(self, drafters=tuple(
+            dataclasses.replace(d, gamma=None if g is None else int(g))
+            for d, g in zip(self.drafters, gammas)))
+
     def with_temperatures(self, temps: Sequence[float]) -> "Deployment":
         return dataclasses.replace(self, drafters=tuple(
             dataclasses.replace(d, temperature=float(t)) for d, t in zip(self.drafters, temps)))

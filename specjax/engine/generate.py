@@ -23,8 +23,10 @@ committed text catch up at the start of the next speculative call.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
+import os
 import time
 import weakref
 from typing import Any, Sequence
@@ -34,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import debug
-from specjax.engine.decode import (Counters, DecodeState, EngineState, _budget, consume,
+from specjax.engine.decode import (Counters, DecodeState, EngineState, consume, round_budget,
                                    consume_width, speculative_round)
 from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig, validate_drafter
 from specjax.engine.streams import (STREAM_VERIFY, fold_keys, gumbel_noise,  # noqa: F401
@@ -44,7 +46,7 @@ from specjax.models.api import causal_block_mask
 from specjax.verify.distributions import gumbel_argmax, sampling_probs
 
 __all__ = ['GenerateResult', 'EngineState', 'speculative_generate', 'autoregressive_generate',
-           'pad_prompts', 'row_keys_for', 'check_finite', 'compiled_programs']
+           'pad_prompts', 'row_keys_for', 'check_finite', 'compiled_programs', 'prefill']
 
 
 @dataclasses.dataclass
@@ -142,11 +144,22 @@ def check_finite(name: str, params) -> None:
 # Ahead-of-time compiled programs
 # ----------------------------------------------------------------------------------------
 
-_PROGRAMS: dict = {}
+#: Compiled programs kept, least recently used first; at most `_MAX_PROGRAMS` (a long sweep
+#: over many shapes would otherwise hold every executable it ever compiled: LLVM ran out of
+#: memory in one). An evicted program is compiled again when next needed (quickly, from
+#: the persistent compilation cache).
+_PROGRAMS: collections.OrderedDict = collections.OrderedDict()
+_MAX_PROGRAMS = int(os.environ.get("SPECJAX_MAX_PROGRAMS", "128"))
+_COMPILED = [0]
 
 
 def compiled_programs() -> int:
     """How many engine programs this process has compiled (a retracing test reads it)."""
+    return _COMPILED[0]
+
+
+def cached_programs() -> int:
+    """How many compiled engine programs this process holds now (≤ SPECJAX_MAX_PROGRAMS)."""
     return len(_PROGRAMS)
 
 
@@ -155,7 +168,7 @@ def _leaf_key(x):
     return (tuple(x.shape), str(x.dtype), bool(getattr(x, 'weak_type', False)), sharding)
 
 
-def _program(fn, statics: dict, args: tuple):
+def compile_program(fn, statics: dict, args: tuple):
     """`fn` lowered and compiled for these static arguments and these argument types,
     compiled once per process (the persistent compilation cache spans processes)."""
     key = (fn, tuple(sorted(statics.items())), jax.tree.structure(args),
@@ -163,13 +176,18 @@ def _program(fn, statics: dict, args: tuple):
     exe = _PROGRAMS.get(key)
     if exe is None:
         exe = fn.lower(*args, **statics).compile()
+        _COMPILED[0] += 1
         _PROGRAMS[key] = exe
+        while len(_PROGRAMS) > max(_MAX_PROGRAMS, 1):
+            _PROGRAMS.popitem(last=False)
+    else:
+        _PROGRAMS.move_to_end(key)
     return exe
 
 
-def _run(fn, statics: dict, args: tuple):
+def run_program(fn, statics: dict, args: tuple):
     """Runs the compiled program; returns (outputs on device, seconds of execution)."""
-    exe = _program(fn, statics, args)
+    exe = compile_program(fn, statics, args)
     t0 = time.perf_counter()
     out = jax.block_until_ready(exe(*args))
     return out, time.perf_counter() - t0
@@ -179,7 +197,7 @@ def _run(fn, statics: dict, args: tuple):
 # The speculative loop
 # ----------------------------------------------------------------------------------------
 
-def _prefill_lm(lm, params, tokens, n, capacity):
+def prefill_cache(lm, params, tokens, n, capacity):
     """Caches tokens[:, :n] (n i32[B] ≤ P); returns (cache, logits after token n−1)."""
     b, p = tokens.shape
     # A fresh cache's length is a compile-time 0, and XLA then constant-folds the masked
@@ -190,6 +208,37 @@ def _prefill_lm(lm, params, tokens, n, capacity):
                                causal_block_mask(b, p))
     last = jnp.take_along_axis(logits, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0]
     return lm.advance(cache, n), last
+
+
+@functools.partial(jax.jit, static_argnames=("lm", "capacity"))
+def _prefill_program(params, tokens, n, *, lm, capacity):
+    return prefill_cache(lm, params, tokens, n, capacity)
+
+
+def prefill(lm, params, prompts: Sequence[Sequence[int]], *, capacity: int, width: int = 0,
+            cached: Sequence[int] | None = None, bucket: int = 1):
+    """A fresh cache of `capacity` slots per row holding each prompt: one compiled program.
+
+    Args:
+      lm / params: the model (verifier or drafter) and its parameters.
+      prompts: B token lists, padded to a multiple of `bucket` ≥ `width`.
+      cached: tokens of each prompt to cache (default all; the engine's verifier caches all
+        but the last, which is the next round's root).
+
+    Returns:
+      (cache, logits f32[B, V] after the last cached token, seconds of the program), on
+      the device: the pieces of an `EngineState` that later calls continue.
+    """
+    arr, plen = pad_prompts(prompts, bucket=bucket, min_width=width)
+    n = plen if cached is None else np.asarray(cached, np.int32)
+    _check_context(getattr(lm, "name", "model"), lm, int(arr.shape[1]))
+    if int(capacity) < int(n.max()):
+        raise ConfigError(f"prefill capacity: got {capacity}; allowed: ≥ the longest cached "
+                          f"prompt ({int(n.max())} tokens)")
+    dev = jax.device_put(dict(tokens=arr, n=n))
+    (cache, logits), seconds = run_program(_prefill_program, dict(lm=lm, capacity=int(capacity)),
+                                    (params, dev['tokens'], dev['n']))
+    return cache, logits, seconds
 
 
 def _outputs(state: DecodeState, return_state: bool):
@@ -210,7 +259,7 @@ def _spec_loop(cfg, verifier, drafters, v_params, d_data, slots, stop_table, v_t
         done=jnp.zeros((b,), bool), row_keys=row_keys, vcache=carry.vcache,
         dcaches=carry.dcaches, dsynced=carry.dsynced, dlogits=carry.dlogits,
         counters=Counters.zeros(b, k, gamma))
-    state = state.replace(done=_budget(cfg, state, max_new, gamma) <= 0)
+    state = state.replace(done=round_budget(cfg, state, max_new, gamma) <= 0)
     body = functools.partial(speculative_round, cfg, verifier, drafters, v_params, d_data,
                              slots, stop_table, v_temperature=v_temperature, max_new=max_new)
     state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
@@ -227,10 +276,10 @@ def _spec_from_prompts(v_params, d_data, slots, stop_table, v_temperature, max_n
                        buf_len,
                        v_cap, d_caps, return_state):
     b = prompt.shape[0]
-    vcache, _ = _prefill_lm(verifier, v_params, prompt, prompt_len - 1, v_cap)
+    vcache, _ = prefill_cache(verifier, v_params, prompt, prompt_len - 1, v_cap)
     dcaches, dlogits = [], []
     for spec, data, dp, dl, cap in zip(drafters, d_data, d_prompts, d_prompt_len, d_caps):
-        c, lg = _prefill_lm(spec.lm, data.params, dp, dl, cap)
+        c, lg = prefill_cache(spec.lm, data.params, dp, dl, cap)
         dcaches.append(c)
         dlogits.append(lg)
     tokens = jnp.zeros((b, buf_len), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
@@ -271,7 +320,7 @@ def _spec_from_state(v_params, d_data, slots, stop_table, v_temperature, max_new
                       v_temperature, max_new, carry, row_keys, return_state)
 
 
-def _drafter_capacity(spec_lm, m: int, d_width: int, v_width: int, buf_len: int,
+def drafter_capacity(spec_lm, m: int, d_width: int, v_width: int, buf_len: int,
                       gamma: int) -> int:
     """Slots a drafter's cache can fill in one run: its prompt, the pieces of every
     verifier token the run can commit (≤ m each) and its kept drafts."""
@@ -390,7 +439,7 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
                            arr.shape[1] + consume_width(m, g + 1) + g)
             d_arr.append(arr)
             d_len.append(ln)
-            d_caps.append(_drafter_capacity(spec.lm, m, arr.shape[1], prompt.shape[1],
+            d_caps.append(drafter_capacity(spec.lm, m, arr.shape[1], prompt.shape[1],
                                             buf_len, g))
         host.update(prompt=prompt, prompt_len=plen, d_prompts=tuple(d_arr),
                     d_prompt_len=tuple(d_len))
@@ -416,7 +465,7 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
     statics = dict(cfg=cfg_static, verifier=verifier, drafters=statics_drafters,
                    buf_len=buf_len, v_cap=v_cap, d_caps=tuple(d_caps),
                    return_state=return_state)
-    out, seconds = _run(fn, statics, args)
+    out, seconds = run_program(fn, statics, args)
     carried = out.pop('state', None)
     host_out = jax.device_get(out)
     return GenerateResult(tokens=host_out['tokens'], length=host_out['length'],
@@ -431,7 +480,7 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
 _AR_STATICS = ("verifier", "coupled", "buf_len", "v_cap", "top_k", "top_p", "return_state")
 
 
-def _ar_loop(verifier, v_params, carry: EngineState, row_keys, stop_table, active,
+def ar_loop(verifier, v_params, carry: EngineState, row_keys, stop_table, active,
              temperature, max_new, coupled, top_k, top_p, return_state):
     b, buf_len = carry.tokens.shape
     start = carry.length
@@ -468,11 +517,11 @@ def _ar_loop(verifier, v_params, carry: EngineState, row_keys, stop_table, activ
 def _ar_from_prompts(v_params, prompt, prompt_len, row_keys, stop_table, active, temperature,
                      max_new, *, verifier, coupled, buf_len, v_cap, top_k, top_p, return_state):
     b = prompt.shape[0]
-    vcache, _ = _prefill_lm(verifier, v_params, prompt, prompt_len - 1, v_cap)
+    vcache, _ = prefill_cache(verifier, v_params, prompt, prompt_len - 1, v_cap)
     tokens = jnp.zeros((b, buf_len), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
     carry = EngineState(tokens=tokens, length=prompt_len, vcache=vcache, dcaches=(),
                         dsynced=jnp.zeros((0, b), jnp.int32), dlogits=())
-    return _ar_loop(verifier, v_params, carry, row_keys, stop_table, active, temperature,
+    return ar_loop(verifier, v_params, carry, row_keys, stop_table, active, temperature,
                     max_new, coupled, top_k, top_p, return_state)
 
 
@@ -480,7 +529,7 @@ def _ar_from_prompts(v_params, prompt, prompt_len, row_keys, stop_table, active,
 def _ar_from_state(v_params, carry, row_keys, stop_table, active, temperature, max_new, *,
                    verifier, coupled, buf_len, v_cap, top_k, top_p, return_state):
     del buf_len, v_cap
-    return _ar_loop(verifier, v_params, carry, row_keys, stop_table, active, temperature,
+    return ar_loop(verifier, v_params, carry, row_keys, stop_table, active, temperature,
                     max_new, coupled, top_k, top_p, return_state)
 
 
@@ -530,7 +579,7 @@ def autoregressive_generate(verifier, v_params, prompts, row_keys, *, temperatur
         args = (v_params, state, dev['row_keys'], dev['stop_table'], dev['active'],
                 dev['temperature'], dev['max_new'])
         fn = _ar_from_state
-    out, seconds = _run(fn, statics, args)
+    out, seconds = run_program(fn, statics, args)
     carried = out.pop('state', None)
     host_out = jax.device_get(out)
     return GenerateResult(tokens=host_out['tokens'], length=host_out['length'],

@@ -271,7 +271,7 @@ class Attention(nnx.Module):
         s_blk = jnp.where(block_mask[:, None, None, :, :], s_blk, _NEG)
         if cache is None:
             probs = jax.nn.softmax(s_blk, axis=-1).astype(dt)
-            out = jnp.einsum('bkgts,bskh->btkgh', probs, v)
+            out = jnp.einsum('bkgts,bskh->bkgth', probs, v)                  # [B, KV, G, T, hd]
             new_cache = None
         else:
             cache_k, cache_v, length = cache
@@ -298,11 +298,17 @@ class Attention(nnx.Module):
                              cache_v.astype(dt), preferred_element_type=jnp.float32)
             o_b = jnp.einsum('bkgts,bksh->bkgth', e_b.astype(dt), vt,
                              preferred_element_type=jnp.float32)
-            out = (o_c.reshape(B, kv, g, T, hd) + o_b) / z[..., None]
-            out = out.transpose(0, 3, 1, 2, 4).astype(dt)                    # [B, T, KV, G, hd]
+            out = ((o_c.reshape(B, kv, g, T, hd) + o_b) / z[..., None]).astype(dt)
             new_cache = (cache_k, cache_v)
-        out = out.reshape(B, T, cfg.n_heads, hd)
-        y = jnp.einsum('btnh,nhd->btd', out, self.wo[...].astype(dt))
+        # The output projection: the heads' outputs ([B, KV, G, T, hd], as the attention
+        # made them) transposed to [B, T, H·hd] and contracted with wo as stored ([H·hd,
+        # D]). The barrier pins that (small) transpose on the activation: without it XLA
+        # folded the transpose into the dot and transposed wo instead, a copy of the
+        # weight on every call (4 per verifier forward, ~10% of a one-token step on CPU).
+        out = out.transpose(0, 3, 1, 2, 4).reshape(B, T, cfg.n_heads * hd)
+        out = jax.lax.optimization_barrier(out)
+        wo = self.wo[...].astype(dt).reshape(cfg.n_heads * hd, -1)
+        y = jnp.einsum('btf,fd->btd', out, wo)
         return y, new_cache
 
 

@@ -1,11 +1,13 @@
-"""Engine calls of plan steps: row keys, shared (memoized) calls, one call per drafter set.
+"""Engine calls of plan steps: row keys, one call per drafter set, carried state.
 
 The plan runner (`specjax.policy.plan`) lays a step out as rows (plan, drafter set, key);
-this module runs them: `run_rows` makes one engine call per distinct drafter set, with only
-that set's drafters, padded to a power-of-two row count (few compiled programs), and
-`autoregressive_rows` runs the verifier alone in a fixed-shape batch. Inside `shared_calls` (or
-after `enable_shared_calls`) identical calls — of different policies, baselines and the
-fallback — are computed once, and their measured seconds are charged to every caller.
+this module runs them from the plans' carried state (`specjax.policy.carry`): `run_carried`
+makes one engine call per distinct drafter set, with only that set's drafters, padded to a
+power-of-two row count (few compiled programs); `commit_carried` carries each plan's state
+past the step; `autoregressive_carried` runs the verifier alone in a batch of every plan's
+row. Inside `shared_calls` (or after `enable_shared_calls`) identical stateless
+computations of different policies (the KL check on a prefix) are computed once, and their
+measured seconds are charged to every caller.
 """
 from __future__ import annotations
 
@@ -129,69 +131,114 @@ def memoized(key_parts, refs, compute):
 # ---------------------------------------------------------------------------- engine rows
 
 @dataclasses.dataclass
-class RowResults:
-    """Results of a step's engine rows (one per distinct (plan, set, key))."""
+class CarriedRows:
+    """Results of a step's rows run from the plans' carried state (`run_carried`)."""
     tokens: list            # per row: committed verifier tokens of the step
     counters: Any           # numpy counters over all K drafters, one row per row
     seconds: np.ndarray     # f64[R] each row's share of its call's measured seconds
+    calls: list             # `carry.CallState` per distinct set
+    where: list             # per row: (index into calls, row in that call)
+    prefills: list          # per row: drafters prefilled for its plan before the call
+    catchups: np.ndarray    # i64[R, K] catch-up passes of each drafter before the call
+    drafts_per_round: list  # per row: drafts its verifier block scores per round (Σ γ_i)
 
 
-def run_rows(dep: Deployment, cfg: PlanConfig, rule: str, sets: Sequence[tuple[int, ...]],
-              plans: Sequence[int], keys: np.ndarray, v, d, widths) -> RowResults:
-    """Rows (plan, drafter set, key), one engine call per distinct set.
+def run_carried(states, dep: Deployment, cfg: PlanConfig, rule: str,
+                sets: Sequence[tuple[int, ...]], plans: Sequence[int],
+                keys: np.ndarray) -> CarriedRows:
+    """Rows (plan, drafter set, key) continued from the plans' carried state
+    (`specjax.policy.carry.PlanStates`), one engine call per distinct set (as `run_rows`).
 
-    Each call runs only its set's drafters (a sub-deployment), so no row pays for drafters
-    it does not use; a one-drafter set uses rule 1 (`rejection`, or `coupled`): with one
-    chain every rule reduces to it, and the call is that drafter's single baseline's.
+    `plans[i]` is row i's plan (an index into the run's plans). A drafter that has not run
+    for a plan is prefilled first; one behind the plan's text catches up inside the call.
     """
+    from specjax.policy.carry import CallState, pow2_rows  # pylint: disable=import-outside-toplevel
     k = len(dep.drafters)
     n = len(sets)
     tokens, seconds = [None] * n, np.zeros(n)
-    counters = None
+    where, prefills = [None] * n, [()] * n
+    catchups = np.zeros((n, k), np.int64)
+    counters, calls, block = None, [], [0] * n
     for u in dict.fromkeys(sets):
         rows = [i for i in range(n) if sets[i] == u]
         sub = dep.subset([dep.names[j] for j in u])
+        if len(u) > 1:   # chains of one block share its width: the config's γ
+            sub = sub.with_gammas([None] * len(u))
         set_rule = (("coupled" if rule.startswith("coupled") else "rejection")
                     if len(u) == 1 else rule)
         ecfg = EngineConfig(gamma=cfg.gamma, rule=set_rule,
                             verifier_temperature=cfg.verifier_temperature, n_slots=len(u),
                             max_new_tokens=cfg.max_step_tokens)
-        # Pad the call to a power-of-two row count (repeating its first row; the copies'
-        # results are dropped), so calls whose sets hold a varying number of plans (the
-        # routed policies) reuse a few compiled programs instead of one per row count.
-        padded = rows + [rows[0]] * (_pow2(len(rows)) - len(rows))
-        v_rows = [v[plans[i]] for i in padded]
-        d_rows = [[d[j][plans[i]] for i in padded] for j in u]
-        r_keys = keys[np.asarray(padded)]
-        wd = [widths[1][j] for j in u]
-
-        def compute(sub=sub, ecfg=ecfg, v_rows=v_rows, d_rows=d_rows, r_keys=r_keys, wd=wd):
-            res = speculative_generate(
-                ecfg, sub.verifier, sub.v_params, sub.drafters, sub.d_data, v_rows, d_rows,
-                r_keys, stop_table=dep.stop_table, bucket=cfg.bucket, min_width=widths[0],
-                drafter_min_width=wd)
-            c = jax.tree.map(np.asarray, res.counters)
-            return ([res.new_tokens(i) for i in range(len(v_rows))], c, float(res.seconds))
-
-        key = ("spec", id(dep.v_params), tuple(id(sub_d.params) for sub_d in sub.d_data),
-               tuple(sub.drafters), set_rule, cfg.gamma, cfg.verifier_temperature,
-               cfg.max_step_tokens, cfg.bucket, widths[0], tuple(wd),
-               drafter_temperatures(sub),
-               digest(r_keys, *[np.asarray(x, np.int64) for x in v_rows],
-                       *[np.asarray(x, np.int64) for dr in d_rows for x in dr]))
-        new, c, secs = memoized(key, (dep.v_params, sub.d_data), compute)
-        c = _expand_counters(c, list(u), k)
+        drafts_per_round = sum(d.gamma or cfg.gamma for d in sub.drafters)
+        done = states.ensure(u, [plans[i] for i in rows])
+        for i in rows:
+            prefills[i] = tuple(j for j in u if plans[i] in done.get(j, ()))
+            for j in u:
+                catchups[i, j] = states.catchup_passes(j, plans[i])
+        padded = pow2_rows(rows)
+        call_plans = [plans[i] for i in padded]
+        state = states.gather(call_plans, list(u))
+        res = speculative_generate(ecfg, sub.verifier, sub.v_params, sub.drafters, sub.d_data,
+                                   None, None, keys[np.asarray(padded)],
+                                   stop_table=dep.stop_table, state=state, return_state=True)
+        new = [res.new_tokens(r) for r in range(len(padded))]
+        calls.append(CallState(state=res.state, drafters=tuple(u), plans=call_plans,
+                               new_tokens=new, dsynced=np.asarray(res.state.dsynced)))
+        c = _expand_counters(jax.tree.map(np.asarray, res.counters), list(u), k)
         if counters is None:
             counters = jax.tree.map(lambda x: np.zeros((n,) + x.shape[1:], x.dtype), c)
+        secs = float(res.seconds) + states.take_seconds()
         for j, i in enumerate(rows):
             tokens[i] = new[j]
             seconds[i] = secs / len(rows)   # padding copies are charged too
+            where[i] = (len(calls) - 1, j)
+            block[i] = drafts_per_round
             counters = _set_row(counters, c, i, j)
-    return RowResults(tokens=tokens, counters=counters, seconds=seconds)
+    return CarriedRows(tokens=tokens, counters=counters, seconds=seconds, calls=calls,
+                       where=where, prefills=prefills, catchups=catchups,
+                       drafts_per_round=block)
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
+def commit_carried(states, res: CarriedRows, plan_of_row: Sequence[int],
+                   committed: dict[int, int | None], final: dict[int, list]) -> None:
+    """Carries each plan's state past its step: the verifier from its committed row
+    (`committed[p]`, None when it fell back: its verifier state is already the fallback's),
+    and every drafter of the plan from a row whose step equals the committed tokens
+    `final[p]` (other drafters stay behind and catch up when they next run)."""
+    per_call = [({}, {}) for _ in res.calls]
+    for p, r in committed.items():
+        if r is not None:
+            ci, li = res.where[r]
+            per_call[ci][0][p] = li
+    for r, (ci, li) in enumerate(res.where):
+        p = plan_of_row[r]
+        if list(res.tokens[r]) != list(final[p]):
+            continue
+        for j in res.calls[ci].drafters:
+            if not any((p, j) in d for _, d in per_call):
+                per_call[ci][1][(p, j)] = li
+    for call, (v_rows, d_rows) in zip(res.calls, per_call):
+        states.commit(call, v_rows, d_rows)
+
+
+def autoregressive_carried(states, dep: Deployment, cfg: PlanConfig, plans: Sequence[int],
+                           keys: np.ndarray):
+    """The verifier alone continues `plans` from their carried state, in a batch of every
+    plan's row (the others inactive), so the compiled program never changes; returns
+    (plan → new tokens, seconds)."""
+    n_rows = states.n_plans
+    row_keys = np.zeros((n_rows,) + keys.shape[1:], keys.dtype)
+    active = np.zeros((n_rows,), bool)
+    for j, p in enumerate(plans):
+        row_keys[p], active[p] = keys[j], True
+    res = autoregressive_generate(dep.verifier, dep.v_params, None, row_keys,
+                                  temperature=cfg.verifier_temperature,
+                                  max_new_tokens=cfg.max_step_tokens,
+                                  stop_table=dep.stop_table, coupled=cfg.coupled,
+                                  active=active, state=states.v, return_state=True)
+    new = {p: res.new_tokens(p) for p in plans}
+    states.commit_verifier(res.state, plans, new)
+    return new, float(res.seconds) + states.take_seconds()
 
 
 def drafter_temperatures(dep) -> tuple:
@@ -222,30 +269,3 @@ def _expand_counters(c, index, k):
     per_drafter = ("proposed", "accepted", "rejected", "own_accepted_at", "own_reached_at",
                    "match_at", "match_reached_at")
     return c.replace(**{f: widen(getattr(c, f)) for f in per_drafter})
-
-
-def autoregressive_rows(dep: Deployment, cfg: PlanConfig, texts: Sequence[str], plans, keys,
-                    width: int, n_rows: int | None = None):
-    """The verifier alone on `texts` (rows `plans` of a fixed-shape batch, so the compiled
-    program never changes); returns (new token lists, seconds)."""
-    v = [dep.encode(t) for t in texts]
-    n_rows = n_rows or len(v)
-    full = [v[0]] * n_rows
-    rows = list(range(len(v))) if len(v) == n_rows else list(plans)
-    row_keys = np.zeros((n_rows,) + keys.shape[1:], keys.dtype)
-    active = np.zeros((n_rows,), bool)
-    for j, r in enumerate(rows):
-        full[r], row_keys[r], active[r] = v[j], keys[j], True
-
-    def compute():
-        res = autoregressive_generate(dep.verifier, dep.v_params, full, row_keys,
-                                      temperature=cfg.verifier_temperature,
-                                      max_new_tokens=cfg.max_step_tokens,
-                                      stop_table=dep.stop_table, coupled=cfg.coupled,
-                                      bucket=cfg.bucket, min_width=width, active=active)
-        return [res.new_tokens(r) for r in rows], float(res.seconds)
-
-    key = ("ar", id(dep.v_params), cfg.verifier_temperature, cfg.coupled, cfg.max_step_tokens,
-           cfg.bucket, width, n_rows,
-           digest(row_keys, active, *[np.asarray(x, np.int64) for x in full]))
-    return memoized(key, (dep.v_params,), compute)

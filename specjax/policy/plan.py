@@ -25,8 +25,12 @@ Randomness: every row's key is derived with `jax.random.fold_in` from (seed, pla
 branch), never by seed arithmetic, so a plan's noise does not depend on the batch it runs
 in. Under the coupled rule the branches of a plan share the plan's key, and so do its
 single-drafter baselines, the autoregressive reference and the fallback: all of them
-commit the verifier's own sample for that noise, and identical computations of different
-policies are shared (`shared_calls`).
+commit the verifier's own sample for that noise.
+
+State: every plan's verifier and drafter caches are carried from step to step
+(`specjax.policy.carry`), so a step costs its own tokens: one verifier prefill per plan,
+one drafter prefill per plan and drafter at its first use, catch-up passes for a drafter
+that missed committed tokens.
 """
 from __future__ import annotations
 
@@ -40,9 +44,11 @@ from specjax.engine.deployment import Deployment, prefix_distributions
 from specjax.engine.spec import EngineConfig
 from specjax.errors import ConfigError
 from specjax.policy import boundary as boundary_lib
-from specjax.policy.calls import (autoregressive_rows, digest, drafter_temperatures,
-                                  enable_shared_calls, memoized, plan_keys, run_rows,
+from specjax.policy.calls import (autoregressive_carried, commit_carried, digest,
+                                  drafter_temperatures, enable_shared_calls, memoized,
+                                  plan_keys, run_carried,
                                   shared_calls)  # noqa: F401 (the last two re-exported)
+from specjax.policy.carry import PlanStates
 from specjax.policy.consensus import decide, exact_match, vote_weight
 from specjax.policy.journal import PlanJournal
 from specjax.policy.kl import kl_groups, pairwise_kl_common
@@ -185,41 +191,6 @@ def _bucket(n: int, b: int) -> int:
     return ((n + b - 1) // b) * b
 
 
-# ---------------------------------------------------------------------------- prompts
-
-def _prompts(dep: Deployment, texts: Sequence[str], drafters: Sequence[int] | None = None):
-    v = [dep.encode(t) for t in texts]
-    idx = range(len(dep.drafters)) if drafters is None else drafters
-    d = {j: [dep.drafter_encode[j](t) for t in texts] for j in idx}
-    return v, d
-
-
-def run_widths(dep: Deployment, cfg: PlanConfig, texts: Sequence[str]) -> tuple[int, list[int]]:
-    """Padded prompt widths (verifier, each drafter) that hold every step of a run.
-
-    The prompts grow by at most `(plan_steps − 1) · max_step_tokens` verifier tokens; a
-    drafter's by that times its measured tokens-per-verifier-token ratio (with a margin).
-    Padding every call of the run to these widths keeps ONE compiled program per engine
-    configuration instead of one per length bucket. A prompt that still outgrows its
-    width is padded to the next bucket (correct, one more compilation).
-    """
-    from specjax.engine.decode import consume_width  # pylint: disable=import-outside-toplevel
-    v, d = _prompts(dep, texts)
-    grow = (cfg.plan_steps - 1) * cfg.max_step_tokens
-    room_v = dep.verifier.max_len - cfg.max_step_tokens - len(dep.drafters) * cfg.gamma
-    wv = min(_bucket(max(map(len, v)) + grow, cfg.bucket),
-             max(room_v // cfg.bucket, 1) * cfg.bucket)
-    wd = []
-    for j, (spec, data) in enumerate(zip(dep.drafters, dep.d_data)):
-        dk = d[j]
-        ratio = max(len(a) / max(len(b), 1) for a, b in zip(dk, v))
-        m = int(data.retok.shape[1])
-        room = spec.lm.max_len - consume_width(m, cfg.gamma + 1) - cfg.gamma
-        want = max(map(len, dk)) + int(np.ceil(1.25 * ratio * grow))
-        wd.append(min(_bucket(want, cfg.bucket), max(room // cfg.bucket, 1) * cfg.bucket))
-    return wv, wd
-
-
 # ---------------------------------------------------------------------------- statistics
 
 def branch_statistics(c, row: int, n_set: int, gamma: int, agreement_weighted: bool) -> dict:
@@ -328,39 +299,59 @@ def run_plans(dep: Deployment, cfg: PlanConfig, prompts: Sequence[str], *,
         raise ValueError("run_plans: give at most one of policy, single, router")
     k = len(dep.drafters)
     n_plans = len(prompts)
-    stats = RunStats(k=k, gamma=cfg.gamma, n_plans=n_plans)
+    gamma = max([cfg.gamma] + [d.gamma for d in dep.drafters if d.gamma])  # per-drafter γ_i
+    stats = RunStats(k=k, gamma=gamma, n_plans=n_plans)
     plan_ids = list(plan_ids or [f"plan{i}" for i in range(n_plans)])
     texts = list(prompts)
-    if journal is not None:  # Resume: replay committed steps.
+    hist = [dep.encode(t) for t in prompts]
+    done_steps = [0] * n_plans
+    if journal is not None:  # Resume: replay committed steps (their own verifier tokens).
         for i, pid in enumerate(plan_ids):
-            texts[i] = prompts[i] + "".join(s.text for s in journal.committed_steps(pid))
+            steps = journal.committed_steps(pid)
+            texts[i] = prompts[i] + "".join(s.text for s in steps)
+            done_steps[i] = len(steps)
+            if all("tokens" in s.meta for s in steps):
+                hist[i] = hist[i] + [int(t) for s in steps for t in s.meta["tokens"]]
+            else:   # a journal written before steps kept their tokens
+                hist[i] = dep.encode(texts[i])
     if single is not None:
         single = [int(single)] * n_plans if np.ndim(single) == 0 else [int(x) for x in single]
         if len(single) != n_plans:
             raise ValueError(f"run_plans: single has {len(single)} entries for {n_plans} plans")
     split: set = set()
     cooldown: dict = {}
-    widths = run_widths(dep, cfg, texts)
+    left = cfg.plan_steps - min(done_steps)
+    states = None
+    if left > 0:
+        # Every plan's state is carried from step to step (specjax.policy.carry): the
+        # verifier prefills each prompt once; a step costs its own tokens.
+        states = PlanStates(dep, texts, hist, steps=left, gamma=gamma,
+                            max_step_tokens=cfg.max_step_tokens, bucket=cfg.bucket)
+        secs = states.take_seconds()
+        for i in range(n_plans):
+            stats.add("verifier_prefills", i, 1)
+            stats.add("seconds", i, secs / n_plans)
     for step in range(cfg.plan_steps):
         todo = [i for i, pid in enumerate(plan_ids)
                 if journal is None or journal.get(pid, step) is None]
         if not todo:
             continue
         if policy is None and single is None and router is None:
-            new, meta = _autoregressive_step(dep, cfg, texts, todo, step, stats, widths)
+            new, meta = _autoregressive_step(dep, cfg, states, todo, step, stats)
         elif policy is None:
             sets = ([(single[i],) for i in todo] if single is not None
                     else [router.choose(i, step) for i in todo])
-            new, meta = _routed_step(dep, cfg, texts, todo, step, stats, sets, router, widths)
+            new, meta = _routed_step(dep, cfg, states, todo, step, stats, sets, router)
         else:
-            new, meta = _policy_step(dep, cfg, texts, todo, step, stats, policy, split,
-                                     agreement, widths)
+            new, meta = _policy_step(dep, cfg, states, todo, step, stats, policy, split,
+                                     agreement)
         for j, i in enumerate(todo):
             if fail_hook is not None:
                 fail_hook(step, j)
+            text = dep.decode(new[j])
             if journal is not None:
-                journal.commit(plan_ids[i], step, new[j], meta[j])
-            texts[i] += new[j]
+                journal.commit(plan_ids[i], step, text, {**meta[j], "tokens": list(new[j])})
+            texts[i] += text
             stats.add("steps", i, 1)
         # Boundary bookkeeping: split sets stay independent for one batch, then re-probe.
         for s in list(cooldown):
@@ -379,53 +370,50 @@ def run_plans(dep: Deployment, cfg: PlanConfig, prompts: Sequence[str], *,
     return texts, stats
 
 
-def _autoregressive_step(dep, cfg, texts, todo, step, stats, widths):
+def _autoregressive_step(dep, cfg, states, todo, step, stats):
     keys = plan_keys(cfg.seed, todo, step)
-    new, secs = autoregressive_rows(dep, cfg, [texts[i] for i in todo], todo, keys, widths[0],
-                                n_rows=len(texts))
-    for j, i in enumerate(todo):
-        n = len(new[j])
+    new, secs = autoregressive_carried(states, dep, cfg, todo, keys)
+    for i in todo:
+        n = len(new[i])
         stats.add("tokens", i, n)
         stats.add("verifier_calls", i, n)  # one verifier call per token
-        stats.add("verifier_prefills", i, 1)
         stats.add("seconds", i, secs / len(todo))
-    return [dep.decode(t) for t in new], [{"mode": "autoregressive"}] * len(todo)
+    return [new[i] for i in todo], [{"mode": "autoregressive"}] * len(todo)
 
 
-def _charge_rows(stats, cfg, plan, rows, counters, seconds, sets_of_rows):
-    """Adds the engine counters and the itemised cost of one plan's distinct rows."""
+def _charge_rows(stats, cfg, plan, rows, res):
+    """Adds the engine counters and the itemised cost of one plan's distinct rows: its
+    verifier calls (one per round, batched over the plan's rows or not), drafted tokens,
+    drafter prefills (a drafter's first use in the plan) and catch-up passes."""
+    counters = res.counters
     rounds = [int(counters.rounds[r]) for r in rows]
-    if cfg.share_verifier_call:
-        stats.add("verifier_calls", plan, max(rounds))
-        stats.add("verifier_prefills", plan, 1)
-    else:
-        stats.add("verifier_calls", plan, sum(rounds))
-        stats.add("verifier_prefills", plan, len(rows))
+    stats.add("verifier_calls", plan, max(rounds) if cfg.share_verifier_call else sum(rounds))
     for r in rows:
+        stats.add("verifier_tokens", plan, rounds[rows.index(r)] * res.drafts_per_round[r])
         stats.add_engine(counters, r, plan)
         stats.add("drafter_tokens", plan, counters.proposed[r])
-        pre = np.zeros(stats.k, np.int64)
-        pre[list(sets_of_rows[r])] = 1
+        pre = res.catchups[r].copy()
+        pre[list(res.prefills[r])] += 1
         stats.add("drafter_prefills", plan, pre)
-        stats.add("seconds", plan, seconds[r])
+        stats.add("seconds", plan, res.seconds[r])
 
 
-def _routed_step(dep, cfg, texts, todo, step, stats, sets, router, widths):
+def _routed_step(dep, cfg, states, todo, step, stats, sets, router):
     """One branch per plan, its drafter set given per plan (baseline, oracle, router)."""
-    used = sorted({j for s in sets for j in s})
-    v, d = _prompts(dep, [texts[i] for i in todo], used)
     if cfg.coupled:
         keys = plan_keys(cfg.seed, todo, step)
     else:
         keys = plan_keys(cfg.seed, todo, step, branches=[0] * len(todo))
     rule = ("coupled" if cfg.coupled else "token_tree")
-    res = run_rows(dep, cfg, rule, [tuple(s) for s in sets], list(range(len(todo))), keys,
-                    v, d, widths)
+    res = run_carried(states, dep, cfg, rule, [tuple(s) for s in sets], list(todo), keys)
+    commit_carried(states, res, list(todo), {i: j for j, i in enumerate(todo)},
+                   {i: res.tokens[j] for j, i in enumerate(todo)})
+    _charge_carry(stats, states, todo)
     out, meta = [], []
     for j, i in enumerate(todo):
-        _charge_rows(stats, cfg, i, [j], res.counters, res.seconds, {j: sets[j]})
+        _charge_rows(stats, cfg, i, [j], res)
         stats.add("tokens", i, len(res.tokens[j]))
-        out.append(dep.decode(res.tokens[j]))
+        out.append(res.tokens[j])
         names = [dep.names[x] for x in sets[j]]
         meta.append({"mode": "routed", "drafters": names})
         if router is not None:
@@ -435,10 +423,10 @@ def _routed_step(dep, cfg, texts, todo, step, stats, sets, router, widths):
     return out, meta
 
 
-def _policy_step(dep, cfg, texts, todo, step, stats, policy, split, agreement, widths):
+def _policy_step(dep, cfg, states, todo, step, stats, policy, split, agreement):
     k = len(dep.drafters)
-    v, d = _prompts(dep, [texts[i] for i in todo])
-    kl_pair = _kl_on_prefix(dep, cfg, v, stats, widths[0])  # measured under every policy
+    v = [states.hist[i] for i in todo]
+    kl_pair = _kl_on_prefix(dep, cfg, v, stats)  # measured under every policy
     n_groups = len(dict.fromkeys(dep.groups))
     sets, branches, rule = branch_layout(dep, policy, kl_pair, split,
                                          cfg.n_branches or n_groups)
@@ -457,7 +445,7 @@ def _policy_step(dep, cfg, texts, todo, step, stats, policy, split, agreement, w
                 row_keys.append((todo[p], -1 if cfg.coupled else b))
     keys = plan_keys(cfg.seed, [pl for pl, _ in row_keys], step,
                      branches=[br for _, br in row_keys])
-    res = run_rows(dep, cfg, rule, row_sets, row_plans, keys, v, d, widths)
+    res = run_carried(states, dep, cfg, rule, row_sets, [todo[p] for p in row_plans], keys)
     c = res.counters
 
     def row(p, b):
@@ -479,7 +467,7 @@ def _policy_step(dep, cfg, texts, todo, step, stats, policy, split, agreement, w
     for p in range(n_p):
         plan = todo[p]
         prow = sorted({row(p, b) for b in range(n_b)})
-        _charge_rows(stats, cfg, plan, prow, c, res.seconds, dict(enumerate(row_sets)))
+        _charge_rows(stats, cfg, plan, prow, res)
         if policy.kl_ceiling is not None and k >= 2:
             stats.add("kl_passes", plan, np.ones(k, np.int64))
         outcomes, cands = [], []
@@ -512,28 +500,40 @@ def _policy_step(dep, cfg, texts, todo, step, stats, policy, split, agreement, w
         if commit is None:
             fallback_plans.append(p)
         else:
-            out[p] = cands[commit]
-            stats.add("tokens", plan, len(res.tokens[row(p, commit)]))
+            out[p] = list(res.tokens[row(p, commit)])
+            stats.add("tokens", plan, len(out[p]))
     if fallback_plans:
-        # The verifier generates the step alone, in a batch of the plans' shape. Under the
-        # coupled rule it uses the plan's noise, so the fallback commits the very step the
-        # branches produced (the output stays the verifier's own sample whatever the
-        # decision); otherwise the plan's fallback stream.
+        # The verifier generates the step alone, from the plan's carried state, in a batch
+        # of every plan's row. Under the coupled rule it uses the plan's noise, so the
+        # fallback commits the very step the branches produced (the output stays the
+        # verifier's own sample whatever the decision); otherwise the plan's fallback stream.
         plans = [todo[p] for p in fallback_plans]
         keys = plan_keys(cfg.seed, plans, step, fallback=not cfg.coupled)
-        new, secs = autoregressive_rows(dep, cfg, [texts[i] for i in plans], plans, keys,
-                                    widths[0], n_rows=len(texts))
-        for j, p in enumerate(fallback_plans):
+        new, secs = autoregressive_carried(states, dep, cfg, plans, keys)
+        for p in fallback_plans:
             plan = todo[p]
-            out[p] = dep.decode(new[j])
-            n = len(new[j])
+            out[p] = new[plan]
+            n = len(new[plan])
             stats.add("tokens", plan, n)
             stats.add("verifier_calls", plan, n)
-            stats.add("verifier_prefills", plan, 1)
             stats.add("consensus_rounds", plan, 1)
             stats.add("fallbacks", plan, 1)
             stats.add("seconds", plan, secs / len(plans))
+    committed = {todo[p]: (None if out_row is None else out_row)
+                 for p, out_row in enumerate(
+                     [None if p in fallback_plans else row(p, meta[p]["branch"])
+                      for p in range(n_p)])}
+    commit_carried(states, res, [todo[p] for p in row_plans], committed,
+                   {todo[p]: out[p] for p in range(n_p)})
+    _charge_carry(stats, states, todo)
     return out, meta
+
+
+def _charge_carry(stats, states, todo):
+    """The seconds of carrying the step's state (commit programs), split over its plans."""
+    secs = states.take_seconds()
+    for i in todo:
+        stats.add("seconds", i, secs / len(todo))
 
 
 def _r(x):

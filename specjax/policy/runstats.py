@@ -31,6 +31,7 @@ _FIELDS = {
     "fallbacks": lambda k, g: (),         # steps committed by fallback (verifier alone)
     # the itemised cost (SPEC §7; `specjax.metrics.itemised_cost` prices these)
     "verifier_calls": lambda k, g: (),    # verifier forward calls of rounds and fallbacks
+    "verifier_tokens": lambda k, g: (),   # drafts scored by those calls (γ·S per round)
     "verifier_prefills": lambda k, g: (), # verifier prompt prefills
     "drafter_tokens": lambda k, g: (k,),  # tokens drafted (γ per round taken part in)
     "drafter_prefills": lambda k, g: (k,),
@@ -120,7 +121,11 @@ class RunStats:
     def add_engine(self, counters, row: int, plan: int) -> None:
         """Adds one engine row's counters (numpy arrays, K drafters) to plan `plan`."""
         for name in ENGINE_FIELDS:
-            self.counts[name][plan] += np.asarray(getattr(counters, name)[row])
+            x = np.asarray(getattr(counters, name)[row])
+            want = self.counts[name].shape[1:]
+            if x.shape != want:   # per-position counters of a call with a shorter window
+                x = np.pad(x, [(0, w - n) for n, w in zip(x.shape, want)])
+            self.counts[name][plan] += x
 
     def per_plan(self) -> dict:
         """JSON-ready per-plan counters (lists), for bootstrap intervals over plans."""

@@ -121,8 +121,8 @@ def plan_prompts(config) -> tuple[list[str], list[str]]:
     return [p["prompt"] for p in picked], [p["id"] for p in picked]
 
 
-GRID_AXES = ("gamma", "verifier_temperature", "drafter_temperature", "policy", "rule",
-             "pairing", "seed")
+GRID_AXES = ("gamma", "verifier_temperature", "drafter_temperature", "drafter_gamma",
+             "policy", "rule", "pairing", "seed")
 MAX_SEED = 2**31 - 1
 
 
@@ -176,6 +176,11 @@ def validate(config) -> dict | None:
     for t in list(grid.get("drafter_temperature", [None])):
         check(t is None or (_is_number(t) and t >= 0), "grid.drafter_temperature", t,
               "None (each drafter's default) or finite numbers >= 0")
+    for g in list(grid.get("drafter_gamma", [None])):
+        check(g is None or (isinstance(g, (list, tuple)) and len(g) >= 1 and all(
+            x is None or (_is_int(x) and x >= 1) for x in g)), "grid.drafter_gamma", g,
+              "None (every drafter at grid.gamma) or a list of one γ_i per drafter of the "
+              "pairing (integers >= 1, or None for grid.gamma)")
     for seed in list(grid.get("seed", [0])):
         check(_is_int(seed) and 0 <= seed <= MAX_SEED, "grid.seed", seed,
               f"integers in [0, {MAX_SEED}]")
@@ -236,6 +241,12 @@ def _cell_deployment(config, cell):
     t = cell.get("drafter_temperature")
     if t is not None:
         dep = dep.with_temperatures([t] * len(dep.drafters))
+    g = cell.get("drafter_gamma")
+    if g is not None:
+        if len(g) != len(dep.drafters):
+            raise ConfigError.invalid("grid.drafter_gamma", list(g),
+                                      f"one γ_i per drafter of the pairing {list(dep.names)}")
+        dep = dep.with_gammas(list(g))
     return dep
 
 
@@ -317,10 +328,9 @@ def oracle_drafters(dep, domains) -> list[int]:
 def plans(config, cell: dict, workdir: Path) -> dict:
     """One cell: the plan prompts under the cell's policy, with baselines and SPEC §7 figures.
 
-    Identical engine calls of the run's cells (under the coupled rule every policy commits
-    the same text, so many calls repeat) are computed once per process
-    (`specjax.policy.plan.shared_calls`); each cell is charged the measured seconds of every
-    call it needs.
+    The KL check on a prefix, identical across the run's cells, is computed once per process
+    (`specjax.policy.plan.shared_calls`); each cell is charged its measured seconds. Engine
+    calls continue each plan's carried state (`specjax.policy.carry`) and run per cell.
     """
     enable_shared_calls()
     dep = _cell_deployment(config, cell)
@@ -364,6 +374,7 @@ def plans(config, cell: dict, workdir: Path) -> dict:
     row["baselines"] = {"single": base["single"], "autoregressive": base["autoregressive"]}
     row["drafter_costs"] = {d.name: d.cost for d in dep.drafters}
     row["drafter_temperatures"] = {d.name: d.temperature for d in dep.drafters}
+    row["drafter_gammas"] = {d.name: d.gamma or pcfg.gamma for d in dep.drafters}
     row["branch_records"] = stats.branch_records
     row["step_records"] = stats.step_records
     if stats.routes:
@@ -415,6 +426,7 @@ def plans_defaults():
     #                                   and the committed step is the verifier's own sample;
     #                                   'default': independent noise, switch 2 picks the rule
     c.grid.drafter_temperature = [None]  # None = each drafter's default (code 1.0, prose 1.0, reasoning 1.3)
+    c.grid.drafter_gamma = [None]     # None = grid.gamma for all; or one γ_i per drafter (one-chain rows)
     c.grid.pairing = [("code", "prose", "reasoning")]  # which drafters take part
     c.grid.seed = [0]                 # PRNG seed
     return c

@@ -44,7 +44,8 @@ REPORT_NAME = "report.md"
 PLOTS_DIR = "plots"
 
 # Grid axes shown first in the tables, in this order, then any other axis.
-AXES = ("gamma", "drafter_temperature", "verifier_temperature", "pairing", "policy", "seed")
+AXES = ("gamma", "drafter_temperature", "drafter_gamma", "verifier_temperature", "pairing",
+        "policy", "seed")
 # SPEC §7 metric columns, in table order, with their table headers.
 METRICS = {
     "acceptance": "α per drafter",

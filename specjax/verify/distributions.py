@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax import debug
+from specjax.engine.streams import argmax_first, categorical_data, key_data
 
 _NEG_INF = -jnp.inf
 
@@ -34,7 +35,9 @@ def sampling_probs(logits: jax.Array, temperature, *, top_k: int = 0, top_p: flo
     if mask is not None:
         logits = jnp.where(mask, logits, _NEG_INF)
     temperature = jnp.asarray(temperature, jnp.float32)
-    greedy = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    # one_hot(argmax) (ties → lowest id), with the cheaper exact argmax of streams.
+    iota = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    greedy = (iota == argmax_first(logits)[..., None]).astype(jnp.float32)
     scaled = logits / jnp.maximum(temperature, 1e-6)
     if top_k and top_k < logits.shape[-1]:
         kth = jax.lax.top_k(scaled, top_k)[0][..., -1:]
@@ -55,8 +58,11 @@ def sampling_probs(logits: jax.Array, temperature, *, top_k: int = 0, top_p: flo
 
 
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
-    """One token from each row of `probs` f32[..., V] → i32[...] (zero-probability ids never)."""
-    return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)
+    """One token from each row of `probs` f32[..., V] → i32[...] (zero-probability ids never).
+
+    `jax.random.categorical(key, log probs)` bit for bit, through the engine's unrolled
+    threefry (`specjax.engine.streams`): no PRNG loop on XLA:CPU."""
+    return categorical_data(key_data(key), jnp.log(probs))
 
 
 def residual(p: jax.Array, q: jax.Array) -> jax.Array:
@@ -96,4 +102,4 @@ def to_verifier_space(q_drafter: jax.Array, drafter_to_verifier: jax.Array,
 
 def gumbel_argmax(probs: jax.Array, gumbel: jax.Array) -> jax.Array:
     """Gumbel-max sample `argmax(log probs + g)` (rule 4, coupled); exact sample of `probs`."""
-    return jnp.argmax(jnp.log(probs) + gumbel, axis=-1).astype(jnp.int32)
+    return argmax_first(jnp.log(probs) + gumbel)

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax import debug
+from specjax.engine.streams import gumbel_data, key_data, split_data, uniform_data
 from specjax.verify.distributions import accept_test, gumbel_argmax, residual, sample
 
 RULES = ("rejection", "token_tree", "shared_block", "coupled", "coupled_block")
@@ -139,9 +140,10 @@ def shared_block(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     """
     _check(p_root, p_nodes, q, drafts, active)
     s, gamma, _ = q.shape
-    k_u, k_tok = jax.random.split(key)
+    # jax.random.split / uniform / categorical, bit for bit (specjax.engine.streams).
+    k_u, k_tok = split_data(key_data(key), 2)
     p_before = _p_before(p_root, p_nodes)
-    first = _own_tests(jax.random.uniform(k_u, (s, gamma)), p_before, q, drafts, active)
+    first = _own_tests(uniform_data(k_u, (s, gamma)), p_before, q, drafts, active)
     primary = jnp.argmax(active)
     cut = jnp.min(first)
     others_later = jnp.all(jnp.where(jnp.arange(s) == primary, True, first > cut))
@@ -193,9 +195,11 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     """
     _check(p_root, p_nodes, q, drafts, active)
     s, gamma, v = q.shape
-    k_u, k_own, k_tok = jax.random.split(key, 3)
-    u = jax.random.uniform(k_u, (gamma, s))
-    tok_keys = jax.random.split(k_tok, gamma + 1)
+    # jax.random.split / uniform / categorical, bit for bit (specjax.engine.streams); the
+    # Gumbel noise of every depth's sample (keys split from k_tok) drawn at once.
+    k_u, k_own, k_tok = split_data(key_data(key), 3)
+    u = uniform_data(k_u, (gamma, s))
+    tok_noise = gumbel_data(split_data(k_tok, gamma + 1), (v,))       # f32[γ+1, V]
     p_before = _p_before(p_root, p_nodes)
 
     def depth(carry, d):
@@ -215,10 +219,10 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
             return (r, found | hit, jnp.where(hit, k, slot), rej_k), None
 
         (r, found, slot, rej), _ = jax.lax.scan(
-                child, (r0, jnp.array(False), jnp.int32(0), rej), jnp.arange(s))
+                child, (r0, jnp.array(False), jnp.int32(0), rej), jnp.arange(s), unroll=True)
         x = drafts[slot, d]
         stop_here = ~done & ~found
-        final = sample(tok_keys[d], r)
+        final = gumbel_argmax(r, tok_noise[d])
         tokens = tokens.at[d].set(jnp.where(done, tokens[d], jnp.where(found, x, final)))
         path_slot = path_slot.at[d].set(jnp.where(found & ~done, slot, path_slot[d]))
         acc = acc.at[slot].add((found & ~done).astype(jnp.int32))
@@ -239,11 +243,13 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
                     jnp.zeros((gamma + 1,), jnp.int32), jnp.zeros((gamma,), jnp.int32),
                     jnp.zeros((s,), jnp.int32), jnp.zeros((s,), jnp.int32),
                     jnp.full((s,), gamma, jnp.int32), jnp.full((s,), gamma, jnp.int32))
+    # Both loops unrolled (S and γ are small and static): a rolled loop costs XLA:CPU
+    # copies of its state and a few thunks per trip, every round.
     (done, n, cur, _, tokens, path_slot, acc, rej, cut_at, pruned_at), _ = jax.lax.scan(
-            depth, init, jnp.arange(gamma))
-    bonus = sample(tok_keys[gamma], p_nodes[cur, gamma - 1])
+            depth, init, jnp.arange(gamma), unroll=True)
+    bonus = gumbel_argmax(p_nodes[cur, gamma - 1], tok_noise[gamma])
     tokens = tokens.at[gamma].set(jnp.where(done, 0, bonus))
-    first = _own_tests(jax.random.uniform(k_own, (s, gamma)), p_before, q, drafts,
+    first = _own_tests(uniform_data(k_own, (s, gamma)), p_before, q, drafts,
                        active).astype(jnp.int32)
     return Verdict(n=n, tokens=tokens, path_slot=path_slot, accepted=acc, rejected=rej,
                    matched=jnp.where(active, _matched(drafts, tokens, n), 0),
@@ -296,7 +302,7 @@ def _coupled(gumbel, p_root, p_nodes, q, drafts, active, key, shared_block: bool
     if key is None:
         own = match
     else:
-        own = _own_tests(jax.random.uniform(key, (s, gamma)), p_before, q, drafts,
+        own = _own_tests(uniform_data(key_data(key), (s, gamma)), p_before, q, drafts,
                          active).astype(jnp.int32)
     if shared_block:
         cut_at = _block_cut(active, n, gamma)

@@ -1,0 +1,237 @@
+"""Static vs continuous batching on the zoo, on a ragged workload.
+
+  python experiments/benchmark_batching.py --out runs/benchmark_batching   # B = 8, 32
+  python experiments/benchmark_batching.py --batches 8 --n_prompts 24 --chunks 8,16,32
+
+Workload: the shipped plan prompts (`specjax.data.load_prompts`, cycled to `--n_prompts`)
+with per-prompt budgets drawn uniformly from [--new_tokens_min, --new_tokens_max] (fixed
+seed) and, with --stop, the verifier's newline tokens as stop tokens: prompts end at very
+different lengths. For the verifier alone (AR) and for speculative decoding (--drafter,
+γ = --gamma, rule --rule), at every batch size B:
+
+  * static: the queue cut into batches of B in order, each one `autoregressive_generate` /
+    `speculative_generate` call running to its slowest row (budget: the batch's largest;
+    every batch padded to B rows and one set of shapes, so one compiled program);
+  * continuous: `specjax.engine.batching.continuous_generate` at each chunk size (rounds
+    per chunk; tokens for AR).
+
+Reported: useful tokens (committed within each prompt's budget, stop token included) per
+second of compiled execution (compilation and transfers excluded; every program is run
+once as a discarded warm-up, since XLA:CPU's first execution is slower) and per second of
+wall clock (host work and transfers included), continuous / static, chunks, refills and
+the refills' share of the continuous seconds (prefill of the padded prompts: on a CPU a
+large part of a short-answer workload), and whether each prompt's tokens equal its static
+tokens. Medians of --repeats; the machine's load average is printed and stored (timings
+on a shared machine move by tens of percent). Prints a table and writes
+benchmark_batching.json; `measure` is the programmatic entry.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from specjax.data import load_prompts  # noqa: E402
+from specjax.engine.batching import continuous_generate  # noqa: E402
+from specjax.engine.deployment import from_zoo  # noqa: E402
+from specjax.engine.generate import (autoregressive_generate, row_keys_for,  # noqa: E402
+                                     speculative_generate)
+from specjax.engine.spec import EngineConfig  # noqa: E402
+from specjax.models.zoo import load_zoo  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out", "runs/benchmark_batching", "output directory "
+                    "(benchmark_batching.json)")
+flags.DEFINE_list("batches", ["8", "32"], "batch sizes B (rows)")
+flags.DEFINE_integer("n_prompts", 96, "prompts in the queue (the shipped ones, cycled)")
+flags.DEFINE_list("chunks", ["4", "8", "16"], "continuous batching chunk sizes (rounds "
+                  "per chunk: tokens for AR)")
+flags.DEFINE_integer("new_tokens_min", 16, "smallest per-prompt budget")
+flags.DEFINE_integer("new_tokens_max", 64, "largest per-prompt budget")
+flags.DEFINE_bool("stop", True, "stop prompts at the verifier's newline tokens")
+flags.DEFINE_list("modes", ["ar", "spec"], "ar: the verifier alone; spec: speculative")
+flags.DEFINE_string("drafter", "code", "the speculative mode's drafter")
+flags.DEFINE_integer("gamma", 4, "γ of the speculative mode")
+flags.DEFINE_string("rule", "rejection", "verification rule (EngineConfig's default)")
+flags.DEFINE_float("verifier_temperature", 1.0, "τ of the verifier")
+flags.DEFINE_integer("repeats", 3, "timed repeats per measurement (median), after a "
+                     "warm-up")
+flags.DEFINE_integer("bucket", 8, "prompt widths are padded to a multiple of this (both "
+                     "methods pad to the queue's widest prompt, one set of shapes; attention "
+                     "reads every cache slot, so a wide bucket slows prefill and decoding)")
+flags.DEFINE_integer("seed", 0, "budgets and row keys")
+flags.DEFINE_string("zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped specjax/zoo)")
+
+
+def workload(n_prompts: int, new_tokens, seed: int = 0) -> tuple[list[str], np.ndarray]:
+    """The queue: shipped prompts cycled to `n_prompts`, and their budgets (an int, or a
+    (lo, hi) range drawn from uniformly with `seed`)."""
+    texts = [p["prompt"] for p in load_prompts()]
+    texts = [texts[i % len(texts)] for i in range(n_prompts)]
+    if isinstance(new_tokens, int):
+        return texts, np.full((n_prompts,), new_tokens, np.int64)
+    lo, hi = new_tokens
+    return texts, np.random.default_rng(seed).integers(lo, hi + 1, n_prompts)
+
+
+def _static(dep, cfg, spec: bool, v, d, budgets, keys, batch: int, bucket: int, stop):
+    """The queue in static batches of `batch` rows: (per-prompt tokens within budget,
+    seconds of compiled execution, wall seconds)."""
+    n = len(v)
+    width = max(map(len, v))
+    d_width = [max(map(len, dk)) for dk in d]
+    top = int(budgets.max())
+    out, seconds = [None] * n, 0.0
+    t0 = time.perf_counter()
+    for lo in range(0, n, batch):
+        rows = [min(i, n - 1) for i in range(lo, lo + batch)]   # the last batch padded
+        b = int(budgets[rows].max())
+        kw = dict(stop_table=stop, bucket=bucket, min_width=width, reserve=top - b)
+        if spec:
+            res = speculative_generate(
+                EngineConfig(gamma=cfg.gamma, rule=cfg.rule, max_new_tokens=b,
+                             verifier_temperature=cfg.verifier_temperature),
+                dep.verifier, dep.v_params, dep.drafters, dep.d_data, [v[i] for i in rows],
+                [[dk[i] for i in rows] for dk in d], keys[rows],
+                drafter_min_width=d_width, **kw)
+        else:
+            res = autoregressive_generate(dep.verifier, dep.v_params, [v[i] for i in rows],
+                                          keys[rows], temperature=cfg.verifier_temperature,
+                                          max_new_tokens=b, **kw)
+        seconds += res.seconds
+        for j, i in enumerate(rows[:n - lo]):
+            out[i] = res.new_tokens(j)[:int(budgets[i])]
+    return out, seconds, time.perf_counter() - t0
+
+
+def measure(zoo, *, batch: int, n_prompts: int, chunk=(4, 8, 16), new_tokens=(16, 64),
+            gamma: int = 4, drafter: str | None = "code", rule: str = "rejection",
+            stop: bool = True, verifier_temperature: float = 1.0, repeats: int = 3,
+            bucket: int = 8, seed: int = 0) -> dict:
+    """Static vs continuous batching of one ragged queue at batch size `batch`.
+
+    Args:
+      zoo: a loaded `specjax.models.zoo.Zoo`.
+      batch: B, rows. n_prompts: queue length.
+      chunk: continuous batching chunk size(s), in rounds (verifier calls) per chunk.
+      new_tokens: per-prompt budget, an int or a (lo, hi) range (drawn with `seed`).
+      gamma / drafter / rule: the speculative mode; `drafter=None`: the verifier alone.
+      stop: stop at the verifier's newline tokens.
+      repeats: timed runs per measurement (median), after one discarded warm-up.
+
+    Returns:
+      dict with the workload, `static` and `continuous` (one entry per chunk): useful
+      tokens, seconds (compiled execution) and wall seconds, tokens/s of each, the ratio
+      to static, chunks / refills, and `same_tokens` (prompts whose tokens equal static's).
+    """
+    chunks = [int(chunk)] if isinstance(chunk, (int, np.integer)) else [int(c) for c in chunk]
+    spec = drafter is not None
+    dep = from_zoo(zoo, names=[drafter] if spec else zoo.names[:1])
+    texts, budgets = workload(n_prompts, new_tokens, seed)
+    v = [dep.encode(t) for t in texts]
+    d = [[enc(t) for t in texts] for enc in dep.drafter_encode] if spec else []
+    keys = row_keys_for(seed, n_prompts, stream="batching")
+    stop_table = dep.stop_table if stop else None
+    cfg = EngineConfig(gamma=gamma, rule=rule, verifier_temperature=verifier_temperature,
+                       max_new_tokens=int(budgets.max()))
+
+    def timed(run):
+        run()                                              # warm-up (and compilation)
+        return [run() for _ in range(max(1, repeats))]
+
+    s_runs = timed(lambda: _static(dep, cfg, spec, v, d, budgets, keys, batch, bucket,
+                                   stop_table))
+    s_tokens = s_runs[0][0]
+    s_sec = statistics.median(r[1] for r in s_runs)
+    s_wall = statistics.median(r[2] for r in s_runs)
+    useful = int(sum(len(t) for t in s_tokens))
+    static = dict(useful_tokens=useful, seconds=s_sec, wall_seconds=s_wall,
+                  tokens_per_s=useful / s_sec, wall_tokens_per_s=useful / s_wall,
+                  batches=-(-n_prompts // batch))
+    conts = []
+    for c in chunks:
+        kw = dict(batch=batch, chunk=c, max_new_tokens=budgets, stop_table=stop_table,
+                  bucket=bucket)
+        if spec:
+            kw.update(drafters=dep.drafters, d_data=dep.d_data, drafter_prompts=d)
+        runs = timed(lambda kw=kw: continuous_generate(cfg, dep.verifier, dep.v_params, v,
+                                                       keys, **kw))
+        res = runs[0]
+        sec = statistics.median(r.seconds for r in runs)
+        refill = statistics.median(r.refill_seconds for r in runs)
+        wall = statistics.median(r.wall_seconds for r in runs)
+        got = int(res.committed.sum())
+        entry = dict(chunk=c, useful_tokens=got, seconds=sec, wall_seconds=wall,
+                     refill_seconds=refill, refill_share=refill / sec,
+                     tokens_per_s=got / sec, wall_tokens_per_s=got / wall,
+                     speedup=(got / sec) / static["tokens_per_s"],
+                     wall_speedup=(got / wall) / static["wall_tokens_per_s"],
+                     chunks=res.chunks, refills=res.refills, programs=res.programs,
+                     same_tokens=int(sum(a == b for a, b in zip(res.tokens, s_tokens))))
+        if spec:
+            entry.update(acceptance=float(res.accepted.sum() / max(res.proposed.sum(), 1)),
+                         tokens_per_round=float(res.committed.sum() / max(res.rounds.sum(), 1)))
+        conts.append(entry)
+    return dict(mode="spec" if spec else "ar", drafter=drafter, gamma=gamma if spec else None,
+                rule=rule if spec else None, batch=batch, n_prompts=n_prompts,
+                new_tokens=list(new_tokens) if not isinstance(new_tokens, int) else new_tokens,
+                stop=stop, budgets_total=int(budgets.sum()),
+                mean_prompt_tokens=float(np.mean([len(x) for x in v])),
+                static=static, continuous=conts,
+                load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
+
+
+def main(argv):
+    del argv
+    zoo = load_zoo(FLAGS.zoo)
+    out = Path(FLAGS.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"devices: {jax.devices()}  load average: {os.getloadavg()}", flush=True)
+    results = []
+    for mode in FLAGS.modes:
+        for b in (int(x) for x in FLAGS.batches):
+            r = measure(zoo, batch=b, n_prompts=FLAGS.n_prompts,
+                        chunk=[int(c) for c in FLAGS.chunks],
+                        new_tokens=(FLAGS.new_tokens_min, FLAGS.new_tokens_max),
+                        gamma=FLAGS.gamma, drafter=FLAGS.drafter if mode == "spec" else None,
+                        rule=FLAGS.rule, stop=FLAGS.stop,
+                        verifier_temperature=FLAGS.verifier_temperature,
+                        repeats=FLAGS.repeats, bucket=FLAGS.bucket, seed=FLAGS.seed)
+            results.append(r)
+            print(f"{mode} B={b}: done (load average {os.getloadavg()})", flush=True)
+    print(f"\n{'mode':4} {'B':>3} {'method':>10} {'useful':>7} {'tok/s':>8} {'wall tok/s':>10} "
+          f"{'x static':>8} {'x wall':>6} {'chunks':>6} {'refills':>7} {'refill %':>8} {'same':>5}")
+    for r in results:
+        s = r["static"]
+        print(f"{r['mode']:4} {r['batch']:3d} {'static':>10} {s['useful_tokens']:7d} "
+              f"{s['tokens_per_s']:8.1f} {s['wall_tokens_per_s']:10.1f} {1:8.2f} {1:6.2f} "
+              f"{s['batches']:6d} {'':>7} {'':>8} {'':>5}")
+        for c in r["continuous"]:
+            print(f"{r['mode']:4} {r['batch']:3d} {'chunk ' + str(c['chunk']):>10} "
+                  f"{c['useful_tokens']:7d} {c['tokens_per_s']:8.1f} "
+                  f"{c['wall_tokens_per_s']:10.1f} {c['speedup']:8.2f} "
+                  f"{c['wall_speedup']:6.2f} {c['chunks']:6d} {c['refills']:7d} "
+                  f"{100 * c['refill_share']:8.0f} {c['same_tokens']:2d}/{r['n_prompts']}")
+    result = {"results": results, "devices": [str(dv) for dv in jax.devices()],
+              "jax": jax.__version__, "flags": {k: FLAGS[k].value for k in (
+                  "batches", "n_prompts", "chunks", "new_tokens_min", "new_tokens_max",
+                  "stop", "modes", "drafter", "gamma", "rule", "verifier_temperature",
+                  "repeats", "bucket", "seed")},
+              "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    tmp = out / "benchmark_batching.json.tmp"
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, out / "benchmark_batching.json")
+    print(f"wrote {out / 'benchmark_batching.json'}")
+
+
+if __name__ == "__main__":
+    app.run(main)

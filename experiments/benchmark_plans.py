@@ -1,0 +1,191 @@
+r"""Plan-runner wall clock against the cost model's prediction: are its ratios real here?
+
+  python experiments/benchmark_plans.py --out runs/benchmark_plans
+  python experiments/benchmark_plans.py --plans_per_domain 2 --plan_steps 2 --repeats 1
+
+The runner reports throughput as tokens per unit of modelled cost (`metrics.itemised_cost`,
+in verifier calls: SPEC §7). This script runs the plan runner on the shipped zoo for the
+verifier alone, the best single drafter, `naive`, `all_on` and `auto` (coupled rule, τ_v 1,
+the runner's defaults), each warm (its programs compiled by a discarded first run; no
+shared-call memo), and records per run:
+
+  * wall: seconds of `run_plans` as a user sees them (host work included: tokenisation,
+    the step decision, consensus, journaling-free);
+  * engine: the compiled programs' seconds (`RunStats.seconds`, what the runner charges);
+  * cost: the itemised modelled cost, and its items.
+
+One constant converts cost to seconds: the verifier alone's wall seconds per unit of cost
+(its cost is verifier calls + prefills, the model's unit). Every other run's prediction is
+cost × that constant; `predicted / wall` within [0.8, 1.25] means the model's ratios hold on
+this machine. The same with the machine's own prices (`machine / wall`): drafter tokens at
+the measured T_draft / T_step, and every draft the verifier scores at the measured
+(T_score / T_step − 1) / γ (`itemised_cost(score_cost=...)`; the seed's model scores them
+free, as a memory-bound accelerator does). The engine seconds per modelled verifier call of each run say where it does
+not: the model prices a speculative round like one autoregressive step. Prints a table, writes
+``benchmark_plans.json``; `measure` is what `experiments/benchmark.py --plans` calls.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags():
+    flags.DEFINE_string("out", "runs/benchmark_plans", "output directory")
+    flags.DEFINE_integer("plans_per_domain", 2, "plan prompts per domain (code, prose, reasoning)")
+    flags.DEFINE_integer("plan_steps", 4, "steps per plan")
+    flags.DEFINE_integer("max_step_tokens", 32, "token budget of a step")
+    flags.DEFINE_integer("gamma", 4, "γ")
+    flags.DEFINE_integer("repeats", 2, "timed runs per policy (median), after one warm-up")
+    flags.DEFINE_string("zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped zoo)")
+
+
+RUNS = ("verifier", "single", "naive", "all_on", "auto")
+
+
+def _run(dep, pcfg, prompts, which, costs, best):
+    from specjax.policy.auto import AutoRouter  # pylint: disable=import-outside-toplevel
+    from specjax.policy.plan import run_plans  # pylint: disable=import-outside-toplevel
+    from specjax.policy.switches import Policy  # pylint: disable=import-outside-toplevel
+    if which == "verifier":
+        kw = {}
+    elif which == "single":
+        kw = dict(single=best)
+    elif which == "auto":
+        kw = dict(router=AutoRouter(costs, pcfg.gamma, seed=pcfg.seed))
+    else:
+        kw = dict(policy=Policy.from_name(which))
+    t0 = time.perf_counter()
+    _, stats = run_plans(dep, pcfg, prompts, **kw)
+    return time.perf_counter() - t0, stats
+
+
+def measure(zoo=None, *, plans_per_domain=2, plan_steps=4, max_step_tokens=32, gamma=4,
+            repeats=2, runs=RUNS) -> dict:
+    """Wall clock, engine seconds and modelled cost of each run (see the module docstring)."""
+    from specjax import metrics  # pylint: disable=import-outside-toplevel
+    from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
+    from specjax.engine.deployment import from_zoo  # pylint: disable=import-outside-toplevel
+    from specjax.models.zoo import load_zoo  # pylint: disable=import-outside-toplevel
+    from specjax.policy.plan import PlanConfig  # pylint: disable=import-outside-toplevel
+    from specjax.metrics import COST_ITEMS  # pylint: disable=import-outside-toplevel
+
+    zoo = load_zoo(zoo) if zoo is None or isinstance(zoo, (str, os.PathLike)) else zoo
+    dep = from_zoo(zoo)
+    costs = [d.cost for d in dep.drafters]
+    by_domain = {}
+    for p in load_prompts():
+        by_domain.setdefault(p["domain"], []).append(p["prompt"])
+    prompts = [t for dom in sorted(by_domain) for t in by_domain[dom][:plans_per_domain]]
+    pcfg = PlanConfig(gamma=gamma, verifier_temperature=1.0, plan_steps=plan_steps,
+                      max_step_tokens=max_step_tokens, rule="coupled")
+    best = int(np.argmin([c for c in costs]))  # the cheapest drafter of the zoo: code
+    out = {}
+    for which in runs:
+        walls, engines = [], []
+        stats = None
+        for i in range(repeats + 1):                      # the first run compiles
+            wall, stats = _run(dep, pcfg, prompts, which, costs, best)
+            if i:
+                walls.append(wall)
+                engines.append(float(stats.counts["seconds"].sum()))
+        counts = {n: stats.counts[n].sum(0) for n in COST_ITEMS}
+        items = metrics.itemised_cost(counts, costs, pcfg.consensus_cost)
+        out[which] = dict(wall_s=statistics.median(walls), engine_s=statistics.median(engines),
+                          tokens=int(stats.counts["tokens"].sum()),
+                          cost=float(items["total"]),
+                          items={n: float(items[n]) for n in COST_ITEMS},
+                          counts={n: np.asarray(counts[n]).tolist() for n in COST_ITEMS})
+        print(f"{which:9s} wall {out[which]['wall_s']:7.3f} s  engine "
+              f"{out[which]['engine_s']:7.3f} s  cost {out[which]['cost']:8.1f}  tokens "
+              f"{out[which]['tokens']}", flush=True)
+    # The machine's prices, measured at the runs' shapes: a drafter token is T_draft / T_step
+    # verifier calls, a scored draft (T_score − T_step) / (γ · T_step).
+    from timing import time_forward  # pylint: disable=import-outside-toplevel
+    rows = 1 << max(len(prompts) - 1, 0).bit_length()
+    width = max(len(dep.encode(t)) for t in prompts)
+    cap = width + plan_steps * max_step_tokens + len(dep.drafters) * gamma + 1
+    ctx = width + plan_steps * max_step_tokens // 2
+    t_step = time_forward(dep.verifier, dep.v_params, rows, 1, ctx, cap)
+    t_score = time_forward(dep.verifier, dep.v_params, rows, gamma + 1, ctx, cap)
+    score_cost = max(t_score / t_step - 1.0, 0.0) / gamma
+    c_measured = [time_forward(d.lm, dd.params, rows, 1, ctx, min(d.lm.max_len, cap)) / t_step
+                  for d, dd in zip(dep.drafters, dep.d_data)]
+    unit = out["verifier"]["wall_s"] / out["verifier"]["cost"]
+    for r in out.values():
+        r["predicted_s"] = r["cost"] * unit
+        r["predicted_over_wall"] = r["predicted_s"] / r["wall_s"]
+        r["tokens_per_wall_s"] = r["tokens"] / r["wall_s"]
+        r["tokens_per_cost"] = r["tokens"] / r["cost"]
+        r["cost_machine"] = float(metrics.itemised_cost(
+            {n: np.asarray(v) for n, v in r["counts"].items()}, c_measured,
+            pcfg.consensus_cost, score_cost=score_cost)["total"])
+    unit_m = out["verifier"]["wall_s"] / out["verifier"]["cost_machine"]
+    for r in out.values():
+        r["predicted_machine_s"] = r["cost_machine"] * unit_m
+        r["predicted_machine_over_wall"] = r["predicted_machine_s"] / r["wall_s"]
+    for r in out.values():
+        calls = r["counts"]["verifier_calls"]
+        r["engine_ms_per_verifier_call"] = 1e3 * r["engine_s"] / max(calls, 1)
+    return {"runs": out, "seconds_per_cost_unit": unit, "t_step": t_step, "t_score": t_score,
+            "score_cost": score_cost, "c_model": costs, "c_measured": c_measured,
+            "plans": len(prompts), "plan_steps": plan_steps, "max_step_tokens": max_step_tokens,
+            "gamma": gamma, "repeats": repeats, "load_average": list(os.getloadavg())}
+
+
+def print_result(res: dict) -> None:
+    print(f"\nplan runner, {res['plans']} plans x {res['plan_steps']} steps x ≤ "
+          f"{res['max_step_tokens']} tokens, γ {res['gamma']}; one cost unit = "
+          f"{1e3 * res['seconds_per_cost_unit']:.3f} ms (the verifier alone's wall / cost); "
+          f"load {res['load_average'][0]:.1f}")
+    print(f"machine prices: T_step {1e3 * res['t_step']:.3f} ms, T_score "
+          f"{1e3 * res['t_score']:.3f} ms → score_cost {res['score_cost']:.3f} per draft "
+          f"scored; c measured {[round(c, 3) for c in res['c_measured']]} (model "
+          f"{[round(c, 3) for c in res['c_model']]})")
+    print(f"{'run':9s} {'wall s':>7s} {'engine s':>8s} {'host %':>6s} {'cost':>8s} "
+          f"{'predicted s':>11s} {'pred/wall':>9s} {'machine/wall':>12s} {'tok/wall-s':>10s} "
+          f"{'tok/cost':>8s}")
+    for w, r in res["runs"].items():
+        print(f"{w:9s} {r['wall_s']:7.3f} {r['engine_s']:8.3f} "
+              f"{100 * (1 - r['engine_s'] / r['wall_s']):6.1f} {r['cost']:8.1f} "
+              f"{r['predicted_s']:11.3f} {r['predicted_over_wall']:9.2f} "
+              f"{r['predicted_machine_over_wall']:12.2f} "
+              f"{r['tokens_per_wall_s']:10.1f} {r['tokens_per_cost']:8.3f}")
+    ratios = {w: (r["tokens_per_wall_s"] / res["runs"]["single"]["tokens_per_wall_s"],
+                  r["tokens_per_cost"] / res["runs"]["single"]["tokens_per_cost"])
+              for w, r in res["runs"].items() if "single" in res["runs"]}
+    if ratios:
+        print("throughput vs the single drafter, wall clock / cost model: " + ", ".join(
+            f"{w} {a:.2f}/{b:.2f}" for w, (a, b) in ratios.items()))
+    print("engine ms per modelled verifier call (the model prices every call alike): " +
+          ", ".join(f"{w} {r['engine_ms_per_verifier_call']:.3f}"
+                    for w, r in res["runs"].items()))
+
+
+def main(argv):
+    del argv
+    res = measure(FLAGS.zoo, plans_per_domain=FLAGS.plans_per_domain,
+                  plan_steps=FLAGS.plan_steps, max_step_tokens=FLAGS.max_step_tokens,
+                  gamma=FLAGS.gamma, repeats=FLAGS.repeats)
+    print_result(res)
+    out = Path(FLAGS.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "benchmark_plans.json.tmp"
+    tmp.write_text(json.dumps(res, indent=1))
+    os.replace(tmp, out / "benchmark_plans.json")
+
+
+if __name__ == "__main__":
+    _define_flags()
+    app.run(main)

@@ -1,0 +1,435 @@
+"""Where a speculative round's time goes: the compiled loop against its model forwards.
+
+  python experiments/profile_round.py                                # B = 1, 8; γ = 2, 4
+  python experiments/profile_round.py --batches 1 --gammas 2 --ablate --hlo_dump /tmp/round
+  python experiments/profile_round.py --compare_with /tmp/oldtree --e2e   # paired old vs new
+  XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true \
+      python experiments/profile_round.py --batches 1 --gammas 2 --profile_dir /tmp/prof
+
+For every batch B and γ (zoo verifier, the `--drafter` drafter, rule `--rule`, verifier
+τ = `--verifier_temperature`), after a prefill and one round (`speculative_generate(...,
+return_state=True)`), it times the speculative loop alone: the rounds of a `lax.while_loop`
+over `speculative_round` until every row has `--new_tokens` more tokens, ahead-of-time
+compiled (compilation excluded; a warm-up run first), and reports
+
+  * ms per round: the loop's seconds / its iterations (minimum and median over
+    `--repeats`, and the process CPU time per round);
+  * forwards: T_score + γ·T_draft, the round's model forwards alone (the (γ+1)-token
+    verifier forward and γ one-token drafter forwards, each timed in a jitted `lax.scan`
+    at the loop's cache capacity, half filled), and the overhead, the difference; the
+    forwards are timed in the same repeats as the loops (interleaved: the machine is
+    shared, its load is printed);
+  * the loop body's HLO: instructions that run (parameters, tuples, get-tuple-elements,
+    bitcasts and constants do not) counted once (`thunks`) and times the trip counts of
+    nested loops (`run`), fusions, copies and nested while loops. Counts are a census,
+    not a cost: on XLA:CPU's thunk runtime a thunk's dispatch is well under a µs; what a
+    thunk does is what costs (a rolled PRNG loop, a variadic argmax, a weight copy).
+
+`--profile_dir` traces one run of each program with `jax.profiler` and prints the time per
+round of each thunk (with `XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true`), joined with
+the HLO's op names and grouped (prng, dot, cache write, sampling, copy). Thunks run
+concurrently on the intra-op threads, so durations overlap: read them as a ranking.
+
+`--ablate` also times variants of the round, traced from `specjax.engine.decode` with one
+part swapped out (a scratch variant, never the engine's code path): `argmax` (every
+sample and key derivation replaced by an argmax), `no_counters` (counters untouched),
+`skeleton` (the forwards, greedy drafting and cache bookkeeping only), `verifier_only`
+and `verifier_1tok` (the verifier's (γ+1)-token / one-token forward alone in the loop).
+Their differences to the full round attribute the overhead (`--variants` picks some).
+`--set_attr module.ATTR=value` times the full round traced with a package attribute set
+(scratch experiments); `--compiler_options` with per-program XLA:CPU option sets.
+
+`--compare_with DIR`: DIR holds a renamed copy of an older specjax (`DIR/specjax_old`, its
+imports rewritten, e.g. `git archive HEAD specjax | tar -x -C DIR; mv DIR/specjax
+DIR/specjax_old; sed -i 's/specjax\./specjax_old./g' ...`); both are timed alternately in
+this process (paired). `--e2e` adds benchmark.py's measurement per package, interleaved:
+tokens/s of whole speculative and autoregressive generate calls, spec/AR and measured /
+hardware-aware.
+"""
+from __future__ import annotations
+
+import collections
+import importlib
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from round_anatomy import loop_census, thunk_profile, variants  # noqa: E402  (experiments/)
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("batches", ["1", "8"], "batch sizes")
+flags.DEFINE_list("gammas", ["2", "4"], "γ values")
+flags.DEFINE_string("drafter", "code", "drafter (zoo name)")
+flags.DEFINE_string("rule", "rejection", "verification rule")
+flags.DEFINE_float("verifier_temperature", 1.0, "τ of the verifier")
+flags.DEFINE_integer("new_tokens", 64, "tokens per row in the timed loop")
+flags.DEFINE_integer("repeats", 5, "timed runs per program (min and median reported)")
+flags.DEFINE_integer("bucket", 64, "prompt widths are padded to a multiple of this")
+flags.DEFINE_bool("ablate", False, "also time ablated variants of the round")
+flags.DEFINE_bool("hlo", True, "count the HLO instructions of the loop body")
+flags.DEFINE_string("hlo_dump", None, "write each compiled program's HLO text here")
+flags.DEFINE_string("compare_with", None, "a directory holding specjax_old (paired timing)")
+flags.DEFINE_string("profile_dir", None, "write a jax.profiler trace of one loop run here")
+flags.DEFINE_string("out", None, "write the results as JSON here")
+flags.DEFINE_list("set_attr", [], "also time the full round traced with a module attribute "
+                  "of the package set, e.g. models.transformer.GEMV_MAX_ROWS=3 (scratch "
+                  "experiments)")
+flags.DEFINE_list("variants", [], "with --ablate: only these variants (and 'full')")
+flags.DEFINE_list("compiler_options", [], "also time the full round compiled with these "
+                  "XLA:CPU option sets (per program, `Lowered.compile(options)`): "
+                  "single_thread (no intra-op threads for dots), no_ynn (dots off YNNPACK), "
+                  "no_ynn_single_thread")
+flags.DEFINE_bool("e2e", False, "also time whole generate calls (speculative and AR, prefill "
+                  "included, as benchmark.py) per package, interleaved: spec/AR and "
+                  "measured / hardware-aware")
+
+
+_OPTION_SETS = {
+    "single_thread": {"xla_cpu_multi_thread_eigen": False},
+    "no_ynn": {"xla_cpu_experimental_ynn_fusion_type": ""},
+    "no_ynn_single_thread": {"xla_cpu_experimental_ynn_fusion_type": "",
+                             "xla_cpu_multi_thread_eigen": False},
+}
+
+
+def _round_budget(decode):
+    """The decode module's per-row budget function (`round_budget`; `_budget` before it was
+    made public), so an older package compares too."""
+    return getattr(decode, "round_budget", None) or decode._budget  # pylint: disable=protected-access
+
+
+def _load(pkg: str):
+    m = lambda name: importlib.import_module(f"{pkg}.{name}")
+    return dict(zoo=m("models.zoo"), dep=m("engine.deployment"), gen=m("engine.generate"),
+                decode=m("engine.decode"), spec=m("engine.spec"), data=m("data"),
+                api=m("models.api"), streams=m("engine.streams"),
+                rules=m("verify.rules"), dist=m("verify.distributions"), pkg=pkg)
+
+
+# ----------------------------------------------------------------------------------------
+# The timed loop
+# ----------------------------------------------------------------------------------------
+
+def _loop_fn(mods, round_fn, cfg, verifier, drafters):
+    decode = mods["decode"]
+
+    def loop(v_params, d_data, slots, stop_table, v_temperature, max_new, carry, row_keys):
+        b = carry.tokens.shape[0]
+        gamma = max(d.window(cfg.gamma) for d in drafters)
+        state = decode.DecodeState(
+            tokens=carry.tokens, length=carry.length, start=carry.length,
+            done=jnp.zeros((b,), bool), row_keys=row_keys, vcache=carry.vcache,
+            dcaches=carry.dcaches, dsynced=carry.dsynced, dlogits=carry.dlogits,
+            counters=decode.Counters.zeros(b, len(drafters), gamma))
+        state = state.replace(done=_round_budget(decode)(cfg, state, max_new, gamma) <= 0)
+
+        def body(c):
+            s, i = c
+            return round_fn(cfg, verifier, drafters, v_params, d_data, slots, stop_table, s,
+                            v_temperature=v_temperature, max_new=max_new), i + 1
+        state, iters = jax.lax.while_loop(lambda c: ~jnp.all(c[0].done), body,
+                                          (state, jnp.int32(0)))
+        return state.tokens, state.length, state.counters.rounds, iters
+    return jax.jit(loop)
+
+
+class Case:
+    """One (package, B, γ) setup: the prefilled state and the loop's arguments."""
+
+    def __init__(self, mods, full, texts, batch, gamma):
+        self.mods = mods
+        gen, spec_mod = mods["gen"], mods["spec"]
+        dep = full.subset([FLAGS.drafter])
+        self.dep = dep
+        v_prompts = [full.encode(t) for t in texts]
+        d_prompts = [[dep.drafter_encode[0](t) for t in texts]]
+        keys = gen.row_keys_for(0, batch)
+        self.cfg = spec_mod.EngineConfig(gamma=gamma, rule=FLAGS.rule,
+                                         verifier_temperature=FLAGS.verifier_temperature,
+                                         max_new_tokens=1)
+        first = gen.speculative_generate(self.cfg, dep.verifier, dep.v_params, dep.drafters,
+                                         dep.d_data, v_prompts, d_prompts, keys,
+                                         bucket=FLAGS.bucket, reserve=FLAGS.new_tokens,
+                                         return_state=True)
+        carry = first.state
+        # The drafter catches up as `_spec_from_state` does, outside the timed loop.
+        catch = jax.jit(lambda c, data: _catch_up(mods, self.cfg, dep.drafters[0].static,
+                                                  data, c))
+        carry = catch(carry, dep.d_data[0].replace(
+            temperature=jnp.float32(dep.drafters[0].temperature)))
+        self.carry = carry
+        d_data = tuple(d.replace(temperature=jnp.float32(s.temperature))
+                       for d, s in zip(dep.d_data, dep.drafters))
+        b = batch
+        self.args = (dep.v_params, d_data, jnp.zeros((b, 1), jnp.int32),
+                     jnp.asarray(dep.stop_table * False),
+                     jnp.float32(FLAGS.verifier_temperature), jnp.int32(FLAGS.new_tokens),
+                     carry, jnp.asarray(keys))
+        self.drafters = tuple(d.static for d in dep.drafters)
+        self.capacity = carry.vcache.max_len
+        self.d_capacity = carry.dcaches[0].max_len
+        self.context = int(np.mean(np.asarray(carry.length))) + FLAGS.new_tokens // 2
+        self.batch, self.gamma = batch, gamma
+        self.exes = {}
+
+    def compile(self, name, round_fn, options=None):
+        fn = _loop_fn(self.mods, round_fn, self.cfg, self.dep.verifier, self.drafters)
+        t0 = time.perf_counter()
+        exe = fn.lower(*self.args).compile(options) if options else fn.lower(*self.args).compile()
+        out = jax.block_until_ready(exe(*self.args))             # warm-up
+        self.exes[name] = (exe, int(out[3]), time.perf_counter() - t0)
+        return exe
+
+    def run(self, name):
+        """(wall seconds, process CPU seconds) per round of one run of the loop."""
+        exe, iters, _ = self.exes[name]
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = jax.block_until_ready(exe(*self.args))
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+        assert int(out[3]) == iters
+        return dt / iters, dc / iters
+
+
+def _catch_up(mods, cfg, spec, data, carry):
+    gamma = spec.window(cfg.gamma)
+
+    def behind(c):
+        return jnp.any(c[2] < carry.length)
+
+    def feed(c):
+        cache, logits, synced = c
+        cache, logits, synced, _ = mods["decode"].consume(
+            spec, data, cache, logits, carry.tokens, synced, carry.length, gamma + 1)
+        return cache, logits, synced
+    c = jax.lax.while_loop(behind, feed, (carry.dcaches[0], carry.dlogits[0], carry.dsynced[0]))
+    return carry.replace(dcaches=(c[0],), dlogits=(c[1],), dsynced=c[2][None])
+
+
+# ----------------------------------------------------------------------------------------
+# Forwards alone
+# ----------------------------------------------------------------------------------------
+
+class Forward:
+    """A `width`-token forward at batch `batch` over `context` cached tokens in a cache of
+    `capacity` slots, `reps` times in a jitted `lax.scan` (benchmark.py's measurement; the
+    state is not advanced: every rep reads the same cache)."""
+
+    def __init__(self, api, lm, params, batch, width, context, capacity, reps=32):
+        @jax.jit
+        def loop(params, cache, tokens):
+            pos = cache.length[:, None] + jnp.arange(width)[None, :]
+
+            def body(acc, i):
+                logits, _ = lm.forward(params, cache, (tokens + i) % lm.vocab_size, pos,
+                                       api.causal_block_mask(batch, width))
+                return acc + logits[:, -1, 0], None
+            return jax.lax.scan(body, jnp.zeros((batch,)), jnp.arange(reps))[0]
+
+        cache = lm.init_cache(batch, capacity)
+        cache = lm.advance(cache, jnp.full((batch,), context, jnp.int32))
+        self.args = (params, cache, jnp.ones((batch, width), jnp.int32))
+        self.exe = loop.lower(*self.args).compile()
+        jax.block_until_ready(self.exe(*self.args))
+        self.reps = reps
+
+    def run(self):
+        t0, c0 = time.perf_counter(), time.process_time()
+        jax.block_until_ready(self.exe(*self.args))
+        return ((time.perf_counter() - t0) / self.reps,
+                (time.process_time() - c0) / self.reps)
+
+
+def end_to_end(loaded, pkgs, batch, gamma, t_step, t_score, t_draft) -> list:
+    """benchmark.py's measurement for each package, interleaved: tokens/s of whole
+    `speculative_generate` and `autoregressive_generate` calls (prefill included, compiled
+    seconds only, a warm-up first, medians of `--repeats`), spec/AR and measured /
+    hardware-aware (E · T_step / (γ · T_draft + T_score), forwards of this process)."""
+    runs = {}
+    for pkg in pkgs:
+        mods, full, texts_all = loaded[pkg]
+        gen, spec_mod = mods["gen"], mods["spec"]
+        dep = full.subset([FLAGS.drafter])
+        texts = (texts_all * (batch // len(texts_all) + 1))[:batch]
+        v_prompts = [full.encode(t) for t in texts]
+        d_prompts = [[dep.drafter_encode[0](t) for t in texts]]
+        keys = gen.row_keys_for(0, batch)
+        cfg = spec_mod.EngineConfig(gamma=gamma, rule=FLAGS.rule,
+                                    verifier_temperature=FLAGS.verifier_temperature,
+                                    max_new_tokens=FLAGS.new_tokens)
+        runs[(pkg, "spec")] = lambda gen=gen, cfg=cfg, dep=dep, v=v_prompts, d=d_prompts, \
+            k=keys: gen.speculative_generate(cfg, dep.verifier, dep.v_params, dep.drafters,
+                                             dep.d_data, v, d, k, bucket=FLAGS.bucket)
+        runs[(pkg, "ar")] = lambda gen=gen, dep=dep, v=v_prompts, k=keys: \
+            gen.autoregressive_generate(dep.verifier, dep.v_params, v, k,
+                                        temperature=FLAGS.verifier_temperature,
+                                        max_new_tokens=FLAGS.new_tokens, bucket=FLAGS.bucket)
+    tps = collections.defaultdict(list)
+    counters = {}
+    for rep in range(FLAGS.repeats + 1):
+        for key, fn in runs.items():
+            res = fn()
+            if rep:
+                tps[key].append(float((res.length - res.start).sum()) / res.seconds)
+            if key[1] == "spec":
+                counters[key[0]] = res.counters
+    rows = []
+    for pkg in pkgs:
+        c = counters[pkg]
+        per_round = float(c.committed.sum() / max(c.rounds.sum(), 1))
+        alpha = float(c.own_accepted_at.sum() / max(c.own_reached_at.sum(), 1))
+        hw = per_round * t_step / (gamma * t_draft + t_score)
+        sp, ar = statistics.median(tps[(pkg, "spec")]), statistics.median(tps[(pkg, "ar")])
+        rows.append(dict(package=pkg, variant="e2e", batch=batch, gamma=gamma,
+                         spec_tokens_per_s=sp, ar_tokens_per_s=ar, spec_over_ar=sp / ar,
+                         tokens_per_round=per_round, alpha=alpha, hardware_aware=hw,
+                         measured_over_hardware_aware=sp / ar / hw))
+        print(f"  {pkg:11} e2e: AR {ar:8.1f} tok/s, spec {sp:8.1f} tok/s, spec/AR "
+              f"{sp / ar:.3f}; α {alpha:.3f}, E {per_round:.2f}, hardware-aware {hw:.3f}, "
+              f"measured/hw {sp / ar / hw:.3f}", flush=True)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------
+
+def main(argv):
+    del argv
+    pkgs = ["specjax"]
+    if FLAGS.compare_with:
+        sys.path.insert(0, FLAGS.compare_with)
+        pkgs = ["specjax_old", "specjax"]
+    loaded = {}
+    for pkg in pkgs:
+        mods = _load(pkg)
+        zoo = mods["zoo"].load_zoo()
+        full = mods["dep"].from_zoo(zoo)
+        texts_all = [p["prompt"] for p in mods["data"].load_prompts()]
+        loaded[pkg] = (mods, full, texts_all)
+    print(f"jax {jax.__version__} devices {jax.devices()} load {os.getloadavg()}", flush=True)
+    results = []
+    for batch in [int(b) for b in FLAGS.batches]:
+        for gamma in [int(g) for g in FLAGS.gammas]:
+            cases = {}
+            for pkg in pkgs:
+                mods, full, texts_all = loaded[pkg]
+                texts = (texts_all * (batch // len(texts_all) + 1))[:batch]
+                case = Case(mods, full, texts, batch, gamma)
+                vs = variants(mods) if (FLAGS.ablate and pkg == "specjax") else {
+                    "full": mods["decode"].speculative_round}
+                if FLAGS.variants:
+                    vs = {k: v for k, v in vs.items() if k == "full" or k in FLAGS.variants}
+                for name, fn in vs.items():
+                    exe = case.compile(name, fn)
+                    if name == "full" and pkg == "specjax":
+                        for oname, opts in _OPTION_SETS.items():
+                            if oname in FLAGS.compiler_options:
+                                case.compile(f"full+{oname}", fn, opts)
+                        for setting in FLAGS.set_attr:   # e.g. models.transformer.X=3
+                            path, value = setting.split("=")
+                            mod_name, attr = path.rsplit(".", 1)
+                            mod = importlib.import_module(f"{pkg}.{mod_name}")
+                            old = getattr(mod, attr)
+                            setattr(mod, attr, type(old)(value))
+                            try:
+                                case.compile(f"full[{attr}={value}]", fn)
+                            finally:
+                                setattr(mod, attr, old)
+                    if FLAGS.hlo_dump:
+                        Path(FLAGS.hlo_dump).mkdir(parents=True, exist_ok=True)
+                        (Path(FLAGS.hlo_dump) / f"{pkg}_B{batch}_g{gamma}_{name}.hlo.txt"
+                         ).write_text(exe.as_text())
+                cases[pkg] = case
+            # Forwards alone (the current package's models; identical in both).
+            mods, full, _ = loaded["specjax"]
+            case = cases["specjax"]
+            d = case.dep.drafters[0]
+            fwd = {"T_step": Forward(mods["api"], full.verifier, full.v_params, batch, 1,
+                                     case.context, case.capacity),
+                   "T_score": Forward(mods["api"], full.verifier, full.v_params, batch,
+                                      gamma + 1, case.context, case.capacity),
+                   "T_draft": Forward(mods["api"], d.lm, case.dep.d_data[0].params, batch, 1,
+                                      case.context, case.d_capacity)}
+            # Paired timing: every program once per repeat, in turn (min and median).
+            times = collections.defaultdict(list)
+            loads = []
+            for _ in range(FLAGS.repeats):
+                loads.append(os.getloadavg()[0])
+                for name, f in fwd.items():
+                    times[("fwd", name)].append(f.run())
+                for pkg, c in cases.items():
+                    for name in c.exes:
+                        times[(pkg, name)].append(c.run(name))
+            if FLAGS.profile_dir:
+                c = cases["specjax"]
+                for name in c.exes:
+                    pdir = f"{FLAGS.profile_dir}/B{batch}_g{gamma}_{name}"
+                    with jax.profiler.trace(pdir):
+                        c.run(name)
+                    exe, iters, _ = c.exes[name]
+                    print(f"  thunk profile of {name}:")
+                    thunk_profile(pdir, exe.as_text(), iters)
+            best = {k: min(w for w, _ in v) for k, v in times.items()}
+            med = {k: statistics.median(w for w, _ in v) for k, v in times.items()}
+            cpu = {k: min(c for _, c in v) for k, v in times.items()}
+            t_step, t_score, t_draft = (best[("fwd", n)] for n in ("T_step", "T_score",
+                                                                   "T_draft"))
+            forwards = t_score + gamma * t_draft
+            fmed = med[("fwd", "T_score")] + gamma * med[("fwd", "T_draft")]
+            print(f"\nB={batch} γ={gamma}: T_step {1e3 * t_step:.3f} ms, T_score "
+                  f"{1e3 * t_score:.3f} ms ({t_score / t_step:.2f}x), T_draft "
+                  f"{1e3 * t_draft:.4f} ms; forwards/round {1e3 * forwards:.3f} ms "
+                  f"(medians: T_step {1e3 * med[('fwd', 'T_step')]:.3f}, forwards "
+                  f"{1e3 * fmed:.3f}); load {np.mean(loads):.2f} "
+                  f"[{min(loads):.2f}, {max(loads):.2f}]", flush=True)
+            for (pkg, name) in times:
+                if pkg == "fwd":
+                    continue
+                exe, iters, comp_s = cases[pkg].exes[name]
+                b_, m_, c_ = best[(pkg, name)], med[(pkg, name)], cpu[(pkg, name)]
+                hlo = loop_census(exe.as_text()) if FLAGS.hlo else {}
+                row = dict(package=pkg, variant=name, batch=batch, gamma=gamma,
+                           iterations=iters, ms_per_round=1e3 * b_,
+                           ms_per_round_median=1e3 * m_, cpu_ms_per_round=1e3 * c_,
+                           t_step_ms=1e3 * t_step, t_score_ms=1e3 * t_score,
+                           t_draft_ms=1e3 * t_draft, forwards_ms=1e3 * forwards,
+                           forwards_median_ms=1e3 * fmed,
+                           overhead_ms=1e3 * (b_ - forwards),
+                           overhead_median_ms=1e3 * (m_ - fmed),
+                           load=float(np.mean(loads)), compile_s=comp_s, hlo=hlo)
+                results.append(row)
+                print(f"  {pkg:11} {name:18} {iters:3d} rounds  {1e3 * b_:7.3f} ms/round "
+                      f"(median {1e3 * m_:7.3f}, cpu {1e3 * c_:7.3f})  overhead "
+                      f"{1e3 * (b_ - forwards):7.3f} (median {1e3 * (m_ - fmed):7.3f})"
+                      f"  thunks {hlo.get('thunks', '-')} (+{hlo.get('nested_thunks', '-')} "
+                      f"in {hlo.get('while', '-')} loops; {hlo.get('executed', '-')} run) "
+                      f"fusions {hlo.get('fusion', '-')} copies {hlo.get('copy', '-')}",
+                      flush=True)
+                if hlo and name == "full":
+                    print(f"  {'':11} top ops: {hlo['top_ops']}", flush=True)
+            if FLAGS.e2e:
+                results.extend(end_to_end(loaded, pkgs, batch, gamma, t_step, t_score,
+                                          t_draft))
+            if len(pkgs) == 2:
+                a = np.array([w for w, _ in times[("specjax_old", "full")]])
+                b_ = np.array([w for w, _ in times[("specjax", "full")]])
+                print(f"  paired new/old: median ratio {np.median(b_ / a):.3f}, "
+                      f"min/min {b_.min() / a.min():.3f}", flush=True)
+    if FLAGS.out:
+        Path(FLAGS.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(FLAGS.out).write_text(json.dumps(dict(rows=results, load=os.getloadavg()),
+                                              indent=1))
+
+
+if __name__ == "__main__":
+    app.run(main)

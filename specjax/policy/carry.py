@@ -1,0 +1,278 @@
+"""Plan state carried from one step to the next: a step costs its own tokens.
+
+A plan's next step continues from where its committed step left the models: the verifier's
+KV cache already holds the committed text, so it is never prefilled again, and each
+drafter's cache holds the text up to where it last ran; a drafter behind the committed text
+(it sat out a step, or its branch lost) consumes only the new verifier tokens, γ + 1 per
+forward, at the start of its next call (`speculative_generate(state=...)`). Nothing is
+decoded to text and re-encoded between steps: the verifier continues its own token
+sequence, and drafters of another tokenizer read the new tokens through the retokenisation
+table (SPEC §3.3), as inside a step.
+
+`PlanStates` holds, for every plan of a run, the verifier's token buffer, length and cache
+(rows = plans) and, once a drafter has run for a plan, that drafter's cache, logits and
+synced length. Shapes are fixed for the run (token buffer and caches sized from the longest
+prompt and every step's budget), so a run compiles a bounded set of programs: one prefill
+per model, and per call shape one gather, one engine program and one commit.
+
+Costs (SPEC §7): one verifier prefill per plan (its prompt), one drafter prefill per plan
+and drafter at its first use, and one catch-up pass per γ + 1 committed tokens a drafter
+missed (counted with the drafter prefills, priced c_i like them).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.engine.decode import EngineState, consume_width
+from specjax.engine.deployment import Deployment
+from specjax.engine.generate import prefill
+from specjax.errors import ConfigError
+
+__all__ = ['PlanStates', 'CallState']
+
+
+@dataclasses.dataclass
+class _DrafterRows:
+    cache: Any          # the drafter's cache, rows = plans
+    logits: jax.Array   # f32[P, Vd] after its cached tokens
+    synced: jax.Array   # i32[P] committed verifier tokens in its cache
+
+
+jax.tree_util.register_dataclass(_DrafterRows, data_fields=["cache", "logits", "synced"],
+                                 meta_fields=[])
+
+
+@dataclasses.dataclass
+class CallState:
+    """What a call left behind: its `EngineState` (rows = the call's padded rows), the
+    drafters of the call (indices into the deployment, in the state's order), the plan of
+    each row, and each row's new verifier tokens."""
+    state: EngineState
+    drafters: tuple
+    plans: list
+    new_tokens: list
+    dsynced: np.ndarray   # i32[K_call, R] on the host
+
+
+def _take(x, idx):
+    return jnp.take(x, idx, axis=0)
+
+
+@jax.jit
+def _gather(v: EngineState, ds: tuple, idx):
+    take = functools.partial(_take, idx=idx)
+    return EngineState(tokens=take(v.tokens), length=take(v.length),
+                       vcache=jax.tree.map(take, v.vcache),
+                       dcaches=tuple(jax.tree.map(take, d.cache) for d in ds),
+                       dsynced=(jnp.stack([take(d.synced) for d in ds]) if ds
+                                else jnp.zeros((0, idx.shape[0]), jnp.int32)),
+                       dlogits=tuple(take(d.logits) for d in ds))
+
+
+def _put(dst, src, dst_idx, src_idx):
+    """dst rows dst_idx ← src rows src_idx; a dst index past the end is dropped."""
+    return dst.at[dst_idx].set(jnp.take(src, src_idx, axis=0), mode="drop")
+
+
+@jax.jit
+def _commit(v: EngineState, ds: tuple, call: EngineState, v_dst, v_src, d_dst, d_src):
+    put = lambda dst_i, src_i: (lambda a, b: _put(a, b, dst_i, src_i))
+    v = v.replace(tokens=put(v_dst, v_src)(v.tokens, call.tokens),
+                  length=put(v_dst, v_src)(v.length, call.length),
+                  vcache=jax.tree.map(put(v_dst, v_src), v.vcache, call.vcache))
+    out = []
+    for k, d in enumerate(ds):
+        f = put(d_dst[k], d_src[k])
+        out.append(_DrafterRows(cache=jax.tree.map(f, d.cache, call.dcaches[k]),
+                                logits=f(d.logits, call.dlogits[k]),
+                                synced=f(d.synced, call.dsynced[k])))
+    return v, tuple(out)
+
+
+@jax.jit
+def _put_drafter(d: _DrafterRows, cache, logits, synced, dst, src):
+    f = lambda a, b: _put(a, b, dst, src)
+    return _DrafterRows(cache=jax.tree.map(f, d.cache, cache), logits=f(d.logits, logits),
+                        synced=f(d.synced, synced))
+
+
+def _bucket(n: int, b: int) -> int:
+    return -(-int(n) // int(b)) * int(b)
+
+
+def pow2_rows(rows: Sequence[int]) -> list:
+    """`rows` padded to a power-of-two count by repeating its first entry."""
+    n = 1 << max(len(rows) - 1, 0).bit_length()
+    return list(rows) + [rows[0]] * (n - len(rows))
+
+
+class PlanStates:
+    """Every plan's carried state (see the module docstring).
+
+    Args:
+      dep: the deployment.
+      texts: each plan's text so far (its prompt, and on a resume the journaled steps):
+        what a drafter's first prefill spells in its own tokens.
+      histories: each plan's verifier tokens so far (the encoded prompt, and on a resume
+        the journaled steps' own tokens).
+      steps: steps left to run (sizes the token buffer and the caches).
+      gamma / max_step_tokens / bucket: as in `PlanConfig`.
+
+    Attributes:
+      hist: host copies of each plan's verifier tokens (prompt + committed).
+      seconds: seconds of the programs that prefilled, gathered and committed, not yet
+        charged to a plan (`take_seconds`).
+    """
+
+    def __init__(self, dep: Deployment, texts: Sequence[str], histories: Sequence[Sequence[int]],
+                 *, steps: int, gamma: int, max_step_tokens: int, bucket: int):
+        self.dep = dep
+        self.texts0 = list(texts)
+        self.hist = [list(map(int, h)) for h in histories]
+        self.gamma = int(gamma)
+        p = len(self.hist)
+        k = len(dep.drafters)
+        n0 = np.array([len(h) for h in self.hist], np.int32)
+        if (n0 < 1).any():
+            raise ConfigError(f"prompt: plan {int(np.argmin(n0))} is empty; allowed: ≥ 1 token")
+        self.width = _bucket(int(n0.max()), bucket)
+        grow = int(steps) * int(max_step_tokens)
+        self.buf_len = self.width + grow + self.gamma + 1
+        need = self.width + grow + k * self.gamma
+        if need > dep.verifier.max_len:
+            raise ConfigError(f"verifier context: {steps} steps of ≤ {max_step_tokens} tokens "
+                              f"after a {self.width}-token prompt need {need} positions; "
+                              f"allowed: ≤ max_len = {dep.verifier.max_len} (fewer or shorter "
+                              "steps, or shorter prompts)")
+        self.v_cap = min(self.buf_len + (k - 1) * self.gamma, dep.verifier.max_len)
+        cache, _, secs = prefill(dep.verifier, dep.v_params, self.hist, capacity=self.v_cap,
+                                 width=self.width, cached=np.maximum(n0 - 1, 0))
+        tokens = np.zeros((p, self.buf_len), np.int32)
+        for i, h in enumerate(self.hist):
+            tokens[i, :len(h)] = h
+        self.v = EngineState(tokens=jnp.asarray(tokens), length=jnp.asarray(n0), vcache=cache,
+                             dcaches=(), dsynced=jnp.zeros((0, p), jnp.int32), dlogits=())
+        self.d: dict[int, _DrafterRows] = {}
+        self.synced: dict[int, np.ndarray] = {}   # host copy; −1: not prefilled yet
+        self.d_width: dict[int, int] = {}
+        self._d_cap: dict[int, int] = {}
+        self._n0 = n0
+        self.seconds = secs
+        self.bucket = int(bucket)
+        self.steps = int(steps)
+
+    @property
+    def n_plans(self) -> int:
+        return len(self.hist)
+
+    def take_seconds(self) -> float:
+        s, self.seconds = self.seconds, 0.0
+        return s
+
+    # ------------------------------------------------------------------ drafters
+    def ensure(self, js: Sequence[int], plans: Sequence[int]) -> dict[int, list[int]]:
+        """Prefills drafters `js` for the `plans` that have not run them yet; returns
+        drafter → the plans it was prefilled for (each a drafter prefill to charge)."""
+        out = {}
+        for j in js:
+            if j not in self.d:
+                self._allocate(j)
+            need = [p for p in dict.fromkeys(plans) if self.synced[j][p] < 0]
+            if not need:
+                continue
+            spec, data = self.dep.drafters[j], self.dep.d_data[j]
+            enc = self.dep.drafter_encode[j]
+            rows = pow2_rows(need)
+            prompts = [enc(self.texts0[p]) for p in rows]
+            cap = self._d_cap[j]
+            cache, logits, secs = prefill(spec.lm, data.params, prompts, capacity=cap,
+                                          width=self.d_width[j])
+            n_v = self._n0[np.asarray(rows)]
+            dst = np.full((len(rows),), self.n_plans, np.int32)
+            dst[:len(need)] = need
+            t0 = time.perf_counter()
+            self.d[j] = jax.block_until_ready(_put_drafter(
+                self.d[j], cache, logits, jnp.asarray(n_v), jnp.asarray(dst),
+                jnp.arange(len(rows), dtype=jnp.int32)))
+            self.seconds += secs + time.perf_counter() - t0
+            self.synced[j][need] = self._n0[need]
+            out[j] = need
+        return out
+
+    def _allocate(self, j: int) -> None:
+        spec, data = self.dep.drafters[j], self.dep.d_data[j]
+        enc = self.dep.drafter_encode[j]
+        lens = [len(enc(t)) for t in self.texts0]
+        self.d_width[j] = _bucket(max(lens), self.bucket)
+        m = int(data.retok.shape[1])
+        need = self.d_width[j] + consume_width(m, self.gamma + 1) + self.gamma
+        if need > spec.lm.max_len:
+            raise ConfigError(f"drafter {spec.name!r} context: its prompts need {need} "
+                              f"positions; allowed: ≤ max_len = {spec.lm.max_len}")
+        # Its prompt, ≤ m pieces of every verifier token the run commits, its kept drafts.
+        cap = int(min(spec.lm.max_len,
+                      self.d_width[j] + (self.buf_len - self.width) * m + self.gamma))
+        self._d_cap[j] = cap
+        p = self.n_plans
+        cache = spec.lm.init_cache(p, cap)
+        self.d[j] = _DrafterRows(cache=cache,
+                                 logits=jnp.zeros((p, spec.lm.vocab_size), jnp.float32),
+                                 synced=jnp.zeros((p,), jnp.int32))
+        self.synced[j] = np.full((p,), -1, np.int64)
+
+    def catchup_passes(self, j: int, plan: int) -> int:
+        """Forwards drafter j needs to reach plan `plan`'s committed text (γ + 1 tokens
+        each), before its next call."""
+        behind = len(self.hist[plan]) - int(self.synced[j][plan])
+        return -(-max(behind, 0) // (self.gamma + 1))
+
+    # ------------------------------------------------------------------ calls
+    def gather(self, plans: Sequence[int], js: Sequence[int]) -> EngineState:
+        """The state of rows `plans` (one per row) with drafters `js`, for one call."""
+        t0 = time.perf_counter()
+        st = jax.block_until_ready(_gather(self.v, tuple(self.d[j] for j in js),
+                                           jnp.asarray(plans, jnp.int32)))
+        self.seconds += time.perf_counter() - t0
+        return st
+
+    def commit(self, call: CallState, v_rows: dict[int, int], d_rows: dict[tuple, int]) -> None:
+        """Plan p's verifier ← call row v_rows[p]; plan p's drafter j ← row d_rows[(p, j)]."""
+        p_n = self.n_plans
+        v_dst = np.full((p_n,), p_n, np.int32)
+        v_src = np.zeros((p_n,), np.int32)
+        for i, (p, r) in enumerate(v_rows.items()):
+            v_dst[i], v_src[i] = p, r
+        d_dst = np.full((len(call.drafters), p_n), p_n, np.int32)
+        d_src = np.zeros((len(call.drafters), p_n), np.int32)
+        fill = [0] * len(call.drafters)
+        for (p, j), r in d_rows.items():
+            k = call.drafters.index(j)
+            d_dst[k, fill[k]], d_src[k, fill[k]] = p, r
+            fill[k] += 1
+            self.synced[j][p] = int(call.dsynced[k, r])
+        if not v_rows and not d_rows:
+            return
+        t0 = time.perf_counter()
+        v, ds = jax.block_until_ready(_commit(
+            self.v, tuple(self.d[j] for j in call.drafters), call.state, jnp.asarray(v_dst),
+            jnp.asarray(v_src), jnp.asarray(d_dst), jnp.asarray(d_src)))
+        self.seconds += time.perf_counter() - t0
+        self.v = v
+        for j, d in zip(call.drafters, ds):
+            self.d[j] = d
+        for p, r in v_rows.items():
+            self.hist[p] = self.hist[p] + list(call.new_tokens[r])
+
+    def commit_verifier(self, state: EngineState, plans: Sequence[int],
+                        new_tokens: dict[int, list]) -> None:
+        """After a verifier-only call over every plan's row (inactive rows unchanged)."""
+        self.v = state
+        for p in plans:
+            self.hist[p] = self.hist[p] + list(new_tokens[p])

@@ -1,0 +1,141 @@
+"""Plan state carried across steps (specjax.policy.carry): the carried caches are the
+caches a fresh prefill of the committed tokens makes, drafters behind the text catch up,
+a step costs its own tokens, and a run compiles a bounded set of programs."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.engine.generate import compiled_programs, prefill
+from specjax.policy import carry
+from specjax.policy.calls import commit_carried, plan_keys, run_carried
+from specjax.policy.plan import PlanConfig, run_plans
+from specjax.policy.switches import Policy
+
+
+@pytest.fixture(scope="module")
+def dep():
+    from specjax.models.api import TransformerLM
+    from specjax.models.transformer import TransformerConfig
+    from specjax.runner.hf_deployment import build_deployment
+    from specjax.tokenizers import ByteTokenizer
+
+    def model(vocab, d, layers, seed, tok):
+        cfg = TransformerConfig(vocab_size=vocab, d_model=d, n_layers=layers, n_heads=4,
+                                n_kv_heads=2, d_ff=2 * d, max_len=128)
+        lm = TransformerLM(cfg)
+        return SimpleNamespace(lm=lm, params=lm.init_params(seed), tokenizer=tok)
+
+    plain, marked = ByteTokenizer(), ByteTokenizer(special_tokens=["<think>", "</think>"])
+    return build_deployment(model(256, 32, 2, 0, plain),
+                            [("same", model(256, 16, 1, 1, plain), 1.0, 0.1),
+                             ("other", model(258, 16, 1, 2, marked), 1.0, 0.1)])
+
+
+def _filled(cache, row, n):
+    """Row `row`'s first n slots of every layer's K and V."""
+    return [np.asarray(x[row, :, :n]) for x in (*cache.k, *cache.v)]
+
+
+def _assert_cache_rows(cache, rows, fresh, n):
+    for r, (row, want) in enumerate(zip(rows, n)):
+        got = _filled(cache, row, want)
+        ref = _filled(fresh, r, want)
+        for a, b in zip(got, ref):
+            np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
+        assert int(cache.length[row]) == want
+
+
+def test_carried_caches_equal_a_fresh_prefill_of_the_committed_tokens(dep):
+    texts = ["def f(x):", "In the beginning", "1 + 2 ="]
+    cfg = PlanConfig(gamma=2, verifier_temperature=1.0, plan_steps=2, max_step_tokens=6,
+                     bucket=16)
+    states = carry.PlanStates(dep, texts, [dep.encode(t) for t in texts], steps=2, gamma=2,
+                              max_step_tokens=6, bucket=16)
+    # Step 0: plan 0 runs drafter 'same', plan 1 both (token tree), plan 2 'other'.
+    sets = [(0,), (0, 1), (1,)]
+    res = run_carried(states, dep, cfg, "token_tree", sets, [0, 1, 2], plan_keys(0, [0, 1, 2], 0))
+    assert [r for r in res.prefills] == [(0,), (0, 1), (1,)]   # first use: prefilled
+    commit_carried(states, res, [0, 1, 2], {0: 0, 1: 1, 2: 2},
+                   {p: res.tokens[p] for p in range(3)})
+    for p in range(3):
+        assert states.hist[p] == dep.encode(texts[p]) + list(res.tokens[p])
+        assert len(res.tokens[p]) > 0
+    # The verifier's carried cache = a fresh prefill of every committed token but the last.
+    n = [len(h) - 1 for h in states.hist]
+    fresh, _, _ = prefill(dep.verifier, dep.v_params, states.hist, capacity=states.v_cap,
+                          cached=n)
+    _assert_cache_rows(states.v.vcache, range(3), fresh, n)
+    np.testing.assert_array_equal(np.asarray(states.v.length), [len(h) for h in states.hist])
+    # Drafter 'same' ran for plan 0: its cache holds the text it synced (every committed
+    # token but those of the last round, which it consumes next).
+    synced = int(states.synced[0][0])
+    assert len(dep.encode(texts[0])) <= synced <= len(states.hist[0])
+    fresh_d, _, _ = prefill(dep.drafters[0].lm, dep.d_data[0].params,
+                            [states.hist[0][:synced]], capacity=64)
+    got = states.d[0]
+    _assert_cache_rows(got.cache, [0], fresh_d, [int(got.cache.length[0])])
+    # Plan 2 never ran 'same': not prefilled; plan 0 never ran 'other'.
+    assert states.synced[0][2] < 0 and states.synced[1][0] < 0
+
+    # Step 1: every plan runs 'same'. Plan 2 prefills it (its prompt) and catches up on the
+    # committed step; the others are at most one round behind.
+    assert states.catchup_passes(0, 0) <= 1
+    res2 = run_carried(states, dep, cfg, "token_tree", [(0,)] * 3, [0, 1, 2],
+                       plan_keys(0, [0, 1, 2], 1))
+    assert res2.prefills == [(), (), (0,)]
+    assert res2.catchups[2, 0] == -(-len(res.tokens[2]) // 3)
+    commit_carried(states, res2, [0, 1, 2], {0: 0, 1: 1, 2: 2},
+                   {p: res2.tokens[p] for p in range(3)})
+    n = [len(h) - 1 for h in states.hist]
+    fresh, _, _ = prefill(dep.verifier, dep.v_params, states.hist, capacity=states.v_cap,
+                          cached=n)
+    _assert_cache_rows(states.v.vcache, range(3), fresh, n)
+
+
+def test_a_step_costs_its_own_tokens_and_runs_compile_once(dep):
+    cfg = PlanConfig(gamma=2, verifier_temperature=1.0, plan_steps=3, max_step_tokens=5,
+                     bucket=16, rule="coupled")
+    ref, st = run_plans(dep, cfg, ["def f(x):", "In the"], policy=Policy.naive())
+    # One verifier prefill per plan, whatever the steps; each drafter prefilled at most
+    # once per plan, the rest are catch-up passes.
+    assert st.counts["verifier_prefills"].tolist() == [1, 1] and st.steps == 6
+    ar, st_ar = run_plans(dep, cfg, ["def f(x):", "In the"])
+    assert ar == ref                       # coupled: every policy commits the verifier's sample
+    assert st_ar.counts["verifier_calls"].sum() == st_ar.tokens
+    before = (carry._gather._cache_size(), carry._commit._cache_size(), compiled_programs())
+    run_plans(dep, cfg, ["x = 1", "Once upon"], policy=Policy.naive())
+    after = (carry._gather._cache_size(), carry._commit._cache_size(), compiled_programs())
+    assert after == before                 # same shapes: nothing recompiles
+
+
+def test_per_drafter_gamma_in_one_chain_rows(dep):
+    cfg = PlanConfig(gamma=2, verifier_temperature=1.0, plan_steps=2, max_step_tokens=12,
+                     bucket=16)
+    own = dep.with_gammas([5, None])
+    _, st = run_plans(own, cfg, ["def f(x):", "In the"], single=0)
+    proposed = int(st.counts["proposed"].sum(0)[0])
+    assert 2 * st.rounds < proposed <= 5 * st.rounds     # drafts γ_0 = 5, not the config's 2
+    assert st.verifier_tokens == 5 * st.rounds
+    # Drafters sharing a block draft the config's γ (no error for their unequal γ_i).
+    _, st2 = run_plans(own, cfg, ["def f(x):", "In the"], policy=Policy.naive())
+    assert st2.verifier_tokens == 2 * 2 * st2.rounds
+
+
+def test_the_program_cache_is_bounded(monkeypatch):
+    from specjax.engine import generate as gen
+    monkeypatch.setattr(gen, "_MAX_PROGRAMS", 2)
+
+    @jax.jit
+    def f(x):
+        return x + 1
+
+    before = gen.compiled_programs()
+    for n in (1, 2, 3, 2):
+        gen.run_program(f, {}, (jnp.zeros((n,)),))
+    # Three shapes compiled; only the two most recent are kept; the last call hit.
+    assert gen.compiled_programs() - before == 3 and gen.cached_programs() == 2
