@@ -114,7 +114,7 @@ def _wrap(kd):
     return jax.random.wrap_key_data(kd)
 
 
-def _map_keys(fn, kd, n_out_dims: int = 0):
+def _map_keys(fn, kd):
     """`fn(typed key) -> array` mapped over the leading dimensions of key data kd."""
     lead = kd.shape[:-1]
     flat = kd.reshape((-1, kd.shape[-1]))
@@ -137,9 +137,7 @@ def fold_data(kd, *folds) -> jax.Array:
         return kd
     k1, k2 = kd[..., 0], kd[..., 1]
     for f in folds:
-        f = jnp.asarray(f)
-        f = (f.astype(jnp.uint32) if jnp.issubdtype(f.dtype, jnp.integer)
-             else jnp.asarray(f, jnp.uint32))
+        f = jnp.asarray(f, dtype=jnp.uint32)     # as jax.random.fold_in converts it
         # threefry_seed(uint32 d) = (d >> 32, d) = (0, d), hashed as one block of two words.
         k1, k2 = threefry2x32(k1, k2, jnp.zeros_like(f), f)
     return jnp.stack(jnp.broadcast_arrays(k1, k2), axis=-1)
