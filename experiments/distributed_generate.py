@@ -138,23 +138,8 @@ def _local_fraction(params) -> float:
 
 def _deployment():
     """The fixed tiny deployment (same on every process: fixed seeds)."""
-    from types import SimpleNamespace  # pylint: disable=import-outside-toplevel
-
-    from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
-    from specjax.models.transformer import TransformerConfig  # pylint: disable=import-outside-toplevel
-    from specjax.runner.hf_deployment import build_deployment  # pylint: disable=import-outside-toplevel
-    from specjax.tokenizers import ByteTokenizer  # pylint: disable=import-outside-toplevel
-
-    def model(vocab, d, layers, seed, tok):
-        cfg = TransformerConfig(vocab_size=vocab, d_model=d, n_layers=layers, n_heads=4,
-                                n_kv_heads=2, d_ff=2 * d, max_len=96)
-        lm = TransformerLM(cfg)
-        return SimpleNamespace(lm=lm, params=lm.init_params(seed), tokenizer=tok)
-
-    plain, marked = ByteTokenizer(), ByteTokenizer(special_tokens=["<think>", "</think>"])
-    return build_deployment(model(256, 32, 2, 0, plain),
-                            [("same", model(256, 16, 1, 1, plain), 1.0, 0.1),
-                             ("other", model(258, 16, 1, 2, marked), 1.0, 0.1)])
+    from specjax.testing import tiny_transformer_deployment  # pylint: disable=import-outside-toplevel
+    return tiny_transformer_deployment()
 
 
 if __name__ == "__main__":

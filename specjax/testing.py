@@ -155,3 +155,26 @@ def make_deployment(case: str = "random", seed: int = 0, temperatures=DRAFTER_TE
                       encode=encode, decode=decode,
                       drafter_encode=tuple(drafter_encoder(m) for m in maps),
                       stop_table=stop), setup
+
+
+def tiny_transformer_deployment(max_len: int = 96):
+    """A verifier (2 layers, d 32) and two one-layer drafters as tiny random transformers:
+    'same' (the verifier's byte tokenizer) and 'other' (bytes plus two thinking tokens, a
+    tokenizer of its own). Fixed seeds: every process builds the same deployment."""
+    from types import SimpleNamespace  # pylint: disable=import-outside-toplevel
+
+    from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
+    from specjax.models.transformer import TransformerConfig  # pylint: disable=import-outside-toplevel
+    from specjax.runner.hf_deployment import build_deployment  # pylint: disable=import-outside-toplevel
+    from specjax.tokenizers import ByteTokenizer  # pylint: disable=import-outside-toplevel
+
+    def model(vocab, d, layers, seed, tok):
+        cfg = TransformerConfig(vocab_size=vocab, d_model=d, n_layers=layers, n_heads=4,
+                                n_kv_heads=2, d_ff=2 * d, max_len=max_len)
+        lm = TransformerLM(cfg)
+        return SimpleNamespace(lm=lm, params=lm.init_params(seed), tokenizer=tok)
+
+    plain, marked = ByteTokenizer(), ByteTokenizer(special_tokens=["<think>", "</think>"])
+    return build_deployment(model(256, 32, 2, 0, plain),
+                            [("same", model(256, 16, 1, 1, plain), 1.0, 0.1),
+                             ("other", model(258, 16, 1, 2, marked), 1.0, 0.1)])

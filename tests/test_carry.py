@@ -3,7 +3,6 @@ caches a fresh prefill of the committed tokens makes, drafters behind the text c
 a step costs its own tokens, and a run compiles a bounded set of programs."""
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -19,21 +18,8 @@ from specjax.policy.switches import Policy
 
 @pytest.fixture(scope="module")
 def dep():
-    from specjax.models.api import TransformerLM
-    from specjax.models.transformer import TransformerConfig
-    from specjax.runner.hf_deployment import build_deployment
-    from specjax.tokenizers import ByteTokenizer
-
-    def model(vocab, d, layers, seed, tok):
-        cfg = TransformerConfig(vocab_size=vocab, d_model=d, n_layers=layers, n_heads=4,
-                                n_kv_heads=2, d_ff=2 * d, max_len=128)
-        lm = TransformerLM(cfg)
-        return SimpleNamespace(lm=lm, params=lm.init_params(seed), tokenizer=tok)
-
-    plain, marked = ByteTokenizer(), ByteTokenizer(special_tokens=["<think>", "</think>"])
-    return build_deployment(model(256, 32, 2, 0, plain),
-                            [("same", model(256, 16, 1, 1, plain), 1.0, 0.1),
-                             ("other", model(258, 16, 1, 2, marked), 1.0, 0.1)])
+    from specjax.testing import tiny_transformer_deployment
+    return tiny_transformer_deployment(max_len=128)
 
 
 def _filled(cache, row, n):

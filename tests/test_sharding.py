@@ -93,23 +93,8 @@ def test_constraints_are_noops_without_rules_or_mesh():
 
 def _engine_setup():
     """A verifier and two drafters (one of another vocabulary) as tiny transformers."""
-    from types import SimpleNamespace
-
-    from specjax.models.api import TransformerLM
-    from specjax.models.transformer import TransformerConfig
-    from specjax.runner.hf_deployment import build_deployment
-    from specjax.tokenizers import ByteTokenizer
-
-    def model(vocab, d, layers, seed, tok):
-        cfg = TransformerConfig(vocab_size=vocab, d_model=d, n_layers=layers, n_heads=4,
-                                n_kv_heads=2, d_ff=2 * d, max_len=96)
-        lm = TransformerLM(cfg)
-        return SimpleNamespace(lm=lm, params=lm.init_params(seed), tokenizer=tok)
-
-    plain, marked = ByteTokenizer(), ByteTokenizer(special_tokens=["<think>", "</think>"])
-    verifier = model(256, 32, 2, 0, plain)
-    return build_deployment(verifier, [("same", model(256, 16, 1, 1, plain), 1.0, 0.1),
-                                       ("other", model(258, 16, 1, 2, marked), 1.0, 0.1)])
+    from specjax.testing import tiny_transformer_deployment
+    return tiny_transformer_deployment()
 
 
 @pytest.fixture(scope="module")

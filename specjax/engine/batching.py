@@ -54,8 +54,8 @@ import numpy as np
 
 from specjax.engine.decode import (Counters, DecodeState, EngineState, consume_width,
                                    round_budget, speculative_round)
-from specjax.engine.generate import (ar_loop, check_finite, compile_program, drafter_capacity,
-                                     prefill_cache, run_program)
+from specjax.engine.generate import (ar_loop, check_finite, check_slots, compile_program,
+                                     drafter_capacity, prefill_cache, run_program)
 from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig, validate_drafter
 from specjax.errors import ConfigError
 from specjax.verify.rules import COUPLED_RULES
@@ -316,17 +316,7 @@ def continuous_generate(cfg: EngineConfig, verifier, v_params, prompts: Sequence
             raise ConfigError(f"gamma: drafters {[d.name for d in drafters]} have γ {windows}"
                               f" with rule {cfg.rule!r} over {cfg.n_slots} slots; allowed: "
                               "equal γ for drafters that share a row")
-        if slots is None:
-            if cfg.n_slots > k:
-                raise ConfigError(f"n_slots: got {cfg.n_slots}; allowed: ≤ {k} drafters")
-            slots = np.tile(np.arange(cfg.n_slots, dtype=np.int32), (n, 1))
-        slots = np.asarray(slots, np.int32)
-        if slots.shape != (n, cfg.n_slots) or (slots >= k).any() or (slots < -1).any():
-            raise ConfigError(f"slots: got shape {slots.shape} with values in "
-                              f"[{slots.min()}, {slots.max()}]; allowed: shape ({n}, "
-                              f"{cfg.n_slots}) with drafter indices in [-1, {k - 1}]")
-        if not (slots >= 0).any(axis=1).all():
-            raise ConfigError("slots: a prompt has no drafter; allowed: ≥ 1 drafter per row")
+        slots = check_slots(cfg, slots, n, k)
         if drafter_prompts is None or len(drafter_prompts) != k:
             raise ConfigError(f"drafter_prompts: need {k} lists of {n} prompts (one per "
                               "drafter)")

@@ -91,6 +91,22 @@ def pad_prompts(prompts: Sequence[Sequence[int]], field: str = "prompt",
     return out, lens
 
 
+def check_slots(cfg: EngineConfig, slots, rows: int, k: int) -> np.ndarray:
+    """i32[rows, S] drafter slots (default every row uses drafters 0..S−1), checked."""
+    if slots is None:
+        if cfg.n_slots > k:
+            raise ConfigError(f"n_slots: got {cfg.n_slots}; allowed: ≤ {k} drafters")
+        slots = np.tile(np.arange(cfg.n_slots, dtype=np.int32), (rows, 1))
+    slots = np.asarray(slots, np.int32)
+    if slots.shape != (rows, cfg.n_slots) or (slots >= k).any() or (slots < -1).any():
+        raise ConfigError(f"slots: got shape {slots.shape} with values in "
+                          f"[{slots.min()}, {slots.max()}]; allowed: shape ({rows}, "
+                          f"{cfg.n_slots}) with drafter indices in [-1, {k - 1}]")
+    if not (slots >= 0).any(axis=1).all():
+        raise ConfigError("slots: a row has no drafter; allowed: ≥ 1 drafter per row")
+    return slots
+
+
 def _check_context(name: str, lm, need: int) -> None:
     if need > lm.max_len:
         raise ConfigError(f"{name} context: this batch needs {need} positions (prompt + "
@@ -384,17 +400,7 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
     if np.shape(row_keys)[0] != b:
         raise ConfigError(f"row_keys: got {np.shape(row_keys)[0]} rows; allowed: one per row "
                           f"({b})")
-    if slots is None:
-        if cfg.n_slots > k:
-            raise ConfigError(f"n_slots: got {cfg.n_slots}; allowed: ≤ {k} drafters")
-        slots = np.tile(np.arange(cfg.n_slots, dtype=np.int32), (b, 1))
-    slots = np.asarray(slots, np.int32)
-    if slots.shape != (b, cfg.n_slots) or (slots >= k).any() or (slots < -1).any():
-        raise ConfigError(f"slots: got shape {slots.shape} with values in "
-                          f"[{slots.min()}, {slots.max()}]; allowed: shape ({b}, {cfg.n_slots}) "
-                          f"with drafter indices in [-1, {k - 1}]")
-    if not (slots >= 0).any(axis=1).all():
-        raise ConfigError("slots: a row has no drafter; allowed: ≥ 1 drafter per row")
+    slots = check_slots(cfg, slots, b, k)
     for spec, data in zip(drafters, d_data):
         if int(data.to_verifier.shape[0]) != spec.lm.vocab_size:
             raise ConfigError(f"drafter {spec.name!r} vocabulary: map covers "
