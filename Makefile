@@ -17,10 +17,10 @@ reproduce: $(STAMP)
 	$(PY) -m specjax.main --config=configs/seed_reproduction.py:runlocal --workdir=runs/seed_reproduction
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist worksteal
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m ''
+	SPECJAX_CHECKS=1 $(PY) -m pytest -q -n 2 --dist worksteal -m ''
 
 train-zoo: $(STAMP)
 	$(PY) experiments/train_zoo.py

@@ -8,6 +8,8 @@ Default drafter: the best single drafter on the verifier's tokenizer (the drafte
 verifier's tokenizer group with the highest acceptance in a short probe). For every batch
 size B, measured in one process, interleaved, medians of `--repeats`:
 
+  * AR and speculative runs alternate (one of each per repeat), and spec/AR is the
+    median of the paired per-repeat ratios, so load drift does not bias a ratio;
   * AR: the verifier alone, tokens/s over all rows (`autoregressive_generate`; seconds of
     the compiled program, compilation and transfers excluded; the first run of each
     program is a discarded warm-up: XLA:CPU's first execution is ~1.5x slower); and AR
@@ -179,30 +181,10 @@ def main(argv):
         t_step = time_forward(v, full.v_params, batch, 1, context, capacity)
         t_prefill = time_prefill(v, full.v_params, batch, width, capacity)
         floor = matmul_floor(v, full.v_params, batch)
-        ar_s, ar_dec = [], []
-        for i in range(FLAGS.repeats + 1):    # the first run of a program warms it up
-            ar = autoregressive_generate(v, full.v_params, v_prompts, keys,
-                                         temperature=FLAGS.verifier_temperature,
-                                         max_new_tokens=FLAGS.new_tokens, bucket=FLAGS.bucket)
-            if i:
-                ar_s.append(float((ar.length - ar.start).sum()) / ar.seconds)
-                ar_dec.append(float((ar.length - ar.start).sum()) / (ar.seconds - t_prefill))
-        ar_tps = statistics.median(ar_s)
-        dec_tps = statistics.median(ar_dec)
-        per_batch[batch] = dict(batch=batch, ar_tokens_per_s=ar_tps, floor_tokens_per_s=floor,
-                                ar_decode_tokens_per_s=dec_tps, t_prefill=t_prefill,
-                                decode_over_floor=floor / dec_tps,
-                                ar_over_floor=floor / ar_tps, t_step=t_step,
-                                ar_ms_per_step=1e3 * batch / ar_tps,
-                                decode_ms_per_step=1e3 * batch / dec_tps,
-                                floor_ms_per_step=1e3 * batch / floor, context=context,
-                                capacity=capacity)
-        print(f"B={batch:2d}: prefill {1e3 * t_prefill:.2f} ms; AR decode {dec_tps:8.1f} tok/s "
-              f"({1e3 * batch / dec_tps:.3f} ms/step, {floor / dec_tps:.2f}x the floor)", flush=True)
-        print(f"B={batch:2d}: AR {ar_tps:8.1f} tok/s ({1e3 * batch / ar_tps:.3f} ms/step), "
-              f"matmul floor {floor:8.1f} tok/s ({1e3 * batch / floor:.3f} ms/step), "
-              f"AR is {floor / ar_tps:.2f}x off the floor; T_step {1e3 * t_step:.3f} ms",
-              flush=True)
+        # AR and every speculative configuration are timed in turns (one run of each per
+        # repeat, after one warm-up run of each), so a load change during the benchmark
+        # hits both sides of a ratio alike; spec/AR is the median of the paired ratios.
+        drafter_setups = []
         for name in names:
             dep = full.subset([name])
             spec_d, data = dep.drafters[0], dep.d_data[0]
@@ -214,31 +196,68 @@ def main(argv):
                 cfg = EngineConfig(gamma=gamma, rule="rejection",
                                    verifier_temperature=FLAGS.verifier_temperature,
                                    max_new_tokens=FLAGS.new_tokens)
-                sp_s, counters = [], None
-                for i in range(FLAGS.repeats + 1):
-                    sp = speculative_generate(cfg, v, full.v_params, dep.drafters, dep.d_data,
-                                              v_prompts, d_prompts, keys, bucket=FLAGS.bucket)
-                    if i:
-                        sp_s.append(float((sp.length - sp.start).sum()) / sp.seconds)
-                    counters = sp.counters
-                c = counters
-                alpha = float(c.own_accepted_at.sum() / max(c.own_reached_at.sum(), 1))
-                per_round = float(c.committed.sum() / max(c.rounds.sum(), 1))
-                cc = t_draft / t_step
-                lev = float(metrics.leviathan_speedup(alpha, gamma, cc))
-                hw = float(metrics.hardware_aware_speedup(per_round, t_step, t_draft,
-                                                          t_score, gamma))
-                sp_tps = statistics.median(sp_s)
-                measured = sp_tps / ar_tps
-                row = dict(drafter=name, gamma=gamma, batch=batch, ar_tokens_per_s=ar_tps,
-                           spec_tokens_per_s=sp_tps, alpha=alpha, tokens_per_round=per_round,
-                           c=cc, t_step=t_step, t_draft=t_draft, t_score=t_score,
-                           t_score_over_t_step=t_score / t_step,
-                           leviathan_expected_tokens=float(
-                               metrics.leviathan_expected_tokens(alpha, gamma)),
-                           leviathan_speedup=lev, hardware_aware_speedup=hw,
-                           measured_speedup=measured, measured_over_hardware_aware=measured / hw)
-                rows.append(row)
+                drafter_setups.append(dict(name=name, gamma=gamma, dep=dep, cfg=cfg,
+                                           d_prompts=d_prompts, t_draft=t_draft,
+                                           t_score=t_score, tps=[], counters=None))
+
+        def run_ar():
+            return autoregressive_generate(v, full.v_params, v_prompts, keys,
+                                           temperature=FLAGS.verifier_temperature,
+                                           max_new_tokens=FLAGS.new_tokens,
+                                           bucket=FLAGS.bucket)
+
+        def run_spec(d):
+            return speculative_generate(d["cfg"], v, full.v_params, d["dep"].drafters,
+                                        d["dep"].d_data, v_prompts, d["d_prompts"], keys,
+                                        bucket=FLAGS.bucket)
+
+        ar_s, ar_dec = [], []
+        for i in range(FLAGS.repeats + 1):    # the first run of a program warms it up
+            ar = run_ar()
+            if i:
+                ar_s.append(float((ar.length - ar.start).sum()) / ar.seconds)
+                ar_dec.append(float((ar.length - ar.start).sum()) / (ar.seconds - t_prefill))
+            for d in drafter_setups:
+                sp = run_spec(d)
+                if i:
+                    d["tps"].append(float((sp.length - sp.start).sum()) / sp.seconds)
+                d["counters"] = sp.counters
+        ar_tps = statistics.median(ar_s)
+        dec_tps = statistics.median(ar_dec)
+        per_batch[batch] = dict(batch=batch, ar_tokens_per_s=ar_tps, floor_tokens_per_s=floor,
+                                ar_decode_tokens_per_s=dec_tps, t_prefill=t_prefill,
+                                decode_over_floor=floor / dec_tps,
+                                ar_over_floor=floor / ar_tps, t_step=t_step,
+                                ar_ms_per_step=1e3 * batch / ar_tps,
+                                decode_ms_per_step=1e3 * batch / dec_tps,
+                                floor_ms_per_step=1e3 * batch / floor, context=context,
+                                capacity=capacity, ar_runs=ar_s)
+        print(f"B={batch:2d}: prefill {1e3 * t_prefill:.2f} ms; AR decode {dec_tps:8.1f} tok/s "
+              f"({1e3 * batch / dec_tps:.3f} ms/step, {floor / dec_tps:.2f}x the floor)", flush=True)
+        print(f"B={batch:2d}: AR {ar_tps:8.1f} tok/s ({1e3 * batch / ar_tps:.3f} ms/step), "
+              f"matmul floor {floor:8.1f} tok/s ({1e3 * batch / floor:.3f} ms/step), "
+              f"AR is {floor / ar_tps:.2f}x off the floor; T_step {1e3 * t_step:.3f} ms",
+              flush=True)
+        for d in drafter_setups:
+            c, gamma, t_draft, t_score = d["counters"], d["gamma"], d["t_draft"], d["t_score"]
+            alpha = float(c.own_accepted_at.sum() / max(c.own_reached_at.sum(), 1))
+            per_round = float(c.committed.sum() / max(c.rounds.sum(), 1))
+            cc = t_draft / t_step
+            lev = float(metrics.leviathan_speedup(alpha, gamma, cc))
+            hw = float(metrics.hardware_aware_speedup(per_round, t_step, t_draft,
+                                                      t_score, gamma))
+            sp_tps = statistics.median(d["tps"])
+            measured = statistics.median(s / a for s, a in zip(d["tps"], ar_s))
+            row = dict(drafter=d["name"], gamma=gamma, batch=batch, ar_tokens_per_s=ar_tps,
+                       spec_tokens_per_s=sp_tps, alpha=alpha, tokens_per_round=per_round,
+                       c=cc, t_step=t_step, t_draft=t_draft, t_score=t_score,
+                       t_score_over_t_step=t_score / t_step,
+                       leviathan_expected_tokens=float(
+                           metrics.leviathan_expected_tokens(alpha, gamma)),
+                       leviathan_speedup=lev, hardware_aware_speedup=hw,
+                       measured_speedup=measured, measured_over_hardware_aware=measured / hw,
+                       spec_runs=d["tps"])
+            rows.append(row)
     peer = None
     if FLAGS.peer:
         d_cfg = full.subset([names[0]]).drafters[0].lm.config

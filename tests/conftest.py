@@ -6,8 +6,11 @@ if _flag not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' + _flag).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # Value checks in the code paths (finite, normalised distributions, committed lengths,
-# rollback; SPEC §9, `specjax.debug`): on for the whole suite, read at trace time.
-os.environ.setdefault('SPECJAX_CHECKS', '1')
+# rollback; SPEC §9, `specjax.debug`), read at trace time. `make test-all` runs the whole
+# suite with them on; `make test` leaves them to the tests that turn them on themselves
+# (test_engine's value-check test covers every rule on transformer caches): a checked
+# program is larger, carries host callbacks and is never cached on disk (~20% of the run).
+os.environ.setdefault('SPECJAX_CHECKS', '0')
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

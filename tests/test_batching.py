@@ -147,7 +147,7 @@ def test_one_drafter_equals_static():
     assert (res.rounds <= res.committed).all() and res.chunks >= 2
 
 
-@pytest.mark.parametrize("n,batch", [(10, 3), (2, 3)])
+@pytest.mark.parametrize("n,batch", [pytest.param(10, 3, marks=pytest.mark.slow), (2, 3)])
 def test_token_tree_two_slots_equals_static(n, batch):
     """Two drafters of two other tokenizers, two slots per row routed per prompt (one
     prompt in three leaves its second slot empty)."""

@@ -99,6 +99,7 @@ def test_a_step_costs_its_own_tokens_and_runs_compile_once(dep):
     assert after == before                 # same shapes: nothing recompiles
 
 
+@pytest.mark.slow  # ~25 s; γ_i is also tested for losslessness in test_engine
 def test_per_drafter_gamma_in_one_chain_rows(dep):
     cfg = PlanConfig(gamma=2, verifier_temperature=1.0, plan_steps=2, max_step_tokens=12,
                      bucket=16)

@@ -27,6 +27,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # ~45 s idle, ~80 s under load: two jax processes; `make test-all`
 def test_two_processes_generate_like_one(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # 4 devices each, not 8
     env["JAX_PLATFORMS"] = "cpu"

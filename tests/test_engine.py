@@ -43,18 +43,19 @@ def test_round_is_traced_once_per_shape():
     assert gen.compiled_programs() == size
 
 
-def test_committed_per_round_within_one_and_gamma_plus_one():
+@pytest.mark.parametrize("rule,s", [("rejection", 1)] + [  # ~15 s per multi-slot rule
+    pytest.param(r, 3, marks=pytest.mark.slow)
+    for r in ("token_tree", "shared_block", "coupled", "coupled_block")])
+def test_committed_per_round_within_one_and_gamma_plus_one(rule, s):
     setup = suite.make_setup("random", seed=2)
-    for rule, s in (("rejection", 1), ("shared_block", 3), ("token_tree", 3), ("coupled", 3),
-                    ("coupled_block", 3)):
-        cfg = EngineConfig(gamma=4, rule=rule, verifier_temperature=1.0, n_slots=s,
-                           max_new_tokens=20)
-        res = _run(setup, cfg, n=64)
-        c = res.counters
-        assert (c.committed == 20).all()
-        assert (c.rounds >= 20 / 5).all() and (c.rounds <= 20).all()
-        assert (c.from_draft <= 4 * c.rounds).all()
-        assert (c.accepted <= c.proposed).all()
+    cfg = EngineConfig(gamma=4, rule=rule, verifier_temperature=1.0, n_slots=s,
+                       max_new_tokens=20)
+    res = _run(setup, cfg, n=64)
+    c = res.counters
+    assert (c.committed == 20).all()
+    assert (c.rounds >= 20 / 5).all() and (c.rounds <= 20).all()
+    assert (c.from_draft <= 4 * c.rounds).all()
+    assert (c.accepted <= c.proposed).all()
 
 
 def test_stop_token_ends_a_row_and_is_kept():
@@ -108,6 +109,7 @@ def test_bad_inputs_fail_before_work():
         _run(setup, cfg, prompts=[[]])
 
 
+@pytest.mark.slow  # three ~25 s compilations of the three-drafter zoo; `make test-all`
 @pytest.mark.skipif(not ZOO.exists(), reason="the zoo is not built")
 def test_greedy_equality_on_the_zoo():
     """The naive block, the token tree and rule 1 on the real zoo (cross-tokenizer drafters
@@ -190,7 +192,9 @@ def test_one_transfer_each_way_per_call(monkeypatch):
     assert (res.length - res.start == 6).all() and res.seconds > 0
 
 
-def test_carried_caches_continue_exactly():
+@pytest.mark.parametrize("rule,s,temp", [
+    ("token_tree", 2, 0.0), pytest.param("coupled", 2, 1.0, marks=pytest.mark.slow)])
+def test_carried_caches_continue_exactly(rule, s, temp):
     """Cache carrying (plan steps): continuing a returned state gives exactly what one
     call gives, for rules whose output depends on positions only (greedy, coupled), through
     transformer caches (verifier compaction, drafter rollback) and a fallback in between.
@@ -199,38 +203,38 @@ def test_carried_caches_continue_exactly():
     prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
     dp = [prompts, prompts]
     keys = gen.row_keys_for(3, len(prompts))
-    for rule, s, temp in (("token_tree", 2, 0.0), ("coupled", 2, 1.0)):
-        def run(n, state, rule=rule, s=s, temp=temp):
-            cfg = EngineConfig(gamma=3, rule=rule, verifier_temperature=temp, n_slots=s,
-                               max_new_tokens=n)
-            if state is None:
-                return gen.speculative_generate(cfg, v, vp, specs, data, prompts, dp, keys,
-                                                reserve=12 - n, return_state=True)
-            return gen.speculative_generate(cfg, v, vp, specs, data, None, None, keys,
-                                            state=state, return_state=True)
-        whole = run(12, None)
-        part = run(5, None)
-        rest = run(7, part.state)
-        np.testing.assert_array_equal(rest.start, part.length)
-        for i in range(len(prompts)):
-            assert part.new_tokens(i) + rest.new_tokens(i) == whole.new_tokens(i), (rule, i)
-        # A fallback in between (the verifier alone continues the state, the drafters'
-        # caches fall behind and catch up), then speculative again: still the same text.
-        ar = gen.autoregressive_generate(v, vp, None, keys, temperature=temp, max_new_tokens=4,
-                                         coupled=rule == "coupled", state=part.state,
-                                         return_state=True)
-        again = run(3, ar.state)
-        for i in range(len(prompts)):
-            assert (part.new_tokens(i) + ar.new_tokens(i) + again.new_tokens(i)
-                    == whole.new_tokens(i)), (rule, "fallback", i)
-        # Rows of a state (a plan's committed branch copied into its branch rows).
-        pick = np.array([2, 2, 0, 3])
-        sub = gen.speculative_generate(
-            EngineConfig(gamma=3, rule=rule, verifier_temperature=temp, n_slots=s,
-                         max_new_tokens=7), v, vp, specs, data, None, None, keys[pick],
-            state=part.state.rows(pick), return_state=True)
-        for j, i in enumerate(pick):
-            assert sub.new_tokens(j) == rest.new_tokens(i), (rule, "rows", j)
+
+    def run(n, state):
+        cfg = EngineConfig(gamma=3, rule=rule, verifier_temperature=temp, n_slots=s,
+                           max_new_tokens=n)
+        if state is None:
+            return gen.speculative_generate(cfg, v, vp, specs, data, prompts, dp, keys,
+                                            reserve=12 - n, return_state=True)
+        return gen.speculative_generate(cfg, v, vp, specs, data, None, None, keys,
+                                        state=state, return_state=True)
+    whole = run(12, None)
+    part = run(5, None)
+    rest = run(7, part.state)
+    np.testing.assert_array_equal(rest.start, part.length)
+    for i in range(len(prompts)):
+        assert part.new_tokens(i) + rest.new_tokens(i) == whole.new_tokens(i), (rule, i)
+    # A fallback in between (the verifier alone continues the state, the drafters'
+    # caches fall behind and catch up), then speculative again: still the same text.
+    ar = gen.autoregressive_generate(v, vp, None, keys, temperature=temp, max_new_tokens=4,
+                                     coupled=rule == "coupled", state=part.state,
+                                     return_state=True)
+    again = run(3, ar.state)
+    for i in range(len(prompts)):
+        assert (part.new_tokens(i) + ar.new_tokens(i) + again.new_tokens(i)
+                == whole.new_tokens(i)), (rule, "fallback", i)
+    # Rows of a state (a plan's committed branch copied into its branch rows).
+    pick = np.array([2, 2, 0, 3])
+    sub = gen.speculative_generate(
+        EngineConfig(gamma=3, rule=rule, verifier_temperature=temp, n_slots=s,
+                     max_new_tokens=7), v, vp, specs, data, None, None, keys[pick],
+        state=part.state.rows(pick), return_state=True)
+    for j, i in enumerate(pick):
+        assert sub.new_tokens(j) == rest.new_tokens(i), (rule, "rows", j)
 
 
 def test_autoregressive_continues_exactly():
@@ -309,20 +313,23 @@ def test_per_drafter_gamma_needs_one_chain_per_row():
                                      setup.d_data[:1], [[1]], [[[1]]], gen.row_keys_for(0, 1))
 
 
-def test_value_checks_pass_in_the_code_paths():
+@pytest.mark.parametrize("rule,s", [("token_tree", 2), ("rejection", 1)] + [
+    pytest.param(r, 2, marks=pytest.mark.slow) for r in ("shared_block", "coupled",
+                                                          "coupled_block")])
+def test_value_checks_pass_in_the_code_paths(rule, s):
     """SPEC §9 value checks (committed length within [1, γ+1], caches rolled back, p and q
-    distributions) traced in with `specjax.debug` on, on transformer caches."""
+    distributions) traced in with `specjax.debug` on, on transformer caches, for every rule
+    (`make test` runs the others with checks off; `make test-all` runs everything checked)."""
     from specjax import debug
     v, vp, specs, data = _tiny_transformers()
     prompts = [[1, 2, 3], [4, 5]]
     was = debug.enabled()
     debug.set_enabled(True)
     try:
-        for rule, s in (("token_tree", 2),):   # the tree path: compaction and rollback
-            cfg = EngineConfig(gamma=3, rule=rule, verifier_temperature=1.0, n_slots=s,
-                               max_new_tokens=8)
-            res = gen.speculative_generate(cfg, v, vp, specs[:s], data[:s], prompts,
-                                           [prompts] * s, gen.row_keys_for(2, 2))
-            assert (res.length - res.start == 8).all()
+        cfg = EngineConfig(gamma=3, rule=rule, verifier_temperature=1.0, n_slots=s,
+                           max_new_tokens=8)
+        res = gen.speculative_generate(cfg, v, vp, specs[:s], data[:s], prompts,
+                                       [prompts] * s, gen.row_keys_for(2, 2))
+        assert (res.length - res.start == 8).all()
     finally:
         debug.set_enabled(was)

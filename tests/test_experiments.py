@@ -45,6 +45,7 @@ def test_empty_grid_and_file_workdir(tmp_path):
     assert not (tmp_path / "w").exists() and afile.read_text() == "x"
 
 
+@pytest.mark.slow  # ~70 s: the whole experiment through the CLI; `make test-all`
 def test_plans_experiment_end_to_end_on_synthetic(tmp_path):
     """The experiment, the seed table and the report on the exact synthetic deployment."""
     workdir = tmp_path / "seed"

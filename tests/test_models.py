@@ -283,3 +283,55 @@ def test_cache_capacity_is_per_cache_and_does_not_change_logits(tiny_lm, tiny_pa
     chex.assert_trees_all_close(outs[0], outs[1], **TOL)
     with pytest.raises(ValueError, match=r'capacity=33'):
         lm.init_cache(B, lm.max_len + 1)
+
+
+def test_cache_attention_blocks_equal_one_dense_softmax():
+    """The blocked cache read (online softmax over blocks, the last block's start clamped
+    when the capacity is not a multiple of the block) equals one dense softmax over the
+    committed slots, for rows of every length including none, under jit."""
+    from specjax.models.transformer import cache_attention
+    B, KV, Q, S, hd = 4, 2, 3, 10, 8
+    ks = jax.random.split(jax.random.key(5), 3)
+    q = jax.random.normal(ks[0], (B, KV, Q, hd))
+    k = jax.random.normal(ks[1], (B, KV, S, hd))
+    v = jax.random.normal(ks[2], (B, KV, S, hd))
+    length = jnp.array([0, 1, 7, 10], jnp.int32)
+    for chunk in (3, 4, 10, 64):
+        m, z, o = jax.jit(functools.partial(cache_attention, dt=jnp.float32, chunk=chunk,
+                                            min_blocks=2))(q, k, v, length)
+        for b in range(B):
+            n = int(length[b])
+            if n == 0:
+                np.testing.assert_array_equal(z[b], 0.0)
+                np.testing.assert_array_equal(o[b], 0.0)
+                continue
+            s = np.einsum('kqh,ksh->kqs', q[b], k[b, :, :n])
+            np.testing.assert_allclose(m[b], s.max(-1), rtol=1e-6, atol=1e-6)
+            p = np.exp(s - s.max(-1, keepdims=True))
+            ref = np.einsum('kqs,ksh->kqh', p / p.sum(-1, keepdims=True), v[b, :, :n])
+            np.testing.assert_allclose(o[b] / z[b][..., None], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [3, 8])
+def test_blocked_cache_read_in_the_model_equals_the_full_forward(tiny_lm, tiny_params,
+                                                                 monkeypatch, chunk):
+    """The model with a small cache block (several blocks per row, ragged rows, a row with
+    an empty cache) scores a block exactly as the full forward does."""
+    from specjax.models import transformer
+    monkeypatch.setattr(transformer, "CACHE_CHUNK", chunk)
+    monkeypatch.setattr(transformer, "CACHE_MIN_BLOCKS", 2)
+    lm, params = tiny_lm, tiny_params
+    B, P, T = 3, 13, 4
+    prefix = _tokens(7, (B, P), lm.vocab_size)
+    block = _tokens(8, (B, T), lm.vocab_size)
+    n = jnp.array([P, P - 6, 0], jnp.int32)
+    cache = lm.init_cache(B, 24)
+    pos = jnp.broadcast_to(jnp.arange(P), (B, P))
+    fwd = jax.jit(lambda p, c, t, ps, mk: lm.forward(p, c, t, ps, mk))  # a fresh trace
+    _, cache = fwd(params, cache, prefix, pos, causal_block_mask(B, P))
+    cache = advance(cache, n)
+    logits, _ = fwd(params, cache, block, n[:, None] + jnp.arange(T)[None, :],
+                    causal_block_mask(B, T))
+    for b in range(B):
+        seq = jnp.concatenate([prefix[b, :int(n[b])], block[b]])[None]
+        chex.assert_trees_all_close(logits[b], _full(lm, params, seq)[0, int(n[b]):], **TOL)

@@ -56,6 +56,7 @@ def _outputs(nb, output_type=None):
                 yield out
 
 
+@pytest.mark.slow  # ~90 s: the whole notebook on the zoo; `make test-all`
 def test_notebook_runs_headless(tmp_path, monkeypatch):
     overrides = os.environ.get("SPECJAX_NOTEBOOK_OVERRIDES", "")
     if not (ROOT / "specjax" / "zoo" / "manifest.json").is_file() and "deployment=synthetic" not in overrides:

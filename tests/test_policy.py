@@ -46,19 +46,27 @@ def _layouts(dep):
     return out
 
 
-def test_every_policy_generates_losslessly(deployment):
+# The naive shared block over all four drafters and the partitioned two-drafter tree run in
+# `make test`; the other distinct (rule, branch) pairs (~10 s of compilation each) in
+# `make test-all`.
+_REQUIRED = (("shared_block", (0, 1, 2, 3)), ("token_tree", (0, 3)))
+
+
+@pytest.mark.parametrize("part", ["required", pytest.param("rest", marks=pytest.mark.slow)])
+def test_every_policy_generates_losslessly(deployment, part):
     dep, setup = deployment
     layouts = _layouts(dep)
     assert len(layouts) == 16
     distinct = sorted({(rule, b) for rule, bs in layouts.values() for b in bs})
     # The naive shared block over all four drafters and the partitioned two-drafter set
     # must both be among what is tested.
-    assert ("shared_block", (0, 1, 2, 3)) in distinct and ("token_tree", (0, 3)) in distinct
+    assert all(r in distinct for r in _REQUIRED)
+    todo = list(_REQUIRED) if part == "required" else [d for d in distinct if d not in _REQUIRED]
     exact = sequence_distribution(setup.v_table, 1.0, START, LENGTH)
     prompts = [[START]] * N
     dprompts = [[p] * N for p in (enc("a") for enc in dep.drafter_encode)]
     pvalues = {}
-    for rule, branch in distinct:
+    for rule, branch in todo:
         slots = np.tile(branch_slots([list(branch)]), (N, 1))
         cfg = EngineConfig(gamma=2, rule=rule, verifier_temperature=1.0, n_slots=len(branch),
                            max_new_tokens=LENGTH)
@@ -72,17 +80,29 @@ def test_every_policy_generates_losslessly(deployment):
     assert not bad, f"χ² rejects losslessness (p < {ALPHA}) for {bad}"
 
 
-def test_every_policy_is_greedy_exact(deployment):
+_GREEDY_CFG = PlanConfig(gamma=3, verifier_temperature=0.0, plan_steps=2, max_step_tokens=6,
+                         bucket=16)
+_GREEDY_PROMPTS = ["ab", "c", "dda", "b"]
+# naive, all_on and the two switches that change the branch layout run in `make test`
+# (~6 s of compilation per policy); the other twelve in `make test-all`.
+_GREEDY_FAST = ("naive", "all_on", "naive_plus_prefix_partitioning", "naive_plus_kl_ceiling")
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(deployment):
+    dep, _ = deployment
+    return run_plans(dep, _GREEDY_CFG, _GREEDY_PROMPTS)[0]
+
+
+@pytest.mark.parametrize("pol", [
+    p if p.name in _GREEDY_FAST else pytest.param(p, marks=pytest.mark.slow)
+    for p in all_combinations()], ids=lambda p: p.name)
+def test_every_policy_is_greedy_exact(deployment, greedy_reference, pol):
     """τ_verifier = 0: all 16 policies commit the verifier's greedy plan, fallback or not."""
     dep, _ = deployment
-    cfg = PlanConfig(gamma=3, verifier_temperature=0.0, plan_steps=2, max_step_tokens=6,
-                     bucket=16)
-    prompts = ["ab", "c", "dda", "b"]
-    ref, _ = run_plans(dep, cfg, prompts)
-    for pol in all_combinations():
-        texts, stats = run_plans(dep, cfg, prompts, policy=pol)
-        assert texts == ref, pol.name
-        assert stats.steps == 2 * len(prompts)
+    texts, stats = run_plans(dep, _GREEDY_CFG, _GREEDY_PROMPTS, policy=pol)
+    assert texts == greedy_reference, pol.name
+    assert stats.steps == 2 * len(_GREEDY_PROMPTS)
 
 
 def test_journal_exactly_once_under_injected_branch_failure(deployment, tmp_path):

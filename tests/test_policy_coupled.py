@@ -17,7 +17,8 @@ def deployment():
     return suite.make_deployment("random", seed=7, fourth=True)
 
 
-@pytest.mark.parametrize("threshold", [0.5, 1.0])
+@pytest.mark.parametrize("threshold", [  # ~40 s each: `make test-all`
+    pytest.param(t, marks=pytest.mark.slow) for t in (0.5, 1.0)])
 def test_coupled_rule_commits_the_verifiers_own_sample_under_every_policy(deployment,
                                                                           threshold):
     """τ_verifier = 1, rule 'coupled': whatever the policy, the vote or the fallback, every

@@ -68,6 +68,7 @@ def test_validation_names_the_field(folders, tmp_path):
         experiments.validate(c)
 
 
+@pytest.mark.slow  # ~20 s: builds and runs a deployment of two HF folders; `make test-all`
 def test_deployment_and_memory_table(folders):
     import jax.numpy as jnp
 

@@ -121,8 +121,9 @@ def engine_case():
 
 
 @needs8
-@pytest.mark.parametrize("rules", [  # fsdp_tp uses both mesh axes; the rest add ~25 s each
-    "fsdp_tp", *(pytest.param(r, marks=pytest.mark.slow) for r in ("tp", "fsdp", "replicated"))])
+@pytest.mark.parametrize("rules", [  # ~25 s each plus a ~20 s setup: `make test-all` (the sharded
+    # plan step, test_plan_step_sharded_equals_unsharded, runs in `make test`)
+    *(pytest.param(r, marks=pytest.mark.slow) for r in ("fsdp_tp", "tp", "fsdp", "replicated"))])
 def test_speculative_and_baseline_sharded_equal_unsharded(engine_case, rules):
     dep, run, (ref_spec, ref_ar) = engine_case
     mesh = shd.make_mesh(2, 4)

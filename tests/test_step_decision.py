@@ -170,7 +170,9 @@ def test_every_set_auto_can_choose_is_lossless(deployment):
     assert not bad, f"χ² rejects losslessness (p < {ALPHA}) for {bad}"
 
 
-@pytest.mark.parametrize("tau,rule", [(0.0, None), (1.0, "coupled")])
+@pytest.mark.parametrize("tau,rule", [  # ~60 s of compilation each (every set auto tries)
+    pytest.param(0.0, None, marks=pytest.mark.slow),
+    pytest.param(1.0, "coupled", marks=pytest.mark.slow)])
 def test_auto_and_oracle_commit_the_verifiers_plan(deployment, tau, rule):
     dep, _ = deployment
     cfg = PlanConfig(gamma=3, verifier_temperature=tau, plan_steps=3, max_step_tokens=6,
