@@ -16,7 +16,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.engine.spec import DrafterData, DrafterSpec, cross_vocab_maps
+from specjax.engine.spec import DrafterSpec, cross_vocab_maps
 from specjax.models.synthetic import BigramLM, random_table
 
 V = 5            # verifier vocabulary

@@ -23,8 +23,9 @@ def dep():
 
 
 def _filled(cache, row, n):
-    """Row `row`'s first n slots of every layer's K and V."""
-    return [np.asarray(x[row, :, :n]) for x in (*cache.k, *cache.v)]
+    """Row `row`'s first n slots of every layer's K ([B, KV, hd, S]) and V ([B, KV, S, hd])."""
+    return ([np.asarray(x[row, :, :, :n]) for x in cache.k]
+            + [np.asarray(x[row, :, :n]) for x in cache.v])
 
 
 def _assert_cache_rows(cache, rows, fresh, n):

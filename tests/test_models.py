@@ -239,8 +239,10 @@ def test_overflowing_block_is_exact_and_never_overwrites_history(tiny_lm, tiny_p
     logits, new = _forward(lm, params, cache, seq[:, P:], _chain_positions(cache, T),
                            causal_block_mask(B, T))
     chex.assert_trees_all_close(logits, _full(big, params, seq)[:, P:], **TOL)
-    for new_k, old_k in zip(new.k, cache.k):  # per layer [B, KV, S, hd]
-        np.testing.assert_array_equal(new_k[:, :, :P], old_k[:, :, :P])
+    for new_k, old_k in zip(new.k, cache.k):  # per layer [B, KV, hd, S]
+        np.testing.assert_array_equal(new_k[..., :P], old_k[..., :P])
+    for new_v, old_v in zip(new.v, cache.v):  # per layer [B, KV, S, hd]
+        np.testing.assert_array_equal(new_v[:, :, :P], old_v[:, :, :P])
     assert int(advance(new, T).length[0]) == lm.max_len
 
 
@@ -272,7 +274,9 @@ def test_cache_capacity_is_per_cache_and_does_not_change_logits(tiny_lm, tiny_pa
     for cap in (None, P + T):
         cache = lm.init_cache(B, cap)
         assert len(cache.k) == lm.config.n_layers
-        assert cache.k[0].shape == (B, lm.config.n_kv_heads, cap or lm.max_len,
+        assert cache.k[0].shape == (B, lm.config.n_kv_heads, lm.config.head_dim,
+                                    cap or lm.max_len)
+        assert cache.v[0].shape == (B, lm.config.n_kv_heads, cap or lm.max_len,
                                     lm.config.head_dim)
         _, cache = _forward(lm, params, cache, seq[:, :P], _chain_positions(cache, P),
                             causal_block_mask(B, P))
@@ -290,7 +294,7 @@ def test_cache_attention_blocks_equal_one_dense_softmax():
     when the capacity is not a multiple of the block) equals one dense softmax over the
     committed slots, for rows of every length including none, under jit."""
     from specjax.models.transformer import cache_attention
-    B, KV, Q, S, hd = 4, 2, 3, 10, 8
+    B, KV, Q, S, hd = 4, 2, 3, 10, 8   # keys are stored [B, KV, hd, S]
     ks = jax.random.split(jax.random.key(5), 3)
     q = jax.random.normal(ks[0], (B, KV, Q, hd))
     k = jax.random.normal(ks[1], (B, KV, S, hd))
@@ -298,7 +302,8 @@ def test_cache_attention_blocks_equal_one_dense_softmax():
     length = jnp.array([0, 1, 7, 10], jnp.int32)
     for chunk in (3, 4, 10, 64):
         m, z, o = jax.jit(functools.partial(cache_attention, dt=jnp.float32, chunk=chunk,
-                                            min_blocks=2))(q, k, v, length)
+                                            min_blocks=2))(q, k.transpose(0, 1, 3, 2), v,
+                                                           length)
         for b in range(B):
             n = int(length[b])
             if n == 0:

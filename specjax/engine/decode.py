@@ -23,7 +23,6 @@ padding, so this is exactly rule 1 with γ_k). Rows of several chains need equal
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, Sequence
 
 import chex

@@ -5,8 +5,13 @@ and always masked, so rolling back is only ``length`` moving back. ``forward`` w
 block at slots ``[length, length + T)`` without moving ``length``; the caller commits
 with :func:`advance` (a chain) or :func:`compact` (a token tree's accepted path).
 
-Layout: one array per layer, ``f32[B, KV, S, hd]`` (batch and KV heads leading, the slots
-next to the head dimension). Measured on XLA:CPU (issue 10) against the stacked
+Layout: one array per layer, keys ``f32[B, KV, hd, S]`` and values ``f32[B, KV, S, hd]``
+(batch and KV heads leading; each stored the way its attention dot reads it: the scores
+``q·K`` contract ``hd`` with the keys' rows, the output ``p·V`` contracts the slots with the
+values' rows, so neither operand is repacked). Keys stored ``[S, hd]`` cost a transposing
+pack of every key on every call on XLA:CPU's batched dots: 1.34 ms of a batch-32 decode
+step over the zoo verifier's 4 layers against 0.24 ms stored ``[hd, S]`` (issue 10,
+measured on this CPU). Measured earlier against the stacked
 ``[n_layers, B, S, KV, hd]`` layout of the first version and a stacked
 ``[n_layers, B, KV, S, hd]``: with S between the batch dimensions every layer's keys were
 transposed on every call, and with a stacked leading layer axis ``k[layer]`` is a copy of
@@ -15,8 +20,10 @@ order feed the attention dots directly and are updated in place inside ``while_l
 TPU the same order is the one the MXU wants (batch dims leading, contraction minor).
 
 Capacity ``S`` is chosen per cache (``init_cache(..., capacity)``), not fixed at the
-model's context: attention reads all ``S`` slots of every row, so an engine call sizes its
-caches to what the call can fill (prompt width + new tokens + one block).
+model's context: an engine call sizes its caches to what the call can fill (prompt width +
+new tokens + one block). Attention reads a cache of fewer than 4 blocks of 128 slots whole;
+a longer one in blocks, only those that hold a committed slot of some row
+(``specjax.models.transformer.cache_attention``).
 
 Writes use scatters with ``mode='drop'``: a slot at or past capacity is dropped, never
 clamped onto committed slots (``dynamic_update_slice`` would clamp its start and
@@ -59,8 +66,8 @@ class PerLayer(tuple):
 
 @struct.dataclass
 class Cache:
-    """k, v: ``PerLayer`` of n_layers arrays f32[B, KV, S, hd] (post-rotary keys);
-    length: i32[B]."""
+    """k: ``PerLayer`` of n_layers arrays f32[B, KV, hd, S] (post-rotary keys, slots
+    minor); v: ``PerLayer`` of n_layers arrays f32[B, KV, S, hd]; length: i32[B]."""
 
     k: PerLayer
     v: PerLayer
@@ -69,7 +76,7 @@ class Cache:
     @property
     def max_len(self) -> int:
         """The capacity S (slots per row)."""
-        return self.k.shape[2]
+        return self.v.shape[2]
 
     capacity = max_len
 
@@ -85,15 +92,16 @@ class Cache:
     def logical_axes() -> 'Cache':
         """Logical axis names of each field (one name tuple per field: the same for every
         layer; see `PerLayer`)."""
-        kv = ('batch', 'kv_heads', 'cache_length', 'head_dim')
-        return Cache(k=kv, v=kv, length=('batch',))
+        return Cache(k=('batch', 'kv_heads', 'head_dim', 'cache_length'),
+                     v=('batch', 'kv_heads', 'cache_length', 'head_dim'), length=('batch',))
 
 
 def init_cache(n_layers: int, batch: int, capacity: int, n_kv_heads: int, head_dim: int,
                dtype=jnp.float32) -> Cache:
-    shape = (batch, n_kv_heads, capacity, head_dim)
-    return Cache(k=PerLayer(jnp.zeros(shape, dtype) for _ in range(n_layers)),
-                 v=PerLayer(jnp.zeros(shape, dtype) for _ in range(n_layers)),
+    k_shape = (batch, n_kv_heads, head_dim, capacity)
+    v_shape = (batch, n_kv_heads, capacity, head_dim)
+    return Cache(k=PerLayer(jnp.zeros(k_shape, dtype) for _ in range(n_layers)),
+                 v=PerLayer(jnp.zeros(v_shape, dtype) for _ in range(n_layers)),
                  length=jnp.zeros((batch,), jnp.int32))
 
 
@@ -109,12 +117,28 @@ def _index(batch: int, kv: int, slots: jax.Array):
     return (jnp.arange(batch)[:, None, None], jnp.arange(kv)[None, :, None], slots[:, None, :])
 
 
+def _index_t(batch: int, kv: int, hd: int, slots: jax.Array):
+    """Scatter/gather indices (rows, heads, dims, slots) for ``slots: i32[B, T]`` on
+    [B, KV, hd, S] (keys)."""
+    return (jnp.arange(batch)[:, None, None, None], jnp.arange(kv)[None, :, None, None],
+            jnp.arange(hd)[None, None, :, None], slots[:, None, None, :])
+
+
 def write_block(arr: jax.Array, block: jax.Array, length: jax.Array) -> jax.Array:
-    """Writes one layer's ``block: [B, KV, T, hd]`` into ``arr: [B, KV, S, hd]`` at slots
-    ``[length, length + T)`` of each row (slots past capacity are dropped)."""
+    """Writes one layer's values ``block: [B, KV, T, hd]`` into ``arr: [B, KV, S, hd]`` at
+    slots ``[length, length + T)`` of each row (slots past capacity are dropped)."""
     B, KV, T = block.shape[:3]
     slots = length[:, None] + jnp.arange(T)[None, :]  # [B, T]
     return arr.at[_index(B, KV, slots)].set(block.astype(arr.dtype), mode='drop')
+
+
+def write_keys(arr: jax.Array, block: jax.Array, length: jax.Array) -> jax.Array:
+    """Writes one layer's keys ``block: [B, KV, T, hd]`` into ``arr: [B, KV, hd, S]`` at
+    slots ``[length, length + T)`` of each row (slots past capacity are dropped)."""
+    B, KV, T, hd = block.shape
+    slots = length[:, None] + jnp.arange(T)[None, :]  # [B, T]
+    return arr.at[_index_t(B, KV, hd, slots)].set(
+        block.transpose(0, 1, 3, 2).astype(arr.dtype), mode='drop')
 
 
 def advance(cache: Cache, n) -> Cache:
@@ -145,17 +169,20 @@ def compact(cache: Cache, src, n) -> Cache:
     if src.ndim != 2 or src.shape[0] != cache.batch:
         raise ValueError(f'compact(src): expected i32[{cache.batch}, K], got shape {src.shape}')
     K = src.shape[1]
-    B, KV = cache.batch, cache.k.shape[1]
+    B, KV, hd = cache.batch, cache.v.shape[1], cache.v.shape[3]
     base = cache.length[:, None]
-    src_idx = _index(B, KV, base + src)
-    dst_idx = _index(B, KV, base + jnp.arange(K)[None, :])
+    dst = base + jnp.arange(K)[None, :]
 
-    def move(x):
-        moved = x.at[src_idx].get(mode='clip')  # [B, KV, K, hd]
-        return x.at[dst_idx].set(moved, mode='drop')
+    def mover(src_idx, dst_idx):
+        def move(x):
+            moved = x.at[src_idx].get(mode='clip')
+            return x.at[dst_idx].set(moved, mode='drop')
+        return move
 
-    return advance(cache.replace(k=PerLayer(map(move, cache.k)),
-                                 v=PerLayer(map(move, cache.v))), n)
+    move_k = mover(_index_t(B, KV, hd, base + src), _index_t(B, KV, hd, dst))
+    move_v = mover(_index(B, KV, base + src), _index(B, KV, dst))
+    return advance(cache.replace(k=PerLayer(map(move_k, cache.k)),
+                                 v=PerLayer(map(move_v, cache.v))), n)
 
 
 def select_rows(cache, rows: jax.Array):

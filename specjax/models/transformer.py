@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.models.cache import PerLayer, write_block
+from specjax.models.cache import PerLayer, write_block, write_keys
 from specjax.sharding import with_logical_constraint
 
 _DTYPES = ('float32', 'bfloat16', 'float16')
@@ -230,7 +230,8 @@ CACHE_MIN_BLOCKS = 4  # caches of fewer blocks are read whole
 
 def cache_attention(q, cache_k, cache_v, length, dt, chunk: int | None = None,
                     min_blocks: int | None = None):
-    """Attention of ``q: [B, KV, Q, hd]`` over the committed slots of one layer's cache.
+    """Attention of ``q: [B, KV, Q, hd]`` over the committed slots of one layer's cache
+    (keys ``cache_k: [B, KV, hd, S]``, values ``cache_v: [B, KV, S, hd]``).
 
     Returns ``(m, z, o)``: per query row the max score ``m`` (``_NEG`` where nothing is
     committed), ``z = Σ exp(s − m)`` and the unnormalised ``o = Σ exp(s − m) v``, f32,
@@ -251,7 +252,7 @@ def cache_attention(q, cache_k, cache_v, length, dt, chunk: int | None = None,
     speculative round at batch 8, capacity ~130, 64-slot blocks: +6–10 %); hence whole
     reads below `CACHE_MIN_BLOCKS`. (On TPU the slice fuses into the dot's operand.)
     """
-    B, KV, S, hd = cache_k.shape
+    B, KV, S, hd = cache_v.shape
     Q = q.shape[2]
     c = min(chunk or CACHE_CHUNK, S)
     n_blocks = -(-S // c)
@@ -261,9 +262,9 @@ def cache_attention(q, cache_k, cache_v, length, dt, chunk: int | None = None,
 
     def block(start, lo, m, z, o):
         """Merges slots [lo, start + c) ∩ [0, length) of the block read at ``start``."""
-        k_blk = jax.lax.dynamic_slice_in_dim(cache_k, start, c, axis=2).astype(dt)
+        k_blk = jax.lax.dynamic_slice_in_dim(cache_k, start, c, axis=3).astype(dt)
         v_blk = jax.lax.dynamic_slice_in_dim(cache_v, start, c, axis=2).astype(dt)
-        s = jnp.einsum('bkqh,bksh->bkqs', q, k_blk, preferred_element_type=jnp.float32)
+        s = jnp.einsum('bkqh,bkhs->bkqs', q, k_blk, preferred_element_type=jnp.float32)
         slot = start + jnp.arange(c)
         valid = ((slot[None, :] >= lo) & (slot[None, :] < length[:, None]))[:, None, None, :]
         s = jnp.where(valid, s, _NEG)
@@ -310,8 +311,8 @@ class Attention(nnx.Module):
     def __call__(self, x, positions, block_mask, cache=None):
         """Args:
           x: [B, T, D]; positions: i32[B, T]; block_mask: bool[B, T, T].
-          cache: None (no history) or (k, v, length): this layer's [B, KV, S, hd] arrays
-            (``specjax.models.cache``) and i32[B] committed slots.
+          cache: None (no history) or (k, v, length): this layer's keys [B, KV, hd, S]
+            and values [B, KV, S, hd] (``specjax.models.cache``) and i32[B] committed slots.
 
         Returns (out [B, T, D], this layer's updated (k, v) arrays or None).
         """
@@ -342,7 +343,7 @@ class Attention(nnx.Module):
             kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)   # [B, KV, T, hd]
             # Write first, then read the *updated* arrays: the old buffers die at the
             # write, so XLA updates the cache in place instead of copying it every step.
-            cache_k = write_block(cache_k, kt, length)
+            cache_k = write_keys(cache_k, kt, length)
             cache_v = write_block(cache_v, vt, length)
             # Query rows (g, t) of each KV head against its slots: batch dims (B, KV)
             # leading and the contraction minor, as the cache is laid out (no transposes).
@@ -425,7 +426,8 @@ class Transformer(nnx.Module):
     def __call__(self, tokens, positions, block_mask, cache_k=None, cache_v=None, length=None):
         """Args:
           tokens, positions: i32[B, T]; block_mask: bool[B, T, T].
-          cache_k, cache_v: per-layer [B, KV, S, hd] arrays (``PerLayer``) or None;
+          cache_k, cache_v: per-layer keys [B, KV, hd, S] and values [B, KV, S, hd]
+            (``PerLayer``) or None;
             length: i32[B].
 
         Returns (logits f32[B, T, V], cache_k, cache_v) with the block's keys/values

@@ -19,7 +19,8 @@ from pathlib import Path
 from specjax.errors import ConfigError, check
 from specjax.policy.auto import AutoRouter
 from specjax.policy.boundary import BoundaryThresholds
-from specjax.policy.plan import PlanConfig, enable_shared_calls, run_plans
+from specjax.policy.calls import enable_shared_calls
+from specjax.policy.plan import PlanConfig, run_plans
 from specjax.policy.summary import plan_totals, summarize
 from specjax.seed_constants import (ACCEPTANCE_FLOOR, DEPTH_CEILING, SEED_COSTS,
                                     TRUNCATION_OVERHEAD_RATIO)
@@ -329,7 +330,7 @@ def plans(config, cell: dict, workdir: Path) -> dict:
     """One cell: the plan prompts under the cell's policy, with baselines and SPEC §7 figures.
 
     The KL check on a prefix, identical across the run's cells, is computed once per process
-    (`specjax.policy.plan.shared_calls`); each cell is charged its measured seconds. Engine
+    (`specjax.policy.calls.shared_calls`); each cell is charged its measured seconds. Engine
     calls continue each plan's carried state (`specjax.policy.carry`) and run per cell.
     """
     enable_shared_calls()
