@@ -25,7 +25,8 @@ size B, measured in one process, interleaved, medians of `--repeats`:
     tokens per round E, Leviathan's speedup with c = T_draft / T_step, the hardware-aware
     prediction E · T_step / (γ · T_draft + T_score) and measured / hardware-aware;
   * the peer (`transformers`, PyTorch eager, where installed): a randomly initialised
-    Llama of the verifier's exact shape, plain generation at every B, and assisted
+    Llama of the verifier's exact shape, prompts as wide as specjax's padded ones (the same
+    prefill work), medians as specjax's; plain generation at every B, and assisted
     generation (batch 1; transformers supports no other) with an assistant of the
     drafter's shape.
 
@@ -90,10 +91,12 @@ def _llama(cfg, torch, transformers):
     return transformers.LlamaForCausalLM(hf).eval()
 
 
-def peer_tokens_per_s(v_cfg, d_cfg, batches, prompt_len: int, new_tokens: int,
+def peer_tokens_per_s(v_cfg, d_cfg, batches, prompt_lens: dict, new_tokens: int,
                       repeats: int) -> dict | None:
     """transformers' plain generation at each batch size and assisted generation at batch 1
-    (tokens/s), randomly initialised models of the verifier's and the drafter's shapes."""
+    (tokens/s, median of `repeats` after a warm-up, as specjax's), randomly initialised
+    models of the verifier's and the drafter's shapes, prompts of `prompt_lens[batch]`
+    tokens: the width specjax prefills at that batch (its prompts padded to the bucket)."""
     try:
         import torch
         import transformers
@@ -106,15 +109,15 @@ def peer_tokens_per_s(v_cfg, d_cfg, batches, prompt_len: int, new_tokens: int,
            "threads": torch.get_num_threads(), "plain": {}, "assisted": {}}
 
     def timed(batch, **extra):
-        ids = torch.randint(1, v_cfg.vocab_size, (batch, prompt_len))
+        ids = torch.randint(1, v_cfg.vocab_size, (batch, prompt_lens[batch]))
         with torch.no_grad():
             target.generate(ids, **kw, **extra)                       # warm-up
-            best = float("inf")
+            runs = []
             for _ in range(repeats):
                 t0 = time.perf_counter()
                 target.generate(ids, **kw, **extra)
-                best = min(best, time.perf_counter() - t0)
-        return batch * new_tokens / best
+                runs.append(time.perf_counter() - t0)
+        return batch * new_tokens / statistics.median(runs)
 
     for b in batches:
         out["plain"][b] = timed(b)
@@ -231,7 +234,7 @@ def main(argv):
                                 ar_ms_per_step=1e3 * batch / ar_tps,
                                 decode_ms_per_step=1e3 * batch / dec_tps,
                                 floor_ms_per_step=1e3 * batch / floor, context=context,
-                                capacity=capacity, ar_runs=ar_s)
+                                capacity=capacity, width=width, ar_runs=ar_s)
         print(f"B={batch:2d}: prefill {1e3 * t_prefill:.2f} ms; AR decode {dec_tps:8.1f} tok/s "
               f"({1e3 * batch / dec_tps:.3f} ms/step, {floor / dec_tps:.2f}x the floor)", flush=True)
         print(f"B={batch:2d}: AR {ar_tps:8.1f} tok/s ({1e3 * batch / ar_tps:.3f} ms/step), "
@@ -261,7 +264,9 @@ def main(argv):
     peer = None
     if FLAGS.peer:
         d_cfg = full.subset([names[0]]).drafters[0].lm.config
-        peer = peer_tokens_per_s(v.config, d_cfg, batches, 32, FLAGS.new_tokens, FLAGS.repeats)
+        peer = peer_tokens_per_s(v.config, d_cfg, batches,
+                                 {b: per_batch[b]["width"] for b in batches},
+                                 FLAGS.new_tokens, FLAGS.repeats)
         if peer is not None:
             for b in batches:
                 per_batch[b]["peer_tokens_per_s"] = peer["plain"][b]
