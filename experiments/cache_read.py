@@ -15,6 +15,7 @@ minimum over `--repeats` runs), next to the verifier's matmul floor at the same 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -90,7 +91,7 @@ def main(argv):
 
 
 def _time_exe(exe, *args) -> float:
-    import time  # pylint: disable=import-outside-toplevel
+    """Seconds of one run of a compiled program, after one untimed run."""
     jax.block_until_ready(exe(*args))
     t0 = time.perf_counter()
     jax.block_until_ready(exe(*args))

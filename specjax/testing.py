@@ -157,6 +157,25 @@ def make_deployment(case: str = "random", seed: int = 0, temperatures=DRAFTER_TE
                       stop_table=stop), setup
 
 
+def tiny_transformers(vocab: int = 32, max_len: int = 64, verifier_layers: int = 2):
+    """A tiny random transformer verifier and two tiny transformer drafters of its
+    vocabulary (1 and 2 layers, identity maps): ``(verifier, v_params, specs, data)``, for
+    engine tests on real KV caches. Fixed seeds."""
+    import dataclasses  # pylint: disable=import-outside-toplevel
+
+    from specjax.engine.spec import identity_maps  # pylint: disable=import-outside-toplevel
+    from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
+    from specjax.models.transformer import TransformerConfig  # pylint: disable=import-outside-toplevel
+    base = TransformerConfig(vocab_size=vocab, d_model=32, n_layers=verifier_layers,
+                             n_heads=4, n_kv_heads=2, d_ff=64, max_len=max_len)
+    v = TransformerLM(base)
+    ds = [TransformerLM(dataclasses.replace(base, d_model=16, n_heads=2, n_kv_heads=1,
+                                            d_ff=32, n_layers=n)) for n in (1, 2)]
+    specs = tuple(DrafterSpec(f"t{i}", lm, temperature=1.0) for i, lm in enumerate(ds))
+    data = tuple(identity_maps(lm.init_params(10 + i), vocab) for i, lm in enumerate(ds))
+    return v, v.init_params(0), specs, data
+
+
 def tiny_transformer_deployment(max_len: int = 96):
     """A verifier (2 layers, d 32) and two one-layer drafters as tiny random transformers:
     'same' (the verifier's byte tokenizer) and 'other' (bytes plus two thinking tokens, a

@@ -162,24 +162,10 @@ def test_token_tree_two_slots_equals_static(n, batch):
     assert (res.proposed.sum(1) > 0).all()
 
 
-def _tiny_transformers(vocab=32, max_len=64, layers=1):
-    from specjax.engine.spec import identity_maps
-    from specjax.models.api import TransformerLM
-    from specjax.models.transformer import TransformerConfig
-    base = TransformerConfig(vocab_size=vocab, d_model=32, n_layers=layers, n_heads=4,
-                             n_kv_heads=2, d_ff=64, max_len=max_len)
-    v = TransformerLM(base)
-    ds = [TransformerLM(dataclasses.replace(base, d_model=16, n_heads=2, n_kv_heads=1, d_ff=32,
-                                            n_layers=n)) for n in (1, 2)]
-    specs = tuple(DrafterSpec(f"t{i}", lm, temperature=1.0) for i, lm in enumerate(ds))
-    data = tuple(identity_maps(lm.init_params(10 + i), vocab) for i, lm in enumerate(ds))
-    return v, v.init_params(0), specs, data
-
-
 def test_transformer_caches_are_scattered_exactly():
     """KV caches through refills and pauses (the verifier's, a drafter's): rule 'coupled'
     against static batches."""
-    v, vp, specs, data = _tiny_transformers()
+    v, vp, specs, data = suite.tiny_transformers(verifier_layers=1)
     rng = np.random.default_rng(1)
     n = 6
     prompts = [[int(x) for x in rng.integers(1, 32, rng.integers(1, 5))] for _ in range(n)]

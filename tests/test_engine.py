@@ -140,22 +140,6 @@ def test_greedy_equality_on_the_zoo():
 # Issue 10: one host round-trip per call, cache carrying, per-drafter γ, value checks
 # ----------------------------------------------------------------------------------------
 
-def _tiny_transformers(vocab=32, max_len=64):
-    """A tiny transformer verifier and two tiny transformer drafters of its vocabulary."""
-    import dataclasses as dc
-    from specjax.engine.spec import identity_maps
-    from specjax.models.api import TransformerLM
-    from specjax.models.transformer import TransformerConfig
-    base = TransformerConfig(vocab_size=vocab, d_model=32, n_layers=2, n_heads=4,
-                             n_kv_heads=2, d_ff=64, max_len=max_len)
-    v = TransformerLM(base)
-    ds = [TransformerLM(dc.replace(base, d_model=16, n_heads=2, n_kv_heads=1, d_ff=32,
-                                   n_layers=n)) for n in (1, 2)]
-    specs = tuple(DrafterSpec(f"t{i}", lm, temperature=1.0) for i, lm in enumerate(ds))
-    data = tuple(identity_maps(lm.init_params(10 + i), vocab) for i, lm in enumerate(ds))
-    return v, v.init_params(0), specs, data
-
-
 def test_one_transfer_each_way_per_call(monkeypatch):
     """Under transfer_guard('disallow') nothing moves implicitly; the only transfers are the
     call's one device_put (inputs) and one device_get (tokens + counters)."""
@@ -199,7 +183,7 @@ def test_carried_caches_continue_exactly(rule, s, temp):
     call gives, for rules whose output depends on positions only (greedy, coupled), through
     transformer caches (verifier compaction, drafter rollback) and a fallback in between.
     (Budgets and temperatures are inputs, not compiled in: 3 programs per rule.)"""
-    v, vp, specs, data = _tiny_transformers()
+    v, vp, specs, data = suite.tiny_transformers()
     prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
     dp = [prompts, prompts]
     keys = gen.row_keys_for(3, len(prompts))
@@ -238,7 +222,7 @@ def test_carried_caches_continue_exactly(rule, s, temp):
 
 
 def test_autoregressive_continues_exactly():
-    v, vp, _, _ = _tiny_transformers()
+    v, vp, _, _ = suite.tiny_transformers()
     prompts = [[1, 2, 3], [4]]
     keys = gen.row_keys_for(7, 2)
     kw = dict(temperature=1.0)
@@ -253,7 +237,7 @@ def test_autoregressive_continues_exactly():
 
 def test_capacity_follows_the_call():
     """Caches are sized to the call, not to max_len; the output does not depend on it."""
-    v, vp, specs, data = _tiny_transformers(max_len=256)
+    v, vp, specs, data = suite.tiny_transformers(max_len=256)
     prompts = [[1, 2, 3], [4, 5]]
     keys = gen.row_keys_for(1, 2)
     cfg = EngineConfig(gamma=2, rule="rejection", verifier_temperature=0.0, max_new_tokens=6)
@@ -321,7 +305,7 @@ def test_value_checks_pass_in_the_code_paths(rule, s):
     distributions) traced in with `specjax.debug` on, on transformer caches, for every rule
     (`make test` runs the others with checks off; `make test-all` runs everything checked)."""
     from specjax import debug
-    v, vp, specs, data = _tiny_transformers()
+    v, vp, specs, data = suite.tiny_transformers()
     prompts = [[1, 2, 3], [4, 5]]
     was = debug.enabled()
     debug.set_enabled(True)

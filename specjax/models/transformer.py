@@ -346,7 +346,7 @@ class Attention(nnx.Module):
             cache_k = write_keys(cache_k, kt, length)
             cache_v = write_block(cache_v, vt, length)
             # Query rows (g, t) of each KV head against its slots: batch dims (B, KV)
-            # leading and the contraction minor, as the cache is laid out (no transposes).
+            # leading, as the cache is laid out (keys [hd, S], values [S, hd]: no repacks).
             qc = qg.transpose(0, 2, 3, 1, 4).reshape(B, kv, g * T, hd)
             m_c, z_c, o_c = cache_attention(qc, cache_k, cache_v, length, dt)
             m_c, z_c = m_c.reshape(B, kv, g, T), z_c.reshape(B, kv, g, T)
