@@ -317,3 +317,52 @@ def test_value_checks_pass_in_the_code_paths(rule, s):
         assert (res.length - res.start == 8).all()
     finally:
         debug.set_enabled(was)
+
+
+def test_prefill_groups_layout():
+    """Ragged prefill layout: sorted rows in ≤ 4 runs at their own widths, or None."""
+    assert gen.prefill_groups([5, 9, 3], 16) is None                 # too few rows
+    assert gen.prefill_groups([40] * 8, 48) is None                  # nothing to skip
+    lens = [33, 0, 20, 1, 12, 2, 7, 4]
+    assert gen.prefill_groups(lens, 34) == ((6, 16), (2, 34))
+    assert gen.prefill_groups(lens, 34, bucket=32) is None           # quantum 32: 3/4 kept
+    groups = gen.prefill_groups(np.arange(32) * 4, 128, bucket=16)
+    assert sum(r for r, _ in groups) == 32 and [w for _, w in groups] == [32, 64, 96, 128]
+
+
+def test_ragged_prefill_is_the_padded_one(monkeypatch):
+    """Grouped prefill writes the same committed cache slots and last logits as one padded
+    block, in the rows' own order; generate calls give the same tokens either way."""
+    v, vp, specs, data = suite.tiny_transformers()
+    prompts = [[(3 * i + j) % 31 + 1 for j in range(n)]
+               for i, n in enumerate([34, 1, 21, 2, 13, 3, 8, 5])]
+    arr, plen = gen.pad_prompts(prompts)
+    n = plen - 1
+    groups = gen.prefill_groups(n, arr.shape[1])
+    assert groups is not None and len(groups) > 1
+    one, last1 = gen.prefill_cache(v, vp, jnp.asarray(arr), jnp.asarray(n), 48)
+    grp, last2 = gen.prefill_cache(v, vp, jnp.asarray(arr), jnp.asarray(n), 48, groups)
+    np.testing.assert_array_equal(grp.length, n)
+    for r, m in enumerate(n):
+        for k1, k2 in zip(one.k, grp.k):
+            np.testing.assert_allclose(k2[r, ..., :m], k1[r, ..., :m], rtol=1e-5, atol=1e-6)
+        for v1, v2 in zip(one.v, grp.v):
+            np.testing.assert_allclose(v2[r, :, :m], v1[r, :, :m], rtol=1e-5, atol=1e-6)
+        if m:
+            np.testing.assert_allclose(last2[r], last1[r], rtol=1e-4, atol=1e-5)
+
+    keys = gen.row_keys_for(5, len(prompts))
+
+    def run():
+        cfg = EngineConfig(gamma=3, rule="rejection", verifier_temperature=0.0,
+                           max_new_tokens=6)
+        spec = gen.speculative_generate(cfg, v, vp, specs, data, prompts, [prompts, prompts],
+                                        keys)
+        ar = gen.autoregressive_generate(v, vp, prompts, keys, temperature=0.0,
+                                         max_new_tokens=6)
+        return [spec.new_tokens(i) for i in range(8)], [ar.new_tokens(i) for i in range(8)]
+    spec_g, ar_g = run()
+    assert spec_g == ar_g
+    monkeypatch.setattr(gen, "PREFILL_GROUPS", 1)
+    assert gen.prefill_groups(n, arr.shape[1]) is None
+    assert run() == (spec_g, ar_g)

@@ -46,7 +46,8 @@ from specjax.models.api import causal_block_mask
 from specjax.verify.distributions import gumbel_argmax, sampling_probs
 
 __all__ = ['GenerateResult', 'EngineState', 'speculative_generate', 'autoregressive_generate',
-           'pad_prompts', 'row_keys_for', 'check_finite', 'compiled_programs', 'prefill']
+           'pad_prompts', 'row_keys_for', 'check_finite', 'compiled_programs', 'prefill',
+           'prefill_groups']
 
 
 @dataclasses.dataclass
@@ -213,8 +214,76 @@ def run_program(fn, statics: dict, args: tuple):
 # The speculative loop
 # ----------------------------------------------------------------------------------------
 
-def prefill_cache(lm, params, tokens, n, capacity):
-    """Caches tokens[:, :n] (n i32[B] ≤ P); returns (cache, logits after token n−1)."""
+# Ragged prefill: rows sorted by length, prefilled in a few groups at their own widths.
+PREFILL_GROUPS = 4        # at most this many groups of rows (each a forward of its own shape)
+PREFILL_MIN_ROWS = 8      # smaller batches prefill as one padded block
+PREFILL_QUANTUM = 16      # group widths are multiples of max(bucket, this)
+PREFILL_MIN_SAVING = 0.25  # group only when it skips at least this share of the padded block
+
+
+def prefill_groups(cached, width: int, bucket: int = 1) -> tuple[tuple[int, int], ...] | None:
+    """The static layout of a ragged prefill, or None for one padded block.
+
+    Rows are taken in stable order of `cached` (the tokens each row caches), split into
+    `PREFILL_GROUPS` near-equal runs, and each run is prefilled at its own width: its longest
+    row rounded up to a multiple of max(`bucket`, `PREFILL_QUANTUM`), at most `width` (the
+    padded prompt width). Adjacent runs of one width merge. A batch of 32 prompts of 9–83
+    tokens padded to 128 then prefills 2,048 positions instead of 4,096; the layout is a
+    compile-time constant, so the equal-size runs and the quantum bound how many programs
+    ragged batches compile. Returns ((rows, width), ...) in sorted order, or None when the
+    batch is small or the groups would skip less than `PREFILL_MIN_SAVING` of the block.
+    """
+    n = np.asarray(cached, np.int64).reshape(-1)
+    b = n.shape[0]
+    if b < PREFILL_MIN_ROWS or PREFILL_GROUPS < 2:
+        return None
+    q = max(int(bucket), PREFILL_QUANTUM)
+    srt = np.sort(n, kind='stable')
+    g = min(PREFILL_GROUPS, b)
+    sizes = [b // g + (i < b % g) for i in range(g)]
+    groups: list[list[int]] = []
+    r0 = 0
+    for rows in sizes:
+        longest = int(srt[r0 + rows - 1])
+        w = int(min(width, max(q, -(-longest // q) * q)))
+        if groups and groups[-1][1] == w:
+            groups[-1][0] += rows
+        else:
+            groups.append([rows, w])
+        r0 += rows
+    if sum(r * w for r, w in groups) > (1.0 - PREFILL_MIN_SAVING) * b * width:
+        return None
+    return tuple((int(r), int(w)) for r, w in groups)
+
+
+def _gather_rows(tree, idx):
+    return jax.tree.map(lambda x: jnp.take(x, idx, axis=0), tree)
+
+
+def prefill_cache(lm, params, tokens, n, capacity, groups=None):
+    """Caches tokens[:, :n] (n i32[B] ≤ P); returns (cache, logits after token n−1).
+
+    `groups` (static, from `prefill_groups` on the same `n`): prefill the rows in stable
+    order of `n`, each group at its own width, and return the cache in the rows' own order
+    (a cache's leaves are batch-major). Without it, one forward over the padded block.
+    """
+    if groups:
+        if sum(r for r, _ in groups) != tokens.shape[0]:
+            raise ValueError(f"prefill groups {groups} do not cover {tokens.shape[0]} rows")
+        order = jnp.argsort(n, stable=True)
+        parts, lasts = [], []
+        r0 = 0
+        for rows, width in groups:
+            idx = order[r0:r0 + rows]
+            c, last = prefill_cache(lm, params, jnp.take(tokens, idx, axis=0)[:, :width],
+                                    jnp.take(n, idx), capacity)
+            parts.append(c)
+            lasts.append(last)
+            r0 += rows
+        inverse = jnp.argsort(order)
+        cache = jax.tree.map(lambda *xs: jnp.take(jnp.concatenate(xs, 0), inverse, axis=0),
+                             *parts)
+        return cache, jnp.take(jnp.concatenate(lasts, 0), inverse, axis=0)
     b, p = tokens.shape
     # A fresh cache's length is a compile-time 0, and XLA then constant-folds the masked
     # attention over every empty slot (tens of seconds of compilation at batch 12). Tie it
@@ -226,9 +295,9 @@ def prefill_cache(lm, params, tokens, n, capacity):
     return lm.advance(cache, n), last
 
 
-@functools.partial(jax.jit, static_argnames=("lm", "capacity"))
-def _prefill_program(params, tokens, n, *, lm, capacity):
-    return prefill_cache(lm, params, tokens, n, capacity)
+@functools.partial(jax.jit, static_argnames=("lm", "capacity", "groups"))
+def _prefill_program(params, tokens, n, *, lm, capacity, groups):
+    return prefill_cache(lm, params, tokens, n, capacity, groups)
 
 
 def prefill(lm, params, prompts: Sequence[Sequence[int]], *, capacity: int, width: int = 0,
@@ -252,8 +321,10 @@ def prefill(lm, params, prompts: Sequence[Sequence[int]], *, capacity: int, widt
         raise ConfigError(f"prefill capacity: got {capacity}; allowed: ≥ the longest cached "
                           f"prompt ({int(n.max())} tokens)")
     dev = jax.device_put(dict(tokens=arr, n=n))
-    (cache, logits), seconds = run_program(_prefill_program, dict(lm=lm, capacity=int(capacity)),
-                                    (params, dev['tokens'], dev['n']))
+    statics = dict(lm=lm, capacity=int(capacity),
+                   groups=prefill_groups(n, int(arr.shape[1]), bucket))
+    (cache, logits), seconds = run_program(_prefill_program, statics,
+                                           (params, dev['tokens'], dev['n']))
     return cache, logits, seconds
 
 
@@ -282,7 +353,8 @@ def _spec_loop(cfg, verifier, drafters, v_params, d_data, slots, stop_table, v_t
     return _outputs(state, return_state)
 
 
-_SPEC_STATICS = ("cfg", "verifier", "drafters", "buf_len", "v_cap", "d_caps", "return_state")
+_SPEC_STATICS = ("cfg", "verifier", "drafters", "buf_len", "v_cap", "d_caps", "v_groups",
+                 "d_groups", "return_state")
 
 
 @functools.partial(jax.jit, static_argnames=_SPEC_STATICS)
@@ -290,12 +362,13 @@ def _spec_from_prompts(v_params, d_data, slots, stop_table, v_temperature, max_n
                        prompt_len,
                        d_prompts, d_prompt_len, row_keys, *, cfg, verifier, drafters,
                        buf_len,
-                       v_cap, d_caps, return_state):
+                       v_cap, d_caps, v_groups, d_groups, return_state):
     b = prompt.shape[0]
-    vcache, _ = prefill_cache(verifier, v_params, prompt, prompt_len - 1, v_cap)
+    vcache, _ = prefill_cache(verifier, v_params, prompt, prompt_len - 1, v_cap, v_groups)
     dcaches, dlogits = [], []
-    for spec, data, dp, dl, cap in zip(drafters, d_data, d_prompts, d_prompt_len, d_caps):
-        c, lg = prefill_cache(spec.lm, data.params, dp, dl, cap)
+    for spec, data, dp, dl, cap, grp in zip(drafters, d_data, d_prompts, d_prompt_len, d_caps,
+                                            d_groups):
+        c, lg = prefill_cache(spec.lm, data.params, dp, dl, cap, grp)
         dcaches.append(c)
         dlogits.append(lg)
     tokens = jnp.zeros((b, buf_len), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
@@ -310,8 +383,9 @@ def _spec_from_prompts(v_params, d_data, slots, stop_table, v_temperature, max_n
 @functools.partial(jax.jit, static_argnames=_SPEC_STATICS)
 def _spec_from_state(v_params, d_data, slots, stop_table, v_temperature, max_new, carry,
                      row_keys, *,
-                     cfg, verifier, drafters, buf_len, v_cap, d_caps, return_state):
-    del buf_len, v_cap, d_caps  # fixed by the call that made the state
+                     cfg, verifier, drafters, buf_len, v_cap, d_caps, v_groups, d_groups,
+                     return_state):
+    del buf_len, v_cap, d_caps, v_groups, d_groups  # fixed by the call that made the state
     gamma = max(d.window(cfg.gamma) for d in drafters)
     # Drafters behind the committed text (a verifier-only step, a fallback) catch up now,
     # γ + 1 verifier tokens per forward, before the first round.
@@ -449,6 +523,9 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
                                             buf_len, g))
         host.update(prompt=prompt, prompt_len=plen, d_prompts=tuple(d_arr),
                     d_prompt_len=tuple(d_len))
+        v_groups = prefill_groups(plen - 1, int(prompt.shape[1]), bucket)
+        d_groups = tuple(prefill_groups(ln, int(arr.shape[1]), bucket)
+                         for arr, ln in zip(d_arr, d_len))
         if state is not None:
             raise ConfigError("state: give prompts=None to continue a state, or no state")
         dev = jax.device_put(host)
@@ -463,14 +540,15 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
                               f"one per drafter of this call ({k}); continue a verifier-only "
                               "state with autoregressive_generate")
         buf_len, v_cap, d_caps = int(state.tokens.shape[1]), 0, ()
+        v_groups, d_groups = None, ()
         dev = jax.device_put(host)
         d_data = tuple(data.replace(temperature=t) for data, t in zip(d_data, dev['temps']))
         args = (v_params, d_data, dev['slots'], dev['stop_table'], dev['v_temperature'],
                 dev['max_new'], state, dev['row_keys'])
         fn = _spec_from_state
     statics = dict(cfg=cfg_static, verifier=verifier, drafters=statics_drafters,
-                   buf_len=buf_len, v_cap=v_cap, d_caps=tuple(d_caps),
-                   return_state=return_state)
+                   buf_len=buf_len, v_cap=v_cap, d_caps=tuple(d_caps), v_groups=v_groups,
+                   d_groups=d_groups, return_state=return_state)
     out, seconds = run_program(fn, statics, args)
     carried = out.pop('state', None)
     host_out = jax.device_get(out)
@@ -483,7 +561,8 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
 # The autoregressive baseline
 # ----------------------------------------------------------------------------------------
 
-_AR_STATICS = ("verifier", "coupled", "buf_len", "v_cap", "top_k", "top_p", "return_state")
+_AR_STATICS = ("verifier", "coupled", "buf_len", "v_cap", "v_groups", "top_k", "top_p",
+               "return_state")
 
 
 def ar_loop(verifier, v_params, carry: EngineState, row_keys, stop_table, active,
@@ -521,9 +600,10 @@ def ar_loop(verifier, v_params, carry: EngineState, row_keys, stop_table, active
 
 @functools.partial(jax.jit, static_argnames=_AR_STATICS)
 def _ar_from_prompts(v_params, prompt, prompt_len, row_keys, stop_table, active, temperature,
-                     max_new, *, verifier, coupled, buf_len, v_cap, top_k, top_p, return_state):
+                     max_new, *, verifier, coupled, buf_len, v_cap, v_groups, top_k, top_p,
+                     return_state):
     b = prompt.shape[0]
-    vcache, _ = prefill_cache(verifier, v_params, prompt, prompt_len - 1, v_cap)
+    vcache, _ = prefill_cache(verifier, v_params, prompt, prompt_len - 1, v_cap, v_groups)
     tokens = jnp.zeros((b, buf_len), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
     carry = EngineState(tokens=tokens, length=prompt_len, vcache=vcache, dcaches=(),
                         dsynced=jnp.zeros((0, b), jnp.int32), dlogits=())
@@ -533,8 +613,8 @@ def _ar_from_prompts(v_params, prompt, prompt_len, row_keys, stop_table, active,
 
 @functools.partial(jax.jit, static_argnames=_AR_STATICS)
 def _ar_from_state(v_params, carry, row_keys, stop_table, active, temperature, max_new, *,
-                   verifier, coupled, buf_len, v_cap, top_k, top_p, return_state):
-    del buf_len, v_cap
+                   verifier, coupled, buf_len, v_cap, v_groups, top_k, top_p, return_state):
+    del buf_len, v_cap, v_groups
     return ar_loop(verifier, v_params, carry, row_keys, stop_table, active, temperature,
                     max_new, coupled, top_k, top_p, return_state)
 
@@ -563,16 +643,19 @@ def autoregressive_generate(verifier, v_params, prompts, row_keys, *, temperatur
         b = prompt.shape[0]
         _check_context("verifier", verifier, prompt.shape[1] + max_new_tokens + reserve + 1)
         buf_len = prompt.shape[1] + max_new_tokens + reserve + 1
+        v_groups = prefill_groups(plen - 1, int(prompt.shape[1]), bucket)
     else:
         if prompts is not None:
             raise ConfigError("state: give prompts=None to continue a state, or no state")
         b, buf_len = (int(n) for n in state.tokens.shape)
+        v_groups = None
     active = (np.ones((b,), bool) if active is None else np.asarray(active, bool).reshape(b))
     host = dict(row_keys=np.asarray(row_keys), stop_table=np.asarray(stop_table, bool),
                 active=active, temperature=np.float32(temperature),
                 max_new=np.int32(max_new_tokens))
     statics = dict(verifier=verifier, coupled=coupled,
-                   buf_len=buf_len, v_cap=min(buf_len - 1, verifier.max_len), top_k=top_k,
+                   buf_len=buf_len, v_cap=min(buf_len - 1, verifier.max_len),
+                   v_groups=v_groups, top_k=top_k,
                    top_p=top_p, return_state=return_state)
     if state is None:
         host.update(prompt=prompt, prompt_len=plen)
