@@ -13,7 +13,8 @@ size B, measured in one process, interleaved, medians of `--repeats`:
   * AR: the verifier alone, tokens/s over all rows (`autoregressive_generate`; seconds of
     the compiled program, compilation and transfers excluded; the first run of each
     program is a discarded warm-up: XLA:CPU's first execution is ~1.5x slower); and AR
-    decode: the same without the prompt's prefill (timed alone), the figure to hold
+    decode: the same without the prompt's prefill (the engine's own prefill program of the
+    same prompts, ragged where the call's is, timed alone), the figure to hold
     against the floor;
   * floor: the verifier's own weight matmuls alone at the same shapes (embedding, q/k/v/o,
     SwiGLU, head; no attention, no cache, no sampling) in a jitted `lax.scan`, tokens/s:
@@ -182,7 +183,7 @@ def main(argv):
         context = int(np.mean([len(p) for p in v_prompts])) + FLAGS.new_tokens // 2
         keys = row_keys_for(0, batch)
         t_step = time_forward(v, full.v_params, batch, 1, context, capacity)
-        t_prefill = time_prefill(v, full.v_params, batch, width, capacity)
+        t_prefill = time_prefill(v, full.v_params, v_prompts, capacity, FLAGS.bucket)
         floor = matmul_floor(v, full.v_params, batch)
         # AR and every speculative configuration are timed in turns (one run of each per
         # repeat, after one warm-up run of each), so a load change during the benchmark

@@ -13,6 +13,10 @@ Caches follow the call, not the model's context: every cache is allocated with t
 capacity this call can fill (prompt width + new tokens + one block, plus `reserve` for
 continuations), since attention reads every slot of it.
 
+Prefill is ragged for batches of ≥ 8 rows: rows sorted by length are prefilled in up to 4
+groups, each at its own width (`prefill_groups`), instead of every row at the longest
+prompt's; a batch of 32 zoo prompts of 9–83 tokens then prefills half the positions.
+
 Carrying caches across calls (plan steps): with ``return_state=True`` a result holds the
 device-side `EngineState` (tokens, the verifier's and every drafter's cache); pass it
 (or ``state.rows(idx)``) as ``state=`` to a later call to continue those rows for
