@@ -63,7 +63,8 @@ def _run(dep, pcfg, prompts, which, costs, best):
     elif which == "single":
         kw = dict(single=best)
     elif which == "auto":
-        kw = dict(router=AutoRouter(costs, pcfg.gamma, seed=pcfg.seed))
+        kw = dict(router=AutoRouter(costs, pcfg.gamma, seed=pcfg.seed,
+                                    gammas=[d.gamma for d in dep.drafters]))
     else:
         kw = dict(policy=Policy.from_name(which))
     t0 = time.perf_counter()

@@ -146,6 +146,25 @@ def test_auto_chooses_by_expected_cost_and_explores():
     assert len(r2.choose(0, 1)) == 2                    # exploration adds one drafter
 
 
+def test_auto_prices_a_lone_drafter_at_its_own_gamma():
+    """Per-drafter γ_i (SPEC §2): a drafter alone runs its own window, so auto prices it at
+    that window; a pair runs the shared block's γ."""
+    class C:
+        own_accepted_at = np.array([[[90, 0, 0, 0], [90, 0, 0, 0]]])
+        own_reached_at = np.array([[[100, 0, 0, 0], [100, 0, 0, 0]]])
+    same = AutoRouter([0.1, 0.1], gamma=4, seed=0, explore=0.0, max_set=1)
+    same.observe(0, 0, (0, 1), C, 0)
+    assert same.choose(0, 1) == (0,)                    # a tie: the lower index
+    own = AutoRouter([0.1, 0.1], gamma=4, seed=0, explore=0.0, max_set=1, gammas=[1, None])
+    own.observe(0, 0, (0, 1), C, 0)
+    al = own.alpha(0)
+    assert own.window((0,)) == 1 and own.window((1,)) == 4 and own.window((0, 1)) == 4
+    assert own.expected_cost_per_token(al, (1,)) < own.expected_cost_per_token(al, (0,))
+    assert own.choose(0, 1) == (1,)                     # γ_0 = 1 commits ≤ 2 per round
+    with pytest.raises(ValueError, match="gammas"):
+        AutoRouter([0.1, 0.1], gamma=4, gammas=[0, 2])
+
+
 @pytest.mark.slow  # 10 engine runs of 100k rows; `make test-all`
 def test_every_set_auto_can_choose_is_lossless(deployment):
     """χ²: the token tree over every pair (auto's two-drafter sets) and rule 1 for every

@@ -6,8 +6,12 @@ the statistics every round already produces — each drafter's chain tested alon
 p (`own_accepted_at` / `own_reached_at`, Leviathan's α) — to choose, for each plan and
 step, the drafter set with the lowest expected cost per committed token:
 
-    E[tokens per round](S) = (1 − a_S^{γ+1}) / (1 − a_S),  a_S = 1 − Π_{i∈S} (1 − α̂_i)
-    cost per round(S)      = 1 + γ · Σ_{i∈S} c_i
+    E[tokens per round](S) = (1 − a_S^{γ_S+1}) / (1 − a_S),  a_S = 1 − Π_{i∈S} (1 − α̂_i)
+    cost per round(S)      = 1 + γ_S · Σ_{i∈S} c_i
+
+where γ_S is the window the engine runs S with: a drafter alone drafts its own γ_i (SPEC §2,
+`grid.drafter_gamma`), a shared block of several drafters the config's γ
+(`specjax.policy.calls.run_carried`).
 
 (`a_S` treats the drafters' acceptances at a node as independent: a first-order model of
 recursive rejection sampling over S.) Candidates are every single drafter and every pair;
@@ -41,17 +45,23 @@ class AutoRouter:
 
     Args:
       costs: c_i of the K drafters (per-token cost relative to a verifier call).
-      gamma: the draft window γ.
+      gamma: the draft window γ of a shared block (sets of two or more).
       seed: seeds the exploration draws.
       explore: probability that a step adds the least-measured drafter.
       max_set: largest set considered (1 or 2; the token tree over more is rarely cheaper).
+      gammas: each drafter's own γ_i when it runs alone (None or a None entry: `gamma`).
     """
 
     def __init__(self, costs, gamma: int, seed: int = 0, explore: float = 0.15,
-                 max_set: int = 2, prior_weight: float = 8.0):
+                 max_set: int = 2, prior_weight: float = 8.0, gammas=None):
         self.costs = np.asarray(costs, np.float64)
         self.k = len(self.costs)
         self.gamma = int(gamma)
+        gammas = [None] * self.k if gammas is None else list(gammas)
+        if len(gammas) != self.k or any(g is not None and int(g) < 1 for g in gammas):
+            raise ValueError(f"AutoRouter: gammas={gammas!r} is not allowed; allowed: one γ_i "
+                             f"≥ 1 (or None) per drafter ({self.k})")
+        self.gammas = [self.gamma if g is None else int(g) for g in gammas]
         self.seed = int(seed)
         self.explore = float(explore)
         self.max_set = int(max_set)
@@ -68,10 +78,16 @@ class AutoRouter:
         r = self.reached.get(plan, np.zeros(self.k))
         return (a + self.prior_weight * pooled) / (r + self.prior_weight)
 
+    def window(self, members) -> int:
+        """γ_S: a lone drafter's own γ_i, the shared block's γ otherwise."""
+        return self.gammas[members[0]] if len(members) == 1 else self.gamma
+
     def expected_cost_per_token(self, alphas: np.ndarray, members) -> float:
+        members = tuple(members)
+        g = self.window(members)
         a = 1.0 - float(np.prod([1.0 - alphas[i] for i in members]))
-        tokens = float(metrics.leviathan_expected_tokens(min(max(a, 0.0), 1.0), self.gamma))
-        return (1.0 + self.gamma * float(self.costs[list(members)].sum())) / tokens
+        tokens = float(metrics.leviathan_expected_tokens(min(max(a, 0.0), 1.0), g))
+        return (1.0 + g * float(self.costs[list(members)].sum())) / tokens
 
     def choose(self, plan: int, step: int) -> tuple[int, ...]:
         """The drafter set (indices, priority order) for this plan's step."""

@@ -342,7 +342,8 @@ def plans(config, cell: dict, workdir: Path) -> dict:
     base = _baselines(config, cell, dep, pcfg, prompts, Path(workdir))
     if pol == "auto":
         router = AutoRouter(costs, pcfg.gamma, seed=pcfg.seed,
-                            explore=float(config.get("auto_explore", 0.15)))
+                            explore=float(config.get("auto_explore", 0.15)),
+                            gammas=[d.gamma for d in dep.drafters])
         texts, stats = run_plans(dep, pcfg, prompts, router=router)
         name = "auto"
     elif pol == "oracle":
