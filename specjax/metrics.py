@@ -300,8 +300,10 @@ def itemised_cost(counts: Mapping[str, Any], c: Sequence[float],
                           steps continue its carried cache)
     drafter_tokens        tokens drafted by drafter i (γ per round it drafted)   c_i
     drafter_prefills      prefills of drafter i (one per plan, at its first      c_i
-                          use) and its catch-up passes (one per γ + 1
-                          committed tokens it missed, e.g. a step sat out)
+                          use) and its catch-up passes, as the engine ran
+                          them (one per γ + 1 committed tokens it missed,
+                          e.g. a step sat out; more where another
+                          tokenizer's pieces do not fit one block)
     kl_passes             forward passes of drafter i for the KL check           c_i
                           (charged only to policies with the KL ceiling on)
     consensus_rounds      consensus rounds charged by fallback steps             consensus_cost

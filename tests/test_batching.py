@@ -258,3 +258,38 @@ def test_bad_input(kwargs, match):
                             gen.row_keys_for(0, max(len(prompts), 1)), **args)
     assert "\n" not in str(e.value)
     assert gen.compiled_programs() == before
+
+
+def test_catch_up_forwards_are_the_engines_count():
+    """`Counters.catchups`: the forwards a drafter ran before the first round to consume the
+    committed tokens it missed (here a verifier-only continuation), per row, as a host
+    simulation of the consume block says: whole tokens, ≤ γ + 1 per forward, while their
+    pieces fit the block (four-piece spellings do not always fit, so more forwards than
+    ⌈behind / (γ + 1)⌉)."""
+    from specjax.engine.decode import consume_width
+    setup, prompts, _, keys, spec = _long_case(4)
+    cfg = EngineConfig(gamma=2, verifier_temperature=1.0, max_new_tokens=3)
+    first = gen.speculative_generate(cfg, setup.verifier, setup.v_params, spec["drafters"],
+                                     spec["d_data"], prompts, spec["drafter_prompts"], keys,
+                                     reserve=15, return_state=True)
+    ar = gen.autoregressive_generate(setup.verifier, setup.v_params, None, keys,
+                                     temperature=1.0, max_new_tokens=9, state=first.state,
+                                     return_state=True)
+    tokens, length = np.asarray(ar.state.tokens), np.asarray(ar.state.length)
+    synced = np.asarray(ar.state.dsynced)[0]
+    lens = np.asarray(spec["d_data"][0].retok_len)
+    w = consume_width(int(spec["d_data"][0].retok.shape[1]), cfg.gamma + 1)
+    want = []
+    for r in range(len(prompts)):
+        pieces, passes, i = lens[tokens[r, synced[r]:length[r]]], 0, 0
+        while i < len(pieces):
+            i += int((np.cumsum(pieces[i:i + cfg.gamma + 1]) <= w).sum())
+            passes += 1
+        want.append(passes)
+    again = gen.speculative_generate(cfg, setup.verifier, setup.v_params, spec["drafters"],
+                                     spec["d_data"], None, None, keys, state=ar.state)
+    got = np.asarray(again.counters.catchups)[:, 0]
+    np.testing.assert_array_equal(got, want)
+    behind = length - synced
+    assert (got >= -(-behind // (cfg.gamma + 1))).all() and (got > -(-behind // 3)).any()
+    assert (np.asarray(first.counters.catchups) == 0).all()    # a fresh prefill: none

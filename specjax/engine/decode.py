@@ -65,6 +65,9 @@ class Counters:
         acceptance), under every rule.
       match_at / match_reached_at: i32[B, K, γ] coupled rules: each drafter's chain against
         the verifier's Gumbel-max tokens (`coupled_match_rate`); zero under other rules.
+      catchups: i32[B, K] forwards each drafter ran for the row before the first round of
+        a call that continues a state, to consume committed tokens it had not seen (a
+        fallback step, a step it sat out): the catch-up passes the cost model charges.
     """
     rounds: jax.Array
     committed: jax.Array
@@ -84,6 +87,7 @@ class Counters:
     pruned_discarded: jax.Array
     match_at: jax.Array
     match_reached_at: jax.Array
+    catchups: jax.Array
 
     @classmethod
     def zeros(cls, batch: int, n_drafters: int, gamma: int) -> "Counters":
@@ -92,7 +96,8 @@ class Counters:
                    z(batch), z(batch), z(batch, n_drafters), z(batch, n_drafters),
                    z(batch, n_drafters), z(batch, n_drafters, gamma),
                    z(batch, n_drafters, gamma), z(batch), z(batch),
-                   z(batch, n_drafters, gamma), z(batch, n_drafters, gamma))
+                   z(batch, n_drafters, gamma), z(batch, n_drafters, gamma),
+                   z(batch, n_drafters))
 
 
 @struct.dataclass
@@ -515,4 +520,5 @@ def _count(c: Counters, v, slots, active, live, n_commit, gamma, n_drafters,
         pruned=c.pruned + jnp.sum(pruned, 1),
         pruned_discarded=c.pruned_discarded + jnp.sum((gamma - v.pruned_at) * pruned, 1),
         match_at=c.match_at + per_drafter(match_acc),
-        match_reached_at=c.match_reached_at + per_drafter(match_reach))
+        match_reached_at=c.match_reached_at + per_drafter(match_reach),
+        catchups=c.catchups)

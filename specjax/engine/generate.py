@@ -341,15 +341,18 @@ def _outputs(state: DecodeState, return_state: bool):
 
 
 def _spec_loop(cfg, verifier, drafters, v_params, d_data, slots, stop_table, v_temperature,
-               max_new, carry: EngineState, row_keys, return_state):
+               max_new, carry: EngineState, row_keys, return_state, catchups=None):
     b = carry.tokens.shape[0]
     k = len(drafters)
     gamma = max(d.window(cfg.gamma) for d in drafters)
+    counters = Counters.zeros(b, k, gamma)
+    if catchups is not None:
+        counters = counters.replace(catchups=catchups)
     state = DecodeState(
         tokens=carry.tokens, length=carry.length, start=carry.length,
         done=jnp.zeros((b,), bool), row_keys=row_keys, vcache=carry.vcache,
         dcaches=carry.dcaches, dsynced=carry.dsynced, dlogits=carry.dlogits,
-        counters=Counters.zeros(b, k, gamma))
+        counters=counters)
     state = state.replace(done=round_budget(cfg, state, max_new, gamma) <= 0)
     body = functools.partial(speculative_round, cfg, verifier, drafters, v_params, d_data,
                              slots, stop_table, v_temperature=v_temperature, max_new=max_new)
@@ -392,26 +395,31 @@ def _spec_from_state(v_params, d_data, slots, stop_table, v_temperature, max_new
     del buf_len, v_cap, d_caps, v_groups, d_groups  # fixed by the call that made the state
     gamma = max(d.window(cfg.gamma) for d in drafters)
     # Drafters behind the committed text (a verifier-only step, a fallback) catch up now,
-    # γ + 1 verifier tokens per forward, before the first round.
-    dcaches, dlogits, dsynced = [], [], []
+    # up to γ + 1 verifier tokens per forward (fewer where another tokenizer's pieces do not
+    # fit the block), before the first round; each row counts the forwards it needed.
+    dcaches, dlogits, dsynced, passes = [], [], [], []
     for kk, (spec, data) in enumerate(zip(drafters, d_data)):
         def behind(c):
             return jnp.any(c[2] < carry.length)
 
         def feed(c, spec=spec, data=data):
-            cache, logits, synced = c
+            cache, logits, synced, n = c
+            n = n + (synced < carry.length).astype(jnp.int32)
             cache, logits, synced, _ = consume(spec, data, cache, logits, carry.tokens, synced,
                                                carry.length, gamma + 1)
-            return cache, logits, synced
+            return cache, logits, synced, n
         c = jax.lax.while_loop(behind, feed, (carry.dcaches[kk], carry.dlogits[kk],
-                                              carry.dsynced[kk]))
+                                              carry.dsynced[kk],
+                                              jnp.zeros(carry.length.shape, jnp.int32)))
         dcaches.append(c[0])
         dlogits.append(c[1])
         dsynced.append(c[2])
+        passes.append(c[3])
     carry = carry.replace(dcaches=tuple(dcaches), dlogits=tuple(dlogits),
                           dsynced=jnp.stack(dsynced))
     return _spec_loop(cfg, verifier, drafters, v_params, d_data, slots, stop_table,
-                      v_temperature, max_new, carry, row_keys, return_state)
+                      v_temperature, max_new, carry, row_keys, return_state,
+                      catchups=jnp.stack(passes, 1))
 
 
 def drafter_capacity(spec_lm, m: int, d_width: int, v_width: int, buf_len: int,

@@ -173,8 +173,6 @@ def run_carried(states, dep: Deployment, cfg: PlanConfig, rule: str,
         done = states.ensure(u, [plans[i] for i in rows])
         for i in rows:
             prefills[i] = tuple(j for j in u if plans[i] in done.get(j, ()))
-            for j in u:
-                catchups[i, j] = states.catchup_passes(j, plans[i])
         padded = pow2_rows(rows)
         call_plans = [plans[i] for i in padded]
         state = states.gather(call_plans, list(u))
@@ -193,6 +191,7 @@ def run_carried(states, dep: Deployment, cfg: PlanConfig, rule: str,
             seconds[i] = secs / len(rows)   # padding copies are charged too
             where[i] = (len(calls) - 1, j)
             block[i] = drafts_per_round
+            catchups[i] = c.catchups[j]     # the engine's own count of catch-up forwards
             counters = _set_row(counters, c, i, j)
     return CarriedRows(tokens=tokens, counters=counters, seconds=seconds, calls=calls,
                        where=where, prefills=prefills, catchups=catchups,
@@ -267,5 +266,5 @@ def _expand_counters(c, index, k):
         out[:, index] = x
         return out
     per_drafter = ("proposed", "accepted", "rejected", "own_accepted_at", "own_reached_at",
-                   "match_at", "match_reached_at")
+                   "match_at", "match_reached_at", "catchups")
     return c.replace(**{f: widen(getattr(c, f)) for f in per_drafter})

@@ -152,8 +152,10 @@ class PlanStates:
                               f"allowed: ≤ max_len = {dep.verifier.max_len} (fewer or shorter "
                               "steps, or shorter prompts)")
         self.v_cap = min(self.buf_len + (k - 1) * self.gamma, dep.verifier.max_len)
+        # Ragged prefill groups (if any) at the plan's bucket: few distinct programs.
         cache, _, secs = prefill(dep.verifier, dep.v_params, self.hist, capacity=self.v_cap,
-                                 width=self.width, cached=np.maximum(n0 - 1, 0))
+                                 width=self.width, cached=np.maximum(n0 - 1, 0),
+                                 bucket=int(bucket))
         tokens = np.zeros((p, self.buf_len), np.int32)
         for i, h in enumerate(self.hist):
             tokens[i, :len(h)] = h
@@ -193,7 +195,7 @@ class PlanStates:
             prompts = [enc(self.texts0[p]) for p in rows]
             cap = self._d_cap[j]
             cache, logits, secs = prefill(spec.lm, data.params, prompts, capacity=cap,
-                                          width=self.d_width[j])
+                                          width=self.d_width[j], bucket=self.bucket)
             n_v = self._n0[np.asarray(rows)]
             dst = np.full((len(rows),), self.n_plans, np.int32)
             dst[:len(need)] = need
@@ -228,8 +230,10 @@ class PlanStates:
         self.synced[j] = np.full((p,), -1, np.int64)
 
     def catchup_passes(self, j: int, plan: int) -> int:
-        """Forwards drafter j needs to reach plan `plan`'s committed text (γ + 1 tokens
-        each), before its next call."""
+        """Forwards drafter j needs to reach plan `plan`'s committed text at γ + 1 tokens
+        each: exact for a drafter of the verifier's tokenizer, a lower bound for one whose
+        pieces may not fit a block. What is charged is the engine's own count
+        (`Counters.catchups`, via `policy.calls.run_carried`)."""
         behind = len(self.hist[plan]) - int(self.synced[j][plan])
         return -(-max(behind, 0) // (self.gamma + 1))
 
