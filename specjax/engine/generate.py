@@ -166,12 +166,53 @@ def check_finite(name: str, params) -> None:
 # ----------------------------------------------------------------------------------------
 
 #: Compiled programs kept, least recently used first; at most `_MAX_PROGRAMS` (a long sweep
-#: over many shapes would otherwise hold every executable it ever compiled: LLVM ran out of
-#: memory in one). An evicted program is compiled again when next needed (quickly, from
-#: the persistent compilation cache).
+#: over many shapes would otherwise hold every executable it ever compiled). An evicted
+#: program is compiled again when next needed (quickly, from the persistent compilation
+#: cache).
+#:
+#: Evicting is not enough to free one: JAX's in-memory compilation cache keeps every
+#: executable whose lowering its lowering cache still holds (thousands), and on XLA:CPU
+#: each executable holds its JIT-compiled code in memory mappings — 800–1,000 per zoo
+#: speculative program. A sweep then hits the kernel's per-process limit
+#: (`vm.max_map_count`, 65,530 by default), LLVM fails with "Cannot allocate memory" and
+#: the process dies (`make reproduce` did, at cell 50 of 72). So when, after a compilation,
+#: the process holds more than `_MAP_SHARE` of its mapping limit, the older half of this
+#: cache is dropped and JAX's in-memory caches are cleared (`jax.clear_caches`): what this
+#: cache still holds stays alive, the rest is freed, and any other jitted function
+#: recompiles from the persistent cache when next called.
 _PROGRAMS: collections.OrderedDict = collections.OrderedDict()
 _MAX_PROGRAMS = int(os.environ.get("SPECJAX_MAX_PROGRAMS", "128"))
+_MAP_SHARE = 0.5
 _COMPILED = [0]
+_RELEASES = [0]
+
+
+def _map_count() -> int | None:
+    """Memory mappings this process holds (Linux), else None."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def _map_limit() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 65530
+
+
+def release_programs(keep: int | None = None) -> None:
+    """Keeps the `keep` most recently used engine programs (default all this cache holds),
+    drops the rest and clears JAX's in-memory caches, so that executables nothing holds
+    are freed (see `_PROGRAMS`)."""
+    keep = len(_PROGRAMS) if keep is None else max(int(keep), 0)
+    while len(_PROGRAMS) > keep:
+        _PROGRAMS.popitem(last=False)
+    jax.clear_caches()
+    _RELEASES[0] += 1
 
 
 def compiled_programs() -> int:
@@ -201,6 +242,9 @@ def compile_program(fn, statics: dict, args: tuple):
         _PROGRAMS[key] = exe
         while len(_PROGRAMS) > max(_MAX_PROGRAMS, 1):
             _PROGRAMS.popitem(last=False)
+        maps = _map_count()
+        if maps is not None and maps > _MAP_SHARE * _map_limit():
+            release_programs(max(len(_PROGRAMS) // 2, 1))
     else:
         _PROGRAMS.move_to_end(key)
     return exe

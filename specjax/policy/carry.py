@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from typing import Any, Sequence
 
 import jax
@@ -32,7 +31,7 @@ import numpy as np
 
 from specjax.engine.decode import EngineState, consume_width
 from specjax.engine.deployment import Deployment
-from specjax.engine.generate import prefill
+from specjax.engine.generate import prefill, run_program
 from specjax.errors import ConfigError
 
 __all__ = ['PlanStates', 'CallState']
@@ -199,11 +198,10 @@ class PlanStates:
             n_v = self._n0[np.asarray(rows)]
             dst = np.full((len(rows),), self.n_plans, np.int32)
             dst[:len(need)] = need
-            t0 = time.perf_counter()
-            self.d[j] = jax.block_until_ready(_put_drafter(
+            self.d[j], put = run_program(_put_drafter, {}, (
                 self.d[j], cache, logits, jnp.asarray(n_v), jnp.asarray(dst),
                 jnp.arange(len(rows), dtype=jnp.int32)))
-            self.seconds += secs + time.perf_counter() - t0
+            self.seconds += secs + put
             self.synced[j][need] = self._n0[need]
             out[j] = need
         return out
@@ -240,10 +238,9 @@ class PlanStates:
     # ------------------------------------------------------------------ calls
     def gather(self, plans: Sequence[int], js: Sequence[int]) -> EngineState:
         """The state of rows `plans` (one per row) with drafters `js`, for one call."""
-        t0 = time.perf_counter()
-        st = jax.block_until_ready(_gather(self.v, tuple(self.d[j] for j in js),
-                                           jnp.asarray(plans, jnp.int32)))
-        self.seconds += time.perf_counter() - t0
+        st, secs = run_program(_gather, {}, (self.v, tuple(self.d[j] for j in js),
+                                             jnp.asarray(plans, jnp.int32)))
+        self.seconds += secs
         return st
 
     def commit(self, call: CallState, v_rows: dict[int, int], d_rows: dict[tuple, int]) -> None:
@@ -263,11 +260,10 @@ class PlanStates:
             self.synced[j][p] = int(call.dsynced[k, r])
         if not v_rows and not d_rows:
             return
-        t0 = time.perf_counter()
-        v, ds = jax.block_until_ready(_commit(
+        (v, ds), secs = run_program(_commit, {}, (
             self.v, tuple(self.d[j] for j in call.drafters), call.state, jnp.asarray(v_dst),
             jnp.asarray(v_src), jnp.asarray(d_dst), jnp.asarray(d_src)))
-        self.seconds += time.perf_counter() - t0
+        self.seconds += secs
         self.v = v
         for j, d in zip(call.drafters, ds):
             self.d[j] = d
