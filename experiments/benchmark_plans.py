@@ -11,7 +11,9 @@ shared-call memo), and records per run:
 
   * wall: seconds of `run_plans` as a user sees them (host work included: tokenisation,
     the step decision, consensus, journaling-free);
-  * engine: the compiled programs' seconds (`RunStats.seconds`, what the runner charges);
+  * engine: the compiled programs' seconds (`RunStats.seconds`, what the runner charges),
+    warm, and in the first run (compilation excluded, first executions included: what one
+    sweep cell measures);
   * cost: the itemised modelled cost, and its items.
 
 One constant converts cost to seconds: the verifier alone's wall seconds per unit of cost
@@ -101,9 +103,12 @@ def measure(zoo=None, *, plans_per_domain=2, plan_steps=4, max_step_tokens=32, g
             if i:
                 walls.append(wall)
                 engines.append(float(stats.counts["seconds"].sum()))
+            else:   # compilation excluded, but every program's first execution included
+                first_engine = float(stats.counts["seconds"].sum())
         counts = {n: stats.counts[n].sum(0) for n in COST_ITEMS}
         items = metrics.itemised_cost(counts, costs, pcfg.consensus_cost)
         out[which] = dict(wall_s=statistics.median(walls), engine_s=statistics.median(engines),
+                          first_engine_s=first_engine,
                           tokens=int(stats.counts["tokens"].sum()),
                           cost=float(items["total"]),
                           items={n: float(items[n]) for n in COST_ITEMS},
@@ -169,6 +174,9 @@ def print_result(res: dict) -> None:
     if ratios:
         print("throughput vs the single drafter, wall clock / cost model: " + ", ".join(
             f"{w} {a:.2f}/{b:.2f}" for w, (a, b) in ratios.items()))
+    print("first run's engine seconds ÷ warm (compilation excluded; first executions, as a "
+          "sweep cell times them): " + ", ".join(
+              f"{w} {r['first_engine_s'] / r['engine_s']:.2f}" for w, r in res["runs"].items()))
     print("engine ms per modelled verifier call (the model prices every call alike): " +
           ", ".join(f"{w} {r['engine_ms_per_verifier_call']:.3f}"
                     for w, r in res["runs"].items()))
