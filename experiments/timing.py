@@ -49,7 +49,7 @@ def time_prefill(lm, params, prompts, capacity: int, bucket: int = 1,
     every token but each prompt's last cached, into a cache of `capacity` slots): what an
     `autoregressive_generate` call of them pays before its first decode step — ragged
     (`prefill_groups`) where the call's is. Minimum over `repeats` runs after a warm-up."""
-    from specjax.engine.generate import prefill  # pylint: disable=import-outside-toplevel
+    from specjax.engine.prefill import prefill  # pylint: disable=import-outside-toplevel
     cached = [len(p) - 1 for p in prompts]
     best = float("inf")
     for i in range(repeats + 1):

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.engine.generate import compiled_programs, prefill
+from specjax.engine.prefill import prefill
+from specjax.engine.programs import compiled_programs
 from specjax.policy import carry
 from specjax.policy.calls import commit_carried, plan_keys, run_carried
 from specjax.policy.plan import PlanConfig, run_plans
@@ -114,7 +115,7 @@ def test_per_drafter_gamma_in_one_chain_rows(dep):
 
 
 def test_the_program_cache_is_bounded(monkeypatch):
-    from specjax.engine import generate as gen
+    from specjax.engine import programs as gen
     monkeypatch.setattr(gen, "_MAX_PROGRAMS", 2)
 
     @jax.jit
@@ -132,7 +133,7 @@ def test_program_memory_is_released_under_mapping_pressure(monkeypatch):
     """Executables an evicted program leaves in JAX's in-memory caches are freed when the
     process nears its memory-mapping limit (XLA:CPU code lives in mappings; a sweep that
     never freed them died of "Cannot allocate memory" in LLVM)."""
-    from specjax.engine import generate as gen
+    from specjax.engine import programs as gen
     if gen._map_count() is None:
         pytest.skip("no /proc/self/maps on this platform")
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from specjax.engine import generate as gen
+from specjax.engine import prefill as pre
 from specjax.engine.deployment import from_zoo
 from specjax.engine.spec import DrafterSpec, EngineConfig, cross_vocab_maps
 from specjax.errors import ConfigError
@@ -322,12 +323,12 @@ def test_value_checks_pass_in_the_code_paths(rule, s):
 
 def test_prefill_groups_layout():
     """Ragged prefill layout: sorted rows in ≤ 4 runs at their own widths, or None."""
-    assert gen.prefill_groups([5, 9, 3], 16) is None                 # too few rows
-    assert gen.prefill_groups([40] * 8, 48) is None                  # nothing to skip
+    assert pre.prefill_groups([5, 9, 3], 16) is None                 # too few rows
+    assert pre.prefill_groups([40] * 8, 48) is None                  # nothing to skip
     lens = [33, 0, 20, 1, 12, 2, 7, 4]
-    assert gen.prefill_groups(lens, 34) == ((6, 16), (2, 34))
-    assert gen.prefill_groups(lens, 34, bucket=32) is None           # quantum 32: 3/4 kept
-    groups = gen.prefill_groups(np.arange(32) * 4, 128, bucket=16)
+    assert pre.prefill_groups(lens, 34) == ((6, 16), (2, 34))
+    assert pre.prefill_groups(lens, 34, bucket=32) is None           # quantum 32: 3/4 kept
+    groups = pre.prefill_groups(np.arange(32) * 4, 128, bucket=16)
     assert sum(r for r, _ in groups) == 32 and [w for _, w in groups] == [32, 64, 96, 128]
 
 
@@ -339,9 +340,9 @@ def test_ragged_prefill_is_the_padded_one(monkeypatch):
                for i, n in enumerate([34, 1, 21, 2, 13, 3, 8, 5])]
     arr, plen = gen.pad_prompts(prompts)
     n = plen - 1
-    groups = gen.prefill_groups(n, arr.shape[1])
+    groups = pre.prefill_groups(n, arr.shape[1])
     assert groups is not None and len(groups) > 1
-    fill = jax.jit(gen.prefill_cache, static_argnums=(0, 4, 5))
+    fill = jax.jit(pre.prefill_cache, static_argnums=(0, 4, 5))
     one, last1 = fill(v, vp, jnp.asarray(arr), jnp.asarray(n), 48, None)
     grp, last2 = fill(v, vp, jnp.asarray(arr), jnp.asarray(n), 48, groups)
     np.testing.assert_array_equal(grp.length, n)
@@ -365,6 +366,6 @@ def test_ragged_prefill_is_the_padded_one(monkeypatch):
     spec = gen.speculative_generate(cfg, v, vp, specs[:1], data[:1], prompts, [prompts], keys)
     ragged = ar()
     assert [spec.new_tokens(i) for i in range(8)] == ragged
-    monkeypatch.setattr(gen, "PREFILL_GROUPS", 1)
-    assert gen.prefill_groups(n, arr.shape[1]) is None
+    monkeypatch.setattr(pre, "PREFILL_GROUPS", 1)
+    assert pre.prefill_groups(n, arr.shape[1]) is None
     assert ar() == ragged

@@ -30,7 +30,7 @@ numbers a sampling rule reads: the same law, another sample.
 Shapes are fixed for the whole call — B rows, a token buffer and caches sized from the
 longest prompt and the largest budget, refills padded to a power of two of rows — so a
 call compiles at most 2 + ⌈log₂ B⌉ programs whatever N, all before its first chunk
-(`specjax.engine.generate.compiled_programs`), and a second call of the same shapes
+(`specjax.engine.programs.compiled_programs`), and a second call of the same shapes
 compiles none.
 
 The chunk size trades idle rows against per-chunk overhead: a small chunk refills
@@ -54,8 +54,9 @@ import numpy as np
 
 from specjax.engine.decode import (Counters, DecodeState, EngineState, consume_width,
                                    round_budget, speculative_round)
-from specjax.engine.generate import (ar_loop, check_finite, check_slots, compile_program,
-                                     drafter_capacity, prefill_cache, run_program)
+from specjax.engine.generate import ar_loop, check_slots, drafter_capacity
+from specjax.engine.prefill import prefill_cache
+from specjax.engine.programs import check_finite, compile_program, run_program
 from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig, validate_drafter
 from specjax.errors import ConfigError
 from specjax.verify.rules import COUPLED_RULES

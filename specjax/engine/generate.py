@@ -13,9 +13,10 @@ Caches follow the call, not the model's context: every cache is allocated with t
 capacity this call can fill (prompt width + new tokens + one block, plus `reserve` for
 continuations), since attention reads every slot of it.
 
-Prefill is ragged for batches of ≥ 8 rows: rows sorted by length are prefilled in up to 4
-groups, each at its own width (`prefill_groups`), instead of every row at the longest
-prompt's; a batch of 32 zoo prompts of 9–83 tokens then prefills half the positions.
+Prefill (`specjax.engine.prefill`) is ragged for batches of ≥ 8 rows: rows sorted by
+length are prefilled in up to 4 groups, each at its own width (`prefill_groups`), instead of
+every row at the longest prompt's. Compiled programs and the parameter check live in
+`specjax.engine.programs`.
 
 Carrying caches across calls (plan steps): with ``return_state=True`` a result holds the
 device-side `EngineState` (tokens, the verifier's and every drafter's cache); pass it
@@ -27,21 +28,19 @@ committed text catch up at the start of the next speculative call.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
-import os
-import time
-import weakref
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import debug
 from specjax.engine.decode import (Counters, DecodeState, EngineState, consume, round_budget,
                                    consume_width, speculative_round)
+from specjax.engine.prefill import (check_context, pad_prompts, prefill, prefill_cache,
+                                    prefill_groups)
+from specjax.engine.programs import cached_programs, check_finite, compiled_programs, run_program
 from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig, validate_drafter
 from specjax.engine.streams import (STREAM_VERIFY, fold_keys, gumbel_noise,  # noqa: F401
                                     row_keys_for, sample_rows)
@@ -50,8 +49,8 @@ from specjax.models.api import causal_block_mask
 from specjax.verify.distributions import gumbel_argmax, sampling_probs
 
 __all__ = ['GenerateResult', 'EngineState', 'speculative_generate', 'autoregressive_generate',
-           'pad_prompts', 'row_keys_for', 'check_finite', 'compiled_programs', 'prefill',
-           'prefill_groups']
+           'pad_prompts', 'row_keys_for', 'check_finite', 'compiled_programs',
+           'cached_programs', 'prefill', 'prefill_groups']
 
 
 @dataclasses.dataclass
@@ -77,25 +76,6 @@ class GenerateResult:
         return self.tokens[row, self.start[row]:self.length[row]].tolist()
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], field: str = "prompt",
-                bucket: int = 1, min_width: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pads token lists into (i32[B, P], lengths i32[B]); empty prompts are errors.
-
-    P is at least `min_width` and rounded up to a multiple of `bucket`, so that growing
-    prompts (plan steps) reuse one compiled program instead of retracing per length.
-    """
-    if not prompts:
-        raise ConfigError(f"{field}: got an empty batch; allowed: ≥ 1 prompt")
-    lens = np.array([len(p) for p in prompts], np.int32)
-    if (lens < 1).any():
-        raise ConfigError(f"{field}: row {int(np.argmin(lens))} is empty; allowed: ≥ 1 token")
-    width = -(-max(int(lens.max()), int(min_width)) // bucket) * bucket
-    out = np.zeros((len(prompts), width), np.int32)
-    for i, p in enumerate(prompts):
-        out[i, :len(p)] = p
-    return out, lens
-
-
 def check_slots(cfg: EngineConfig, slots, rows: int, k: int) -> np.ndarray:
     """i32[rows, S] drafter slots (default every row uses drafters 0..S−1), checked."""
     if slots is None:
@@ -112,269 +92,9 @@ def check_slots(cfg: EngineConfig, slots, rows: int, k: int) -> np.ndarray:
     return slots
 
 
-def _check_context(name: str, lm, need: int) -> None:
-    if need > lm.max_len:
-        raise ConfigError(f"{name} context: this batch needs {need} positions (prompt + "
-                          f"max_new_tokens + block); allowed: ≤ max_len = {lm.max_len}")
-
-
-# ----------------------------------------------------------------------------------------
-# Parameter finiteness: once per parameter array, not per call
-# ----------------------------------------------------------------------------------------
-
-_FINITE: dict[int, Any] = {}   # id(array) -> weakref to it, for arrays checked finite
-
-
-def _known_finite(x) -> bool:
-    ref = _FINITE.get(id(x))
-    return ref is not None and ref() is x
-
-
-def _remember_finite(x) -> None:
-    key = id(x)
-    try:
-        _FINITE[key] = weakref.ref(x, lambda _, key=key: _FINITE.pop(key, None))
-    except TypeError:  # not weak-referenceable: it is checked again next time
-        pass
-
-
-def check_finite(name: str, params) -> None:
-    """Raises ConfigError if a floating parameter of `params` holds NaN or inf.
-
-    Each array is checked once (memoised by identity while it lives), with one device→host
-    transfer of a single flag for all unchecked device arrays; loaders may call it at load
-    time, and the generate calls then find every array already checked.
-    """
-    todo = [x for x in jax.tree.leaves(params)
-            if hasattr(x, 'dtype') and jnp.issubdtype(x.dtype, jnp.floating)
-            and not _known_finite(x)]
-    if not todo:
-        return
-    host = [x for x in todo if isinstance(x, np.ndarray)]
-    dev = [x for x in todo if not isinstance(x, np.ndarray)]
-    ok = all(np.isfinite(x).all() for x in host)
-    if ok and dev:
-        ok = bool(jax.device_get(jnp.stack([jnp.all(jnp.isfinite(x)) for x in dev]).all()))
-    if not ok:
-        raise ConfigError(f"{name} parameters: contain NaN or inf; allowed: finite values")
-    for x in todo:
-        _remember_finite(x)
-
-
-# ----------------------------------------------------------------------------------------
-# Ahead-of-time compiled programs
-# ----------------------------------------------------------------------------------------
-
-#: Compiled programs kept, least recently used first; at most `_MAX_PROGRAMS` (a long sweep
-#: over many shapes would otherwise hold every executable it ever compiled). An evicted
-#: program is compiled again when next needed (quickly, from the persistent compilation
-#: cache).
-#:
-#: Evicting is not enough to free one: JAX's in-memory compilation cache keeps every
-#: executable whose lowering its lowering cache still holds (thousands), and on XLA:CPU
-#: each executable holds its JIT-compiled code in memory mappings — 800–1,000 per zoo
-#: speculative program. A sweep then hits the kernel's per-process limit
-#: (`vm.max_map_count`, 65,530 by default), LLVM fails with "Cannot allocate memory" and
-#: the process dies (`make reproduce` did, at cell 50 of 72). So when, after a compilation,
-#: the process holds more than `_MAP_SHARE` of its mapping limit, the older half of this
-#: cache is dropped and JAX's in-memory caches are cleared (`jax.clear_caches`): what this
-#: cache still holds stays alive, the rest is freed, and any other jitted function
-#: recompiles from the persistent cache when next called.
-_PROGRAMS: collections.OrderedDict = collections.OrderedDict()
-_MAX_PROGRAMS = int(os.environ.get("SPECJAX_MAX_PROGRAMS", "128"))
-_MAP_SHARE = 0.5
-_COMPILED = [0]
-_RELEASES = [0]
-
-
-def _map_count() -> int | None:
-    """Memory mappings this process holds (Linux), else None."""
-    try:
-        with open("/proc/self/maps", "rb") as f:
-            return sum(1 for _ in f)
-    except OSError:
-        return None
-
-
-def _map_limit() -> int:
-    try:
-        with open("/proc/sys/vm/max_map_count") as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return 65530
-
-
-def release_programs(keep: int | None = None) -> None:
-    """Keeps the `keep` most recently used engine programs (default all this cache holds),
-    drops the rest and clears JAX's in-memory caches, so that executables nothing holds
-    are freed (see `_PROGRAMS`)."""
-    keep = len(_PROGRAMS) if keep is None else max(int(keep), 0)
-    while len(_PROGRAMS) > keep:
-        _PROGRAMS.popitem(last=False)
-    jax.clear_caches()
-    _RELEASES[0] += 1
-
-
-def compiled_programs() -> int:
-    """How many engine programs this process has compiled (a retracing test reads it)."""
-    return _COMPILED[0]
-
-
-def cached_programs() -> int:
-    """How many compiled engine programs this process holds now (≤ SPECJAX_MAX_PROGRAMS)."""
-    return len(_PROGRAMS)
-
-
-def _leaf_key(x):
-    sharding = getattr(x, 'sharding', None) if isinstance(x, jax.Array) else None
-    return (tuple(x.shape), str(x.dtype), bool(getattr(x, 'weak_type', False)), sharding)
-
-
-def compile_program(fn, statics: dict, args: tuple):
-    """`fn` lowered and compiled for these static arguments and these argument types,
-    compiled once per process (the persistent compilation cache spans processes)."""
-    key = (fn, tuple(sorted(statics.items())), jax.tree.structure(args),
-           tuple(_leaf_key(x) for x in jax.tree.leaves(args)), debug.enabled())
-    exe = _PROGRAMS.get(key)
-    if exe is None:
-        exe = fn.lower(*args, **statics).compile()
-        _COMPILED[0] += 1
-        _PROGRAMS[key] = exe
-        while len(_PROGRAMS) > max(_MAX_PROGRAMS, 1):
-            _PROGRAMS.popitem(last=False)
-        maps = _map_count()
-        if maps is not None and maps > _MAP_SHARE * _map_limit():
-            release_programs(max(len(_PROGRAMS) // 2, 1))
-    else:
-        _PROGRAMS.move_to_end(key)
-    return exe
-
-
-def run_program(fn, statics: dict, args: tuple):
-    """Runs the compiled program; returns (outputs on device, seconds of execution)."""
-    exe = compile_program(fn, statics, args)
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(exe(*args))
-    return out, time.perf_counter() - t0
-
-
 # ----------------------------------------------------------------------------------------
 # The speculative loop
 # ----------------------------------------------------------------------------------------
-
-# Ragged prefill: rows sorted by length, prefilled in a few groups at their own widths.
-PREFILL_GROUPS = 4        # at most this many groups of rows (each a forward of its own shape)
-PREFILL_MIN_ROWS = 8      # smaller batches prefill as one padded block
-PREFILL_QUANTUM = 16      # group widths are multiples of max(bucket, this)
-PREFILL_MIN_SAVING = 0.25  # group only when it skips at least this share of the padded block
-
-
-def prefill_groups(cached, width: int, bucket: int = 1) -> tuple[tuple[int, int], ...] | None:
-    """The static layout of a ragged prefill, or None for one padded block.
-
-    Rows are taken in stable order of `cached` (the tokens each row caches), split into
-    `PREFILL_GROUPS` near-equal runs, and each run is prefilled at its own width: its longest
-    row rounded up to a multiple of max(`bucket`, `PREFILL_QUANTUM`), at most `width` (the
-    padded prompt width). Adjacent runs of one width merge. A batch of 32 prompts of 9–83
-    tokens padded to 128 then prefills 2,048 positions instead of 4,096; the layout is a
-    compile-time constant, so the equal-size runs and the quantum bound how many programs
-    ragged batches compile. Returns ((rows, width), ...) in sorted order, or None when the
-    batch is small or the groups would skip less than `PREFILL_MIN_SAVING` of the block.
-    """
-    n = np.asarray(cached, np.int64).reshape(-1)
-    b = n.shape[0]
-    if b < PREFILL_MIN_ROWS or PREFILL_GROUPS < 2:
-        return None
-    q = max(int(bucket), PREFILL_QUANTUM)
-    srt = np.sort(n, kind='stable')
-    g = min(PREFILL_GROUPS, b)
-    sizes = [b // g + (i < b % g) for i in range(g)]
-    groups: list[list[int]] = []
-    r0 = 0
-    for rows in sizes:
-        longest = int(srt[r0 + rows - 1])
-        w = int(min(width, max(q, -(-longest // q) * q)))
-        if groups and groups[-1][1] == w:
-            groups[-1][0] += rows
-        else:
-            groups.append([rows, w])
-        r0 += rows
-    if sum(r * w for r, w in groups) > (1.0 - PREFILL_MIN_SAVING) * b * width:
-        return None
-    return tuple((int(r), int(w)) for r, w in groups)
-
-
-def _gather_rows(tree, idx):
-    return jax.tree.map(lambda x: jnp.take(x, idx, axis=0), tree)
-
-
-def prefill_cache(lm, params, tokens, n, capacity, groups=None):
-    """Caches tokens[:, :n] (n i32[B] ≤ P); returns (cache, logits after token n−1).
-
-    `groups` (static, from `prefill_groups` on the same `n`): prefill the rows in stable
-    order of `n`, each group at its own width, and return the cache in the rows' own order
-    (a cache's leaves are batch-major). Without it, one forward over the padded block.
-    """
-    if groups:
-        if sum(r for r, _ in groups) != tokens.shape[0]:
-            raise ValueError(f"prefill groups {groups} do not cover {tokens.shape[0]} rows")
-        order = jnp.argsort(n, stable=True)
-        parts, lasts = [], []
-        r0 = 0
-        for rows, width in groups:
-            idx = order[r0:r0 + rows]
-            c, last = prefill_cache(lm, params, jnp.take(tokens, idx, axis=0)[:, :width],
-                                    jnp.take(n, idx), capacity)
-            parts.append(c)
-            lasts.append(last)
-            r0 += rows
-        inverse = jnp.argsort(order)
-        cache = jax.tree.map(lambda *xs: jnp.take(jnp.concatenate(xs, 0), inverse, axis=0),
-                             *parts)
-        return cache, jnp.take(jnp.concatenate(lasts, 0), inverse, axis=0)
-    b, p = tokens.shape
-    # A fresh cache's length is a compile-time 0, and XLA then constant-folds the masked
-    # attention over every empty slot (tens of seconds of compilation at batch 12). Tie it
-    # to a runtime value that is 0.
-    cache = lm.init_cache(b, capacity).replace(length=jnp.minimum(n, 0).astype(jnp.int32))
-    logits, cache = lm.forward(params, cache, tokens, jnp.broadcast_to(jnp.arange(p), (b, p)),
-                               causal_block_mask(b, p))
-    last = jnp.take_along_axis(logits, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0]
-    return lm.advance(cache, n), last
-
-
-@functools.partial(jax.jit, static_argnames=("lm", "capacity", "groups"))
-def _prefill_program(params, tokens, n, *, lm, capacity, groups):
-    return prefill_cache(lm, params, tokens, n, capacity, groups)
-
-
-def prefill(lm, params, prompts: Sequence[Sequence[int]], *, capacity: int, width: int = 0,
-            cached: Sequence[int] | None = None, bucket: int = 1):
-    """A fresh cache of `capacity` slots per row holding each prompt: one compiled program.
-
-    Args:
-      lm / params: the model (verifier or drafter) and its parameters.
-      prompts: B token lists, padded to a multiple of `bucket` ≥ `width`.
-      cached: tokens of each prompt to cache (default all; the engine's verifier caches all
-        but the last, which is the next round's root).
-
-    Returns:
-      (cache, logits f32[B, V] after the last cached token, seconds of the program), on
-      the device: the pieces of an `EngineState` that later calls continue.
-    """
-    arr, plen = pad_prompts(prompts, bucket=bucket, min_width=width)
-    n = plen if cached is None else np.asarray(cached, np.int32)
-    _check_context(getattr(lm, "name", "model"), lm, int(arr.shape[1]))
-    if int(capacity) < int(n.max()):
-        raise ConfigError(f"prefill capacity: got {capacity}; allowed: ≥ the longest cached "
-                          f"prompt ({int(n.max())} tokens)")
-    dev = jax.device_put(dict(tokens=arr, n=n))
-    statics = dict(lm=lm, capacity=int(capacity),
-                   groups=prefill_groups(n, int(arr.shape[1]), bucket))
-    (cache, logits), seconds = run_program(_prefill_program, statics,
-                                           (params, dev['tokens'], dev['n']))
-    return cache, logits, seconds
-
 
 def _outputs(state: DecodeState, return_state: bool):
     out = dict(tokens=state.tokens, length=state.length, start=state.start,
@@ -556,7 +276,7 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
                 len(dp) != b for dp in drafter_prompts):
             raise ConfigError(f"drafter_prompts: need {k} lists of {b} prompts")
         buf_len = prompt.shape[1] + cfg.max_new_tokens + reserve + gamma + 1
-        _check_context("verifier", verifier,
+        check_context("verifier", verifier,
                        prompt.shape[1] + cfg.max_new_tokens + reserve + cfg.n_slots * gamma)
         v_cap = (buf_len - gamma - 1 if cfg.n_slots == 1
                  else buf_len + (cfg.n_slots - 1) * gamma)
@@ -571,7 +291,7 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
             # own tokens; the prompt plus one consume block must fit. Past that, its cache
             # drops writes (models/cache.py): its drafts degrade, the output stays exact
             # (q is what it sampled from).
-            _check_context(f"drafter {spec.name!r}", spec.lm,
+            check_context(f"drafter {spec.name!r}", spec.lm,
                            arr.shape[1] + consume_width(m, g + 1) + g)
             d_arr.append(arr)
             d_len.append(ln)
@@ -697,7 +417,7 @@ def autoregressive_generate(verifier, v_params, prompts, row_keys, *, temperatur
     if state is None:
         prompt, plen = pad_prompts(prompts, bucket=bucket, min_width=min_width)
         b = prompt.shape[0]
-        _check_context("verifier", verifier, prompt.shape[1] + max_new_tokens + reserve + 1)
+        check_context("verifier", verifier, prompt.shape[1] + max_new_tokens + reserve + 1)
         buf_len = prompt.shape[1] + max_new_tokens + reserve + 1
         v_groups = prefill_groups(plen - 1, int(prompt.shape[1]), bucket)
     else:

@@ -31,7 +31,8 @@ import numpy as np
 
 from specjax.engine.decode import EngineState, consume_width
 from specjax.engine.deployment import Deployment
-from specjax.engine.generate import prefill, run_program
+from specjax.engine.prefill import prefill
+from specjax.engine.programs import run_program
 from specjax.errors import ConfigError
 
 __all__ = ['PlanStates', 'CallState']

@@ -562,7 +562,7 @@ def _kl_on_prefix(dep, cfg, v, stats, width: int = 0):
     every plan's prefix; records the max, the mean and the mass outside the support."""
     if len(dep.drafters) < 2:
         return None
-    from specjax.engine.generate import pad_prompts  # pylint: disable=import-outside-toplevel
+    from specjax.engine.prefill import pad_prompts  # pylint: disable=import-outside-toplevel
     arr, lens = pad_prompts(v)
     width = _bucket(max(arr.shape[1], width), cfg.bucket)
     arr = np.pad(arr, ((0, 0), (0, width - arr.shape[1])))
