@@ -6,8 +6,9 @@ r"""T_score / T_step against the verifier's size: when can speculation pay on th
 A speculative round costs one (γ+1)-token verifier forward, T_score, against one token per
 autoregressive step, T_step. With a drafter of acceptance α and cost ratio c, the expected
 speed-up is E(α, γ) / (T_score / T_step + γ·c) (`specjax.metrics.hardware_aware_speedup`,
-E = (1 − α^(γ+1)) / (1 − α), `leviathan_expected_tokens`). On an accelerator a few-token forward of a large model is
-memory-bound and T_score ≈ T_step; on a CPU the ratio depends on the size of the weights.
+E = (1 − α^(γ+1)) / (1 − α), `leviathan_expected_tokens`). On an accelerator a few-token
+forward of a large model is memory-bound and T_score ≈ T_step; on a CPU the ratio depends
+on the size of the weights.
 
 For every `d_model:n_layers` in `--sizes` (random weights, the zoo verifier's proportions:
 d_ff = 2.69·d, heads of 64, vocabulary 1,024) this times a one-token forward at batch 1 over

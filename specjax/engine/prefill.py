@@ -63,12 +63,12 @@ def prefill_groups(cached, width: int, bucket: int = 1) -> tuple[tuple[int, int]
     Rows are taken in stable order of `cached` (the tokens each row caches), split into
     `PREFILL_GROUPS` near-equal runs, and each run is prefilled at its own width: its longest
     row rounded up to a multiple of max(`bucket`, `PREFILL_QUANTUM`), at most `width` (the
-    padded prompt width). Adjacent runs of one width merge. The benchmark's 32 zoo prompts (18–83
-    tokens, padded to 128) prefill 2,560 positions instead of 4,096 at bucket 64, 1,792 at
-    bucket 16 (`tests/test_engine.py` checks the rules); the layout is a
-    compile-time constant, so the equal-size runs and the quantum bound how many programs
-    ragged batches compile. Returns ((rows, width), ...) in sorted order, or None when the
-    batch is small or the groups would skip less than `PREFILL_MIN_SAVING` of the block.
+    padded prompt width). Adjacent runs of one width merge. The benchmark's 32 zoo prompts
+    (18–83 tokens, padded to 128) prefill 2,560 positions instead of 4,096 at bucket 64, and
+    1,792 at bucket 16. The layout is a compile-time constant, so the equal-size runs and the
+    quantum bound how many programs ragged batches compile. Returns ((rows, width), ...) in
+    sorted order, or None when the batch is small or the groups would skip less than
+    `PREFILL_MIN_SAVING` of the block.
     """
     n = np.asarray(cached, np.int64).reshape(-1)
     b = n.shape[0]
