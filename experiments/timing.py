@@ -45,7 +45,7 @@ def time_forward(lm, params, batch: int, width: int, context: int, capacity: int
 
 def time_prefill(lm, params, prompts, capacity: int, bucket: int = 1,
                  repeats: int = 5) -> float:
-    """Seconds of the engine's own prefill of these prompts (`engine.generate.prefill`,
+    """Seconds of the engine's own prefill of these prompts (`engine.prefill.prefill`,
     every token but each prompt's last cached, into a cache of `capacity` slots): what an
     `autoregressive_generate` call of them pays before its first decode step — ragged
     (`prefill_groups`) where the call's is. Minimum over `repeats` runs after a warm-up."""

@@ -139,7 +139,6 @@ class CarriedRows:
     calls: list             # `carry.CallState` per distinct set
     where: list             # per row: (index into calls, row in that call)
     prefills: list          # per row: drafters prefilled for its plan before the call
-    catchups: np.ndarray    # i64[R, K] catch-up passes of each drafter before the call
     drafts_per_round: list  # per row: drafts its verifier block scores per round (Σ γ_i)
 
 
@@ -157,7 +156,6 @@ def run_carried(states, dep: Deployment, cfg: PlanConfig, rule: str,
     n = len(sets)
     tokens, seconds = [None] * n, np.zeros(n)
     where, prefills = [None] * n, [()] * n
-    catchups = np.zeros((n, k), np.int64)
     counters, calls, block = None, [], [0] * n
     for u in dict.fromkeys(sets):
         rows = [i for i in range(n) if sets[i] == u]
@@ -191,10 +189,9 @@ def run_carried(states, dep: Deployment, cfg: PlanConfig, rule: str,
             seconds[i] = secs / len(rows)   # padding copies are charged too
             where[i] = (len(calls) - 1, j)
             block[i] = drafts_per_round
-            catchups[i] = c.catchups[j]     # the engine's own count of catch-up forwards
             counters = _set_row(counters, c, i, j)
     return CarriedRows(tokens=tokens, counters=counters, seconds=seconds, calls=calls,
-                       where=where, prefills=prefills, catchups=catchups,
+                       where=where, prefills=prefills,
                        drafts_per_round=block)
 
 

@@ -228,14 +228,6 @@ class PlanStates:
                                  synced=jnp.zeros((p,), jnp.int32))
         self.synced[j] = np.full((p,), -1, np.int64)
 
-    def catchup_passes(self, j: int, plan: int) -> int:
-        """Forwards drafter j needs to reach plan `plan`'s committed text at γ + 1 tokens
-        each: exact for a drafter of the verifier's tokenizer, a lower bound for one whose
-        pieces may not fit a block. What is charged is the engine's own count
-        (`Counters.catchups`, via `policy.calls.run_carried`)."""
-        behind = len(self.hist[plan]) - int(self.synced[j][plan])
-        return -(-max(behind, 0) // (self.gamma + 1))
-
     # ------------------------------------------------------------------ calls
     def gather(self, plans: Sequence[int], js: Sequence[int]) -> EngineState:
         """The state of rows `plans` (one per row) with drafters `js`, for one call."""

@@ -392,7 +392,7 @@ def _charge_rows(stats, cfg, plan, rows, res):
         stats.add("verifier_tokens", plan, rounds[rows.index(r)] * res.drafts_per_round[r])
         stats.add_engine(counters, r, plan)
         stats.add("drafter_tokens", plan, counters.proposed[r])
-        pre = res.catchups[r].copy()
+        pre = np.asarray(counters.catchups[r]).copy()   # the engine's catch-up forwards
         pre[list(res.prefills[r])] += 1
         stats.add("drafter_prefills", plan, pre)
         stats.add("seconds", plan, res.seconds[r])
