@@ -22,8 +22,10 @@ cost × that constant; `predicted / wall` within [0.8, 1.25] means the model's r
 this machine. The same with the machine's own prices (`machine / wall`): drafter tokens at
 the measured T_draft / T_step, and every draft the verifier scores at the measured
 (T_score / T_step − 1) / γ (`itemised_cost(score_cost=...)`; the seed's model scores them
-free, as a memory-bound accelerator does). The engine seconds per modelled verifier call of each run say where it does
-not: the model prices a speculative round like one autoregressive step. Prints a table, writes
+free, as a memory-bound accelerator does). The forwards are timed once after every timed
+run and their medians taken, so the prices and the wall clocks share a time window. The
+engine seconds per modelled verifier call of each run say where the seed's prices do not
+hold: they price a speculative round like one autoregressive step. Prints a table, writes
 ``benchmark_plans.json``; `measure` is what `experiments/benchmark.py --plans` calls.
 """
 from __future__ import annotations
@@ -94,6 +96,20 @@ def measure(zoo=None, *, plans_per_domain=2, plan_steps=4, max_step_tokens=32, g
     pcfg = PlanConfig(gamma=gamma, verifier_temperature=1.0, plan_steps=plan_steps,
                       max_step_tokens=max_step_tokens, rule="coupled")
     best = int(np.argmin([c for c in costs]))  # the cheapest drafter of the zoo: code
+    # The machine's prices, measured at the runs' shapes and in the runs' time window (each
+    # forward timed once after every timed run, medians; this machine's speed drifts): a
+    # drafter token is T_draft / T_step verifier calls, a scored draft
+    # (T_score − T_step) / (γ · T_step).
+    from timing import forward_timer  # pylint: disable=import-outside-toplevel
+    rows = 1 << max(len(prompts) - 1, 0).bit_length()
+    width = max(len(dep.encode(t)) for t in prompts)
+    cap = width + plan_steps * max_step_tokens + len(dep.drafters) * gamma + 1
+    ctx = width + plan_steps * max_step_tokens // 2
+    timers = {"step": forward_timer(dep.verifier, dep.v_params, rows, 1, ctx, cap),
+              "score": forward_timer(dep.verifier, dep.v_params, rows, gamma + 1, ctx, cap)}
+    for k, (d, dd) in enumerate(zip(dep.drafters, dep.d_data)):
+        timers[k] = forward_timer(d.lm, dd.params, rows, 1, ctx, min(d.lm.max_len, cap))
+    prices = {k: [] for k in timers}
     out = {}
     for which in runs:
         walls, engines = [], []
@@ -103,6 +119,8 @@ def measure(zoo=None, *, plans_per_domain=2, plan_steps=4, max_step_tokens=32, g
             if i:
                 walls.append(wall)
                 engines.append(float(stats.counts["seconds"].sum()))
+                for k, run in timers.items():
+                    prices[k].append(run())
             else:   # compilation excluded, but every program's first execution included
                 first_engine = float(stats.counts["seconds"].sum())
         counts = {n: stats.counts[n].sum(0) for n in COST_ITEMS}
@@ -116,18 +134,9 @@ def measure(zoo=None, *, plans_per_domain=2, plan_steps=4, max_step_tokens=32, g
         print(f"{which:9s} wall {out[which]['wall_s']:7.3f} s  engine "
               f"{out[which]['engine_s']:7.3f} s  cost {out[which]['cost']:8.1f}  tokens "
               f"{out[which]['tokens']}", flush=True)
-    # The machine's prices, measured at the runs' shapes: a drafter token is T_draft / T_step
-    # verifier calls, a scored draft (T_score − T_step) / (γ · T_step).
-    from timing import time_forward  # pylint: disable=import-outside-toplevel
-    rows = 1 << max(len(prompts) - 1, 0).bit_length()
-    width = max(len(dep.encode(t)) for t in prompts)
-    cap = width + plan_steps * max_step_tokens + len(dep.drafters) * gamma + 1
-    ctx = width + plan_steps * max_step_tokens // 2
-    t_step = time_forward(dep.verifier, dep.v_params, rows, 1, ctx, cap)
-    t_score = time_forward(dep.verifier, dep.v_params, rows, gamma + 1, ctx, cap)
+    t_step, t_score = (statistics.median(prices[k]) for k in ("step", "score"))
     score_cost = max(t_score / t_step - 1.0, 0.0) / gamma
-    c_measured = [time_forward(d.lm, dd.params, rows, 1, ctx, min(d.lm.max_len, cap)) / t_step
-                  for d, dd in zip(dep.drafters, dep.d_data)]
+    c_measured = [statistics.median(prices[k]) / t_step for k in range(len(dep.drafters))]
     unit = out["verifier"]["wall_s"] / out["verifier"]["cost"]
     for r in out.values():
         r["predicted_s"] = r["cost"] * unit

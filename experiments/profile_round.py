@@ -221,19 +221,20 @@ def _catch_up(mods, cfg, spec, data, carry):
 
 class Forward:
     """A `width`-token forward at batch `batch` over `context` cached tokens in a cache of
-    `capacity` slots, `reps` times in a jitted `lax.scan` (benchmark.py's measurement; the
-    state is not advanced: every rep reads the same cache)."""
+    `capacity` slots, `reps` times in a jitted `lax.scan` (benchmark.py's measurement,
+    `timing.time_forward`: the cache is carried, written in place, its length not advanced)."""
 
     def __init__(self, api, lm, params, batch, width, context, capacity, reps=32):
         @jax.jit
         def loop(params, cache, tokens):
             pos = cache.length[:, None] + jnp.arange(width)[None, :]
 
-            def body(acc, i):
-                logits, _ = lm.forward(params, cache, (tokens + i) % lm.vocab_size, pos,
-                                       api.causal_block_mask(batch, width))
-                return acc + logits[:, -1, 0], None
-            return jax.lax.scan(body, jnp.zeros((batch,)), jnp.arange(reps))[0]
+            def body(carry, i):
+                acc, cache = carry
+                logits, cache = lm.forward(params, cache, (tokens + i) % lm.vocab_size, pos,
+                                           api.causal_block_mask(batch, width))
+                return (acc + logits[:, -1, 0], cache), None
+            return jax.lax.scan(body, (jnp.zeros((batch,)), cache), jnp.arange(reps))[0][0]
 
         cache = lm.init_cache(batch, capacity)
         cache = lm.advance(cache, jnp.full((batch,), context, jnp.int32))
