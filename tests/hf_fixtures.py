@@ -2,6 +2,7 @@
 random Llama / Qwen2 / Mistral checkpoints saved by `transformers` itself."""
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -81,6 +82,7 @@ def hf_model(family: str, vocab_size: int, *, d: int = 32, layers: int = 2, head
     """A random transformers model of ``family`` (weights ~ N(0, std), biases included)."""
     import torch
     import transformers
+    extra = copy.deepcopy(extra)   # transformers writes into a `rope_scaling` dict it is given
     cfg_cls, model_cls = (getattr(transformers, n) for n in FAMILY_CLASSES[family])
     cfg = cfg_cls(vocab_size=vocab_size, hidden_size=d, intermediate_size=ff,
                   num_hidden_layers=layers, num_attention_heads=heads,
