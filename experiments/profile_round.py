@@ -65,6 +65,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from round_anatomy import loop_census, thunk_profile, variants  # noqa: E402  (experiments/)
+from timing import forward_timer  # noqa: E402  (experiments/)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("batches", ["1", "8"], "batch sizes")
@@ -221,27 +222,13 @@ def _catch_up(mods, cfg, spec, data, carry):
 
 class Forward:
     """A `width`-token forward at batch `batch` over `context` cached tokens in a cache of
-    `capacity` slots, `reps` times in a jitted `lax.scan` (benchmark.py's measurement,
-    `timing.time_forward`: the cache is carried, written in place, its length not advanced)."""
+    `capacity` slots, `reps` times in a jitted `lax.scan`: benchmark.py's measurement
+    (`timing.forward_timer`: the cache carried, written in place, its length not advanced),
+    here also with the process CPU time."""
 
-    def __init__(self, api, lm, params, batch, width, context, capacity, reps=32):
-        @jax.jit
-        def loop(params, cache, tokens):
-            pos = cache.length[:, None] + jnp.arange(width)[None, :]
-
-            def body(carry, i):
-                acc, cache = carry
-                logits, cache = lm.forward(params, cache, (tokens + i) % lm.vocab_size, pos,
-                                           api.causal_block_mask(batch, width))
-                return (acc + logits[:, -1, 0], cache), None
-            return jax.lax.scan(body, (jnp.zeros((batch,)), cache), jnp.arange(reps))[0][0]
-
-        cache = lm.init_cache(batch, capacity)
-        cache = lm.advance(cache, jnp.full((batch,), context, jnp.int32))
-        self.args = (params, cache, jnp.ones((batch, width), jnp.int32))
-        self.exe = loop.lower(*self.args).compile()
-        jax.block_until_ready(self.exe(*self.args))
-        self.reps = reps
+    def __init__(self, lm, params, batch, width, context, capacity, reps=32):
+        timer = forward_timer(lm, params, batch, width, context, capacity, reps)
+        self.exe, self.args, self.reps = timer.executable, timer.args, reps
 
     def run(self):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -355,11 +342,11 @@ def main(argv):
             mods, full, _ = loaded["specjax"]
             case = cases["specjax"]
             d = case.dep.drafters[0]
-            fwd = {"T_step": Forward(mods["api"], full.verifier, full.v_params, batch, 1,
+            fwd = {"T_step": Forward(full.verifier, full.v_params, batch, 1,
                                      case.context, case.capacity),
-                   "T_score": Forward(mods["api"], full.verifier, full.v_params, batch,
+                   "T_score": Forward(full.verifier, full.v_params, batch,
                                       gamma + 1, case.context, case.capacity),
-                   "T_draft": Forward(mods["api"], d.lm, case.dep.d_data[0].params, batch, 1,
+                   "T_draft": Forward(d.lm, case.dep.d_data[0].params, batch, 1,
                                       case.context, case.d_capacity)}
             # Paired timing: every program once per repeat, in turn (min and median).
             times = collections.defaultdict(list)

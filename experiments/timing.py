@@ -9,26 +9,35 @@ import jax.numpy as jnp
 
 from specjax.models.api import causal_block_mask
 
-__all__ = ["forward_timer", "time_forward", "time_prefill", "matmul_floor"]
+__all__ = ["compiled_timer", "forward_timer", "time_forward", "time_prefill", "matmul_floor"]
+
+
+def compiled_timer(fn, args: tuple, per: int = 1):
+    """`fn(*args)` compiled ahead of time and run once (a warm-up); calling the returned
+    function runs it again and returns its seconds divided by `per`. The executable and
+    its arguments are attributes (`executable`, `args`)."""
+    exe = fn.lower(*args).compile()
+    jax.block_until_ready(exe(*args))
+
+    def run() -> float:
+        t0 = time.perf_counter()
+        jax.block_until_ready(exe(*args))
+        return (time.perf_counter() - t0) / per
+    run.executable, run.args = exe, args
+    return run
 
 
 def _time(fn, *args, repeats: int = 5) -> float:
     """Seconds of one run of an ahead-of-time compiled `fn(*args)` (min over repeats)."""
-    exe = fn.lower(*args).compile()
-    jax.block_until_ready(exe(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(exe(*args))
-        best = min(best, time.perf_counter() - t0)
-    return best
+    run = compiled_timer(fn, args)
+    return min(run() for _ in range(repeats))
 
 
 def forward_timer(lm, params, batch: int, width: int, context: int, capacity: int,
                   reps: int = 64):
     """A compiled (and once run) loop of `reps` `width`-token forwards at batch `batch` over
-    `context` cached tokens in a cache of `capacity` slots; calling the returned function
-    runs it once and returns the seconds per forward.
+    `context` cached tokens in a cache of `capacity` slots (`compiled_timer`): calling the
+    returned function runs it once and returns the seconds per forward.
 
     The cache is carried through the loop, as the engine carries it, so every rep writes
     its block in place at the same slots and its committed length is not advanced (every
@@ -48,16 +57,7 @@ def forward_timer(lm, params, batch: int, width: int, context: int, capacity: in
 
     cache = lm.init_cache(batch, capacity)
     cache = lm.advance(cache, jnp.full((batch,), context, jnp.int32))
-    args = (params, cache, jnp.ones((batch, width), jnp.int32))
-    exe = loop.lower(*args).compile()
-    jax.block_until_ready(exe(*args))
-
-    def run() -> float:
-        t0 = time.perf_counter()
-        jax.block_until_ready(exe(*args))
-        return (time.perf_counter() - t0) / reps
-    run.executable = exe
-    return run
+    return compiled_timer(loop, (params, cache, jnp.ones((batch, width), jnp.int32)), reps)
 
 
 def time_forward(lm, params, batch: int, width: int, context: int, capacity: int,

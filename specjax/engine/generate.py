@@ -277,7 +277,7 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
             raise ConfigError(f"drafter_prompts: need {k} lists of {b} prompts")
         buf_len = prompt.shape[1] + cfg.max_new_tokens + reserve + gamma + 1
         check_context("verifier", verifier,
-                       prompt.shape[1] + cfg.max_new_tokens + reserve + cfg.n_slots * gamma)
+                      prompt.shape[1] + cfg.max_new_tokens + reserve + cfg.n_slots * gamma)
         v_cap = (buf_len - gamma - 1 if cfg.n_slots == 1
                  else buf_len + (cfg.n_slots - 1) * gamma)
         v_cap = min(v_cap, verifier.max_len)
@@ -292,7 +292,7 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
             # drops writes (models/cache.py): its drafts degrade, the output stays exact
             # (q is what it sampled from).
             check_context(f"drafter {spec.name!r}", spec.lm,
-                           arr.shape[1] + consume_width(m, g + 1) + g)
+                          arr.shape[1] + consume_width(m, g + 1) + g)
             d_arr.append(arr)
             d_len.append(ln)
             d_caps.append(drafter_capacity(spec.lm, m, arr.shape[1], prompt.shape[1],

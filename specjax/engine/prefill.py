@@ -42,7 +42,6 @@ def pad_prompts(prompts: Sequence[Sequence[int]], field: str = "prompt",
     return out, lens
 
 
-
 def check_context(name: str, lm, need: int) -> None:
     """ConfigError unless `lm` (named `name` in the message) holds `need` positions."""
     if need > lm.max_len:
