@@ -137,7 +137,9 @@ def from_zoo(zoo, names: Sequence[str] | None = None,
     loaded drafters, in priority order). The zoo loads models; the engine assembles them.
 
     Args:
-      names: drafters, in the priority order wanted.
+      names: drafters, in the priority order wanted; ``'lookup'`` (`LOOKUP`) adds
+        prompt-lookup drafting over the verifier's tokenizer (`prompt_lookup_drafter`:
+        temperature 1, cost 0), unless the zoo has a drafter of that name.
       temperatures / costs: overrides, either aligned with ``names`` or a mapping
         name -> value (missing names keep their defaults).
 
@@ -155,14 +157,39 @@ def from_zoo(zoo, names: Sequence[str] | None = None,
                           f'{", ".join(map(repr, zoo.names))}')
     if len(set(names)) != len(names):
         raise ConfigError(f'zoo deployment names: got {list(names)}; allowed: distinct names')
-    models = [zoo.drafter(n) for n in names]
-    temps = _per_drafter('temperatures', temperatures, names,
-                         [m.temperature for m in models])
-    cost = _per_drafter('costs', costs, names, [m.cost for m in models])
     v = zoo.verifier
+    # `LOOKUP` (unless the zoo has a model of that name): prompt-lookup drafting over the
+    # verifier's tokenizer, built here (it has no weights in the zoo).
+    models = [prompt_lookup_drafter(v.lm, v.tokenizer)
+              if n == LOOKUP and n not in zoo.names else zoo.drafter(n) for n in names]
+    models = [m if isinstance(m, tuple) else (m.name, m.lm, m.params, m.tokenizer,
+                                              m.temperature, m.cost) for m in models]
+    temps = _per_drafter('temperatures', temperatures, names, [m[4] for m in models])
+    cost = _per_drafter('costs', costs, names, [m[5] for m in models])
     return assemble(v.lm, v.params, v.tokenizer,
-                    [(m.name, m.lm, m.params, m.tokenizer, t, c)
-                     for m, t, c in zip(models, temps, cost)])
+                    [m[:4] + (t, c) for m, t, c in zip(models, temps, cost)])
+
+
+#: The drafter name `from_zoo` reads as prompt-lookup drafting.
+LOOKUP = 'lookup'
+
+
+def prompt_lookup_drafter(verifier_lm, tokenizer, name: str = LOOKUP, max_ngram: int = 3,
+                          min_ngram: int = 1, temperature: float = 1.0, cost: float = 0.0,
+                          max_len: int | None = None) -> tuple:
+    """A prompt-lookup (n-gram) drafter over the verifier's vocabulary, as the
+    ``(name, lm, params, tokenizer, temperature, cost)`` tuple `assemble` takes.
+
+    Give it the verifier's own tokenizer: it then shares the verifier's ids (identity
+    maps). Its proposals are copied from the row's context (`specjax.models.ngram`), its
+    ``q`` is one-hot at any temperature, it has no parameters (``{}``) and its cost defaults
+    to 0. `max_len` (default the verifier's) bounds its history's capacity.
+    """
+    from specjax.models.ngram import PromptLookupLM  # pylint: disable=import-outside-toplevel
+    lm = PromptLookupLM(vocab_size=int(verifier_lm.vocab_size),
+                        max_len=int(verifier_lm.max_len if max_len is None else max_len),
+                        max_ngram=int(max_ngram), min_ngram=int(min_ngram))
+    return (name, lm, lm.init_params(), tokenizer, float(temperature), float(cost))
 
 
 def _prompt_encoder(tok, bos: bool):
