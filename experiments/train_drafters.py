@@ -1,0 +1,162 @@
+r"""Drafters distilled from SmolLM2-135M-Instruct (`make train-drafters`).
+
+  python experiments/train_drafters.py                       # every stage, every domain
+  python experiments/train_drafters.py --stage=generate --domains=code
+  python experiments/train_drafters.py --stage=train --targets=hard --tag=hard
+
+Stages (each writes its files atomically under --out and is skipped when they exist, so
+a killed run resumes):
+  generate  the verifier's replies to --prompts train-split prompts per domain, in its chat
+            template, with its top-k log-probs (`specjax.distill.generate`):
+            ``gen_{domain}.npz``; and to the 24 shipped (held-out) plan prompts:
+            ``heldout_{domain}.npz``.
+  train     one `SubsetVocabLM` per domain (`specjax.distill.train_drafter`):
+            ``drafter_{domain}{tag}.npz`` + ``.json`` (recipe, coverage, loss, time).
+  eval      each drafter's Leviathan α against the verifier on every domain's held-out
+            replies (`specjax.models.zoo.acceptance_rates`), and its cost: one draft token
+            ÷ one verifier step, both timed in one process: ``eval{tag}.json``.
+  ship      copies the drafters in bf16 into specjax/zoo_smollm2/ with a manifest.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("stage", "all", ["all", "generate", "train", "eval", "ship"], "stage to run")
+flags.DEFINE_list("domains", ["code", "prose", "reasoning"], "domains")
+flags.DEFINE_string("out", "runs/drafters", "output directory")
+flags.DEFINE_integer("prompts", 640, "train-split prompts per domain")
+flags.DEFINE_integer("new_tokens", 160, "tokens the verifier writes per prompt")
+flags.DEFINE_integer("batch", 32, "rows per generation batch")
+flags.DEFINE_float("temperature", 1.0, "the verifier's τ while writing the training text")
+flags.DEFINE_enum("targets", "soft", ["soft", "hard"], "soft: top-k distribution; hard: token")
+flags.DEFINE_integer("steps", 800, "training steps per drafter")
+flags.DEFINE_float("time_budget_s", 900, "training seconds per drafter at most")
+flags.DEFINE_string("tag", "", "suffix of the drafter files (e.g. a variant's name)")
+flags.DEFINE_string("dtype", "float32", "the verifier's dtype")
+
+
+def _atomic_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def _verifier():
+    from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
+    return smollm2(max_len=1024, dtype=FLAGS.dtype)
+
+
+def stage_generate(out: Path, model) -> None:
+    from specjax import distill  # pylint: disable=import-outside-toplevel
+    from specjax.data.shipped import load_prompts  # pylint: disable=import-outside-toplevel
+    for d in FLAGS.domains:
+        path = out / f"heldout_{d}.npz"
+        if not path.exists():
+            prompts = [p["prompt"] for p in load_prompts([d])]
+            g = distill.generate(model, [model.chat(p) for p in prompts], new_tokens=FLAGS.new_tokens,
+                                 batch=min(FLAGS.batch, len(prompts)), temperature=FLAGS.temperature,
+                                 seed=1)
+            g.save(path)
+    for d in FLAGS.domains:
+        path = out / f"gen_{d}.npz"
+        if path.exists():
+            continue
+        prompts = distill.domain_prompts(d, FLAGS.prompts)
+        t0 = time.perf_counter()
+        g = distill.generate(model, [model.chat(p) for p in prompts], new_tokens=FLAGS.new_tokens,
+                             batch=FLAGS.batch, temperature=FLAGS.temperature, seed=0)
+        g.save(path)
+        print(f"{d}: {distill.summarize(g)} in {time.perf_counter() - t0:.0f} s "
+              f"(load {os.getloadavg()[0]:.1f})", flush=True)
+
+
+def _save_drafter(path: Path, lm, params, info: dict) -> None:
+    import jax  # pylint: disable=import-outside-toplevel
+    flat = {"/".join(str(getattr(k, "key", k)) for k in kp): np.asarray(v)
+            for kp, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, **flat)
+    os.replace(tmp, path)
+    _atomic_json(path.with_suffix(".json"), {"config": lm.config.to_dict(),
+                                              "verifier_vocab": lm.verifier_vocab, **info})
+
+
+def load_drafter(path: Path, dtype=None):
+    """(SubsetVocabLM, params) from a ``drafter_*.npz`` (+ ``.json``)."""
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    from specjax.models.subset_vocab import SubsetVocabLM  # pylint: disable=import-outside-toplevel
+    from specjax.models.transformer import TransformerConfig  # pylint: disable=import-outside-toplevel
+    info = json.loads(Path(path).with_suffix(".json").read_text())
+    lm = SubsetVocabLM(TransformerConfig.from_dict(info["config"]), info["verifier_vocab"])
+    params: dict = {}
+    with np.load(path) as z:
+        for k in z.files:
+            node = params
+            *head, last = k.split("/")
+            for h in head:
+                node = node.setdefault(h, {})
+            v = z[k]
+            node[last] = jnp.asarray(v if dtype is None or v.dtype.kind != "f" else v.astype(dtype))
+    return lm, params, info
+
+
+def stage_train(out: Path, model) -> None:
+    from specjax import distill  # pylint: disable=import-outside-toplevel
+    for d in FLAGS.domains:
+        path = out / f"drafter_{d}{FLAGS.tag}.npz"
+        if path.exists():
+            continue
+        data = distill.Generated.load(out / f"gen_{d}.npz")
+        recipe = distill.DrafterRecipe(targets=FLAGS.targets, steps=FLAGS.steps)
+        lm, params, hist = distill.train_drafter(data, model, recipe,
+                                                 time_budget_s=FLAGS.time_budget_s)
+        import dataclasses  # pylint: disable=import-outside-toplevel
+        _save_drafter(path, lm, params, {"recipe": dataclasses.asdict(recipe), "history": hist,
+                                         "data": distill.summarize(data), "domain": d,
+                                         "load_average": list(os.getloadavg())})
+        print(f"{d}: trained in {hist['seconds']:.0f} s, coverage {hist['coverage']:.3f}, "
+              f"final loss {hist['loss'][-1][1]:.3f}", flush=True)
+
+
+def stage_eval(out: Path, model) -> None:
+    from specjax import distill  # pylint: disable=import-outside-toplevel
+    from specjax.engine.deployment import assemble  # pylint: disable=import-outside-toplevel
+    from specjax.models.zoo import acceptance_rates  # pylint: disable=import-outside-toplevel
+    names, drafters = [], []
+    for d in FLAGS.domains:
+        path = out / f"drafter_{d}{FLAGS.tag}.npz"
+        if path.exists():
+            lm, params, _ = load_drafter(path)
+            names.append(d)
+            drafters.append((d, lm, params, model.tokenizer, 1.0, 0.0))
+    dep = assemble(model.lm, model.params, model.tokenizer, drafters, bos=False)
+    res = {"drafters": names, "alpha": {}, "load_average": list(os.getloadavg())}
+    for d in FLAGS.domains:
+        held = distill.Generated.load(out / f"heldout_{d}.npz")
+        texts = distill.heldout_text(model, None, held)
+        alpha = np.mean([acceptance_rates(dep, t, window=512) for t in texts], axis=0)
+        res["alpha"][d] = dict(zip(names, map(float, alpha)))
+        print(f"held-out {d}: " + ", ".join(f"α({n}) {a:.3f}" for n, a in zip(names, alpha)),
+              flush=True)
+    _atomic_json(out / f"eval{FLAGS.tag}.json", res)
+
+
+def main(argv):
+    del argv
+    out = Path(FLAGS.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = _verifier()
+    stages = ["generate", "train", "eval"] if FLAGS.stage == "all" else [FLAGS.stage]
+    for s in stages:
+        {"generate": stage_generate, "train": stage_train, "eval": stage_eval}[s](out, model)
+
+
+if __name__ == "__main__":
+    app.run(main)

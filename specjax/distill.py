@@ -1,0 +1,355 @@
+"""Drafters distilled from a real verifier: its own generations, with its soft targets.
+
+The recipe (DistillSpec's on-policy data, FR-Spec's subset head), in three steps::
+
+    prompts = domain_prompts('code', n=700)                         # train split only
+    data = generate(verifier, [verifier.chat(p) for p in prompts],   # the verifier writes
+                    new_tokens=160, batch=32, top_k=16)              # the training text
+    lm, params, log = train_drafter(data, verifier, d_model=256, n_layers=4, kept=8192)
+
+1. **Prompts** of a domain, cut from the corpus's train split the way the shipped plan
+   prompts are cut from its held-out split (`specjax.data.shipped`): functions' first
+   lines (code), a chapter heading and a verse (prose), a question (reasoning). Held-out
+   documents are never used, so α measured on the shipped prompts is held-out.
+2. **Generation** by the verifier at temperature τ, batched and jitted (a ragged prefill,
+   then a `lax.scan` of one-token steps with the KV cache): each generated position keeps
+   the sampled token and the verifier's top-k log-probabilities — soft targets at no extra
+   cost — until the row emits EOS.
+3. **Training** of a `SubsetVocabLM` (the verifier's ids in and out, a head over the
+   ``kept`` most frequent ids of the generated text) on the generated positions: the
+   cross-entropy against the verifier's top-k distribution (``targets='soft'``) or against
+   the sampled token (``'hard'``, sequence-level distillation). The embedding and head
+   start from the verifier's embedding rows projected to ``d_model`` (PCA).
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import math
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from specjax.models.api import causal_block_mask
+from specjax.models.subset_vocab import SubsetVocabLM, most_frequent_ids
+from specjax.models.transformer import TransformerConfig
+
+__all__ = ['Generated', 'domain_prompts', 'generate', 'train_drafter', 'DrafterRecipe']
+
+
+# ----------------------------------------------------------------------------------------
+# Prompts (train split)
+# ----------------------------------------------------------------------------------------
+
+def _code_prompts(doc: str) -> list[str]:
+    """Every function of a source file whose ``def`` line(s) + first body line fit in 3
+    lines with at least 3 body lines after (the shipped code prompts' rule, all of them)."""
+    try:
+        tree = ast.parse(doc)
+    except SyntaxError:
+        return []
+    lines = doc.splitlines(keepends=True)
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        end = node.body[0].lineno
+        if end - node.lineno + 1 > 3 or (node.end_lineno or 0) - end < 3:
+            continue
+        p = ''.join(lines[node.lineno - 1:end])
+        if p.strip():
+            out.append(p)
+    return out
+
+
+def domain_prompts(domain: str, n: int, seed: int = 0) -> list[str]:
+    """``n`` prompts of ``domain`` from the corpus's train split (deterministic)."""
+    from specjax.data import corpora, reasoning  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(seed)
+    if domain == 'code':
+        train = corpora.split_documents(corpora.domain_documents('code'))[0]
+        pool = [p for _, doc in train for p in _code_prompts(doc)]
+    elif domain == 'prose':
+        train = corpora.split_documents(corpora.domain_documents('prose'))[0]
+        pool = []
+        for _, doc in train:
+            lines = doc.splitlines(keepends=True)
+            head, verses = lines[0], [v for v in lines[1:] if v.strip()]
+            pool += [head + v for v in verses[:: max(1, len(verses) // 4)]]
+    elif domain == 'reasoning':
+        pool = [f'Q: {p.question}\n' for p in reasoning.generate_problems(
+            corpora.REASONING_PROBLEMS, corpora.REASONING_SEED)
+            if not corpora.is_heldout(p.question)]
+    else:
+        raise ValueError(f"domain_prompts: domain={domain!r} (allowed: 'code', 'prose', "
+                         f"'reasoning')")
+    pool = sorted(set(pool))
+    idx = rng.permutation(len(pool))[:n]
+    return [pool[i] for i in idx]
+
+
+# ----------------------------------------------------------------------------------------
+# Generation with soft targets
+# ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Generated:
+    """Verifier generations: row r is ``prompt[r, :prompt_len[r]]`` then ``tokens[r]``.
+
+    Attributes:
+      prompt: i32[N, P] (right-padded); prompt_len: i32[N].
+      tokens: i32[N, G] sampled tokens; valid: bool[N, G] (False after EOS).
+      top_ids: i32[N, G, k] / top_logp: f32[N, G, k]: the verifier's top-k log-probs at
+        each generated position (the distribution the token was sampled from).
+      temperature: the verifier's τ.
+    """
+    prompt: np.ndarray
+    prompt_len: np.ndarray
+    tokens: np.ndarray
+    valid: np.ndarray
+    top_ids: np.ndarray
+    top_logp: np.ndarray
+    temperature: float
+
+    def save(self, path) -> None:
+        tmp = f'{path}.tmp.npz'
+        np.savez_compressed(tmp, **{f.name: np.asarray(getattr(self, f.name))
+                                    for f in dataclasses.fields(self)})
+        import os  # pylint: disable=import-outside-toplevel
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path) -> 'Generated':
+        with np.load(path) as z:
+            return cls(**{f.name: (float(z[f.name]) if f.name == 'temperature' else z[f.name])
+                          for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def concat(cls, parts: Sequence['Generated']) -> 'Generated':
+        P = max(p.prompt.shape[1] for p in parts)
+        pad = [np.pad(p.prompt, ((0, 0), (0, P - p.prompt.shape[1]))) for p in parts]
+        cat = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
+        return cls(np.concatenate(pad), cat('prompt_len'), cat('tokens'), cat('valid'),
+                   cat('top_ids'), cat('top_logp'), parts[0].temperature)
+
+    def sequences(self) -> list[np.ndarray]:
+        """Each row's prompt + valid generated tokens."""
+        return [np.concatenate([self.prompt[r, :self.prompt_len[r]],
+                                self.tokens[r][self.valid[r]]])
+                for r in range(len(self.tokens))]
+
+    @property
+    def n_generated(self) -> int:
+        return int(self.valid.sum())
+
+
+def _generate_program(lm, new_tokens: int, top_k: int, eos: int):
+    @jax.jit
+    def run(params, prompt, prompt_len, key, temperature):
+        B, P = prompt.shape
+        cache = lm.init_cache(B, P + new_tokens)
+        pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
+        logits, cache = lm.forward(params, cache, prompt, pos, causal_block_mask(B, P))
+        last = jnp.take_along_axis(logits, (prompt_len - 1)[:, None, None], axis=1)[:, 0]
+        cache = lm.advance(cache, prompt_len)        # keep each row's own prompt slots
+
+        def step(carry, k):
+            cache, logits, alive = carry
+            logp = jax.nn.log_softmax(logits / temperature, axis=-1)
+            tok = jax.random.categorical(k, logp).astype(jnp.int32)
+            top_logp, top_ids = jax.lax.top_k(logp, top_k)
+            out = (tok, alive, top_ids.astype(jnp.int32), top_logp)
+            alive = alive & (tok != eos)
+            nxt, cache = lm.forward(params, cache, tok[:, None], cache.length[:, None],
+                                    causal_block_mask(B, 1))
+            cache = lm.advance(cache, jnp.ones((B,), jnp.int32))
+            return (cache, nxt[:, 0], alive), out
+
+        keys = jax.random.split(key, new_tokens)
+        _, (tok, alive, ids, lp) = jax.lax.scan(step, (cache, last, jnp.ones((B,), bool)), keys)
+        return (tok.T, alive.T, ids.transpose(1, 0, 2), lp.transpose(1, 0, 2))
+    return run
+
+
+def generate(model, texts: Sequence[str], *, new_tokens: int = 160, batch: int = 32,
+             temperature: float = 1.0, top_k: int = 16, seed: int = 0, bucket: int = 32,
+             log=print) -> Generated:
+    """The verifier's continuations of ``texts`` (already in its chat template), batched by
+    prompt length; one compiled program per padded prompt width (multiples of ``bucket``)."""
+    tok = model.tokenizer
+    eos = int(model.eos_id if getattr(model, 'eos_id', None) is not None else -1)
+    ids = [np.asarray(tok.encode(t), np.int32) for t in texts]
+    order = np.argsort([len(x) for x in ids], kind='stable')
+    program = _generate_program(model.lm, new_tokens, top_k, eos)
+    parts, t0, done = [], time.perf_counter(), 0
+    for b in range(0, len(ids), batch):
+        rows = [ids[i] for i in order[b:b + batch]]
+        P = -(-max(len(r) for r in rows) // bucket) * bucket
+        prompt = np.zeros((batch, P), np.int32)
+        plen = np.ones((batch,), np.int32)
+        for r, x in enumerate(rows):
+            prompt[r, :len(x)] = x
+            plen[r] = len(x)
+        key = jax.random.fold_in(jax.random.key(seed), b)
+        out = jax.device_get(program(model.params, jnp.asarray(prompt), jnp.asarray(plen), key,
+                                     jnp.float32(temperature)))
+        n = len(rows)
+        parts.append(Generated(prompt[:n], plen[:n], out[0][:n], out[1][:n], out[2][:n],
+                               out[3][:n], float(temperature)))
+        done += int(out[1][:n].sum())
+        log(f'generate: {b + n}/{len(ids)} prompts, {done} tokens, '
+            f'{done / (time.perf_counter() - t0):.0f} tok/s')
+    inv = np.argsort(order, kind='stable')
+    g = Generated.concat(parts)
+    return Generated(g.prompt[inv], g.prompt_len[inv], g.tokens[inv], g.valid[inv],
+                     g.top_ids[inv], g.top_logp[inv], g.temperature)
+
+
+# ----------------------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class DrafterRecipe:
+    """How a distilled drafter is built (recorded in the zoo manifest)."""
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    d_ff: int = 688
+    kept: int = 4096                 # FR-Spec head: most frequent verifier ids (tied table)
+    max_len: int = 1024
+    targets: str = 'soft'            # 'soft' (top-k distribution) | 'hard' (sampled token)
+    steps: int = 600
+    batch: int = 16
+    learning_rate: float = 2e-3
+    warmup: int = 50
+    weight_decay: float = 0.05
+    seed: int = 0
+
+
+def _windows(data: Generated, seq: int):
+    """(tokens i32[N, seq+1], target mask bool[N, seq], top ids, top logp [N, seq, k]):
+    row r predicts, at position t, token t+1; generated positions carry soft targets."""
+    N, k = len(data.tokens), data.top_ids.shape[-1]
+    toks = np.zeros((N, seq + 1), np.int32)
+    mask = np.zeros((N, seq), bool)
+    tid = np.zeros((N, seq, k), np.int32)
+    tlp = np.full((N, seq, k), -np.inf, np.float32)
+    for r in range(N):
+        p = int(data.prompt_len[r])
+        g = data.tokens[r][data.valid[r]]
+        full = np.concatenate([data.prompt[r, :p], g])[:seq + 1]
+        toks[r, :len(full)] = full
+        # Position p-1+j predicts generated token j (sampled from the verifier's top-k there).
+        n = min(len(g), seq - (p - 1))
+        if n > 0:
+            mask[r, p - 1:p - 1 + n] = True
+            tid[r, p - 1:p - 1 + n] = data.top_ids[r][data.valid[r]][:n]
+            tlp[r, p - 1:p - 1 + n] = data.top_logp[r][data.valid[r]][:n]
+    return toks, mask, tid, tlp
+
+
+def _pca_init(verifier_embed: np.ndarray, keep: np.ndarray, d: int, seed: int):
+    """Embedding [K+1, d] of the kept rows projected on their top-d principal directions
+    (unit variance per coordinate); the "other" row is the mean of the rest."""
+    E = np.asarray(verifier_embed, np.float64)
+    mean = E.mean(0)
+    rest = np.ones(len(E), bool)
+    rest[keep] = False
+    rows = np.concatenate([E[keep], E[rest].mean(0, keepdims=True) if rest.any() else mean[None]])
+    X = rows - mean
+    _, _, vt = np.linalg.svd(X[:: max(1, len(X) // 8192)], full_matrices=False)
+    proj = X @ vt[:d].T
+    proj /= proj.std(0, keepdims=True) + 1e-8
+    del seed
+    return proj.astype(np.float32)
+
+
+def train_drafter(data: Generated, verifier, recipe: DrafterRecipe = DrafterRecipe(), *,
+                  seq: int | None = None, time_budget_s: float | None = None, log=print):
+    """Trains a `SubsetVocabLM` drafter on the verifier's generations.
+
+    Returns (lm, params, history dict).
+    """
+    V = verifier.lm.vocab_size
+    counts = np.bincount(np.concatenate(data.sequences()), minlength=V).astype(np.float64)
+    specials = tuple(int(i) for i in getattr(verifier.tokenizer, 'special_tokens', {}).values())
+    keep = most_frequent_ids(counts, min(recipe.kept, V), always=specials)
+    coverage = float(counts[keep].sum() / counts.sum())
+    cfg = TransformerConfig(vocab_size=len(keep) + 1, d_model=recipe.d_model,
+                            n_layers=recipe.n_layers, n_heads=recipe.n_heads,
+                            n_kv_heads=recipe.n_kv_heads, d_ff=recipe.d_ff,
+                            max_len=recipe.max_len, rope_theta=verifier.lm.config.rope_theta,
+                            tie_embeddings=True, embed_input_scale=False)
+    lm = SubsetVocabLM(cfg, V)
+    params = lm.init_params(recipe.seed, keep)
+    init = _pca_init(np.asarray(verifier.params['embed'], np.float32), keep, recipe.d_model,
+                     recipe.seed)
+    params['inner']['embed'] = jnp.asarray(init / math.sqrt(recipe.d_model))
+
+    if seq is None:
+        seq = int(min(recipe.max_len, max(data.prompt_len) + data.tokens.shape[1]))
+    toks, mask, tid, tlp = _windows(data, seq)
+    to_inner = np.asarray(params['to_inner'])
+    tid_inner = to_inner[tid]                         # outside the subset -> the "other" row
+
+    sched = optax.warmup_cosine_decay_schedule(0.0, recipe.learning_rate, recipe.warmup,
+                                               recipe.steps, recipe.learning_rate * 0.1)
+    tx = optax.chain(optax.clip_by_global_norm(1.0),
+                     optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=recipe.weight_decay))
+    trainable = params['inner']
+    opt = tx.init(trainable)
+    soft = recipe.targets == 'soft'
+    if recipe.targets not in ('soft', 'hard'):
+        raise ValueError(f"DrafterRecipe.targets={recipe.targets!r} (allowed: 'soft', 'hard')")
+
+    def loss_fn(inner, tokens, m, ids, lp):
+        logits = lm.inner.logits_full(inner, jnp.asarray(to_inner)[tokens[:, :-1]])
+        logq = jax.nn.log_softmax(logits, axis=-1)
+        if soft:
+            p = jax.nn.softmax(lp, axis=-1)              # top-k renormalised
+            ce = -jnp.sum(p * jnp.take_along_axis(logq, ids, axis=-1), axis=-1)
+        else:
+            tgt = jnp.asarray(to_inner)[tokens[:, 1:]]
+            ce = -jnp.take_along_axis(logq, tgt[..., None], axis=-1)[..., 0]
+        return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1)
+
+    @jax.jit
+    def step(inner, opt, tokens, m, ids, lp):
+        loss, g = jax.value_and_grad(loss_fn)(inner, tokens, m, ids, lp)
+        upd, opt = tx.update(g, opt, inner)
+        return optax.apply_updates(inner, upd), opt, loss
+
+    rng = np.random.default_rng(recipe.seed)
+    hist, t0 = {'loss': [], 'coverage': coverage, 'seq': seq, 'n_rows': len(toks),
+                'n_targets': int(mask.sum())}, time.perf_counter()
+    for s in range(recipe.steps):
+        idx = rng.integers(0, len(toks), recipe.batch)
+        trainable, opt, loss = step(trainable, opt, toks[idx], mask[idx], tid_inner[idx],
+                                    tlp[idx])
+        if s % 50 == 0 or s == recipe.steps - 1:
+            hist['loss'].append((s, float(loss)))
+            log(f'train: step {s}/{recipe.steps} loss {float(loss):.3f} '
+                f'({time.perf_counter() - t0:.0f} s)')
+        if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+            log(f'train: time budget {time_budget_s:.0f} s reached at step {s}')
+            break
+    hist['seconds'] = time.perf_counter() - t0
+    params = {**params, 'inner': trainable}
+    return lm, params, hist
+
+
+def heldout_text(model, prompts: Sequence[str], data: Generated) -> list[str]:
+    """Each held-out row as the text the verifier saw and wrote (template + reply)."""
+    del prompts
+    return [model.tokenizer.decode(s) for s in data.sequences()]
+
+
+def summarize(data: Generated) -> dict[str, Any]:
+    return {'rows': len(data.tokens), 'generated': data.n_generated,
+            'ended': int((~data.valid[:, -1]).sum())}
