@@ -77,36 +77,6 @@ def stage_generate(out: Path, model) -> None:
               f"(load {os.getloadavg()[0]:.1f})", flush=True)
 
 
-def _save_drafter(path: Path, lm, params, info: dict) -> None:
-    import jax  # pylint: disable=import-outside-toplevel
-    flat = {"/".join(str(getattr(k, "key", k)) for k in kp): np.asarray(v)
-            for kp, v in jax.tree_util.tree_flatten_with_path(params)[0]}
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, **flat)
-    os.replace(tmp, path)
-    _atomic_json(path.with_suffix(".json"), {"config": lm.config.to_dict(),
-                                              "verifier_vocab": lm.verifier_vocab, **info})
-
-
-def load_drafter(path: Path, dtype=None):
-    """(SubsetVocabLM, params) from a ``drafter_*.npz`` (+ ``.json``)."""
-    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-    from specjax.models.subset_vocab import SubsetVocabLM  # pylint: disable=import-outside-toplevel
-    from specjax.models.transformer import TransformerConfig  # pylint: disable=import-outside-toplevel
-    info = json.loads(Path(path).with_suffix(".json").read_text())
-    lm = SubsetVocabLM(TransformerConfig.from_dict(info["config"]), info["verifier_vocab"])
-    params: dict = {}
-    with np.load(path) as z:
-        for k in z.files:
-            node = params
-            *head, last = k.split("/")
-            for h in head:
-                node = node.setdefault(h, {})
-            v = z[k]
-            node[last] = jnp.asarray(v if dtype is None or v.dtype.kind != "f" else v.astype(dtype))
-    return lm, params, info
-
-
 def stage_train(out: Path, model) -> None:
     from specjax import distill  # pylint: disable=import-outside-toplevel
     for d in FLAGS.domains:
@@ -118,7 +88,8 @@ def stage_train(out: Path, model) -> None:
         lm, params, hist = distill.train_drafter(data, model, recipe,
                                                  time_budget_s=FLAGS.time_budget_s)
         import dataclasses  # pylint: disable=import-outside-toplevel
-        _save_drafter(path, lm, params, {"recipe": dataclasses.asdict(recipe), "history": hist,
+        from specjax.models.real_zoo import save_drafter  # pylint: disable=import-outside-toplevel
+        save_drafter(path, lm, params, {"recipe": dataclasses.asdict(recipe), "history": hist,
                                          "data": distill.summarize(data), "domain": d,
                                          "load_average": list(os.getloadavg())})
         print(f"{d}: trained in {hist['seconds']:.0f} s, coverage {hist['coverage']:.3f}, "
@@ -133,6 +104,7 @@ def stage_eval(out: Path, model) -> None:
     for d in FLAGS.domains:
         path = out / f"drafter_{d}{FLAGS.tag}.npz"
         if path.exists():
+            from specjax.models.real_zoo import load_drafter  # pylint: disable=import-outside-toplevel
             lm, params, _ = load_drafter(path)
             names.append(d)
             drafters.append((d, lm, params, model.tokenizer, 1.0, 0.0))
@@ -148,14 +120,32 @@ def stage_eval(out: Path, model) -> None:
     _atomic_json(out / f"eval{FLAGS.tag}.json", res)
 
 
+def stage_ship(out: Path, model) -> None:
+    """The drafters in bf16 into specjax/zoo_smollm2/, with their held-out α."""
+    from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
+    ev = json.loads((out / f"eval{FLAGS.tag}.json").read_text())
+    for d in real_zoo.DISTILLED:
+        src = out / f"drafter_{d}{FLAGS.tag}.npz"
+        if not src.exists():
+            continue
+        lm, params, info = real_zoo.load_drafter(src)
+        info["heldout_alpha"] = {dom: a.get(d) for dom, a in ev["alpha"].items()}
+        info["made_by"] = "make train-drafters (experiments/train_drafters.py)"
+        real_zoo.save_drafter(real_zoo.DRAFTER_DIR / f"{d}.npz", lm, params, info,
+                              dtype="bfloat16")
+        print(f"shipped {d}: {(real_zoo.DRAFTER_DIR / f'{d}.npz').stat().st_size / 1e6:.1f} MB")
+    del model
+
+
 def main(argv):
     del argv
     out = Path(FLAGS.out)
     out.mkdir(parents=True, exist_ok=True)
     model = _verifier()
-    stages = ["generate", "train", "eval"] if FLAGS.stage == "all" else [FLAGS.stage]
+    stages = ["generate", "train", "eval", "ship"] if FLAGS.stage == "all" else [FLAGS.stage]
     for s in stages:
-        {"generate": stage_generate, "train": stage_train, "eval": stage_eval}[s](out, model)
+        {"generate": stage_generate, "train": stage_train, "eval": stage_eval,
+         "ship": stage_ship}[s](out, model)
 
 
 if __name__ == "__main__":

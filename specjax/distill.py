@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import math
 import time
 from typing import Any, Sequence
@@ -147,7 +148,10 @@ class Generated:
         return int(self.valid.sum())
 
 
+@functools.lru_cache(maxsize=16)
 def _generate_program(lm, new_tokens: int, top_k: int, eos: int):
+    # Cached per (model, settings): each `generate` call of the same settings reuses the
+    # compiled program instead of tracing and compiling a fresh `jax.jit` closure.
     @jax.jit
     def run(params, prompt, prompt_len, key, temperature):
         B, P = prompt.shape
@@ -239,7 +243,10 @@ def _windows(data: Generated, seq: int):
     toks = np.zeros((N, seq + 1), np.int32)
     mask = np.zeros((N, seq), bool)
     tid = np.zeros((N, seq, k), np.int32)
-    tlp = np.full((N, seq, k), -np.inf, np.float32)
+    # Positions without a target keep finite log-probs (a uniform row): an all -inf row
+    # would make the soft targets NaN there, and NaN * (mask 0) is still NaN in the loss
+    # and its gradient.
+    tlp = np.zeros((N, seq, k), np.float32)
     for r in range(N):
         p = int(data.prompt_len[r])
         g = data.tokens[r][data.valid[r]]
@@ -265,8 +272,12 @@ def _pca_init(verifier_embed: np.ndarray, keep: np.ndarray, d: int, seed: int):
     X = rows - mean
     _, _, vt = np.linalg.svd(X[:: max(1, len(X) // 8192)], full_matrices=False)
     proj = X @ vt[:d].T
+    if proj.shape[1] < d:
+        # Fewer principal directions than d (a verifier narrower than the drafter, or fewer
+        # kept rows than d): the remaining coordinates start as seeded Gaussian noise.
+        noise = np.random.default_rng(seed).standard_normal((len(X), d - proj.shape[1]))
+        proj = np.concatenate([proj, noise], axis=1)
     proj /= proj.std(0, keepdims=True) + 1e-8
-    del seed
     return proj.astype(np.float32)
 
 
@@ -298,8 +309,10 @@ def train_drafter(data: Generated, verifier, recipe: DrafterRecipe = DrafterReci
     to_inner = np.asarray(params['to_inner'])
     tid_inner = to_inner[tid]                         # outside the subset -> the "other" row
 
-    sched = optax.warmup_cosine_decay_schedule(0.0, recipe.learning_rate, recipe.warmup,
-                                               recipe.steps, recipe.learning_rate * 0.1)
+    warmup = min(recipe.warmup, max(recipe.steps - 1, 0))
+    sched = optax.warmup_cosine_decay_schedule(0.0, recipe.learning_rate, warmup,
+                                               max(recipe.steps, warmup + 1),
+                                               recipe.learning_rate * 0.1)
     tx = optax.chain(optax.clip_by_global_norm(1.0),
                      optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=recipe.weight_decay))
     trainable = params['inner']
@@ -312,7 +325,8 @@ def train_drafter(data: Generated, verifier, recipe: DrafterRecipe = DrafterReci
         logits = lm.inner.logits_full(inner, jnp.asarray(to_inner)[tokens[:, :-1]])
         logq = jax.nn.log_softmax(logits, axis=-1)
         if soft:
-            p = jax.nn.softmax(lp, axis=-1)              # top-k renormalised
+            # Top-k renormalised; zero where no target (no NaN can leak from there).
+            p = jnp.where(m[..., None], jax.nn.softmax(lp, axis=-1), 0.0)
             ce = -jnp.sum(p * jnp.take_along_axis(logq, ids, axis=-1), axis=-1)
         else:
             tgt = jnp.asarray(to_inner)[tokens[:, 1:]]

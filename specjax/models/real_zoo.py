@@ -1,0 +1,111 @@
+"""Drafters of the real verifier (SmolLM2-135M-Instruct), shipped as package data.
+
+``specjax/zoo_smollm2/`` holds one ``{name}.npz`` (parameters, bf16 floats) and one
+``{name}.json`` (config, recipe, training record, held-out α) per distilled drafter, made
+by ``make train-drafters`` (`experiments/train_drafters.py`, `specjax.distill`)::
+
+    lm, params, info = load_drafter('code')              # the shipped code drafter
+    lm, params, info = load_drafter('runs/drafters/drafter_code.npz')
+
+The drafters are `SubsetVocabLM`s in the verifier's token ids (its tokenizer, identity
+maps). The deployment that puts them beside the verifier is
+`specjax.engine.deployment.from_smollm2`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from specjax.errors import ConfigError
+from specjax.models.subset_vocab import SubsetVocabLM
+from specjax.models.transformer import TransformerConfig
+
+__all__ = ['DRAFTER_DIR', 'DISTILLED', 'save_drafter', 'load_drafter', 'drafter_path']
+
+#: The shipped drafters' folder (package data).
+DRAFTER_DIR = Path(__file__).resolve().parents[1] / 'zoo_smollm2'
+#: The distilled drafters, in priority order.
+DISTILLED = ('code', 'prose')
+
+
+def drafter_path(name_or_path) -> Path:
+    """A shipped drafter's ``.npz`` by name, or the path given."""
+    p = Path(name_or_path)
+    if p.suffix == '.npz':
+        return p
+    return DRAFTER_DIR / f'{name_or_path}.npz'
+
+
+def save_drafter(path, lm: SubsetVocabLM, params, info: dict[str, Any],
+                 dtype: str | None = None) -> Path:
+    """Writes ``path`` (.npz: parameters, floats cast to ``dtype`` if given) and its
+    ``.json`` (config + ``info``), each atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flat = {}
+    for kp, v in jax.tree_util.tree_flatten_with_path(params)[0]:
+        a = np.asarray(v)
+        if dtype is not None and a.dtype.kind == 'f':
+            a = a.astype(ml_dtypes.bfloat16 if dtype == 'bfloat16' else dtype)
+        if a.dtype == ml_dtypes.bfloat16:   # npz has no bf16: stored as its raw bits
+            a = a.view(np.uint16)
+            flat['bf16:' + '/'.join(str(getattr(k, 'key', k)) for k in kp)] = a
+        else:
+            flat['/'.join(str(getattr(k, 'key', k)) for k in kp)] = a
+    tmp = path.with_name(path.stem + '.tmp.npz')
+    np.savez(tmp, **flat)
+    os.replace(tmp, path)
+    meta = {'config': lm.config.to_dict(), 'verifier_vocab': lm.verifier_vocab, **info}
+    jtmp = path.with_suffix('.json.tmp')
+    jtmp.write_text(json.dumps(meta, indent=1))
+    os.replace(jtmp, path.with_suffix('.json'))
+    return path
+
+
+def load_drafter(name_or_path, dtype: str = 'float32'):
+    """(SubsetVocabLM, params, info) of a drafter file; floats as ``dtype``.
+
+    Raises:
+      ConfigError: one line naming the file (missing, unreadable, inconsistent).
+    """
+    path = drafter_path(name_or_path)
+    jpath = path.with_suffix('.json')
+    if not path.is_file() or not jpath.is_file():
+        raise ConfigError(f'drafter {path}: missing (and/or {jpath.name}); allowed: a drafter '
+                          f'written by experiments/train_drafters.py, or a shipped name '
+                          f'{list(DISTILLED)}')
+    try:
+        info = json.loads(jpath.read_text())
+        cfg = TransformerConfig.from_dict(dict(info['config'], dtype=dtype, param_dtype=dtype))
+        lm = SubsetVocabLM(cfg, int(info['verifier_vocab']))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f'drafter {jpath}: unreadable ({type(e).__name__}: {e})') from None
+    params: dict = {}
+    try:
+        with np.load(path) as z:
+            for k in z.files:
+                v = z[k]
+                if k.startswith('bf16:'):
+                    k, v = k[5:], v.view(ml_dtypes.bfloat16)
+                if v.dtype.kind == 'f' or v.dtype == ml_dtypes.bfloat16:
+                    v = v.astype(jnp.dtype(dtype))
+                node = params
+                *head, last = k.split('/')
+                for h in head:
+                    node = node.setdefault(h, {})
+                node[last] = jnp.asarray(v)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f'drafter {path}: unreadable ({type(e).__name__}: {e})') from None
+    want = jax.tree.map(lambda s: s.shape, lm.abstract_params())
+    got = jax.tree.map(lambda a: a.shape, params)
+    if want != got:
+        raise ConfigError(f'drafter {path}: parameters do not match its config '
+                          f'{info["config"]}')
+    return lm, params, info
