@@ -152,10 +152,11 @@ class Generated:
 def _generate_program(lm, new_tokens: int, top_k: int, eos: int):
     # Cached per (model, settings): each `generate` call of the same settings reuses the
     # compiled program instead of tracing and compiling a fresh `jax.jit` closure.
-    @jax.jit
-    def run(params, prompt, prompt_len, key, temperature):
+    # The empty cache is an argument, not built inside: a cache created in the program is
+    # a constant that XLA tries to fold through the prefill (minutes at 30 layers).
+    @functools.partial(jax.jit, donate_argnums=1)
+    def run(params, cache, prompt, prompt_len, key, temperature):
         B, P = prompt.shape
-        cache = lm.init_cache(B, P + new_tokens)
         pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
         logits, cache = lm.forward(params, cache, prompt, pos, causal_block_mask(B, P))
         last = jnp.take_along_axis(logits, (prompt_len - 1)[:, None, None], axis=1)[:, 0]
@@ -181,9 +182,10 @@ def _generate_program(lm, new_tokens: int, top_k: int, eos: int):
 
 def generate(model, texts: Sequence[str], *, new_tokens: int = 160, batch: int = 32,
              temperature: float = 1.0, top_k: int = 16, seed: int = 0, bucket: int = 32,
-             log=print) -> Generated:
+             log=None) -> Generated:
     """The verifier's continuations of ``texts`` (already in its chat template), batched by
     prompt length; one compiled program per padded prompt width (multiples of ``bucket``)."""
+    log = log or (lambda msg: print(msg, flush=True))
     tok = model.tokenizer
     eos = int(model.eos_id if getattr(model, 'eos_id', None) is not None else -1)
     ids = [np.asarray(tok.encode(t), np.int32) for t in texts]
@@ -199,8 +201,9 @@ def generate(model, texts: Sequence[str], *, new_tokens: int = 160, batch: int =
             prompt[r, :len(x)] = x
             plen[r] = len(x)
         key = jax.random.fold_in(jax.random.key(seed), b)
-        out = jax.device_get(program(model.params, jnp.asarray(prompt), jnp.asarray(plen), key,
-                                     jnp.float32(temperature)))
+        cache = model.lm.init_cache(batch, P + new_tokens)
+        out = jax.device_get(program(model.params, cache, jnp.asarray(prompt), jnp.asarray(plen),
+                                     key, jnp.float32(temperature)))
         n = len(rows)
         parts.append(Generated(prompt[:n], plen[:n], out[0][:n], out[1][:n], out[2][:n],
                                out[3][:n], float(temperature)))
@@ -271,12 +274,14 @@ def _pca_init(verifier_embed: np.ndarray, keep: np.ndarray, d: int, seed: int):
     rows = np.concatenate([E[keep], E[rest].mean(0, keepdims=True) if rest.any() else mean[None]])
     X = rows - mean
     _, _, vt = np.linalg.svd(X[:: max(1, len(X) // 8192)], full_matrices=False)
-    proj = X @ vt[:d].T
-    if proj.shape[1] < d:
-        # Fewer principal directions than d (a verifier narrower than the drafter, or fewer
-        # kept rows than d): the remaining coordinates start as seeded Gaussian noise.
-        noise = np.random.default_rng(seed).standard_normal((len(X), d - proj.shape[1]))
-        proj = np.concatenate([proj, noise], axis=1)
+    proj = np.zeros((len(X), d))
+    proj[:, :min(d, len(vt))] = X @ vt[:d].T
+    # Coordinates without a principal direction (a verifier narrower than d, or fewer
+    # kept rows than d: the "other" row is a combination of the rest, so K + 1 rows span
+    # at most K) start as seeded Gaussian noise, so each has unit variance.
+    std = proj.std(0)
+    dead = std <= 1e-6 * max(float(std.max()), 1e-30)
+    proj[:, dead] = np.random.default_rng(seed).standard_normal((len(X), int(dead.sum())))
     proj /= proj.std(0, keepdims=True) + 1e-8
     return proj.astype(np.float32)
 
