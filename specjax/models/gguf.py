@@ -25,9 +25,11 @@ permutation is undone at load (`unpermute_rows`). ``qwen2`` files are not permut
 
 Tokenizer. ``tokenizer.ggml.model = 'gpt2'`` (byte-level BPE) is rebuilt from
 ``tokenizer.ggml.tokens`` + ``merges`` with the pre-tokenizer ``tokenizer.ggml.pre``
-names (`PRE_TOKENIZERS`); ``'llama'`` (SentencePiece) vocabularies from tokens + scores
-as a Unigram model with byte fallback. Control tokens (``token_type`` 3) are special
-tokens, user-defined ones (4) added tokens. The result is an `HFTokenizer` (byte-exact).
+names (`PRE_TOKENIZERS`); ``'llama'`` (SentencePiece BPE, llama.cpp's SPM tokenizer) from
+tokens + scores as BPE merges ranked by score, with byte fallback and llama.cpp's space
+prefix. Control tokens (``token_type`` 3) are special tokens, user-defined ones (4)
+added tokens; ``tokenizer.ggml.add_bos_token`` becomes the BOS of `prompt_prefix`. The
+result is an `HFTokenizer` (byte-exact).
 
 Chat template. ``tokenizer.chat_template`` is a Jinja template (as in HF
 ``tokenizer_config.json``), rendered by `render_chat` in a sandbox the way transformers
@@ -137,19 +139,113 @@ def _field_value(field) -> Any:
     return v
 
 
+class _Broken(Exception):
+    """Raised inside `_Reader`: what is wrong, in words (the file is named by `_open`)."""
+
+
+_READER = None
+
+
+def _reader_class():
+    """``gguf.GGUFReader`` that says where a short or corrupt file breaks.
+
+    The stock reader slices its memory map without bounds checks: a file cut short fails
+    later with an unrelated numpy error (a reshape), and an unknown tensor type id as a
+    bare enum ``ValueError``. Every read goes through ``_get``, so checking there (and
+    recording which part of the file is being parsed) turns both into one line naming the
+    metadata field or tensor. (The hooks are ``GGUFReader``'s internal methods, stable
+    since gguf 0.6; the tests read truncated and patched files through them.)
+    """
+    global _READER  # pylint: disable=global-statement
+    if _READER is not None:
+        return _READER
+    gguf = _gguf()
+
+    class Reader(gguf.GGUFReader):
+        _part = 'the header (magic, version, counts)'
+        _src = _buf = None
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            # As the stock `_get`, but slicing a plain ndarray view of the map (slicing the
+            # np.memmap subclass costs ~10 us a call, and a 49k-token vocabulary takes
+            # ~250k calls) and bounds-checked.
+            if self._src is not self.data:
+                self._src, self._buf = self.data, self.data.view(np.ndarray)
+            dt, count = np.dtype(dtype), int(count)
+            end = int(offset) + dt.itemsize * count
+            if end > self._buf.shape[0]:
+                raise _Broken(f'truncated file: {self._part} needs bytes up to {end} but the '
+                              f'file has {self._buf.shape[0]}')
+            arr = self._buf[int(offset):end].view(dt)[:count]
+            order = self.byte_order if override_order is None else override_order
+            return arr.view(arr.dtype.newbyteorder(order))
+
+        def _build_fields(self, offs, count):
+            self._part = 'the first metadata field'
+            return super()._build_fields(offs, count)
+
+        def _push_field(self, field, skip_sum=False):
+            out = super()._push_field(field, skip_sum)
+            if not field.name.startswith('GGUF.'):
+                self._part = f'the metadata field after {field.name}'
+            return out
+
+        def _build_tensor_info(self, offs, count):
+            self._part = 'the tensor table (first entry)'
+            return super()._build_tensor_info(offs, count)
+
+        def _get_tensor_info_field(self, orig_offs):
+            field = super()._get_tensor_info_field(orig_offs)
+            self._part = f'the tensor table (the entry after {field.name})'
+            return field
+
+        def _build_tensors(self, start_offs, fields):
+            size = self.data.shape[0]
+            for field in fields:     # parts: name_len, name, n_dims, dims, type, offset
+                name = bytes(field.parts[1]).decode('utf-8', errors='replace')
+                raw = int(field.parts[4][0])
+                try:
+                    kind = gguf.GGMLQuantizationType(raw)
+                except ValueError:
+                    raise _Broken(f'tensor {name} has ggml type id {raw}, which is not a ggml '
+                                  f'tensor type (allowed: {", ".join(TENSOR_TYPES)})') from None
+                block, type_size = gguf.GGML_QUANT_SIZES[kind]
+                n = math.prod(int(s) for s in field.parts[3])
+                begin = int(start_offs) + int(field.parts[5][0])
+                end = begin + n * type_size // block
+                if end > size:
+                    raise _Broken(f'truncated file: tensor {name} ({kind.name}) occupies bytes '
+                                  f'{begin}..{end} but the file has {size}')
+            self._part = 'the tensor data'
+            return super()._build_tensors(start_offs, fields)
+
+    _READER = Reader
+    return Reader
+
+
 def _open(path: Path):
     """The ``gguf.GGUFReader`` of ``path``, every failure as one line naming the file."""
-    gguf = _gguf()
+    reader_class = _reader_class()
     if not path.is_file():
         raise _fail(f'gguf {path}: no such file (a local .gguf file is needed)')
     size = path.stat().st_size
+    with open(path, 'rb') as fh:
+        magic = fh.read(4)
+    if magic != b'GGUF':
+        if len(magic) < 4 and b'GGUF'.startswith(magic) and size:
+            raise _fail(f'gguf {path}: truncated file: the header needs bytes up to 24 but '
+                        f'the file has {size}')
+        raise _fail(f'gguf {path}: not a GGUF file (it starts with {magic!r}, a GGUF file '
+                    f"with b'GGUF'; {size} bytes)")
     try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # truncated or corrupt headers raise anything from numpy/struct
+        reader = reader_class(str(path))
+    except _Broken as e:
+        raise _fail(f'gguf {path}: {e}') from None
+    except Exception as e:  # corrupt headers raise anything from numpy/struct/enum
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise _fail(f'gguf {path}: not a readable GGUF file ({type(e).__name__}: {msg}; '
-                    f'{size} bytes on disk — truncated or not GGUF?)') from None
-    for t in reader.tensors:
+                    f'{size} bytes on disk)') from None
+    for t in reader.tensors:    # the reader above checks this; kept for other readers
         end = int(t.data_offset) + int(t.n_bytes)
         if end > size:
             raise _fail(f'gguf {path}: tensor {t.name} ends at byte {end} but the file has '
@@ -157,7 +253,7 @@ def _open(path: Path):
     return reader
 
 
-def _metadata(reader) -> dict[str, Any]:
+def _metadata(reader, where: str) -> dict[str, Any]:
     out = {}
     for name, field in reader.fields.items():
         if name.startswith('GGUF.'):
@@ -165,7 +261,9 @@ def _metadata(reader) -> dict[str, Any]:
         try:
             out[name] = _field_value(field)
         except Exception as e:  # pylint: disable=broad-except
-            raise _fail(f'gguf metadata {name}: unreadable ({type(e).__name__}: {e})') from None
+            msg = str(e).splitlines()[0] if str(e) else ''
+            raise _fail(f'{where}: metadata {name} is unreadable ({type(e).__name__}: '
+                        f'{msg})') from None
     return out
 
 
@@ -266,7 +364,7 @@ def read_gguf(path, *, max_len: int | None = None, dtype: str = 'float32',
     """
     p = Path(path)
     reader = _open(p)
-    meta = _metadata(reader)
+    meta = _metadata(reader, f'gguf {p}')
     tensors = {t.name: t for t in reader.tensors}
     hf = _hf_config(meta, tensors, f'gguf {p}')
     cfg, family = config_from_hf(hf, max_len=max_len, dtype=dtype, param_dtype=param_dtype,
@@ -395,7 +493,7 @@ def _tokenizer_spec(meta: dict, where: str) -> dict:
         return {
             'version': '1.0', 'truncation': None, 'padding': None, 'added_tokens': added,
             'normalizer': None, 'pre_tokenizer': PRE_TOKENIZERS[pre],
-            'post_processor': None,
+            'post_processor': _bos_processor(meta, tokens, default=False),
             'decoder': {'type': 'ByteLevel', 'add_prefix_space': True, 'trim_offsets': True,
                         'use_regex': True},
             'model': {'type': 'BPE', 'dropout': None, 'unk_token': None,
@@ -409,34 +507,88 @@ def _tokenizer_spec(meta: dict, where: str) -> dict:
             raise _fail(f'{where}: metadata tokenizer.ggml.scores is missing or not one per '
                         f'token (a SentencePiece vocabulary needs its scores)')
         unk = int(meta.get('tokenizer.ggml.unknown_token_id', 0))
+        if not 0 <= unk < len(tokens):
+            raise _fail(f'{where}: metadata tokenizer.ggml.unknown_token_id={unk} is not a '
+                        f'token id (allowed: 0..{len(tokens) - 1})')
+        space = [{'type': 'Replace', 'pattern': {'String': ' '}, 'content': '▁'}]
+        if meta.get('tokenizer.ggml.add_space_prefix', True):
+            space.insert(0, {'type': 'Prepend', 'prepend': '▁'})
         return {
             'version': '1.0', 'truncation': None, 'padding': None, 'added_tokens': added,
-            'normalizer': None,
-            'pre_tokenizer': {'type': 'Metaspace', 'replacement': '▁',
-                              'prepend_scheme': 'first', 'split': False},
-            'post_processor': None,
+            # llama.cpp prepends a space to every text fragment (after each special token
+            # too) and spells spaces as ▁: HF's "legacy" Llama normalizer, per fragment.
+            'normalizer': {'type': 'Sequence', 'normalizers': space},
+            'pre_tokenizer': None,
+            'post_processor': _bos_processor(meta, tokens, default=True),
             'decoder': {'type': 'Sequence', 'decoders': [
                 {'type': 'Replace', 'pattern': {'String': '▁'}, 'content': ' '},
                 {'type': 'ByteFallback'}, {'type': 'Fuse'},
                 {'type': 'Strip', 'content': ' ', 'start': 1, 'stop': 0}]},
-            'model': {'type': 'Unigram', 'unk_id': unk, 'byte_fallback': True,
-                      'vocab': [[t, float(s)] for t, s in zip(tokens, scores)]}}
+            'model': {'type': 'BPE', 'dropout': None, 'unk_token': tokens[unk],
+                      'continuing_subword_prefix': None, 'end_of_word_suffix': None,
+                      'fuse_unk': True, 'byte_fallback': True, 'ignore_merges': False,
+                      'vocab': {t: i for i, t in enumerate(tokens)},
+                      'merges': _spm_merges(tokens, scores, types)}}
     raise _fail(f"{where}: metadata tokenizer.ggml.model={model!r} is not supported "
                 f"(allowed: 'gpt2', 'llama')")
 
 
+def _spm_merges(tokens: list[str], scores, types: list[int]) -> list[list[str]]:
+    """BPE merges equivalent to llama.cpp's SentencePiece tokenizer (``llm_tokenizer_spm``).
+
+    That tokenizer starts from characters and repeatedly joins the adjacent pair whose
+    concatenation is a vocabulary piece with the highest score (SentencePiece's BPE: the
+    score is minus the merge rank). As HF merges: every split ``(a, b)`` of a piece with
+    both halves in the vocabulary, ranked by the piece's score (ties: id, then split).
+    Control, unknown and byte tokens (types 2, 3, 6) are never the result of a merge.
+    A Unigram model over the same scores segments differently (Viterbi over sums of
+    scores) and is not what these files were tokenized with.
+    """
+    ids = {}
+    for i, t in enumerate(tokens):
+        ids.setdefault(t, i)
+    ranked = []
+    for i, t in enumerate(tokens):
+        if types[i] in (2, 3, 6) or ids[t] != i:
+            continue
+        for k in range(1, len(t)):
+            if t[:k] in ids and t[k:] in ids:
+                ranked.append((-float(scores[i]), i, k))
+    ranked.sort()
+    return [[tokens[i][:k], tokens[i][k:]] for _, i, k in ranked]
+
+
+def _bos_processor(meta: dict, tokens: list[str], default: bool) -> dict | None:
+    """HF post-processor adding BOS when the file says llama.cpp adds it
+    (``tokenizer.ggml.add_bos_token``; default: SentencePiece files yes, BPE files no), so
+    `HFTokenizer.prompt_prefix` is the BOS the model was trained with."""
+    bos = meta.get('tokenizer.ggml.bos_token_id')
+    if not meta.get('tokenizer.ggml.add_bos_token', default) or bos is None \
+            or not 0 <= int(bos) < len(tokens):
+        return None
+    t = tokens[int(bos)]
+    return {'type': 'TemplateProcessing',
+            'single': [{'SpecialToken': {'id': t, 'type_id': 0}},
+                       {'Sequence': {'id': 'A', 'type_id': 0}}],
+            'pair': [{'SpecialToken': {'id': t, 'type_id': 0}},
+                     {'Sequence': {'id': 'A', 'type_id': 0}},
+                     {'Sequence': {'id': 'B', 'type_id': 1}}],
+            'special_tokens': {t: {'id': t, 'ids': [int(bos)], 'tokens': [t]}}}
+
+
 def gguf_tokenizer(path_or_meta, *, pad_to: int | None = None, name: str | None = None):
     """The `HFTokenizer` of a GGUF file (or of its metadata dict)."""
-    from specjax.tokenizers.hf import HFTokenizer  # pylint: disable=import-outside-toplevel
     if isinstance(path_or_meta, dict):
-        meta, where = path_or_meta, f'gguf {name or "metadata"}'
-    else:
-        p = Path(path_or_meta)
-        meta, where = _metadata(_open(p)), f'gguf {p}'
-        name = name or p.stem
+        return _tokenizer(path_or_meta, f'gguf {name or "metadata"}', name or 'gguf', pad_to)
+    p = Path(path_or_meta)
+    return _tokenizer(_metadata(_open(p), f'gguf {p}'), f'gguf {p}', name or p.stem, pad_to)
+
+
+def _tokenizer(meta: dict, where: str, name: str, pad_to: int | None):
+    from specjax.tokenizers.hf import HFTokenizer  # pylint: disable=import-outside-toplevel
     spec = _tokenizer_spec(meta, where)
     try:
-        return HFTokenizer(spec, name=name or 'gguf', pad_to=pad_to)
+        return HFTokenizer(spec, name=name, pad_to=pad_to)
     except ConfigError as e:
         raise _fail(f'{where}: {e}') from None
 
@@ -444,22 +596,32 @@ def gguf_tokenizer(path_or_meta, *, pad_to: int | None = None, name: str | None 
 def render_chat(template: str, messages: list[dict], *, add_generation_prompt: bool = True,
                 **extra) -> str:
     """Renders a chat template (Jinja, as in HF ``tokenizer_config.json``) the way
-    transformers does: sandboxed, ``trim_blocks`` and ``lstrip_blocks``, with
-    ``raise_exception`` and a ``tojson`` filter; ``extra`` (``bos_token``, ...) are
-    template variables."""
+    transformers does: sandboxed, ``trim_blocks`` and ``lstrip_blocks``, loop controls
+    (``break`` / ``continue``), ``raise_exception``, ``strftime_now`` and a ``tojson``
+    filter that keeps non-ASCII text; ``extra`` (``bos_token``, ...) are template
+    variables."""
     try:
         from jinja2.sandbox import ImmutableSandboxedEnvironment  # pylint: disable=import-outside-toplevel
     except ImportError:
         raise _fail("chat templates need the 'jinja2' package (pip install jinja2)") from None
+    import datetime  # pylint: disable=import-outside-toplevel
     import json  # pylint: disable=import-outside-toplevel
 
     def raise_exception(message):
         raise _fail(f'chat template: {message}')
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.filters['tojson'] = lambda x, indent=None: json.dumps(x, ensure_ascii=False,
-                                                              indent=indent)
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return datetime.datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=['jinja2.ext.loopcontrols'])
+    env.filters['tojson'] = tojson
     env.globals['raise_exception'] = raise_exception
+    env.globals['strftime_now'] = strftime_now
     try:
         return env.from_string(template).render(
             messages=messages, add_generation_prompt=add_generation_prompt, **extra)
@@ -531,12 +693,13 @@ def load_gguf_model(path, *, max_len: int | None = None, dtype: str = 'float32',
     """
     f = read_gguf(path, max_len=max_len, dtype=dtype, param_dtype=param_dtype)
     rows = f.config.vocab_size
-    tok = gguf_tokenizer(f.metadata, name=f.path.stem)
+    where = f'gguf {f.path}'
+    tok = _tokenizer(f.metadata, where, f.path.stem, None)
     if tok.vocab_size > rows:
-        raise _fail(f'gguf {f.path}: tokenizer.ggml.tokens has {tok.vocab_size} tokens but '
+        raise _fail(f'{where}: tokenizer.ggml.tokens has {tok.vocab_size} tokens but '
                     f'token_embd.weight has {rows} rows (allowed: at most {rows})')
     if tok.vocab_size < rows:
-        tok = gguf_tokenizer(f.metadata, pad_to=rows, name=f.path.stem)
+        tok = _tokenizer(f.metadata, where, f.path.stem, rows)
     shardings = None if mesh is None else shd.param_shardings(f.lm, mesh, rules)
     params = load_gguf_params(f, shardings)
     return GGUFModel(f.path, f.family, f.lm, params, tok,
