@@ -27,7 +27,7 @@ from specjax.errors import ConfigError
 from specjax.models.subset_vocab import SubsetVocabLM
 from specjax.models.transformer import TransformerConfig
 
-__all__ = ['DRAFTER_DIR', 'DISTILLED', 'save_drafter', 'load_drafter', 'drafter_path']
+__all__ = ['DRAFTER_DIR', 'DISTILLED', 'save_drafter', 'load_drafter', 'drafter_path', 'export_hf']
 
 #: The shipped drafters' folder (package data).
 DRAFTER_DIR = Path(__file__).resolve().parents[1] / 'zoo_smollm2'
@@ -109,3 +109,28 @@ def load_drafter(name_or_path, dtype: str = 'float32'):
         raise ConfigError(f'drafter {path}: parameters do not match its config '
                           f'{info["config"]}')
     return lm, params, info
+
+
+def export_hf(path, lm: SubsetVocabLM, params) -> Path:
+    """The drafter as a Hugging Face Llama folder over the verifier's whole vocabulary
+    (for a peer's assisted generation on the same weights).
+
+    The input embedding of every verifier id is its inner row (the "other" row for ids
+    outside the subset). HF has no head bias to give those ids probability 0, so their
+    head rows are the "other" row's: a greedy HF assistant proposes what specjax's
+    drafter proposes except where the "other" logit is the largest — there it proposes
+    the first id outside the subset, which the verifier then rejects.
+    """
+    import dataclasses  # pylint: disable=import-outside-toplevel
+    from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
+    from specjax.models.hf import save_hf  # pylint: disable=import-outside-toplevel
+    cfg = dataclasses.replace(lm.config, vocab_size=lm.verifier_vocab, tie_embeddings=False,
+                              embed_input_scale=False, dtype='float32', param_dtype='float32')
+    inner = jax.tree.map(lambda a: np.asarray(a, np.float32), params['inner'])
+    table = inner['embed'][np.asarray(params['to_inner'])]              # [V, d]
+    head = inner['embed'] if lm.config.tie_embeddings else inner['lm_head'].T
+    full_head = head[np.asarray(params['to_inner'])]                    # [V, d]
+    out = {k: v for k, v in inner.items() if k not in ('embed', 'lm_head')}
+    out['embed'] = table
+    out['lm_head'] = np.ascontiguousarray(full_head.T)
+    return save_hf(path, TransformerLM(cfg), jax.tree.map(jnp.asarray, out), family='llama')

@@ -1,0 +1,361 @@
+r"""Speed on the real verifier: SmolLM2-135M-Instruct (GGUF, dequantized) on this machine.
+
+  python experiments/benchmark_real.py                          # everything below, ~20-30 min
+  python experiments/benchmark.py --verifier smollm2            # the same (delegates here)
+  python experiments/benchmark_real.py --parts ratio --dtypes float32,bfloat16
+  python experiments/benchmark_real.py --parts spec --drafters code,lookup --gammas 2,4 --batches 1
+
+Parts (``--parts``, in this order; one process, nothing timed concurrently):
+  machine  CPU model, caches, load; stream bandwidth (a jitted sum over 1 GiB, best of 5).
+  ratio    T_step and T_score(k) for k = 1..9 at batch 1 and 8 per dtype (one-token and
+           k-token verifier forwards over 100 cached tokens, jitted in a `lax.scan`,
+           interleaved, min of 3 runs), against the bandwidth floor (weight bytes read per
+           forward ÷ stream bandwidth) and the roofline projection of the same forwards on
+           one TPU v5e chip and one H100 (bf16 weights; bytes and FLOPs counted from the
+           model).
+  spec     per batch, verifier τ, drafter and γ: AR and speculative tokens/s (the engine's
+           compiled programs, compilation and the first run excluded, AR and speculative
+           runs alternating, medians of paired ratios), α, tokens per round, c = T_draft /
+           T_step, Leviathan's speed-up and the hardware-aware prediction
+           E·T_step / (γ·T_draft + T_score(γ+1)), measured ÷ hardware-aware.
+  peer     transformers on the same GGUF weights (f32, eager): plain greedy `generate`,
+           prompt-lookup decoding (`prompt_lookup_num_tokens`), assisted generation with the
+           code drafter exported to an HF folder; greedy tokens identical to specjax's.
+
+Writes ``real_speed.json`` under --out; ``--write_docs`` writes docs/results/real_speed.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("parts", ["machine", "ratio", "spec", "peer"], "parts to run")
+flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "verifier dtypes for the ratio part")
+flags.DEFINE_string("dtype", "float32", "verifier dtype for the spec and peer parts")
+flags.DEFINE_list("drafters", ["code", "prose", "lookup", "reasoning"], "drafters (spec part)")
+flags.DEFINE_list("gammas", ["2", "3", "4", "6", "8"], "γ values (spec part)")
+flags.DEFINE_list("batches", ["1", "8"], "batch sizes (spec part)")
+flags.DEFINE_list("taus", ["1.0", "0.0"], "verifier temperatures (spec part)")
+flags.DEFINE_integer("new_tokens", 64, "tokens generated per row")
+flags.DEFINE_integer("repeats", 3, "timed runs per configuration (after one warm-up)")
+flags.DEFINE_integer("prompts_per_domain", 1, "plan prompts per domain at batch 1 (rows "
+                     "cycle through the domains at larger batches)")
+flags.DEFINE_string("drafter_dir", "", "folder of drafter_{code,prose}.npz (default: shipped)")
+flags.DEFINE_string("out", "runs/benchmark_real", "output directory")
+flags.DEFINE_bool("write_docs", False, "write docs/results/real_speed.md from this run")
+
+# Roofline figures (vendor data sheets): HBM bandwidth (bytes/s) and dense bf16 FLOP/s.
+ACCELERATORS = {"TPU v5e (1 chip)": (819e9, 197e12), "H100 SXM": (3.35e12, 989e12)}
+
+
+def machine() -> dict:
+    info = {"platform": platform.platform(), "python": platform.python_version(),
+            "jax": jax.__version__, "load_average": list(os.getloadavg())}
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        for line in out.splitlines():
+            k, _, v = line.partition(":")
+            if k.strip() in ("Model name", "CPU(s)", "L1d cache", "L2 cache", "L3 cache", "Flags"):
+                info[k.strip()] = v.strip() if k.strip() != "Flags" else (
+                    "avx512f" in v and "avx512" or "avx2" in v and "avx2" or "other")
+    except OSError:
+        pass
+    return info
+
+
+def stream_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
+    """Bytes/s of a jitted f32 sum over a ``gib`` GiB array (a read-only stream)."""
+    x = jnp.ones((int(gib * 2**30) // 4,), jnp.float32)
+    f = jax.jit(jnp.sum)
+    f(x).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(x).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return x.nbytes / best
+
+
+def _weight_bytes(params) -> int:
+    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)))
+
+
+def roofline(cfg, n_params: int, k: int, batch: int, context: int) -> dict:
+    """Seconds of a k-token forward (batch rows, ``context`` cached tokens) on each
+    accelerator: max(bytes / bandwidth, FLOPs / peak), bf16 weights and cache."""
+    kv = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 2 * batch * (context + k)
+    byts = 2 * n_params + kv
+    flops = 2 * n_params * batch * k + 4 * cfg.n_layers * cfg.d_model * batch * k * context
+    return {name: max(byts / bw, flops / peak) for name, (bw, peak) in ACCELERATORS.items()}
+
+
+def part_ratio(result: dict, bw: float) -> None:
+    from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
+    from timing import forward_timer  # pylint: disable=import-outside-toplevel
+    rows = []
+    for dt in FLAGS.dtypes:
+        m = smollm2(max_len=512, dtype=dt)
+        n = sum(int(x.size) for x in jax.tree.leaves(m.params))
+        wbytes = _weight_bytes(m.params)
+        for batch in (1, 8):
+            runs = {k: forward_timer(m.lm, m.params, batch, k, 100, 192, 16) for k in range(1, 10)}
+            times = {k: [] for k in runs}
+            for _ in range(3):
+                for k, run in runs.items():
+                    times[k].append(run())
+            t1 = min(times[1])
+            roof = {k: roofline(m.lm.config, n, k, batch, 100) for k in runs}
+            row = {"dtype": dt, "batch": batch, "weight_bytes": wbytes,
+                   "floor_s": wbytes / bw, "t_step": t1,
+                   "t_score": {k: min(v) for k, v in times.items()},
+                   "ratio": {k: min(v) / t1 for k, v in times.items()},
+                   "roofline_ratio": {name: {k: roof[k][name] / roof[1][name] for k in runs}
+                                      for name in ACCELERATORS},
+                   "roofline_t_step": {name: roof[1][name] for name in ACCELERATORS},
+                   "load_average": list(os.getloadavg())}
+            rows.append(row)
+            print(f"{dt:8} B={batch}: T_step {1e3 * t1:7.2f} ms (floor {1e3 * wbytes / bw:6.2f} "
+                  f"ms, {t1 * bw / wbytes:.2f}x); T_score(k)/T_step " + " ".join(
+                      f"{k}:{row['ratio'][k]:.2f}" for k in runs), flush=True)
+        del m
+    result["ratio"] = rows
+
+
+def _drafter_files() -> dict:
+    if not FLAGS.drafter_dir:
+        return {}
+    d = Path(FLAGS.drafter_dir)
+    return {n: str(d / f"drafter_{n}.npz") for n in ("code", "prose")
+            if (d / f"drafter_{n}.npz").exists()}
+
+
+def part_spec(result: dict, model, dep) -> None:
+    from specjax import metrics  # pylint: disable=import-outside-toplevel
+    from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
+    from specjax.engine.generate import (autoregressive_generate,  # pylint: disable=import-outside-toplevel
+                                         row_keys_for, speculative_generate)
+    from specjax.engine.spec import EngineConfig  # pylint: disable=import-outside-toplevel
+    from timing import forward_timer  # pylint: disable=import-outside-toplevel
+    by_domain = {}
+    for p in load_prompts():
+        by_domain.setdefault(p["domain"], []).append(p["prompt"])
+    texts_all = [t for i in range(FLAGS.prompts_per_domain) for d in sorted(by_domain)
+                 for t in by_domain[d][i:i + 1]]
+    v = dep.verifier
+    rows, per_batch = [], []
+    for batch in [int(b) for b in FLAGS.batches]:
+        texts = (texts_all * batch)[:max(batch, len(texts_all))]
+        calls = [texts[i:i + batch] for i in range(0, len(texts), batch)]
+        v_calls = [[dep.encode(t) for t in c] for c in calls]
+        width = max(len(p) for c in v_calls for p in c)
+        capacity = -(-width // 64) * 64 + FLAGS.new_tokens + 16
+        context = int(np.mean([len(p) for c in v_calls for p in c])) + FLAGS.new_tokens // 2
+        t_step = min(forward_timer(v, dep.v_params, batch, 1, context, capacity, 16)()
+                     for _ in range(3))
+        t_score = {}
+        for g in [int(x) for x in FLAGS.gammas]:
+            t_score[g] = min(forward_timer(v, dep.v_params, batch, g + 1, context, capacity,
+                                           16)() for _ in range(3))
+        t_draft = {}
+        for name in FLAGS.drafters:
+            sub = dep.subset([name])
+            t_draft[name] = min(forward_timer(sub.drafters[0].lm, sub.d_data[0].params, batch, 1,
+                                              context, min(sub.drafters[0].lm.max_len, capacity),
+                                              16)() for _ in range(3))
+        for tau in [float(t) for t in FLAGS.taus]:
+            setups = []
+            for name in FLAGS.drafters:
+                sub = dep.subset([name])
+                d_calls = [[[sub.drafter_encode[0](t) for t in c]] for c in calls]
+                for g in [int(x) for x in FLAGS.gammas]:
+                    cfg = EngineConfig(gamma=g, rule="rejection", verifier_temperature=tau,
+                                       max_new_tokens=FLAGS.new_tokens)
+                    setups.append(dict(name=name, gamma=g, sub=sub, cfg=cfg, d_calls=d_calls,
+                                       tps=[], ratio=[], counters=[]))
+
+            def run_ar():
+                n = s = 0.0
+                for vc in v_calls:
+                    r = autoregressive_generate(v, dep.v_params, vc, row_keys_for(0, len(vc)),
+                                                temperature=tau, max_new_tokens=FLAGS.new_tokens,
+                                                bucket=64)
+                    n += float((r.length - r.start).sum())
+                    s += r.seconds
+                return n / s
+
+            def run_spec(d):
+                n = s = 0.0
+                counters = []
+                for vc, dc in zip(v_calls, d["d_calls"]):
+                    r = speculative_generate(d["cfg"], v, dep.v_params, d["sub"].drafters,
+                                             d["sub"].d_data, vc, dc, row_keys_for(0, len(vc)),
+                                             bucket=64)
+                    n += float((r.length - r.start).sum())
+                    s += r.seconds
+                    counters.append(r.counters)
+                return n / s, counters
+
+            ar = []
+            for i in range(FLAGS.repeats + 1):
+                a = run_ar()
+                if i:
+                    ar.append(a)
+                for d in setups:
+                    tps, counters = run_spec(d)
+                    if i:
+                        d["tps"].append(tps)
+                        d["ratio"].append(tps / a)
+                    d["counters"] = counters
+            ar_tps = statistics.median(ar)
+            per_batch.append(dict(batch=batch, tau=tau, ar_tokens_per_s=ar_tps, t_step=t_step,
+                                  ar_runs=ar, context=context, capacity=capacity))
+            print(f"B={batch} τ={tau}: AR {ar_tps:.1f} tok/s; T_step {1e3 * t_step:.2f} ms",
+                  flush=True)
+            for d in setups:
+                acc = sum(float(c.own_accepted_at.sum()) for c in d["counters"])
+                reach = sum(float(c.own_reached_at.sum()) for c in d["counters"])
+                alpha = acc / max(reach, 1.0)
+                per_round = (sum(float(c.committed.sum()) for c in d["counters"])
+                             / max(sum(float(c.rounds.sum()) for c in d["counters"]), 1.0))
+                g, td, ts = d["gamma"], t_draft[d["name"]], t_score[d["gamma"]]
+                hw = float(metrics.hardware_aware_speedup(per_round, t_step, td, ts, g))
+                measured = statistics.median(d["ratio"])
+                row = dict(drafter=d["name"], gamma=g, batch=batch, tau=tau,
+                           ar_tokens_per_s=ar_tps, spec_tokens_per_s=statistics.median(d["tps"]),
+                           alpha=alpha, tokens_per_round=per_round, c=td / t_step,
+                           t_step=t_step, t_draft=td, t_score=ts, t_score_over_t_step=ts / t_step,
+                           leviathan_speedup=float(metrics.leviathan_speedup(alpha, g, td / t_step)),
+                           hardware_aware_speedup=hw, measured_speedup=measured,
+                           measured_over_hardware_aware=measured / hw, spec_runs=d["tps"],
+                           load_average=list(os.getloadavg()))
+                rows.append(row)
+                print(f"  {d['name']:9} γ={g}: spec {row['spec_tokens_per_s']:6.1f} tok/s, "
+                      f"x{measured:.2f} AR (hw-aware {hw:.2f}, meas/hw {measured / hw:.2f}); "
+                      f"α {alpha:.2f}, tok/round {per_round:.2f}, c {td / t_step:.3f}, "
+                      f"T_score/T_step {ts / t_step:.2f}", flush=True)
+    result["spec"] = rows
+    result["ar"] = per_batch
+    del model
+
+
+def part_peer(result: dict, model, dep) -> None:
+    """transformers on the same weights: plain, prompt lookup, assisted (code drafter)."""
+    try:
+        import torch  # pylint: disable=import-outside-toplevel
+        import transformers  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        print(f"peer skipped: {e}")
+        return
+    from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
+    from specjax.engine.generate import autoregressive_generate, row_keys_for  # pylint: disable=import-outside-toplevel
+    from specjax.models.gguf import smollm2_path  # pylint: disable=import-outside-toplevel
+    from specjax.models.real_zoo import export_hf  # pylint: disable=import-outside-toplevel
+    torch.set_num_threads(os.cpu_count() or 1)
+    p = smollm2_path()
+    target = transformers.AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name,
+                                                               dtype=torch.float32).eval()
+    prompts = {}
+    for q in load_prompts():
+        prompts.setdefault(q["domain"], q["prompt"])
+    texts = [prompts[d] for d in sorted(prompts)]
+    ids = [dep.encode(t) for t in texts]
+    n_new = FLAGS.new_tokens
+    # Greedy identity (64 tokens, 3 prompts): specjax's AR at τ = 0 vs transformers.
+    same = []
+    for row in ids:
+        r = autoregressive_generate(dep.verifier, dep.v_params, [row], row_keys_for(0, 1),
+                                    temperature=0.0, max_new_tokens=n_new, bucket=64)
+        ours = [int(x) for x in r.tokens[0, r.start[0]:r.length[0]]]
+        with torch.no_grad():
+            out = target.generate(torch.tensor([row]), max_new_tokens=n_new, do_sample=False,
+                                  min_new_tokens=n_new, eos_token_id=None, pad_token_id=0)
+        theirs = out[0, len(row):].tolist()
+        same.append(ours == theirs[:len(ours)] and len(ours) == n_new)
+    print(f"greedy identical to transformers for {n_new} tokens: {same}", flush=True)
+
+    def timed(**kw):
+        tps = []
+        for i in range(FLAGS.repeats + 1):
+            n = s = 0.0
+            for row in ids:
+                t = time.perf_counter()
+                with torch.no_grad():
+                    out = target.generate(torch.tensor([row]), max_new_tokens=n_new, do_sample=False,
+                                          min_new_tokens=n_new, eos_token_id=None, pad_token_id=0,
+                                          **kw)
+                s += time.perf_counter() - t
+                n += out.shape[1] - len(row)
+            if i:
+                tps.append(n / s)
+        return statistics.median(tps)
+
+    peer = {"greedy_identical": same, "plain": timed()}
+    for g in (2, 4, 8):
+        peer[f"prompt_lookup_{g}"] = timed(prompt_lookup_num_tokens=g)
+    drafter_dir = Path(FLAGS.out) / "hf_code_drafter"
+    if "code" in dep.names:
+        sub = dep.subset(["code"])
+        export_hf(drafter_dir, sub.drafters[0].lm, sub.d_data[0].params)
+        assistant = transformers.AutoModelForCausalLM.from_pretrained(
+            str(drafter_dir), dtype=torch.float32).eval()
+        for g in (2, 4, 8):
+            assistant.generation_config.num_assistant_tokens = g
+            assistant.generation_config.num_assistant_tokens_schedule = "constant"
+            peer[f"assisted_{g}"] = timed(assistant_model=assistant)
+    print("peer (transformers, same weights, f32, B=1, greedy): " + ", ".join(
+        f"{k} {v:.1f} tok/s" for k, v in peer.items() if k != "greedy_identical"), flush=True)
+    result["peer"] = peer
+
+
+def main(argv):
+    del argv
+    from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
+    from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
+    out = Path(FLAGS.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                   time.gmtime()),
+              "machine": machine()}
+    try:
+        result["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                          capture_output=True, text=True).stdout.strip()
+    except OSError:
+        result["commit"] = None
+    bw = stream_bandwidth()
+    result["stream_bytes_per_s"] = bw
+    print(f"machine: {result['machine'].get('Model name')}, L2 {result['machine'].get('L2 cache')},"
+          f" L3 {result['machine'].get('L3 cache')}, load {os.getloadavg()[0]:.2f}; stream "
+          f"{bw / 1e9:.1f} GB/s", flush=True)
+    if "ratio" in FLAGS.parts:
+        part_ratio(result, bw)
+    if "spec" in FLAGS.parts or "peer" in FLAGS.parts:
+        model = smollm2(max_len=2048, dtype=FLAGS.dtype)
+        names = list(dict.fromkeys(FLAGS.drafters + (["code"] if "peer" in FLAGS.parts else [])))
+        dep = from_smollm2(names, dtype=FLAGS.dtype, drafters=_drafter_files(), verifier=model)
+        if "spec" in FLAGS.parts:
+            part_spec(result, model, dep)
+        if "peer" in FLAGS.parts:
+            part_peer(result, model, dep)
+    result["load_average_end"] = list(os.getloadavg())
+    tmp = out / "real_speed.json.tmp"
+    tmp.write_text(json.dumps(result, indent=1, default=str))
+    os.replace(tmp, out / "real_speed.json")
+    print(f"wrote {out / 'real_speed.json'}")
+
+
+if __name__ == "__main__":
+    app.run(main)
