@@ -8,9 +8,10 @@ traceback.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "check", "describe_allowed"]
+__all__ = ["ConfigError", "check", "describe_allowed", "user_path"]
 
 
 class ConfigError(ValueError):
@@ -48,6 +49,27 @@ def check(cond: Any, field: str, value: Any, allowed: Any) -> None:
     """
     if not cond:
         raise ConfigError.invalid(field, value, allowed)
+
+
+def user_path(value: Any, field: str, allowed: str = "a path") -> Path:
+    """`value` as a `Path` with ``~`` / ``~user`` expanded, or a `ConfigError` naming `field`.
+
+    ``Path.expanduser`` raises RuntimeError for an unknown user (``~nosuchuser/x``) or when
+    no home directory can be determined; a NUL byte or a non-string is refused too.
+    """
+    if not isinstance(value, (str, Path)) or not str(value).strip() or "\0" in str(value):
+        raise ConfigError.invalid(field, value, allowed)
+    try:
+        return Path(value).expanduser()
+    except (RuntimeError, KeyError, ValueError, OSError) as e:
+        head = str(value).split("/", 1)[0]
+        if head == "~":
+            reason = "~ expands to the home directory, which cannot be determined"
+        elif head.startswith("~"):
+            reason = f"~{head[1:]} expands to the home of user {head[1:]!r}: no such user"
+        else:
+            reason = " ".join(str(e).split()) or type(e).__name__
+        raise ConfigError.invalid(field, str(value), f"{allowed} ({reason})") from None
 
 
 def describe_allowed(allowed: Any) -> str:

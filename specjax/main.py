@@ -24,7 +24,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from specjax.errors import ConfigError
-from specjax.runner.cli import fail, parse_flags
+from specjax.runner.cli import config_error_in, fail, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally followed by ':variant,key=value,...'.",
@@ -47,12 +47,14 @@ def main(argv: Sequence[str]) -> None:
     from specjax.runner import sweep  # pylint: disable=import-outside-toplevel
 
     # Validation, before anything is written (the compilation cache included), and
-    # before any INFO line: an error is the only line printed.
+    # before any INFO line: an error is the only line printed. Validation reads only
+    # inputs (the config, the workdir, the zoo, an experiment module), so whatever it
+    # raises is reported in one line naming what it was validating, never a traceback.
     try:
         with _quiet():
             plan = sweep.prepare(_config(), flags.FLAGS.workdir)
-    except ValueError as e:  # ConfigError included
-        fail(e)
+    except (Exception, SystemExit) as e:  # pylint: disable=broad-except
+        fail(config_error_in(e) or _validation_error(e))
 
     from specjax import compile_cache  # pylint: disable=import-outside-toplevel
 
@@ -63,6 +65,24 @@ def main(argv: Sequence[str]) -> None:
         sweep.execute(plan)
     except ConfigError as e:
         fail(e)
+
+
+def _validation_error(error: BaseException) -> ConfigError:
+    """An exception other than a ConfigError raised while the run was validated (an
+    experiment module or its validate hook calling sys.exit, a zoo or a path that trips a
+    library), as one line naming ``--config`` and where it was raised."""
+    import traceback  # pylint: disable=import-outside-toplevel
+
+    given = config_flags.get_config_filename(flags.FLAGS["config"])
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+    if isinstance(error, SystemExit):
+        what = f"it called sys.exit({error.code!r}){where}"
+    else:
+        what = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}{where}"
+    allowed = "a config (and experiment module) that validates"
+    return ConfigError(f"--config: got {given!r}, allowed: {allowed}; validating it raised "
+                       f"{what}", field="--config", value=given, allowed=allowed)
 
 
 def _config():

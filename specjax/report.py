@@ -17,8 +17,8 @@ from typing import Sequence
 from absl import app
 from absl import flags
 
-from specjax.errors import ConfigError, check
-from specjax.runner.cli import fail, parse_flags
+from specjax.errors import ConfigError, check, user_path
+from specjax.runner.cli import fail, parse_flags, warn
 
 if "workdir" not in flags.FLAGS:  # shared with specjax.main
     flags.DEFINE_string("workdir", None, "Directory of the run whose report to rebuild.")
@@ -29,19 +29,60 @@ def main(argv: Sequence[str]) -> None:
         fail(f"unexpected arguments: {' '.join(argv[1:])}")
     from specjax.runner import report  # pylint: disable=import-outside-toplevel
 
-    # Every input is read and checked before anything is rewritten: a report is never
-    # rebuilt from unreadable inputs.
+    # Every input is read and checked, and every output built in memory, before anything
+    # is rewritten: a report is never rebuilt from unreadable inputs, nor half rebuilt.
     try:
-        path, rows, config = _inputs(flags.FLAGS.workdir)
+        inputs = _inputs(flags.FLAGS.workdir)
+        built = _build(inputs)
     except ValueError as e:  # ConfigError, or a damaged journal
         fail(e)
-    out = report.write_report(path, rows, config)
+    path, outside = inputs[0], inputs[4]
+    if outside:
+        from specjax.runner import results  # pylint: disable=import-outside-toplevel
+
+        warn(f"{path / results.RESULTS_NAME}: {len(outside)} row(s) are no cell of the grid "
+             f"in config.json (first: {outside[0][1]}); listed in report.md, left out of "
+             f"every figure")
+    out = report.commit_report(path, *built["report"])
     print(out)
-    _seed_table(path, rows, config)
+    if built["seed_table"] is not None:
+        from specjax.runner import seed_table  # pylint: disable=import-outside-toplevel
+
+        seed_table.commit(path, built["seed_table"])
+        print(built["seed_table"]["markdown"])
 
 
-def _inputs(workdir) -> tuple[Path, list, dict]:
-    """(workdir, result rows, config) of a run, each checked; ConfigError otherwise."""
+def _build(inputs) -> dict:
+    """report.md, its plots and the seed table's files, in memory. Rows that cannot be
+    reported are a ConfigError naming the journal (never a traceback after a write)."""
+    from specjax.runner import report, results  # pylint: disable=import-outside-toplevel
+
+    path, rows, config, version, outside = inputs
+    journal = path / results.RESULTS_NAME
+    try:
+        out = {"report": report.render_report(rows, config, version, outside),
+               "seed_table": _seed_table(rows, config)}
+    except ConfigError:
+        raise
+    except Exception as e:  # pylint: disable=broad-except
+        raise ConfigError(f"{journal}: its rows cannot be reported ({_where(e)}); allowed: "
+                          f"rows as a specjax sweep writes them (restore the file, or move the "
+                          f"damaged rows away)", field=results.RESULTS_NAME, value=str(journal),
+                          allowed="rows as a specjax sweep writes them") from None
+    return out
+
+
+def _where(e: BaseException) -> str:
+    import traceback  # pylint: disable=import-outside-toplevel
+
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    return f"{type(e).__name__}: {_reason(e)}{where}"
+
+
+def _inputs(workdir) -> tuple[Path, list, dict, dict, list]:
+    """(workdir, rows of the grid, config, version, [(row, why)] of rows outside the grid)
+    of a run, each checked; ConfigError otherwise."""
     import json  # pylint: disable=import-outside-toplevel
     import os  # pylint: disable=import-outside-toplevel
     import tempfile  # pylint: disable=import-outside-toplevel
@@ -49,7 +90,7 @@ def _inputs(workdir) -> tuple[Path, list, dict]:
     from specjax.runner import results  # pylint: disable=import-outside-toplevel
 
     check(workdir and str(workdir).strip(), "--workdir", workdir, "the directory of a run")
-    path = Path(workdir).expanduser()
+    path = user_path(workdir, "--workdir", "the directory of a run")
     try:
         check(path.is_dir(), "--workdir", workdir, "an existing run directory")
         journal = results.results_path(path)
@@ -79,6 +120,7 @@ def _inputs(workdir) -> tuple[Path, list, dict]:
                               f"object (restore it, or remove it to build the report without "
                               f"it)", field=name, value=str(file), allowed="a JSON object")
         docs[name] = doc
+    rows, outside = _split_by_grid(path, rows, docs.get("config.json"))
     for name, kind in (("report.md", "a file"), ("plots", "a directory")):
         target = path / name
         ok = not target.exists() or (target.is_file() if kind == "a file" else target.is_dir())
@@ -88,7 +130,31 @@ def _inputs(workdir) -> tuple[Path, list, dict]:
     except OSError as e:
         raise ConfigError.invalid("--workdir", workdir,
                                   f"a writable run directory ({_reason(e)})") from None
-    return path, rows, docs.get("config.json", {})
+    return path, rows, docs.get("config.json", {}), docs.get("version.json", {}), outside
+
+
+def _split_by_grid(path: Path, rows: list, config: dict | None) -> tuple[list, list]:
+    """(rows of the cells of config.json's grid, [(row, why)] of the others). Without a
+    grid in config.json every row counts."""
+    from specjax.runner import grid as grid_lib  # pylint: disable=import-outside-toplevel
+
+    config = _run_config(config)
+    if not isinstance(config, dict) or config.get("grid") is None:
+        return rows, []
+    try:
+        cells = grid_lib.expand_grid(config)
+    except ConfigError as e:
+        raise ConfigError(f"{path / 'config.json'}: {e} (restore it, or remove it to build the "
+                          f"report without it)", field="config.json", value=str(path),
+                          allowed=e.allowed) from None
+    return grid_lib.split_rows(rows, cells)
+
+
+def _run_config(config):
+    """The run's config in config.json (older runs nested it under ``config``)."""
+    if isinstance(config, dict) and isinstance(config.get("config"), dict):
+        return config["config"]
+    return config
 
 
 def _reason(e: BaseException) -> str:
@@ -97,14 +163,15 @@ def _reason(e: BaseException) -> str:
     return " ".join(str(e).split())[:200] or type(e).__name__
 
 
-def _seed_table(path: Path, rows, config: dict) -> None:
-    """The seed reproduction's summary.json, seed_report.md and seed plot, rebuilt too."""
-    config = config.get("config", config)
-    if not isinstance(config, dict) or not config.get("seed_table"):
-        return
+def _seed_table(rows, config: dict) -> dict | None:
+    """The seed reproduction's summary.json, seed_report.md and seed plot, built in memory
+    (`seed_table.build`), when the run wrote them."""
+    config = _run_config(config)
+    if not isinstance(config, dict) or config.get("seed_table") is not True:
+        return None
     import ml_collections  # pylint: disable=import-outside-toplevel
     from specjax.runner import seed_table  # pylint: disable=import-outside-toplevel
-    seed_table.write(ml_collections.ConfigDict(config), path, rows)
+    return seed_table.build(ml_collections.ConfigDict(config), rows)
 
 
 def entry() -> None:

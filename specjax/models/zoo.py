@@ -167,7 +167,7 @@ def read_manifest(path=None) -> tuple[Path, dict]:
         raise ConfigError(f'zoo {root}: missing {MANIFEST} ({_REBUILD})')
     try:
         manifest = json.loads(mpath.read_text(encoding='utf-8'))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deep
         raise ConfigError(f'zoo manifest {mpath}: corrupt, not valid JSON ({_line(e)})') from None
     if not isinstance(manifest, dict):
         raise ConfigError(f'zoo manifest {mpath}: corrupt, expected a JSON object')
@@ -178,14 +178,89 @@ def read_manifest(path=None) -> tuple[Path, dict]:
         if not isinstance(manifest.get(key), kind):
             raise ConfigError(f'zoo manifest {mpath}: missing or malformed {key!r} '
                               f'(expected a JSON {"object" if kind is dict else "list"})')
-    roles = {n: r.get('role') for n, r in manifest['models'].items() if isinstance(r, dict)}
-    if roles.get(VERIFIER) != 'verifier':
-        raise ConfigError(f'zoo manifest {mpath}: no model {VERIFIER!r} with role "verifier"')
-    for n in manifest['drafter_order']:
-        if roles.get(n) != 'drafter':
-            raise ConfigError(f'zoo manifest {mpath}: drafter_order names {n!r}, which is not '
-                              f'a model with role "drafter"')
+    _check_manifest(mpath, manifest)
     return root, manifest
+
+
+_SHA256_HEX = frozenset('0123456789abcdef')
+
+
+def _check_manifest(mpath: Path, manifest: dict) -> None:
+    """Every field `load_zoo` reads, checked before any file is: one `ConfigError` naming
+    the manifest, the field (``models.code.temperature``), the value and what is allowed."""
+    def bad(field, value, allowed):
+        text = repr(value)
+        text = text if len(text) <= 80 else text[:77] + '...'
+        raise ConfigError(f'zoo manifest {mpath}: {field}: got {text}, allowed: {allowed}',
+                          field=field, value=value, allowed=allowed)
+
+    def is_int(x):
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    def is_number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    def is_sha(x):
+        return isinstance(x, str) and len(x) == 64 and set(x) <= _SHA256_HEX
+
+    def file_record(field, rec):
+        if not isinstance(rec, dict):
+            bad(field, rec, 'a JSON object')
+        if not (isinstance(rec.get('file'), str) and rec['file'].strip()):
+            bad(f'{field}.file', rec.get('file'), 'a file path relative to the zoo folder')
+        if not is_sha(rec.get('sha256')):
+            bad(f'{field}.sha256', rec.get('sha256'), '64 lowercase hex digits')
+
+    tokenizers, models = manifest['tokenizers'], manifest['models']
+    for name, rec in tokenizers.items():
+        file_record(f'tokenizers.{name}', rec)
+        v = rec.get('vocab_size')
+        if v is not None and not (is_int(v) and v >= 1):
+            bad(f'tokenizers.{name}.vocab_size', v, 'an integer >= 1 (or absent)')
+    for name, rec in models.items():
+        field = f'models.{name}'
+        file_record(field, rec)
+        role = rec.get('role')
+        if role not in ('verifier', 'drafter'):
+            bad(f'{field}.role', role, "'verifier' or 'drafter'")
+        if (role == 'verifier') != (name == VERIFIER):
+            bad(f'{field}.role', role, f"'verifier' for the model named {VERIFIER!r} only, "
+                f"'drafter' for every other")
+        if rec.get('tokenizer') not in tokenizers:
+            bad(f'{field}.tokenizer', rec.get('tokenizer'),
+                f'a key of tokenizers: {", ".join(map(repr, tokenizers)) or "(none)"}')
+        if not isinstance(rec.get('config', {}), dict):
+            bad(f'{field}.config', rec.get('config'), 'a JSON object of TransformerConfig fields')
+        if 'params_sha256' in rec and not (rec['params_sha256'] is None
+                                           or is_sha(rec['params_sha256'])):
+            bad(f'{field}.params_sha256', rec['params_sha256'], '64 lowercase hex digits')
+        n = rec.get('n_params')
+        if n is not None and not (is_int(n) and n >= 1):
+            bad(f'{field}.n_params', n, 'an integer >= 1 (or absent)')
+        domains = rec.get('domains', [])
+        if not (isinstance(domains, list) and all(isinstance(d, str) for d in domains)):
+            bad(f'{field}.domains', domains, 'a list of domain names')
+        for key, allowed in (('temperature', 'a finite number >= 0 (or absent: 1.0)'),
+                             ('cost', 'a finite number >= 0 (or absent: its parameter '
+                                      'count over the verifier\'s)')):
+            if key in rec and not (is_number(rec[key]) and rec[key] >= 0):
+                bad(f'{field}.{key}', rec[key], allowed)
+    if VERIFIER not in models:
+        raise ConfigError(f'zoo manifest {mpath}: no model {VERIFIER!r} with role "verifier"')
+    drafters = [n for n, r in models.items() if r['role'] == 'drafter']
+    allowed = (f'a list of distinct drafter names, each a model with role "drafter": '
+               f'{", ".join(map(repr, drafters)) or "(none)"}')
+    for key, required in (('drafter_order', True), ('extra_drafters', False)):
+        names = manifest.get(key, [])
+        if key not in manifest and not required:
+            continue
+        if not isinstance(names, list) or (required and not names):
+            bad(key, names, ('a non-empty ' if required else 'a ') + allowed[2:])
+        if len(set(map(repr, names))) != len(names):
+            bad(key, names, allowed)
+        for n in names:
+            if not isinstance(n, str) or n not in drafters:
+                bad(key, n, allowed)
 
 
 def _line(e: BaseException) -> str:

@@ -16,10 +16,67 @@ from absl import flags
 
 from specjax.errors import ConfigError
 
-__all__ = ["PROG", "EXIT_USAGE", "fail", "error_message", "parse_flags"]
+__all__ = ["PROG", "EXIT_USAGE", "ENV_VARS", "fail", "warn", "error_message", "parse_flags",
+           "check_environment", "config_error_in"]
 
 PROG = "specjax"
 EXIT_USAGE = 2
+#: The most compiled engine programs ``SPECJAX_MAX_PROGRAMS`` may keep per process.
+MAX_PROGRAMS_LIMIT = 4096
+_CHECKS_WORDS = ("", "0", "1", "true", "false", "yes", "no")  # as specjax.debug reads them
+
+
+def _max_programs(value: str) -> bool:
+    text = value.strip()
+    return text.isdigit() and 1 <= int(text) <= MAX_PROGRAMS_LIMIT
+
+
+def _compile_cache(value: str) -> bool | str:
+    from specjax import compile_cache  # pylint: disable=import-outside-toplevel
+
+    return compile_cache.check_dir(value)
+
+
+def _path(value: str) -> bool | str:
+    from pathlib import Path  # pylint: disable=import-outside-toplevel
+
+    try:
+        Path(value).expanduser()
+    except RuntimeError:  # ~nosuchuser, or no home directory
+        return f"{value.split('/', 1)[0]} does not expand: no such user or home directory"
+    return True
+
+
+#: The environment variables specjax reads: name -> (check, what is allowed). A check
+#: returns True, or False / a reason. `check_environment` runs them before a config file
+#: loads, since some are read when a module is imported: a bad value is named as itself,
+#: never blamed on ``--config``.
+ENV_VARS = {
+    "SPECJAX_MAX_PROGRAMS": (_max_programs, f"an integer in [1, {MAX_PROGRAMS_LIMIT}] "
+                             f"(compiled engine programs kept per process; unset: 128)"),
+    "SPECJAX_CHECKS": (lambda v: v.strip().lower() in _CHECKS_WORDS,
+                       "one of 0, 1, true, false, yes, no (value checks in the code paths; "
+                       "unset: off)"),
+    "SPECJAX_COMPILE_CACHE": (_compile_cache, "empty (no persistent compilation cache) or a "
+                              "directory that exists or can be created"),
+    "SPECJAX_ZOO": (_path, "empty (the shipped zoo) or the path of a zoo folder"),
+}
+
+
+def check_environment(environ=None) -> None:
+    """Raises a `ConfigError` naming the first variable of `ENV_VARS` whose value is not
+    allowed (unset variables take their defaults)."""
+    import os  # pylint: disable=import-outside-toplevel
+
+    environ = os.environ if environ is None else environ
+    for name, (ok, allowed) in ENV_VARS.items():
+        value = environ.get(name)
+        if value is None:
+            continue
+        verdict = ok(value)
+        if verdict is not True:
+            reason = f" ({verdict})" if isinstance(verdict, str) and verdict else ""
+            raise ConfigError.invalid(name, value, f"{allowed}{reason}")
 
 
 def fail(error: BaseException | str) -> NoReturn:
@@ -27,6 +84,12 @@ def fail(error: BaseException | str) -> NoReturn:
     sys.stderr.write(f"{PROG}: error: {error_message(error)}\n")
     sys.stderr.flush()
     sys.exit(EXIT_USAGE)
+
+
+def warn(message: str) -> None:
+    """Prints ``specjax: warning: <one line>`` to stderr (the command goes on)."""
+    sys.stderr.write(f"{PROG}: warning: {' '.join(message.split())}\n")
+    sys.stderr.flush()
 
 
 def error_message(error: BaseException | str) -> str:
@@ -49,6 +112,12 @@ def error_message(error: BaseException | str) -> str:
     return text
 
 
+def config_error_in(error: BaseException) -> ConfigError | None:
+    """The innermost `ConfigError` in `error`'s chain of causes, if any."""
+    found = [e for e in _chain(error) if isinstance(e, ConfigError)]
+    return found[-1] if found else None
+
+
 def parse_flags(argv: Sequence[str]) -> list[str]:
     """absl flags parser for `app.run`: bad flags -> `fail` instead of usage + traceback.
 
@@ -60,6 +129,10 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     runs, no ``get_config`` — is one line naming ``--config`` and the file.
     """
     argv = list(argv)
+    try:
+        check_environment()
+    except ConfigError as e:
+        fail(e)
     overrides: list[tuple[str, str]] = []
     if "config" in flags.FLAGS:
         kept = argv[:1]
@@ -100,6 +173,12 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
         if isinstance(root, ConfigError):
             fail(root)
         fail(_config_load_error(root, argv))
+    except SystemExit as e:
+        # A config file that calls sys.exit() while it loads (exit status 0 and no output
+        # would read as success); absl's own exits (--help) pass.
+        if not _raised_loading_config(e):
+            raise
+        fail(_config_load_error(e, argv))
     finally:
         absl_logger.disabled = was_disabled
         sys.argv = saved_argv
@@ -140,7 +219,10 @@ def _config_load_error(error: BaseException, argv: Sequence[str]) -> ConfigError
         return ConfigError(error_message(error))
     filename = given.split(":", 1)[0]
     where = _where_in(error, filename)
-    if isinstance(error, AttributeError) and "get_config" in str(error):
+    if isinstance(error, SystemExit):
+        what = f"it called sys.exit({error.code!r}) while loading{where}"
+        allowed = "a config file whose get_config(arg) returns a ConfigDict"
+    elif isinstance(error, AttributeError) and "get_config" in str(error):
         what = "it defines no get_config()"
         allowed = "a config file (.py) defining get_config(arg=None) that returns a ConfigDict"
     elif isinstance(error, SyntaxError):
@@ -151,6 +233,14 @@ def _config_load_error(error: BaseException, argv: Sequence[str]) -> ConfigError
         allowed = "a config file whose get_config(arg) returns a ConfigDict"
     return ConfigError(f"--config: got {given!r}, allowed: {allowed}; {what}",
                        field="--config", value=given, allowed=allowed)
+
+
+def _raised_loading_config(error: BaseException) -> bool:
+    """Whether `error` passed through ml_collections' config-file loading."""
+    import traceback  # pylint: disable=import-outside-toplevel
+
+    return any("config_flags" in f.filename and "ml_collections" in f.filename
+               for f in traceback.extract_tb(error.__traceback__))
 
 
 def _where_in(error: BaseException, filename: str) -> str:

@@ -12,11 +12,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import os
 from pathlib import Path
 
-from specjax.errors import ConfigError, check
+from specjax.errors import ConfigError, user_path
 from specjax.policy.auto import AutoRouter
 from specjax.policy.boundary import BoundaryThresholds
 from specjax.policy.calls import enable_shared_calls
@@ -55,10 +54,10 @@ def resolve_zoo_path(config) -> tuple[Path, str]:
     from specjax.models import zoo as zoo_lib  # pylint: disable=import-outside-toplevel
     explicit = config.get("zoo_path")
     if explicit is not None:
-        return Path(str(explicit)).expanduser().absolute(), "zoo_path"
+        return user_path(str(explicit), "zoo_path", "a zoo folder").absolute(), "zoo_path"
     env = os.environ.get("SPECJAX_ZOO")
     if env:
-        return Path(env).expanduser().absolute(), "SPECJAX_ZOO"
+        return user_path(env, "SPECJAX_ZOO", "a zoo folder").absolute(), "SPECJAX_ZOO"
     return zoo_lib.SHIPPED_ZOO, "shipped"
 
 
@@ -84,6 +83,12 @@ def load_zoo_checked(config):
         raise ConfigError(f"{source}: got {str(given)!r} (zoo folder {path}), allowed: a "
                           f"readable zoo folder; {e.strerror or e}", field=source,
                           value=given, allowed="a zoo folder") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+        # Whatever else a damaged zoo trips in the loaders: still one line naming it.
+        raise ConfigError(f"{source}: got {str(given)!r} (zoo folder {path}), allowed: a zoo "
+                          f"folder that loads and verifies; {type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:300]}", field=source, value=given,
+                          allowed="a zoo folder") from None
     return zoo, {"zoo": {"path": str(path), "source": source,
                          "manifest_sha256": manifest_sha}}
 
@@ -122,21 +127,10 @@ def plan_prompts(config) -> tuple[list[str], list[str]]:
     return [p["prompt"] for p in picked], [p["id"] for p in picked]
 
 
-GRID_AXES = ("gamma", "verifier_temperature", "drafter_temperature", "drafter_gamma",
-             "policy", "rule", "pairing", "seed")
-MAX_SEED = 2**31 - 1
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def validate(config) -> dict | None:
-    """Checks every field and grid value the experiment reads (before anything is written).
+    """Checks every field, grid value and cell the experiment reads, before anything is
+    written (`specjax.runner.plans_validation`: sizes bounded, duplicate spellings refused,
+    each cell's drafters, oracle domains and context budget as the cell will run).
 
     For the zoo deployment the zoo is loaded and verified here (manifest, sha256 of every
     file, shapes), so a bad zoo is refused before the workdir is touched.
@@ -145,89 +139,8 @@ def validate(config) -> dict | None:
       The run's inputs besides the config (`specjax.runner.registry`): for the zoo, its
       folder, where the folder came from, and the sha256 of its manifest; else None.
     """
-    check(config.get("deployment") in ("zoo", "synthetic", "hf"), "deployment",
-          config.get("deployment"), ["zoo", "synthetic", "hf"])
-    zoo_path = config.get("zoo_path")
-    check(zoo_path is None or (isinstance(zoo_path, str) and zoo_path.strip()), "zoo_path",
-          zoo_path, "None ($SPECJAX_ZOO, else the shipped zoo) or a folder path")
-    for field, ok, allowed in (
-            ("plans_per_domain", _is_int, "an integer >= 1"),
-            ("plan_steps", _is_int, "an integer >= 1"),
-            ("max_step_tokens", _is_int, "an integer >= 1"),
-            ("bucket", _is_int, "an integer >= 1")):
-        value = config.get(field)
-        check(ok(value) and value >= 1, field, value, allowed)
-    value = config.get("consensus_threshold")
-    check(_is_number(value) and 0 < value <= 1, "consensus_threshold", value,
-          "a number in (0, 1]")
-    value = config.get("consensus_cost")
-    check(_is_number(value) and value >= 0, "consensus_cost", value, "a finite number >= 0")
-    for field in ("report", "seed_table"):
-        value = config.get(field, False)
-        check(isinstance(value, bool), field, value, "true or false")
-    grid = config.grid
-    for axis in grid.keys():
-        check(axis in GRID_AXES, f"grid.{axis}", list(grid[axis]) if isinstance(
-            grid[axis], (list, tuple)) else grid[axis],
-              f"an axis the plans experiment reads: {', '.join(GRID_AXES)}")
-    for g in grid.get("gamma", [4]):
-        check(_is_int(g) and g >= 1, "grid.gamma", g, "integers >= 1")
-    for t in list(grid.get("verifier_temperature", [0.0])):
-        check(_is_number(t) and t >= 0, "grid.verifier_temperature", t, "finite numbers >= 0")
-    for t in list(grid.get("drafter_temperature", [None])):
-        check(t is None or (_is_number(t) and t >= 0), "grid.drafter_temperature", t,
-              "None (each drafter's default) or finite numbers >= 0")
-    for g in list(grid.get("drafter_gamma", [None])):
-        check(g is None or (isinstance(g, (list, tuple)) and len(g) >= 1 and all(
-            x is None or (_is_int(x) and x >= 1) for x in g)), "grid.drafter_gamma", g,
-              "None (every drafter at grid.gamma) or a list of one γ_i per drafter of the "
-              "pairing (integers >= 1, or None for grid.gamma)")
-    for seed in list(grid.get("seed", [0])):
-        check(_is_int(seed) and 0 <= seed <= MAX_SEED, "grid.seed", seed,
-              f"integers in [0, {MAX_SEED}]")
-    check(config.get("consensus", "seed") in ("seed", "quorum"), "consensus",
-          config.get("consensus"), ["seed", "quorum"])
-    check(isinstance(config.get("share_verifier_call", True), bool), "share_verifier_call",
-          config.get("share_verifier_call"), "true or false")
-    value = config.get("auto_explore", 0.15)
-    check(_is_number(value) and 0 <= value <= 1, "auto_explore", value, "a number in [0, 1]")
-    plan_thresholds(config)  # names the boundary field and its allowed range
-    for p in list(grid.get("policy", ["all_on"])):
-        if p in ROUTED_POLICIES:
-            continue
-        try:
-            Policy.from_name(p) if isinstance(p, str) else Policy(**dict(p))
-        except (ConfigError, TypeError, ValueError):
-            raise ConfigError.invalid("grid.policy", p, "a policy name (naive, all_on, "
-                                      "all_on_minus_<switch>, naive_plus_<switch>, p1t0a1k0, "
-                                      "auto, oracle)"
-                                      ) from None
-    for r in list(grid.get("rule", [None])):
-        check(r in (None, "coupled", "default"), "grid.rule", r, [None, "default", "coupled"])
-    PlanConfig(plan_steps=config.plan_steps, max_step_tokens=config.max_step_tokens,
-               consensus_threshold=config.consensus_threshold,
-               consensus_cost=config.consensus_cost, bucket=config.bucket)
-    inputs = None
-    if config.deployment == "zoo":
-        zoo, inputs = load_zoo_checked(config)
-        known = set(zoo.names)
-    elif config.deployment == "hf":
-        from specjax.runner import hf_deployment  # pylint: disable=import-outside-toplevel
-        hf_deployment.validate_hf(config)
-        known = set(hf_deployment.drafter_names(config))
-    else:
-        known = {"d0", "d1", "d2", "d3"}
-    for pairing in list(grid.get("pairing", [None])):
-        if pairing is None:
-            continue
-        check(isinstance(pairing, (list, tuple)), "grid.pairing", pairing,
-              "lists of drafter names")
-        names = list(pairing)
-        check(len(names) >= 1 and len(set(map(str, names))) == len(names), "grid.pairing",
-              pairing, "non-empty lists of distinct drafter names")
-        for n in names:
-            check(n in known, "grid.pairing", n, sorted(known))
-    return inputs
+    from specjax.runner import plans_validation  # pylint: disable=import-outside-toplevel
+    return plans_validation.validate(config)
 
 
 def _cell_deployment(config, cell):
@@ -251,7 +164,7 @@ def _cell_deployment(config, cell):
     return dep
 
 
-ROUTED_POLICIES = ("auto", "oracle")
+ROUTED_POLICIES = ("auto", "oracle")  # policies that route plans, not switch sets
 
 
 def plan_thresholds(config) -> BoundaryThresholds:

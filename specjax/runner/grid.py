@@ -30,11 +30,14 @@ import ml_collections
 
 from specjax.errors import ConfigError
 
-__all__ = ["RESERVED_AXES", "grid_axes", "expand_grid", "cell_id", "cell_params",
-           "to_jsonable", "canonical_json"]
+__all__ = ["RESERVED_AXES", "MAX_CELLS", "grid_axes", "expand_grid", "cell_id",
+           "cell_params", "split_rows", "to_jsonable", "canonical_json"]
 
 # Keys the runner adds to every cell / result row; an axis may not use them.
 RESERVED_AXES = ("cell_id", "cell", "wall_time_s", "finished_at", "process_index")
+# The most cells one grid may have (the product of its axes' lengths): a sweep is a list
+# the runner walks, so the bound is checked before any cell is built.
+MAX_CELLS = 10_000
 
 
 def grid_axes(config: ml_collections.ConfigDict) -> dict[str, list]:
@@ -79,6 +82,11 @@ def grid_axes(config: ml_collections.ConfigDict) -> dict[str, list]:
                 raise ConfigError.invalid(field, values, f"distinct values ({v!r} repeats "
                                           f"{seen[key]!r})")
             seen[key] = v
+    n = math.prod(len(v) for v in axes.values())
+    if n > MAX_CELLS:
+        raise ConfigError.invalid("grid", {k: f"{len(v)} values" for k, v in axes.items()},
+                                  f"at most {MAX_CELLS} cells (the product of the axes' "
+                                  f"lengths; this grid has {n})")
     return axes
 
 
@@ -96,6 +104,43 @@ def expand_grid(config: ml_collections.ConfigDict) -> list[dict]:
 def cell_params(cell: dict) -> dict:
     """The cell without the runner's own keys (what `cell_id` hashes)."""
     return {k: v for k, v in cell.items() if k not in RESERVED_AXES}
+
+
+def split_rows(rows: list[dict], cells: list[dict]) -> tuple[list[dict], list[tuple[dict, str]]]:
+    """(the rows of `cells`, [(row, why it is not) ...] for every other row).
+
+    A row belongs to the grid when its ``cell_id`` is one of the cells' and its recorded
+    ``cell`` (when it has one) is that cell's values. Other rows — an earlier grid's cells
+    after the grid shrank, a row copied from another run, a hand-edited row — stay in the
+    journal but are no cell of this grid: they are reported, never counted.
+    """
+    params = {c["cell_id"]: cell_params(c) for c in cells}
+    inside, outside = [], []
+    for r in rows:
+        cid = r.get("cell_id") if isinstance(r, dict) else None
+        if cid not in params:
+            why = ("it has no cell_id" if cid is None else
+                   f"cell_id {cid!r} is not a cell of the grid")
+            outside.append((r, why))
+            continue
+        if "cell" in r and not _same(r["cell"], params[cid]):
+            outside.append((r, f"its cell {_brief_value(r['cell'])} is not the values of "
+                               f"cell {cid} {_brief_value(params[cid])}"))
+            continue
+        inside.append(r)
+    return inside, outside
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return canonical_json(a) == canonical_json(b)
+    except (TypeError, ValueError):
+        return False
+
+
+def _brief_value(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def cell_id(params: dict) -> str:

@@ -1,5 +1,6 @@
-"""The report's plots: each takes result rows and a path, and returns False (writing
-nothing) when the rows lack the columns it needs. `PLOTS` lists them for `report.py`."""
+"""The report's plots: each takes result rows and a path (or a binary file object), and
+returns False (writing nothing) when the rows lack the columns it needs. Only finite
+numbers are drawn (`report._is_number`). `PLOTS` lists them for `report.py`."""
 
 from __future__ import annotations
 
@@ -288,10 +289,14 @@ def _figure(n: int, width: float, height: float, sharey: bool = False, max_cols:
     return fig, axs[:n]
 
 
-def _save(fig, path: str | Path) -> bool:
+def _save(fig, path) -> bool:
+    """Draws `fig` as PNG into `path`: a file path (atomically) or a binary file object."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=import-outside-toplevel
 
     FigureCanvasAgg(fig)
+    if hasattr(path, "write"):
+        fig.savefig(path, format="png")
+        return True
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp)

@@ -17,7 +17,10 @@ decision_boundary.png           mean_truncation_depth, shared_prefix_acceptance
 ==============================  ===========================================================
 
 Where several cells share a point (other axes, seeds) the plots show the mean and, as
-error bars, the standard deviation over those cells. Figures are drawn with
+error bars, the standard deviation over those cells. A value that is not a finite number
+(``Infinity``, ``NaN`` in the JSON) is written as such in the tables (``inf``, ``nan``; a
+mean over it too) and left out of the plots, which draw finite values only. Rows that are
+no cell of the run's grid (`specjax.runner.grid.split_rows`) are listed, never counted. Figures are drawn with
 `matplotlib.figure.Figure` and the Agg canvas, never pyplot, so that importing this from
 a notebook leaves its backend alone.
 """
@@ -82,22 +85,60 @@ Row = dict[str, Any]
 
 
 def write_report(workdir: str | Path, results: Sequence[Row] | None = None,
-                 config: dict | None = None) -> Path:
+                 config: dict | None = None,
+                 outside: Sequence[tuple[Row, str]] = ()) -> Path:
     """Writes ``workdir/report.md`` and the plots its results allow; returns the .md path.
 
     Args:
       workdir: the run's directory.
       results: result rows (default: read from the workdir's journals).
       config: the run's config as a dict (default: ``workdir/config.json`` if present).
+      outside: (row, why) of the journal's rows that are no cell of the grid: listed in
+        the report, counted nowhere.
     """
     workdir = Path(workdir)
     if results is None:
         results = results_lib.read_all_results(workdir)
     if config is None:
         config = _read_json(workdir / "config.json") or {}
+    if not isinstance(config, dict):
+        config = {}
     version = _read_json(workdir / "version.json") or {}
+    if not isinstance(version, dict):
+        version = {}
+    results = [r for r in results if isinstance(r, dict)]
+    text, pngs = render_report(results, config, version, outside)
+    return commit_report(workdir, text, pngs)
+
+
+def commit_report(workdir: str | Path, text: str, pngs: dict[str, bytes]) -> Path:
+    """Writes what `render_report` made: the plots (removing those that no longer apply),
+    then report.md; returns the .md path."""
+    workdir = Path(workdir)
     plots_dir = workdir / PLOTS_DIR
     plots_dir.mkdir(parents=True, exist_ok=True)
+    for name in _plot_names():
+        path = plots_dir / f"{name}.png"
+        if name in pngs:
+            results_lib.atomic_write_bytes(path, pngs[name])
+        else:
+            path.unlink(missing_ok=True)  # a plot from an earlier build no longer applies
+    out = workdir / REPORT_NAME
+    results_lib.atomic_write_text(out, text)
+    return out
+
+
+def _plot_names() -> list[str]:
+    from specjax.runner.plots import PLOTS  # pylint: disable=import-outside-toplevel
+    return list(PLOTS)
+
+
+def render_report(results: Sequence[Row], config: dict, version: dict,
+                  outside: Sequence[tuple[Row, str]] = ()) -> tuple[str, dict[str, bytes]]:
+    """report.md's text and the PNG bytes of each plot its rows allow, in memory: nothing
+    is written, so every output is built before any file is replaced."""
+    import io  # pylint: disable=import-outside-toplevel
+
     thresholds = {
         "kl_ceiling": _config_number(config, "kl_ceiling", DEFAULT_KL_CEILING),
         "acceptance_floor": _config_number(config, "acceptance_floor",
@@ -105,29 +146,32 @@ def write_report(workdir: str | Path, results: Sequence[Row] | None = None,
         "depth_ceiling": _config_number(config, "depth_ceiling", DEFAULT_DEPTH_CEILING),
         "overhead": _config_number(config, "truncation_overhead_ratio", DEFAULT_OVERHEAD),
     }
-    written = []
+    written, pngs = [], {}
     from specjax.runner.plots import PLOTS  # pylint: disable=import-outside-toplevel
     for name, (title, fn, keys) in PLOTS.items():
-        path = plots_dir / f"{name}.png"
+        buf = io.BytesIO()
         kwargs = {k: thresholds[k] for k in keys}
-        if fn(results, path, **kwargs):
-            written.append((title, path.relative_to(workdir)))
-        else:
-            path.unlink(missing_ok=True)  # a plot from an earlier build no longer applies
-    text = markdown_report(results, config=config, version=version, plots=written)
-    out = workdir / REPORT_NAME
-    results_lib.atomic_write_text(out, text)
-    return out
+        if fn(results, buf, **kwargs):
+            pngs[name] = buf.getvalue()
+            written.append((title, Path(PLOTS_DIR) / f"{name}.png"))
+    text = markdown_report(results, config=config, version=version, plots=written,
+                           outside=outside)
+    return text, pngs
 
 
 def markdown_report(results: Sequence[Row], config: dict | None = None,
                     version: dict | None = None,
-                    plots: Iterable[tuple[str, Path]] = ()) -> str:
-    """The markdown text: header, per-policy means, every cell's metrics, the plots."""
+                    plots: Iterable[tuple[str, Path]] = (),
+                    outside: Sequence[tuple[Row, str]] = ()) -> str:
+    """The markdown text: header, per-policy means, every cell's metrics, the plots, and
+    the rows outside the grid (listed, not counted)."""
     config, version = config or {}, version or {}
     rows = list(results)
-    title = config.get("experiment") or "sweep"
+    title = label(config.get("experiment") or "sweep")
     lines = [f"# {title}: {len(rows)} cells", ""]
+    if outside:
+        lines += [f"{len(outside)} row(s) of {results_lib.RESULTS_NAME} are no cell of this "
+                  f"grid and are left out of every figure below (listed at the end).", ""]
     meta = []
     if version.get("git_commit"):
         dirty = " (uncommitted changes)" if version.get("git_dirty") else ""
@@ -140,7 +184,7 @@ def markdown_report(results: Sequence[Row], config: dict | None = None,
     if meta:
         lines += [", ".join(meta), ""]
     if not rows:
-        return "\n".join(lines + ["No results yet.", ""])
+        return "\n".join(lines + ["No results yet.", ""] + _outside_section(outside))
 
     axes = _axes(rows, config)
     varying = [a for a in axes if len({_key(r.get(a)) for r in rows}) > 1]
@@ -157,8 +201,8 @@ def markdown_report(results: Sequence[Row], config: dict | None = None,
             for policy, group in _group(rows, lambda r: label(r.get("policy"))):
                 cells = [policy, str(len(group))]
                 for m in present:
-                    vals = _numbers(r.get(m) for r in group)
-                    cells.append(_fmt(statistics.fmean(vals)) if vals else "–")
+                    vals = _numeric(r.get(m) for r in group)
+                    cells.append(_fmt(_mean(vals)) if vals else "–")
                 table.append(cells)
             lines += _md_table(header, table) + [""]
 
@@ -174,7 +218,16 @@ def markdown_report(results: Sequence[Row], config: dict | None = None,
         lines += ["## Plots", ""]
         for plot_title, path in plots:
             lines += [f"### {plot_title}", "", f"![{plot_title}]({path.as_posix()})", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + _outside_section(outside))
+
+
+def _outside_section(outside: Sequence[tuple[Row, str]]) -> list[str]:
+    if not outside:
+        return []
+    lines = ["## Rows outside the grid (not counted)", ""]
+    table = [[f"`{label(r.get('cell_id', '?')) if isinstance(r, dict) else '?'}`", why]
+             for r, why in outside]
+    return lines + _md_table(["cell", "why it is not a cell of this grid"], table) + [""]
 
 
 def label(value: Any) -> str:
@@ -195,8 +248,10 @@ def label(value: Any) -> str:
         if all(k in value for k in switches):
             kl = value["kl_ceiling"]
             code = "".join(f"{s[0]}{int(bool(value[s]))}" for s in switches)
-            if kl not in (None, False, True) and not math.isclose(float(kl), DEFAULT_KL_CEILING):
-                code += f"_kl{float(kl):g}"
+            f = _float(kl)
+            if kl not in (None, False, True) and (
+                    f is None or not math.isclose(f, DEFAULT_KL_CEILING)):
+                code += f"_kl{kl}" if f is None else f"_kl{f:g}"
             return code
         return ",".join(f"{k}={label(v)}" for k, v in value.items())
     return str(value)
@@ -210,7 +265,7 @@ def label(value: Any) -> str:
 def _axes(rows: Sequence[Row], config: dict) -> list[str]:
     grid = config.get("grid")
     names = list(grid) if isinstance(grid, dict) else _unique(
-        k for r in rows for k in (r.get("cell") or {}))
+        k for r in rows for k in (r.get("cell") if isinstance(r.get("cell"), dict) else {}))
     return sorted(names, key=lambda a: (AXES.index(a) if a in AXES else len(AXES), names.index(a)))
 
 
@@ -222,7 +277,7 @@ def _group(rows: Sequence[Row], key: Callable[[Row], str]) -> list[tuple[str, li
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    esc = lambda s: str(s).replace("|", "\\|")  # pylint: disable=unnecessary-lambda-assignment
+    esc = lambda s: " ".join(str(s).replace("|", "\\|").split())  # pylint: disable=unnecessary-lambda-assignment
     lines = ["| " + " | ".join(esc(h) for h in header) + " |",
              "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
@@ -236,9 +291,12 @@ def _fmt(value: Any) -> str:
         return ", ".join(f"{k} {_fmt(v)}" for k, v in value.items())
     if isinstance(value, bool):
         return str(value).lower()
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
+    if isinstance(value, (int, float)):
+        f = _float(value)
+        if not math.isfinite(f):
+            return str(f)  # nan, inf, -inf: written as such
+        if isinstance(value, int):
+            return str(value) if abs(value) < 10**12 else f"{f:.3g}"
         return f"{value:.3f}" if abs(value) < 1e4 else f"{value:.3g}"
     return label(value)
 
@@ -251,16 +309,41 @@ def _has(rows: Sequence[Row], key: str) -> bool:
     return any(r.get(key) is not None for r in rows)
 
 
+def _float(x: Any) -> float | None:
+    """`x` as a float when it is a number (an int too large for a float is ±inf), else None."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return None
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
+
+
 def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and not (
-        isinstance(x, float) and math.isnan(x))
+    """A finite int or float (what a plot can place)."""
+    f = _float(x)
+    return f is not None and math.isfinite(f)
 
 
 def _numbers(values: Iterable[Any]) -> list[float]:
-    return [v for v in values if _is_number(v)]
+    """The finite numbers among `values`, as floats."""
+    return [f for f in map(_float, values) if f is not None and math.isfinite(f)]
+
+
+def _numeric(values: Iterable[Any]) -> list[float]:
+    """The numbers among `values`, finite or not (what a table writes), as floats."""
+    return [f for f in map(_float, values) if f is not None]
+
+
+def _mean(values: Sequence[float]) -> float:
+    """Their mean in plain float arithmetic: inf or nan when a value is (never raises)."""
+    if any(not math.isfinite(v) for v in values):
+        return sum(values) / len(values)
+    return statistics.fmean(values)
 
 
 def _sd(values: Sequence[float]) -> float:
+    values = _numbers(values)
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 

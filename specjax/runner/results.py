@@ -50,6 +50,7 @@ __all__ = [
     "read_all_results",
     "merge_results",
     "atomic_write_text",
+    "atomic_write_bytes",
     "atomic_write_json",
 ]
 
@@ -153,7 +154,7 @@ def _split(data: bytes, path: Path,
             continue
         try:
             record = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, too deep, huge integer
             record = None
         if not isinstance(record, dict):
             torn += 1
@@ -227,11 +228,16 @@ def merge_results(workdir: str | os.PathLike, order: list[str] | None = None) ->
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Writes `text` to `path` via a temporary file in the same directory and a rename."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Writes `data` to `path` via a temporary file in the same directory and a rename."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

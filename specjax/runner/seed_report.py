@@ -15,15 +15,18 @@ ROWS = ("naive", "all_on", "auto", "oracle")
 
 
 def _ok(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _fmt(f, pct=False):
-    """A figure {'value', 'ci'} (or a bare number) as 'v [lo, hi]'; a dash when undefined."""
+    """A figure {'value', 'ci'} (or a bare number) as 'v [lo, hi]'; a dash when undefined,
+    ``nan`` / ``inf`` when the figure is not finite (written as such)."""
     if isinstance(f, dict):
         v, ci = f.get("value"), f.get("ci")
     else:
         v, ci = f, None
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
     if not _ok(v):
         return "—"
     s = f"{100 * v:.0f}%" if pct else f"{v:.2f}"
@@ -210,10 +213,18 @@ def _why(summary) -> list[str]:
 
 
 def plot(workdir: Path, pol: dict) -> None:
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-    (workdir / "plots").mkdir(exist_ok=True)
+    """Writes plots/seed_policies.png (`render`)."""
+    (Path(workdir) / "plots").mkdir(exist_ok=True)
+    (Path(workdir) / "plots" / "seed_policies.png").write_bytes(render(pol))
+
+
+def render(pol: dict) -> bytes:
+    """plots/seed_policies.png as PNG bytes: per policy, acceptance and fallback, and the
+    throughput ratios, with their intervals (non-finite figures are left out)."""
+    import io  # pylint: disable=import-outside-toplevel
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=import-outside-toplevel
+    from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
     names = list(pol)
     x = np.arange(len(names))
 
@@ -228,7 +239,9 @@ def plot(workdir: Path, pol: dict) -> None:
             hi.append(ci[1] - val if _ok(val) and _ok(ci[1]) else 0)
         return np.array(v), np.array([lo, hi])
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    fig = Figure(figsize=(13, 4.8))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2)
     for off, key, label in ((-0.2, "joint_acceptance", "joint acceptance"),
                             (0.2, "consensus_fallback_rate", "consensus-fallback rate")):
         v, err = vals(key)
@@ -252,5 +265,6 @@ def plot(workdir: Path, pol: dict) -> None:
         ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
         ax.legend(fontsize=7, ncol=2, loc="upper left")
     fig.tight_layout()
-    fig.savefig(workdir / "plots" / "seed_policies.png", dpi=110)
-    plt.close(fig)
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=110)
+    return out.getvalue()

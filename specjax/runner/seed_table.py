@@ -141,9 +141,21 @@ def _group(results):
 
 def write(config, workdir: Path, results: list[dict]) -> dict:
     """Builds summary.json, seed_report.md and the plot from the run's result rows."""
-    results = [r for r in results if "per_plan" in r]
-    if not results:
+    built = build(config, results)
+    if built is None:
         return {}
+    commit(workdir, built)
+    print(built["markdown"])
+    return built["summary"]
+
+
+def build(config, results: list[dict]) -> dict | None:
+    """The seed table's files, in memory: {'summary', 'markdown', 'plot' (PNG bytes)}; None
+    when no row is a `plans` row. Nothing is written, so a caller can build every output
+    before it writes any (`specjax.report`)."""
+    results = [r for r in results if isinstance(r, dict) and "per_plan" in r]
+    if not results:
+        return None
     groups = _group(results)
     by_gamma = {g: _Units(rows) for g, rows in next(iter(groups.values())).items()}
     # Baselines of every γ are the same in every policy's rows: take them from any policy.
@@ -168,7 +180,8 @@ def write(config, workdir: Path, results: list[dict]) -> dict:
         st.step_records = [s for r in cands[g_best].rows for s in r.get("step_records", [])]
         fig["step_decision"] = step_decision_figures(st, _thresholds(config))
         sup = [s["quorum_support"] for s in st.step_records]
-        fig["fallback_rate_quorum"] = (float(np.mean(np.asarray(sup) < config.consensus_threshold))
+        fig["fallback_rate_quorum"] = (float(np.mean(np.asarray(sup) < config.get(
+            "consensus_threshold", 0.5)))
                                        if sup else None)
         fig["kl_max"] = _max(r.get("kl_max") for r in cands[g_best].rows)
         fig["kl_outside_mass"] = _max(r.get("kl_outside_mass") for r in cands[g_best].rows)
@@ -198,12 +211,20 @@ def write(config, workdir: Path, results: list[dict]) -> dict:
                      "drafter_temperatures": results[0].get("drafter_temperatures"),
                      "drafter_costs": results[0].get("drafter_costs")},
     }
-    _atomic(workdir / "summary.json", json.dumps(summary, indent=2, default=_json) + "\n")
-    md = _markdown(summary)
-    _atomic(workdir / "seed_report.md", md)
-    _plots(workdir, policies)
-    print(md)
-    return summary
+    from specjax.runner import seed_report  # pylint: disable=import-outside-toplevel
+    return {"summary": summary,
+            "summary_json": json.dumps(summary, indent=2, default=_json) + "\n",
+            "markdown": seed_report.markdown(summary),
+            "plot": seed_report.render(policies)}
+
+
+def commit(workdir: Path, built: dict) -> None:
+    """Writes what `build` made: summary.json, seed_report.md, plots/seed_policies.png."""
+    workdir = Path(workdir)
+    _atomic(workdir / "summary.json", built["summary_json"])
+    _atomic(workdir / "seed_report.md", built["markdown"])
+    (workdir / "plots").mkdir(exist_ok=True)
+    _atomic(workdir / "plots" / "seed_policies.png", built["plot"])
 
 
 def _json(x):
@@ -216,14 +237,29 @@ def _nan_low(x):
     return x if x is not None and math.isfinite(x) else -math.inf
 
 
+def _numbers(xs) -> list[float]:
+    """The numbers among `xs` as floats, finite or not (a non-finite figure is reported
+    as such: nan / inf in summary.json and seed_report.md)."""
+    out = []
+    for x in xs:
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            try:
+                out.append(float(x))
+            except OverflowError:
+                out.append(math.inf if x > 0 else -math.inf)
+    return out
+
+
 def _max(xs):
-    xs = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
+    xs = _numbers(xs)
+    if any(math.isnan(x) for x in xs):
+        return math.nan
     return max(xs) if xs else None
 
 
 def _mean(xs):
-    xs = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
-    return float(np.mean(xs)) if xs else None
+    xs = _numbers(xs)
+    return sum(xs) / len(xs) if xs else None
 
 
 def _thresholds(config):
@@ -317,17 +353,10 @@ def _claims(policies) -> dict:
     return out
 
 
-def _atomic(path: Path, text: str) -> None:
+def _atomic(path: Path, data: str | bytes) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data)
     os.replace(tmp, path)
-
-
-def _markdown(summary) -> str:
-    from specjax.runner import seed_report  # pylint: disable=import-outside-toplevel
-    return seed_report.markdown(summary)
-
-
-def _plots(workdir: Path, policies) -> None:
-    from specjax.runner import seed_report  # pylint: disable=import-outside-toplevel
-    seed_report.plot(workdir, policies)

@@ -50,7 +50,7 @@ import ml_collections
 from absl import logging
 
 import specjax
-from specjax.errors import ConfigError, check
+from specjax.errors import ConfigError, check, user_path
 from specjax.runner import grid as grid_lib
 from specjax.runner import registry
 from specjax.runner import results as results_lib
@@ -201,11 +201,18 @@ def _execute_locked(plan: Plan, procs: Processes, journal: Path, records: bool,
     procs.barrier("specjax_sweep_cells_done")
     if procs.index == 0:
         rows = results_lib.merge_results(workdir, order=[c["cell_id"] for c in plan.cells])
+        # Rows of cells outside this grid (an earlier, larger grid; a row copied from
+        # another run) stay in the journal, but nothing counts them: they are reported.
+        rows, outside = grid_lib.split_rows(rows, plan.cells)
+        if outside:
+            logging.warning("%s: %d row(s) of %s are not cells of this grid (first: %s); "
+                            "the report and the summary leave them out", workdir,
+                            len(outside), results_lib.RESULTS_NAME, outside[0][1])
         if config.get("report", True):
             from specjax.runner import report  # pylint: disable=import-outside-toplevel
 
             try:
-                report.write_report(workdir, rows, plan.config_json)
+                report.write_report(workdir, rows, plan.config_json, outside=outside)
             except Exception:  # pylint: disable=broad-except
                 # The results are safe; a plotting bug must not cost the finalize hook.
                 logging.exception("writing the report failed; fix and rebuild it with "
@@ -262,9 +269,9 @@ def _check_workdir(workdir: str | os.PathLike) -> Path:
     """
     check(workdir is not None and str(workdir).strip(), "--workdir", workdir,
           "a directory path")
-    path = existing = None
+    path = user_path(workdir, "--workdir", "a directory path")
+    existing = None
     try:
-        path = Path(workdir).expanduser()
         for p in [path, *path.parents]:
             if p.exists() or p.is_symlink():
                 if p.is_dir():

@@ -1,0 +1,353 @@
+"""The `plans` experiment's validate hook: everything a cell would check, checked first.
+
+The runner calls `validate` before anything is written to the workdir (`sweep.prepare`),
+so a config that cannot run is refused as one `ConfigError` naming the field, the value and
+what is allowed — never by a cell, after ``config.json``, ``version.json`` and the lock.
+In order:
+
+1. fields: every top-level field is one the experiment reads (a typo is not ignored);
+2. values: each field's type and range, sizes bounded by a stated limit (`LIMITS`; plans
+   per domain also by the prompts shipped), each grid axis's values, and no two values of
+   an axis that are the same run under two spellings (``all_on`` and ``p1t1a1k1``; rule
+   ``None`` and ``'default'``; drafter γ ``None`` and a list of ``None``);
+3. the deployment: the zoo loaded and verified (its manifest, every file's sha256), the
+   Hugging Face folders' config files, the pairings' drafter names;
+4. every cell as it will run: its `PlanConfig`, its drafters (the pairing, one γ_i per
+   drafter), the oracle router's domains, and the context budget of `policy.carry.
+   PlanStates` — the verifier's (the longest prompt rounded up to the bucket, every step's
+   tokens, the drafts of a round) and each drafter's (its prompt, a round's catch-up block
+   and drafts) — computed from the same deployment and prompts the cell uses.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+
+from specjax.errors import ConfigError, check
+
+__all__ = ["LIMITS", "validate"]
+
+#: Upper bounds of the sizes a config sets (each also bounded by the context, checked per
+#: cell): plan steps, tokens per step, the prompt bucket, γ (grid.gamma, grid.drafter_gamma),
+#: plans per domain on the synthetic deployment (the zoo and Hugging Face deployments are
+#: bounded by the prompts shipped per domain), and the Hugging Face models' context.
+LIMITS = {"plan_steps": 256, "max_step_tokens": 4096, "bucket": 4096, "gamma": 64,
+          "synthetic_plans_per_domain": 64, "max_len": 1 << 20}
+MAX_SEED = 2**31 - 1
+GRID_AXES = ("gamma", "verifier_temperature", "drafter_temperature", "drafter_gamma",
+             "policy", "rule", "pairing", "seed")
+ROUTED_POLICIES = ("auto", "oracle")
+#: Fields the runner reads besides the experiment's (`specjax.runner.sweep`).
+RUNNER_FIELDS = ("experiment", "grid", "experiment_module", "report",
+                 "cells_across_processes")
+#: Fields of a ``deployment = 'hf'`` config (`specjax.runner.hf_deployment`).
+HF_FIELDS = ("verifier", "drafters", "pad_vocab", "bos", "max_len", "dtype", "mesh", "rules")
+HF_DTYPES = ("float32", "bfloat16", "float16")
+_POLICY_NAMES = ("a policy name (naive, all_on, all_on_minus_<switch>, naive_plus_<switch>, "
+                 "p1t0a1k0, auto, oracle)")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def validate(config) -> dict | None:
+    """Checks the config of a `plans` sweep (see the module docstring); returns the run's
+    inputs besides the config (the zoo's folder, where it came from and its manifest's
+    sha256), or None."""
+    _check_fields(config)
+    _check_values(config)
+    _check_grid(config)
+    inputs, known = _check_deployment(config)
+    _check_pairings(config, known)
+    _check_cells(config)
+    return inputs
+
+
+# ------------------------------------------------------------------------------ fields
+
+
+def _check_fields(config) -> None:
+    from specjax.runner.experiments import plans_defaults  # pylint: disable=import-outside-toplevel
+
+    known = sorted({*plans_defaults().keys(), *RUNNER_FIELDS, *HF_FIELDS})
+    for name in config:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{name}: no such field of the plans experiment{hint}; allowed: "
+                              f"{', '.join(known)}", field=name, value=config[name],
+                              allowed=known)
+    boundary = config.get("boundary") or {}
+    names = ("truncation_overhead_ratio", "acceptance_floor", "depth_ceiling")
+    for name in (boundary.keys() if hasattr(boundary, "keys") else []):
+        check(name in names, "boundary", name, f"the decision boundary's fields: "
+              f"{', '.join(names)}")
+
+
+# ------------------------------------------------------------------------------ values
+
+
+def _check_values(config) -> None:
+    check(config.get("deployment") in ("zoo", "synthetic", "hf"), "deployment",
+          config.get("deployment"), ["zoo", "synthetic", "hf"])
+    zoo_path = config.get("zoo_path")
+    check(zoo_path is None or (isinstance(zoo_path, str) and zoo_path.strip()), "zoo_path",
+          zoo_path, "None ($SPECJAX_ZOO, else the shipped zoo) or a folder path")
+    for field in ("plan_steps", "max_step_tokens", "bucket"):
+        value, hi = config.get(field), LIMITS[field]
+        check(_is_int(value) and 1 <= value <= hi, field, value,
+              f"an integer >= 1 and <= {hi}")
+    value, hi = config.get("plans_per_domain"), _max_plans_per_domain(config)
+    check(_is_int(value) and 1 <= value <= hi, "plans_per_domain", value,
+          f"an integer >= 1 and <= {hi} ({_plans_limit_reason(config)})")
+    value = config.get("consensus_threshold")
+    check(_is_number(value) and 0 < value <= 1, "consensus_threshold", value,
+          "a number in (0, 1]")
+    value = config.get("consensus_cost")
+    check(_is_number(value) and value >= 0, "consensus_cost", value, "a finite number >= 0")
+    for field in ("report", "seed_table"):
+        value = config.get(field, False)
+        check(isinstance(value, bool), field, value, "true or false")
+    check(config.get("consensus", "seed") in ("seed", "quorum"), "consensus",
+          config.get("consensus"), ["seed", "quorum"])
+    check(isinstance(config.get("share_verifier_call", True), bool), "share_verifier_call",
+          config.get("share_verifier_call"), "true or false")
+    value = config.get("auto_explore", 0.15)
+    check(_is_number(value) and 0 <= value <= 1, "auto_explore", value, "a number in [0, 1]")
+    from specjax.runner.experiments import plan_thresholds  # pylint: disable=import-outside-toplevel
+    plan_thresholds(config)  # names the boundary field and its allowed range
+    if config.get("deployment") == "hf":
+        value, hi = config.get("max_len"), LIMITS["max_len"]
+        check(value is None or (_is_int(value) and 1 <= value <= hi), "max_len", value,
+              f"None (each model's own context) or an integer >= 1 and <= {hi}")
+        check(config.get("dtype") in (None, *HF_DTYPES), "dtype", config.get("dtype"),
+              list(HF_DTYPES))
+        for field in ("pad_vocab", "bos"):
+            value = config.get(field, True)
+            check(isinstance(value, bool), field, value, "true or false")
+
+
+def _max_plans_per_domain(config) -> int:
+    if config.get("deployment") == "synthetic":
+        return LIMITS["synthetic_plans_per_domain"]
+    from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
+    counts: dict[str, int] = {}
+    for p in load_prompts():
+        counts[p["domain"]] = counts.get(p["domain"], 0) + 1
+    return min(counts.values())
+
+
+def _plans_limit_reason(config) -> str:
+    if config.get("deployment") == "synthetic":
+        return "the synthetic deployment's limit"
+    return "the plan prompts shipped per domain"
+
+
+# ------------------------------------------------------------------------------ grid
+
+
+def _check_grid(config) -> None:
+    from specjax.runner import grid as grid_lib  # pylint: disable=import-outside-toplevel
+
+    axes = grid_lib.grid_axes(config)  # a list per axis, JSON values, distinct, bounded
+    for axis in axes:
+        check(axis in GRID_AXES, f"grid.{axis}", axes[axis],
+              f"an axis the plans experiment reads: {', '.join(GRID_AXES)}")
+    hi = LIMITS["gamma"]
+    for g in axes.get("gamma", [4]):
+        check(_is_int(g) and 1 <= g <= hi, "grid.gamma", g, f"integers >= 1 and <= {hi}")
+    for t in axes.get("verifier_temperature", [0.0]):
+        check(_is_number(t) and t >= 0, "grid.verifier_temperature", t, "finite numbers >= 0")
+    for t in axes.get("drafter_temperature", [None]):
+        check(t is None or (_is_number(t) and t >= 0), "grid.drafter_temperature", t,
+              "None (each drafter's default) or finite numbers >= 0")
+    for g in axes.get("drafter_gamma", [None]):
+        check(g is None or (isinstance(g, list) and len(g) >= 1 and all(
+            x is None or (_is_int(x) and 1 <= x <= hi) for x in g)), "grid.drafter_gamma", g,
+              f"None (every drafter at grid.gamma) or a list of one γ_i per drafter of the "
+              f"pairing (integers >= 1 and <= {hi}, or None for grid.gamma)")
+    for seed in axes.get("seed", [0]):
+        check(_is_int(seed) and 0 <= seed <= MAX_SEED, "grid.seed", seed,
+              f"integers in [0, {MAX_SEED}]")
+    for p in axes.get("policy", ["all_on"]):
+        _policy(p)
+    for r in axes.get("rule", [None]):
+        check(r in (None, "coupled", "default"), "grid.rule", r, [None, "default", "coupled"])
+    # Two values of an axis that are one run under two spellings would run it twice as two
+    # cells (and count it twice): refused, naming both.
+    for axis, canon in (("policy", _policy), ("rule", lambda r: r or "default"),
+                        ("drafter_gamma", lambda g: None if g is None or all(
+                            x is None for x in g) else tuple(g))):
+        seen: dict = {}
+        for v in axes.get(axis, []):
+            key = canon(v)
+            if key in seen:
+                raise ConfigError.invalid(
+                    f"grid.{axis}", axes[axis], f"distinct {axis} values ({v!r} is the same "
+                    f"{axis.replace('_', ' ')} as {seen[key]!r})")
+            seen[key] = v
+
+
+def _policy(p):
+    """The policy a grid value names (its canonical form), or a ConfigError."""
+    if p in ROUTED_POLICIES:
+        return p
+    from specjax.policy.switches import Policy  # pylint: disable=import-outside-toplevel
+    try:
+        return Policy.from_name(p) if isinstance(p, str) else Policy(**dict(p))
+    except (ConfigError, TypeError, ValueError):
+        raise ConfigError.invalid("grid.policy", p, _POLICY_NAMES) from None
+
+
+# ------------------------------------------------------------------------------ deployment
+
+
+def _check_deployment(config) -> tuple[dict | None, set[str]]:
+    """(the run's inputs, the drafter names a pairing may use)."""
+    if config.deployment == "zoo":
+        from specjax.runner.experiments import load_zoo_checked  # pylint: disable=import-outside-toplevel
+        zoo, inputs = load_zoo_checked(config)
+        return inputs, set(zoo.names)
+    if config.deployment == "hf":
+        from specjax.runner import hf_deployment  # pylint: disable=import-outside-toplevel
+        hf_deployment.validate_hf(config)
+        return None, set(hf_deployment.drafter_names(config))
+    from specjax.runner.experiments import load_deployment  # pylint: disable=import-outside-toplevel
+    return None, set(load_deployment(config).names)
+
+
+def _check_pairings(config, known: set[str]) -> None:
+    for pairing in list(config.grid.get("pairing", [None])):
+        if pairing is None:
+            continue
+        check(isinstance(pairing, (list, tuple)), "grid.pairing", pairing,
+              "lists of drafter names")
+        names = list(pairing)
+        check(len(names) >= 1 and len(set(map(str, names))) == len(names), "grid.pairing",
+              pairing, "non-empty lists of distinct drafter names")
+        for n in names:
+            check(n in known, "grid.pairing", n, sorted(known))
+
+
+# ------------------------------------------------------------------------------ cells
+
+
+def _check_cells(config) -> None:
+    """Every cell's plan config, drafters, oracle domains and context budget."""
+    from specjax.runner import experiments as ex  # pylint: disable=import-outside-toplevel
+    from specjax.runner import grid as grid_lib  # pylint: disable=import-outside-toplevel
+
+    prompts, ids = ex.plan_prompts(config)
+    domains = sorted(set(ex.plan_domains(config, ids)))
+    seen = set()
+    for cell in grid_lib.expand_grid(config):
+        pcfg = ex._plan_config(config, cell)  # pylint: disable=protected-access
+        pairing = cell.get("pairing")
+        if config.deployment == "hf":
+            names = list(pairing or _hf_names(config))
+            _check_drafter_gamma(cell, names)
+            dep = None
+        else:
+            dep = ex._cell_deployment(config, cell)  # pylint: disable=protected-access
+            names = list(dep.names)
+        if cell.get("policy") == "oracle":
+            missing = [d for d in domains if d not in names]
+            if missing:
+                raise ConfigError(
+                    f"grid.policy: got 'oracle' with the pairing {names}, which has no drafter "
+                    f"for the plan domain(s) {missing}; allowed: 'oracle' only with pairings "
+                    f"holding a drafter named after every plan domain ({', '.join(domains)})",
+                    field="grid.policy", value="oracle", allowed=domains)
+        gammas = cell.get("drafter_gamma") or []
+        gamma = max([pcfg.gamma] + [g for g in gammas if g])
+        key = (tuple(names), gamma, pcfg.plan_steps, pcfg.max_step_tokens, pcfg.bucket)
+        if key in seen:
+            continue
+        seen.add(key)
+        if dep is not None:
+            _check_context(dep, prompts, pcfg, gamma, cell)
+        else:
+            _check_hf_context(config, names, pcfg, gamma, cell)
+
+
+def _hf_names(config) -> list[str]:
+    from specjax.runner import hf_deployment  # pylint: disable=import-outside-toplevel
+    return hf_deployment.drafter_names(config)
+
+
+def _check_drafter_gamma(cell, names) -> None:
+    g = cell.get("drafter_gamma")
+    if g is not None and len(g) != len(names):
+        raise ConfigError.invalid("grid.drafter_gamma", list(g),
+                                  f"one γ_i per drafter of the pairing {names}")
+
+
+def _bucket(n: int, b: int) -> int:
+    return -(-int(n) // int(b)) * int(b)
+
+
+def _budget_fields(pcfg, gamma: int, k: int) -> str:
+    return (f"plan_steps={pcfg.plan_steps}, max_step_tokens={pcfg.max_step_tokens}, "
+            f"bucket={pcfg.bucket}, γ={gamma} with {k} drafter(s)")
+
+
+def _check_context(dep, prompts, pcfg, gamma: int, cell) -> None:
+    """`policy.carry.PlanStates`'s context budget for this cell, before it runs."""
+    from specjax.engine.decode import consume_width  # pylint: disable=import-outside-toplevel
+
+    fields = "plan_steps / max_step_tokens / bucket / grid.gamma"
+    k = len(dep.drafters)
+    longest = max(len(dep.encode(p)) for p in prompts)
+    width = _bucket(longest, pcfg.bucket)
+    need = width + pcfg.plan_steps * pcfg.max_step_tokens + k * gamma
+    if need > dep.verifier.max_len:
+        raise ConfigError(
+            f"{fields}: got {_budget_fields(pcfg, gamma, k)} (cell {cell['cell_id']}): the "
+            f"verifier needs {need} positions (the longest prompt, {longest} tokens, rounded "
+            f"up to {width}; {pcfg.plan_steps} × {pcfg.max_step_tokens} step tokens; {k} × "
+            f"{gamma} drafts), allowed: at most its context, max_len = {dep.verifier.max_len} "
+            f"(fewer or shorter steps, a smaller bucket or γ)", field=fields, value=need,
+            allowed=dep.verifier.max_len)
+    for spec, data, enc in zip(dep.drafters, dep.d_data, dep.drafter_encode):
+        longest = max(len(enc(p)) for p in prompts)
+        width = _bucket(longest, pcfg.bucket)
+        block = consume_width(int(data.retok.shape[1]), gamma + 1)
+        need = width + block + gamma
+        if need > spec.lm.max_len:
+            raise ConfigError(
+                f"bucket / grid.gamma: got bucket={pcfg.bucket}, γ={gamma} (cell "
+                f"{cell['cell_id']}): drafter {spec.name!r} needs {need} positions (its "
+                f"longest prompt, {longest} tokens, rounded up to {width}; a {block}-token "
+                f"catch-up block; {gamma} drafts), allowed: at most its context, max_len = "
+                f"{spec.lm.max_len} (a smaller bucket or γ)", field="bucket", value=need,
+                allowed=spec.lm.max_len)
+
+
+def _check_hf_context(config, names, pcfg, gamma: int, cell) -> None:
+    """The part of the context budget known without loading a model: a prompt takes at
+    least one bucket; every model's context is ``max_len`` (else the verifier's own)."""
+    max_len = config.get("max_len")
+    if max_len is None:
+        import json  # pylint: disable=import-outside-toplevel
+        from pathlib import Path  # pylint: disable=import-outside-toplevel
+
+        from specjax.models.hf import config_from_hf  # pylint: disable=import-outside-toplevel
+        path = Path(config.verifier) / "config.json"
+        try:
+            max_len = config_from_hf(json.loads(path.read_text()), where=str(path))[0].max_len
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise ConfigError.invalid("verifier", config.verifier,
+                                      f"a Hugging Face folder whose config.json reads "
+                                      f"({' '.join(str(e).split())[:200]})") from None
+    fields = "plan_steps / max_step_tokens / bucket / grid.gamma"
+    need = pcfg.bucket + pcfg.plan_steps * pcfg.max_step_tokens + len(names) * gamma
+    if need > max_len:
+        raise ConfigError(
+            f"{fields}: got {_budget_fields(pcfg, gamma, len(names))} (cell {cell['cell_id']}):"
+            f" the verifier needs at least {need} positions, allowed: at most its context, "
+            f"max_len = {max_len}", field=fields, value=need, allowed=max_len)
