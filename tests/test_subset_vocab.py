@@ -1,0 +1,496 @@
+"""FR-Spec subset-vocabulary drafters (`specjax.models.subset_vocab.SubsetVocabLM`).
+
+1. The model: forward logits are the inner transformer's logits scattered into the
+   verifier's ids (NEG_LOGIT elsewhere), so after `sampling_probs` every id outside `keep`
+   has probability exactly 0 at every temperature and under top-k / top-p, and the "other"
+   row is never proposed; `maps` validation; the cache helpers delegate to the inner
+   model's; `logits_full` equals a cached forward (ragged prefill + one-token steps).
+2. Losslessness: χ² against the exact target law (tests/test_verify.py's harness and
+   tolerance: N = 100,000 rows, α = 1e-3, cells with expected count < 5 pooled) with
+   subset drafters over the bigram verifier of `specjax.testing`. The subsets leave out ids
+   the verifier emits (the start token among them), so q = 0 on tokens of positive p and
+   those tokens only come from residual / fresh samples.
+3. Greedy equality (verifier τ = 0) through the engine on a tiny transformer verifier with
+   a subset drafter cut from the verifier itself (high acceptance, and rejections where
+   the verifier's argmax lies outside the subset); another subset of the same size reuses
+   the compiled program.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import testing as suite
+from specjax.engine import programs
+from specjax.engine.generate import (autoregressive_generate, row_keys_for,
+                                     speculative_generate)
+from specjax.engine.spec import DrafterSpec, EngineConfig, identity_maps
+from specjax.models import cache as cache_mod
+from specjax.models.api import TransformerLM, causal_block_mask
+from specjax.models.subset_vocab import NEG_LOGIT, SubsetVocabLM, most_frequent_ids
+from specjax.models.transformer import TransformerConfig
+from specjax.verify.distributions import sampling_probs
+from specjax.verify.rules import RULES
+
+from lossless_reference import reference_law, reference_probs
+from test_verify import ALPHA, LENGTH, N, START, chi2_pvalue
+
+V = 40                   # the verifier vocabulary of the model tests
+KEEP = np.array([0, 3, 4, 7, 11, 12, 20, 21, 29, 33, 38], np.int32)   # K = 11
+INNER = TransformerConfig(vocab_size=len(KEEP) + 1, d_model=16, n_layers=2, n_heads=2,
+                          n_kv_heads=1, d_ff=32, max_len=32)
+
+
+@pytest.fixture(scope="module")
+def model():
+    lm = SubsetVocabLM(INNER, V)
+    params = lm.init_params(3, KEEP)
+    # Larger inner logits (sharper q) than the init's, so that temperature / top-k / top-p
+    # make a difference.
+    params["inner"]["lm_head"] = params["inner"]["lm_head"] * 6.0
+    return lm, params
+
+
+def _outside(keep=KEEP, v=V):
+    out = np.ones(v, bool)
+    out[keep] = False
+    return out
+
+
+def _scatter_ref(inner_logits, keep=KEEP, v=V):
+    """NumPy: inner logits [..., K+1] -> verifier logits [..., V] (NEG_LOGIT elsewhere)."""
+    x = np.asarray(inner_logits, np.float32)
+    out = np.full(x.shape[:-1] + (v,), NEG_LOGIT, np.float32)
+    out[..., keep] = x[..., :len(keep)]
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# 1. The model
+# ----------------------------------------------------------------------------------------
+
+def test_maps_and_static_facts(model):
+    lm, params = model
+    assert (lm.vocab_size, lm.n_kept, lm.max_len) == (V, len(KEEP), INNER.max_len)
+    to_inner = np.asarray(params["to_inner"])
+    assert to_inner.dtype == np.int32 and to_inner.shape == (V,)
+    np.testing.assert_array_equal(to_inner[KEEP], np.arange(len(KEEP)))
+    assert (to_inner[_outside()] == len(KEEP)).all()            # the "other" row
+    np.testing.assert_array_equal(params["keep"], KEEP)
+    # Equality and hash are the config's and V's (one compiled program per shape).
+    assert lm == SubsetVocabLM(INNER, V) and hash(lm) == hash(SubsetVocabLM(INNER, V))
+    assert lm != SubsetVocabLM(INNER, V + 1)
+    assert isinstance(lm.inner, TransformerLM) and lm.inner.config == INNER
+    # Abstract params / logical axes describe init_params' tree.
+    abstract = lm.abstract_params()
+    assert jax.tree.structure(abstract) == jax.tree.structure(params)
+    for a, p in zip(jax.tree.leaves(abstract), jax.tree.leaves(params)):
+        assert (a.shape, a.dtype) == (p.shape, p.dtype)
+    axes = lm.param_logical_axes()
+    assert axes["to_inner"] == (None,) and axes["keep"] == (None,)
+    assert axes["inner"] == lm.inner.param_logical_axes()
+
+
+def test_maps_validation():
+    lm = SubsetVocabLM(INNER, V)
+    k = len(KEEP)
+    with pytest.raises(ValueError, match="distinct"):
+        lm.maps(KEEP[:-1])                                      # too few
+    with pytest.raises(ValueError, match="distinct"):
+        lm.maps(np.append(KEEP, 1))                             # too many
+    with pytest.raises(ValueError, match="distinct"):
+        lm.maps(np.concatenate([KEEP[:-1], KEEP[:1]]))          # a duplicate
+    with pytest.raises(ValueError, match="distinct"):
+        lm.maps(KEEP.reshape(1, k))                             # not 1-D
+    with pytest.raises(ValueError, match=r"\[0, 40\)"):
+        lm.maps(np.append(KEEP[:-1], V))                        # id >= V
+    with pytest.raises(ValueError, match=r"\[0, 40\)"):
+        lm.maps(np.append(KEEP[1:], -1))                        # negative id
+    with pytest.raises(ValueError, match="K \\+ 1 >= 2"):
+        SubsetVocabLM(TransformerConfig(vocab_size=1, d_model=16, n_heads=2, n_kv_heads=1), V)
+    with pytest.raises(ValueError, match="exceed"):
+        SubsetVocabLM(TransformerConfig(vocab_size=V + 2, d_model=16, n_heads=2,
+                                        n_kv_heads=1), V)
+    # K = V (every id kept) is allowed; so is any order of `keep`.
+    full = SubsetVocabLM(TransformerConfig(vocab_size=V + 1, d_model=16, n_heads=2,
+                                           n_kv_heads=1), V)
+    m = full.maps(np.arange(V)[::-1])
+    np.testing.assert_array_equal(m["to_inner"], np.arange(V)[::-1])
+    shuffled = lm.maps(KEEP[::-1])
+    np.testing.assert_array_equal(np.asarray(shuffled["to_inner"])[KEEP[::-1]], np.arange(k))
+
+
+def test_most_frequent_ids():
+    counts = np.array([5, 9, 9, 0, 7, 1, 9, 3])
+    np.testing.assert_array_equal(most_frequent_ids(counts, 3), [1, 2, 6])      # ties by id
+    np.testing.assert_array_equal(most_frequent_ids(counts, 4), [1, 2, 4, 6])
+    np.testing.assert_array_equal(most_frequent_ids(counts, 3, always=(3,)), [1, 2, 3])
+    np.testing.assert_array_equal(most_frequent_ids(counts, 8), np.arange(8))
+    assert most_frequent_ids(counts, 2).dtype == np.int32
+    for k in (0, 9):
+        with pytest.raises(ValueError, match="k="):
+            most_frequent_ids(counts, k)
+    np.testing.assert_array_equal(counts, [5, 9, 9, 0, 7, 1, 9, 3])  # input untouched
+
+
+# One block shape for the cached forwards of these tests (B rows, a prefill of W tokens
+# or a one-token step, capacity C), so that they share two compiled programs.
+B, W, C, TOTAL = 4, 8, 16, 14
+
+
+@pytest.fixture(scope="module")
+def fwd(model):
+    lm, _ = model
+    return jax.jit(lambda params, cache, tokens, positions: lm.forward(
+        params, cache, tokens, positions, causal_block_mask(*tokens.shape)))
+
+
+@pytest.fixture(scope="module")
+def full(model):
+    """Random ragged sequences, their verifier-space and inner logits over the whole
+    sequences (`logits_full`, `inner_logits_full`)."""
+    lm, params = model
+    rng = np.random.default_rng(1)
+    seqs = rng.integers(0, V, (B, TOTAL)).astype(np.int32)
+    seqs[0, 1:4] = [1, 2, 5]                       # ids outside the subset as inputs
+    both = jax.jit(lambda p, t: (lm.logits_full(p, t), lm.inner_logits_full(p, t)))
+    logits, inner = jax.device_get(both(params, jnp.asarray(seqs)))
+    return seqs, logits, inner
+
+
+def _prefill(lm, params, fwd, prompt):
+    pos = np.broadcast_to(np.arange(W, dtype=np.int32), (B, W))
+    return fwd(params, lm.init_cache(B, C), jnp.asarray(prompt), jnp.asarray(pos))
+
+
+def test_forward_is_the_inner_model_scattered(model, fwd, full):
+    """`logits_full` is the inner model's logits scattered (NEG_LOGIT off the subset), a
+    cached forward equals it, and every id outside the subset reads the "other" row."""
+    lm, params = model
+    seqs, logits_full, inner = full
+    assert logits_full.dtype == np.float32 and logits_full.shape == (B, TOTAL, V)
+    assert inner.shape == (B, TOTAL, len(KEEP) + 1)
+    np.testing.assert_allclose(logits_full, _scatter_ref(inner), rtol=1e-5, atol=1e-5)
+    assert (logits_full[..., _outside()] == NEG_LOGIT).all()
+    logits, cache = _prefill(lm, params, fwd, seqs[:, :W])
+    assert logits.dtype == jnp.float32 and logits.shape == (B, W, V)
+    np.testing.assert_allclose(logits, logits_full[:, :W], rtol=1e-4, atol=1e-4)
+    assert (np.asarray(logits)[..., _outside()] == NEG_LOGIT).all()
+    assert (np.asarray(cache.length) == 0).all()   # forward does not commit
+    # The inner model saw `to_inner` of the tokens: any other id outside the subset gives
+    # the same logits.
+    rng = np.random.default_rng(5)
+    other = seqs[:, :W].copy()
+    mask = _outside()[other]
+    other[mask] = rng.choice(np.nonzero(_outside())[0], int(mask.sum()))
+    assert (other != seqs[:, :W]).any()
+    np.testing.assert_array_equal(_prefill(lm, params, fwd, other)[0], logits)
+
+
+def test_logits_full_equals_a_cached_forward(model, fwd, full):
+    """Ragged rows: a prefill of each row's prompt (right-padded), then one-token steps at
+    per-row cache lengths, against `logits_full` of the whole sequences."""
+    lm, params = model
+    seqs, logits_full, _ = full
+    plen = np.array([3, 8, 1, 5], np.int32)
+    prompt = np.where(np.arange(W)[None] < plen[:, None], seqs[:, :W], 0)
+    logits, cache = _prefill(lm, params, fwd, prompt)
+    logits = np.asarray(logits)
+    for r in range(B):
+        np.testing.assert_allclose(logits[r, :plen[r]], logits_full[r, :plen[r]],
+                                   rtol=1e-4, atol=1e-4)
+    cache = lm.advance(cache, jnp.asarray(plen))
+    for _ in range(TOTAL - W):
+        ln = np.asarray(cache.length)
+        tok = seqs[np.arange(B), ln][:, None]
+        step, cache = fwd(params, cache, jnp.asarray(tok), jnp.asarray(ln[:, None]))
+        cache = lm.advance(cache, jnp.ones((B,), jnp.int32))
+        np.testing.assert_allclose(np.asarray(step)[:, 0], logits_full[np.arange(B), ln],
+                                   rtol=1e-4, atol=1e-4)
+        assert (np.asarray(step)[:, 0, _outside()] == NEG_LOGIT).all()
+
+
+TAUS = (0.0, 1e-3, 0.3, 0.7, 1.0, 1.5, 2.0, 10.0)
+FILTERS = ((0, 1.0), (3, 1.0), (len(KEEP), 1.0), (len(KEEP) + 5, 1.0), (0, 0.9), (4, 0.8))
+
+
+def test_probability_zero_outside_the_subset(model, full):
+    """`sampling_probs` of the drafter's logits at the engine's temperatures and filters:
+    exactly 0 off the subset, and the law of the kept ids alone (an independent float64
+    reference over the inner logits without the "other" row)."""
+    _, logits, inner = full
+    inner = inner[..., :len(KEEP)]
+    out = _outside()
+
+    @jax.jit
+    def probs(x):
+        taus = jnp.asarray(TAUS, jnp.float32)
+        return jnp.stack([jax.vmap(lambda t, k=k, p=p: sampling_probs(x, t, top_k=k, top_p=p))(
+            taus) for k, p in FILTERS])
+
+    qs = np.asarray(probs(jnp.asarray(logits)))
+    for i, (k, p) in enumerate(FILTERS):
+        for j, tau in enumerate(TAUS):
+            q = qs[i, j]
+            assert (q[..., out] == 0).all(), (tau, k, p)
+            np.testing.assert_allclose(q.sum(-1), 1.0, atol=1e-5)
+            ref = reference_probs(inner, float(np.float32(tau)), k if k <= len(KEEP) else 0,
+                                  p if tau > 0 else 1.0)
+            np.testing.assert_allclose(q[..., KEEP], ref, atol=2e-5,
+                                       err_msg=f"tau={tau} top_k={k} top_p={p}")
+
+
+def test_the_other_row_is_never_proposed(model):
+    """Inner logits where the "other" row dominates: the scattered law ignores it (greedy,
+    sampled, top-k) and samples only ever hit kept ids."""
+    lm, params = model
+    k = len(KEEP)
+    rng = np.random.default_rng(3)
+    inner = rng.normal(size=(64, k + 1)).astype(np.float32)
+    inner[:, k] = 50.0                                   # by far the largest logit
+    settings = ((0.0, 0), (1.0, 0), (1.0, 2), (5.0, 0))
+
+    @jax.jit
+    def run(params, inner):
+        logits = lm.scatter(params, inner)
+        qs = [sampling_probs(logits, t, top_k=kk) for t, kk in settings]
+        draws = jax.random.categorical(jax.random.key(0), logits, shape=(200, 64))
+        return logits, qs, draws, lm.scatter(params, inner.astype(jnp.bfloat16))
+
+    logits, qs, draws, from_bf16 = jax.device_get(run(params, jnp.asarray(inner)))
+    np.testing.assert_array_equal(logits, _scatter_ref(inner))
+    for (tau, top_k), q in zip(settings, qs):
+        assert (q[:, _outside()] == 0).all()
+        np.testing.assert_allclose(q[:, KEEP], reference_probs(inner[:, :k], tau, top_k),
+                                   atol=1e-5)
+    assert np.isin(draws, KEEP).all()
+    assert from_bf16.dtype == np.float32                 # bf16 inner logits scatter as f32
+
+
+def test_cache_helpers_delegate(model, fwd):
+    lm, params = model
+    c0 = lm.init_cache(B, C)
+    ref0 = lm.inner.init_cache(B, C)
+    assert type(c0) is type(ref0) and jax.tree.structure(c0) == jax.tree.structure(ref0)
+    for a, r in zip(jax.tree.leaves(c0), jax.tree.leaves(ref0)):
+        assert a.shape == r.shape and a.dtype == r.dtype
+    assert lm.init_cache(2).k[0].shape[-1] == INNER.max_len        # default capacity
+    with pytest.raises(ValueError, match="capacity"):
+        lm.init_cache(1, INNER.max_len + 1)
+    toks = np.random.default_rng(4).integers(0, V, (B, W)).astype(np.int32)
+    _, c = _prefill(lm, params, fwd, toks)
+    n = jnp.asarray([2, 6, 0, 8], jnp.int32)
+    src = jnp.asarray([[1, 0], [3, 2], [0, 1], [4, 5]], jnp.int32)
+    m = jnp.asarray([2, 1, 0, 2], jnp.int32)
+
+    @jax.jit
+    def both(c):
+        return [(lm.advance(c, n), cache_mod.advance(c, n)),
+                (lm.rollback(lm.advance(c, 6), n),
+                 cache_mod.rollback(cache_mod.advance(c, 6), n)),
+                (lm.compact(lm.advance(c, 1), src, m),
+                 cache_mod.compact(cache_mod.advance(c, 1), src, m))]
+
+    pairs = both(c)
+    for got, want in pairs:
+        for a, r in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(a, r)
+    assert np.asarray(pairs[0][0].length).tolist() == [2, 6, 0, 8]
+    assert np.asarray(pairs[2][0].length).tolist() == [3, 2, 1, 3]
+
+
+# ----------------------------------------------------------------------------------------
+# 2. Losslessness: χ² against the exact law
+# ----------------------------------------------------------------------------------------
+
+# The bigram verifier's ids 0..4: subset A leaves out START (1) and 4, subset B leaves out
+# 0, 2 and 3; both have q = 0 on ids of positive p.
+KEEP_A, KEEP_B = np.array([0, 2, 3], np.int32), np.array([1, 4], np.int32)
+
+
+def _subset_drafter(keep, seed, sharpen):
+    # As small as a transformer gets: at N = 100,000 rows its forwards are most of the run.
+    cfg = TransformerConfig(vocab_size=len(keep) + 1, d_model=8, n_layers=1, n_heads=2,
+                            n_kv_heads=1, d_ff=16, max_len=8)
+    lm = SubsetVocabLM(cfg, suite.V)
+    params = lm.init_params(seed, keep)
+    params["inner"]["lm_head"] = params["inner"]["lm_head"] * sharpen   # a peaked, wrong q
+    return lm, params
+
+
+def _chi2_drafters(setup, both):
+    """[subset A (τ 1), the suite's model drafter d0, and subset B (τ 0: one-hot q) when
+    `both`, else the suite's partial-vocabulary drafter d2 (cross-vocabulary)]."""
+    la, pa = _subset_drafter(KEEP_A, 1, 5.0)
+    specs = [DrafterSpec("subsetA", la, temperature=1.0), setup.drafters[0]]
+    data = [identity_maps(pa, suite.V), setup.d_data[0]]
+    if both:
+        lb, pb = _subset_drafter(KEEP_B, 2, 3.0)
+        specs.append(DrafterSpec("subsetB", lb, temperature=0.0))
+        data.append(identity_maps(pb, suite.V))
+    else:
+        specs.append(setup.drafters[2])
+        data.append(setup.d_data[2])
+    return tuple(specs), tuple(data)
+
+
+def _chi2_run(rule, slots_n, seed, both=False, n=N):
+    setup = suite.make_setup("random", seed=41)
+    specs, data = _chi2_drafters(setup, both)
+    prompts = [[START]] * n
+    dp = suite.drafter_prompts([START])
+    d_prompts = [[dp[0]] * n, [dp[0]] * n, [dp[0] if both else dp[2]] * n]
+    # Rule 1: every row verifies subset A's chain; otherwise each row's block holds the
+    # three chains.
+    slots = np.zeros((n, 1), np.int32) if slots_n == 1 else None
+    cfg = EngineConfig(gamma=2, rule=rule, verifier_temperature=1.0, n_slots=slots_n,
+                       max_new_tokens=LENGTH)
+    res = speculative_generate(cfg, setup.verifier, setup.v_params, specs, data, prompts,
+                               d_prompts, row_keys_for(seed, n), slots=slots)
+    assert (res.length - res.start == LENGTH).all()
+    return setup, res, res.tokens[:, 1:1 + LENGTH]
+
+
+def _check_chi2(rule, setup, res, seqs, subset_slots):
+    exact = reference_law(setup.v_table, 1.0, START, LENGTH)
+    # The verifier emits ids outside subset A (so residual sampling is exercised).
+    assert exact.sum(axis=(1, 2))[np.setdiff1d(np.arange(suite.V), KEEP_A)].min() > 0.01
+    p_value = chi2_pvalue(seqs, exact)
+    c = res.counters
+    print(f"\nsubset {rule}: χ² p = {p_value:.3g}; accepted per drafter "
+          f"{c.accepted.sum(0).tolist()} of {c.proposed.sum(0).tolist()}, rejected "
+          f"{c.rejected.sum(0).tolist()}")
+    assert p_value >= ALPHA, f"subset drafter, {rule}: χ² rejects (p = {p_value:.3g})"
+    # The subset drafters drafted, and had drafts both accepted and rejected...
+    for k in subset_slots:
+        assert c.rejected[:, k].sum() > 0 and c.accepted[:, k].sum() < c.proposed[:, k].sum()
+        if rule == "coupled_block" and len(subset_slots) == 2:
+            # ...except where the coupled shared block needs every chain to hold the
+            # verifier's token: the two subsets are disjoint, so no draft is ever accepted.
+            assert c.accepted.sum() == 0
+        else:
+            assert c.accepted[:, k].sum() > 0
+
+
+_FAST = ("rejection", "token_tree")
+_RULES_SLOTS = [(r, 1 if r == "rejection" else 3) for r in RULES]
+
+
+@pytest.mark.parametrize("rule,slots_n", [
+    (r, s) if r in _FAST else pytest.param(r, s, marks=pytest.mark.slow)
+    for r, s in _RULES_SLOTS])
+def test_subset_drafter_is_lossless(rule, slots_n):
+    setup, res, seqs = _chi2_run(rule, slots_n, seed=zlib.crc32(f"subset/{rule}".encode()))
+    _check_chi2(rule, setup, res, seqs, (0,))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", [r for r in RULES if r != "rejection"])
+def test_two_subset_drafters_are_lossless(rule):
+    """Two subsets in one block: A sampled at τ 1, B greedy (a one-hot q on {1, 4})."""
+    setup, res, seqs = _chi2_run(rule, 3, seed=zlib.crc32(f"subset2/{rule}".encode()),
+                                 both=True)
+    _check_chi2(rule, setup, res, seqs, (0, 2))
+
+
+# ----------------------------------------------------------------------------------------
+# 3. Greedy equality on a tiny transformer verifier
+# ----------------------------------------------------------------------------------------
+
+# A tiny transformer verifier over bytes (tied embeddings, unscaled inputs: the config a
+# distilled drafter's inner model gets from `specjax.distill.train_drafter`). Its subset
+# drafters with K = GREEDY_KEPT share one engine program with the distilled drafter of
+# tests/test_distill.py (same SubsetVocabLM, same engine config and shapes).
+BYTE_CONFIG = TransformerConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                d_ff=64, max_len=64, tie_embeddings=True,
+                                embed_input_scale=False)
+GREEDY_KEPT, GREEDY_ROWS, GREEDY_NEW = 20, 8, 16
+
+
+@functools.lru_cache(maxsize=1)
+def byte_verifier():
+    """(TransformerLM, params) of the tiny byte verifier (fixed seed; built once)."""
+    lm = TransformerLM(BYTE_CONFIG)
+    return lm, lm.init_params(7)
+
+
+def subset_of(v_lm: TransformerLM, v_params, keep):
+    """A SubsetVocabLM cut from a transformer verifier: its layers, its embedding / head
+    rows of `keep`, and the mean of the other rows as the "other" row. Its argmax is the
+    verifier's wherever that lies in `keep` and the context lies inside `keep`."""
+    keep = np.asarray(keep)
+    cfg = v_lm.config
+    lm = SubsetVocabLM(dataclasses.replace(cfg, vocab_size=len(keep) + 1), cfg.vocab_size)
+    rest = np.ones(cfg.vocab_size, bool)
+    rest[keep] = False
+    params = lm.init_params(0, keep)
+    inner = dict(v_params)
+    embed = np.asarray(v_params["embed"])
+    inner["embed"] = jnp.asarray(np.concatenate([embed[keep], embed[rest].mean(0)[None]]))
+    if not cfg.tie_embeddings:
+        head = np.asarray(v_params["lm_head"])
+        inner["lm_head"] = jnp.asarray(np.concatenate([head[:, keep],
+                                                       head[:, rest].mean(1)[:, None]], 1))
+    params["inner"] = inner
+    return lm, params
+
+
+def greedy_prompts(seed, vocab=256, n=GREEDY_ROWS):
+    """n ragged prompts of 2..9 random ids."""
+    rng = np.random.default_rng(seed)
+    return [list(map(int, rng.integers(0, vocab, 2 + i % 8))) for i in range(n)]
+
+
+def greedy_reference(verifier, v_params, prompts, new=GREEDY_NEW):
+    """The verifier's greedy decoding (the engine's autoregressive baseline)."""
+    return autoregressive_generate(verifier, v_params, prompts, row_keys_for(4, len(prompts)),
+                                   temperature=0.0, max_new_tokens=new, min_width=16)
+
+
+def check_greedy_equality(verifier, v_params, d_lm, d_params, prompts, ar, temperature=0.0,
+                          new=GREEDY_NEW):
+    """Speculative decoding at verifier τ = 0 (rule 1, γ = 3) with the drafter equals the
+    autoregressive result `ar`; returns the engine's counters."""
+    n = len(prompts)
+    cfg = EngineConfig(gamma=3, rule="rejection", verifier_temperature=0.0, n_slots=1,
+                       max_new_tokens=new)
+    spec = speculative_generate(cfg, verifier, v_params,
+                                [DrafterSpec("subset", d_lm, temperature=temperature)],
+                                [identity_maps(d_params, verifier.vocab_size)], prompts,
+                                [prompts], row_keys_for(3, n), min_width=16,
+                                drafter_min_width=[16])
+    for i, p in enumerate(prompts):
+        np.testing.assert_array_equal(spec.tokens[i, :len(p) + new], ar.tokens[i, :len(p) + new])
+    return spec.counters
+
+
+def test_greedy_equals_autoregressive_on_a_tiny_transformer():
+    """The subset is nearly the K ids the verifier writes most (FR-Spec's choice), so many
+    drafts are accepted and the rest (argmax outside the subset) rejected."""
+    verifier, v_params = byte_verifier()
+    counts = []
+    for seed in (0, 1):   # a second batch and subset of the same size: the same program
+        prompts = greedy_prompts(seed)
+        ar = greedy_reference(verifier, v_params, prompts)
+        written = np.concatenate([ar.new_tokens(i) for i in range(len(prompts))])
+        freq = np.bincount(written, minlength=256)
+        # The most written ids but the 2nd and the 5th: their rows' drafts are rejected.
+        ranked = most_frequent_ids(freq, GREEDY_KEPT + 2)
+        ranked = ranked[np.lexsort((ranked, -freq[ranked]))]
+        keep = np.sort(np.delete(ranked, [1, 4]))
+        assert 0 < freq[keep].sum() < len(written)
+        lm, params = subset_of(verifier, v_params, keep)
+        before = programs.compiled_programs()
+        c = check_greedy_equality(verifier, v_params, lm, params, prompts, ar,
+                                  temperature=0.0 if seed == 0 else 0.8)
+        if seed:
+            assert programs.compiled_programs() == before, "a new subset retraced"
+        counts.append((int(c.accepted[:, 0].sum()), int(c.rejected[:, 0].sum())))
+    print("\naccepted / rejected per batch:", counts)
+    assert all(a > 0 and r > 0 for a, r in counts), counts
