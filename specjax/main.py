@@ -24,7 +24,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from specjax.errors import ConfigError
-from specjax.runner.cli import config_error_in, fail, parse_flags
+from specjax.runner.cli import config_error_in, fail, hold_logs, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, optionally followed by ':variant,key=value,...'.",
@@ -51,10 +51,12 @@ def main(argv: Sequence[str]) -> None:
     # inputs (the config, the workdir, the zoo, an experiment module), so whatever it
     # raises is reported in one line naming what it was validating, never a traceback.
     try:
-        with _quiet():
+        with _quiet(), hold_logs() as logs:  # a warning would precede the error line
+            _check_backend()
             plan = sweep.prepare(_config(), flags.FLAGS.workdir)
     except (Exception, SystemExit) as e:  # pylint: disable=broad-except
         fail(config_error_in(e) or _validation_error(e))
+    logs.release()
 
     from specjax import compile_cache  # pylint: disable=import-outside-toplevel
 
@@ -65,6 +67,22 @@ def main(argv: Sequence[str]) -> None:
         sweep.execute(plan)
     except ConfigError as e:
         fail(e)
+
+
+def _check_backend() -> None:
+    """JAX's backend, initialised: a platform this machine lacks is named as such."""
+    import os  # pylint: disable=import-outside-toplevel
+
+    import jax  # pylint: disable=import-outside-toplevel
+
+    try:
+        jax.devices()
+    except Exception as e:  # pylint: disable=broad-except
+        what = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ConfigError.invalid(
+            "JAX_PLATFORMS", os.environ.get("JAX_PLATFORMS"),
+            f"platforms JAX can initialise on this machine (unset or '' picks one); "
+            f"initialising them raised {type(e).__name__}: {what}") from None
 
 
 def _validation_error(error: BaseException) -> ConfigError:

@@ -18,7 +18,7 @@ from absl import app
 from absl import flags
 
 from specjax.errors import ConfigError, check, user_path
-from specjax.runner.cli import fail, parse_flags, warn
+from specjax.runner.cli import fail, hold_logs, parse_flags, warn
 
 if "workdir" not in flags.FLAGS:  # shared with specjax.main
     flags.DEFINE_string("workdir", None, "Directory of the run whose report to rebuild.")
@@ -32,10 +32,12 @@ def main(argv: Sequence[str]) -> None:
     # Every input is read and checked, and every output built in memory, before anything
     # is rewritten: a report is never rebuilt from unreadable inputs, nor half rebuilt.
     try:
-        inputs = _inputs(flags.FLAGS.workdir)
-        built = _build(inputs)
+        with hold_logs() as logs:  # a torn line's warning is printed only on success
+            inputs = _inputs(flags.FLAGS.workdir)
+            built = _build(inputs)
     except ValueError as e:  # ConfigError, or a damaged journal
         fail(e)
+    logs.release()
     path, outside = inputs[0], inputs[4]
     if outside:
         from specjax.runner import results  # pylint: disable=import-outside-toplevel

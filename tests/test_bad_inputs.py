@@ -109,6 +109,24 @@ def files(tmp_path_factory) -> dict[str, Path]:
             "    c = toy.get_config(arg)\n"
             f"    c.experiment_module = {str(d / 'bad_module.py')!r}\n"
             "    return c\n"),
+        "get_config_exits.py": "import sys\ndef get_config(arg=None):\n    sys.exit(0)\n",
+        "exits_at_import.py": "import sys\nsys.exit(3)\n",
+        "exit_module.py": "import sys\nsys.exit(0)\n",
+        "toy_exit_module.py": (
+            "import importlib.util\n"
+            f"spec = importlib.util.spec_from_file_location('t', {str(REPO / 'tests/configs/toy.py')!r})\n"
+            "toy = importlib.util.module_from_spec(spec); spec.loader.exec_module(toy)\n"
+            "def get_config(arg=None):\n"
+            "    c = toy.get_config(arg)\n"
+            f"    c.experiment_module = {str(d / 'exit_module.py')!r}\n"
+            "    return c\n"),
+        "plans_typo.py": (
+            "from specjax.runner import plans_defaults\n"
+            "def get_config(arg=None):\n"
+            "    c = plans_defaults()\n"
+            "    c.plans_per_domain = 1\n"
+            "    c.plan_step = 2  # a typo: the field is plan_steps\n"
+            "    return c\n"),
     }
     for name, text in texts.items():
         (d / name).write_text(text)
@@ -148,9 +166,28 @@ def _zoo_variant(root: Path, name: str) -> Path:
         replace(first_tok, bytes(data))
     elif name == "missing_model_file":
         first_model.unlink()
+    elif name in MANIFEST_EDITS:
+        MANIFEST_EDITS[name](m)
+        replace(manifest, json.dumps(m).encode())
     else:
         raise ValueError(name)
     return dst
+
+
+# Manifests malformed in one field each (the zoo's files intact): every field `load_zoo`
+# reads is checked before any file is, and named with what is allowed.
+MANIFEST_EDITS = {
+    "extra_drafters_names_a_missing_model": lambda m: m.update(extra_drafters=["nope"]),
+    "extra_drafters_not_a_list": lambda m: m.update(extra_drafters="prose512"),
+    "drafter_order_repeats": lambda m: m.update(drafter_order=["code", "code"]),
+    "model_record_not_an_object": lambda m: m["models"].update(code=5),
+    "temperature_not_a_number": lambda m: m["models"]["code"].update(temperature="hot"),
+    "cost_negative": lambda m: m["models"]["code"].update(cost=-1),
+    "tokenizer_unknown": lambda m: m["models"]["code"].update(tokenizer="nope"),
+    "vocab_size_not_an_integer": lambda m: m["tokenizers"]["verifier"].update(vocab_size="x"),
+    "sha256_malformed": lambda m: m["models"]["code"].update(sha256="abc"),
+    "role_unknown": lambda m: m["models"]["code"].update(role="helper"),
+}
 
 
 ZOO_DAMAGE = {
@@ -160,6 +197,17 @@ ZOO_DAMAGE = {
     "truncated_npz": "sha256 mismatch",
     "byte_flipped_tokenizer": "sha256 mismatch",
     "missing_model_file": "missing",
+    "extra_drafters_names_a_missing_model": "extra_drafters: got 'nope', allowed: a list of "
+                                            "distinct drafter names",
+    "extra_drafters_not_a_list": "extra_drafters: got 'prose512'",
+    "drafter_order_repeats": "drafter_order: got ['code', 'code']",
+    "model_record_not_an_object": "models.code: got 5, allowed: a JSON object",
+    "temperature_not_a_number": "models.code.temperature: got 'hot', allowed: a finite number",
+    "cost_negative": "models.code.cost: got -1",
+    "tokenizer_unknown": "models.code.tokenizer: got 'nope', allowed: a key of tokenizers",
+    "vocab_size_not_an_integer": "tokenizers.verifier.vocab_size: got 'x'",
+    "sha256_malformed": "models.code.sha256: got 'abc', allowed: 64 lowercase hex digits",
+    "role_unknown": "models.code.role: got 'helper'",
 }
 
 
@@ -232,6 +280,55 @@ CONFIG_CASES = [
     ("grid unknown axis", [f"--config={SEED},grid={{'gama': [2]}}"],
      ["grid.gama: got [2]", "an axis the plans experiment reads"]),
     ("grid={}", [f"--config={SEED},grid={{}}"], ["grid: got {}"]),
+    ("zoo_path=~nosuchuser/zoo", [f"--config={SEED}", "--config.zoo_path=~nosuchuser/zoo"],
+     ["zoo_path: got '~nosuchuser/zoo'", "no such user"]),
+    # What a cell would check when it runs, checked at validation: the drafters' γ_i,
+    # the oracle router's domains, the context budget of every cell.
+    ("grid.drafter_gamma of the wrong length", [f"--config={SEED},grid.drafter_gamma=[[2,3]]"],
+     ["grid.drafter_gamma: got [2, 3]", "one γ_i per drafter of the pairing"]),
+    ("grid.drafter_gamma too long for a pairing",
+     [f"--config={SEED},grid.pairing=[[code,prose]],grid.drafter_gamma=[[2,2,2]]"],
+     ["grid.drafter_gamma: got [2, 2, 2]", "['code', 'prose']"]),
+    ("max_step_tokens beyond the context", [f"--config={SEED},max_step_tokens=1000"],
+     ["max_step_tokens=1000", "allowed: at most its context, max_len = 512"]),
+    ("plan_steps beyond the context", [f"--config={SEED},plan_steps=100"],
+     ["plan_steps=100", "max_len = 512"]),
+    ("bucket beyond the context", [f"--config={SEED},bucket=1024"],
+     ["bucket=1024", "max_len = 512"]),
+    ("grid.gamma beyond the context", [f"--config={SEED},grid.gamma=[64],plan_steps=12"],
+     ["grid.gamma", "γ=64", "max_len = 512"]),
+    ("oracle without a drafter per domain",
+     [f"--config={SEED},grid.policy=[oracle],grid.pairing=[[code,prose]]"],
+     ["grid.policy: got 'oracle'", "'reasoning'"]),
+    # Sizes bounded by a stated limit.
+    ("plans_per_domain=1000000000", [f"--config={SEED},plans_per_domain=1000000000"],
+     ["plans_per_domain: got 1000000000", "<= 24", "plan prompts shipped per domain"]),
+    ("plans_per_domain synthetic", [f"--config={SEED},deployment=synthetic,plans_per_domain=65"],
+     ["plans_per_domain: got 65", "<= 64"]),
+    ("plan_steps=100000", [f"--config={SEED},plan_steps=100000"],
+     ["plan_steps: got 100000", "<= 256"]),
+    ("max_step_tokens=10**9", [f"--config={SEED}", "--config.max_step_tokens=1000000000"],
+     ["max_step_tokens: got 1000000000", "<= 4096"]),
+    ("bucket=10**9", [f"--config={SEED},bucket=1000000000"], ["bucket: got 1000000000"]),
+    ("grid.gamma=[1000]", [f"--config={SEED},grid.gamma=[1000]"],
+     ["grid.gamma: got 1000", "<= 64"]),
+    ("grid.drafter_gamma=[[2,2,1000]]", [f"--config={SEED},grid.drafter_gamma=[[2,2,1000]]"],
+     ["grid.drafter_gamma: got [2, 2, 1000]", "<= 64"]),
+    ("grid of 10001 cells", [f"--config={SEED},grid.seed=[{','.join(map(str, range(10001)))}]"],
+     ["grid: got", "at most 10000 cells"]),
+    # One run under two spellings is one cell, not two.
+    ("grid.policy=[all_on,p1t1a1k1]", [f"--config={SEED},grid.policy=[all_on,p1t1a1k1]"],
+     ["grid.policy: got ['all_on', 'p1t1a1k1']", "'p1t1a1k1' is the same policy as 'all_on'"]),
+    ("grid.policy=[naive_plus_kl_ceiling,p0t0a0k1]",
+     [f"--config={SEED},grid.policy=[naive,naive_plus_kl_ceiling,p0t0a0k1]"],
+     ["grid.policy", "'p0t0a0k1' is the same policy as 'naive_plus_kl_ceiling'"]),
+    ("grid.policy=[all_on,all_on_kl0.35]", [f"--config={SEED},grid.policy=[all_on,all_on_kl0.35]"],
+     ["grid.policy", "same policy"]),
+    ("grid.rule=[None,default]", [f"--config={SEED},grid.rule=[None,default]"],
+     ["grid.rule", "'default' is the same rule as None"]),
+    ("grid.drafter_gamma=[None,[None,None,None]]",
+     [f"--config={SEED},grid.drafter_gamma=[None,[None,None,None]]"],
+     ["grid.drafter_gamma", "is the same drafter gamma as None"]),
 ]
 
 FILE_CASES = [
@@ -251,6 +348,15 @@ FILE_CASES = [
      ["--config: got", "ZeroDivisionError", "line 2"]),
     ("experiment_module fails to import", ["--config={toy_bad_module.py}:runlocal"],
      ["experiment_module: got", "bad_module.py", "ModuleNotFoundError"]),
+    # A config file (or experiment module) that exits is no config: exit status 2, not 0.
+    ("get_config calls sys.exit(0)", ["--config={get_config_exits.py}"],
+     ["--config: got", "get_config_exits.py", "sys.exit(0)", "line 3"]),
+    ("config file calls sys.exit(3)", ["--config={exits_at_import.py}"],
+     ["--config: got", "exits_at_import.py", "sys.exit(3)"]),
+    ("experiment_module calls sys.exit(0)", ["--config={toy_exit_module.py}:runlocal"],
+     ["experiment_module: got", "exit_module.py", "SystemExit"]),
+    ("unknown field in a config file", ["--config={plans_typo.py}"],
+     ["plan_step: no such field of the plans experiment", "did you mean 'plan_steps'"]),
 ]
 
 
@@ -301,6 +407,8 @@ def _workdir_case(name: str, tmp_path: Path) -> tuple[str, list[str]]:
         return "/sys/x", ["--workdir: got '/sys/x'", "can be created"]
     if name == "empty":
         return "", ["--workdir"]
+    if name == "~nosuchuser/x":
+        return "~nosuchuser/x", ["--workdir: got '~nosuchuser/x'", "no such user"]
     if name == "results, config.json missing":
         _toy_results(run)
         return str(run), ["--workdir:", "config.json is missing", "restore config.json"]
@@ -319,7 +427,7 @@ def _workdir_case(name: str, tmp_path: Path) -> tuple[str, list[str]]:
     raise ValueError(name)
 
 
-WORKDIR_CASES = ["is a file", "under a file", "/proc/x", "/sys/x", "empty",
+WORKDIR_CASES = ["is a file", "under a file", "/proc/x", "/sys/x", "empty", "~nosuchuser/x",
                  "results, config.json missing", "results, config.json not JSON",
                  "results, config.json a list", "results of another config"]
 
@@ -446,8 +554,14 @@ def _report_case(name: str, tmp_path: Path) -> tuple[str | None, list[str], list
         (run / "report.md").unlink()
         (run / "report.md").mkdir()
         return str(run), ["--workdir: got", "report.md is a file"], extra
+    if name == "config.json with a bad grid":
+        (run / "config.json").write_text(json.dumps({"experiment": "toy",
+                                                     "grid": {"gamma": []}}))
+        return str(run), ["config.json: grid.gamma: got []", "a non-empty list"], extra
     if name == "unexpected argument":
         return str(run), ["unexpected arguments: extra"], ["extra"]
+    if name == "~nosuchuser workdir":
+        return "~nosuchuser/run", ["--workdir: got '~nosuchuser/run'", "no such user"], extra
     if name == "no workdir":
         return None, ["--workdir: got None"], extra
     raise ValueError(name)
@@ -456,7 +570,7 @@ def _report_case(name: str, tmp_path: Path) -> tuple[str | None, list[str], list
 REPORT_CASES = ["missing workdir", "workdir is a file", "no results", "config.json not JSON",
                 "config.json a list", "version.json not JSON", "results.jsonl is a directory",
                 "plots is a file", "report.md is a directory", "unexpected argument",
-                "no workdir"]
+                "no workdir", "config.json with a bad grid", "~nosuchuser workdir"]
 
 
 @pytest.mark.parametrize("name", REPORT_CASES)
@@ -468,10 +582,183 @@ def test_bad_report_input(name, tmp_path, capsys):
     assert _snapshot(tmp_path) == before
 
 
+# ----------------------------------------------------------------------------------------
+# Environment variables: checked before a config file loads (some are read when a module
+# is imported), each named as itself, never blamed on --config.
+# ----------------------------------------------------------------------------------------
+
+ENV_CASES = [
+    ("SPECJAX_MAX_PROGRAMS", "abc", ["SPECJAX_MAX_PROGRAMS: got 'abc'",
+                                     "an integer in [1, 4096]"]),
+    ("SPECJAX_MAX_PROGRAMS", "0", ["SPECJAX_MAX_PROGRAMS: got '0'"]),
+    ("SPECJAX_MAX_PROGRAMS", "100000", ["SPECJAX_MAX_PROGRAMS: got '100000'"]),
+    ("SPECJAX_CHECKS", "maybe", ["SPECJAX_CHECKS: got 'maybe'", "0, 1, true, false"]),
+    ("SPECJAX_COMPILE_CACHE", "{file}/xla", ["SPECJAX_COMPILE_CACHE: got",
+                                             "is not a directory"]),
+    ("SPECJAX_ZOO", "~nosuchuser/zoo", ["SPECJAX_ZOO: got '~nosuchuser/zoo'"]),
+]
+
+
+@pytest.mark.parametrize("var,value,needles", ENV_CASES, ids=[f"{v}={x}" for v, x, _ in ENV_CASES])
+def test_bad_environment_variable(var, value, needles, tmp_path, capsys, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv(var, value.replace("{file}", str(tmp_path / "file")))
+    before = _snapshot(tmp_path)
+    code, lines, out = run_main(capsys, f"--config={TOY}", f"--workdir={tmp_path / 'run'}")
+    assert_one_line_error(code, lines, out, *needles)
+    assert _snapshot(tmp_path) == before
+
+
+# ----------------------------------------------------------------------------------------
+# The report: non-finite values written as such; rows outside the grid reported
+# ----------------------------------------------------------------------------------------
+
+def _toy_run(tmp_path: Path) -> Path:
+    """A finished toy sweep (8 cells, no report yet)."""
+    import importlib.util  # pylint: disable=import-outside-toplevel
+
+    from specjax.runner import sweep  # pylint: disable=import-outside-toplevel
+
+    spec = importlib.util.spec_from_file_location("toy_config", REPO / "tests/configs/toy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    run = tmp_path / "run"
+    sweep.run(module.get_config("runlocal,report=false"), run, progress=False)
+    return run
+
+
+def _rewrite_rows(run: Path, edit) -> list[dict]:
+    path = run / results.RESULTS_NAME
+    rows = results.read_results(path)
+    edit(rows)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))  # Infinity / NaN tokens
+    return rows
+
+
+def test_report_writes_non_finite_values_as_such(tmp_path, capsys):
+    run = _toy_run(tmp_path)
+
+    def edit(rows):
+        rows[0]["joint_acceptance"] = float("inf")
+        rows[1]["kl_max"] = float("nan")
+        rows[2]["acceptance"]["code"] = float("-inf")
+        rows[3]["throughput_ratio_vs_single"] = float("inf")  # a bar plot's column
+        rows[4]["mean_truncation_depth"] = float("nan")
+        rows[5]["consensus_fallback_rate"] = 10**400  # an integer no float holds
+
+    _rewrite_rows(run, edit)
+    assert "Infinity" in (run / results.RESULTS_NAME).read_text()
+    code, lines, out = run_report(capsys, str(run))
+    assert code == 0 and lines == [], lines
+    assert out.strip() == str(run / "report.md")
+    text = (run / "report.md").read_text()
+    assert text.startswith("# toy: 8 cells")
+    table = text.split("## Every cell", 1)[1]
+    for word in ("| inf |", "| nan |", "code -inf", "| inf |"):
+        assert word in table, word
+    assert "| naive | 4 | inf |" in text or "| all_on | 4 | inf |" in text  # a mean over inf
+    for png in (run / "plots").iterdir():
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+
+
+def _seed_rows(names=("code", "prose"), n_plans=3) -> list[dict]:
+    """Rows shaped as the plans experiment writes them, for the seed table (no model run)."""
+    from specjax.runner import grid as grid_lib  # pylint: disable=import-outside-toplevel
+
+    def counts(scale):
+        return {"tokens": [8 * scale] * n_plans, "seconds": [0.01 * scale] * n_plans,
+                "steps": [2] * n_plans, "fallbacks": [1] * n_plans,
+                "verifier_calls": [4] * n_plans, "multi_from_draft": [3] * n_plans,
+                "multi_reached": [6] * n_plans, "own_accepted": [[2] * len(names)] * n_plans,
+                "own_reached": [[4] * len(names)] * n_plans, "cost": [5.0] * n_plans}
+
+    rows = []
+    for i, policy in enumerate(("naive", "all_on")):
+        params = {"gamma": 2, "policy": policy, "seed": 0}
+        rows.append({"cell_id": grid_lib.cell_id(params), "cell": params, **params,
+                     "pairing": list(names), "per_plan": counts(i + 1),
+                     "baselines": {"single": {n: counts(1) for n in names},
+                                   "autoregressive": counts(1)},
+                     "joint_acceptance": 0.5, "consensus_fallback_rate": 0.5, "kl_max": 0.2,
+                     "throughput_ratio_vs_single": 1.0 + i, "branch_records": [],
+                     "step_records": [{"step": 0, "plan": 0, "quorum_support": 0.5}]})
+    return rows
+
+
+def _seed_run(tmp_path: Path, rows: list[dict]) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    config = json.loads(experiments.plans_defaults().to_json_best_effort())
+    config.update(seed_table=True, grid={"gamma": [2], "policy": ["naive", "all_on"],
+                                         "seed": [0]})
+    (run / "config.json").write_text(json.dumps(config))
+    for r in rows:
+        results.append_result(run / results.RESULTS_NAME, r)
+    return run
+
+
+def test_seed_table_writes_non_finite_values_as_such(tmp_path, capsys):
+    rows = _seed_rows()
+    rows[0]["per_plan"]["tokens"][0] = float("inf")
+    rows[1]["per_plan"]["cost"][1] = float("nan")
+    rows[1]["kl_max"] = float("nan")
+    run = _seed_run(tmp_path, rows)
+    code, lines, out = run_report(capsys, str(run))
+    assert code == 0 and lines == [], lines
+    assert out.startswith(f"{run / 'report.md'}\n# The seed's table, reproduced")
+    seed = (run / "seed_report.md").read_text()
+    assert "| inf |" in seed and "| nan |" in seed
+    summary = json.loads((run / "summary.json").read_text())  # Python's JSON: NaN, Infinity
+    assert summary["policies"]["naive"]["throughput_ratio_vs_single"]["value"] == float("inf")
+    assert (run / "plots" / "seed_policies.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_rows_the_report_cannot_use_are_one_line_and_nothing_is_written(tmp_path, capsys):
+    rows = _seed_rows()
+    rows[0]["per_plan"] = {"tokens": "eight"}  # not counts: the seed table cannot be built
+    run = _seed_run(tmp_path, rows)
+    (run / "report.md").write_text("the old report\n")
+    before = _snapshot(tmp_path)
+    code, lines, out = run_report(capsys, str(run))
+    assert_one_line_error(code, lines, out, f"{run / 'results.jsonl'}: its rows cannot be "
+                          "reported", "allowed: rows as a specjax sweep writes them")
+    assert _snapshot(tmp_path) == before
+
+
+def test_rows_outside_the_grid_are_reported_not_counted(tmp_path, capsys):
+    from specjax.runner import sweep  # pylint: disable=import-outside-toplevel
+
+    run = _toy_run(tmp_path)
+    rows = results.read_results(run / results.RESULTS_NAME)
+    stray = {**rows[0], "cell_id": "0123456789ab", "cell": {**rows[0]["cell"], "gamma": 99},
+             "gamma": 99}
+    results.append_result(run / results.RESULTS_NAME, stray)
+    results.append_result(run / results.RESULTS_NAME, {"joint_acceptance": 0.9})  # no cell_id
+    code, lines, out = run_report(capsys, str(run))
+    assert code == 0 and out.strip() == str(run / "report.md")
+    assert len(lines) == 1 and lines[0].startswith("specjax: warning: "), lines
+    assert "results.jsonl: 2 row(s) are no cell of the grid in config.json" in lines[0]
+    text = (run / "report.md").read_text()
+    assert text.startswith("# toy: 8 cells")  # counted nowhere ...
+    assert text.count("\n| `") == 8 + 2  # ... but listed
+    outside = text.split("## Rows outside the grid (not counted)", 1)[1]
+    assert "`0123456789ab` | cell_id '0123456789ab' is not a cell of the grid" in outside
+    assert "it has no cell_id" in outside
+    assert "| 99 |" not in text.split("## Rows outside", 1)[0]
+    # A resumed sweep leaves them out of its report and of the experiment's summary too.
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    spec = importlib.util.spec_from_file_location("toy_config", REPO / "tests/configs/toy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sweep.run(module.get_config("runlocal"), run, progress=False)
+    assert json.loads((run / "summary.json").read_text())["cells"] == 8
+    assert (run / "report.md").read_text().startswith("# toy: 8 cells")
+
+
 def test_case_count():
     n = (len(CONFIG_CASES) + len(FILE_CASES) + len(WORKDIR_CASES) + len(ZOO_DAMAGE)
-         + len(REPORT_CASES) + 3)  # + another zoo's results, SPECJAX_ZOO, zoo_path
-    assert n >= 40, n
+         + len(REPORT_CASES) + len(ENV_CASES) + 3)  # + another zoo's results, SPECJAX_ZOO,
+    assert n >= 40, n                                  # zoo_path
 
 
 # ----------------------------------------------------------------------------------------
@@ -496,6 +783,26 @@ def test_end_to_end_one_line_before_anything_is_written(tmp_path, files):
         before = _snapshot(tmp_path)
         out = _cli("specjax.main", *args, env={"SPECJAX_ZOO": str(tmp_path / "no_zoo")}
                    if "bucket" not in args[0] else None)
+        assert out.returncode == 2, (args, out.stderr)
+        assert out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
+        assert out.stderr.startswith("specjax: error: ") and needle in out.stderr, out.stderr
+        assert _snapshot(tmp_path) == before
+
+
+def test_end_to_end_the_audit_classes(tmp_path, files):
+    """As subprocesses: the classes an outside audit found, each exit 2 and one line."""
+    run = tmp_path / "run"
+    cases = [
+        # Read when specjax.engine.programs is imported (by the config file): named as itself.
+        ([f"--config={TOY}", f"--workdir={run}"], {"SPECJAX_MAX_PROGRAMS": "abc"},
+         "SPECJAX_MAX_PROGRAMS: got 'abc'"),
+        (["--config=" + str(files["get_config_exits.py"]), f"--workdir={run}"], {},
+         "sys.exit(0)"),
+        ([f"--config={TOY}", "--workdir=~nosuchuser/x"], {}, "--workdir: got '~nosuchuser/x'"),
+    ]
+    for args, env, needle in cases:
+        before = _snapshot(tmp_path)
+        out = _cli("specjax.main", *args, env=env)
         assert out.returncode == 2, (args, out.stderr)
         assert out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
         assert out.stderr.startswith("specjax: error: ") and needle in out.stderr, out.stderr

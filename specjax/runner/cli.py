@@ -8,6 +8,7 @@ config file's ``get_config`` parses its argument.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from typing import NoReturn, Sequence
@@ -17,7 +18,7 @@ from absl import flags
 from specjax.errors import ConfigError
 
 __all__ = ["PROG", "EXIT_USAGE", "ENV_VARS", "fail", "warn", "error_message", "parse_flags",
-           "check_environment", "config_error_in"]
+           "check_environment", "config_error_in", "hold_logs"]
 
 PROG = "specjax"
 EXIT_USAGE = 2
@@ -84,6 +85,43 @@ def fail(error: BaseException | str) -> NoReturn:
     sys.stderr.write(f"{PROG}: error: {error_message(error)}\n")
     sys.stderr.flush()
     sys.exit(EXIT_USAGE)
+
+
+class HeldLogs:
+    """Log records held back while inputs are validated (`hold_logs`)."""
+
+    def __init__(self, handlers):
+        self.handlers = handlers
+        self.records = []
+
+    def release(self) -> None:
+        """Hands the held records to the handlers they were meant for."""
+        for record in self.records:
+            for h in self.handlers:
+                if record.levelno >= h.level:
+                    h.handle(record)
+        self.records = []
+
+
+@contextlib.contextmanager
+def hold_logs():
+    """Holds back every log record (absl's, JAX's, a torn journal line's warning) emitted
+    inside: after an error they are dropped, so the error is the only line printed; after
+    success `HeldLogs.release` prints them."""
+    import logging  # pylint: disable=import-outside-toplevel
+
+    root = logging.getLogger()
+    held = HeldLogs(root.handlers[:])
+
+    class _Collect(logging.Handler):
+        def emit(self, record):
+            held.records.append(record)
+
+    root.handlers = [_Collect()]
+    try:
+        yield held
+    finally:
+        root.handlers = held.handlers
 
 
 def warn(message: str) -> None:

@@ -206,8 +206,9 @@ def _baselines(config, cell, dep, pcfg, prompts, workdir: Path):
                       "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()},
                      sort_keys=True)
     path = workdir / "baselines" / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
-    if path.exists():
-        return json.loads(path.read_text())
+    cached = _read_cached(path, json.loads(key))
+    if cached is not None:
+        return cached
     totals = lambda st: plan_totals(st.counts, costs, seed_costs, pcfg.consensus_cost)
     single = {}
     for i, n in enumerate(dep.names):
@@ -223,6 +224,18 @@ def _baselines(config, cell, dep, pcfg, prompts, workdir: Path):
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
     return data
+
+
+def _read_cached(path: Path, key: dict) -> dict | None:
+    """A cached baselines file, or None when it is missing, unreadable or of another key
+    (a damaged cache is recomputed, never a cell's error)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    ok = isinstance(data, dict) and data.get("key") == key and isinstance(
+        data.get("single"), dict) and isinstance(data.get("autoregressive"), dict)
+    return data if ok else None
 
 
 def oracle_drafters(dep, domains) -> list[int]:

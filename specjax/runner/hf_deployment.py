@@ -64,21 +64,30 @@ def validate_hf(config) -> None:
     check(isinstance(v, str) and (Path(v) / 'config.json').is_file(), 'verifier', v,
           'a local Hugging Face folder holding config.json (pass --config.verifier=PATH)')
     drafters = config.get('drafters') or {}
-    check(len(drafters) >= 1, 'drafters', dict(drafters), 'one or more named drafters')
+    check(hasattr(drafters, 'items') and len(drafters) >= 1, 'drafters',
+          dict(drafters) if hasattr(drafters, 'items') else drafters,
+          'one or more named drafters (name -> {path, temperature, cost})')
     for name, d in drafters.items():
+        check(hasattr(d, 'get'), f'drafters.{name}', d, 'a dict with path, temperature, cost')
         p = d.get('path')
         check(isinstance(p, str) and (Path(p) / 'config.json').is_file(),
               f'drafters.{name}.path', p, 'a local Hugging Face folder holding config.json '
               f'(pass --config.drafters.{name}.path=PATH)')
         t = d.get('temperature', 1.0)
-        check(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0,
-              f'drafters.{name}.temperature', t, 'a finite number >= 0')
+        check(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+              and t >= 0, f'drafters.{name}.temperature', t, 'a finite number >= 0')
+        c = d.get('cost')
+        check(c is None or (isinstance(c, (int, float)) and not isinstance(c, bool)
+                            and math.isfinite(c) and c >= 0), f'drafters.{name}.cost', c,
+              'None (the parameter count over the verifier\'s) or a finite number >= 0')
     bos = config.get('bos', True)
     check(isinstance(bos, bool), 'bos', bos, 'true or false')
     mesh = config.get('mesh') or {}
+    check(hasattr(mesh, 'get'), 'mesh', mesh, 'a dict {data, model}')
     for axis in ('data', 'model'):
         n = mesh.get(axis, 1)
-        check(isinstance(n, int) and n >= 1, f'mesh.{axis}', n, 'an integer >= 1')
+        check(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 4096,
+              f'mesh.{axis}', n, 'an integer >= 1 and <= 4096')
     try:
         shd.resolve_rules(config.get('rules') or 'tp')
     except ValueError as e:

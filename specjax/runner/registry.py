@@ -33,7 +33,7 @@ import types
 from pathlib import Path
 from typing import Any, Callable
 
-from specjax.errors import ConfigError
+from specjax.errors import ConfigError, user_path
 
 __all__ = [
     "Experiment",
@@ -113,7 +113,8 @@ def import_experiment_module(spec: str) -> types.ModuleType:
       ConfigError: the module cannot be found (field ``experiment_module``).
     """
     if spec.endswith(".py") or "/" in spec or "\\" in spec:
-        path = Path(spec).expanduser().resolve()
+        path = user_path(spec, "experiment_module", "a dotted module name or the path of "
+                         "an existing .py file").resolve()
         if not path.is_file():
             raise ConfigError.invalid("experiment_module", spec, "a dotted module name or "
                                       "the path of an existing .py file")
@@ -131,7 +132,8 @@ def import_experiment_module(spec: str) -> types.ModuleType:
         except ConfigError:
             del sys.modules[mod_name]
             raise
-        except Exception as e:  # pylint: disable=broad-except
+        except (Exception, SystemExit) as e:  # pylint: disable=broad-except
+            # Importing runs arbitrary code: an exception, or a sys.exit(), is bad input.
             del sys.modules[mod_name]
             raise _import_error(spec, e, str(path)) from e
         return module
@@ -145,7 +147,7 @@ def import_experiment_module(spec: str) -> types.ModuleType:
         raise _import_error(spec, e, None) from e
     except ConfigError:
         raise
-    except Exception as e:  # pylint: disable=broad-except
+    except (Exception, SystemExit) as e:  # pylint: disable=broad-except
         raise _import_error(spec, e, None) from e
 
 
