@@ -462,6 +462,44 @@ def test_report_draws_only_the_plots_its_columns_allow(tmp_path):
     assert not list((empty / "plots").iterdir())
 
 
+def test_report_writes_non_finite_values_as_such_and_plots_finite_ones(tmp_path):
+    rows = _fake_rows()
+    rows[0]["joint_acceptance"] = float("inf")
+    rows[1]["joint_acceptance"] = float("-inf")   # with inf above: a mean of nan
+    rows[2]["kl_max"] = float("nan")
+    rows[3]["mean_truncation_depth"] = 1e308      # finite, but no plot can place it
+    rows[4]["throughput_ratio_vs_single"] = 10**400
+    out = report.write_report(tmp_path, rows, config={})
+    text = out.read_text()
+    cells = text.split("## Every cell", 1)[1]
+    assert "| inf |" in cells and "| -inf |" in cells and "| nan |" in cells
+    assert "1e+308" in cells
+    from specjax.runner.plots import PLOTS
+    assert sorted(p.stem for p in (tmp_path / "plots").iterdir()) == sorted(PLOTS)
+
+
+def test_split_rows_keeps_the_grid_and_names_the_rest():
+    config = _grid_config(gamma=[1, 2], seed=[0])
+    cells = grid.expand_grid(config)
+    rows = [{"cell_id": c["cell_id"], "cell": grid.cell_params(c), "x": i}
+            for i, c in enumerate(cells)]
+    other = {"cell_id": "feedfeedfeed", "cell": {"gamma": 9, "seed": 0}}
+    relabelled = {"cell_id": cells[0]["cell_id"], "cell": {"gamma": 7, "seed": 0}}
+    inside, outside = grid.split_rows(rows + [other, relabelled, {"x": 1}], cells)
+    assert inside == rows
+    assert [why for _, why in outside] == [
+        "cell_id 'feedfeedfeed' is not a cell of the grid",
+        f'its cell {{"gamma": 7, "seed": 0}} is not the values of cell {cells[0]["cell_id"]} '
+        f'{{"gamma": 1, "seed": 0}}',
+        "it has no cell_id"]
+
+
+def test_grid_size_is_bounded():
+    assert len(grid.expand_grid(_grid_config(a=list(range(100)), b=list(range(100))))) == 10_000
+    with pytest.raises(ConfigError, match=r"grid: .*at most 10000 cells .*this grid has 10100"):
+        grid.expand_grid(_grid_config(a=list(range(100)), b=list(range(101))))
+
+
 def test_labels():
     assert report.label(["code", "prose"]) == "code+prose"
     assert report.label(0.5) == "0.5" and report.label(1.0) == "1"

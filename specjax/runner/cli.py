@@ -105,9 +105,9 @@ class HeldLogs:
 
 @contextlib.contextmanager
 def hold_logs():
-    """Holds back every log record (absl's, JAX's, a torn journal line's warning) emitted
-    inside: after an error they are dropped, so the error is the only line printed; after
-    success `HeldLogs.release` prints them."""
+    """Holds back every log record (absl's, JAX's, a torn journal line's warning) and
+    Python warning emitted inside: after an error they are dropped, so the error is the
+    only line printed; after success `HeldLogs.release` prints them."""
     import logging  # pylint: disable=import-outside-toplevel
 
     root = logging.getLogger()
@@ -118,9 +118,11 @@ def hold_logs():
             held.records.append(record)
 
     root.handlers = [_Collect()]
+    logging.captureWarnings(True)  # Python warnings (numpy's overflow, ...) are held too
     try:
         yield held
     finally:
+        logging.captureWarnings(False)
         root.handlers = held.handlers
 
 

@@ -44,6 +44,8 @@ __all__ = [
 ]
 
 REPORT_NAME = "report.md"
+# The largest magnitude a plot draws (a larger value, like inf or nan, is in the tables).
+PLOT_LIMIT = 1e12
 PLOTS_DIR = "plots"
 
 # Grid axes shown first in the tables, in this order, then any other axis.
@@ -175,12 +177,13 @@ def markdown_report(results: Sequence[Row], config: dict | None = None,
     meta = []
     if version.get("git_commit"):
         dirty = " (uncommitted changes)" if version.get("git_dirty") else ""
-        meta.append(f"commit `{version['git_commit'][:12]}`{dirty}")
+        meta.append(f"commit `{label(version['git_commit'])[:12]}`{dirty}")
     for key in ("specjax", "jax"):
         if version.get(key):
-            meta.append(f"{key} {version[key]}")
+            meta.append(f"{key} {label(version[key])}")
     if version.get("device_count"):
-        meta.append(f"{version['device_count']} × {version.get('device_kind', '?')}")
+        meta.append(f"{label(version['device_count'])} × "
+                    f"{label(version.get('device_kind', '?'))}")
     if meta:
         lines += [", ".join(meta), ""]
     if not rows:
@@ -320,14 +323,15 @@ def _float(x: Any) -> float | None:
 
 
 def _is_number(x: Any) -> bool:
-    """A finite int or float (what a plot can place)."""
+    """A number a plot can place: finite, of magnitude at most `PLOT_LIMIT`."""
     f = _float(x)
-    return f is not None and math.isfinite(f)
+    return f is not None and math.isfinite(f) and abs(f) <= PLOT_LIMIT
 
 
 def _numbers(values: Iterable[Any]) -> list[float]:
-    """The finite numbers among `values`, as floats."""
-    return [f for f in map(_float, values) if f is not None and math.isfinite(f)]
+    """The numbers among `values` a plot can place (`_is_number`), as floats."""
+    return [f for f in map(_float, values) if f is not None and math.isfinite(f)
+            and abs(f) <= PLOT_LIMIT]
 
 
 def _numeric(values: Iterable[Any]) -> list[float]:
@@ -336,10 +340,11 @@ def _numeric(values: Iterable[Any]) -> list[float]:
 
 
 def _mean(values: Sequence[float]) -> float:
-    """Their mean in plain float arithmetic: inf or nan when a value is (never raises)."""
-    if any(not math.isfinite(v) for v in values):
+    """Their mean; inf or nan when a value is, or when the sum overflows (never raises)."""
+    try:
+        return statistics.fmean(values)
+    except (OverflowError, ValueError):  # inf + -inf, or a sum beyond the floats
         return sum(values) / len(values)
-    return statistics.fmean(values)
 
 
 def _sd(values: Sequence[float]) -> float:

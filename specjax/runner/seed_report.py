@@ -233,10 +233,13 @@ def render(pol: dict) -> bytes:
         for n in names:
             f = pol[n].get(key) or {}
             val = f.get("value")
-            ci = f.get("ci") or (None, None)
+            ci = f.get("ci") if isinstance(f.get("ci"), (list, tuple)) and len(
+                f.get("ci")) == 2 else (None, None)
             v.append(val if _ok(val) else np.nan)
-            lo.append(val - ci[0] if _ok(val) and _ok(ci[0]) else 0)
-            hi.append(ci[1] - val if _ok(val) and _ok(ci[1]) else 0)
+            # An interval need not hold its point (a percentile bootstrap of a ratio): the
+            # bar's error reaches the interval's ends, never below zero length.
+            lo.append(max(val - ci[0], 0) if _ok(val) and _ok(ci[0]) else 0)
+            hi.append(max(ci[1] - val, 0) if _ok(val) and _ok(ci[1]) else 0)
         return np.array(v), np.array([lo, hi])
 
     fig = Figure(figsize=(13, 4.8))
