@@ -750,8 +750,10 @@ def test_rows_outside_the_grid_are_reported_not_counted(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("toy_config", REPO / "tests/configs/toy.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    sweep.run(module.get_config("runlocal"), run, progress=False)
+    rows = sweep.run(module.get_config("runlocal"), run, progress=False)
+    assert len(rows) == 8 and "0123456789ab" not in {r.get("cell_id") for r in rows}
     assert json.loads((run / "summary.json").read_text())["cells"] == 8
+    assert len(results.read_results(run / results.RESULTS_NAME)) == 10  # kept, not counted
     assert (run / "report.md").read_text().startswith("# toy: 8 cells")
 
 

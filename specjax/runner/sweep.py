@@ -29,6 +29,9 @@ killed sweep resumes; extending the grid runs only the new cells. Resuming with 
 that differs outside ``grid`` (and the runner's own fields), or whose ``inputs`` differ, is
 refused: its results would be mixed with the old ones. So is a workdir holding results
 whose ``config.json`` is missing or unreadable (the results could not be attributed).
+Rows of cells outside the grid (a grid that shrank, a row copied in by hand) stay in the
+journal but count nowhere: the report lists them, a warning names them, and neither the
+report's figures, the experiment's finalize hook nor `run`'s return value include them.
 """
 
 from __future__ import annotations
@@ -137,7 +140,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Pl
 
 def execute(plan: Plan, *, progress: bool = True,
             processes: Processes | None = None) -> list[dict]:
-    """Runs the cells of `plan` not yet recorded; returns every recorded result row."""
+    """Runs the cells of `plan` not yet recorded; returns the recorded rows of its cells
+    (rows of cells outside the grid stay in the journal, reported, never returned)."""
     procs = processes or Processes.from_jax()
     workdir = plan.workdir
     try:
@@ -220,12 +224,12 @@ def _execute_locked(plan: Plan, procs: Processes, journal: Path, records: bool,
         if exp.finalize is not None:
             exp.finalize(config, workdir, rows)
     procs.barrier("specjax_sweep_finalized")
-    return results_lib.read_all_results(workdir)
+    return grid_lib.split_rows(results_lib.read_all_results(workdir), plan.cells)[0]
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
         progress: bool = True) -> list[dict]:
-    """`prepare` then `execute`: the whole sweep, resumable. Returns every result row."""
+    """`prepare` then `execute`: the whole sweep, resumable. Returns the rows of its cells."""
     return execute(prepare(config, workdir), progress=progress)
 
 
