@@ -44,7 +44,9 @@ from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("parts", ["machine", "ratio", "spec", "peer"], "parts to run")
-flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "verifier dtypes for the ratio part")
+flags.DEFINE_list("dtypes", ["float32:tied", "float32", "bfloat16"],
+                  "verifier layouts for the ratio part: dtype, ':tied' keeps the file's tied "
+                  "head (read as the table's transpose) instead of a [D, V] copy")
 flags.DEFINE_string("dtype", "float32", "verifier dtype for the spec and peer parts")
 flags.DEFINE_list("drafters", ["code", "prose", "lookup", "reasoning"], "drafters (spec part)")
 flags.DEFINE_list("gammas", ["2", "3", "4", "6", "8"], "γ values (spec part)")
@@ -107,8 +109,9 @@ def part_ratio(result: dict, bw: float) -> None:
     from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
     from timing import forward_timer  # pylint: disable=import-outside-toplevel
     rows = []
-    for dt in FLAGS.dtypes:
-        m = smollm2(max_len=512, dtype=dt)
+    for spec in FLAGS.dtypes:
+        dt, _, layout = spec.partition(":")
+        m = smollm2(max_len=512, dtype=dt, untie_head=layout != "tied")
         n = sum(int(x.size) for x in jax.tree.leaves(m.params))
         wbytes = _weight_bytes(m.params)
         for batch in (1, 8):
@@ -119,7 +122,7 @@ def part_ratio(result: dict, bw: float) -> None:
                     times[k].append(run())
             t1 = min(times[1])
             roof = {k: roofline(m.lm.config, n, k, batch, 100) for k in runs}
-            row = {"dtype": dt, "batch": batch, "weight_bytes": wbytes,
+            row = {"dtype": spec, "batch": batch, "weight_bytes": wbytes,
                    "floor_s": wbytes / bw, "t_step": t1,
                    "t_score": {k: min(v) for k, v in times.items()},
                    "ratio": {k: min(v) / t1 for k, v in times.items()},
@@ -128,7 +131,7 @@ def part_ratio(result: dict, bw: float) -> None:
                    "roofline_t_step": {name: roof[1][name] for name in ACCELERATORS},
                    "load_average": list(os.getloadavg())}
             rows.append(row)
-            print(f"{dt:8} B={batch}: T_step {1e3 * t1:7.2f} ms (floor {1e3 * wbytes / bw:6.2f} "
+            print(f"{spec:13} B={batch}: T_step {1e3 * t1:7.2f} ms (floor {1e3 * wbytes / bw:6.2f} "
                   f"ms, {t1 * bw / wbytes:.2f}x); T_score(k)/T_step " + " ".join(
                       f"{k}:{row['ratio'][k]:.2f}" for k in runs), flush=True)
         del m
@@ -343,7 +346,7 @@ def main(argv):
     if "ratio" in FLAGS.parts:
         part_ratio(result, bw)
     if "spec" in FLAGS.parts or "peer" in FLAGS.parts:
-        model = smollm2(max_len=2048, dtype=FLAGS.dtype)
+        model = smollm2(max_len=2048, dtype=FLAGS.dtype, untie_head=True)
         names = list(dict.fromkeys(FLAGS.drafters + (["code"] if "peer" in FLAGS.parts else [])))
         dep = from_smollm2(names, dtype=FLAGS.dtype, drafters=_drafter_files(), verifier=model)
         if "spec" in FLAGS.parts:

@@ -129,3 +129,13 @@ def test_greedy_equality_on_smollm2_with_every_drafter_kind(smol, tmp_path):
             n = min(len(got), len(want))
             assert n > 0
             np.testing.assert_array_equal(got[:n], want[:n], err_msg=f'{names} {rule} row {i}')
+
+
+def test_untied_head_layout_gives_identical_logits(smol):
+    """`untie_head` stores the tied table's transpose as lm_head: the same logits, bit for bit."""
+    from specjax.models import gguf  # pylint: disable=import-outside-toplevel
+    untied = gguf.smollm2(max_len=64, untie_head=True)
+    assert not untied.lm.config.tie_embeddings and untied.params['lm_head'].shape == (576, 49152)
+    ids = jnp.asarray([smol.tokenizer.encode(smol.chat('Name three colours.'))])
+    np.testing.assert_array_equal(np.asarray(smol.lm.logits_full(smol.params, ids)),
+                                  np.asarray(untied.lm.logits_full(untied.params, ids)))

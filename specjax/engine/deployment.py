@@ -268,7 +268,8 @@ def from_smollm2(names: Sequence[str] = SMOLLM2_DRAFTERS, *, dtype: str = 'float
       max_len: the verifier's context (KV-cache capacity).
       drafters: name -> drafter file (``drafter_*.npz``) overriding the shipped ones.
       temperatures: name -> τ_i overriding the defaults (1.0; reasoning 1.3).
-      verifier: an already loaded `GGUFModel` (else `smollm2(max_len, dtype)` is loaded).
+      verifier: an already loaded `GGUFModel` (else `smollm2(max_len, dtype)` is loaded,
+        its tied head stored as a [D, V] copy: `specjax.models.gguf.read_gguf`).
       chat: plan prompts go through the model's chat template as one user turn (its
         default system prompt), so every model sees ``<|im_start|>user ... assistant``.
 
@@ -282,7 +283,8 @@ def from_smollm2(names: Sequence[str] = SMOLLM2_DRAFTERS, *, dtype: str = 'float
     if unknown or not names or len(set(names)) != len(names):
         raise ConfigError(f'smollm2 deployment names: got {list(names)}; allowed: distinct '
                           f'names from {list(SMOLLM2_DRAFTERS)}')
-    v = verifier if verifier is not None else gguf.smollm2(max_len=max_len, dtype=dtype)
+    v = (verifier if verifier is not None
+         else gguf.smollm2(max_len=max_len, dtype=dtype, untie_head=True))
     n_v = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(v.params))
     temps = dict(temperatures or {})
     built = []
