@@ -324,6 +324,65 @@ def part_peer(result: dict, model, dep) -> None:
     result["peer"] = peer
 
 
+def render_markdown(r: dict) -> str:
+    """docs/results/real_speed.md from one run's result (every figure is the run's)."""
+    m = r["machine"]
+    lines = ["# Speed on the real verifier (SmolLM2-135M-Instruct)", "",
+             f"Written by `{r['command']}` at commit `{r.get('commit')}` on {r['date']}.",
+             f"Machine: {m.get('Model name')} ({m.get('CPU(s)')} cores, {m.get('Flags')}), L2 "
+             f"{m.get('L2 cache')}, L3 {m.get('L3 cache')}; jax {m.get('jax')}; load average "
+             f"{m['load_average'][0]:.2f} at the start, {r['load_average_end'][0]:.2f} at the end; "
+             f"stream bandwidth {r['stream_bytes_per_s'] / 1e9:.1f} GB/s.", ""]
+    if r.get("ratio"):
+        ks = sorted(r["ratio"][0]["ratio"], key=int)
+        lines += ["## T_score(k) / T_step (verifier forwards over 100 cached tokens)", "",
+                  "| layout | B | T_step ms | floor ms | T_step / floor | " +
+                  " | ".join(f"k={k}" for k in ks) + " |",
+                  "|---|---|---|---|---|" + "---|" * len(ks)]
+        for row in r["ratio"]:
+            lines.append(f"| {row['dtype']} | {row['batch']} | {1e3 * row['t_step']:.2f} | "
+                         f"{1e3 * row['floor_s']:.2f} | {row['t_step'] / row['floor_s']:.2f} | " +
+                         " | ".join(f"{row['ratio'][k]:.2f}" for k in ks) + " |")
+        lines += ["", "Roofline projection of the same forwards (bf16 weights and cache; "
+                  "bytes and FLOPs counted from the model), T_score(k) / T_step:", "",
+                  "| accelerator | B | T_step µs | " + " | ".join(f"k={k}" for k in ks) + " |",
+                  "|---|---|---|" + "---|" * len(ks)]
+        seen = set()
+        for row in r["ratio"]:
+            for name, rr in row["roofline_ratio"].items():
+                if (name, row["batch"]) in seen:
+                    continue
+                seen.add((name, row["batch"]))
+                lines.append(f"| {name} | {row['batch']} | "
+                             f"{1e6 * row['roofline_t_step'][name]:.1f} | " +
+                             " | ".join(f"{rr[k]:.2f}" for k in ks) + " |")
+        lines.append("")
+    if r.get("spec"):
+        lines += [f"## Speculative vs autoregressive (rule 1, {r.get('new_tokens')} new tokens, "
+                  f"{r.get('prompts_per_domain')} plan prompt(s) per domain in the chat template, "
+                  f"medians of {r.get('repeats')} paired runs)", "",
+                  "| B | τ | drafter | γ | AR tok/s | spec tok/s | spec / AR | hw-aware | "
+                  "measured / hw-aware | α | tokens / round | c | T_score / T_step |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for x in r["spec"]:
+            lines.append(f"| {x['batch']} | {x['tau']:g} | {x['drafter']} | {x['gamma']} | "
+                         f"{x['ar_tokens_per_s']:.1f} | {x['spec_tokens_per_s']:.1f} | "
+                         f"{x['measured_speedup']:.2f} | {x['hardware_aware_speedup']:.2f} | "
+                         f"{x['measured_over_hardware_aware']:.2f} | {x['alpha']:.2f} | "
+                         f"{x['tokens_per_round']:.2f} | {x['c']:.3f} | "
+                         f"{x['t_score_over_t_step']:.2f} |")
+        lines.append("")
+    if r.get("peer"):
+        p = r["peer"]
+        lines += ["## transformers on the same weights (f32, eager, batch 1, greedy)", "",
+                  f"Greedy tokens identical to specjax's for {r.get('new_tokens')} tokens on the "
+                  f"three prompts: {p['greedy_identical']}.", "",
+                  "| transformers | tok/s |", "|---|---|"]
+        lines += [f"| {k} | {v:.1f} |" for k, v in p.items() if k != "greedy_identical"]
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv):
     del argv
     from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
@@ -332,7 +391,8 @@ def main(argv):
     out.mkdir(parents=True, exist_ok=True)
     result = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                    time.gmtime()),
-              "machine": machine()}
+              "machine": machine(), "new_tokens": FLAGS.new_tokens,
+              "repeats": FLAGS.repeats, "prompts_per_domain": FLAGS.prompts_per_domain}
     try:
         result["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
                                           capture_output=True, text=True).stdout.strip()
@@ -358,6 +418,13 @@ def main(argv):
     tmp.write_text(json.dumps(result, indent=1, default=str))
     os.replace(tmp, out / "real_speed.json")
     print(f"wrote {out / 'real_speed.json'}")
+    if FLAGS.write_docs:
+        doc = Path(__file__).resolve().parents[1] / "docs" / "results" / "real_speed.md"
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        tmp = doc.with_suffix(".md.tmp")
+        tmp.write_text(render_markdown(result))
+        os.replace(tmp, doc)
+        print(f"wrote {doc}")
 
 
 if __name__ == "__main__":
