@@ -420,6 +420,15 @@ def _workdir_case(name: str, tmp_path: Path) -> tuple[str, list[str]]:
         _toy_results(run)
         (run / "config.json").write_text("[1, 2]")
         return str(run), ["--workdir:", "not a JSON object"]
+    if name in ("config.json is a directory", "plots is a file"):
+        run.mkdir()
+        target = run / name.split()[0]
+        if "directory" in name:
+            target.mkdir()
+        else:
+            target.write_text("x")
+        return str(run), ["--workdir: got", f"a run directory where {name.split()[0]} is a "
+                          f"{'file' if 'directory' in name else 'directory'}"]
     if name == "results of another config":
         _toy_results(run)
         (run / "config.json").write_text(json.dumps({"experiment": "toy", "sleep_s": 9.0}))
@@ -429,7 +438,8 @@ def _workdir_case(name: str, tmp_path: Path) -> tuple[str, list[str]]:
 
 WORKDIR_CASES = ["is a file", "under a file", "/proc/x", "/sys/x", "empty", "~nosuchuser/x",
                  "results, config.json missing", "results, config.json not JSON",
-                 "results, config.json a list", "results of another config"]
+                 "results, config.json a list", "results of another config",
+                 "config.json is a directory", "plots is a file"]
 
 
 @pytest.mark.parametrize("name", WORKDIR_CASES)

@@ -244,7 +244,7 @@ def _check_cells(config) -> None:
 
     prompts, ids = ex.plan_prompts(config)
     domains = sorted(set(ex.plan_domains(config, ids)))
-    seen = set()
+    seen, deps = set(), {}
     for cell in grid_lib.expand_grid(config):
         pcfg = ex._plan_config(config, cell)  # pylint: disable=protected-access
         pairing = cell.get("pairing")
@@ -253,7 +253,11 @@ def _check_cells(config) -> None:
             _check_drafter_gamma(cell, names)
             dep = None
         else:
-            dep = ex._cell_deployment(config, cell)  # pylint: disable=protected-access
+            what = grid_lib.canonical_json({k: cell.get(k) for k in (
+                "pairing", "drafter_temperature", "drafter_gamma")})
+            if what not in deps:  # the cell's deployment, as the cell builds it
+                deps[what] = ex._cell_deployment(config, cell)  # pylint: disable=protected-access
+            dep = deps[what]
             names = list(dep.names)
         if cell.get("policy") == "oracle":
             missing = [d for d in domains if d not in names]

@@ -114,6 +114,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Pl
     check(isinstance(config, ml_collections.ConfigDict), "--config", type(config).__name__,
           "a ConfigDict returned by the config file's get_config()")
     workdir = _check_workdir(workdir)
+    _check_outputs(workdir)
     name = config.get("experiment")
     check(isinstance(name, str) and name, "experiment", name,
           "the name of a registered experiment (config.experiment = '...')")
@@ -297,6 +298,27 @@ def _check_workdir(workdir: str | os.PathLike) -> Path:
         raise ConfigError.invalid("--workdir", str(workdir),
                                   f"{allowed}: {_os_reason(e)}") from None
     return path
+
+
+# What a sweep writes in its workdir (the runner, the report, the shipped experiments'
+# finalize hooks): each, when it exists already, must be of its kind, or the sweep would
+# fail writing it after its cells ran.
+OUTPUTS = {CONFIG_NAME: "file", VERSION_NAME: "file", results_lib.RESULTS_NAME: "file",
+           f".{results_lib.RESULTS_NAME}.lock": "file", "report.md": "file",
+           "plots": "directory", "summary.json": "file", "seed_report.md": "file",
+           "baselines": "directory"}
+
+
+def _check_outputs(workdir: Path) -> None:
+    for name, kind in OUTPUTS.items():
+        target = workdir / name
+        try:
+            if not (target.exists() or target.is_symlink()):
+                continue
+            ok = target.is_dir() if kind == "directory" else target.is_file()
+        except OSError:
+            ok = False
+        check(ok, "--workdir", str(workdir), f"a run directory where {name} is a {kind}")
 
 
 def _os_reason(e: BaseException) -> str:
