@@ -213,9 +213,10 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
         if isinstance(root, ConfigError):
             fail(root)
         fail(_config_load_error(root, argv))
-    except SystemExit as e:
+    except BaseException as e:  # pylint: disable=broad-except
         # A config file that calls sys.exit() while it loads (exit status 0 and no output
-        # would read as success); absl's own exits (--help) pass.
+        # would read as success), or raises KeyboardInterrupt; absl's own exits (--help)
+        # and anything raised outside the config file's loading pass.
         if not _raised_loading_config(e):
             raise
         fail(_config_load_error(e, argv))
