@@ -97,18 +97,15 @@ def stage_train(out: Path, model) -> None:
 
 
 def stage_eval(out: Path, model) -> None:
+    """α of every drafter of the real deployment (the distilled ones, the zoo's cross-
+    vocabulary reasoning drafter, prompt lookup) on each domain's held-out replies."""
     from specjax import distill  # pylint: disable=import-outside-toplevel
-    from specjax.engine.deployment import assemble  # pylint: disable=import-outside-toplevel
+    from specjax.engine.deployment import LOOKUP, from_smollm2  # pylint: disable=import-outside-toplevel
     from specjax.models.zoo import acceptance_rates  # pylint: disable=import-outside-toplevel
-    names, drafters = [], []
-    for d in FLAGS.domains:
-        path = out / f"drafter_{d}{FLAGS.tag}.npz"
-        if path.exists():
-            from specjax.models.real_zoo import load_drafter  # pylint: disable=import-outside-toplevel
-            lm, params, _ = load_drafter(path)
-            names.append(d)
-            drafters.append((d, lm, params, model.tokenizer, 1.0, 0.0))
-    dep = assemble(model.lm, model.params, model.tokenizer, drafters, bos=False)
+    files = {d: str(out / f"drafter_{d}{FLAGS.tag}.npz") for d in ("code", "prose")
+             if (out / f"drafter_{d}{FLAGS.tag}.npz").exists()}
+    names = list(files) + ["reasoning", LOOKUP]
+    dep = from_smollm2(names, verifier=model, drafters=files, chat=False)
     res = {"drafters": names, "alpha": {}, "load_average": list(os.getloadavg())}
     for d in FLAGS.domains:
         held = distill.Generated.load(out / f"heldout_{d}.npz")

@@ -377,3 +377,14 @@ def test_from_zoo_with_lookup():
     assert dep.d_data[0].identity and dep.d_data[0].params == {}
     assert dep.drafters[0].cost == 0.0 and dep.drafters[1].cost == zoo.drafter(first).cost
     assert dep.groups[0] == zoo.verifier.tokenizer.fingerprint()
+
+
+def test_logits_full_equals_token_by_token_forward():
+    lm = PromptLookupLM(50, 64)
+    t = jnp.asarray(np.random.default_rng(0).integers(0, 5, (3, 24)), jnp.int32)
+    cache, steps = lm.init_cache(3, 32), []
+    for i in range(t.shape[1]):
+        lg, cache = lm.forward({}, cache, t[:, i:i + 1], None, None)
+        cache = lm.advance(cache, jnp.ones(3, jnp.int32))
+        steps.append(np.asarray(lg[:, 0]))
+    np.testing.assert_array_equal(np.asarray(lm.logits_full({}, t)), np.stack(steps, 1))

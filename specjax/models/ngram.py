@@ -184,3 +184,12 @@ class PromptLookupLM:
         ids = jax.lax.broadcasted_iota(jnp.int32, (b, t, self.vocab_size), 2)
         logits = jnp.where(ids == pred[:, :, None], 0.0, NEG).astype(jnp.float32)
         return logits, cache.replace(tokens=seq[:, :s])
+
+    def logits_full(self, params, tokens) -> jax.Array:
+        """Logits f32[B, T, V] after each token of whole sequences (as `forward` from an
+        empty history): what evaluation code that scores a drafter on text reads."""
+        b, t = tokens.shape
+        logits, _ = self.forward(params, self.init_cache(b, t), tokens,
+                                 jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)),
+                                 jnp.ones((b, t, t), bool))
+        return logits
