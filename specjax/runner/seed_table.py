@@ -91,15 +91,15 @@ def _figures(u: _Units, best_single: dict, k: int) -> dict:
             p["multi_from_draft"], p["multi_reached"], idx)) if p["multi_reached"].sum() else None,
         "consensus_fallback_rate": lambda idx=None: metrics.ratio_of_sums(
             p["fallbacks"], p["steps"], idx),
-        "throughput_ratio_vs_single": lambda idx=None: u.rate("cost", idx) / _single_rate(
-            best_single["cost"][0], best_single["cost"][1], "cost", idx),
-        "wallclock_ratio_vs_single": lambda idx=None: u.rate("seconds", idx) / _single_rate(
-            best_single["cost"][0], best_single["cost"][1], "seconds", idx),
+        "throughput_ratio_vs_single": lambda idx=None: _div(u.rate("cost", idx), _single_rate(
+            best_single["cost"][0], best_single["cost"][1], "cost", idx)),
+        "wallclock_ratio_vs_single": lambda idx=None: _div(u.rate("seconds", idx), _single_rate(
+            best_single["cost"][0], best_single["cost"][1], "seconds", idx)),
     }
     if "cost_seed" in p and best_single.get("cost_seed"):
         stats["throughput_ratio_vs_single_at_seed_sizes"] = (
-            lambda idx=None: u.rate("cost_seed", idx) / _single_rate(
-                best_single["cost_seed"][0], best_single["cost_seed"][1], "cost_seed", idx))
+            lambda idx=None: _div(u.rate("cost_seed", idx), _single_rate(
+                best_single["cost_seed"][0], best_single["cost_seed"][1], "cost_seed", idx)))
     for i, n in enumerate(names):
         if np.asarray(p["own_reached"])[:, i].sum():
             stats[f"alpha:{n}"] = alpha(i)
@@ -112,6 +112,13 @@ def _figures(u: _Units, best_single: dict, k: int) -> dict:
         out[key] = {"value": f(), "ci": metrics.bootstrap_ci(units, f, N_BOOT, seed=k)}
     out["gamma"] = u.gamma
     return out, stats
+
+
+def _div(a: float, b: float) -> float:
+    """a / b in IEEE arithmetic: a baseline rate of 0 gives inf (or nan for 0 / 0), never
+    an error; a non-finite figure is reported as such."""
+    with np.errstate(all="ignore"):
+        return float(np.divide(np.float64(a), np.float64(b)))
 
 
 def _best_single(by_gamma: dict) -> dict:
@@ -178,7 +185,12 @@ def build(config, results: list[dict]) -> dict | None:
         st = RunStats(k=1, gamma=1)
         st.branch_records = recs
         st.step_records = [s for r in cands[g_best].rows for s in r.get("step_records", [])]
-        fig["step_decision"] = step_decision_figures(st, _thresholds(config))
+        try:
+            fig["step_decision"] = step_decision_figures(st, _thresholds(config))
+        except (ValueError, TypeError, KeyError) as e:
+            # Records the boundary cannot replay (a non-finite s_b or d_b): the figures
+            # are left out, and why is in summary.json.
+            fig["step_decision"] = {"not_replayable": " ".join(str(e).split())[:300]}
         sup = [s["quorum_support"] for s in st.step_records]
         fig["fallback_rate_quorum"] = (float(np.mean(np.asarray(sup) < config.get(
             "consensus_threshold", 0.5)))
