@@ -18,7 +18,7 @@ from absl import app
 from absl import flags
 
 from specjax.errors import ConfigError, check, user_path
-from specjax.runner.cli import fail, hold_logs, parse_flags, warn
+from specjax.runner.cli import config_error_in, fail, hold_logs, parse_flags, warn
 
 if "workdir" not in flags.FLAGS:  # shared with specjax.main
     flags.DEFINE_string("workdir", None, "Directory of the run whose report to rebuild.")
@@ -35,8 +35,10 @@ def main(argv: Sequence[str]) -> None:
         with hold_logs() as logs:  # a torn line's warning is printed only on success
             inputs = _inputs(flags.FLAGS.workdir)
             built = _build(inputs)
-    except ValueError as e:  # ConfigError, or a damaged journal
-        fail(e)
+    except Exception as e:  # pylint: disable=broad-except
+        # A ConfigError, else whatever the run's files trip: one line naming the workdir.
+        fail(config_error_in(e) or ConfigError.invalid(
+            "--workdir", flags.FLAGS.workdir, f"a run directory whose files read ({_where(e)})"))
     logs.release()
     path, outside = inputs[0], inputs[4]
     if outside:
@@ -113,7 +115,7 @@ def _inputs(workdir) -> tuple[Path, list, dict, dict, list]:
             continue
         try:
             doc = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (OSError, ValueError, RecursionError) as e:  # unreadable, not UTF-8 / JSON
             raise ConfigError(f"{file}: unreadable ({_reason(e)}), allowed: a JSON object "
                               f"(restore it, or remove it to build the report without it)",
                               field=name, value=str(file), allowed="a JSON object") from None
