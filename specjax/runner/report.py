@@ -99,12 +99,18 @@ def write_report(workdir: str | Path, results: Sequence[Row] | None = None,
         the report, counted nowhere.
     """
     workdir = Path(workdir)
-    if results is None:
-        results = results_lib.read_all_results(workdir)
     if config is None:
         config = _read_json(workdir / "config.json") or {}
     if not isinstance(config, dict):
         config = {}
+    if results is None:  # the journal's rows, those of cells outside the grid set apart
+        results = results_lib.read_all_results(workdir)
+        if isinstance(config.get("grid"), dict) and not outside:
+            from specjax.runner import grid as grid_lib  # pylint: disable=import-outside-toplevel
+            try:
+                results, outside = grid_lib.split_rows(results, grid_lib.expand_grid(config))
+            except ValueError:  # a grid that does not expand: every row counts
+                pass
     version = _read_json(workdir / "version.json") or {}
     if not isinstance(version, dict):
         version = {}
