@@ -47,6 +47,8 @@ flags.DEFINE_list("parts", ["machine", "ratio", "spec", "peer"], "parts to run")
 flags.DEFINE_list("dtypes", ["float32:tied", "float32", "bfloat16"],
                   "verifier layouts for the ratio part: dtype, ':tied' keeps the file's tied "
                   "head (read as the table's transpose) instead of a [D, V] copy")
+flags.DEFINE_list("ks", [str(k) for k in range(1, 10)], "block widths k (ratio part)")
+flags.DEFINE_list("ratio_batches", ["1", "8"], "batch sizes (ratio part)")
 flags.DEFINE_string("dtype", "float32", "verifier dtype for the spec and peer parts")
 flags.DEFINE_list("drafters", ["code", "prose", "lookup", "reasoning"], "drafters (spec part)")
 flags.DEFINE_list("gammas", ["2", "3", "4", "6", "8"], "γ values (spec part)")
@@ -114,8 +116,9 @@ def part_ratio(result: dict, bw: float) -> None:
         m = smollm2(max_len=512, dtype=dt, untie_head=layout != "tied")
         n = sum(int(x.size) for x in jax.tree.leaves(m.params))
         wbytes = _weight_bytes(m.params)
-        for batch in (1, 8):
-            runs = {k: forward_timer(m.lm, m.params, batch, k, 100, 192, 16) for k in range(1, 10)}
+        for batch in [int(b) for b in FLAGS.ratio_batches]:
+            ks = sorted({1} | {int(k) for k in FLAGS.ks})
+            runs = {k: forward_timer(m.lm, m.params, batch, k, 100, 192, 16) for k in ks}
             times = {k: [] for k in runs}
             for _ in range(3):
                 for k, run in runs.items():
