@@ -109,8 +109,10 @@ def stage_eval(out: Path, model) -> None:
     res = {"drafters": names, "alpha": {}, "load_average": list(os.getloadavg())}
     for d in FLAGS.domains:
         held = distill.Generated.load(out / f"heldout_{d}.npz")
-        texts = distill.heldout_text(model, None, held)
-        alpha = np.mean([acceptance_rates(dep, t, window=512) for t in texts], axis=0)
+        # The domain's replies (template + prompt + reply) joined into one stream cut in
+        # windows of 512 verifier tokens: one shape, so one compiled program per drafter.
+        text = "".join(distill.heldout_text(model, None, held))
+        alpha = acceptance_rates(dep, text, window=512)
         res["alpha"][d] = dict(zip(names, map(float, alpha)))
         print(f"held-out {d}: " + ", ".join(f"α({n}) {a:.3f}" for n, a in zip(names, alpha)),
               flush=True)
