@@ -201,7 +201,8 @@ def build(config, results: list[dict]) -> dict | None:
                                              for r in cands[g_best].rows)
         fig["tv_distance"] = _max(r.get("tv_distance") for r in cands[g_best].rows)
         fig["coupled_match_rate"] = cands[g_best].rows[0].get("coupled_match_rate")
-        fig["shared_rounds"] = int(sum(r.get("shared_rounds", 0) for r in cands[g_best].rows))
+        shared = sum(_numbers(r.get("shared_rounds", 0) for r in cands[g_best].rows))
+        fig["shared_rounds"] = int(shared) if math.isfinite(shared) else shared
         policies[name] = fig
         fns[name] = (fn, len(cands[g_best].p["tokens"]))
     effects = _effects(policies, fns)
