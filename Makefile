@@ -32,7 +32,7 @@ benchmark: $(STAMP)
 # Drafters distilled from SmolLM2-135M-Instruct (generate, train, evaluate, ship into
 # specjax/zoo_smollm2/); resumable, ~60 min on 2 cores.
 train-drafters: $(STAMP)
-	$(PY) experiments/train_drafters.py --prompts=320 --new_tokens=128 --domains=code,prose
+	$(PY) experiments/train_drafters.py --prompts=320 --new_tokens=128 --steps=250 --time_budget_s=900 --domains=code,prose
 
 # Speed on the real verifier (SmolLM2-135M-Instruct): ~30 min on 2 cores, on an idle machine.
 benchmark-real: $(STAMP)

@@ -94,8 +94,13 @@ def stream_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
     return x.nbytes / best
 
 
-def _weight_bytes(params) -> int:
-    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)))
+def _weight_bytes(params, tied: bool = True) -> int:
+    """Bytes of weights one forward reads: every array, less the input embedding table
+    when the head is its own array (a forward gathers a few of its rows)."""
+    total = int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)))
+    if not tied and "embed" in params:
+        total -= int(params["embed"].size * params["embed"].dtype.itemsize)
+    return total
 
 
 def roofline(cfg, n_params: int, k: int, batch: int, context: int) -> dict:
@@ -115,7 +120,7 @@ def part_ratio(result: dict, bw: float) -> None:
         dt, _, layout = spec.partition(":")
         m = smollm2(max_len=512, dtype=dt, untie_head=layout != "tied")
         n = sum(int(x.size) for x in jax.tree.leaves(m.params))
-        wbytes = _weight_bytes(m.params)
+        wbytes = _weight_bytes(m.params, tied=m.lm.config.tie_embeddings)
         for batch in [int(b) for b in FLAGS.ratio_batches]:
             ks = sorted({1} | {int(k) for k in FLAGS.ks})
             runs = {k: forward_timer(m.lm, m.params, batch, k, 100, 192, 16) for k in ks}
