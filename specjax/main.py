@@ -95,12 +95,13 @@ def _validation_error(error: BaseException) -> ConfigError:
     frames = traceback.extract_tb(error.__traceback__)
     where = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
     if isinstance(error, SystemExit):
-        what = f"it called sys.exit({error.code!r}){where}"
+        what = f"validating it called sys.exit({error.code!r}){where}"
     else:
-        what = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}{where}"
+        what = (f"validating it raised {type(error).__name__}: "
+                f"{' '.join(str(error).split())[:300]}{where}")
     allowed = "a config (and experiment module) that validates"
-    return ConfigError(f"--config: got {given!r}, allowed: {allowed}; validating it raised "
-                       f"{what}", field="--config", value=given, allowed=allowed)
+    return ConfigError(f"--config: got {given!r}, allowed: {allowed}; {what}",
+                       field="--config", value=given, allowed=allowed)
 
 
 def _config():
