@@ -54,13 +54,16 @@ flags.DEFINE_list("drafters", ["code", "prose", "lookup", "reasoning"], "drafter
 flags.DEFINE_list("gammas", ["2", "3", "4", "6", "8"], "γ values (spec part)")
 flags.DEFINE_list("batches", ["1", "8"], "batch sizes (spec part)")
 flags.DEFINE_list("taus", ["1.0", "0.0"], "verifier temperatures (spec part)")
+flags.DEFINE_bool("greedy_drafters", True, "at verifier τ = 0 the drafters draft greedily "
+                  "too (τ_i = 0; lossless either way); else at their own τ_i")
 flags.DEFINE_integer("new_tokens", 64, "tokens generated per row")
 flags.DEFINE_integer("repeats", 3, "timed runs per configuration (after one warm-up)")
 flags.DEFINE_integer("prompts_per_domain", 1, "plan prompts per domain at batch 1 (rows "
                      "cycle through the domains at larger batches)")
 flags.DEFINE_string("drafter_dir", "", "folder of drafter_{code,prose}.npz (default: shipped)")
 flags.DEFINE_string("out", "runs/benchmark_real", "output directory")
-flags.DEFINE_bool("write_docs", False, "write docs/results/real_speed.md from this run")
+flags.DEFINE_bool("write_docs", False, "write docs/results/<doc_name>.md from this run")
+flags.DEFINE_string("doc_name", "real_speed", "name of the results page --write_docs writes")
 
 # Roofline figures (vendor data sheets): HBM bandwidth (bytes/s) and dense bf16 FLOP/s.
 ACCELERATORS = {"TPU v5e (1 chip)": (819e9, 197e12), "H100 SXM": (3.35e12, 989e12)}
@@ -191,6 +194,8 @@ def part_spec(result: dict, model, dep) -> None:
             setups = []
             for name in FLAGS.drafters:
                 sub = dep.subset([name])
+                if tau == 0.0 and FLAGS.greedy_drafters:
+                    sub = sub.with_temperatures([0.0])
                 d_calls = [[[sub.drafter_encode[0](t) for t in c]] for c in calls]
                 for g in [int(x) for x in FLAGS.gammas]:
                     cfg = EngineConfig(gamma=g, rule="rejection", verifier_temperature=tau,
@@ -246,6 +251,7 @@ def part_spec(result: dict, model, dep) -> None:
                 hw = float(metrics.hardware_aware_speedup(per_round, t_step, td, ts, g))
                 measured = statistics.median(d["ratio"])
                 row = dict(drafter=d["name"], gamma=g, batch=batch, tau=tau,
+                           drafter_tau=float(d["sub"].drafters[0].temperature),
                            ar_tokens_per_s=ar_tps, spec_tokens_per_s=statistics.median(d["tps"]),
                            alpha=alpha, tokens_per_round=per_round, c=td / t_step,
                            t_step=t_step, t_draft=td, t_score=ts, t_score_over_t_step=ts / t_step,
@@ -369,11 +375,12 @@ def render_markdown(r: dict) -> str:
         lines += [f"## Speculative vs autoregressive (rule 1, {r.get('new_tokens')} new tokens, "
                   f"{r.get('prompts_per_domain')} plan prompt(s) per domain in the chat template, "
                   f"medians of {r.get('repeats')} paired runs)", "",
-                  "| B | τ | drafter | γ | AR tok/s | spec tok/s | spec / AR | hw-aware | "
+                  "| B | τ | drafter (τ_i) | γ | AR tok/s | spec tok/s | spec / AR | hw-aware | "
                   "measured / hw-aware | α | tokens / round | c | T_score / T_step |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for x in r["spec"]:
-            lines.append(f"| {x['batch']} | {x['tau']:g} | {x['drafter']} | {x['gamma']} | "
+            lines.append(f"| {x['batch']} | {x['tau']:g} | {x['drafter']} "
+                         f"({x.get('drafter_tau', float('nan')):g}) | {x['gamma']} | "
                          f"{x['ar_tokens_per_s']:.1f} | {x['spec_tokens_per_s']:.1f} | "
                          f"{x['measured_speedup']:.2f} | {x['hardware_aware_speedup']:.2f} | "
                          f"{x['measured_over_hardware_aware']:.2f} | {x['alpha']:.2f} | "
@@ -427,7 +434,7 @@ def main(argv):
     os.replace(tmp, out / "real_speed.json")
     print(f"wrote {out / 'real_speed.json'}")
     if FLAGS.write_docs:
-        doc = Path(__file__).resolve().parents[1] / "docs" / "results" / "real_speed.md"
+        doc = Path(__file__).resolve().parents[1] / "docs" / "results" / f"{FLAGS.doc_name}.md"
         doc.parent.mkdir(parents=True, exist_ok=True)
         tmp = doc.with_suffix(".md.tmp")
         tmp.write_text(render_markdown(result))
