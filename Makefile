@@ -34,9 +34,13 @@ benchmark: $(STAMP)
 train-drafters: $(STAMP)
 	$(PY) experiments/train_drafters.py --prompts=320 --new_tokens=128 --steps=250 --time_budget_s=900 --domains=code,prose
 
-# Speed on the real verifier (SmolLM2-135M-Instruct): ~30 min on 2 cores, on an idle machine.
+# Speed on the real verifier (SmolLM2-135M-Instruct): docs/results/real_speed.md's command,
+# ~25 min on 2 cores, on an idle machine.
 benchmark-real: $(STAMP)
-	$(PY) experiments/benchmark_real.py --out runs/benchmark_real
+	$(PY) experiments/benchmark_real.py --parts machine,ratio,spec,peer \
+		--dtypes float32:tied,float32,bfloat16 --ratio_batches 1,8 --ks 1,2,3,5,9 \
+		--drafters code,prose,lookup,reasoning --gammas 3,5 --batches 1 --taus 1.0,0.0 \
+		--repeats 2 --write_docs --out runs/benchmark_real
 
 # The same benchmark on a GPU/TPU in under 5 minutes, with an interpreter that already has
 # jax for the accelerator (no venv bootstrap: accelerator hosts may have no network).

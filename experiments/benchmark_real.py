@@ -1,7 +1,7 @@
 r"""Speed on the real verifier: SmolLM2-135M-Instruct (GGUF, dequantized) on this machine.
 
-  python experiments/benchmark_real.py                          # everything below, ~20-30 min
-  python experiments/benchmark.py --verifier smollm2            # the same (delegates here)
+  python experiments/benchmark_real.py      # every default: ~80 engine programs, over an hour here
+  make benchmark-real                       # the published page's command, ~25 min on 2 cores
   python experiments/benchmark_real.py --parts ratio --dtypes float32,bfloat16
   python experiments/benchmark_real.py --parts spec --drafters code,lookup --gammas 2,4 --batches 1
 
