@@ -56,7 +56,7 @@ import numpy as np
 from specjax import sharding as shd
 from specjax.errors import ConfigError
 from specjax.models.api import TransformerLM
-from specjax.models.hf import _entries, _get, _set, config_from_hf
+from specjax.models.hf import _entries, config_from_hf, place_leaf
 from specjax.models.transformer import TransformerConfig
 
 __all__ = ['ARCHITECTURES', 'TENSOR_TYPES', 'PRE_TOKENIZERS', 'GGUFFile', 'GGUFModel',
@@ -452,15 +452,8 @@ def load_gguf_params(f: GGUFFile, shardings=None) -> dict:
             w = unpermute_rows(w, cfg.n_heads)
         elif permuted and e.hf_name.endswith(('k_proj.weight', 'k_proj.bias')):
             w = unpermute_rows(w, cfg.n_kv_heads)
-        view = e.to_jax(w)
-        if shardings is None:
-            arr = jax.device_put(np.array(view, dtype=dtype))
-        else:
-            sh = _get(shardings, e.path)
-            arr = jax.make_array_from_callback(
-                view.shape, sh, lambda idx, view=view: np.array(view[idx], dtype=dtype))
-        _set(params, e.path, jax.block_until_ready(arr))
-        del w, view
+        place_leaf(params, e.path, e.to_jax(w), dtype, shardings)
+        del w
     return params
 
 

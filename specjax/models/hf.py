@@ -337,6 +337,19 @@ def _get(tree, path):
     return tree
 
 
+def place_leaf(params: dict, path: tuple[str, ...], view: np.ndarray, dtype,
+               shardings=None) -> None:
+    """Puts one host array (often a view of a memory map) at ``path`` of ``params``: on
+    the default device, or — with a params-shaped tree of ``shardings`` — each device
+    copies out and converts only its own slice."""
+    if shardings is None:
+        arr = jax.device_put(np.array(view, dtype=dtype))
+    else:
+        arr = jax.make_array_from_callback(
+            view.shape, _get(shardings, path), lambda idx: np.array(view[idx], dtype=dtype))
+    _set(params, path, jax.block_until_ready(arr))
+
+
 def load_hf_params(ckpt: HFCheckpoint, shardings=None) -> dict:
     """Streams the checkpoint's tensors into specjax params.
 
@@ -356,15 +369,7 @@ def load_hf_params(ckpt: HFCheckpoint, shardings=None) -> dict:
     try:
         for e in _entries(cfg):
             t = ckpt.tensors[e.hf_name]
-            view = e.to_jax(maps.view(t))          # a strided view of the map, no copy
-            if shardings is None:
-                arr = jax.device_put(np.array(view, dtype=dtype))
-            else:
-                sh = _get(shardings, e.path)
-                arr = jax.make_array_from_callback(
-                    view.shape, sh, lambda idx, view=view: np.array(view[idx], dtype=dtype))
-            _set(params, e.path, jax.block_until_ready(arr))
-            del view
+            place_leaf(params, e.path, e.to_jax(maps.view(t)), dtype, shardings)  # a view, no copy
             maps.release(t)
     finally:
         maps.close()
