@@ -113,7 +113,7 @@ def _load(pkg: str):
     m = lambda name: importlib.import_module(f"{pkg}.{name}")
     return dict(zoo=m("models.zoo"), dep=m("engine.deployment"), gen=m("engine.generate"),
                 decode=m("engine.decode"), spec=m("engine.spec"), data=m("data"),
-                api=m("models.api"), streams=m("engine.streams"),
+                api=m("models.api"),
                 rules=m("verify.rules"), dist=m("verify.distributions"), pkg=pkg)
 
 

@@ -1,4 +1,4 @@
-"""The engine's unrolled threefry (specjax.engine.streams) is jax.random, bit for bit.
+"""The unrolled threefry (specjax.verify.streams) is jax.random, bit for bit.
 
 The engine draws every random number of a round through `fold_data` / `split_data` /
 `uniform_data` / `gumbel_data` / `categorical_data` instead of `jax.random` (whose hash
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.engine import streams
+from specjax.verify import streams
 from specjax.verify.distributions import sample
 
 N = 512

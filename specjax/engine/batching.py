@@ -19,7 +19,7 @@ speculative row commits at most chunk · (γ + 1).
 Exactness: each prompt's tokens equal, token for token, those the same prompt gets in a
 static batch with the same row key and budget, whichever row serves it and whatever else
 runs beside it. PRNG streams are folded from the row key and the absolute position
-(`specjax.engine.streams`), a refilled row restarts from its own prompt (its budget
+(`specjax.verify.streams`), a refilled row restarts from its own prompt (its budget
 counts from there, its key is the prompt's), and a chunk ends on a round boundary with
 every live row having run the same rounds, so a continuing row's next round is the one a
 static call would run next, from the same state (its drafters included: nothing runs on

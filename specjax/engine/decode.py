@@ -13,7 +13,7 @@ One round, for every row of the batch at once:
 
 `generate` runs rounds in a `lax.while_loop` until every row is done: one host round-trip
 per call. PRNG streams are folded from a per-row key and the row's absolute position
-(`specjax.engine.streams`), so a row's output does not depend on the batch it is in.
+(`specjax.verify.streams`), so a row's output does not depend on the batch it is in.
 
 Per-drafter γ_i (SPEC §2): drafter k drafts γ_k tokens; the verifier's block holds
 max γ_k per chain. A row whose slot holds a shorter chain is verified on its γ_k drafts
@@ -32,7 +32,7 @@ from flax import struct
 
 from specjax import debug
 from specjax.engine.spec import DrafterData, DrafterStatic, EngineConfig
-from specjax.engine.streams import (STREAM_BONUS, STREAM_DRAFT, STREAM_VERIFY, fold_data,
+from specjax.verify.streams import (STREAM_BONUS, STREAM_DRAFT, STREAM_VERIFY, fold_data,
                                     fold_keys, gumbel_noise, sample_rows, sample_rows_u,
                                     uniform_data)
 from specjax.models.api import causal_block_mask

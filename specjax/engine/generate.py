@@ -42,7 +42,7 @@ from specjax.engine.prefill import (check_context, pad_prompts, prefill, prefill
                                     prefill_groups)
 from specjax.engine.programs import cached_programs, check_finite, compiled_programs, run_program
 from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig, validate_drafter
-from specjax.engine.streams import (STREAM_VERIFY, fold_keys, gumbel_noise,  # noqa: F401
+from specjax.verify.streams import (STREAM_VERIFY, fold_keys, gumbel_noise,  # noqa: F401
                                     row_keys_for, sample_rows)
 from specjax.errors import ConfigError
 from specjax.models.api import causal_block_mask

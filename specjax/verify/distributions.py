@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax import debug
-from specjax.engine.streams import argmax_first, categorical_data, key_data
+from specjax.verify.streams import argmax_first, categorical_data, key_data
 
 _NEG_INF = -jnp.inf
 
@@ -60,8 +60,8 @@ def sampling_probs(logits: jax.Array, temperature, *, top_k: int = 0, top_p: flo
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
     """One token from each row of `probs` f32[..., V] → i32[...] (zero-probability ids never).
 
-    `jax.random.categorical(key, log probs)` bit for bit, through the engine's unrolled
-    threefry (`specjax.engine.streams`): no PRNG loop on XLA:CPU."""
+    `jax.random.categorical(key, log probs)` bit for bit, through the unrolled
+    threefry (`specjax.verify.streams`): no PRNG loop on XLA:CPU."""
     return categorical_data(key_data(key), jnp.log(probs))
 
 

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax import debug
-from specjax.engine.streams import gumbel_data, key_data, split_data, uniform_data
+from specjax.verify.streams import gumbel_data, key_data, split_data, uniform_data
 from specjax.verify.distributions import accept_test, gumbel_argmax, residual, sample
 
 RULES = ("rejection", "token_tree", "shared_block", "coupled", "coupled_block")
@@ -140,7 +140,7 @@ def shared_block(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     """
     _check(p_root, p_nodes, q, drafts, active)
     s, gamma, _ = q.shape
-    # jax.random.split / uniform / categorical, bit for bit (specjax.engine.streams).
+    # jax.random.split / uniform / categorical, bit for bit (specjax.verify.streams).
     k_u, k_tok = split_data(key_data(key), 2)
     p_before = _p_before(p_root, p_nodes)
     first = _own_tests(uniform_data(k_u, (s, gamma)), p_before, q, drafts, active)
@@ -195,7 +195,7 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     """
     _check(p_root, p_nodes, q, drafts, active)
     s, gamma, v = q.shape
-    # jax.random.split / uniform / categorical, bit for bit (specjax.engine.streams); the
+    # jax.random.split / uniform / categorical, bit for bit (specjax.verify.streams); the
     # Gumbel noise of every depth's sample (keys split from k_tok) drawn at once.
     k_u, k_own, k_tok = split_data(key_data(key), 3)
     u = uniform_data(k_u, (gamma, s))

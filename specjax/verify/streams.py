@@ -1,4 +1,7 @@
-"""PRNG streams of the engine: every key is a `fold_in` chain, never seed arithmetic.
+"""PRNG streams of the rules and the engine: every key is a `fold_in` chain, never seed arithmetic.
+
+It lives in `verify/` because the rules draw from it (`rules`, `distributions`); the engine
+builds on both.
 
 A row's randomness comes from its *row key* (u32[2] key data, one per row). Inside the
 engine each use folds a stream tag and the row's absolute position into it, so a row's
