@@ -3,6 +3,8 @@
   python experiments/benchmark.py --out runs/benchmark                  # B = 1, 8, 32; γ = 2, 4, 8
   python experiments/benchmark.py --drafters code --gammas 4 --batches 1 --peer=false
   make benchmark-device                                                  # the same on a GPU, ≤ 5 min
+  python experiments/benchmark.py --batches 1,8,32 --gammas 2,4,8 --repeats 3 --write_docs
+                                        # docs/results/engine_speed.md, ~15 min on 2 cores
 
 Default drafter: the best single drafter on the verifier's tokenizer (the drafter of the
 verifier's tokenizer group with the highest acceptance in a short probe). For every batch
@@ -31,50 +33,77 @@ size B, measured in one process, interleaved, medians of `--repeats`:
     generation (batch 1; transformers supports no other) with an assistant of the
     drafter's shape.
 
-Prints tables and writes benchmark.json.
+Prints tables and writes benchmark.json under --out; ``--write_docs`` writes
+docs/results/engine_speed.md (``--docs_dir``) from the run's own figures. The defaults take
+about 15 minutes on 2 idle cores; ``--batches 1,8 --gammas 2,4 --repeats 2`` under 5.
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import jax
+import numpy as np
+from absl import app, flags
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
-
-from specjax import metrics  # noqa: E402
-from specjax.data import load_prompts  # noqa: E402
-from specjax.engine.generate import (autoregressive_generate, row_keys_for,  # noqa: E402
+from specjax import metrics, provenance
+from specjax.data import load_prompts
+from specjax.engine.deployment import from_zoo
+from specjax.engine.generate import (autoregressive_generate, row_keys_for,
                                      speculative_generate)
-from specjax.engine.deployment import from_zoo  # noqa: E402
-from specjax.engine.spec import EngineConfig  # noqa: E402
-from specjax.models.zoo import load_zoo  # noqa: E402
-from timing import matmul_floor, time_forward, time_prefill  # noqa: E402  (experiments/)
+from specjax.engine.spec import EngineConfig
+from specjax.models.zoo import load_zoo
+from specjax.timing import matmul_floor, time_forward, time_prefill
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", "runs/benchmark", "output directory (benchmark.json)")
-flags.DEFINE_list("drafters", ["auto"], "drafters to benchmark; 'auto' = the best drafter "
-                  "of the verifier's tokenizer group (short acceptance probe)")
-flags.DEFINE_list("gammas", ["2", "4", "8"], "γ values")
-flags.DEFINE_list("batches", ["1", "8", "32"], "batch sizes")
-flags.DEFINE_integer("new_tokens", 64, "tokens generated per row")
-flags.DEFINE_integer("repeats", 3, "repeats per measurement (median)")
-flags.DEFINE_float("verifier_temperature", 1.0, "τ of the verifier")
-flags.DEFINE_integer("bucket", 64, "prompt widths are padded to a multiple of this")
-flags.DEFINE_bool("peer", True, "also time transformers (plain and assisted) when installed")
-flags.DEFINE_string("zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped specjax/zoo)")
-flags.DEFINE_bool("same_weights", True, "with --peer: also the side-by-side against "
-                  "transformers' assisted generation on the zoo's own weights exported to HF "
-                  "format (experiments/benchmark_peer.py), batch 1, greedy and sampled")
-flags.DEFINE_bool("require_accelerator", False, "fail unless JAX's default backend is a GPU/TPU "
-                  "(make benchmark-device)")
+PAGE = "engine_speed"
 
+
+def define_flags():
+    """The script's flags (defined only when it runs as a script)."""
+    provenance.define_common_flags(out="runs/benchmark", repeats=3, page=PAGE)
+    flags.DEFINE_list("drafters", ["auto"], "drafters to benchmark; 'auto' = the best drafter "
+                      "of the verifier's tokenizer group (short acceptance probe)")
+    flags.DEFINE_list("gammas", ["2", "4", "8"], "γ values")
+    flags.DEFINE_list("batches", ["1", "8", "32"], "batch sizes")
+    flags.DEFINE_integer("new_tokens", 64, "tokens generated per row")
+    flags.DEFINE_float("verifier_temperature", 1.0, "τ of the verifier")
+    flags.DEFINE_integer("bucket", 64, "prompt widths are padded to a multiple of this")
+    flags.DEFINE_bool("peer", True, "also time transformers (plain and assisted) when installed")
+    flags.DEFINE_string("zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped "
+                        "specjax/zoo)")
+    flags.DEFINE_bool("same_weights", True, "with --peer: also the side-by-side against "
+                      "transformers' assisted generation on the zoo's own weights exported to "
+                      "HF format (specjax.peer), batch 1, greedy and sampled")
+    flags.DEFINE_bool("require_accelerator", False, "fail unless JAX's default backend is a "
+                      "GPU/TPU (make benchmark-device)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One run's settings (the flags)."""
+    drafters: tuple[str, ...] = ("auto",)
+    gammas: tuple[int, ...] = (2, 4, 8)
+    batches: tuple[int, ...] = (1, 8, 32)
+    new_tokens: int = 64
+    repeats: int = 3
+    verifier_temperature: float = 1.0
+    bucket: int = 64
+    peer: bool = True
+    same_weights: bool = True
+    zoo: str | None = None
+    out: str = "runs/benchmark"
+
+    @classmethod
+    def from_flags(cls) -> "Config":
+        return cls(drafters=tuple(FLAGS.drafters), gammas=tuple(int(g) for g in FLAGS.gammas),
+                   batches=tuple(int(b) for b in FLAGS.batches), new_tokens=FLAGS.new_tokens,
+                   repeats=FLAGS.repeats, verifier_temperature=FLAGS.verifier_temperature,
+                   bucket=FLAGS.bucket, peer=FLAGS.peer, same_weights=FLAGS.same_weights,
+                   zoo=FLAGS.zoo, out=FLAGS.out)
 
 
 # ----------------------------------------------------------------------------------------
@@ -156,136 +185,158 @@ def _probe_best(full, names, texts) -> str:
     return best
 
 
-def main(argv):
-    del argv
-    if FLAGS.require_accelerator and jax.default_backend() == "cpu":
-        raise SystemExit("benchmark-device: JAX sees only the CPU (devices: "
-                         f"{jax.devices()}); run it where jax[cuda] or jax[tpu] is installed")
-    zoo = load_zoo(FLAGS.zoo)
-    full = from_zoo(zoo)
-    prompts_text = [p["prompt"] for p in load_prompts()]
-    out = Path(FLAGS.out)
-    out.mkdir(parents=True, exist_ok=True)
+@dataclasses.dataclass
+class BatchSetup:
+    """One batch size's prompts, shapes, forward timings and drafter configurations."""
+    batch: int
+    v_prompts: list
+    width: int
+    capacity: int
+    context: int
+    keys: object
+    t_step: float
+    t_prefill: float
+    floor: float
+    drafters: list          # dicts: name, gamma, dep, cfg, d_prompts, t_draft, t_score, ...
+
+
+def setup_batch(full, names, texts, batch: int, cfg: Config) -> BatchSetup:
+    """The batch's prompts and shapes, T_step, the prefill, the floor, and per drafter × γ
+    T_draft, T_score and the engine configuration."""
     v = full.verifier
-    batches = [int(b) for b in FLAGS.batches]
-    gammas = [int(g) for g in FLAGS.gammas]
-    names = list(FLAGS.drafters)
-    if names == ["auto"]:
-        names = [_probe_best(full, _same_tokenizer_drafters(zoo, full), prompts_text[:8])]
-    print(f"devices: {jax.devices()}  drafters: {names}", flush=True)
+    v_prompts = [full.encode(t) for t in texts]
+    width = -(-max(map(len, v_prompts)) // cfg.bucket) * cfg.bucket
+    capacity = width + cfg.new_tokens
+    context = int(np.mean([len(p) for p in v_prompts])) + cfg.new_tokens // 2
+    setups = []
+    for name in names:
+        dep = full.subset([name])
+        spec_d, data = dep.drafters[0], dep.d_data[0]
+        d_prompts = [[dep.drafter_encode[0](t) for t in texts]]
+        t_draft = time_forward(spec_d.lm, data.params, batch, 1, context,
+                               min(spec_d.lm.max_len, capacity))
+        for gamma in cfg.gammas:
+            t_score = time_forward(v, full.v_params, batch, gamma + 1, context, capacity)
+            ecfg = EngineConfig(gamma=gamma, rule="rejection",
+                                verifier_temperature=cfg.verifier_temperature,
+                                max_new_tokens=cfg.new_tokens)
+            setups.append(dict(name=name, gamma=gamma, dep=dep, cfg=ecfg, d_prompts=d_prompts,
+                               t_draft=t_draft, t_score=t_score, tps=[], counters=None))
+    return BatchSetup(batch=batch, v_prompts=v_prompts, width=width, capacity=capacity,
+                      context=context, keys=row_keys_for(0, batch),
+                      t_step=time_forward(v, full.v_params, batch, 1, context, capacity),
+                      t_prefill=time_prefill(v, full.v_params, v_prompts, capacity, cfg.bucket),
+                      floor=matmul_floor(v, full.v_params, batch), drafters=setups)
 
-    per_batch, rows = {}, []
-    for batch in batches:
-        texts = (prompts_text * (batch // len(prompts_text) + 1))[:batch]
-        v_prompts = [full.encode(t) for t in texts]
-        width = -(-max(map(len, v_prompts)) // FLAGS.bucket) * FLAGS.bucket
-        capacity = width + FLAGS.new_tokens
-        context = int(np.mean([len(p) for p in v_prompts])) + FLAGS.new_tokens // 2
-        keys = row_keys_for(0, batch)
-        t_step = time_forward(v, full.v_params, batch, 1, context, capacity)
-        t_prefill = time_prefill(v, full.v_params, v_prompts, capacity, FLAGS.bucket)
-        floor = matmul_floor(v, full.v_params, batch)
-        # AR and every speculative configuration are timed in turns (one run of each per
-        # repeat, after one warm-up run of each), so a load change during the benchmark
-        # hits both sides of a ratio alike; spec/AR is the median of the paired ratios.
-        drafter_setups = []
-        for name in names:
-            dep = full.subset([name])
-            spec_d, data = dep.drafters[0], dep.d_data[0]
-            d_prompts = [[dep.drafter_encode[0](t) for t in texts]]
-            t_draft = time_forward(spec_d.lm, data.params, batch, 1, context,
-                                   min(spec_d.lm.max_len, capacity))
-            for gamma in gammas:
-                t_score = time_forward(v, full.v_params, batch, gamma + 1, context, capacity)
-                cfg = EngineConfig(gamma=gamma, rule="rejection",
-                                   verifier_temperature=FLAGS.verifier_temperature,
-                                   max_new_tokens=FLAGS.new_tokens)
-                drafter_setups.append(dict(name=name, gamma=gamma, dep=dep, cfg=cfg,
-                                           d_prompts=d_prompts, t_draft=t_draft,
-                                           t_score=t_score, tps=[], counters=None))
 
-        def run_ar():
-            return autoregressive_generate(v, full.v_params, v_prompts, keys,
-                                           temperature=FLAGS.verifier_temperature,
-                                           max_new_tokens=FLAGS.new_tokens,
-                                           bucket=FLAGS.bucket)
-
-        def run_spec(d):
-            return speculative_generate(d["cfg"], v, full.v_params, d["dep"].drafters,
-                                        d["dep"].d_data, v_prompts, d["d_prompts"], keys,
-                                        bucket=FLAGS.bucket)
-
-        ar_s, ar_dec = [], []
-        for i in range(FLAGS.repeats + 1):    # the first run of a program warms it up
-            ar = run_ar()
+def time_batch(full, s: BatchSetup, cfg: Config) -> tuple[list[float], list[float]]:
+    """AR and every speculative configuration timed in turns (one run of each per repeat,
+    after one warm-up run of each), so a load change hits both sides of a ratio alike.
+    Returns AR tokens/s and AR decode tokens/s per repeat; fills each drafter setup's
+    ``tps`` and ``counters``."""
+    v = full.verifier
+    ar_s, ar_dec = [], []
+    for i in range(cfg.repeats + 1):    # the first run of a program warms it up
+        ar = autoregressive_generate(v, full.v_params, s.v_prompts, s.keys,
+                                     temperature=cfg.verifier_temperature,
+                                     max_new_tokens=cfg.new_tokens, bucket=cfg.bucket)
+        if i:
+            ar_s.append(float((ar.length - ar.start).sum()) / ar.seconds)
+            ar_dec.append(float((ar.length - ar.start).sum()) / (ar.seconds - s.t_prefill))
+        for d in s.drafters:
+            sp = speculative_generate(d["cfg"], v, full.v_params, d["dep"].drafters,
+                                      d["dep"].d_data, s.v_prompts, d["d_prompts"], s.keys,
+                                      bucket=cfg.bucket)
             if i:
-                ar_s.append(float((ar.length - ar.start).sum()) / ar.seconds)
-                ar_dec.append(float((ar.length - ar.start).sum()) / (ar.seconds - t_prefill))
-            for d in drafter_setups:
-                sp = run_spec(d)
-                if i:
-                    d["tps"].append(float((sp.length - sp.start).sum()) / sp.seconds)
-                d["counters"] = sp.counters
-        ar_tps = statistics.median(ar_s)
-        dec_tps = statistics.median(ar_dec)
-        per_batch[batch] = dict(batch=batch, ar_tokens_per_s=ar_tps, floor_tokens_per_s=floor,
-                                ar_decode_tokens_per_s=dec_tps, t_prefill=t_prefill,
-                                decode_over_floor=floor / dec_tps,
-                                ar_over_floor=floor / ar_tps, t_step=t_step,
-                                ar_ms_per_step=1e3 * batch / ar_tps,
-                                decode_ms_per_step=1e3 * batch / dec_tps,
-                                floor_ms_per_step=1e3 * batch / floor, context=context,
-                                capacity=capacity, width=width, ar_runs=ar_s)
-        print(f"B={batch:2d}: prefill {1e3 * t_prefill:.2f} ms; AR decode {dec_tps:8.1f} tok/s "
-              f"({1e3 * batch / dec_tps:.3f} ms/step, {floor / dec_tps:.2f}x the floor)", flush=True)
-        print(f"B={batch:2d}: AR {ar_tps:8.1f} tok/s ({1e3 * batch / ar_tps:.3f} ms/step), "
-              f"matmul floor {floor:8.1f} tok/s ({1e3 * batch / floor:.3f} ms/step), "
-              f"AR is {floor / ar_tps:.2f}x off the floor; T_step {1e3 * t_step:.3f} ms",
-              flush=True)
-        for d in drafter_setups:
-            c, gamma, t_draft, t_score = d["counters"], d["gamma"], d["t_draft"], d["t_score"]
-            alpha = float(c.own_accepted_at.sum() / max(c.own_reached_at.sum(), 1))
-            per_round = float(c.committed.sum() / max(c.rounds.sum(), 1))
-            cc = t_draft / t_step
-            lev = float(metrics.leviathan_speedup(alpha, gamma, cc))
-            hw = float(metrics.hardware_aware_speedup(per_round, t_step, t_draft,
-                                                      t_score, gamma))
-            sp_tps = statistics.median(d["tps"])
-            measured = statistics.median(s / a for s, a in zip(d["tps"], ar_s))
-            row = dict(drafter=d["name"], gamma=gamma, batch=batch, ar_tokens_per_s=ar_tps,
-                       spec_tokens_per_s=sp_tps, alpha=alpha, tokens_per_round=per_round,
-                       c=cc, t_step=t_step, t_draft=t_draft, t_score=t_score,
-                       t_score_over_t_step=t_score / t_step,
-                       leviathan_expected_tokens=float(
-                           metrics.leviathan_expected_tokens(alpha, gamma)),
-                       leviathan_speedup=lev, hardware_aware_speedup=hw,
-                       measured_speedup=measured, measured_over_hardware_aware=measured / hw,
-                       spec_runs=d["tps"])
-            rows.append(row)
-    peer = None
-    if FLAGS.peer:
-        d_cfg = full.subset([names[0]]).drafters[0].lm.config
-        peer = peer_tokens_per_s(v.config, d_cfg, batches,
-                                 {b: per_batch[b]["width"] for b in batches},
-                                 FLAGS.new_tokens, FLAGS.repeats)
-        if peer is not None:
-            for b in batches:
-                per_batch[b]["peer_tokens_per_s"] = peer["plain"][b]
-                per_batch[b]["ar_over_peer"] = per_batch[b]["ar_tokens_per_s"] / peer["plain"][b]
+                d["tps"].append(float((sp.length - sp.start).sum()) / sp.seconds)
+            d["counters"] = sp.counters
+    return ar_s, ar_dec
 
-    same_weights = None
-    if FLAGS.peer and FLAGS.same_weights:
+
+def batch_results(s: BatchSetup, ar_s, ar_dec) -> tuple[dict, list[dict]]:
+    """The batch's AR figures and one row per drafter × γ (spec/AR: the median of the paired
+    per-repeat ratios)."""
+    batch, floor, t_step = s.batch, s.floor, s.t_step
+    ar_tps, dec_tps = statistics.median(ar_s), statistics.median(ar_dec)
+    per_batch = dict(batch=batch, ar_tokens_per_s=ar_tps, floor_tokens_per_s=floor,
+                     ar_decode_tokens_per_s=dec_tps, t_prefill=s.t_prefill,
+                     decode_over_floor=floor / dec_tps, ar_over_floor=floor / ar_tps,
+                     t_step=t_step, ar_ms_per_step=1e3 * batch / ar_tps,
+                     decode_ms_per_step=1e3 * batch / dec_tps,
+                     floor_ms_per_step=1e3 * batch / floor, context=s.context,
+                     capacity=s.capacity, width=s.width, ar_runs=ar_s)
+    rows = []
+    for d in s.drafters:
+        c, gamma, t_draft, t_score = d["counters"], d["gamma"], d["t_draft"], d["t_score"]
+        alpha = float(c.own_accepted_at.sum() / max(c.own_reached_at.sum(), 1))
+        per_round = float(c.committed.sum() / max(c.rounds.sum(), 1))
+        cc = t_draft / t_step
+        hw = float(metrics.hardware_aware_speedup(per_round, t_step, t_draft, t_score, gamma))
+        measured = statistics.median(sp / a for sp, a in zip(d["tps"], ar_s))
+        rows.append(dict(drafter=d["name"], gamma=gamma, batch=batch, ar_tokens_per_s=ar_tps,
+                         spec_tokens_per_s=statistics.median(d["tps"]), alpha=alpha,
+                         tokens_per_round=per_round, c=cc, t_step=t_step, t_draft=t_draft,
+                         t_score=t_score, t_score_over_t_step=t_score / t_step,
+                         leviathan_expected_tokens=float(
+                             metrics.leviathan_expected_tokens(alpha, gamma)),
+                         leviathan_speedup=float(metrics.leviathan_speedup(alpha, gamma, cc)),
+                         hardware_aware_speedup=hw, measured_speedup=measured,
+                         measured_over_hardware_aware=measured / hw, spec_runs=d["tps"]))
+    return per_batch, rows
+
+
+def measure(zoo, full, names, cfg: Config) -> tuple[dict, list[dict]]:
+    """Every batch size in turn: its AR figures and its drafter × γ rows."""
+    prompts_text = [p["prompt"] for p in load_prompts()]
+    per_batch, rows = {}, []
+    for batch in cfg.batches:
+        texts = (prompts_text * (batch // len(prompts_text) + 1))[:batch]
+        s = setup_batch(full, names, texts, batch, cfg)
+        per_batch[batch], batch_rows = batch_results(s, *time_batch(full, s, cfg))
+        rows += batch_rows
+        r = per_batch[batch]
+        print(f"B={batch:2d}: prefill {1e3 * s.t_prefill:.2f} ms; AR decode "
+              f"{r['ar_decode_tokens_per_s']:8.1f} tok/s ({r['decode_ms_per_step']:.3f} ms/step, "
+              f"{r['decode_over_floor']:.2f}x the floor)", flush=True)
+        print(f"B={batch:2d}: AR {r['ar_tokens_per_s']:8.1f} tok/s ({r['ar_ms_per_step']:.3f} "
+              f"ms/step), matmul floor {s.floor:8.1f} tok/s ({r['floor_ms_per_step']:.3f} "
+              f"ms/step), AR is {r['ar_over_floor']:.2f}x off the floor; T_step "
+              f"{1e3 * s.t_step:.3f} ms", flush=True)
+    return per_batch, rows
+
+
+def run_peers(zoo, full, names, per_batch, cfg: Config) -> tuple[dict | None, dict | None]:
+    """transformers at the same shapes (random weights), and the same-weights side-by-side
+    (`specjax.peer`); None where not asked for or transformers / torch are absent."""
+    peer = same_weights = None
+    if not cfg.peer:
+        return peer, same_weights
+    d_cfg = full.subset([names[0]]).drafters[0].lm.config
+    peer = peer_tokens_per_s(full.verifier.config, d_cfg, cfg.batches,
+                             {b: per_batch[b]["width"] for b in cfg.batches},
+                             cfg.new_tokens, cfg.repeats)
+    if peer is not None:
+        for b in cfg.batches:
+            per_batch[b]["peer_tokens_per_s"] = peer["plain"][b]
+            per_batch[b]["ar_over_peer"] = per_batch[b]["ar_tokens_per_s"] / peer["plain"][b]
+    if cfg.same_weights:
         try:
-            import benchmark_peer  # pylint: disable=import-outside-toplevel
-            same_weights = benchmark_peer.run(zoo, out / "same_weights", gamma=4,
-                                              new_tokens=FLAGS.new_tokens)
+            from specjax import peer as peer_lib  # pylint: disable=import-outside-toplevel
+            same_weights = peer_lib.run(zoo, Path(cfg.out) / "same_weights", gamma=4,
+                                        new_tokens=cfg.new_tokens)
         except ImportError as e:   # transformers / torch absent: the peer is optional
             print(f"same-weights peer skipped: {e}")
         else:
             print("\nspecjax vs transformers' assisted generation, same weights "
-                  "(experiments/benchmark_peer.py):")
-            benchmark_peer.print_result(same_weights)
+                  "(specjax.peer):")
+            peer_lib.print_result(same_weights)
+    return peer, same_weights
 
+
+def print_tables(result: dict) -> None:
+    """The run's tables on stdout."""
+    per_batch = {r["batch"]: r for r in result["per_batch"]}
+    batches, rows, peer = list(per_batch), result["rows"], result["peer"]
     print(f"\n{'B':>3} {'AR tok/s':>9} {'decode':>9} {'floor':>9} {'floor/dec':>9} {'peer':>8} "
           f"{'AR/peer':>7}")
     for b in batches:
@@ -296,9 +347,10 @@ def main(argv):
               f"{r.get('ar_over_peer', float('nan')):7.2f}")
     if len(batches) > 1:
         b0, b1 = batches[0], batches[-1]
+        r0, r1 = per_batch[b0], per_batch[b1]
         print(f"AR scaling B={b1} / B={b0}: "
-              f"{per_batch[b1]['ar_tokens_per_s'] / per_batch[b0]['ar_tokens_per_s']:.2f}x "
-              f"(floor {per_batch[b1]['floor_tokens_per_s'] / per_batch[b0]['floor_tokens_per_s']:.2f}x)")
+              f"{r1['ar_tokens_per_s'] / r0['ar_tokens_per_s']:.2f}x "
+              f"(floor {r1['floor_tokens_per_s'] / r0['floor_tokens_per_s']:.2f}x)")
     if peer is not None and peer["assisted"]:
         print(f"peer assisted (B=1): {peer['assisted'][1]:.1f} tok/s; plain (B=1): "
               f"{peer['plain'].get(1, float('nan')):.1f} tok/s")
@@ -311,24 +363,121 @@ def main(argv):
               f"{r['c']:5.2f} {r['t_score_over_t_step']:12.2f} {r['leviathan_speedup']:9.2f} "
               f"{r['hardware_aware_speedup']:8.2f} {r['measured_speedup']:7.2f} "
               f"{r['measured_over_hardware_aware']:7.2f}")
-    result = {"per_batch": [per_batch[b] for b in batches], "rows": rows, "peer": peer,
-              "same_weights": same_weights,
-              "verifier_temperature": FLAGS.verifier_temperature,
-              "new_tokens": FLAGS.new_tokens, "repeats": FLAGS.repeats,
-              "devices": [str(d) for d in jax.devices()], "jax": jax.__version__,
-              "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
-    tmp = out / "benchmark.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, out / "benchmark.json")
+    for b in batches if rows else []:
+        best = max((r for r in rows if r["batch"] == b), key=lambda r: r["measured_speedup"])
+        print(f"best at B={b}: {best['drafter']} γ={best['gamma']}: spec/AR "
+              f"{best['measured_speedup']:.2f}x, hardware-aware "
+              f"{best['hardware_aware_speedup']:.2f}x (ratio "
+              f"{best['measured_over_hardware_aware']:.2f}), Leviathan "
+              f"{best['leviathan_speedup']:.2f}x")
+
+
+def _span(values, digits: int = 2) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.{digits}f}" if f"{lo:.{digits}f}" == f"{hi:.{digits}f}" else \
+        f"{lo:.{digits}f}–{hi:.{digits}f}"
+
+
+def render_page(result: dict) -> list[str]:
+    """docs/results/engine_speed.md's body (below the provenance header), every figure the
+    run's own."""
+    per_batch = result["per_batch"]
+    batches = [r["batch"] for r in per_batch]
+    rows, names = result["rows"], list(dict.fromkeys(r["drafter"] for r in result["rows"]))
+    gammas = list(dict.fromkeys(r["gamma"] for r in rows))
+
+    def line(label, values):
+        return f"| {label} | " + " | ".join(values) + " |"
+
+    lines = [f"Drafter(s) {', '.join(names)}, rule 1, τ = {result['verifier_temperature']:g}, "
+             f"{result['new_tokens']} new tokens per row; AR and speculative runs alternating, "
+             f"medians of {result['repeats']} (spec ÷ AR: median of the paired ratios); "
+             "prompts padded to " + ", ".join(f"{r['width']} tokens at batch {r['batch']}"
+                                             for r in per_batch)
+             + " (the peer's prompts are as wide).", "",
+             "| | " + " | ".join(f"batch {b}" for b in batches) + " |",
+             "| --- |" + " --- |" * len(batches),
+             line("AR tok/s, prefill included",
+                  [f"{r['ar_tokens_per_s']:,.0f}" for r in per_batch]),
+             line("prefill of the batch's prompts, ms", [f"{1e3 * r['t_prefill']:.1f}"
+                                                         for r in per_batch]),
+             line("AR decode tok/s / matmul floor tok/s",
+                  [f"{r['ar_decode_tokens_per_s']:,.0f} / {r['floor_tokens_per_s']:,.0f}"
+                   for r in per_batch]),
+             line("decode time ÷ floor time",
+                  [f"{r['decode_over_floor']:.2f}" for r in per_batch])]
+    if all("peer_tokens_per_s" in r for r in per_batch):
+        peer = result["peer"]
+        lines += [line(f"transformers (PyTorch eager, {peer['threads']} threads), plain "
+                       "generation tok/s",
+                       [f"{r['peer_tokens_per_s']:,.0f}" for r in per_batch]),
+                  line("AR ÷ transformers", [f"{r['ar_over_peer']:.2f}" for r in per_batch])]
+    for name in names:
+        lines.append(line(f"speculative ÷ AR ({name}), γ = " + " / ".join(map(str, gammas)),
+                          [" / ".join(f"{r['measured_speedup']:.2f}" for r in rows
+                                      if r["batch"] == b and r["drafter"] == name)
+                           for b in batches]))
     if rows:
-        for b in batches:
-            best = max((r for r in rows if r["batch"] == b), key=lambda r: r["measured_speedup"])
-            print(f"best at B={b}: {best['drafter']} γ={best['gamma']}: spec/AR "
-                  f"{best['measured_speedup']:.2f}x, hardware-aware "
-                  f"{best['hardware_aware_speedup']:.2f}x (ratio "
-                  f"{best['measured_over_hardware_aware']:.2f}), Leviathan "
-                  f"{best['leviathan_speedup']:.2f}x")
+        lines += [line("T_score ÷ T_step", [_span([r["t_score_over_t_step"] for r in rows
+                                                    if r["batch"] == b]) for b in batches]),
+                  line("measured ÷ hardware-aware prediction",
+                       [_span([r["measured_over_hardware_aware"] for r in rows
+                               if r["batch"] == b]) for b in batches])]
+        lines += ["", "Per drafter × γ × batch:", "",
+                  "| drafter | γ | B | AR tok/s | spec tok/s | α | tokens / round | c | "
+                  "T_score ÷ T_step | Leviathan | hardware-aware | spec ÷ AR | "
+                  "measured ÷ hardware-aware |", "|---" * 13 + "|"]
+        lines += [f"| {r['drafter']} | {r['gamma']} | {r['batch']} | "
+                  f"{r['ar_tokens_per_s']:,.0f} | {r['spec_tokens_per_s']:,.0f} | "
+                  f"{r['alpha']:.3f} | {r['tokens_per_round']:.2f} | {r['c']:.3f} | "
+                  f"{r['t_score_over_t_step']:.2f} | {r['leviathan_speedup']:.2f} | "
+                  f"{r['hardware_aware_speedup']:.2f} | {r['measured_speedup']:.2f} | "
+                  f"{r['measured_over_hardware_aware']:.2f} |" for r in rows]
+    sw = result.get("same_weights")
+    if sw:
+        lines += ["", f"Against transformers' assisted generation on the zoo's own weights "
+                  f"exported to HF format (`specjax.peer`, drafter {sw['drafter']}, "
+                  f"γ = {sw['gamma']}, batch 1, {sw['prompts']} prompts × {sw['new_tokens']} "
+                  "tokens):", "",
+                  "| mode | specjax tok/s | α | transformers tok/s | α | specjax ÷ transformers "
+                  "| identical outputs |", "|---|---|---|---|---|---|---|"]
+        for label, r in sw["rows"].items():
+            s, p = r["specjax"], r["transformers"]
+            lines.append(f"| {label} | {s['tokens_per_s']:,.1f} | {s['acceptance']:.3f} | "
+                         f"{p['tokens_per_s']:,.1f} | {p['acceptance']:.3f} | "
+                         f"{r['ratio_tokens_per_s']:.2f} | {r.get('same_outputs', '—')} |")
+    return lines
+
+
+def main(argv):
+    del argv
+    cfg = Config.from_flags()
+    if FLAGS.require_accelerator and jax.default_backend() == "cpu":
+        raise SystemExit("benchmark-device: JAX sees only the CPU (devices: "
+                         f"{jax.devices()}); run it where jax[cuda] or jax[tpu] is installed")
+    prov = provenance.provenance()
+    zoo = load_zoo(cfg.zoo)
+    full = from_zoo(zoo)
+    names = list(cfg.drafters)
+    if names == ["auto"]:
+        texts = [p["prompt"] for p in load_prompts()][:8]
+        names = [_probe_best(full, _same_tokenizer_drafters(zoo, full), texts)]
+    print(f"devices: {jax.devices()}  drafters: {names}", flush=True)
+    per_batch, rows = measure(zoo, full, names, cfg)
+    peer, same_weights = run_peers(zoo, full, names, per_batch, cfg)
+    result = {"per_batch": [per_batch[b] for b in cfg.batches], "rows": rows, "peer": peer,
+              "same_weights": same_weights, "verifier_temperature": cfg.verifier_temperature,
+              "new_tokens": cfg.new_tokens, "repeats": cfg.repeats,
+              "devices": [str(d) for d in jax.devices()]}
+    print_tables(result)
+    path = provenance.write_json(Path(cfg.out) / "benchmark.json", result, prov)
+    print(f"wrote {path}")
+    if FLAGS.write_docs:
+        page = provenance.write_page(PAGE, "Engine speed on the zoo (experiments/benchmark.py)",
+                                     render_page(result), prov, FLAGS.docs_dir)
+        print(f"wrote {page}")
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

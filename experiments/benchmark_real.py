@@ -22,66 +22,55 @@ Parts (``--parts``, in this order; one process, nothing timed concurrently):
            prompt-lookup decoding (`prompt_lookup_num_tokens`), assisted generation with the
            code drafter exported to an HF folder; greedy tokens identical to specjax's.
 
-Writes ``real_speed.json`` under --out; ``--write_docs`` writes docs/results/real_speed.md.
+Writes ``real_speed.json`` under --out; ``--write_docs`` writes docs/results/real_speed.md
+(``--docs_dir``, ``--doc_name``) with the command, commit, date and machine on top.
 """
 from __future__ import annotations
 
-import json
 import os
-import platform
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
+from specjax import provenance
+from specjax.timing import forward_timer
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("parts", ["machine", "ratio", "spec", "peer"], "parts to run")
-flags.DEFINE_list("dtypes", ["float32:tied", "float32", "bfloat16"],
-                  "verifier layouts for the ratio part: dtype, ':tied' keeps the file's tied "
-                  "head (read as the table's transpose) instead of a [D, V] copy")
-flags.DEFINE_list("ks", [str(k) for k in range(1, 10)], "block widths k (ratio part)")
-flags.DEFINE_list("ratio_batches", ["1", "8"], "batch sizes (ratio part)")
-flags.DEFINE_string("dtype", "float32", "verifier dtype for the spec and peer parts")
-flags.DEFINE_list("drafters", ["code", "prose", "lookup", "reasoning"], "drafters (spec part)")
-flags.DEFINE_list("gammas", ["2", "3", "4", "6", "8"], "γ values (spec part)")
-flags.DEFINE_list("batches", ["1", "8"], "batch sizes (spec part)")
-flags.DEFINE_list("taus", ["1.0", "0.0"], "verifier temperatures (spec part)")
-flags.DEFINE_bool("greedy_drafters", True, "at verifier τ = 0 the drafters draft greedily "
-                  "too (τ_i = 0; lossless either way); else at their own τ_i")
-flags.DEFINE_integer("new_tokens", 64, "tokens generated per row")
-flags.DEFINE_integer("repeats", 3, "timed runs per configuration (after one warm-up)")
-flags.DEFINE_integer("prompts_per_domain", 1, "plan prompts per domain at batch 1 (rows "
-                     "cycle through the domains at larger batches)")
-flags.DEFINE_string("drafter_dir", "", "folder of drafter_{code,prose}.npz (default: shipped)")
-flags.DEFINE_string("out", "runs/benchmark_real", "output directory")
-flags.DEFINE_bool("write_docs", False, "write docs/results/<doc_name>.md from this run")
-flags.DEFINE_string("doc_name", "real_speed", "name of the results page --write_docs writes")
+
+
+def define_flags():
+    """The script's flags (defined only when it runs as a script)."""
+    provenance.define_common_flags(out="runs/benchmark_real", repeats=3, page="real_speed")
+    flags.DEFINE_string("doc_name", "real_speed", "name of the results page --write_docs "
+                        "writes (<docs_dir>/<doc_name>.md)")
+    flags.DEFINE_list("parts", ["machine", "ratio", "spec", "peer"], "parts to run")
+    flags.DEFINE_list("dtypes", ["float32:tied", "float32", "bfloat16"],
+                      "verifier layouts for the ratio part: dtype, ':tied' keeps the file's tied "
+                      "head (read as the table's transpose) instead of a [D, V] copy")
+    flags.DEFINE_list("ks", [str(k) for k in range(1, 10)], "block widths k (ratio part)")
+    flags.DEFINE_list("ratio_batches", ["1", "8"], "batch sizes (ratio part)")
+    flags.DEFINE_string("dtype", "float32", "verifier dtype for the spec and peer parts")
+    flags.DEFINE_list("drafters", ["code", "prose", "lookup", "reasoning"],
+                      "drafters (spec part)")
+    flags.DEFINE_list("gammas", ["2", "3", "4", "6", "8"], "γ values (spec part)")
+    flags.DEFINE_list("batches", ["1", "8"], "batch sizes (spec part)")
+    flags.DEFINE_list("taus", ["1.0", "0.0"], "verifier temperatures (spec part)")
+    flags.DEFINE_bool("greedy_drafters", True, "at verifier τ = 0 the drafters draft greedily "
+                      "too (τ_i = 0; lossless either way); else at their own τ_i")
+    flags.DEFINE_integer("new_tokens", 64, "tokens generated per row")
+    flags.DEFINE_integer("prompts_per_domain", 1, "plan prompts per domain at batch 1 (rows "
+                         "cycle through the domains at larger batches)")
+    flags.DEFINE_string("drafter_dir", "", "folder of drafter_{code,prose}.npz (default: "
+                        "shipped)")
+
 
 # Roofline figures (vendor data sheets): HBM bandwidth (bytes/s) and dense bf16 FLOP/s.
 ACCELERATORS = {"TPU v5e (1 chip)": (819e9, 197e12), "H100 SXM": (3.35e12, 989e12)}
-
-
-def machine() -> dict:
-    info = {"platform": platform.platform(), "python": platform.python_version(),
-            "jax": jax.__version__, "load_average": list(os.getloadavg())}
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        for line in out.splitlines():
-            k, _, v = line.partition(":")
-            if k.strip() in ("Model name", "CPU(s)", "L1d cache", "L2 cache", "L3 cache", "Flags"):
-                info[k.strip()] = v.strip() if k.strip() != "Flags" else (
-                    "avx512f" in v and "avx512" or "avx2" in v and "avx2" or "other")
-    except OSError:
-        pass
-    return info
 
 
 def stream_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
@@ -117,7 +106,6 @@ def roofline(cfg, n_params: int, k: int, batch: int, context: int) -> dict:
 
 def part_ratio(result: dict, bw: float) -> None:
     from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
-    from timing import forward_timer  # pylint: disable=import-outside-toplevel
     rows = []
     for spec in FLAGS.dtypes:
         dt, _, layout = spec.partition(":")
@@ -163,7 +151,6 @@ def part_spec(result: dict, model, dep) -> None:
     from specjax.engine.generate import (autoregressive_generate,  # pylint: disable=import-outside-toplevel
                                          row_keys_for, speculative_generate)
     from specjax.engine.spec import EngineConfig  # pylint: disable=import-outside-toplevel
-    from timing import forward_timer  # pylint: disable=import-outside-toplevel
     by_domain = {}
     for p in load_prompts():
         by_domain.setdefault(p["domain"], []).append(p["prompt"])
@@ -338,15 +325,10 @@ def part_peer(result: dict, model, dep) -> None:
     result["peer"] = peer
 
 
-def render_markdown(r: dict) -> str:
-    """docs/results/real_speed.md from one run's result (every figure is the run's)."""
-    m = r["machine"]
-    lines = ["# Speed on the real verifier (SmolLM2-135M-Instruct)", "",
-             f"Written by `{r['command']}` at commit `{r.get('commit')}` on {r['date']}.",
-             f"Machine: {m.get('Model name')} ({m.get('CPU(s)')} cores, {m.get('Flags')}), L2 "
-             f"{m.get('L2 cache')}, L3 {m.get('L3 cache')}; jax {m.get('jax')}; load average "
-             f"{m['load_average'][0]:.2f} at the start, {r['load_average_end'][0]:.2f} at the end; "
-             f"stream bandwidth {r['stream_bytes_per_s'] / 1e9:.1f} GB/s.", ""]
+def render_markdown(r: dict) -> list[str]:
+    """docs/results/real_speed.md's body (below the provenance header) from one run's result
+    (every figure is the run's)."""
+    lines = [f"Stream bandwidth {r['stream_bytes_per_s'] / 1e9:.1f} GB/s.", ""]
     if r.get("ratio"):
         ks = sorted(r["ratio"][0]["ratio"], key=int)
         lines += ["## T_score(k) / T_step (verifier forwards over 100 cached tokens)", "",
@@ -395,29 +377,21 @@ def render_markdown(r: dict) -> str:
                   "| transformers | tok/s |", "|---|---|"]
         lines += [f"| {k} | {v:.1f} |" for k, v in p.items() if k != "greedy_identical"]
         lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv):
     del argv
     from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
     from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
-    out = Path(FLAGS.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                   time.gmtime()),
-              "machine": machine(), "new_tokens": FLAGS.new_tokens,
-              "repeats": FLAGS.repeats, "prompts_per_domain": FLAGS.prompts_per_domain}
-    try:
-        result["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
-                                          capture_output=True, text=True).stdout.strip()
-    except OSError:
-        result["commit"] = None
+    prov = provenance.provenance()
+    m = prov["machine"]
+    result = {"new_tokens": FLAGS.new_tokens, "repeats": FLAGS.repeats,
+              "prompts_per_domain": FLAGS.prompts_per_domain}
     bw = stream_bandwidth()
     result["stream_bytes_per_s"] = bw
-    print(f"machine: {result['machine'].get('Model name')}, L2 {result['machine'].get('L2 cache')},"
-          f" L3 {result['machine'].get('L3 cache')}, load {os.getloadavg()[0]:.2f}; stream "
-          f"{bw / 1e9:.1f} GB/s", flush=True)
+    print(f"machine: {m.get('Model name')}, L2 {m.get('L2 cache')}, L3 {m.get('L3 cache')}, "
+          f"load {os.getloadavg()[0]:.2f}; stream {bw / 1e9:.1f} GB/s", flush=True)
     if "ratio" in FLAGS.parts:
         part_ratio(result, bw)
     if "spec" in FLAGS.parts or "peer" in FLAGS.parts:
@@ -428,19 +402,15 @@ def main(argv):
             part_spec(result, model, dep)
         if "peer" in FLAGS.parts:
             part_peer(result, model, dep)
-    result["load_average_end"] = list(os.getloadavg())
-    tmp = out / "real_speed.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1, default=str))
-    os.replace(tmp, out / "real_speed.json")
-    print(f"wrote {out / 'real_speed.json'}")
+    path = provenance.write_json(Path(FLAGS.out) / "real_speed.json", result, prov)
+    print(f"wrote {path}")
     if FLAGS.write_docs:
-        doc = Path(__file__).resolve().parents[1] / "docs" / "results" / f"{FLAGS.doc_name}.md"
-        doc.parent.mkdir(parents=True, exist_ok=True)
-        tmp = doc.with_suffix(".md.tmp")
-        tmp.write_text(render_markdown(result))
-        os.replace(tmp, doc)
-        print(f"wrote {doc}")
+        page = provenance.write_page(FLAGS.doc_name,
+                                     "Speed on the real verifier (SmolLM2-135M-Instruct)",
+                                     render_markdown(result), prov, FLAGS.docs_dir)
+        print(f"wrote {page}")
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

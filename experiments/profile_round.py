@@ -44,55 +44,57 @@ imports rewritten, e.g. `git archive HEAD specjax | tar -x -C DIR; mv DIR/specja
 DIR/specjax_old; sed -i 's/specjax\./specjax_old./g' ...`); both are timed alternately in
 this process (paired). `--e2e` adds benchmark.py's measurement per package, interleaved:
 tokens/s of whole speculative and autoregressive generate calls, spec/AR and measured /
-hardware-aware.
+hardware-aware. Writes ``profile_round.json`` under --out. About 3 minutes at the defaults
+on 2 cores.
 """
 from __future__ import annotations
 
 import collections
 import importlib
-import json
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
-
-from round_anatomy import loop_census, thunk_profile, variants  # noqa: E402  (experiments/)
-from timing import forward_timer  # noqa: E402  (experiments/)
+from specjax import provenance
+from specjax.round_anatomy import loop_census, thunk_profile, variants
+from specjax.timing import forward_timer
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("batches", ["1", "8"], "batch sizes")
-flags.DEFINE_list("gammas", ["2", "4"], "γ values")
-flags.DEFINE_string("drafter", "code", "drafter (zoo name)")
-flags.DEFINE_string("rule", "rejection", "verification rule")
-flags.DEFINE_float("verifier_temperature", 1.0, "τ of the verifier")
-flags.DEFINE_integer("new_tokens", 64, "tokens per row in the timed loop")
-flags.DEFINE_integer("repeats", 5, "timed runs per program (min and median reported)")
-flags.DEFINE_integer("bucket", 64, "prompt widths are padded to a multiple of this")
-flags.DEFINE_bool("ablate", False, "also time ablated variants of the round")
-flags.DEFINE_bool("hlo", True, "count the HLO instructions of the loop body")
-flags.DEFINE_string("hlo_dump", None, "write each compiled program's HLO text here")
-flags.DEFINE_string("compare_with", None, "a directory holding specjax_old (paired timing)")
-flags.DEFINE_string("profile_dir", None, "write a jax.profiler trace of one loop run here")
-flags.DEFINE_string("out", None, "write the results as JSON here")
-flags.DEFINE_list("set_attr", [], "also time the full round traced with a module attribute "
-                  "of the package set, e.g. models.transformer.GEMV_MAX_ROWS=3 (scratch "
-                  "experiments)")
-flags.DEFINE_list("variants", [], "with --ablate: only these variants (and 'full')")
-flags.DEFINE_list("compiler_options", [], "also time the full round compiled with these "
-                  "XLA:CPU option sets (per program, `Lowered.compile(options)`): "
-                  "single_thread (no intra-op threads for dots), no_ynn (dots off YNNPACK), "
-                  "no_ynn_single_thread")
-flags.DEFINE_bool("e2e", False, "also time whole generate calls (speculative and AR, prefill "
-                  "included, as benchmark.py) per package, interleaved: spec/AR and "
-                  "measured / hardware-aware")
+
+
+def define_flags():
+    """The script's flags (defined only when it runs as a script)."""
+    provenance.define_common_flags(out="runs/profile_round", repeats=5)
+    flags.DEFINE_list("batches", ["1", "8"], "batch sizes")
+    flags.DEFINE_list("gammas", ["2", "4"], "γ values")
+    flags.DEFINE_string("drafter", "code", "drafter (zoo name)")
+    flags.DEFINE_string("rule", "rejection", "verification rule")
+    flags.DEFINE_float("verifier_temperature", 1.0, "τ of the verifier")
+    flags.DEFINE_integer("new_tokens", 64, "tokens per row in the timed loop")
+    flags.DEFINE_integer("bucket", 64, "prompt widths are padded to a multiple of this")
+    flags.DEFINE_bool("ablate", False, "also time ablated variants of the round")
+    flags.DEFINE_bool("hlo", True, "count the HLO instructions of the loop body")
+    flags.DEFINE_string("hlo_dump", None, "write each compiled program's HLO text here")
+    flags.DEFINE_string("compare_with", None, "a directory holding specjax_old (paired timing)")
+    flags.DEFINE_string("profile_dir", None, "write a jax.profiler trace of one loop run here")
+    flags.DEFINE_list("set_attr", [], "also time the full round traced with a module attribute "
+                      "of the package set, e.g. models.transformer.GEMV_MAX_ROWS=3 (scratch "
+                      "experiments)")
+    flags.DEFINE_list("variants", [], "with --ablate: only these variants (and 'full')")
+    flags.DEFINE_list("compiler_options", [], "also time the full round compiled with these "
+                      "XLA:CPU option sets (per program, `Lowered.compile(options)`): "
+                      "single_thread (no intra-op threads for dots), no_ynn (dots off YNNPACK), "
+                      "no_ynn_single_thread")
+    flags.DEFINE_bool("e2e", False, "also time whole generate calls (speculative and AR, prefill "
+                      "included, as benchmark.py) per package, interleaved: spec/AR and "
+                      "measured / hardware-aware")
 
 
 _OPTION_SETS = {
@@ -293,6 +295,7 @@ def end_to_end(loaded, pkgs, batch, gamma, t_step, t_score, t_draft) -> list:
 
 def main(argv):
     del argv
+    prov = provenance.provenance()
     pkgs = ["specjax"]
     if FLAGS.compare_with:
         sys.path.insert(0, FLAGS.compare_with)
@@ -413,11 +416,11 @@ def main(argv):
                 b_ = np.array([w for w, _ in times[("specjax", "full")]])
                 print(f"  paired new/old: median ratio {np.median(b_ / a):.3f}, "
                       f"min/min {b_.min() / a.min():.3f}", flush=True)
-    if FLAGS.out:
-        Path(FLAGS.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(FLAGS.out).write_text(json.dumps(dict(rows=results, load=os.getloadavg()),
-                                              indent=1))
+    path = provenance.write_json(Path(FLAGS.out) / "profile_round.json",
+                                 dict(rows=results), prov)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

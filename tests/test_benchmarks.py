@@ -30,8 +30,7 @@ def test_forward_timer_writes_the_cache_in_place(tiny_lm, tiny_params):
     """The timed forward loop carries its cache as the engine does: no copy of a layer's
     cache per rep (a loop that closed over the cache copied it on every rep, adding 0.85 ms
     to a 3.6 ms step of the zoo verifier at batch 32 and biasing T_step and T_score)."""
-    sys.path.insert(0, str(ROOT / "experiments"))
-    from timing import forward_timer  # pylint: disable=import-outside-toplevel
+    from specjax.timing import forward_timer  # pylint: disable=import-outside-toplevel
     batch, capacity = 2, 32
     run = forward_timer(tiny_lm, tiny_params, batch, 3, 12, capacity, reps=4)
     assert run() > 0
