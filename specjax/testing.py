@@ -12,12 +12,14 @@ drafter tokens). So every case also exercises cross-vocabulary drafting.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import jax.numpy as jnp
 import numpy as np
 
 from specjax.engine.spec import DrafterSpec, cross_vocab_maps
 from specjax.models.synthetic import BigramLM, random_table
+from specjax.verify.distributions import sampling_probs
 
 V = 5            # verifier vocabulary
 NEG = -1e4       # logit of an impossible token (exp underflows to exactly 0 in f32)
@@ -106,6 +108,26 @@ def make_setup(name: str, seed: int = 0, temperatures=DRAFTER_TEMPERATURES) -> S
                  drafters=tuple(drafters), d_data=tuple(data), v_table=vt)
 
 
+def sequence_distribution(table: np.ndarray, temperature: float, start: int,
+                                                    length: int) -> np.ndarray:
+    """Exact law of the next `length` tokens after `start` when sampling `table` at `temperature`.
+
+    Returns:
+        f64[V] * length (an ndarray of shape (V,)*length) summing to 1.
+    """
+    probs = np.asarray(sampling_probs(jnp.asarray(table), temperature), np.float64)
+    probs = probs / probs.sum(-1, keepdims=True)
+    v = table.shape[0]
+    out = np.zeros((v,) * length)
+    for seq in itertools.product(range(v), repeat=length):
+        prev, pr = start, 1.0
+        for tok in seq:
+            pr *= probs[prev, tok]
+            prev = tok
+        out[seq] = pr
+    return out
+
+
 def drafter_prompts(prompt: list[int]) -> list[list[int]]:
     """The prompt re-spelt in each drafter's ids (through its re-tokenisation table)."""
     out = []
@@ -184,7 +206,7 @@ def tiny_transformer_deployment(max_len: int = 96):
 
     from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
     from specjax.models.transformer import TransformerConfig  # pylint: disable=import-outside-toplevel
-    from specjax.runner.hf_deployment import build_deployment  # pylint: disable=import-outside-toplevel
+    from specjax.engine.deployment import build_deployment  # pylint: disable=import-outside-toplevel
     from specjax.tokenizers import ByteTokenizer  # pylint: disable=import-outside-toplevel
 
     def model(vocab, d, layers, seed, tok):

@@ -257,7 +257,7 @@ def test_per_drafter_gamma_is_lossless(rule):
     statistical design of test_verify: N = 100,000 rows, α = 1e-3) and exact greedy."""
     import dataclasses
     import zlib
-    from specjax.models.synthetic import sequence_distribution
+    from specjax.testing import sequence_distribution
     from test_verify import ALPHA, LENGTH, START, chi2_pvalue
     n = 100_000
     setup = suite.make_setup("random", seed=21)

@@ -18,7 +18,7 @@ import pytest
 from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
 from specjax import testing as suite
-from specjax.models.synthetic import sequence_distribution
+from specjax.testing import sequence_distribution
 from specjax.policy.boundary import (REASONS, SpeculativePrefixCollapseError,
                                      should_truncate_and_repropose)
 from specjax.policy.journal import PlanJournal

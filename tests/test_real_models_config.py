@@ -73,6 +73,7 @@ def test_deployment_and_memory_table(folders):
     import jax.numpy as jnp
 
     from specjax.engine import generate as gen
+    from specjax.engine.deployment import build_deployment
     from specjax.engine.spec import EngineConfig
     from specjax.runner import experiments, hf_deployment
     paths, models = folders
@@ -89,7 +90,7 @@ def test_deployment_and_memory_table(folders):
     # in its template, the byte-level one none); `bos=False` spells the text alone.
     sp = dep.drafter_encode[1]
     assert sp("def f") == [1] + sp("def f")[1:] and dep.encode("def f")[0] != 1
-    plain = hf_deployment.build_deployment(
+    plain = build_deployment(
         SimpleNamespace(lm=dep.verifier, params=dep.v_params, tokenizer=_tok(paths["verifier"])),
         [("prose", SimpleNamespace(lm=dep.drafters[1].lm, params=dep.d_data[1].params,
                                    tokenizer=_tok(paths["prose"])), 1.0, 0.1)], bos=False)

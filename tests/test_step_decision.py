@@ -19,7 +19,7 @@ from specjax import execute_parallel_plan, metrics
 from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
 from specjax import testing as suite
-from specjax.models.synthetic import sequence_distribution
+from specjax.testing import sequence_distribution
 from specjax.policy.auto import AutoRouter
 from specjax.policy.boundary import BoundaryThresholds, replay_step_decisions
 from specjax.policy.plan import (BranchOutcome, PlanConfig, SeedConsensus, branch_slots,

@@ -2,13 +2,16 @@
 
 The engine works in token ids; plans, consensus and journals work in text. A `Deployment`
 holds both sides: the models (functional LMs + parameters + vocabulary maps) and, for each
-model, how to spell text in its ids. Built from the zoo (`specjax.models.zoo`) or from
-synthetic tables (tests), it is what the policy layer and the experiments take.
+model, how to spell text in its ids. Built from the zoo (`from_zoo`), from SmolLM2 and its
+drafters (`from_smollm2`), from any loaded models (`build_deployment`: Hugging Face folders,
+tiny test transformers) or from synthetic tables (`specjax.testing`), it is what the policy
+layer and the experiments take.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
@@ -229,6 +232,28 @@ def assemble(verifier_lm, v_params, v_tok, drafters, bos: bool = True) -> "Deplo
                       d_data=tuple(data), groups=tuple(groups),
                       encode=_prompt_encoder(v_tok, bos),
                       decode=v_tok.decode, drafter_encode=tuple(encoders), stop_table=stop)
+
+
+def build_deployment(verifier, drafters: Sequence[tuple[str, Any, float, float | None]],
+                     bos: bool = True):
+    """A `Deployment` from loaded models.
+
+    Args:
+      verifier: an `HFModel` (or anything with ``lm``, ``params``, ``tokenizer``).
+      drafters: (name, model, temperature, cost or None) in priority order; a missing cost
+        is the drafter's parameter count over the verifier's.
+      bos: start every model's prompts with the special ids its tokenizer's pipeline puts
+        first (e.g. Llama's ``<s>``); see `HFTokenizer.prompt_prefix`.
+    """
+    n_v = _n_params(verifier.params)
+    return assemble(verifier.lm, verifier.params, verifier.tokenizer, [
+        (name, m.lm, m.params, m.tokenizer, temperature,
+         _n_params(m.params) / n_v if cost is None else float(cost))
+        for name, m, temperature, cost in drafters], bos=bos)
+
+
+def _n_params(params) -> int:
+    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
 def _per_drafter(field, value, names, defaults) -> list[float]:

@@ -3,19 +3,17 @@
 A `BigramLM` is a table `logits[prev, next]`; it plugs into the engine through the same
 functional LM API as the transformer (ARCHITECTURE.md), so every rule and policy can be
 run end to end on it and its output compared with the exactly computed target
-distribution (the χ² suite). Researchers use it to study a rule in isolation.
+distribution (the χ² suite; `specjax.testing.sequence_distribution`). Researchers use it to
+study a rule in isolation.
 """
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-
-from specjax.verify.distributions import sampling_probs
 
 
 @struct.dataclass
@@ -57,23 +55,3 @@ class BigramLM:
 def random_table(rng: np.random.Generator, vocab: int, sharpness: float = 1.0) -> np.ndarray:
     """A random logits table f32[V, V] (Gaussian logits scaled by `sharpness`)."""
     return (rng.standard_normal((vocab, vocab)) * sharpness).astype(np.float32)
-
-
-def sequence_distribution(table: np.ndarray, temperature: float, start: int,
-                                                    length: int) -> np.ndarray:
-    """Exact law of the next `length` tokens after `start` when sampling `table` at `temperature`.
-
-    Returns:
-        f64[V] * length (an ndarray of shape (V,)*length) summing to 1.
-    """
-    probs = np.asarray(sampling_probs(jnp.asarray(table), temperature), np.float64)
-    probs = probs / probs.sum(-1, keepdims=True)
-    v = table.shape[0]
-    out = np.zeros((v,) * length)
-    for seq in itertools.product(range(v), repeat=length):
-        prev, pr = start, 1.0
-        for tok in seq:
-            pr *= probs[prev, tok]
-            prev = tok
-        out[seq] = pr
-    return out

@@ -9,8 +9,9 @@ safetensors + ``tokenizer.json``, of any supported family: Llama, Qwen2, Mistral
     c.mesh = {'data': 1, 'model': 8}; c.rules = 'fsdp_tp'
 
 `load_hf_deployment` loads them (streaming into shards when a mesh is set) and builds
-the `Deployment`: identity maps for drafters whose tokenizer equals the verifier's,
-token-level-intersection maps (through token bytes, `specjax.tokenizers.hf`) otherwise.
+the `Deployment` (`specjax.engine.deployment.build_deployment`): identity maps for drafters
+whose tokenizer equals the verifier's, token-level-intersection maps (through token bytes,
+`specjax.tokenizers.hf`) otherwise.
 `memory_table` gives per-device estimates from the ``config.json`` files alone.
 """
 from __future__ import annotations
@@ -19,38 +20,12 @@ import functools
 import json
 import math
 from pathlib import Path
-from typing import Any, Sequence
 
 from absl import logging
 
 from specjax.errors import ConfigError, check
 
-__all__ = ['build_deployment', 'load_hf_deployment', 'memory_table', 'validate_hf',
-           'drafter_names']
-
-
-def build_deployment(verifier, drafters: Sequence[tuple[str, Any, float, float | None]],
-                     bos: bool = True):
-    """A `Deployment` from loaded models.
-
-    Args:
-      verifier: an `HFModel` (or anything with ``lm``, ``params``, ``tokenizer``).
-      drafters: (name, model, temperature, cost or None) in priority order; a missing cost
-        is the drafter's parameter count over the verifier's.
-      bos: start every model's prompts with the special ids its tokenizer's pipeline puts
-        first (e.g. Llama's ``<s>``); see `HFTokenizer.prompt_prefix`.
-    """
-    from specjax.engine.deployment import assemble  # pylint: disable=import-outside-toplevel
-    n_v = _n_params(verifier.params)
-    return assemble(verifier.lm, verifier.params, verifier.tokenizer, [
-        (name, m.lm, m.params, m.tokenizer, temperature,
-         _n_params(m.params) / n_v if cost is None else float(cost))
-        for name, m, temperature, cost in drafters], bos=bos)
-
-
-def _n_params(params) -> int:
-    import jax  # pylint: disable=import-outside-toplevel
-    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
+__all__ = ['load_hf_deployment', 'memory_table', 'validate_hf', 'drafter_names']
 
 
 def drafter_names(config) -> list[str]:
@@ -133,6 +108,7 @@ def _load(key: str):
         m = load_hf_model(d['path'], **kw)
         drafters.append((name, m, float(d.get('temperature', 1.0)), d.get('cost')))
     bos = c.get('bos')
+    from specjax.engine.deployment import build_deployment  # pylint: disable=import-outside-toplevel
     return build_deployment(verifier, drafters, bos=True if bos is None else bool(bos))
 
 
