@@ -21,18 +21,14 @@ with rule 1's test). `grid.rule=[default]` runs independent noise.
 """
 import ml_collections
 
+from specjax.policy.names import FIELD_REPORT_NAMES
 from specjax.runner import parse_config_arg, plans_defaults
-
-SWITCHES = ("prefix_partitioning", "truncate_and_attribute", "agreement_weighted_consensus",
-            "kl_ceiling")
 
 
 def defaults() -> ml_collections.ConfigDict:
     c = plans_defaults()  # shared fields, each commented (specjax/runner/experiments.py)
     c.seed_table = True               # write summary.json + seed_report.md (the seed's table)
-    c.grid.policy = (["naive", "all_on"] + [f"all_on_minus_{s}" for s in SWITCHES]
-                     + [f"naive_plus_{s}" for s in SWITCHES]
-                     + ["auto", "oracle"])  # 10 switch policies, adaptive, oracle router
+    c.grid.policy = list(FIELD_REPORT_NAMES)  # 10 switch policies, adaptive, oracle router
     c.grid.gamma = [2, 3, 4]          # each policy is reported at its best γ of this grid
     c.grid.seed = [0, 1, 2]           # PRNG seeds (intervals bootstrap over plans)
     return c

@@ -72,3 +72,8 @@ def test_plans_experiment_end_to_end_on_synthetic(tmp_path):
     rows = [json.loads(l) for l in (workdir / "results.jsonl").read_text().splitlines()]
     assert {r["policy"] for r in rows} == {"naive", "all_on", "auto"}
     assert all(r["branch_records"] for r in rows if r["policy"] != "auto")
+    # Every row records the KL ceiling and the thresholds its cell ran with.
+    assert {r["policy"]: r["kl_ceiling"] for r in rows} == {"naive": None, "all_on": 0.35,
+                                                            "auto": None}
+    assert all(r["thresholds"] == {"truncation_overhead_ratio": 0.15, "acceptance_floor": 0.45,
+                                   "depth_ceiling": 2.5} for r in rows)

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specjax import field_report
 from specjax.errors import ConfigError
 from specjax.policy import boundary, consensus, kl, switches  # noqa: F401
 from specjax.policy.boundary import (
@@ -566,4 +567,29 @@ def test_public_modules_import():
     assert boundary.REASONS == (
             "acceptance_out_of_range", "acceptance_below_floor", "truncation_thrash"
     )
-    assert math.isclose(switches.DEFAULT_KL_CEILING, 0.35)
+    assert math.isclose(field_report.KL_CEILING, 0.35)
+
+
+def test_policy_names_grammar():
+    from specjax.policy import names
+    assert names.canonical_name("p1t1a1k1") == "all_on"
+    assert names.canonical_name(" auto ") == "auto" and names.is_router("oracle")
+    assert names.canonical_name({"prefix_partitioning": True, "truncate_and_attribute": True,
+                                 "agreement_weighted_consensus": True,
+                                 "kl_ceiling": 0.5}) == "all_on_kl0.5"
+    assert names.parse("single:code") == names.single_name("code") == "single:code"
+    assert names.single_drafter("single:code") == "code"
+    assert names.single_drafter("all_on") is None
+    assert names.kl_ceiling("all_on_kl0.5") == 0.5 and names.kl_ceiling("all_on") == 0.35
+    assert names.kl_ceiling("naive") is None and names.kl_ceiling("auto") is None
+    assert names.kl_ceiling("not a policy") is None
+    for bad in ("wholesale", "single:", 3, {"kl": 0.3}):
+        with pytest.raises(ConfigError, match="auto, oracle"):
+            names.parse(bad)
+    assert names.label("not a policy") == "not a policy" and names.label(None) == "–"
+    shuffled = ["single:code", "oracle", "p1t0a1k0", "naive_plus_kl_ceiling", "auto", "all_on",
+                "naive"]
+    assert sorted(shuffled, key=names.order_key) == [
+        "naive", "all_on", "naive_plus_kl_ceiling", "auto", "oracle", "p1t0a1k0",
+        "single:code"]
+    assert len(names.ABLATION_NAMES) == 10 and names.FIELD_REPORT_NAMES[-2:] == names.ROUTERS

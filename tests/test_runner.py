@@ -13,6 +13,7 @@ import pytest
 
 from specjax.errors import ConfigError, check
 from specjax.runner import config_args, grid, registry, report, results, sweep
+from specjax.runner import rows as rows_lib
 
 TESTS = Path(__file__).resolve().parent
 TOY_CONFIG = TESTS / "configs" / "toy.py"
@@ -501,11 +502,65 @@ def test_grid_size_is_bounded():
 
 
 def test_labels():
-    assert report.label(["code", "prose"]) == "code+prose"
-    assert report.label(0.5) == "0.5" and report.label(1.0) == "1"
+    assert rows_lib.label(["code", "prose"]) == "code+prose"
+    assert rows_lib.label(0.5) == "0.5" and rows_lib.label(1.0) == "1"
     switches = {"prefix_partitioning": True, "truncate_and_attribute": True,
                 "agreement_weighted_consensus": False, "kl_ceiling": 0.35}
-    assert report.label(switches) == "p1t1a0k1"
-    assert report.label({**switches, "kl_ceiling": 0.5}) == "p1t1a0k1_kl0.5"
-    assert report.label({**switches, "kl_ceiling": None}) == "p1t1a0k0"
-    assert report.label({"name": "all_on", "x": 1}) == "all_on"
+    # A spelled-out policy is shown by its canonical name (specjax.policy.names).
+    assert rows_lib.label(switches) == "all_on_minus_agreement_weighted_consensus"
+    assert rows_lib.label({**switches, "kl_ceiling": 0.5}) == (
+        "all_on_minus_agreement_weighted_consensus_kl0.5")
+    assert rows_lib.label({**switches, "kl_ceiling": None}) == "p1t1a0k0"
+    assert rows_lib.label({"name": "all_on", "x": 1}) == "all_on"
+
+
+def _kl_row(policy, **fields):
+    return {"cell_id": policy, "policy": policy, "pairing": ["code", "prose"], "kl_max": 0.3,
+            "joint_acceptance": 0.6, **fields}
+
+
+def _vertical_lines(fig) -> list[float]:
+    """The x of every vertical line (axvline) of the figure's axes."""
+    xs = []
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            x = list(line.get_xdata())
+            if len(x) == 2 and x[0] == x[1]:
+                xs.append(float(x[0]))
+    return sorted(xs)
+
+
+def test_joint_vs_kl_draws_the_ceiling_each_row_ran_with(tmp_path):
+    from specjax.runner import plots
+    # An all_on_kl0.5 run: its line is at 0.5, not at the field report's 0.35.
+    fig = plots.figure_joint_vs_kl([_kl_row("all_on_kl0.5", kl_ceiling=0.5)])
+    assert _vertical_lines(fig) == [0.5]
+    # A row written before rows recorded the ceiling: the ceiling its policy name parses to.
+    assert _vertical_lines(plots.figure_joint_vs_kl([_kl_row("all_on_kl0.5")])) == [0.5]
+    assert _vertical_lines(plots.figure_joint_vs_kl([_kl_row("all_on")])) == [0.35]
+    # Switch 4 off (or a router): no ceiling to draw; two ceilings: both drawn.
+    assert _vertical_lines(plots.figure_joint_vs_kl(
+        [_kl_row("naive", kl_ceiling=None), _kl_row("auto")])) == []
+    assert _vertical_lines(plots.figure_joint_vs_kl(
+        [_kl_row("all_on_kl0.5", kl_ceiling=0.5), _kl_row("all_on", kl_ceiling=0.35)])) == [
+        0.35, 0.5]
+    # The report draws the plot from the same rows.
+    text, pngs = report.render_report([_kl_row("all_on_kl0.5", kl_ceiling=0.5)], {}, {})
+    assert "joint_vs_kl" in pngs and "(plots/joint_vs_kl.png)" in text
+
+
+def test_decision_boundary_judges_each_row_by_its_thresholds():
+    from specjax.runner import plots
+    row = {"cell_id": "a", "policy": "all_on", "shared_prefix_acceptance": 0.5,
+           "mean_truncation_depth": 1.0, "independent_branch_acceptance": 0.2,
+           "thresholds": {"acceptance_floor": 0.6, "depth_ceiling": 3.0,
+                          "truncation_overhead_ratio": 0.15}}
+    fig = plots.figure_decision_boundary([row])
+    assert _vertical_lines(fig) == [3.0]
+    floors = [float(l.get_ydata()[0]) for ax in fig.axes for l in ax.get_lines()
+              if len(l.get_ydata()) == 2 and l.get_ydata()[0] == l.get_ydata()[1]]
+    assert floors == [0.6]
+    # An older row without thresholds: the config's boundary block.
+    old = {k: v for k, v in row.items() if k != "thresholds"}
+    assert rows_lib.thresholds(old, {"boundary": {"acceptance_floor": 0.3}}).acceptance_floor == 0.3
+    assert rows_lib.thresholds(old).depth_ceiling == 2.5

@@ -19,8 +19,8 @@ import dataclasses
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from specjax.seed_constants import (ACCEPTANCE_FLOOR, DEPTH_CEILING,
-                                    TRUNCATION_OVERHEAD_RATIO)
+from specjax.field_report import (ACCEPTANCE_FLOOR, DEPTH_CEILING,
+                                  TRUNCATION_OVERHEAD_RATIO)
 
 ACCEPTANCE_OUT_OF_RANGE = "acceptance_out_of_range"
 ACCEPTANCE_BELOW_FLOOR = "acceptance_below_floor"

@@ -28,7 +28,7 @@ import re
 
 from specjax.errors import ConfigError
 
-from specjax.seed_constants import KL_CEILING as DEFAULT_KL_CEILING  # nats, the seed's
+from specjax.field_report import KL_CEILING  # nats, the field report's
 
 # Switch names in code order; the code letter is the first letter of each.
 SWITCHES = (
@@ -90,13 +90,13 @@ class Policy:
         return cls()
 
     @classmethod
-    def all_on(cls, kl_ceiling: float = DEFAULT_KL_CEILING) -> Policy:
+    def all_on(cls, kl_ceiling: float = KL_CEILING) -> Policy:
         """All four invariants enforced."""
         return cls(True, True, True, kl_ceiling)
 
     @classmethod
     def from_bits(
-            cls, bits: tuple[bool, bool, bool, bool], kl_ceiling: float = DEFAULT_KL_CEILING
+            cls, bits: tuple[bool, bool, bool, bool], kl_ceiling: float = KL_CEILING
     ) -> Policy:
         """Builds a policy from four booleans in switch order (p, t, a, k)."""
         p, t, a, k = (bool(b) for b in bits)
@@ -111,7 +111,7 @@ class Policy:
         """
         if not isinstance(name, str):
             raise ConfigError.invalid("policy", name, _ALLOWED_NAMES)
-        ceiling = DEFAULT_KL_CEILING
+        ceiling = KL_CEILING
         base = name.strip()
         match = _KL_SUFFIX_RE.match(base)
         if match:
@@ -159,7 +159,7 @@ class Policy:
             base = f"naive_plus_{on[0]}"
         else:
             base = self.code
-        if self.kl_ceiling is not None and self.kl_ceiling != DEFAULT_KL_CEILING:
+        if self.kl_ceiling is not None and self.kl_ceiling != KL_CEILING:
             base += f"_kl{self.kl_ceiling!r}"
         return base
 
@@ -177,7 +177,7 @@ class Policy:
         return dataclasses.replace(self, **changes)
 
 
-def all_combinations(kl_ceiling: float = DEFAULT_KL_CEILING) -> list[Policy]:
+def all_combinations(kl_ceiling: float = KL_CEILING) -> list[Policy]:
     """All 16 policies, in code order: ``p0t0a0k0`` (naive) first, ``p1t1a1k1`` last."""
     return [
             Policy.from_bits(bits, kl_ceiling=kl_ceiling)
@@ -186,7 +186,7 @@ def all_combinations(kl_ceiling: float = DEFAULT_KL_CEILING) -> list[Policy]:
 
 
 _ALLOWED_CEILING = (
-        f"None (off) or a finite float > 0, in nats (default when on: {DEFAULT_KL_CEILING})"
+        f"None (off) or a finite float > 0, in nats (default when on: {KL_CEILING})"
 )
 _ALLOWED_NAMES = (
         "'naive', 'all_on', 'all_on_minus_<switch>', 'naive_plus_<switch>' with "

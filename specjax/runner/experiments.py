@@ -21,8 +21,9 @@ from specjax.policy.boundary import BoundaryThresholds
 from specjax.policy.calls import enable_shared_calls
 from specjax.policy.plan import PlanConfig, run_plans
 from specjax.policy.summary import plan_totals, summarize
-from specjax.seed_constants import (ACCEPTANCE_FLOOR, DEPTH_CEILING, SEED_COSTS,
-                                    TRUNCATION_OVERHEAD_RATIO)
+from specjax.field_report import (ACCEPTANCE_FLOOR, DEPTH_CEILING, FIELD_REPORT_COSTS,
+                                  TRUNCATION_OVERHEAD_RATIO)
+from specjax.policy import names as policy_names
 from specjax.policy.switches import Policy
 from specjax.runner.registry import register_experiment
 SYNTHETIC_PROMPTS = ["ab", "cda", "b", "dd", "acb", "c", "bad", "da"]
@@ -164,9 +165,6 @@ def _cell_deployment(config, cell):
     return dep
 
 
-ROUTED_POLICIES = ("auto", "oracle")  # policies that route plans, not switch sets
-
-
 def plan_thresholds(config) -> BoundaryThresholds:
     """The decision boundary's thresholds, from the config's one `boundary` block."""
     b = config.get("boundary") or {}
@@ -191,7 +189,7 @@ def _plan_config(config, cell) -> PlanConfig:
 
 def _costs(dep):
     costs = [d.cost for d in dep.drafters]
-    seed = [SEED_COSTS.get(n) for n in dep.names]
+    seed = [FIELD_REPORT_COSTS.get(n) for n in dep.names]
     return costs, (None if any(c is None for c in seed) else seed)
 
 
@@ -263,23 +261,23 @@ def plans(config, cell: dict, workdir: Path) -> dict:
     dep = _cell_deployment(config, cell)
     pcfg = _plan_config(config, cell)
     prompts, ids = plan_prompts(config)
-    pol = cell.get("policy", "all_on")
+    policy = policy_names.parse(cell.get("policy", "all_on"))
     costs, seed_costs = _costs(dep)
     base = _baselines(config, cell, dep, pcfg, prompts, Path(workdir))
-    if pol == "auto":
+    if isinstance(policy, Policy):
+        texts, stats = run_plans(dep, pcfg, prompts, policy=policy)
+    elif policy == "auto":
         router = AutoRouter(costs, pcfg.gamma, seed=pcfg.seed,
                             explore=float(config.get("auto_explore", 0.15)),
                             gammas=[d.gamma for d in dep.drafters])
         texts, stats = run_plans(dep, pcfg, prompts, router=router)
-        name = "auto"
-    elif pol == "oracle":
+    elif policy == "oracle":
         texts, stats = run_plans(dep, pcfg, prompts,
                                  single=oracle_drafters(dep, plan_domains(config, ids)))
-        name = "oracle"
-    else:
-        policy = Policy.from_name(pol) if isinstance(pol, str) else Policy(**dict(pol))
-        texts, stats = run_plans(dep, pcfg, prompts, policy=policy)
-        name = policy.name
+    else:   # single:<drafter>
+        texts, stats = run_plans(dep, pcfg, prompts,
+                                 single=dep.names.index(policy_names.single_drafter(policy)))
+    name = policy_names.canonical_name(policy)
     row = summarize(stats, dep.names, costs, seed_costs=seed_costs,
                     consensus_cost=pcfg.consensus_cost, consensus=pcfg.consensus,
                     consensus_threshold=pcfg.consensus_threshold, thresholds=pcfg.thresholds,
@@ -297,6 +295,9 @@ def plans(config, cell: dict, workdir: Path) -> dict:
         row["tv_distance"] = None  # not computable exactly for a neural verifier at τ > 0
         row["tv_distance_kind"] = None
     row["policy"] = name
+    # What the cell ran with, so every report reads it from the row (not from defaults).
+    row["kl_ceiling"] = policy.kl_ceiling if isinstance(policy, Policy) else None
+    row["thresholds"] = pcfg.thresholds.kwargs()
     row["plan_ids"] = list(ids)
     row["pairing"] = list(dep.names)
     row["baselines"] = {"single": base["single"], "autoregressive": base["autoregressive"]}

@@ -36,15 +36,12 @@ LIMITS = {"plan_steps": 256, "max_step_tokens": 4096, "bucket": 4096, "gamma": 6
 MAX_SEED = 2**31 - 1
 GRID_AXES = ("gamma", "verifier_temperature", "drafter_temperature", "drafter_gamma",
              "policy", "rule", "pairing", "seed")
-ROUTED_POLICIES = ("auto", "oracle")
 #: Fields the runner reads besides the experiment's (`specjax.runner.sweep`).
 RUNNER_FIELDS = ("experiment", "grid", "experiment_module", "report",
                  "cells_across_processes")
 #: Fields of a ``deployment = 'hf'`` config (`specjax.runner.hf_deployment`).
 HF_FIELDS = ("verifier", "drafters", "pad_vocab", "bos", "max_len", "dtype", "mesh", "rules")
 HF_DTYPES = ("float32", "bfloat16", "float16")
-_POLICY_NAMES = ("a policy name (naive, all_on, all_on_minus_<switch>, naive_plus_<switch>, "
-                 "p1t0a1k0, auto, oracle)")
 
 
 def _is_int(x) -> bool:
@@ -193,15 +190,14 @@ def _check_grid(config) -> None:
             seen[key] = v
 
 
-def _policy(p):
-    """The policy a grid value names (its canonical form), or a ConfigError."""
-    if p in ROUTED_POLICIES:
-        return p
-    from specjax.policy.switches import Policy  # pylint: disable=import-outside-toplevel
+def _policy(p) -> str:
+    """The canonical name of the policy a grid value names (`specjax.policy.names`), or a
+    ConfigError naming grid.policy."""
+    from specjax.policy import names  # pylint: disable=import-outside-toplevel
     try:
-        return Policy.from_name(p) if isinstance(p, str) else Policy(**dict(p))
-    except (ConfigError, TypeError, ValueError):
-        raise ConfigError.invalid("grid.policy", p, _POLICY_NAMES) from None
+        return names.canonical_name(p)
+    except ConfigError:
+        raise ConfigError.invalid("grid.policy", p, names.ALLOWED) from None
 
 
 # ------------------------------------------------------------------------------ deployment
@@ -259,14 +255,7 @@ def _check_cells(config) -> None:
                 deps[what] = ex._cell_deployment(config, cell)  # pylint: disable=protected-access
             dep = deps[what]
             names = list(dep.names)
-        if cell.get("policy") == "oracle":
-            missing = [d for d in domains if d not in names]
-            if missing:
-                raise ConfigError(
-                    f"grid.policy: got 'oracle' with the pairing {names}, which has no drafter "
-                    f"for the plan domain(s) {missing}; allowed: 'oracle' only with pairings "
-                    f"holding a drafter named after every plan domain ({', '.join(domains)})",
-                    field="grid.policy", value="oracle", allowed=domains)
+        _check_policy_drafters(cell.get("policy"), names, domains)
         gammas = cell.get("drafter_gamma") or []
         gamma = max([pcfg.gamma] + [g for g in gammas if g])
         key = (tuple(names), gamma, pcfg.plan_steps, pcfg.max_step_tokens, pcfg.bucket)
@@ -277,6 +266,24 @@ def _check_cells(config) -> None:
             _check_context(dep, prompts, pcfg, gamma, cell)
         else:
             _check_hf_context(config, names, pcfg, gamma, cell)
+
+
+def _check_policy_drafters(policy, names: list[str], domains: list[str]) -> None:
+    """The drafters a router or a baseline needs are in the cell's pairing: `oracle` one
+    named after every plan domain, ``single:<drafter>`` that drafter."""
+    from specjax.policy import names as policy_names  # pylint: disable=import-outside-toplevel
+    if policy == "oracle":
+        missing = [d for d in domains if d not in names]
+        if missing:
+            raise ConfigError(
+                f"grid.policy: got 'oracle' with the pairing {names}, which has no drafter "
+                f"for the plan domain(s) {missing}; allowed: 'oracle' only with pairings "
+                f"holding a drafter named after every plan domain ({', '.join(domains)})",
+                field="grid.policy", value="oracle", allowed=domains)
+    alone = policy_names.single_drafter(policy)
+    if alone is not None and alone not in names:
+        raise ConfigError.invalid("grid.policy", policy,
+                                  f"single:<drafter> with a drafter of the pairing {names}")
 
 
 def _hf_names(config) -> list[str]:

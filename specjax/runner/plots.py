@@ -1,6 +1,11 @@
 """The report's plots: each takes result rows and a path (or a binary file object), and
 returns False (writing nothing) when the rows lack the columns it needs. Only finite
-numbers are drawn (`report._is_number`). `PLOTS` lists them for `report.py`."""
+numbers are drawn (`rows.is_number`). `PLOTS` lists them for `report.py`.
+
+Each `plot_<name>` saves the figure its `figure_<name>` builds (None: the rows lack the
+columns), so a test can look at what a figure draws. A threshold drawn (the KL ceiling, the
+decision boundary's) is the one each row ran with (`rows.kl_ceiling`, `rows.thresholds`).
+"""
 
 from __future__ import annotations
 
@@ -9,18 +14,9 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from specjax.runner.report import (  # noqa: F401
-    DEFAULT_ACCEPTANCE_FLOOR,
-    DEFAULT_DEPTH_CEILING,
-    DEFAULT_KL_CEILING,
-    DEFAULT_OVERHEAD,
-    Row,
-    _has,
-    _is_number,
-    _numbers,
-    _sd,
-    _unique,
-    label)
+from specjax.policy import names as policy_names
+from specjax.runner import rows as rows_lib
+from specjax.runner.rows import Row, has, is_number, label, numbers, sd, unique
 
 # ----------------------------------------------------------------------------------
 # Plots. Each takes the rows and a path, returns False (writing nothing) when the rows
@@ -28,33 +24,33 @@ from specjax.runner.report import (  # noqa: F401
 # ----------------------------------------------------------------------------------
 
 
-def plot_acceptance_vs_gamma(rows: Sequence[Row], path: str | Path) -> bool:
+def figure_acceptance_vs_gamma(rows: Sequence[Row]):
     """Per-drafter acceptance α against γ, one line per temperature, a panel per drafter."""
-    rows = [r for r in rows if _is_number(r.get("gamma")) and _acceptance(r)]
+    rows = [r for r in rows if is_number(r.get("gamma")) and _acceptance(r)]
     if not rows:
-        return False
-    drafters = _unique(d for r in rows for d in _acceptance(r))
-    temp_keys = [k for k in ("drafter_temperature", "verifier_temperature") if _has(rows, k)]
+        return None
+    drafters = unique(d for r in rows for d in _acceptance(r))
+    temp_keys = [k for k in ("drafter_temperature", "verifier_temperature") if has(rows, k)]
 
     def temp_label(r: Row) -> str:
         names = {"drafter_temperature": "τ drafter", "verifier_temperature": "τ verifier"}
         return ", ".join(f"{names[k]} = {label(r.get(k))}" for k in temp_keys) or "all cells"
 
     fig, axs = _figure(len(drafters), width=4.2, height=3.6, sharey=True)
-    temps = _unique(temp_label(r) for r in rows)
+    temps = unique(temp_label(r) for r in rows)
     colors = _colors(temps)
     for ax, drafter in zip(axs, drafters):
         for temp in temps:
             pts: dict[float, list[float]] = {}
             for r in rows:
                 a = _acceptance(r).get(drafter)
-                if temp_label(r) == temp and _is_number(a):
+                if temp_label(r) == temp and is_number(a):
                     pts.setdefault(r["gamma"], []).append(a)
             if not pts:
                 continue
             xs = sorted(pts)
             ax.errorbar(xs, [statistics.fmean(pts[x]) for x in xs],
-                        yerr=[_sd(pts[x]) for x in xs], marker="o", capsize=3,
+                        yerr=[sd(pts[x]) for x in xs], marker="o", capsize=3,
                         color=colors[temp], label=temp)
         ax.set_title(f"drafter: {drafter}")
         ax.set_xlabel("γ (draft tokens per round)")
@@ -64,44 +60,44 @@ def plot_acceptance_vs_gamma(rows: Sequence[Row], path: str | Path) -> bool:
     axs[0].set_ylabel("acceptance α per position (chain tested alone)")
     axs[-1].legend(title="temperature", fontsize=8, title_fontsize=8, loc="upper right")
     fig.suptitle("Per-drafter acceptance vs γ (mean ± sd over the other axes)")
-    return _save(fig, path)
+    return fig
 
 
-def plot_joint_vs_per_drafter(rows: Sequence[Row], path: str | Path) -> bool:
+def figure_joint_vs_per_drafter(rows: Sequence[Row]):
     """Bars: each drafter's α and the joint acceptance, per pairing (a panel per policy).
 
     A red ✕ marks the product of the pairing's α — what the joint acceptance collapses to
     when one shared block must pass every drafter (SPEC §4, switch 2 off).
     """
     rows = [r for r in rows if r.get("pairing") is not None and _acceptance(r)
-            and _is_number(r.get("joint_acceptance"))]
+            and is_number(r.get("joint_acceptance"))]
     if not rows:
-        return False
-    policies = _unique(label(r.get("policy")) for r in rows) if _has(rows, "policy") else [None]
-    drafters = _unique(d for r in rows for d in _acceptance(r))
+        return None
+    policies = unique(_policy(r) for r in rows) if has(rows, "policy") else [None]
+    drafters = unique(d for r in rows for d in _acceptance(r))
     colors = _colors(drafters)
-    pairings = _unique(label(r["pairing"]) for r in rows)
+    pairings = unique(label(r["pairing"]) for r in rows)
     cols = 4
     fig, axs = _figure(len(policies), width=max(4.5, 1.3 * len(pairings) + 2), height=4.0,
                        sharey=True, max_cols=cols)
     for ax, policy in zip(axs, policies):
-        group = [r for r in rows if policy is None or label(r.get("policy")) == policy]
+        group = [r for r in rows if policy is None or _policy(r) == policy]
         for i, pairing in enumerate(pairings):
             cells = [r for r in group if label(r["pairing"]) == pairing]
             if not cells:
                 continue
-            members = _unique(d for r in cells for d in _acceptance(r))
+            members = unique(d for r in cells for d in _acceptance(r))
             n = len(members) + 1
             width = 0.8 / n
             x0 = i - 0.4 + width / 2
             alphas = []
             for j, d in enumerate(members):
-                vals = _numbers(_acceptance(r).get(d) for r in cells)
+                vals = numbers(_acceptance(r).get(d) for r in cells)
                 alphas.append(statistics.fmean(vals))
-                ax.bar(x0 + j * width, alphas[-1], width, yerr=_sd(vals), capsize=2,
+                ax.bar(x0 + j * width, alphas[-1], width, yerr=sd(vals), capsize=2,
                        color=colors[d], label=f"α {d}")
-            joint = _numbers(r["joint_acceptance"] for r in cells)
-            ax.bar(x0 + len(members) * width, statistics.fmean(joint), width, yerr=_sd(joint),
+            joint = numbers(r["joint_acceptance"] for r in cells)
+            ax.bar(x0 + len(members) * width, statistics.fmean(joint), width, yerr=sd(joint),
                    capsize=2, color="0.25", hatch="//", edgecolor="white", label="joint α")
             if len(members) > 1:
                 ax.plot([x0 + len(members) * width], [math.prod(alphas)], "x", color="red",
@@ -118,58 +114,61 @@ def plot_joint_vs_per_drafter(rows: Sequence[Row], path: str | Path) -> bool:
         ax.set_ylabel("acceptance per position")
     fig.suptitle("Joint vs per-drafter acceptance (α per position, each chain tested alone), "
                  "per pairing")
-    return _save(fig, path)
+    return fig
 
 
-def plot_joint_vs_kl(rows: Sequence[Row], path: str | Path,
-                     kl_ceiling: float = DEFAULT_KL_CEILING) -> bool:
-    """Scatter of joint acceptance against the max pairwise KL, the KL ceiling marked."""
-    rows = [r for r in rows if _is_number(r.get("kl_max")) and math.isfinite(r["kl_max"])
-            and _is_number(r.get("joint_acceptance"))]
+def figure_joint_vs_kl(rows: Sequence[Row]):
+    """Scatter of joint acceptance against the max pairwise KL, each KL ceiling the rows ran
+    with marked (`rows.kl_ceiling`; none when no row had switch 4 on)."""
+    rows = [r for r in rows if is_number(r.get("kl_max")) and math.isfinite(r["kl_max"])
+            and is_number(r.get("joint_acceptance"))]
     if not rows:
-        return False
+        return None
     fig, (ax,) = _figure(1, width=8.0, height=4.4)
-    by_policy = _has(rows, "policy")
-    by_pairing = _has(rows, "pairing")
-    series = _unique(label(r.get("policy")) for r in rows) if by_policy else ["cells"]
+    by_policy = has(rows, "policy")
+    by_pairing = has(rows, "pairing")
+    series = unique(_policy(r) for r in rows) if by_policy else ["cells"]
     colors = _colors(series)
-    shapes = dict(zip(_unique(label(r.get("pairing")) for r in rows) if by_pairing else [],
+    shapes = dict(zip(unique(label(r.get("pairing")) for r in rows) if by_pairing else [],
                       "osD^vP*Xph"))
     for s in series:
         for shape_label, marker in (shapes.items() if by_pairing else [(None, "o")]):
-            pts = [r for r in rows if (not by_policy or label(r.get("policy")) == s)
+            pts = [r for r in rows if (not by_policy or _policy(r) == s)
                    and (shape_label is None or label(r.get("pairing")) == shape_label)]
             if pts:
                 ax.scatter([r["kl_max"] for r in pts], [r["joint_acceptance"] for r in pts],
                            color=colors[s], marker=marker, alpha=0.8, edgecolor="black",
                            linewidth=0.4)
-    xmax = max(max(r["kl_max"] for r in rows), kl_ceiling) * 1.1
-    ax.axvline(kl_ceiling, color="firebrick", linestyle="--", linewidth=1.5)
-    ax.axvspan(kl_ceiling, xmax, color="firebrick", alpha=0.07)
+    ceilings = sorted(unique(c for c in map(rows_lib.kl_ceiling, rows) if c is not None))
+    xmax = max([r["kl_max"] for r in rows] + ceilings) * 1.1
+    for ceiling in ceilings:
+        ax.axvline(ceiling, color="firebrick", linestyle="--", linewidth=1.5)
+        ax.axvspan(ceiling, xmax, color="firebrick", alpha=0.07)
     ax.set_xlim(0, xmax)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("max pairwise KL(q_i ‖ q_j) on the shared prefix (nats)")
     ax.set_ylabel("joint acceptance (shared prefix)")
     ax.set_title("Joint acceptance vs drafter divergence")
     ax.grid(alpha=0.3)
-    handles = [_line("firebrick", "--", f"KL ceiling {kl_ceiling:g} nats"),
-               _patch("firebrick", 0.07, "beyond it: drafters do\nnot share a prefix")]
+    handles = [_line("firebrick", "--", f"KL ceiling {c:g} nats") for c in ceilings]
+    handles += [_patch("firebrick", 0.07, "beyond it: drafters do\nnot share a prefix")
+                ] if ceilings else []
     handles += [_handle(ax, "o", colors[s], f"policy {s}") for s in series] if by_policy else []
     handles += [_handle(ax, m, "white", f"pairing {p}") for p, m in shapes.items()]
     fig.legend(handles=handles, fontsize=8, loc="outside right upper")
-    return _save(fig, path)
+    return fig
 
 
-def plot_policy_costs(rows: Sequence[Row], path: str | Path) -> bool:
+def figure_policy_costs(rows: Sequence[Row]):
     """Bars per policy: consensus-fallback rate; throughput ratios to the single drafter."""
     rows = [r for r in rows if r.get("policy") is not None]
     ratio_keys = [k for k in ("throughput_ratio_vs_single", "wallclock_ratio_vs_single")
-                  if _has(rows, k)]
-    panels = (["consensus_fallback_rate"] if _has(rows, "consensus_fallback_rate") else [])
+                  if has(rows, k)]
+    panels = (["consensus_fallback_rate"] if has(rows, "consensus_fallback_rate") else [])
     panels += ["ratios"] if ratio_keys else []
     if not rows or not panels:
-        return False
-    policies = _unique(label(r["policy"]) for r in rows)
+        return None
+    policies = unique(_policy(r) for r in rows)
     fig, axs = _figure(len(panels), width=max(4.5, 0.9 * len(policies) + 2.5), height=4.0)
     xs = range(len(policies))
     for ax, panel in zip(axs, panels):
@@ -197,50 +196,55 @@ def plot_policy_costs(rows: Sequence[Row], path: str | Path) -> bool:
         ax.set_xlabel("policy")
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("Cost of each policy (mean ± sd over the other axes)")
-    return _save(fig, path)
+    return fig
 
 
-def plot_decision_boundary(rows: Sequence[Row], path: str | Path,
-                           acceptance_floor: float = DEFAULT_ACCEPTANCE_FLOOR,
-                           depth_ceiling: float = DEFAULT_DEPTH_CEILING,
-                           overhead: float = DEFAULT_OVERHEAD) -> bool:
+def figure_decision_boundary(rows: Sequence[Row], config: dict | None = None):
     """Shared-prefix acceptance against mean truncation depth, the SPEC §6 region marked.
 
     Below the acceptance floor or beyond the depth ceiling the boundary raises
     SpeculativePrefixCollapseError; inside, a cell is coloured by the boundary's answer
     when its independent-branch acceptance is known (shared − independent > overhead:
-    truncate and re-propose, else independent branches), by policy otherwise.
+    truncate and re-propose, else independent branches), by policy otherwise. Each cell is
+    judged by the thresholds it ran with (`rows.thresholds`: a row without them, the
+    config's `boundary` block), and each distinct floor and ceiling is drawn.
     """
-    rows = [r for r in rows if _is_number(r.get("mean_truncation_depth"))
-            and _is_number(r.get("shared_prefix_acceptance"))]
+    rows = [r for r in rows if is_number(r.get("mean_truncation_depth"))
+            and is_number(r.get("shared_prefix_acceptance"))]
     if not rows:
-        return False
+        return None
     fig, (ax,) = _figure(1, width=8.6, height=4.6)
-    xmax = max(max(r["mean_truncation_depth"] for r in rows), depth_ceiling) * 1.15
-    ax.axhspan(0, acceptance_floor, color="firebrick", alpha=0.08)
-    ax.axvspan(depth_ceiling, xmax, color="firebrick", alpha=0.08)
-    ax.axhline(acceptance_floor, color="firebrick", linestyle="--", linewidth=1.5)
-    ax.axvline(depth_ceiling, color="firebrick", linestyle=":", linewidth=1.5)
+    limits = {id(r): rows_lib.thresholds(r, config) for r in rows}
+    floors = sorted(unique(t.acceptance_floor for t in limits.values()))
+    depths = sorted(unique(t.depth_ceiling for t in limits.values()
+                           if math.isfinite(t.depth_ceiling)))
+    xmax = max([r["mean_truncation_depth"] for r in rows] + depths) * 1.15
+    for floor in floors:
+        ax.axhspan(0, floor, color="firebrick", alpha=0.08)
+        ax.axhline(floor, color="firebrick", linestyle="--", linewidth=1.5)
+    for depth in depths:
+        ax.axvspan(depth, xmax, color="firebrick", alpha=0.08)
+        ax.axvline(depth, color="firebrick", linestyle=":", linewidth=1.5)
 
     def decision(r: Row) -> str:
-        shared, depth = r["shared_prefix_acceptance"], r["mean_truncation_depth"]
-        if not 0 <= shared <= 1 or shared < acceptance_floor or depth > depth_ceiling:
+        shared, depth, t = r["shared_prefix_acceptance"], r["mean_truncation_depth"], limits[id(r)]
+        if not 0 <= shared <= 1 or shared < t.acceptance_floor or depth > t.depth_ceiling:
             return "collapse"
         indep = r.get("independent_branch_acceptance")
-        if not _is_number(indep):
+        if not is_number(indep):
             return "inside the boundary"
-        return ("truncate & re-propose" if shared - indep > overhead
+        return ("truncate & re-propose" if shared - indep > t.truncation_overhead_ratio
                 else "independent branches")
 
-    decisions = _unique(decision(r) for r in rows)
+    decisions = unique(decision(r) for r in rows)
     palette = {"collapse": "firebrick", "truncate & re-propose": "tab:green",
                "independent branches": "tab:blue", "inside the boundary": "tab:green"}
-    by_policy = _has(rows, "policy")
-    markers = dict(zip(_unique(label(r.get("policy")) for r in rows) if by_policy else [],
+    by_policy = has(rows, "policy")
+    markers = dict(zip(unique(_policy(r) for r in rows) if by_policy else [],
                        "osD^vP*Xph"))
     for r in rows:
         ax.scatter(r["mean_truncation_depth"], r["shared_prefix_acceptance"],
-                   color=palette[decision(r)], marker=markers.get(label(r.get("policy")), "o"),
+                   color=palette[decision(r)], marker=markers.get(_policy(r), "o"),
                    alpha=0.85, edgecolor="black", linewidth=0.4)
     ax.set_xlim(0, xmax)
     ax.set_ylim(0, 1.02)
@@ -248,26 +252,50 @@ def plot_decision_boundary(rows: Sequence[Row], path: str | Path,
     ax.set_ylabel("shared-prefix (joint) acceptance")
     ax.set_title("Decision boundary (per batch, SPEC §6)")
     ax.grid(alpha=0.3)
-    handles = [_line("firebrick", "--", f"acceptance floor {acceptance_floor:g}"),
-               _line("firebrick", ":", f"depth ceiling {depth_ceiling:g}"),
-               _patch("firebrick", 0.08, "collapse region (raises\nSpeculativePrefixCollapseError)")]
+    handles = [_line("firebrick", "--", f"acceptance floor {f:g}") for f in floors]
+    handles += [_line("firebrick", ":", f"depth ceiling {d:g}") for d in depths]
+    handles += [_patch("firebrick", 0.08, "collapse region (raises\nSpeculativePrefixCollapseError)")]
     handles += [_handle(ax, "o", palette[d], f"decision: {d}") for d in decisions]
     handles += [_handle(ax, m, "white", f"policy {p}") for p, m in markers.items()]
     fig.legend(handles=handles, fontsize=8, loc="outside right upper")
-    return _save(fig, path)
+    return fig
 
 
-# name -> (title in the report, function, thresholds it takes)
-PLOTS: dict[str, tuple[str, Callable[..., bool], tuple[str, ...]]] = {
-    "acceptance_vs_gamma": ("Acceptance vs γ per temperature", plot_acceptance_vs_gamma, ()),
+def plot_acceptance_vs_gamma(rows: Sequence[Row], path: str | Path) -> bool:
+    """Saves `figure_acceptance_vs_gamma` to `path`; False (nothing written) without one."""
+    return _save(figure_acceptance_vs_gamma(rows), path)
+
+
+def plot_joint_vs_per_drafter(rows: Sequence[Row], path: str | Path) -> bool:
+    """Saves `figure_joint_vs_per_drafter` to `path`; False (nothing written) without one."""
+    return _save(figure_joint_vs_per_drafter(rows), path)
+
+
+def plot_joint_vs_kl(rows: Sequence[Row], path: str | Path) -> bool:
+    """Saves `figure_joint_vs_kl` to `path`; False (nothing written) without one."""
+    return _save(figure_joint_vs_kl(rows), path)
+
+
+def plot_policy_costs(rows: Sequence[Row], path: str | Path) -> bool:
+    """Saves `figure_policy_costs` to `path`; False (nothing written) without one."""
+    return _save(figure_policy_costs(rows), path)
+
+
+def plot_decision_boundary(rows: Sequence[Row], path: str | Path,
+                           config: dict | None = None) -> bool:
+    """Saves `figure_decision_boundary` to `path`; False (nothing written) without one."""
+    return _save(figure_decision_boundary(rows, config), path)
+
+
+# name -> (title in the report, function, whether it takes the run's config)
+PLOTS: dict[str, tuple[str, Callable[..., bool], bool]] = {
+    "acceptance_vs_gamma": ("Acceptance vs γ per temperature", plot_acceptance_vs_gamma, False),
     "joint_vs_per_drafter": ("Joint vs per-drafter acceptance per pairing",
-                             plot_joint_vs_per_drafter, ()),
-    "joint_vs_kl": ("Joint acceptance vs max pairwise KL", plot_joint_vs_kl, ("kl_ceiling",)),
-    "policy_costs": ("Fallback rate and throughput per policy", plot_policy_costs, ()),
-    "decision_boundary": ("Decision boundary", plot_decision_boundary,
-                          ("acceptance_floor", "depth_ceiling", "overhead")),
+                             plot_joint_vs_per_drafter, False),
+    "joint_vs_kl": ("Joint acceptance vs max pairwise KL", plot_joint_vs_kl, False),
+    "policy_costs": ("Fallback rate and throughput per policy", plot_policy_costs, False),
+    "decision_boundary": ("Decision boundary", plot_decision_boundary, True),
 }
-
 
 
 # ----------------------------------------------------------------------------------
@@ -290,7 +318,10 @@ def _figure(n: int, width: float, height: float, sharey: bool = False, max_cols:
 
 
 def _save(fig, path) -> bool:
-    """Draws `fig` as PNG into `path`: a file path (atomically) or a binary file object."""
+    """Draws `fig` as PNG into `path`: a file path (atomically) or a binary file object;
+    False (nothing written) when there is no figure."""
+    if fig is None:
+        return False
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=import-outside-toplevel
 
     FigureCanvasAgg(fig)
@@ -342,12 +373,17 @@ def _patch(color: Any, alpha: float, text: str):
     return Patch(facecolor=color, alpha=alpha * 2, edgecolor="none", label=text)
 
 
+def _policy(r: Row) -> str:
+    """The row's policy as tables and plots show it (`specjax.policy.names.label`)."""
+    return policy_names.label(r.get("policy"))
+
+
 def _acceptance(r: Row) -> dict[str, float]:
     """Each drafter's α per position (its chain tested alone), else accepted / proposed."""
     a = r.get("per_drafter_alpha") or r.get("acceptance")
     if isinstance(a, dict):
-        return {str(k): v for k, v in a.items() if _is_number(v)}
-    if _is_number(a):
+        return {str(k): v for k, v in a.items() if is_number(v)}
+    if is_number(a):
         return {"drafter": a}
     return {}
 
@@ -355,7 +391,7 @@ def _acceptance(r: Row) -> dict[str, float]:
 def _per_group(rows: Sequence[Row], groups: Sequence[str], key: str):
     means, sds = [], []
     for g in groups:
-        vals = _numbers(r.get(key) for r in rows if label(r["policy"]) == g)
+        vals = numbers(r.get(key) for r in rows if _policy(r) == g)
         means.append(statistics.fmean(vals) if vals else math.nan)
-        sds.append(_sd(vals))
+        sds.append(sd(vals))
     return means, sds

@@ -20,32 +20,31 @@ Where several cells share a point (other axes, seeds) the plots show the mean an
 error bars, the standard deviation over those cells. A value that is not a finite number
 (``Infinity``, ``NaN`` in the JSON) is written as such in the tables (``inf``, ``nan``; a
 mean over it too) and left out of the plots, which draw finite values only. Rows that are
-no cell of the run's grid (`specjax.runner.grid.split_rows`) are listed, never counted. Figures are drawn with
-`matplotlib.figure.Figure` and the Agg canvas, never pyplot, so that importing this from
-a notebook leaves its backend alone.
+no cell of the run's grid (`specjax.runner.grid.split_rows`) are listed, never counted.
+Thresholds drawn in a plot (the KL ceiling, the decision boundary's) are those each row ran
+with (`specjax.runner.rows`). Figures are drawn with `matplotlib.figure.Figure` and the Agg
+canvas, never pyplot, so that importing this from a notebook leaves its backend alone.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import statistics
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from specjax.policy import names as policy_names
 from specjax.runner import results as results_lib
+from specjax.runner.rows import Row, as_float, has, label, mean, numeric, unique
 
 __all__ = [
     "AXES",
     "METRICS",
     "write_report",
     "markdown_report",
-    "label",
 ]
 
 REPORT_NAME = "report.md"
-# The largest magnitude a plot draws (a larger value, like inf or nan, is in the tables).
-PLOT_LIMIT = 1e12
 PLOTS_DIR = "plots"
 
 # Grid axes shown first in the tables, in this order, then any other axis.
@@ -71,14 +70,6 @@ METRICS = {
 SUMMARY_METRICS = ("joint_acceptance", "consensus_fallback_rate", "mean_truncation_depth",
                    "kl_max", "throughput_ratio_vs_single", "wallclock_ratio_vs_single",
                    "tv_distance", "mean_accepted_length")
-
-# SPEC §4 and §6 defaults; a config field of the same name overrides them.
-DEFAULT_KL_CEILING = 0.35
-DEFAULT_ACCEPTANCE_FLOOR = 0.45
-DEFAULT_DEPTH_CEILING = 2.5
-DEFAULT_OVERHEAD = 0.15
-
-Row = dict[str, Any]
 
 
 # ----------------------------------------------------------------------------------
@@ -147,18 +138,11 @@ def render_report(results: Sequence[Row], config: dict, version: dict,
     is written, so every output is built before any file is replaced."""
     import io  # pylint: disable=import-outside-toplevel
 
-    thresholds = {
-        "kl_ceiling": _config_number(config, "kl_ceiling", DEFAULT_KL_CEILING),
-        "acceptance_floor": _config_number(config, "acceptance_floor",
-                                           DEFAULT_ACCEPTANCE_FLOOR),
-        "depth_ceiling": _config_number(config, "depth_ceiling", DEFAULT_DEPTH_CEILING),
-        "overhead": _config_number(config, "truncation_overhead_ratio", DEFAULT_OVERHEAD),
-    }
     written, pngs = [], {}
     from specjax.runner.plots import PLOTS  # pylint: disable=import-outside-toplevel
-    for name, (title, fn, keys) in PLOTS.items():
+    for name, (title, fn, wants_config) in PLOTS.items():
         buf = io.BytesIO()
-        kwargs = {k: thresholds[k] for k in keys}
+        kwargs = {"config": config} if wants_config else {}
         if fn(results, buf, **kwargs):
             pngs[name] = buf.getvalue()
             written.append((title, Path(PLOTS_DIR) / f"{name}.png"))
@@ -202,20 +186,20 @@ def markdown_report(results: Sequence[Row], config: dict | None = None,
         lines += ["Fixed: " + ", ".join(f"{a} = {label(rows[0].get(a))}" for a in fixed), ""]
 
     if "policy" in varying:
-        present = [m for m in SUMMARY_METRICS if _has(rows, m)]
+        present = [m for m in SUMMARY_METRICS if has(rows, m)]
         if present:
             lines += ["## Mean over cells, per policy", ""]
             header = ["policy", "cells"] + [METRICS[m] for m in present]
             table = []
-            for policy, group in _group(rows, lambda r: label(r.get("policy"))):
+            for policy, group in _group(rows, lambda r: policy_names.label(r.get("policy"))):
                 cells = [policy, str(len(group))]
                 for m in present:
-                    vals = _numeric(r.get(m) for r in group)
-                    cells.append(_fmt(_mean(vals)) if vals else "–")
+                    vals = numeric(r.get(m) for r in group)
+                    cells.append(_fmt(mean(vals)) if vals else "–")
                 table.append(cells)
             lines += _md_table(header, table) + [""]
 
-    metrics = [m for m in METRICS if _has(rows, m)]
+    metrics = [m for m in METRICS if has(rows, m)]
     lines += ["## Every cell", ""]
     header = ["cell"] + varying + [METRICS[m] for m in metrics]
     table = [[f"`{r.get('cell_id', '?')}`"] + [label(r.get(a)) for a in varying]
@@ -239,33 +223,6 @@ def _outside_section(outside: Sequence[tuple[Row, str]]) -> list[str]:
     return lines + _md_table(["cell", "why it is not a cell of this grid"], table) + [""]
 
 
-def label(value: Any) -> str:
-    """A short display name: ``code+prose`` for a pairing, a policy's name or 4-bit code."""
-    if value is None:
-        return "–"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, (list, tuple)):
-        return "+".join(label(v) for v in value)
-    if isinstance(value, dict):
-        if "name" in value:
-            return str(value["name"])
-        switches = ("prefix_partitioning", "truncate_and_attribute",
-                    "agreement_weighted_consensus", "kl_ceiling")
-        if all(k in value for k in switches):
-            kl = value["kl_ceiling"]
-            code = "".join(f"{s[0]}{int(bool(value[s]))}" for s in switches)
-            f = _float(kl)
-            if kl not in (None, False, True) and (
-                    f is None or not math.isclose(f, DEFAULT_KL_CEILING)):
-                code += f"_kl{kl}" if f is None else f"_kl{f:g}"
-            return code
-        return ",".join(f"{k}={label(v)}" for k, v in value.items())
-    return str(value)
-
-
 # ----------------------------------------------------------------------------------
 # Helpers.
 # ----------------------------------------------------------------------------------
@@ -273,7 +230,7 @@ def label(value: Any) -> str:
 
 def _axes(rows: Sequence[Row], config: dict) -> list[str]:
     grid = config.get("grid")
-    names = list(grid) if isinstance(grid, dict) else _unique(
+    names = list(grid) if isinstance(grid, dict) else unique(
         k for r in rows for k in (r.get("cell") if isinstance(r.get("cell"), dict) else {}))
     return sorted(names, key=lambda a: (AXES.index(a) if a in AXES else len(AXES), names.index(a)))
 
@@ -301,7 +258,7 @@ def _fmt(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (int, float)):
-        f = _float(value)
+        f = as_float(value)
         if not math.isfinite(f):
             return str(f)  # nan, inf, -inf: written as such
         if isinstance(value, int):
@@ -312,67 +269,6 @@ def _fmt(value: Any) -> str:
 
 def _key(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
-
-
-def _has(rows: Sequence[Row], key: str) -> bool:
-    return any(r.get(key) is not None for r in rows)
-
-
-def _float(x: Any) -> float | None:
-    """`x` as a float when it is a number (an int too large for a float is ±inf), else None."""
-    if not isinstance(x, (int, float)) or isinstance(x, bool):
-        return None
-    try:
-        return float(x)
-    except OverflowError:
-        return math.inf if x > 0 else -math.inf
-
-
-def _is_number(x: Any) -> bool:
-    """A number a plot can place: finite, of magnitude at most `PLOT_LIMIT`."""
-    f = _float(x)
-    return f is not None and math.isfinite(f) and abs(f) <= PLOT_LIMIT
-
-
-def _numbers(values: Iterable[Any]) -> list[float]:
-    """The numbers among `values` a plot can place (`_is_number`), as floats."""
-    return [f for f in map(_float, values) if f is not None and math.isfinite(f)
-            and abs(f) <= PLOT_LIMIT]
-
-
-def _numeric(values: Iterable[Any]) -> list[float]:
-    """The numbers among `values`, finite or not (what a table writes), as floats."""
-    return [f for f in map(_float, values) if f is not None]
-
-
-def _mean(values: Sequence[float]) -> float:
-    """Their mean; inf or nan when a value is, or when the sum overflows (never raises)."""
-    try:
-        return statistics.fmean(values)
-    except (OverflowError, ValueError):  # inf + -inf, or a sum beyond the floats
-        return sum(values) / len(values)
-
-
-def _sd(values: Sequence[float]) -> float:
-    values = _numbers(values)
-    return statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def _unique(items: Iterable[Any]) -> list[Any]:
-    return list(dict.fromkeys(items))
-
-
-def _config_number(config: Any, key: str, default: float) -> float:
-    """The first numeric `key` in the config (top level first, then nested dicts)."""
-    if isinstance(config, dict):
-        if _is_number(config.get(key)):
-            return float(config[key])
-        for v in config.values():
-            if isinstance(v, dict):
-                found = _config_number(v, key, math.nan)
-                if not math.isnan(found):
-                    return found
-    return default
 
 
 def _read_json(path: Path) -> Any:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specjax.field_report import FIELD_REPORT_TABLE
+
 DRAFTERS = ("code", "prose", "reasoning")
 ROWS = ("naive", "all_on", "auto", "oracle")
 
@@ -41,6 +43,8 @@ def markdown(summary: dict) -> str:
     names = [n for n in DRAFTERS if f"alpha:{n}" in naive] or [
         k.split(":", 1)[1] for k in naive if k.startswith("alpha:")]
     bs = summary.get("best_single") or {}
+    joint, fallback = seed["joint_acceptance"], seed["consensus_fallback_rate"]
+    ratio = seed["throughput_ratio_vs_single"]
     lines = [
         "# The seed's table, reproduced", "",
         f"Deployment: {st.get('deployment')} · {st.get('plans')} mixed-domain plans "
@@ -61,16 +65,18 @@ def markdown(summary: dict) -> str:
         "| per-drafter α (" + " / ".join(names) + ") | "
         + " / ".join(f"{seed['per_drafter_acceptance'].get(n, float('nan')):.2f}" for n in names)
         + " | " + " / ".join(_fmt(naive.get(f"alpha:{n}")) for n in names) + " | — | — |",
-        f"| joint acceptance on shared prefixes | 0.19 | {_fmt(naive.get('joint_acceptance'))} | "
-        f"0.52 | {_fmt(on.get('joint_acceptance'))} |",
-        f"| consensus-fallback rate | ~80% | {_fmt(naive.get('consensus_fallback_rate'), True)} |"
-        f" ~14% | {_fmt(on.get('consensus_fallback_rate'), True)} |",
-        f"| throughput vs best single drafter (cost model, zoo sizes) | 0.4× | "
-        f"{_fmt(naive.get('throughput_ratio_vs_single'))} | 1.7× | "
+        f"| joint acceptance on shared prefixes | {joint['naive']:.2f} | "
+        f"{_fmt(naive.get('joint_acceptance'))} | {joint['all_on']:.2f} | "
+        f"{_fmt(on.get('joint_acceptance'))} |",
+        f"| consensus-fallback rate | ~{100 * fallback['naive']:.0f}% | "
+        f"{_fmt(naive.get('consensus_fallback_rate'), True)} | ~{100 * fallback['all_on']:.0f}% "
+        f"| {_fmt(on.get('consensus_fallback_rate'), True)} |",
+        f"| throughput vs best single drafter (cost model, zoo sizes) | {ratio['naive']:g}× | "
+        f"{_fmt(naive.get('throughput_ratio_vs_single'))} | {ratio['all_on']:g}× | "
         f"{_fmt(on.get('throughput_ratio_vs_single'))} |",
-        f"| same, cost model at the seed's sizes (1.5B/3B/7B vs 70B) | 0.4× | "
-        f"{_fmt(naive.get('throughput_ratio_vs_single_at_seed_sizes'))} | 1.7× | "
-        f"{_fmt(on.get('throughput_ratio_vs_single_at_seed_sizes'))} |",
+        f"| same, cost model at the seed's sizes (1.5B/3B/7B vs 70B) | {ratio['naive']:g}× | "
+        f"{_fmt(naive.get('throughput_ratio_vs_single_at_seed_sizes'))} | {ratio['all_on']:g}× "
+        f"| {_fmt(on.get('throughput_ratio_vs_single_at_seed_sizes'))} |",
         f"| same, wall clock on this machine | — | {_fmt(naive.get('wallclock_ratio_vs_single'))}"
         f" | — | {_fmt(on.get('wallclock_ratio_vs_single'))} |",
         f"| γ (best of the grid) | — | {naive.get('gamma')} | — | {on.get('gamma')} |", ""]
@@ -182,8 +188,9 @@ def _why(summary) -> list[str]:
         by = (sd.get("fallback_rate_by_threshold") or {}).get("depth_ceiling", {})
         relaxed = by.get("1000000000.0")
         if _ok(relaxed) and relaxed < fb - 0.2:
+            depth = (f.get("thresholds") or st.get("boundary") or {}).get("depth_ceiling")
             out.append(f"  Without the depth ceiling its fallback rate would be "
-                       f"{100 * relaxed:.0f}%: the seed's 2.5-token ceiling decides it.")
+                       f"{100 * relaxed:.0f}%: the {depth:g}-token ceiling decides it.")
     if not out[2:]:
         out.append("- No policy falls back on most steps.")
     single_only = [n for n, f in pol.items() if f.get("shared_rounds") == 0 and n not in (
@@ -194,13 +201,14 @@ def _why(summary) -> list[str]:
                    "decides True and every step falls back; the quorum column shows the "
                    "alternative rule on the same steps.")
     kl = [(n, f.get("kl_max")) for n, f in pol.items() if _ok(f.get("kl_max"))]
-    ceiling = 0.35
-    if kl:
+    ceiling = _kl_ceiling(pol)
+    if kl and ceiling is not None:
         worst = max(v for _, v in kl)
         out.append(f"- The largest pairwise KL on the common support is {worst:.2f} nats "
-                   + ("(above the 0.35-nat ceiling, so switch 4 splits at least one pair)."
-                      if worst > ceiling else "(below the 0.35-nat ceiling: switch 4 never "
-                      "splits a pair here, so its ablation can only change the KL pass's cost)."))
+                   + (f"(above the {ceiling:g}-nat ceiling, so switch 4 splits at least one "
+                      "pair)." if worst > ceiling else f"(below the {ceiling:g}-nat ceiling: "
+                      "switch 4 never splits a pair here, so its ablation can only change the "
+                      "KL pass's cost)."))
     a, o = pol.get("auto"), pol.get("oracle")
     if a and o:
         av = (a.get("throughput_ratio_vs_single") or {}).get("value")
@@ -210,6 +218,14 @@ def _why(summary) -> list[str]:
                        f"router's {ov:.2f}× (cost model, zoo sizes).")
     out.append("")
     return out
+
+
+def _kl_ceiling(pol: dict) -> float | None:
+    """The KL ceiling the run's policies ran with (the rows' `kl_ceiling`): all_on's, else
+    the first policy with switch 4 on; None when none had it on."""
+    ranked = sorted(pol.items(), key=lambda x: x[0] != "all_on")
+    ceilings = [f.get("kl_ceiling") for _, f in ranked if _ok(f.get("kl_ceiling"))]
+    return ceilings[0] if ceilings else None
 
 
 def plot(workdir: Path, pol: dict) -> None:
@@ -249,8 +265,12 @@ def render(pol: dict) -> bytes:
                             (0.2, "consensus_fallback_rate", "consensus-fallback rate")):
         v, err = vals(key)
         axes[0].bar(x + off, v, 0.4, yerr=err, capsize=2, label=label)
-    axes[0].axhline(0.19, ls=":", c="C0", lw=1, label="seed naive joint 0.19")
-    axes[0].axhline(0.52, ls="--", c="C0", lw=1, label="seed all-on joint 0.52")
+    joint, ratio = (FIELD_REPORT_TABLE[k] for k in ("joint_acceptance",
+                                                     "throughput_ratio_vs_single"))
+    axes[0].axhline(joint["naive"], ls=":", c="C0", lw=1,
+                    label=f"seed naive joint {joint['naive']:g}")
+    axes[0].axhline(joint["all_on"], ls="--", c="C0", lw=1,
+                    label=f"seed all-on joint {joint['all_on']:g}")
     axes[0].set_ylim(0, 1.4)
     axes[0].set_title("Acceptance and fallback per policy (95% CI)")
     for off, key, label in ((-0.27, "throughput_ratio_vs_single", "cost model, zoo sizes"),
@@ -260,8 +280,9 @@ def render(pol: dict) -> bytes:
         v, err = vals(key)
         axes[1].bar(x + off, v, 0.27, yerr=err, capsize=2, label=label)
     axes[1].axhline(1.0, c="k", lw=0.8)
-    axes[1].axhline(0.4, ls=":", c="C3", lw=1, label="seed naive 0.4×")
-    axes[1].axhline(1.7, ls="--", c="C3", lw=1, label="seed all-on 1.7×")
+    axes[1].axhline(ratio["naive"], ls=":", c="C3", lw=1, label=f"seed naive {ratio['naive']:g}×")
+    axes[1].axhline(ratio["all_on"], ls="--", c="C3", lw=1,
+                    label=f"seed all-on {ratio['all_on']:g}×")
     axes[1].set_title("Throughput vs best single drafter (95% CI)")
     for ax in axes:
         ax.set_xticks(x)

@@ -25,13 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from specjax import metrics
-from specjax.policy import boundary as boundary_lib
 from specjax.policy.summary import step_decision_figures
 from specjax.policy.runstats import RunStats
-from specjax.seed_constants import SEED_COSTS, SEED_TABLE
-
-SWITCHES = ("prefix_partitioning", "truncate_and_attribute", "agreement_weighted_consensus",
-            "kl_ceiling")
+from specjax.field_report import FIELD_REPORT_COSTS, FIELD_REPORT_TABLE
+from specjax.policy import names as policy_names
+from specjax.policy.switches import SWITCHES
+from specjax.runner import rows as rows_lib
 N_BOOT = 1000
 
 
@@ -171,7 +170,8 @@ def build(config, results: list[dict]) -> dict | None:
             by_gamma.setdefault(g, _Units(rows))
     best_single = _best_single(by_gamma)
     policies, fns = {}, {}
-    for k, (name, per_gamma) in enumerate(sorted(groups.items(), key=lambda x: _order(x[0]))):
+    ordered = sorted(groups.items(), key=lambda x: policy_names.order_key(x[0]))
+    for k, (name, per_gamma) in enumerate(ordered):
         cands = {g: _Units(rows) for g, rows in per_gamma.items()}
         scored = {g: _figures(u, best_single, k) for g, u in cands.items()}
         g_best = max(scored, key=lambda g: _nan_low(scored[g][0]["throughput_ratio_vs_single"]
@@ -185,8 +185,9 @@ def build(config, results: list[dict]) -> dict | None:
         st = RunStats(k=1, gamma=1)
         st.branch_records = recs
         st.step_records = [s for r in cands[g_best].rows for s in r.get("step_records", [])]
+        thresholds = rows_lib.thresholds(cands[g_best].rows[0], config)
         try:
-            fig["step_decision"] = step_decision_figures(st, _thresholds(config))
+            fig["step_decision"] = step_decision_figures(st, thresholds)
         except (ValueError, TypeError, KeyError) as e:
             # Records the boundary cannot replay (a non-finite s_b or d_b): the figures
             # are left out, and why is in summary.json.
@@ -195,6 +196,8 @@ def build(config, results: list[dict]) -> dict | None:
         fig["fallback_rate_quorum"] = (float(np.mean(np.asarray(sup) < config.get(
             "consensus_threshold", 0.5)))
                                        if sup else None)
+        fig["kl_ceiling"] = rows_lib.kl_ceiling(cands[g_best].rows[0])
+        fig["thresholds"] = thresholds.kwargs()
         fig["kl_max"] = _max(r.get("kl_max") for r in cands[g_best].rows)
         fig["kl_outside_mass"] = _max(r.get("kl_outside_mass") for r in cands[g_best].rows)
         fig["mean_truncation_depth"] = _mean(r.get("mean_truncation_depth")
@@ -209,7 +212,7 @@ def build(config, results: list[dict]) -> dict | None:
     seeds = sorted({r.get("seed", 0) for r in results})
     bs = best_single.get("cost")
     summary = {
-        "seed": SEED_TABLE, "seed_costs": SEED_COSTS, "policies": policies, "effects": effects,
+        "seed": FIELD_REPORT_TABLE, "seed_costs": FIELD_REPORT_COSTS, "policies": policies, "effects": effects,
         "best_single": {"drafter": bs[1], "gamma": bs[0].gamma} if bs else None,
         "claims": _claims(policies),
         "settings": {"seeds": seeds, "plans": len(results[0]["per_plan"]["tokens"]),
@@ -217,7 +220,7 @@ def build(config, results: list[dict]) -> dict | None:
                          "deployment", "plans_per_domain", "plan_steps", "max_step_tokens",
                          "consensus", "consensus_threshold", "consensus_cost",
                          "share_verifier_call")},
-                     "boundary": _thresholds(config).kwargs(),
+                     "boundary": rows_lib.thresholds(results[0], config).kwargs(),
                      "gammas": sorted({r.get("gamma") for r in results}),
                      "verifier_temperature": results[0].get("verifier_temperature"),
                      "rule": results[0].get("rule"),
@@ -273,18 +276,6 @@ def _max(xs):
 def _mean(xs):
     xs = _numbers(xs)
     return sum(xs) / len(xs) if xs else None
-
-
-def _thresholds(config):
-    b = config.get("boundary") or {}
-    return boundary_lib.BoundaryThresholds(**{k: b[k] for k in (
-        "truncation_overhead_ratio", "acceptance_floor", "depth_ceiling") if k in b})
-
-
-def _order(name):
-    fixed = ["naive", "all_on"] + [f"all_on_minus_{s}" for s in SWITCHES] + [
-        f"naive_plus_{s}" for s in SWITCHES] + ["auto", "oracle"]
-    return (fixed.index(name) if name in fixed else len(fixed), name)
 
 
 def _effects(policies, fns) -> dict:
