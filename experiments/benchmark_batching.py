@@ -1,7 +1,8 @@
 """Static vs continuous batching on the zoo, on a ragged workload.
 
-  python experiments/benchmark_batching.py --out runs/benchmark_batching   # B = 8, 32
-  python experiments/benchmark_batching.py --batches 8 --n_prompts 24 --chunks 8,16,32
+  python experiments/benchmark_batching.py --out runs/benchmark_batching   # B = 8, N = 48
+  python experiments/benchmark_batching.py --batches 8,32 --n_prompts 96 --chunks 8,16,32
+  python experiments/benchmark_batching.py --write_docs          # docs/results/batching.md
 
 Workload: the shipped plan prompts (`specjax.data.load_prompts`, cycled to `--n_prompts`)
 with per-prompt budgets drawn uniformly from [--new_tokens_min, --new_tokens_max] (fixed
@@ -23,53 +24,58 @@ the refills' share of the continuous seconds (prefill of the padded prompts: on 
 large part of a short-answer workload), and whether each prompt's tokens equal its static
 tokens. Medians of --repeats; the machine's load average is printed and stored (timings
 on a shared machine move by tens of percent). Prints a table and writes
-benchmark_batching.json; `measure` is the programmatic entry.
+benchmark_batching.json under --out; ``--write_docs`` writes docs/results/batching.md
+(``--docs_dir``); `measure` is the programmatic entry. About 5 minutes at the defaults on
+2 idle cores.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import jax
+import numpy as np
+from absl import app, flags
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
-
-from specjax.data import load_prompts  # noqa: E402
-from specjax.engine.batching import continuous_generate  # noqa: E402
-from specjax.engine.deployment import from_zoo  # noqa: E402
-from specjax.engine.generate import (autoregressive_generate, row_keys_for,  # noqa: E402
+from specjax import provenance
+from specjax.data import load_prompts
+from specjax.engine.batching import continuous_generate
+from specjax.engine.deployment import from_zoo
+from specjax.engine.generate import (autoregressive_generate, row_keys_for,
                                      speculative_generate)
-from specjax.engine.spec import EngineConfig  # noqa: E402
-from specjax.models.zoo import load_zoo  # noqa: E402
+from specjax.engine.spec import EngineConfig
+from specjax.models.zoo import load_zoo
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", "runs/benchmark_batching", "output directory "
-                    "(benchmark_batching.json)")
-flags.DEFINE_list("batches", ["8", "32"], "batch sizes B (rows)")
-flags.DEFINE_integer("n_prompts", 96, "prompts in the queue (the shipped ones, cycled)")
-flags.DEFINE_list("chunks", ["4", "8", "16"], "continuous batching chunk sizes (rounds "
-                  "per chunk: tokens for AR)")
-flags.DEFINE_integer("new_tokens_min", 16, "smallest per-prompt budget")
-flags.DEFINE_integer("new_tokens_max", 64, "largest per-prompt budget")
-flags.DEFINE_bool("stop", True, "stop prompts at the verifier's newline tokens")
-flags.DEFINE_list("modes", ["ar", "spec"], "ar: the verifier alone; spec: speculative")
-flags.DEFINE_string("drafter", "code", "the speculative mode's drafter")
-flags.DEFINE_integer("gamma", 4, "γ of the speculative mode")
-flags.DEFINE_string("rule", "rejection", "verification rule (EngineConfig's default)")
-flags.DEFINE_float("verifier_temperature", 1.0, "τ of the verifier")
-flags.DEFINE_integer("repeats", 3, "timed repeats per measurement (median), after a "
-                     "warm-up")
-flags.DEFINE_integer("bucket", 8, "prompt widths are padded to a multiple of this (both "
-                     "methods pad to the queue's widest prompt, one set of shapes; attention "
-                     "reads every cache slot, so a wide bucket slows prefill and decoding)")
-flags.DEFINE_integer("seed", 0, "budgets and row keys")
-flags.DEFINE_string("zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped specjax/zoo)")
+PAGE = "batching"
+_RECORDED_FLAGS = ("batches", "n_prompts", "chunks", "new_tokens_min", "new_tokens_max", "stop",
+                   "modes", "drafter", "gamma", "rule", "verifier_temperature", "repeats",
+                   "bucket", "seed")
+
+
+def define_flags():
+    """The script's flags (defined only when it runs as a script)."""
+    provenance.define_common_flags(out="runs/benchmark_batching", repeats=3, page=PAGE)
+    flags.DEFINE_list("batches", ["8"], "batch sizes B (rows)")
+    flags.DEFINE_integer("n_prompts", 48, "prompts in the queue (the shipped ones, cycled)")
+    flags.DEFINE_list("chunks", ["4", "8", "16"], "continuous batching chunk sizes (rounds "
+                      "per chunk: tokens for AR)")
+    flags.DEFINE_integer("new_tokens_min", 16, "smallest per-prompt budget")
+    flags.DEFINE_integer("new_tokens_max", 64, "largest per-prompt budget")
+    flags.DEFINE_bool("stop", True, "stop prompts at the verifier's newline tokens")
+    flags.DEFINE_list("modes", ["ar", "spec"], "ar: the verifier alone; spec: speculative")
+    flags.DEFINE_string("drafter", "code", "the speculative mode's drafter")
+    flags.DEFINE_integer("gamma", 4, "γ of the speculative mode")
+    flags.DEFINE_string("rule", "rejection", "verification rule (EngineConfig's default)")
+    flags.DEFINE_float("verifier_temperature", 1.0, "τ of the verifier")
+    flags.DEFINE_integer("bucket", 8, "prompt widths are padded to a multiple of this (both "
+                         "methods pad to the queue's widest prompt, one set of shapes; attention "
+                         "reads every cache slot, so a wide bucket slows prefill and decoding)")
+    flags.DEFINE_integer("seed", 0, "budgets and row keys")
+    flags.DEFINE_string("zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped "
+                        "specjax/zoo)")
 
 
 def workload(n_prompts: int, new_tokens, seed: int = 0) -> tuple[list[str], np.ndarray]:
@@ -186,28 +192,10 @@ def measure(zoo, *, batch: int, n_prompts: int, chunk=(4, 8, 16), new_tokens=(16
                 new_tokens=list(new_tokens) if not isinstance(new_tokens, int) else new_tokens,
                 stop=stop, budgets_total=int(budgets.sum()),
                 mean_prompt_tokens=float(np.mean([len(x) for x in v])),
-                static=static, continuous=conts,
-                load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
+                static=static, continuous=conts, load_average=provenance.load_average())
 
 
-def main(argv):
-    del argv
-    zoo = load_zoo(FLAGS.zoo)
-    out = Path(FLAGS.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"devices: {jax.devices()}  load average: {os.getloadavg()}", flush=True)
-    results = []
-    for mode in FLAGS.modes:
-        for b in (int(x) for x in FLAGS.batches):
-            r = measure(zoo, batch=b, n_prompts=FLAGS.n_prompts,
-                        chunk=[int(c) for c in FLAGS.chunks],
-                        new_tokens=(FLAGS.new_tokens_min, FLAGS.new_tokens_max),
-                        gamma=FLAGS.gamma, drafter=FLAGS.drafter if mode == "spec" else None,
-                        rule=FLAGS.rule, stop=FLAGS.stop,
-                        verifier_temperature=FLAGS.verifier_temperature,
-                        repeats=FLAGS.repeats, bucket=FLAGS.bucket, seed=FLAGS.seed)
-            results.append(r)
-            print(f"{mode} B={b}: done (load average {os.getloadavg()})", flush=True)
+def print_table(results: list[dict]) -> None:
     print(f"\n{'mode':4} {'B':>3} {'method':>10} {'useful':>7} {'tok/s':>8} {'wall tok/s':>10} "
           f"{'x static':>8} {'x wall':>6} {'chunks':>6} {'refills':>7} {'refill %':>8} {'same':>5}")
     for r in results:
@@ -221,17 +209,71 @@ def main(argv):
                   f"{c['wall_tokens_per_s']:10.1f} {c['speedup']:8.2f} "
                   f"{c['wall_speedup']:6.2f} {c['chunks']:6d} {c['refills']:7d} "
                   f"{100 * c['refill_share']:8.0f} {c['same_tokens']:2d}/{r['n_prompts']}")
+
+
+def render_page(result: dict) -> list[str]:
+    """docs/results/batching.md's body (below the provenance header), every figure the
+    run's own: one table per batch size, a row per mode."""
+    f = result["flags"]
+    label = {"ar": "AR", "spec": "speculative"}
+    lines = [f"N = {f['n_prompts']} prompts, budgets {f['new_tokens_min']}–{f['new_tokens_max']}"
+             + (" and newline stops" if f["stop"] else "") + f", drafter {f['drafter']}, "
+             f"γ = {f['gamma']}, rule {f['rule']}, τ = {f['verifier_temperature']:g}, medians "
+             f"of {f['repeats']}; tokens/s of compiled execution (× static), then of wall "
+             "clock.", ""]
+    for batch in dict.fromkeys(r["batch"] for r in result["results"]):
+        rows = [r for r in result["results"] if r["batch"] == batch]
+        chunks = [c["chunk"] for c in rows[0]["continuous"]]
+        lines += [f"B = {batch}:", "",
+                  "| | static | " + " | ".join(f"chunk {c}" for c in chunks) + " |",
+                  "| --- | --- |" + " --- |" * len(chunks)]
+        for r in rows:
+            s, cs = r["static"], r["continuous"]
+            name = label.get(r["mode"], r["mode"])
+            lines += [f"| {name} tok/s (× static) | {s['tokens_per_s']:,.0f} | " + " | ".join(
+                          f"{c['tokens_per_s']:,.0f} ({c['speedup']:.2f})" for c in cs) + " |",
+                      f"| {name} wall tok/s (× static) | {s['wall_tokens_per_s']:,.0f} | "
+                      + " | ".join(f"{c['wall_tokens_per_s']:,.0f} ({c['wall_speedup']:.2f})"
+                                   for c in cs) + " |",
+                      f"| {name} decode calls (batches / chunks), refills | {s['batches']} | "
+                      + " | ".join(f"{c['chunks']}, {c['refills']}" for c in cs) + " |",
+                      f"| {name} refills' share of the seconds | — | "
+                      + " | ".join(f"{100 * c['refill_share']:.0f} %" for c in cs) + " |",
+                      f"| {name} prompts with static's tokens | {r['n_prompts']} | "
+                      + " | ".join(f"{c['same_tokens']}" for c in cs) + " |"]
+        lines.append("")
+    return lines
+
+
+def main(argv):
+    del argv
+    prov = provenance.provenance()
+    zoo = load_zoo(FLAGS.zoo)
+    print(f"devices: {jax.devices()}  load average: {os.getloadavg()}", flush=True)
+    results = []
+    for mode in FLAGS.modes:
+        for b in (int(x) for x in FLAGS.batches):
+            r = measure(zoo, batch=b, n_prompts=FLAGS.n_prompts,
+                        chunk=[int(c) for c in FLAGS.chunks],
+                        new_tokens=(FLAGS.new_tokens_min, FLAGS.new_tokens_max),
+                        gamma=FLAGS.gamma, drafter=FLAGS.drafter if mode == "spec" else None,
+                        rule=FLAGS.rule, stop=FLAGS.stop,
+                        verifier_temperature=FLAGS.verifier_temperature,
+                        repeats=FLAGS.repeats, bucket=FLAGS.bucket, seed=FLAGS.seed)
+            results.append(r)
+            print(f"{mode} B={b}: done (load average {os.getloadavg()})", flush=True)
+    print_table(results)
     result = {"results": results, "devices": [str(dv) for dv in jax.devices()],
-              "jax": jax.__version__, "flags": {k: FLAGS[k].value for k in (
-                  "batches", "n_prompts", "chunks", "new_tokens_min", "new_tokens_max",
-                  "stop", "modes", "drafter", "gamma", "rule", "verifier_temperature",
-                  "repeats", "bucket", "seed")},
-              "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
-    tmp = out / "benchmark_batching.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, out / "benchmark_batching.json")
-    print(f"wrote {out / 'benchmark_batching.json'}")
+              "flags": {k: FLAGS[k].value for k in _RECORDED_FLAGS}}
+    path = provenance.write_json(Path(FLAGS.out) / "benchmark_batching.json", result, prov)
+    print(f"wrote {path}")
+    if FLAGS.write_docs:
+        page = provenance.write_page(PAGE, "Continuous batching "
+                                     "(experiments/benchmark_batching.py)",
+                                     render_page(result), prov, FLAGS.docs_dir)
+        print(f"wrote {page}")
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -2,6 +2,7 @@ r"""Plan-runner wall clock against the cost model's prediction: are its ratios r
 
   python experiments/benchmark_plans.py --out runs/benchmark_plans
   python experiments/benchmark_plans.py --plans_per_domain 2 --plan_steps 2 --repeats 1
+  python experiments/benchmark_plans.py --write_docs    # docs/results/plan_runner.md
 
 The runner reports throughput as tokens per unit of modelled cost (`metrics.itemised_cost`,
 in verifier calls: SPEC §7). This script runs the plan runner on the shipped zoo for the
@@ -26,32 +27,32 @@ free, as a memory-bound accelerator does). The forwards are timed once after eve
 run and their medians taken, so the prices and the wall clocks share a time window. The
 engine seconds per modelled verifier call of each run say where the seed's prices do not
 hold: they price a speculative round like one autoregressive step. Prints a table, writes
-``benchmark_plans.json``; `measure` is what `experiments/benchmark.py --plans` calls.
+``benchmark_plans.json`` under --out; ``--write_docs`` writes docs/results/plan_runner.md
+(``--docs_dir``). About 4 minutes at the defaults on 2 idle cores (compilation included).
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+from absl import app, flags
 
-import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
+from specjax import provenance
 
 FLAGS = flags.FLAGS
+PAGE = "plan_runner"
 
 
-def _define_flags():
-    flags.DEFINE_string("out", "runs/benchmark_plans", "output directory")
+def define_flags():
+    """The script's flags (defined only when it runs as a script)."""
+    provenance.define_common_flags(out="runs/benchmark_plans", repeats=2, page=PAGE)
     flags.DEFINE_integer("plans_per_domain", 2, "plan prompts per domain (code, prose, reasoning)")
     flags.DEFINE_integer("plan_steps", 4, "steps per plan")
     flags.DEFINE_integer("max_step_tokens", 32, "token budget of a step")
     flags.DEFINE_integer("gamma", 4, "γ")
-    flags.DEFINE_integer("repeats", 2, "timed runs per policy (median), after one warm-up")
     flags.DEFINE_string("zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped zoo)")
 
 
@@ -100,7 +101,7 @@ def measure(zoo=None, *, plans_per_domain=2, plan_steps=4, max_step_tokens=32, g
     # forward timed once after every timed run, medians; this machine's speed drifts): a
     # drafter token is T_draft / T_step verifier calls, a scored draft
     # (T_score − T_step) / (γ · T_step).
-    from timing import forward_timer  # pylint: disable=import-outside-toplevel
+    from specjax.timing import forward_timer  # pylint: disable=import-outside-toplevel
     rows = 1 << max(len(prompts) - 1, 0).bit_length()
     width = max(len(dep.encode(t)) for t in prompts)
     cap = width + plan_steps * max_step_tokens + len(dep.drafters) * gamma + 1
@@ -191,19 +192,52 @@ def print_result(res: dict) -> None:
                     for w, r in res["runs"].items()))
 
 
+def render_page(res: dict) -> list[str]:
+    """docs/results/plan_runner.md's body (below the provenance header), every figure the
+    run's own."""
+    runs = res["runs"]
+    single = runs.get("single")
+    lines = [f"{res['plans']} plans × {res['plan_steps']} steps × ≤ {res['max_step_tokens']} "
+             f"tokens, γ = {res['gamma']}, coupled rule, warm programs (medians of "
+             f"{res['repeats']} after a discarded first run); one cost unit = the verifier "
+             f"alone's wall clock per modelled call, {1e3 * res['seconds_per_cost_unit']:.3f} ms.",
+             "",
+             "| run | wall s | engine s | modelled cost | predicted ÷ wall | same, machine prices "
+             "| thr. vs single: wall / model | first run's engine s ÷ warm |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, r in runs.items():
+        vs = (f"{r['tokens_per_wall_s'] / single['tokens_per_wall_s']:.2f} / "
+              f"{r['tokens_per_cost'] / single['tokens_per_cost']:.2f}" if single else "—")
+        lines.append(f"| {name} | {r['wall_s']:.3f} | {r['engine_s']:.3f} | {r['cost']:,.1f} | "
+                     f"{r['predicted_over_wall']:.2f} | {r['predicted_machine_over_wall']:.2f} | "
+                     f"{vs} | {r['first_engine_s'] / r['engine_s']:.2f} |")
+    lines += ["", "Engine ms per modelled verifier call (the seed's prices charge every call "
+              "alike): " + ", ".join(f"{name} {r['engine_ms_per_verifier_call']:.2f}"
+                                     for name, r in runs.items()) + ".", "",
+              f"The machine's prices (timed after every timed run, medians): T_step "
+              f"{1e3 * res['t_step']:.3f} ms, T_score(γ + 1) {1e3 * res['t_score']:.3f} ms "
+              f"(T_score ÷ T_step {res['t_score'] / res['t_step']:.2f}), so a scored draft costs "
+              f"{res['score_cost']:.2f} of a step; c measured "
+              + " / ".join(f"{c:.2f}" for c in res["c_measured"]) + " (the model's "
+              + " / ".join(f"{c:.3f}" for c in res["c_model"]) + ")."]
+    return lines
+
+
 def main(argv):
     del argv
+    prov = provenance.provenance()
     res = measure(FLAGS.zoo, plans_per_domain=FLAGS.plans_per_domain,
                   plan_steps=FLAGS.plan_steps, max_step_tokens=FLAGS.max_step_tokens,
                   gamma=FLAGS.gamma, repeats=FLAGS.repeats)
     print_result(res)
-    out = Path(FLAGS.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "benchmark_plans.json.tmp"
-    tmp.write_text(json.dumps(res, indent=1))
-    os.replace(tmp, out / "benchmark_plans.json")
+    print(f"wrote {provenance.write_json(Path(FLAGS.out) / 'benchmark_plans.json', res, prov)}")
+    if FLAGS.write_docs:
+        page = provenance.write_page(PAGE, "Plan-runner wall clock against the cost model "
+                                     "(experiments/benchmark_plans.py)", render_page(res),
+                                     prov, FLAGS.docs_dir)
+        print(f"wrote {page}")
 
 
 if __name__ == "__main__":
-    _define_flags()
+    define_flags()
     app.run(main)

@@ -24,11 +24,8 @@ computed on its local devices) to ``--out`` as JSON.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
-from pathlib import Path
 
 
 def main(argv=None) -> int:
@@ -56,15 +53,16 @@ def main(argv=None) -> int:
     jax.distributed.initialize(coordinator_address=args.coordinator,
                                num_processes=args.num_processes, process_id=args.process_id,
                                initialization_timeout=60)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
     # No persistent compilation cache: a process that found its programs cached would reach
     # the first collective long before the other finished compiling, and gloo gives a
     # peer 30 s to arrive. Both compile cold, and start each call together (barrier).
+    from specjax import provenance  # pylint: disable=import-outside-toplevel
     from specjax import sharding as shd  # pylint: disable=import-outside-toplevel
     from specjax.engine import generate as gen  # pylint: disable=import-outside-toplevel
     from specjax.engine.spec import EngineConfig  # pylint: disable=import-outside-toplevel
 
+    prov = provenance.provenance()
     dep = _deployment()
     texts = ["def f(x):", "In the beginning", "1 + 2 =", "the", "x", "print(", "And", "ok"]
     prompts = [dep.encode(t) for t in texts]
@@ -113,9 +111,7 @@ def main(argv=None) -> int:
                 max_new_tokens=args.max_new_tokens).tokens.tolist()}
         timings["reference"] = round(time.time() - t0, 2)
     out["seconds"] = round(time.time() - t0, 2)
-    tmp = args.out + ".tmp"
-    Path(tmp).write_text(json.dumps(out))
-    os.replace(tmp, args.out)
+    provenance.write_json(args.out, out, prov, indent=None)
     jax.distributed.shutdown()
     return 0
 
