@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specjax import evaluation
 from specjax.data import REASONING_SPECIAL_TOKENS, load_heldout
 from specjax.errors import ConfigError
 from specjax.engine.deployment import from_zoo
@@ -147,8 +148,8 @@ def test_beats_unigram_on_own_domains(zoo, manifest, name):
     threshold = SAFETY_FACTOR * gain
     for dom in m.domains:
         text = load_heldout(dom)[:8 * SLICE_TOKENS]
-        loss = zoo_lib.heldout_loss(m.lm, m.params, m.tokenizer, text, seq_len=SLICE_TOKENS,
-                                    max_tokens=SLICE_TOKENS, batch_size=1)
+        loss = evaluation.heldout_loss(m.lm, m.params, m.tokenizer, text, seq_len=SLICE_TOKENS,
+                                       max_tokens=SLICE_TOKENS, batch_size=1)
         assert loss['tokens'] == SLICE_TOKENS
         uni = manifest['models'][name]['heldout'][dom]['unigram_nats_per_byte']
         got = 1 - loss['nats_per_byte'] / uni
@@ -217,7 +218,7 @@ def test_acceptance_helper_matches_prefix_distributions(zoo):
     dep = from_zoo(zoo, names=['reasoning'])  # cross-vocabulary, with thinking tokens
     text = load_heldout('reasoning')[:400]
     n = 6
-    got = zoo_lib.acceptance_rates(dep, text, window=n, max_tokens=n)
+    got = evaluation.acceptance_rates(dep, text, window=n, max_tokens=n)
     ids = np.asarray(dep.encode(text), np.int32)[:n][None]
     q, ok = prefix_distributions(dep, ids, np.array([n]), n)
     assert ok.all()
