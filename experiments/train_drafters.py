@@ -3,6 +3,7 @@ r"""Drafters distilled from SmolLM2-135M-Instruct (`make train-drafters`).
   python experiments/train_drafters.py                       # every stage, every domain
   python experiments/train_drafters.py --stage=generate --domains=code
   python experiments/train_drafters.py --stage=train --targets=hard --tag=hard
+  python experiments/train_drafters.py --stage=generate,train,eval    # no shipping
 
 Stages (each writes its files atomically under --out and is skipped when they exist, so
 a killed run resumes):
@@ -16,6 +17,9 @@ a killed run resumes):
             replies (`specjax.evaluation.acceptance_rates`), and its cost: one draft token
             ÷ one verifier step, both timed in one process: ``eval{tag}.json``.
   ship      copies the drafters in bf16 into specjax/zoo_smollm2/ with a manifest.
+
+``--stage`` takes one stage, ``all`` or a comma-separated list. ``make train-drafters`` (the
+shipped drafters' recipe) takes about an hour on 2 cores.
 """
 from __future__ import annotations
 
@@ -24,28 +28,31 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 from absl import app, flags
 
+from specjax import provenance
+
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("stage", "all", ["all", "generate", "train", "eval", "ship"], "stage to run")
-flags.DEFINE_list("domains", ["code", "prose", "reasoning"], "domains")
-flags.DEFINE_string("out", "runs/drafters", "output directory")
-flags.DEFINE_integer("prompts", 640, "train-split prompts per domain")
-flags.DEFINE_integer("new_tokens", 160, "tokens the verifier writes per prompt")
-flags.DEFINE_integer("batch", 32, "rows per generation batch")
-flags.DEFINE_float("temperature", 1.0, "the verifier's τ while writing the training text")
-flags.DEFINE_enum("targets", "soft", ["soft", "hard"], "soft: top-k distribution; hard: token")
-flags.DEFINE_integer("steps", 800, "training steps per drafter")
-flags.DEFINE_float("time_budget_s", 900, "training seconds per drafter at most")
-flags.DEFINE_string("tag", "", "suffix of the drafter files (e.g. a variant's name)")
-flags.DEFINE_string("dtype", "float32", "the verifier's dtype")
+STAGES = ("generate", "train", "eval", "ship")
 
 
-def _atomic_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+def define_flags():
+    """The script's flags (defined only when it runs as a script)."""
+    provenance.define_common_flags(out="runs/drafters")
+    flags.DEFINE_list("stage", ["all"], "stages to run: all, or some of " + ", ".join(STAGES))
+    flags.register_validator("stage", lambda v: set(v) <= {"all", *STAGES},
+                             "--stage: all or a list of " + ", ".join(STAGES))
+    flags.DEFINE_list("domains", ["code", "prose", "reasoning"], "domains")
+    flags.DEFINE_integer("prompts", 640, "train-split prompts per domain")
+    flags.DEFINE_integer("new_tokens", 160, "tokens the verifier writes per prompt")
+    flags.DEFINE_integer("batch", 32, "rows per generation batch")
+    flags.DEFINE_float("temperature", 1.0, "the verifier's τ while writing the training text")
+    flags.DEFINE_enum("targets", "soft", ["soft", "hard"], "soft: top-k distribution; hard: "
+                      "token")
+    flags.DEFINE_integer("steps", 800, "training steps per drafter")
+    flags.DEFINE_float("time_budget_s", 900, "training seconds per drafter at most")
+    flags.DEFINE_string("tag", "", "suffix of the drafter files (e.g. a variant's name)")
+    flags.DEFINE_string("dtype", "float32", "the verifier's dtype")
 
 
 def _verifier():
@@ -96,7 +103,7 @@ def stage_train(out: Path, model) -> None:
               f"final loss {hist['loss'][-1][1]:.3f}", flush=True)
 
 
-def stage_eval(out: Path, model) -> None:
+def stage_eval(out: Path, model, prov: dict) -> None:
     """α of every drafter of the real deployment (the distilled ones, the zoo's cross-
     vocabulary reasoning drafter, prompt lookup) on each domain's held-out replies."""
     from specjax import distill  # pylint: disable=import-outside-toplevel
@@ -116,7 +123,7 @@ def stage_eval(out: Path, model) -> None:
         res["alpha"][d] = dict(zip(names, map(float, alpha)))
         print(f"held-out {d}: " + ", ".join(f"α({n}) {a:.3f}" for n, a in zip(names, alpha)),
               flush=True)
-    _atomic_json(out / f"eval{FLAGS.tag}.json", res)
+    provenance.write_json(out / f"eval{FLAGS.tag}.json", res, prov)
 
 
 def stage_ship(out: Path, model) -> None:
@@ -138,14 +145,18 @@ def stage_ship(out: Path, model) -> None:
 
 def main(argv):
     del argv
+    prov = provenance.provenance()
     out = Path(FLAGS.out)
     out.mkdir(parents=True, exist_ok=True)
     model = _verifier()
-    stages = ["generate", "train", "eval", "ship"] if FLAGS.stage == "all" else [FLAGS.stage]
+    stages = [s for s in STAGES if s in FLAGS.stage or "all" in FLAGS.stage]
     for s in stages:
-        {"generate": stage_generate, "train": stage_train, "eval": stage_eval,
-         "ship": stage_ship}[s](out, model)
+        if s == "eval":
+            stage_eval(out, model, prov)
+        else:
+            {"generate": stage_generate, "train": stage_train, "ship": stage_ship}[s](out, model)
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -35,6 +35,7 @@ decode speed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import logging
@@ -50,8 +51,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 DOMAINS = ('code', 'prose', 'reasoning')
 SEED = 0
@@ -257,7 +256,18 @@ def _prefix(text: str, nbytes: int) -> str:
     return data[:data.rfind(b'\n', 0, nbytes) + 1].decode('utf-8')
 
 
-def main(argv=None) -> int:
+@dataclasses.dataclass(frozen=True)
+class BuildConfig:
+    """The command line's settings (see `parse_args`)."""
+    out: Path
+    budget_scale: float = 1.0
+    workers: int = 2
+    reuse: Path | None = None
+    cache: Path | None = None
+    workdir: Path = ROOT / 'runs' / 'train_zoo'
+
+
+def parse_args(argv=None) -> BuildConfig:
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--out', default=str(ROOT / 'specjax' / 'zoo'), help='output directory (replaced at the end)')
     ap.add_argument('--budget_scale', type=float, default=1.0,
@@ -273,194 +283,249 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.budget_scale <= 0:
         ap.error(f'--budget_scale: got {args.budget_scale}; allowed: > 0')
+    return BuildConfig(out=Path(args.out), budget_scale=args.budget_scale, workers=args.workers,
+                       reuse=Path(args.reuse) if args.reuse else None,
+                       cache=Path(args.cache) if args.cache else None,
+                       workdir=Path(args.workdir))
+
+
+@dataclasses.dataclass
+class Build:
+    """What the build has so far: the corpora, tokenizers and token streams, the training
+    jobs (and the models reused instead), their results and the manifest's records."""
+    cfg: BuildConfig
+    work: Path                                  # the zoo being built
+    corpora: dict = dataclasses.field(default_factory=dict)
+    toks: dict = dataclasses.field(default_factory=dict)
+    tok_records: dict = dataclasses.field(default_factory=dict)
+    streams: dict = dataclasses.field(default_factory=dict)
+    jobs: list = dataclasses.field(default_factory=list)
+    reused: dict = dataclasses.field(default_factory=dict)
+    recipes: dict = dataclasses.field(default_factory=dict)
+    results: dict = dataclasses.field(default_factory=dict)
+    train_wall: float = 0.0
+    models: dict = dataclasses.field(default_factory=dict)
+
+
+def main(argv=None) -> int:
+    from specjax.models.zoo import load_zoo  # pylint: disable=import-outside-toplevel
+    cfg = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s', datefmt='%H:%M:%S')
     _quiet_jax()
     t_start = time.monotonic()
-
-    from specjax import evaluation
-    from specjax.data import load_domain, load_heldout
-    from specjax.engine.deployment import from_zoo
-    from specjax.models import zoo as zoo_lib
-
-    out = Path(args.out)
-    workdir = Path(args.workdir)
-    work = workdir / 'zoo'  # the zoo being built; moved to --out at the end
-    shutil.rmtree(work, ignore_errors=True)
-    (work / 'tokenizers').mkdir(parents=True)
-    (work / 'models').mkdir()
+    b = Build(cfg=cfg, work=cfg.workdir / 'zoo')  # moved to --out at the end
+    shutil.rmtree(b.work, ignore_errors=True)
+    (b.work / 'tokenizers').mkdir(parents=True)
+    (b.work / 'models').mkdir()
     try:
-        # ---- corpora and tokenizers ------------------------------------------------------
-        cache = Path(args.cache) if args.cache else None
-        corpora = {d: load_domain(d, 'train', max_bytes=TRAIN_BYTES, cache=cache) for d in DOMAINS}
-        t0 = time.monotonic()
-        toks, tok_sources = build_tokenizers(corpora)
-        log.info('tokenizers trained in %.1fs: %s', time.monotonic() - t0,
-                 {n: t.vocab_size for n, t in toks.items()})
-        tok_records = {}
-        for name, tok in toks.items():
-            path = work / 'tokenizers' / f'{name}.json'
-            tok.save(path)
-            tok_records[name] = dict(
-                file=f'tokenizers/{name}.json', sha256=zoo_lib.file_sha256(path),
-                vocab_size=tok.vocab_size, fingerprint=tok.fingerprint(),
-                special_tokens=tok.special_tokens, **tok_sources[name])
-
-        # ---- token streams -----------------------------------------------------------------
-        t0 = time.monotonic()
-        streams: dict[tuple[str, str], np.ndarray] = {}
-        for mname, spec in MODELS.items():
-            for dom in spec['domains']:
-                key = (spec['tokenizer'], dom)
-                if key not in streams:
-                    streams[key] = np.asarray(toks[key[0]].encode(corpora[dom]), np.int32)
-        log.info('encoded %d streams in %.1fs', len(streams), time.monotonic() - t0)
-
-        # ---- training (or reuse) ------------------------------------------------------------
-        reuse = _reusable(Path(args.reuse)) if args.reuse else {}
-        jobs, reused, recipes = [], {}, {}
-        for mname, spec in MODELS.items():
-            config = _full_config(dict(spec['config'], max_len=MAX_LEN,
-                                       vocab_size=toks[spec['tokenizer']].vocab_size))
-            tk = _scaled_steps(spec['train'], args.budget_scale)
-            recipes[mname] = _recipe(config, tk, spec['seed'],
-                                     tok_records[spec['tokenizer']]['sha256'], spec['domains'])
-            tokens = model_tokens(streams, spec)
-            out_file = str(work / 'models' / f'{mname}.npz')
-            if recipes[mname] in reuse.get(mname, {}):
-                src, rec = reuse[mname][recipes[mname]]
-                shutil.copyfile(src, out_file)
-                reused[mname] = rec
-                log.info('reused %s from %s (same recipe)', mname, src)
-                continue
-            jobs.append((mname, config, tk, spec['seed'], tokens, out_file,
-                         str(workdir / 'ckpt' / mname)))
-        t0 = time.monotonic()
-        results = {}
-        if args.workers <= 1 or len(jobs) <= 1:
-            for job in jobs:
-                results[job[0]] = train_model(*job)
-        else:
-            groups = _split_jobs(jobs, args.workers)
-            with ProcessPoolExecutor(max_workers=len(groups),
-                                     mp_context=get_context('spawn')) as pool:
-                futures = [pool.submit(_train_sequence, g) for g in groups]
-                for f in futures:
-                    for r in f.result():
-                        results[r['name']] = r
-        train_wall = time.monotonic() - t0
-        log.info('training done in %.1fs', train_wall)
-
-        # ---- manifest (without measurements), then load through the zoo loader -----------
-        models = {}
-        for mname, spec in MODELS.items():
-            if mname in reused:
-                rec = json.loads(json.dumps(reused[mname]))
-                for k in ('heldout', 'acceptance', 'retok_width', 'decode_tokens_per_s'):
-                    rec.pop(k, None)
-                rec['train']['reused'] = True
-                models[mname] = dict(rec, recipe=recipes[mname])
-                continue
-            job = next(j for j in jobs if j[0] == mname)
-            (_, config, tk, seed, tokens, path, _) = job
-            res = results[mname]
-            rec = dict(
-                role=spec['role'], file=f'models/{mname}.npz',
-                sha256=zoo_lib.file_sha256(path), params_sha256=res['params_sha256'],
-                config=config, n_params=res['n_params'], tokenizer=spec['tokenizer'],
-                domains=_own_domains(spec), token_shares=dict(spec['domains']),
-                recipe=recipes[mname],
-                train=dict(tk, seed=seed, wall_s=res['wall_s'], tokens_per_s=res['tokens_per_s'],
-                           resumed=res['resumed'],
-                           train_tokens=int(len(tokens)),
-                           corpus={d: f'specjax.data.load_domain({d!r}, "train", '
-                                      f'max_bytes={TRAIN_BYTES})' for d in spec['domains']},
-                           first_train_loss=round(res['first_train_loss'], 4),
-                           final_train_loss=round(res['final_train_loss'], 4)))
-            if spec['role'] == 'drafter':
-                rec['temperature'] = spec['temperature']
-            models[mname] = rec
-        v_params = models['verifier']['n_params']
-        for mname, rec in models.items():
-            if rec['role'] == 'drafter':
-                rec['cost'] = rec['n_params'] / v_params
-        manifest = dict(
-            format=zoo_lib.ZOO_FORMAT, created_by='experiments/train_zoo.py',
-            budget_scale=args.budget_scale, dtype='float32', seed=SEED,
-            drafter_order=list(DRAFTERS), extra_drafters=list(EXTRA_DRAFTERS),
-            tokenizers=tok_records, models=models)
-        _write_manifest(work, manifest)
-        zoo = zoo_lib.load_zoo(work, names=DRAFTERS + EXTRA_DRAFTERS)
-
-        # ---- held-out losses vs unigram ----------------------------------------------------
-        t0 = time.monotonic()
-        heldout = {d: load_heldout(d) for d in DOMAINS}
-        counts = {key: np.bincount(s, minlength=toks[key[0]].vocab_size)
-                  for key, s in streams.items()}
-        for m in (zoo.verifier,) + zoo.drafters:
-            rec = models[m.name]
-            rec['heldout'] = {}
-            for dom in DOMAINS:
-                key = (m.tokenizer_name, dom)
-                if key not in counts:
-                    counts[key] = evaluation.unigram_counts(m.tokenizer, corpora[dom])
-                loss = evaluation.heldout_loss(m.lm, m.params, m.tokenizer, heldout[dom],
-                                               seq_len=256)
-                uni = evaluation.unigram_loss(m.tokenizer, counts[key], heldout[dom])
-                rec['heldout'][dom] = dict(
-                    nats_per_token=round(loss['nats_per_token'], 4),
-                    nats_per_byte=round(loss['nats_per_byte'], 4),
-                    unigram_nats_per_token=round(uni['nats_per_token'], 4),
-                    unigram_nats_per_byte=round(uni['nats_per_byte'], 4),
-                    tokens=loss['tokens'], bytes=loss['bytes'],
-                    in_domain=dom in m.domains)
-        log.info('held-out evaluation in %.1fs', time.monotonic() - t0)
-
-        # ---- acceptance --------------------------------------------------------------------
-        t0 = time.monotonic()
-        dep = from_zoo(zoo)
-        for name, data in zip(dep.names, dep.d_data):
-            # M: the most drafter tokens one verifier token re-spells into (1: same tokenizer).
-            models[name]['retok_width'] = int(np.asarray(data.retok).shape[1])
-        for dom in DOMAINS:
-            alphas = evaluation.acceptance_rates(dep, heldout[dom], window=ACCEPTANCE_WINDOW)
-            for name, a in zip(dep.names, alphas):
-                models[name].setdefault('acceptance', {})[dom] = round(float(a), 4)
-        log.info('acceptance in %.1fs', time.monotonic() - t0)
-
-        # ---- decode speed ------------------------------------------------------------------
-        for m in (zoo.verifier,) + zoo.drafters:
-            models[m.name]['decode_tokens_per_s'] = round(
-                evaluation.decode_tokens_per_s(m.lm, m.params, n_tokens=256), 1)
-
-        manifest['measurement'] = dict(
-            heldout_text='specjax.data.load_heldout(domain) (shipped, ~32 KB each)',
-            heldout_loss='consecutive windows of 256 predicted tokens (specjax.train.eval_loss); '
-                         'nats/byte = total nats / bytes of the predicted tokens',
-            unigram='add-one smoothed unigram of the model\'s tokenizer, fitted on the same '
-                    f'train prefix ({TRAIN_BYTES} B) of the domain',
-            acceptance='alpha = mean over positions of sum_x min(p(x), q(x)) in verifier space; '
-                       'p: verifier at temperature 1; q: drafter at its default temperature '
-                       'after the token-level-intersection mask, read at verifier-token '
-                       f'boundaries; windows of {ACCEPTANCE_WINDOW} verifier tokens of '
-                       'the shipped held-out text',
-            decode='greedy, batch 1, 256 one-token steps inside a jitted lax.scan; best of 3; '
-                   'machine-dependent',
-            seed_acceptance=SEED_ACCEPTANCE)
-        manifest['wall_s'] = dict(training=round(train_wall, 1),
+        prepare_data(b)
+        plan_jobs(b)
+        run_jobs(b)
+        manifest = write_first_manifest(b)
+        measure(b, manifest)
+        manifest['wall_s'] = dict(training=round(b.train_wall, 1),
                                   total=round(time.monotonic() - t_start, 1))
-        _write_manifest(work, manifest)
-        zoo_lib.load_zoo(work)  # the final manifest still verifies
-
+        _write_manifest(b.work, manifest)
+        load_zoo(b.work)  # the final manifest still verifies
         # ---- publish -----------------------------------------------------------------------
-        if out.exists():
-            shutil.rmtree(out)
-        shutil.move(str(work), str(out))
+        if cfg.out.exists():
+            shutil.rmtree(cfg.out)
+        shutil.move(str(b.work), str(cfg.out))
     except BaseException:
-        shutil.rmtree(work, ignore_errors=True)  # the checkpoints stay, for a resume
+        shutil.rmtree(b.work, ignore_errors=True)  # the checkpoints stay, for a resume
         raise
-    shutil.rmtree(workdir / 'ckpt', ignore_errors=True)
-    _print_report(manifest, out)
+    shutil.rmtree(cfg.workdir / 'ckpt', ignore_errors=True)
+    _print_report(manifest, cfg.out)
     return 0
+
+
+def prepare_data(b: Build) -> None:
+    """The corpora, the tokenizers (saved into the zoo) and every model's token streams."""
+    from specjax.data import load_domain  # pylint: disable=import-outside-toplevel
+    from specjax.models import zoo as zoo_lib  # pylint: disable=import-outside-toplevel
+    b.corpora = {d: load_domain(d, 'train', max_bytes=TRAIN_BYTES, cache=b.cfg.cache)
+                 for d in DOMAINS}
+    t0 = time.monotonic()
+    b.toks, tok_sources = build_tokenizers(b.corpora)
+    log.info('tokenizers trained in %.1fs: %s', time.monotonic() - t0,
+             {n: t.vocab_size for n, t in b.toks.items()})
+    for name, tok in b.toks.items():
+        path = b.work / 'tokenizers' / f'{name}.json'
+        tok.save(path)
+        b.tok_records[name] = dict(
+            file=f'tokenizers/{name}.json', sha256=zoo_lib.file_sha256(path),
+            vocab_size=tok.vocab_size, fingerprint=tok.fingerprint(),
+            special_tokens=tok.special_tokens, **tok_sources[name])
+    t0 = time.monotonic()
+    for mname, spec in MODELS.items():
+        for dom in spec['domains']:
+            key = (spec['tokenizer'], dom)
+            if key not in b.streams:
+                b.streams[key] = np.asarray(b.toks[key[0]].encode(b.corpora[dom]), np.int32)
+    log.info('encoded %d streams in %.1fs', len(b.streams), time.monotonic() - t0)
+
+
+def plan_jobs(b: Build) -> None:
+    """Every model's recipe; a model whose recipe a --reuse zoo holds is copied, the others
+    become training jobs."""
+    reuse = _reusable(b.cfg.reuse) if b.cfg.reuse else {}
+    for mname, spec in MODELS.items():
+        config = _full_config(dict(spec['config'], max_len=MAX_LEN,
+                                   vocab_size=b.toks[spec['tokenizer']].vocab_size))
+        tk = _scaled_steps(spec['train'], b.cfg.budget_scale)
+        b.recipes[mname] = _recipe(config, tk, spec['seed'],
+                                   b.tok_records[spec['tokenizer']]['sha256'], spec['domains'])
+        tokens = model_tokens(b.streams, spec)
+        out_file = str(b.work / 'models' / f'{mname}.npz')
+        if b.recipes[mname] in reuse.get(mname, {}):
+            src, rec = reuse[mname][b.recipes[mname]]
+            shutil.copyfile(src, out_file)
+            b.reused[mname] = rec
+            log.info('reused %s from %s (same recipe)', mname, src)
+            continue
+        b.jobs.append((mname, config, tk, spec['seed'], tokens, out_file,
+                       str(b.cfg.workdir / 'ckpt' / mname)))
+
+
+def run_jobs(b: Build) -> None:
+    """Trains the jobs: in this process (--workers 1), else the verifier beside the drafters
+    in spawned processes."""
+    t0 = time.monotonic()
+    if b.cfg.workers <= 1 or len(b.jobs) <= 1:
+        for job in b.jobs:
+            b.results[job[0]] = train_model(*job)
+    else:
+        groups = _split_jobs(b.jobs, b.cfg.workers)
+        with ProcessPoolExecutor(max_workers=len(groups),
+                                 mp_context=get_context('spawn')) as pool:
+            futures = [pool.submit(_train_sequence, g) for g in groups]
+            for f in futures:
+                for r in f.result():
+                    b.results[r['name']] = r
+    b.train_wall = time.monotonic() - t0
+    log.info('training done in %.1fs', b.train_wall)
+
+
+def _trained_record(b: Build, mname: str, spec: dict) -> dict:
+    from specjax.models import zoo as zoo_lib  # pylint: disable=import-outside-toplevel
+    (_, config, tk, seed, tokens, path, _) = next(j for j in b.jobs if j[0] == mname)
+    res = b.results[mname]
+    rec = dict(
+        role=spec['role'], file=f'models/{mname}.npz',
+        sha256=zoo_lib.file_sha256(path), params_sha256=res['params_sha256'],
+        config=config, n_params=res['n_params'], tokenizer=spec['tokenizer'],
+        domains=_own_domains(spec), token_shares=dict(spec['domains']),
+        recipe=b.recipes[mname],
+        train=dict(tk, seed=seed, wall_s=res['wall_s'], tokens_per_s=res['tokens_per_s'],
+                   resumed=res['resumed'],
+                   train_tokens=int(len(tokens)),
+                   corpus={d: f'specjax.data.load_domain({d!r}, "train", '
+                              f'max_bytes={TRAIN_BYTES})' for d in spec['domains']},
+                   first_train_loss=round(res['first_train_loss'], 4),
+                   final_train_loss=round(res['final_train_loss'], 4)))
+    if spec['role'] == 'drafter':
+        rec['temperature'] = spec['temperature']
+    return rec
+
+
+def write_first_manifest(b: Build) -> dict:
+    """The manifest without measurements (trained and reused models' records), written."""
+    from specjax.models import zoo as zoo_lib  # pylint: disable=import-outside-toplevel
+    for mname, spec in MODELS.items():
+        if mname in b.reused:
+            rec = json.loads(json.dumps(b.reused[mname]))
+            for k in ('heldout', 'acceptance', 'retok_width', 'decode_tokens_per_s'):
+                rec.pop(k, None)
+            rec['train']['reused'] = True
+            b.models[mname] = dict(rec, recipe=b.recipes[mname])
+        else:
+            b.models[mname] = _trained_record(b, mname, spec)
+    v_params = b.models['verifier']['n_params']
+    for rec in b.models.values():
+        if rec['role'] == 'drafter':
+            rec['cost'] = rec['n_params'] / v_params
+    manifest = dict(
+        format=zoo_lib.ZOO_FORMAT, created_by='experiments/train_zoo.py',
+        budget_scale=b.cfg.budget_scale, dtype='float32', seed=SEED,
+        drafter_order=list(DRAFTERS), extra_drafters=list(EXTRA_DRAFTERS),
+        tokenizers=b.tok_records, models=b.models)
+    _write_manifest(b.work, manifest)
+    return manifest
+
+
+def measure(b: Build, manifest: dict) -> None:
+    """Loads the zoo being built through the zoo loader and records each model's held-out
+    loss against a unigram, each drafter's acceptance per domain and decode speed."""
+    from specjax.data import load_heldout  # pylint: disable=import-outside-toplevel
+    from specjax import evaluation  # pylint: disable=import-outside-toplevel
+    from specjax.models import zoo as zoo_lib  # pylint: disable=import-outside-toplevel
+    zoo = zoo_lib.load_zoo(b.work, names=DRAFTERS + EXTRA_DRAFTERS)
+    heldout = {d: load_heldout(d) for d in DOMAINS}
+    t0 = time.monotonic()
+    measure_heldout(b, zoo, heldout)
+    log.info('held-out evaluation in %.1fs', time.monotonic() - t0)
+    t0 = time.monotonic()
+    measure_acceptance(b, zoo, heldout)
+    log.info('acceptance in %.1fs', time.monotonic() - t0)
+    for m in (zoo.verifier,) + zoo.drafters:
+        b.models[m.name]['decode_tokens_per_s'] = round(
+            evaluation.decode_tokens_per_s(m.lm, m.params, n_tokens=256), 1)
+    manifest['measurement'] = MEASUREMENT
+
+
+def measure_heldout(b: Build, zoo, heldout: dict) -> None:
+    """Each model's held-out loss per domain, and an add-one unigram's on the same text."""
+    from specjax import evaluation  # pylint: disable=import-outside-toplevel
+    counts = {key: np.bincount(s, minlength=b.toks[key[0]].vocab_size)
+              for key, s in b.streams.items()}
+    for m in (zoo.verifier,) + zoo.drafters:
+        rec = b.models[m.name]
+        rec['heldout'] = {}
+        for dom in DOMAINS:
+            key = (m.tokenizer_name, dom)
+            if key not in counts:
+                counts[key] = evaluation.unigram_counts(m.tokenizer, b.corpora[dom])
+            loss = evaluation.heldout_loss(m.lm, m.params, m.tokenizer, heldout[dom],
+                                           seq_len=256)
+            uni = evaluation.unigram_loss(m.tokenizer, counts[key], heldout[dom])
+            rec['heldout'][dom] = dict(
+                nats_per_token=round(loss['nats_per_token'], 4),
+                nats_per_byte=round(loss['nats_per_byte'], 4),
+                unigram_nats_per_token=round(uni['nats_per_token'], 4),
+                unigram_nats_per_byte=round(uni['nats_per_byte'], 4),
+                tokens=loss['tokens'], bytes=loss['bytes'],
+                in_domain=dom in m.domains)
+
+
+def measure_acceptance(b: Build, zoo, heldout: dict) -> None:
+    """Each drafter's re-spelling width M and its α per domain on the held-out text."""
+    from specjax.engine.deployment import from_zoo  # pylint: disable=import-outside-toplevel
+    from specjax import evaluation  # pylint: disable=import-outside-toplevel
+    dep = from_zoo(zoo)
+    for name, data in zip(dep.names, dep.d_data):
+        # M: the most drafter tokens one verifier token re-spells into (1: same tokenizer).
+        b.models[name]['retok_width'] = int(np.asarray(data.retok).shape[1])
+    for dom in DOMAINS:
+        alphas = evaluation.acceptance_rates(dep, heldout[dom], window=ACCEPTANCE_WINDOW)
+        for name, a in zip(dep.names, alphas):
+            b.models[name].setdefault('acceptance', {})[dom] = round(float(a), 4)
+
+
+#: How the manifest's measurements were made (recorded in it).
+MEASUREMENT = dict(
+    heldout_text='specjax.data.load_heldout(domain) (shipped, ~32 KB each)',
+    heldout_loss='consecutive windows of 256 predicted tokens (specjax.train.eval_loss); '
+                 'nats/byte = total nats / bytes of the predicted tokens',
+    unigram='add-one smoothed unigram of the model\'s tokenizer, fitted on the same '
+            f'train prefix ({TRAIN_BYTES} B) of the domain',
+    acceptance='alpha = mean over positions of sum_x min(p(x), q(x)) in verifier space; '
+               'p: verifier at temperature 1; q: drafter at its default temperature '
+               'after the token-level-intersection mask, read at verifier-token '
+               f'boundaries; windows of {ACCEPTANCE_WINDOW} verifier tokens of '
+               'the shipped held-out text',
+    decode='greedy, batch 1, 256 one-token steps inside a jitted lax.scan; best of 3; '
+           'machine-dependent',
+    seed_acceptance=SEED_ACCEPTANCE)
 
 
 def _quiet_jax() -> None:
