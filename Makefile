@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: reproduce test test-all train-zoo train-drafters benchmark benchmark-real benchmark-device clean-venv
+.PHONY: reproduce test test-all train-zoo train-drafters benchmark benchmark-real benchmark-device docs clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,8 @@ reproduce: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist worksteal
 
+# Every test, the slow ones too (tests/test_experiment_scripts.py: each experiments/ script at
+# a tiny size).
 test-all: $(STAMP)
 	SPECJAX_CHECKS=1 $(PY) -m pytest -q -n 2 --dist worksteal -m ''
 
@@ -27,7 +29,7 @@ train-zoo: $(STAMP)
 	$(PY) experiments/train_zoo.py
 
 benchmark: $(STAMP)
-	$(PY) experiments/benchmark.py
+	$(PY) experiments/benchmark.py --out runs/benchmark
 
 # Drafters distilled from SmolLM2-135M-Instruct (generate, train, evaluate, ship into
 # specjax/zoo_smollm2/); resumable, ~60 min on 2 cores.
@@ -47,6 +49,19 @@ benchmark-real: $(STAMP)
 benchmark-device:
 	$(PYTHON) experiments/benchmark.py --out runs/benchmark_device --batches 1,8,32 \
 		--gammas 2,4,8 --repeats 3 --peer=false --require_accelerator
+
+# Every generated results page in docs/results/, each by its own command (experiments/README.md
+# lists them; about an hour on 2 idle cores, most of it benchmark-real). Run it on an idle
+# machine: the pages record the load at their start and end.
+docs: $(STAMP)
+	$(PY) experiments/evaluate_zoo.py --write_docs
+	$(PY) experiments/benchmark.py --batches 1,8,32 --gammas 2,4,8 --repeats 3 --write_docs
+	$(PY) experiments/benchmark_plans.py --write_docs
+	$(PY) experiments/benchmark_batching.py --write_docs
+	$(MAKE) benchmark-real
+	$(PY) experiments/benchmark_real.py --parts machine,spec --drafters code,prose,lookup \
+		--gammas 3 --batches 1,8 --taus 0.0,1.0 --repeats 2 --write_docs \
+		--doc_name real_speed_batch --out runs/benchmark_real_batch
 
 clean-venv:
 	rm -rf $(VENV)

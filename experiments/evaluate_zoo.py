@@ -63,7 +63,7 @@ def evaluate(zoo, window: int = 128, heldout_bytes: int = 0) -> dict:
         models[name] = dict(
             role=rec["role"], n_params=n_params[name], tokenizer=rec["tokenizer"],
             vocab_size=tok["vocab_size"], special_tokens=tok.get("special_tokens", []),
-            token_shares=rec.get("token_shares", {}), domains=rec.get("domains", []),
+            token_shares=_token_shares(rec), domains=rec.get("domains", []),
             temperature=rec.get("temperature"),
             cost=n_params[name] / n_params[zoo.verifier.name],
             train_wall_s=rec.get("train", {}).get("wall_s"),
@@ -76,13 +76,22 @@ def evaluate(zoo, window: int = 128, heldout_bytes: int = 0) -> dict:
                 wall_s=manifest.get("wall_s"), created_by=manifest.get("created_by"))
 
 
+def _token_shares(rec: dict) -> dict:
+    """A model's training token shares per domain (a record written before shares were
+    recorded: equal shares of its corpus domains, as train_zoo.py's --reuse reads it)."""
+    if rec.get("token_shares"):
+        return dict(rec["token_shares"])
+    domains = list(rec.get("train", {}).get("corpus", rec.get("domains", [])))
+    return {d: 1 / len(domains) for d in domains}
+
+
 def _shares(rec: dict) -> str:
     shares = rec["token_shares"]
     if len(shares) == 1:
         return f"{next(iter(shares))} only"
     values = [shares.get(d, 0) for d in DOMAINS]
     if len(set(values)) == 1:
-        return f"{values[0]:.2g} each"
+        return f"1/{len(values)} each"
     return " / ".join(f"{v:.2g}" for v in values)
 
 

