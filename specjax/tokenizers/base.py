@@ -7,7 +7,8 @@ A tokenizer here is byte-exact: every id stands for a fixed byte string
 their bytes, never through model-specific string conventions.
 
 Tokenizers are saved as one JSON file, ``{"kind": ..., "name": ..., ...}``;
-`load_tokenizer` dispatches on ``kind``.
+`specjax.tokenizers.loading.load_tokenizer` dispatches on ``kind`` (this module does not
+import the implementations: they import it).
 """
 
 from __future__ import annotations
@@ -141,13 +142,14 @@ class Tokenizer(abc.ABC):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Tokenizer:
-        """Loads a tokenizer saved by `save`; checks it is of this class."""
-        tok = load_tokenizer(path)
-        if not isinstance(tok, cls):
-            raise ValueError(
-                f"{path}: holds a {type(tok).__name__} (kind {tok.kind!r}), "
-                f"not a {cls.__name__}")
-        return tok
+        """Loads a tokenizer of this class saved by `save` (`load_tokenizer`: any kind)."""
+        obj = read_tokenizer_json(path)
+        kind = obj.get("kind")
+        if kind != cls.kind:
+            raise ValueError(f"{path}: holds a tokenizer of kind {kind!r}, not a "
+                             f"{cls.__name__} (kind {cls.kind!r})")
+        check_format_version(obj, path)
+        return cls.from_json(obj, source=str(path))
 
     def _check_id(self, token_id: int) -> int:
         token_id = int(token_id)
@@ -191,29 +193,14 @@ def split_special(data: bytes, specials: Sequence[bytes]) -> list[tuple[bytes, b
     return out
 
 
-def _registry() -> dict[str, type[Tokenizer]]:
-    # Imported lazily: the concrete modules import this one.
-    from specjax.tokenizers.bpe import BPETokenizer
-    from specjax.tokenizers.byte import ByteTokenizer
-    from specjax.tokenizers.hf import HFTokenizer
-    return {ByteTokenizer.kind: ByteTokenizer, BPETokenizer.kind: BPETokenizer,
-            HFTokenizer.kind: HFTokenizer}
+def read_tokenizer_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON object of a tokenizer file, for `load_tokenizer` and `Tokenizer.load`.
 
-
-def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
-    """Loads any tokenizer saved by `Tokenizer.save`, dispatching on its ``kind``.
-
-    A raw Hugging Face ``tokenizer.json`` of a byte-level BPE model (e.g. GPT-2's) is
-    accepted too and wrapped as a `BPETokenizer`.
-
-    Args:
-        path: A JSON file.
-
-    Returns:
-        The tokenizer.
+    A raw Hugging Face ``tokenizer.json`` (no ``kind``, a ``model`` object) is returned as
+    ``{"kind": "bpe", "name": <file stem>, "tokenizer": <it>}``.
 
     Raises:
-        ValueError: One line naming the problem: missing file, not JSON, unknown kind.
+        ValueError: One line naming the problem: missing file, not JSON, not an object.
     """
     path = Path(path)
     if not path.is_file():
@@ -224,17 +211,16 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
         raise ValueError(f"{path}: not a valid tokenizer JSON file ({e})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{path}: tokenizer JSON must be an object, got {type(obj).__name__}")
-    registry = _registry()
     if "kind" not in obj and isinstance(obj.get("model"), dict):
         # A bare HF tokenizer.json; BPETokenizer validates that it is byte-level.
         obj = {"kind": "bpe", "name": path.stem, "tokenizer": obj}
-    kind = obj.get("kind")
-    if kind not in registry:
-        raise ValueError(
-            f"{path}: unknown tokenizer kind {kind!r} (expected one of {sorted(registry)})")
+    return obj
+
+
+def check_format_version(obj: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """ValueError (one line) unless ``obj`` is in the layout this code reads."""
     version = obj.get("format_version", FORMAT_VERSION)
     if version != FORMAT_VERSION:
         raise ValueError(
             f"{path}: tokenizer format_version {version} unsupported (this code reads "
             f"{FORMAT_VERSION})")
-    return registry[kind].from_json(obj, source=str(path))
