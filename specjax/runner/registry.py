@@ -16,10 +16,11 @@ Hooks, all optional:
   * ``finalize(config, workdir, results) -> None`` runs once (on process 0) after every
     cell has a result, e.g. to write ``summary.json``.
 
-The project's experiments are registered by importing `specjax.experiments_registry`
-(done lazily, the first time a name is looked up). A config may also name its own module
-in ``config.experiment_module`` (a dotted module name or a path to a ``.py`` file), so
-that research code outside the package can be swept without editing specjax.
+This module only keeps the names: it imports no experiment. The project's experiments
+(`specjax.runner.experiments`: ``plans``) register when that module is imported, which
+`specjax.runner.sweep.prepare` does before it looks a name up. A config may also name its
+own module in ``config.experiment_module`` (a dotted module name or a path to a ``.py``
+file), so that research code outside the package can be swept without editing specjax.
 """
 
 from __future__ import annotations
@@ -43,8 +44,6 @@ __all__ = [
     "import_experiment_module",
 ]
 
-PROJECT_REGISTRY_MODULE = "specjax.experiments_registry"
-
 RunFn = Callable[[Any, dict, Path], dict]
 ValidateFn = Callable[[Any], "dict | None"]
 FinalizeFn = Callable[[Any, Path, list], None]
@@ -61,7 +60,6 @@ class Experiment:
 
 
 _REGISTRY: dict[str, Experiment] = {}
-_project_registry_imported = False
 
 
 def register_experiment(name: str, *, validate: ValidateFn | None = None,
@@ -91,15 +89,13 @@ def register_experiment(name: str, *, validate: ValidateFn | None = None,
 
 def get_experiment(name: str) -> Experiment:
     """The experiment registered as `name`; ConfigError listing the known names if none."""
-    _import_project_registry()
     if name not in _REGISTRY:
         raise ConfigError.invalid("experiment", name, known_experiments() or
-                                  "(none registered: specjax.experiments_registry is missing)")
+                                  "(none registered)")
     return _REGISTRY[name]
 
 
 def known_experiments() -> list[str]:
-    _import_project_registry()
     return sorted(_REGISTRY)
 
 
@@ -168,20 +164,6 @@ def _import_error(spec: str, error: BaseException, filename: str | None) -> Conf
     return ConfigError(f"experiment_module: got {spec!r}, allowed: a module that imports; "
                        f"importing it raised {type(error).__name__}: {text}{where}",
                        field="experiment_module", value=spec, allowed="a module that imports")
-
-
-def _import_project_registry() -> None:
-    global _project_registry_imported
-    if _project_registry_imported:
-        return
-    try:
-        importlib.import_module(PROJECT_REGISTRY_MODULE)
-    except ModuleNotFoundError as e:
-        # Only the registry module itself may be absent; a missing dependency inside it
-        # is a real error and must surface.
-        if e.name != PROJECT_REGISTRY_MODULE:
-            raise
-    _project_registry_imported = True
 
 
 def _origin(fn: Callable) -> str:

@@ -122,6 +122,9 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Pl
     if module:
         check(isinstance(module, str), "experiment_module", module, "a string")
         registry.import_experiment_module(module)
+    # The project's experiments ("plans") register on import; lazily: it imports JAX.
+    # pylint: disable-next=import-outside-toplevel,unused-import
+    from specjax.runner import experiments  # noqa: F401
     experiment = registry.get_experiment(name)
     check(config.get("cells_across_processes", "round_robin") in SPLIT_MODES,
           "cells_across_processes", config.get("cells_across_processes"), SPLIT_MODES)
