@@ -8,11 +8,11 @@
 import ml_collections
 
 from specjax.policy.switches import all_combinations
-from specjax.runner import parse_config_arg, plans_defaults
+from specjax.configs.common import parse_config_arg, plans_defaults
 
 
 def defaults() -> ml_collections.ConfigDict:
-    c = plans_defaults()  # shared fields, each commented (specjax/runner/experiments.py)
+    c = plans_defaults()  # shared fields, each commented (specjax/configs/common.py)
     c.grid.policy = [p.name for p in all_combinations()]  # the 16 switch combinations
     return c
 

@@ -39,11 +39,11 @@ on tiny random folders (tests/test_real_models_config.py builds them).
 """
 import ml_collections
 
-from specjax.runner import parse_config_arg, plans_defaults
+from specjax.configs.common import parse_config_arg, plans_defaults
 
 
 def defaults() -> ml_collections.ConfigDict:
-    c = plans_defaults()  # shared fields, each commented (specjax/runner/experiments.py)
+    c = plans_defaults()  # shared fields, each commented (specjax/configs/common.py)
     c.deployment = "hf"               # Hugging Face folders by local path (runner/hf_deployment.py)
     c.verifier = ""                   # the verifier's folder (--config.verifier=PATH)
     c.drafters = ml_collections.ConfigDict()  # name -> folder, temperature, cost (None: params ratio)

@@ -22,11 +22,11 @@ with rule 1's test). `grid.rule=[default]` runs independent noise.
 import ml_collections
 
 from specjax.policy.names import FIELD_REPORT_NAMES
-from specjax.runner import parse_config_arg, plans_defaults
+from specjax.configs.common import parse_config_arg, plans_defaults
 
 
 def defaults() -> ml_collections.ConfigDict:
-    c = plans_defaults()  # shared fields, each commented (specjax/runner/experiments.py)
+    c = plans_defaults()  # shared fields, each commented (specjax/configs/common.py)
     c.seed_table = True               # write summary.json + seed_report.md (the seed's table)
     c.grid.policy = list(FIELD_REPORT_NAMES)  # 10 switch policies, adaptive, oracle router
     c.grid.gamma = [2, 3, 4]          # each policy is reported at its best γ of this grid

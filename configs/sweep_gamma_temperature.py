@@ -5,11 +5,11 @@
 """
 import ml_collections
 
-from specjax.runner import parse_config_arg, plans_defaults
+from specjax.configs.common import parse_config_arg, plans_defaults
 
 
 def defaults() -> ml_collections.ConfigDict:
-    c = plans_defaults()  # shared fields, each commented (specjax/runner/experiments.py)
+    c = plans_defaults()  # shared fields, each commented (specjax/configs/common.py)
     c.grid.gamma = [1, 2, 3, 4, 6, 8]           # γ
     c.grid.drafter_temperature = [0.5, 1.0, 1.5]  # τ of every drafter
     c.grid.policy = ["naive", "all_on"]         # policy names

@@ -5,11 +5,11 @@
 """
 import ml_collections
 
-from specjax.runner import parse_config_arg, plans_defaults
+from specjax.configs.common import parse_config_arg, plans_defaults
 
 
 def defaults() -> ml_collections.ConfigDict:
-    c = plans_defaults()  # shared fields, each commented (specjax/runner/experiments.py)
+    c = plans_defaults()  # shared fields, each commented (specjax/configs/common.py)
     # code and prose share the verifier's tokenizer; reasoning has its own; prose512 (an
     # extra drafter of the zoo) a third: same-group, cross-group and three-tokenizer pairings.
     c.grid.pairing = [("code",), ("prose",), ("reasoning",), ("prose512",), ("code", "prose"),

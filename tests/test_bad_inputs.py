@@ -20,6 +20,7 @@ from absl import flags
 
 from specjax import main as main_mod  # defines --config, --workdir, --jax_distributed
 from specjax import report as report_mod
+from specjax.configs import common as config_common
 from specjax.models import zoo as zoo_lib
 from specjax.runner import cli, experiments, results
 
@@ -121,7 +122,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
             f"    c.experiment_module = {str(d / 'exit_module.py')!r}\n"
             "    return c\n"),
         "plans_typo.py": (
-            "from specjax.runner import plans_defaults\n"
+            "from specjax.configs.common import plans_defaults\n"
             "def get_config(arg=None):\n"
             "    c = plans_defaults()\n"
             "    c.plans_per_domain = 1\n"
@@ -455,7 +456,7 @@ def test_results_from_another_zoo_are_refused(tmp_path, capsys):
     """Same config, other inputs (the zoo's manifest changed): refused, not resumed."""
     from specjax.runner import sweep  # pylint: disable=import-outside-toplevel
 
-    config = experiments.plans_defaults()
+    config = config_common.plans_defaults()
     config.plans_per_domain = 1
     plan = sweep.prepare(config, tmp_path / "run")
     assert plan.inputs["zoo"]["source"] in ("shipped", "SPECJAX_ZOO")
@@ -501,7 +502,7 @@ def test_missing_zoo_names_the_variable_and_folder(tmp_path, capsys, monkeypatch
 
 
 def test_zoo_precedence(tmp_path, monkeypatch):
-    config = experiments.plans_defaults()
+    config = config_common.plans_defaults()
     monkeypatch.delenv("SPECJAX_ZOO", raising=False)
     assert experiments.resolve_zoo_path(config) == (zoo_lib.SHIPPED_ZOO, "shipped")
     monkeypatch.setenv("SPECJAX_ZOO", str(tmp_path / "env"))
@@ -516,7 +517,7 @@ def test_zoo_precedence(tmp_path, monkeypatch):
 def test_inputs_name_the_zoo_that_runs(tmp_path, monkeypatch):
     """validate's inputs: the chosen folder, where it came from, the manifest's sha256."""
     monkeypatch.setenv("SPECJAX_ZOO", str(zoo_lib.SHIPPED_ZOO))
-    config = experiments.plans_defaults()
+    config = config_common.plans_defaults()
     inputs = experiments.validate(config)
     assert inputs == {"zoo": {"path": str(zoo_lib.SHIPPED_ZOO), "source": "SPECJAX_ZOO",
                               "manifest_sha256": zoo_lib.file_sha256(
@@ -698,7 +699,7 @@ def _seed_rows(names=("code", "prose"), n_plans=3) -> list[dict]:
 def _seed_run(tmp_path: Path, rows: list[dict]) -> Path:
     run = tmp_path / "run"
     run.mkdir()
-    config = json.loads(experiments.plans_defaults().to_json_best_effort())
+    config = json.loads(config_common.plans_defaults().to_json_best_effort())
     config.update(seed_table=True, grid={"gamma": [2], "policy": ["naive", "all_on"],
                                          "seed": [0]})
     (run / "config.json").write_text(json.dumps(config))

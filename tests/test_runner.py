@@ -12,7 +12,8 @@ import ml_collections
 import pytest
 
 from specjax.errors import ConfigError, check
-from specjax.runner import config_args, grid, registry, report, results, sweep
+from specjax.configs import common as config_common
+from specjax.runner import grid, registry, report, results, sweep
 from specjax.runner import rows as rows_lib
 
 TESTS = Path(__file__).resolve().parent
@@ -50,7 +51,7 @@ def test_config_error_names_field_value_and_allowed():
 
 
 # ----------------------------------------------------------------------------------
-# config_args
+# config arguments (specjax.configs.common)
 # ----------------------------------------------------------------------------------
 
 
@@ -72,7 +73,7 @@ def test_parse_config_arg_variants_then_overrides_with_type_coercion():
         c.gamma = 2
         c.grid.seed = [0, 1, 2]
 
-    c = config_args.parse_config_arg(
+    c = config_common.parse_config_arg(
         "gamma=3,runlocal,temperature=0,name='all_on',flag=yes,maybe=[1,2],grid.seed=7,"
         "grid.pairing=[(code,prose),(code,prose,reasoning)]", _defaults(), {"runlocal": runlocal})
     assert c.gamma == 3 and isinstance(c.gamma, int)  # override applied after the variant
@@ -80,9 +81,9 @@ def test_parse_config_arg_variants_then_overrides_with_type_coercion():
     assert c.name == "all_on" and c.flag is True and c.maybe == [1, 2]
     assert c.grid.seed == [7]  # a scalar pins a list axis
     assert c.grid.pairing == [("code", "prose"), ("code", "prose", "reasoning")]
-    assert config_args.parse_config_arg(None, _defaults(), {}).gamma == 4
-    assert config_args.parse_config_arg("", _defaults(), {}).gamma == 4
-    c = config_args.parse_config_arg("grid={'gamma': [1, 2]}", _defaults(), {})
+    assert config_common.parse_config_arg(None, _defaults(), {}).gamma == 4
+    assert config_common.parse_config_arg("", _defaults(), {}).gamma == 4
+    c = config_common.parse_config_arg("grid={'gamma': [1, 2]}", _defaults(), {})
     assert list(c.grid.keys()) == ["gamma"]
 
 
@@ -100,11 +101,11 @@ def test_parse_config_arg_variants_then_overrides_with_type_coercion():
 ])
 def test_parse_config_arg_errors(arg, match):
     with pytest.raises(ConfigError, match=match):
-        config_args.parse_config_arg(arg, _defaults(), {"runlocal": lambda c: None})
+        config_common.parse_config_arg(arg, _defaults(), {"runlocal": lambda c: None})
 
 
 def test_split_arg_respects_brackets_and_quotes():
-    assert config_args.split_arg("a,b=[1,2],c='x,y',d={'k': (1, 2)},,") == [
+    assert config_common.split_arg("a,b=[1,2],c='x,y',d={'k': (1, 2)},,") == [
         "a", "b=[1,2]", "c='x,y'", "d={'k': (1, 2)}"]
 
 

@@ -162,7 +162,7 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     """absl flags parser for `app.run`: bad flags -> `fail` instead of usage + traceback.
 
     ``--config.<field>=<value>`` overrides are applied here, after the config file is
-    loaded, with `specjax.runner.config_args.apply_override` (the same coercion as the
+    loaded, with `specjax.configs.common.apply_override` (the same coercion as the
     ``--config=file.py:field=value`` form), so that a bad override names its field
     (``plan_steps: got 'abc', allowed: an integer``) instead of the parser's message. A
     config file that cannot be loaded — missing, a syntax error, an exception while it
@@ -224,13 +224,13 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
         absl_logger.disabled = was_disabled
         sys.argv = saved_argv
     if overrides:
-        from specjax.runner import config_args  # pylint: disable=import-outside-toplevel
+        from specjax.configs.common import apply_override  # pylint: disable=import-outside-toplevel
 
         config = flags.FLAGS["config"].value
         if _is_config_dict(config):
             try:
                 for key, raw in overrides:
-                    config_args.apply_override(config, key, raw)
+                    apply_override(config, key, raw)
             except ConfigError as e:
                 fail(e)
     return rest

@@ -21,8 +21,7 @@ from specjax.policy.boundary import BoundaryThresholds
 from specjax.policy.calls import enable_shared_calls
 from specjax.policy.plan import PlanConfig, run_plans
 from specjax.policy.summary import plan_totals, summarize
-from specjax.field_report import (ACCEPTANCE_FLOOR, DEPTH_CEILING, FIELD_REPORT_COSTS,
-                                  TRUNCATION_OVERHEAD_RATIO)
+from specjax.field_report import FIELD_REPORT_COSTS
 from specjax.policy import names as policy_names
 from specjax.policy.switches import Policy
 from specjax.runner.registry import register_experiment
@@ -325,37 +324,3 @@ def _finalize(config, workdir: Path, results: list[dict]) -> None:
         from specjax.runner import seed_table  # pylint: disable=import-outside-toplevel
         seed_table.write(config, Path(workdir), results)
 
-
-def plans_defaults():
-    """The fields every `plans` config shares (each config sets its own grid)."""
-    import ml_collections  # pylint: disable=import-outside-toplevel
-    c = ml_collections.ConfigDict()
-    c.experiment = "plans"            # the registered experiment (specjax/runner/experiments.py)
-    c.deployment = "zoo"              # 'zoo' (shipped tiny models) or 'synthetic' (exact tables)
-    c.zoo_path = None                 # zoo folder; None: $SPECJAX_ZOO, else the shipped specjax/zoo
-    c.plans_per_domain = 24           # plan prompts per domain (code, prose, reasoning), mixed
-    c.plan_steps = 4                  # steps per plan
-    c.max_step_tokens = 32            # token budget of one step
-    c.consensus = "seed"              # step decision: 'seed' (execute_parallel_plan) or 'quorum'
-    c.consensus_threshold = 0.5       # quorum rule: support needed to commit without fallback
-    c.boundary = ml_collections.ConfigDict()   # the decision boundary (SPEC §6), the seed's
-    c.boundary.acceptance_floor = ACCEPTANCE_FLOOR                    # s_b below it: collapse
-    c.boundary.depth_ceiling = DEPTH_CEILING                          # d_b above it: collapse
-    c.boundary.truncation_overhead_ratio = TRUNCATION_OVERHEAD_RATIO  # s_b − i_b must exceed it
-    c.share_verifier_call = True      # cost model: a plan's branches share one verifier call
-    c.auto_explore = 0.15             # policy 'auto': chance a step re-measures a dropped drafter
-    c.consensus_cost = 1.0            # modelled cost of a consensus round (verifier calls)
-    c.bucket = 64                     # prompt widths rounded up to a multiple (no retrace)
-    c.report = True                   # write report.md and plots/ after the cells
-    c.seed_table = False              # also write the seed's table (seed_reproduction only)
-    c.grid = ml_collections.ConfigDict()
-    c.grid.gamma = [4]                # γ, drafts per chain per round
-    c.grid.verifier_temperature = [1.0]  # τ of the verifier (0 = greedy)
-    c.grid.rule = ["coupled"]         # 'coupled': branches share Gumbel noise, so they agree
-    #                                   and the committed step is the verifier's own sample;
-    #                                   'default': independent noise, switch 2 picks the rule
-    c.grid.drafter_temperature = [None]  # None = each drafter's default (code 1.0, prose 1.0, reasoning 1.3)
-    c.grid.drafter_gamma = [None]     # None = grid.gamma for all; or one γ_i per drafter (one-chain rows)
-    c.grid.pairing = [("code", "prose", "reasoning")]  # which drafters take part
-    c.grid.seed = [0]                 # PRNG seed
-    return c

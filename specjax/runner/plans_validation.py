@@ -69,7 +69,7 @@ def validate(config) -> dict | None:
 
 
 def _check_fields(config) -> None:
-    from specjax.runner.experiments import plans_defaults  # pylint: disable=import-outside-toplevel
+    from specjax.configs.common import plans_defaults  # pylint: disable=import-outside-toplevel
 
     known = sorted({*plans_defaults().keys(), *RUNNER_FIELDS, *HF_FIELDS})
     for name in config:

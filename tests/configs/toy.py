@@ -9,7 +9,7 @@ from pathlib import Path
 
 import ml_collections
 
-from specjax.runner.config_args import parse_config_arg
+from specjax.configs.common import parse_config_arg
 
 
 def defaults() -> ml_collections.ConfigDict:

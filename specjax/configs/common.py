@@ -1,7 +1,19 @@
-"""The argument of a config file's ``get_config``: variants and ``key=value`` overrides.
+"""What the config files (``configs/*.py``) share: `plans_defaults`, the fields of every
+`plans` config, and `parse_config_arg`, their ``get_config`` argument.
 
+Importing it imports no JAX, no engine, no policy and no runner (tests/test_layers.py checks
+it), so loading a config is cheap; `specjax.runner.cli` applies ``--config.key=value`` flags
+with its `apply_override`.
+
+The argument of a config file's ``get_config`` holds variants and ``key=value`` overrides:
 ``--config=configs/seed_reproduction.py:runlocal,gamma=2,grid.seed=[0,1]`` calls
 ``get_config("runlocal,gamma=2,grid.seed=[0,1]")``; a config file passes that string on::
+
+    from specjax.configs.common import parse_config_arg, plans_defaults
+
+    def defaults():
+        c = plans_defaults()   # then the config's own fields and grid
+        ...
 
     def get_config(arg=None):
         return parse_config_arg(arg, defaults(), {"runlocal": runlocal})
@@ -33,13 +45,51 @@ from typing import Any, Callable, Mapping
 import ml_collections
 
 from specjax.errors import ConfigError
+from specjax.field_report import ACCEPTANCE_FLOOR, DEPTH_CEILING, TRUNCATION_OVERHEAD_RATIO
 
-__all__ = ["parse_config_arg", "split_arg", "apply_override", "parse_literal"]
+__all__ = ["plans_defaults", "parse_config_arg", "split_arg", "apply_override",
+           "parse_literal"]
 
 Variant = Callable[[ml_collections.ConfigDict], "ml_collections.ConfigDict | None"]
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
+
+
+def plans_defaults():
+    """The fields every `plans` config shares (each config sets its own grid); the `plans`
+    experiment (`specjax.runner.plans_validation`) accepts these fields and no others (besides
+    the runner's and the hf deployment's)."""
+    c = ml_collections.ConfigDict()
+    c.experiment = "plans"            # the registered experiment (specjax/runner/experiments.py)
+    c.deployment = "zoo"              # 'zoo' (shipped tiny models) or 'synthetic' (exact tables)
+    c.zoo_path = None                 # zoo folder; None: $SPECJAX_ZOO, else the shipped specjax/zoo
+    c.plans_per_domain = 24           # plan prompts per domain (code, prose, reasoning), mixed
+    c.plan_steps = 4                  # steps per plan
+    c.max_step_tokens = 32            # token budget of one step
+    c.consensus = "seed"              # step decision: 'seed' (execute_parallel_plan) or 'quorum'
+    c.consensus_threshold = 0.5       # quorum rule: support needed to commit without fallback
+    c.boundary = ml_collections.ConfigDict()   # the decision boundary (SPEC §6), the seed's
+    c.boundary.acceptance_floor = ACCEPTANCE_FLOOR                    # s_b below it: collapse
+    c.boundary.depth_ceiling = DEPTH_CEILING                          # d_b above it: collapse
+    c.boundary.truncation_overhead_ratio = TRUNCATION_OVERHEAD_RATIO  # s_b − i_b must exceed it
+    c.share_verifier_call = True      # cost model: a plan's branches share one verifier call
+    c.auto_explore = 0.15             # policy 'auto': chance a step re-measures a dropped drafter
+    c.consensus_cost = 1.0            # modelled cost of a consensus round (verifier calls)
+    c.bucket = 64                     # prompt widths rounded up to a multiple (no retrace)
+    c.report = True                   # write report.md and plots/ after the cells
+    c.seed_table = False              # also write the seed's table (seed_reproduction only)
+    c.grid = ml_collections.ConfigDict()
+    c.grid.gamma = [4]                # γ, drafts per chain per round
+    c.grid.verifier_temperature = [1.0]  # τ of the verifier (0 = greedy)
+    c.grid.rule = ["coupled"]         # 'coupled': branches share Gumbel noise, so they agree
+    #                                   and the committed step is the verifier's own sample;
+    #                                   'default': independent noise, switch 2 picks the rule
+    c.grid.drafter_temperature = [None]  # None = each drafter's default (code 1.0, prose 1.0, reasoning 1.3)
+    c.grid.drafter_gamma = [None]     # None = grid.gamma for all; or one γ_i per drafter (one-chain rows)
+    c.grid.pairing = [("code", "prose", "reasoning")]  # which drafters take part
+    c.grid.seed = [0]                 # PRNG seed
+    return c
 
 
 def parse_config_arg(arg: str | None, defaults: ml_collections.ConfigDict,

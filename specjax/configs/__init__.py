@@ -1,0 +1,1 @@
+"""What the config files in ``configs/`` import: `specjax.configs.common` (no JAX)."""
