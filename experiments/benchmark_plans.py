@@ -84,7 +84,7 @@ def measure(zoo=None, *, plans_per_domain=2, plan_steps=4, max_step_tokens=32, g
     from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
     from specjax.engine.deployment import from_zoo  # pylint: disable=import-outside-toplevel
     from specjax.models.zoo import load_zoo  # pylint: disable=import-outside-toplevel
-    from specjax.policy.plan import PlanConfig  # pylint: disable=import-outside-toplevel
+    from specjax.policy.plan_config import PlanConfig  # pylint: disable=import-outside-toplevel
     from specjax.metrics import COST_ITEMS  # pylint: disable=import-outside-toplevel
 
     zoo = load_zoo(zoo) if zoo is None or isinstance(zoo, (str, os.PathLike)) else zoo

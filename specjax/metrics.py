@@ -201,76 +201,6 @@ def tokens_per_second(committed_tokens, seconds, *, pool_axis: Axis = None):
     return _ratio(committed_tokens, seconds, pool_axis, jnp.nan)
 
 
-def modelled_cost(
-        verifier_calls,
-        drafter_tokens: Mapping[str, float],
-        c: Mapping[str, float],
-        consensus_rounds=0,
-        fallback_verifier_calls=0,
-        consensus_cost: float = DEFAULT_CONSENSUS_COST,
-) -> dict[str, float]:
-    """The cost model, in units of one verifier call, itemised.
-
-    cost = verifier_calls + Σ_i c_i · drafter_tokens_i + consensus_cost · consensus_rounds
-                  + fallback_verifier_calls
-
-    `verifier_calls` are the speculative rounds' calls; `fallback_verifier_calls` the
-    verifier's autoregressive calls while generating fallback steps (not counted in the
-    former).
-
-    Returns:
-        {'verifier', 'drafters', 'consensus', 'fallback', 'total'} → cost.
-    """
-    missing = sorted(set(drafter_tokens) - set(c))
-    if missing:
-        raise ValueError(
-                f"modelled_cost: no cost coefficient c for drafter(s) {missing}; every drafter "
-                "in drafter_tokens needs an entry in c."
-        )
-    values = {
-            "verifier_calls": verifier_calls,
-            "consensus_rounds": consensus_rounds,
-            "fallback_verifier_calls": fallback_verifier_calls,
-            "consensus_cost": consensus_cost,
-    }
-    values.update({f"drafter_tokens[{k!r}]": v for k, v in drafter_tokens.items()})
-    values.update({f"c[{k!r}]": v for k, v in c.items()})
-    for name, value in values.items():
-        _check_range("modelled_cost", name, value, low=0.0)
-    drafters = sum(float(c[name]) * float(tokens) for name, tokens in drafter_tokens.items())
-    parts = {
-            "verifier": float(verifier_calls),
-            "drafters": drafters,
-            "consensus": float(consensus_cost) * float(consensus_rounds),
-            "fallback": float(fallback_verifier_calls),
-    }
-    parts["total"] = sum(parts.values())
-    return parts
-
-
-def cost_model_throughput(
-        committed_tokens,
-        verifier_calls,
-        drafter_tokens: Mapping[str, float],
-        c: Mapping[str, float],
-        consensus_rounds=0,
-        fallback_verifier_calls=0,
-        consensus_cost: float = DEFAULT_CONSENSUS_COST,
-) -> float:
-    """Committed tokens per unit of modelled cost (see `modelled_cost`).
-
-    A verifier call costs 1, a drafter token `c_i` (drafter `i`'s per-token cost relative to
-    a verifier call), a consensus round `consensus_cost`, a fallback verifier call 1. Plain
-    autoregressive decoding scores exactly 1.0 on this scale; NaN when the cost is 0.
-    """
-    _check_range("cost_model_throughput", "committed_tokens", committed_tokens, low=0.0)
-    cost = modelled_cost(
-            verifier_calls, drafter_tokens, c, consensus_rounds, fallback_verifier_calls,
-            consensus_cost,
-    )["total"]
-    return float(committed_tokens) / cost if cost > 0 else float("nan")
-
-
 # ---------------------------------------------------------------- the one cost function
 
 #: The items of the modelled cost, in the order `itemised_cost` reports them.
@@ -287,7 +217,7 @@ def itemised_cost(counts: Mapping[str, Any], c: Sequence[float],
     the projection to the seed's model sizes) calls this function; nothing else prices.
 
     ====================  =====================================================  =========
-    item                  what is counted (`specjax.policy.runstats` counters)   price
+    item                  what is counted (`specjax.policy.counters` counters)   price
     ====================  =====================================================  =========
     verifier_calls        one per round, and one per token of a fallback step;   1
                           with ``share_verifier_call`` (the default) the

@@ -1,4 +1,4 @@
-"""Plan state carried across steps (specjax.policy.carry): the carried caches are the
+"""Plan state carried across steps (specjax.policy.plan_state): the carried caches are the
 caches a fresh prefill of the committed tokens makes, drafters behind the text catch up,
 a step costs its own tokens, and a run compiles a bounded set of programs."""
 from __future__ import annotations
@@ -11,9 +11,10 @@ import pytest
 
 from specjax.engine.prefill import prefill
 from specjax.engine.programs import compiled_programs
-from specjax.policy import carry
-from specjax.policy.calls import commit_carried, plan_keys, run_carried
-from specjax.policy.plan import PlanConfig, run_plans
+from specjax.policy import plan_state
+from specjax.policy.engine_calls import commit_carried, plan_keys, run_carried
+from specjax.policy.plan import run_plans
+from specjax.policy.plan_config import PlanConfig
 from specjax.policy.switches import Policy
 
 
@@ -42,7 +43,7 @@ def test_carried_caches_equal_a_fresh_prefill_of_the_committed_tokens(dep):
     texts = ["def f(x):", "In the beginning", "1 + 2 ="]
     cfg = PlanConfig(gamma=2, verifier_temperature=1.0, plan_steps=2, max_step_tokens=6,
                      bucket=16)
-    states = carry.PlanStates(dep, texts, [dep.encode(t) for t in texts], steps=2, gamma=2,
+    states = plan_state.PlanStates(dep, texts, [dep.encode(t) for t in texts], steps=2, gamma=2,
                               max_step_tokens=6, bucket=16)
     # Step 0: plan 0 runs drafter 'same', plan 1 both (token tree), plan 2 'other'.
     sets = [(0,), (0, 1), (1,)]

@@ -158,41 +158,6 @@ def test_hardware_aware_speedup():
     close(m.hardware_aware_speedup(e, 10.0, 1.0, 10.0, 2), m.leviathan_speedup(0.8, 2, 0.1))
 
 
-# ----------------------------------------------------------------------------- cost model
-
-
-def test_cost_model_throughput():
-    # cost = 30 verifier + (100·0.02 + 50·0.1) drafters + 4·0.5 consensus + 10 fallback = 49.
-    kwargs = dict(
-            verifier_calls=30,
-            drafter_tokens={"code": 100, "reasoning": 50},
-            c={"code": 0.02, "reasoning": 0.1, "prose": 0.05},  # unused coefficients are fine
-            consensus_rounds=4,
-            fallback_verifier_calls=10,
-    )
-    assert m.cost_model_throughput(100, consensus_cost=0.5, **kwargs) == pytest.approx(100 / 49)
-    parts = m.modelled_cost(consensus_cost=0.5, **kwargs)
-    assert parts == pytest.approx(
-            {"verifier": 30, "drafters": 7.0, "consensus": 2.0, "fallback": 10, "total": 49}
-    )
-    # Default consensus cost 1.0: 30 + 7 + 4 + 10 = 51.
-    assert m.cost_model_throughput(100, **kwargs) == pytest.approx(100 / 51)
-
-
-def test_cost_model_autoregressive_is_one_and_empty_is_nan():
-    assert m.cost_model_throughput(64, 64, {}, {}) == 1.0
-    assert math.isnan(m.cost_model_throughput(0, 0, {}, {}))
-
-
-def test_cost_model_errors():
-    with pytest.raises(ValueError, match=r"no cost coefficient c for drafter\(s\) \['b'\]"):
-        m.cost_model_throughput(10, 5, {"a": 1, "b": 2}, {"a": 0.1})
-    with pytest.raises(ValueError, match="verifier_calls"):
-        m.cost_model_throughput(10, -1, {}, {})
-    with pytest.raises(ValueError, match=r"c\['a'\]"):
-        m.cost_model_throughput(10, 5, {"a": 1}, {"a": float("nan")})
-
-
 # ----------------------------------------------------------------------------- distributions
 
 

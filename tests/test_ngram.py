@@ -304,7 +304,8 @@ def test_plan_runner_with_a_lookup_drafter_is_greedy_exact():
     """A policy over the synthetic deployment plus the lookup drafter (the verifier's
     tokenizer group) commits the verifier's greedy text: carried histories, catch-up of a
     drafter that sat out a step, prefill at first use."""
-    from specjax.policy.plan import PlanConfig, run_plans  # pylint: disable=import-outside-toplevel
+    from specjax.policy.plan import run_plans  # pylint: disable=import-outside-toplevel
+    from specjax.policy.plan_config import PlanConfig  # pylint: disable=import-outside-toplevel
     from specjax.policy.switches import Policy  # pylint: disable=import-outside-toplevel
     dep = _lookup_deployment()
     cfg = PlanConfig(gamma=3, verifier_temperature=0.0, plan_steps=2, max_step_tokens=6,
@@ -317,7 +318,8 @@ def test_plan_runner_with_a_lookup_drafter_is_greedy_exact():
 
 @pytest.mark.slow  # the single-drafter baseline's programs (~30 s of compilation)
 def test_plan_runner_lookup_baseline_is_greedy_exact():
-    from specjax.policy.plan import PlanConfig, run_plans  # pylint: disable=import-outside-toplevel
+    from specjax.policy.plan import run_plans  # pylint: disable=import-outside-toplevel
+    from specjax.policy.plan_config import PlanConfig  # pylint: disable=import-outside-toplevel
     dep = _lookup_deployment()
     cfg = PlanConfig(gamma=3, verifier_temperature=0.0, plan_steps=2, max_step_tokens=6,
                      bucket=16)

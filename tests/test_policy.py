@@ -22,8 +22,10 @@ from specjax.testing import sequence_distribution
 from specjax.policy.boundary import (REASONS, SpeculativePrefixCollapseError,
                                      should_truncate_and_repropose)
 from specjax.policy.journal import PlanJournal
-from specjax.policy.plan import (PlanConfig, _kl_on_prefix, RunStats, branch_layout,
-                                 branch_slots, run_plans)
+from specjax.policy.counters import RunStats
+from specjax.policy.layout import branch_layout, branch_slots
+from specjax.policy.plan import _kl_on_prefix, run_plans
+from specjax.policy.plan_config import PlanConfig
 from specjax.policy.switches import Policy, all_combinations
 
 from test_verify import ALPHA, LENGTH, START, chi2_pvalue

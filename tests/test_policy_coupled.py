@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from specjax import testing as suite
-from specjax.policy.plan import PlanConfig, run_plans
+from specjax.policy.plan import run_plans
+from specjax.policy.plan_config import PlanConfig
 from specjax.policy.switches import all_combinations
 
 

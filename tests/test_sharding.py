@@ -140,7 +140,8 @@ def test_speculative_and_baseline_sharded_equal_unsharded(engine_case, rules):
 
 @needs8  # ~20 s on an idle machine
 def test_plan_step_sharded_equals_unsharded():
-    from specjax.policy.plan import PlanConfig, run_plans
+    from specjax.policy.plan import run_plans
+    from specjax.policy.plan_config import PlanConfig
     from specjax.policy.switches import Policy
 
     # One drafter and the naive policy: the fewest programs that still run a plan step

@@ -22,8 +22,10 @@ from specjax import testing as suite
 from specjax.testing import sequence_distribution
 from specjax.policy.auto import AutoRouter
 from specjax.policy.boundary import BoundaryThresholds, replay_step_decisions
-from specjax.policy.plan import (BranchOutcome, PlanConfig, SeedConsensus, branch_slots,
-                                 run_plans)
+from specjax.policy.consensus import BranchOutcome, SeedConsensus
+from specjax.policy.layout import branch_slots
+from specjax.policy.plan import run_plans
+from specjax.policy.plan_config import PlanConfig
 from specjax.policy.switches import Policy
 
 from test_verify import ALPHA, LENGTH, START, chi2_pvalue
@@ -158,7 +160,7 @@ def test_auto_prices_a_lone_drafter_at_its_own_gamma():
     own = AutoRouter([0.1, 0.1], gamma=4, seed=0, explore=0.0, max_set=1, gammas=[1, None])
     own.observe(0, 0, (0, 1), C, 0)
     al = own.alpha(0)
-    assert own.window((0,)) == 1 and own.window((1,)) == 4 and own.window((0, 1)) == 4
+    assert own.set_gamma((0,)) == 1 and own.set_gamma((1,)) == 4 and own.set_gamma((0, 1)) == 4
     assert own.expected_cost_per_token(al, (1,)) < own.expected_cost_per_token(al, (0,))
     assert own.choose(0, 1) == (1,)                     # γ_0 = 1 commits ≤ 2 per round
     with pytest.raises(ValueError, match="gammas"):

@@ -11,7 +11,7 @@ step, the drafter set with the lowest expected cost per committed token:
 
 where γ_S is the window the engine runs S with: a drafter alone drafts its own γ_i (SPEC §2,
 `grid.drafter_gamma`), a shared block of several drafters the config's γ
-(`specjax.policy.calls.run_carried`).
+(`specjax.policy.engine_calls.run_carried`).
 
 (`a_S` treats the drafters' acceptances at a node as independent: a first-order model of
 recursive rejection sampling over S.) Candidates are every single drafter and every pair;
@@ -38,6 +38,7 @@ import itertools
 import numpy as np
 
 from specjax import metrics
+from specjax.gammas import drafter_gammas
 
 
 class AutoRouter:
@@ -57,11 +58,7 @@ class AutoRouter:
         self.costs = np.asarray(costs, np.float64)
         self.k = len(self.costs)
         self.gamma = int(gamma)
-        gammas = [None] * self.k if gammas is None else list(gammas)
-        if len(gammas) != self.k or any(g is not None and int(g) < 1 for g in gammas):
-            raise ValueError(f"AutoRouter: gammas={gammas!r} is not allowed; allowed: one γ_i "
-                             f"≥ 1 (or None) per drafter ({self.k})")
-        self.gammas = [self.gamma if g is None else int(g) for g in gammas]
+        self.gammas = list(drafter_gammas(self.gamma, gammas, self.k, "AutoRouter gammas"))
         self.seed = int(seed)
         self.explore = float(explore)
         self.max_set = int(max_set)
@@ -78,13 +75,13 @@ class AutoRouter:
         r = self.reached.get(plan, np.zeros(self.k))
         return (a + self.prior_weight * pooled) / (r + self.prior_weight)
 
-    def window(self, members) -> int:
+    def set_gamma(self, members) -> int:
         """γ_S: a lone drafter's own γ_i, the shared block's γ otherwise."""
         return self.gammas[members[0]] if len(members) == 1 else self.gamma
 
     def expected_cost_per_token(self, alphas: np.ndarray, members) -> float:
         members = tuple(members)
-        g = self.window(members)
+        g = self.set_gamma(members)
         a = 1.0 - float(np.prod([1.0 - alphas[i] for i in members]))
         tokens = float(metrics.leviathan_expected_tokens(min(max(a, 0.0), 1.0), g))
         return (1.0 + g * float(self.costs[list(members)].sum())) / tokens

@@ -4,6 +4,9 @@ A plan is a prompt followed by `plan_steps` steps; a step ends at a stop token (
 token containing the step delimiter) or after `max_step_tokens`. For every step, all plans
 of the batch advance together (one batch = one step of every plan):
 
+The layout of a step (sets, branches, rows) is `specjax.policy.layout`; the configuration
+`specjax.policy.plan_config.PlanConfig`.
+
   1. the policy forms *sharing sets* — drafters that extend one prefix in one verifier
      block: all drafters (switch 1 off) or one set per tokenizer group (switch 1 on), split
      further by the KL ceiling (switch 4) and by the decision boundary of the previous batch;
@@ -13,10 +16,11 @@ of the batch advance together (one batch = one step of every plan):
      the naive `shared_block` (off) — under the coupled rule `coupled` or `coupled_block`;
   3. each branch reports its statistics for the step — shared-prefix acceptance `s_b`,
      independent acceptance `i_b`, mean truncation depth `d_b` and vote weight `w_b`, raw or
-     agreement-weighted by switch 3 (`branch_statistics`) — and the step is decided by the
-     seed's own `execute_parallel_plan` (``consensus='seed'``: commit the weighted plurality
-     of the branches whose `should_truncate_and_repropose` holds, else fallback) or by the
-     quorum vote (``consensus='quorum'``); the other rule's verdict is recorded too;
+     agreement-weighted by switch 3 — and `specjax.policy.consensus.decide_step` decides the
+     step by the seed's own `execute_parallel_plan` (``consensus='seed'``: commit the
+     weighted plurality of the branches whose `should_truncate_and_repropose` holds, else
+     fallback) or by the quorum vote (``consensus='quorum'``); the other rule's verdict is
+     recorded too;
   4. on fallback the verifier generates the step alone and a consensus round is charged;
      committed steps go to the plan journal exactly once; the batch's statistics feed the
      decision boundary (SPEC §6) for the next batch.
@@ -28,246 +32,31 @@ single-drafter baselines, the autoregressive reference and the fallback: all of 
 commit the verifier's own sample for that noise.
 
 State: every plan's verifier and drafter caches are carried from step to step
-(`specjax.policy.carry`), so a step costs its own tokens: one verifier prefill per plan,
+(`specjax.policy.plan_state`), so a step costs its own tokens: one verifier prefill per plan,
 one drafter prefill per plan and drafter at its first use, catch-up passes for a drafter
 that missed committed tokens.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
 from specjax.engine.deployment import Deployment, prefix_distributions
-from specjax.engine.spec import EngineConfig
-from specjax.errors import ConfigError
+from specjax.gammas import widest_gamma
 from specjax.policy import boundary as boundary_lib
-from specjax.policy.calls import (autoregressive_carried, commit_carried, digest,
-                                  drafter_temperatures, enable_shared_calls, memoized,
-                                  plan_keys, run_carried,
-                                  shared_calls)  # noqa: F401 (the last two re-exported)
-from specjax.policy.carry import PlanStates
-from specjax.policy.consensus import decide, exact_match, vote_weight
+from specjax.policy.consensus import BranchOutcome, branch_statistics, decide_step, exact_match
+from specjax.policy.counters import RunStats
+from specjax.policy.engine_calls import (autoregressive_carried, commit_carried, digest,
+                                         drafter_temperatures, memoized, plan_keys,
+                                         run_carried)
 from specjax.policy.journal import PlanJournal
-from specjax.policy.kl import kl_groups, pairwise_kl_common
-from specjax.policy.runstats import RunStats
+from specjax.policy.kl import pairwise_kl_common
+from specjax.policy.layout import StepRows, branch_layout
+from specjax.policy.plan_config import PlanConfig
+from specjax.policy.plan_state import PlanStates
 from specjax.policy.switches import Policy
-
-CONSENSUS_RULES = ("seed", "quorum")
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanConfig:
-    """How plans are executed (every field is validated).
-
-    Attributes:
-      gamma: γ draft tokens per chain per round.
-      verifier_temperature: τ of the verifier (0 = greedy).
-      plan_steps: steps per plan.
-      max_step_tokens: token budget of one step.
-      consensus: the step decision: 'seed' (`execute_parallel_plan`: commit from the
-        branches whose boundary check holds, else fallback) or 'quorum' (weighted plurality,
-        committed iff its support ≥ `consensus_threshold`).
-      consensus_threshold: the quorum rule's support threshold, in (0, 1].
-      thresholds: the decision boundary's thresholds (the seed's by default).
-      n_branches: minimum number of parallel branches (None = one per tokenizer group).
-      rule: None (the policy's switch 2 picks the rule) or 'coupled' (shared Gumbel noise
-        across the branches of a plan: drafter-invariant; switch 2 picks `coupled` or the
-        naive `coupled_block`).
-      consensus_cost: modelled cost of one consensus round, in verifier calls.
-      share_verifier_call: the cost model batches the branches of a plan into one verifier
-        call per round (True) or charges each branch's rounds as calls (False).
-      kl_positions: the last positions of the shared prefix on which the KL is measured.
-      boundary: act on the per-batch boundary (a set below it runs its drafters as
-        independent branches in the next batch).
-      bucket: prompts are padded to a multiple of this (no retrace per step).
-      seed: PRNG seed.
-    """
-    gamma: int = 4
-    verifier_temperature: float = 0.0
-    plan_steps: int = 4
-    max_step_tokens: int = 32
-    consensus: str = "seed"
-    consensus_threshold: float = 0.5
-    thresholds: boundary_lib.BoundaryThresholds = boundary_lib.BoundaryThresholds()
-    n_branches: int | None = None
-    rule: str | None = None
-    consensus_cost: float = 1.0
-    share_verifier_call: bool = True
-    kl_positions: int = 16
-    boundary: bool = True
-    bucket: int = 64
-    seed: int = 0
-
-    def __post_init__(self):
-        EngineConfig(gamma=self.gamma, verifier_temperature=self.verifier_temperature,
-                     max_new_tokens=self.max_step_tokens)
-        def bad(field, allowed):
-            raise ConfigError.invalid(field, getattr(self, field), allowed)
-        if isinstance(self.plan_steps, bool) or not (isinstance(self.plan_steps, int)
-                                                     and self.plan_steps >= 1):
-            bad("plan_steps", "an integer ≥ 1")
-        if self.consensus not in CONSENSUS_RULES:
-            bad("consensus", list(CONSENSUS_RULES))
-        if not (isinstance(self.consensus_threshold, (int, float))
-                and 0 < self.consensus_threshold <= 1):
-            bad("consensus_threshold", "a number in (0, 1]")
-        if not isinstance(self.thresholds, boundary_lib.BoundaryThresholds):
-            bad("thresholds", "a BoundaryThresholds")
-        if self.rule not in (None, "coupled"):
-            bad("rule", "None or 'coupled'")
-        if self.n_branches is not None and not (isinstance(self.n_branches, int)
-                                                and self.n_branches >= 1):
-            bad("n_branches", "None or an integer ≥ 1")
-        if not (isinstance(self.consensus_cost, (int, float)) and np.isfinite(
-                self.consensus_cost) and self.consensus_cost >= 0):
-            bad("consensus_cost", "a finite number ≥ 0")
-        if not (isinstance(self.bucket, int) and self.bucket >= 1):
-            bad("bucket", "an integer ≥ 1")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            bad("seed", "an integer ≥ 0")
-        if not (isinstance(self.kl_positions, int) and self.kl_positions >= 1):
-            bad("kl_positions", "an integer ≥ 1")
-
-    @property
-    def coupled(self) -> bool:
-        return self.rule == "coupled"
-
-
-# ---------------------------------------------------------------------------- layout
-
-def sharing_sets(dep: Deployment, policy: Policy, kl_pair: np.ndarray | None,
-                 split: set[tuple[int, ...]] = frozenset()) -> list[list[int]]:
-    """The drafter sets that share a prefix (indices in priority order).
-
-    Args:
-      kl_pair: f32[K, K] KL per ordered pair (mean over the shared-prefix positions), used
-        when the policy has a ceiling.
-      split: sets the decision boundary sent to independent branches.
-    """
-    k = len(dep.drafters)
-    if policy.prefix_partitioning:
-        labels = list(dict.fromkeys(dep.groups))
-        sets = [[i for i in range(k) if dep.groups[i] == g] for g in labels]
-    else:
-        sets = [list(range(k))]
-    if policy.kl_ceiling is not None and kl_pair is not None:
-        out = []
-        for s in sets:
-            sub = kl_groups(kl_pair[np.ix_(s, s)], policy.kl_ceiling)
-            out += [[s[i] for i in g] for g in sub]
-        sets = out
-    final = []
-    for s in sets:
-        final += [[i] for i in s] if tuple(s) in split else [s]
-    return final
-
-
-def branch_layout(dep: Deployment, policy: Policy, kl_pair, split, n_branches: int):
-    """(sets, branches, rule) of a policy: who shares a prefix, the branch list, the rule.
-
-    Branches are the sharing sets, repeated in turn until there are `n_branches` of them
-    (with one shared set, every branch runs the same drafters on its own random stream).
-    """
-    sets = sharing_sets(dep, policy, kl_pair, split)
-    n_b = max(n_branches, len(sets))
-    branches = [sets[b % len(sets)] for b in range(n_b)]
-    rule = "token_tree" if policy.truncate_and_attribute else "shared_block"
-    return sets, branches, rule
-
-
-def branch_slots(branches) -> np.ndarray:
-    """i32[n_branches, S]: each branch's drafters in priority order, -1 for an empty slot."""
-    s_max = max(len(b) for b in branches)
-    out = np.full((len(branches), s_max), -1, np.int32)
-    for i, b in enumerate(branches):
-        out[i, :len(b)] = b
-    return out
-
-
-def _bucket(n: int, b: int) -> int:
-    return ((n + b - 1) // b) * b
-
-
-# ---------------------------------------------------------------------------- statistics
-
-def branch_statistics(c, row: int, n_set: int, gamma: int, agreement_weighted: bool) -> dict:
-    """A branch's step statistics from its row's counters (SPEC §5).
-
-    Returns raw and agreement-weighted forms of `s` (shared-prefix acceptance: the joint
-    acceptance over the blocks its set verified together; a one-drafter set shares nothing,
-    so `s = i`), `i` (independent acceptance: its drafters' chains tested alone against p),
-    `w` (vote weight), and `d` (mean truncation depth, the boundary's input) with `s`, `i`,
-    `w` as switch 3 picks them. Raw: accepted / proposed positions (tokens discarded after a
-    truncation count against the branch); agreement-weighted: accepted / (accepted +
-    rejected), i.e. positions after a chain's cut are not counted.
-    """
-    def ratio(a, b):
-        return float(a) / float(b) if b else float("nan")
-    own_acc = c.own_accepted_at[row].sum()
-    own_reach = c.own_reached_at[row].sum()
-    proposed = c.proposed[row].sum()
-    i_w, i_r = ratio(own_acc, own_reach), ratio(own_acc, proposed)
-    if n_set >= 2:
-        s_w = ratio(c.multi_from_draft[row], c.multi_reached[row])
-        s_r = ratio(c.multi_from_draft[row], gamma * c.multi_rounds[row])
-    else:
-        s_w, s_r = i_w, i_r
-    acc, rej = int(c.accepted[row].sum()), int(c.rejected[row].sum())
-    w_w = vote_weight(acc, int(proposed), rej, True)
-    w_r = vote_weight(acc, int(proposed), rej, False)
-    tr = int(c.truncations[row])
-    depth = float(c.discarded[row]) / tr if tr else 0.0
-    pick = (lambda wtd, raw: wtd) if agreement_weighted else (lambda wtd, raw: raw)
-    return {"s": pick(s_w, s_r), "i": pick(i_w, i_r), "w": pick(w_w, w_r), "d": depth,
-            "s_weighted": s_w, "s_raw": s_r, "i_weighted": i_w, "i_raw": i_r,
-            "w_weighted": w_w, "w_raw": w_r, "truncations": tr,
-            "pruned": int(c.pruned[row])}
-
-
-@dataclasses.dataclass
-class BranchOutcome:
-    """One branch of one step, as `execute_parallel_plan` reads it (SPEC §5–6)."""
-    index: int
-    candidate: str
-    weight: float
-    shared_acceptance: float
-    truncation_depth: float
-    independent_acceptance: float
-    collapse: str | None = None
-
-    def record_collapse(self, exc: boundary_lib.SpeculativePrefixCollapseError) -> None:
-        self.collapse = exc.reason
-
-
-class SeedConsensus:
-    """`execute_parallel_plan`'s consensus: commit the candidate with the largest total
-    weight among the passing branches (ties → branch priority); fallback is executed by the
-    caller (the verifier generates the step alone, batched over the plans that need it)."""
-
-    def __init__(self, agreement: Callable[[str, str], bool] = exact_match):
-        self.agreement = agreement
-
-    def commit(self, branches: Sequence[BranchOutcome], verifier=None) -> BranchOutcome:
-        totals = [sum(o.weight for o in branches if self.agreement(o.candidate, b.candidate))
-                  for b in branches]
-        return branches[max(range(len(branches)), key=lambda i: (totals[i], -i))]
-
-    def fallback(self, branches, verifier=None) -> None:
-        return None
-
-
-def seed_step_decision(outcomes: Sequence[BranchOutcome], thresholds, log=None,
-                       agreement=exact_match) -> tuple[BranchOutcome | None, list]:
-    """The seed's step decision over one plan's branches: (the committed branch or None for
-    fallback, the per-branch `BoundaryDecision` records)."""
-    records = []
-    chosen = boundary_lib.execute_parallel_plan(
-        outcomes, None, SeedConsensus(agreement), log=log, on_decisions=records.extend,
-        **thresholds.kwargs())
-    return chosen, records
 
 
 # ---------------------------------------------------------------------------- the run
@@ -297,33 +86,17 @@ def run_plans(dep: Deployment, cfg: PlanConfig, prompts: Sequence[str], *,
     """
     if sum(x is not None for x in (policy, single, router)) > 1:
         raise ValueError("run_plans: give at most one of policy, single, router")
-    k = len(dep.drafters)
     n_plans = len(prompts)
-    gamma = max([cfg.gamma] + [d.gamma for d in dep.drafters if d.gamma])  # per-drafter γ_i
-    stats = RunStats(k=k, gamma=gamma, n_plans=n_plans)
+    gamma = widest_gamma(cfg.gamma, [d.gamma for d in dep.drafters])
+    stats = RunStats(k=len(dep.drafters), gamma=gamma, n_plans=n_plans)
     plan_ids = list(plan_ids or [f"plan{i}" for i in range(n_plans)])
-    texts = list(prompts)
-    hist = [dep.encode(t) for t in prompts]
-    done_steps = [0] * n_plans
-    if journal is not None:  # Resume: replay committed steps (their own verifier tokens).
-        for i, pid in enumerate(plan_ids):
-            steps = journal.committed_steps(pid)
-            texts[i] = prompts[i] + "".join(s.text for s in steps)
-            done_steps[i] = len(steps)
-            if all("tokens" in s.meta for s in steps):
-                hist[i] = hist[i] + [int(t) for s in steps for t in s.meta["tokens"]]
-            else:   # a journal written before steps kept their tokens
-                hist[i] = dep.encode(texts[i])
-    if single is not None:
-        single = [int(single)] * n_plans if np.ndim(single) == 0 else [int(x) for x in single]
-        if len(single) != n_plans:
-            raise ValueError(f"run_plans: single has {len(single)} entries for {n_plans} plans")
-    split: set = set()
-    cooldown: dict = {}
+    texts, hist, done_steps = _resume(dep, prompts, plan_ids, journal)
+    single = _drafter_per_plan(single, n_plans)
+    split = _SplitSets()
     left = cfg.plan_steps - min(done_steps)
     states = None
     if left > 0:
-        # Every plan's state is carried from step to step (specjax.policy.carry): the
+        # Every plan's state is carried from step to step (specjax.policy.plan_state): the
         # verifier prefills each prompt once; a step costs its own tokens.
         states = PlanStates(dep, texts, hist, steps=left, gamma=gamma,
                             max_step_tokens=cfg.max_step_tokens, bucket=cfg.bucket)
@@ -343,7 +116,7 @@ def run_plans(dep: Deployment, cfg: PlanConfig, prompts: Sequence[str], *,
                     else [router.choose(i, step) for i in todo])
             new, meta = _routed_step(dep, cfg, states, todo, step, stats, sets, router)
         else:
-            new, meta = _policy_step(dep, cfg, states, todo, step, stats, policy, split,
+            new, meta = _policy_step(dep, cfg, states, todo, step, stats, policy, split.sets,
                                      agreement)
         for j, i in enumerate(todo):
             if fail_hook is not None:
@@ -353,22 +126,66 @@ def run_plans(dep: Deployment, cfg: PlanConfig, prompts: Sequence[str], *,
                 journal.commit(plan_ids[i], step, text, {**meta[j], "tokens": list(new[j])})
             texts[i] += text
             stats.add("steps", i, 1)
-        # Boundary bookkeeping: split sets stay independent for one batch, then re-probe.
-        for s in list(cooldown):
-            cooldown[s] -= 1
-            if cooldown[s] <= 0:
-                split.discard(s)
-                del cooldown[s]
         # Acting on the boundary is part of switch 2 (per-position attribution with
         # truncation); the naive deployment keeps its shared block whatever the boundary says.
-        if (policy is not None and cfg.boundary and policy.truncate_and_attribute
-                and stats.decisions):
-            for d in stats.decisions[-1]:
-                if not d.decision:
-                    split.add(d.branch_id)
-                    cooldown[d.branch_id] = 2
+        acts = (policy is not None and cfg.boundary and policy.truncate_and_attribute
+                and stats.decisions)
+        split.after_batch(stats.decisions[-1] if acts else [])
     return texts, stats
 
+
+def _resume(dep, prompts, plan_ids, journal):
+    """(each plan's text, verifier tokens and steps done): its prompt, and on a resume the
+    journaled steps (their own verifier tokens; a journal written before steps kept their
+    tokens is re-encoded)."""
+    texts = list(prompts)
+    hist = [dep.encode(t) for t in prompts]
+    done_steps = [0] * len(prompts)
+    if journal is None:
+        return texts, hist, done_steps
+    for i, pid in enumerate(plan_ids):
+        steps = journal.committed_steps(pid)
+        texts[i] = prompts[i] + "".join(s.text for s in steps)
+        done_steps[i] = len(steps)
+        if all("tokens" in s.meta for s in steps):
+            hist[i] = hist[i] + [int(t) for s in steps for t in s.meta["tokens"]]
+        else:
+            hist[i] = dep.encode(texts[i])
+    return texts, hist, done_steps
+
+
+def _drafter_per_plan(single, n_plans: int) -> list[int] | None:
+    """`single` (one drafter index, or one per plan) as one index per plan."""
+    if single is None:
+        return None
+    single = [int(single)] * n_plans if np.ndim(single) == 0 else [int(x) for x in single]
+    if len(single) != n_plans:
+        raise ValueError(f"run_plans: single has {len(single)} entries for {n_plans} plans")
+    return single
+
+
+class _SplitSets:
+    """Sharing sets the decision boundary sent to independent branches: a split set stays
+    independent for one batch, then is re-probed."""
+
+    def __init__(self):
+        self.sets: set = set()
+        self._cooldown: dict = {}
+
+    def after_batch(self, decisions) -> None:
+        """Counts a batch down, then splits the sets the batch's boundary decided against."""
+        for s in list(self._cooldown):
+            self._cooldown[s] -= 1
+            if self._cooldown[s] <= 0:
+                self.sets.discard(s)
+                del self._cooldown[s]
+        for d in decisions:
+            if not d.decision:
+                self.sets.add(d.branch_id)
+                self._cooldown[d.branch_id] = 2
+
+
+# ---------------------------------------------------------------------------- the steps
 
 def _autoregressive_step(dep, cfg, states, todo, step, stats):
     keys = plan_keys(cfg.seed, todo, step)
@@ -424,109 +241,106 @@ def _routed_step(dep, cfg, states, todo, step, stats, sets, router):
 
 
 def _policy_step(dep, cfg, states, todo, step, stats, policy, split, agreement):
-    k = len(dep.drafters)
-    v = [states.hist[i] for i in todo]
-    kl_pair = _kl_on_prefix(dep, cfg, v, stats)  # measured under every policy
+    """One step of every plan in `todo` under `policy`: the layout, one engine call per
+    drafter set, the per-batch boundary, each plan's step decision, then the fallback of
+    the plans that fell back and the carried state past the step."""
+    kl_pair = _kl_on_prefix(dep, cfg, [states.hist[i] for i in todo], stats)  # every policy
     n_groups = len(dict.fromkeys(dep.groups))
     sets, branches, rule = branch_layout(dep, policy, kl_pair, split,
                                          cfg.n_branches or n_groups)
     if cfg.coupled:
         rule = "coupled" if policy.truncate_and_attribute else "coupled_block"
-    n_b, n_p = len(branches), len(todo)
-    # Rows: one per (plan, branch); under coupling identical branches of a plan are one row.
-    row_of, row_sets, row_plans, row_keys = {}, [], [], []
+    n_p = len(todo)
+    rows = StepRows(branches, n_p, cfg.coupled)
+    keys = plan_keys(cfg.seed, [todo[p] for p in rows.plans], step, branches=rows.key_branches)
+    res = run_carried(states, dep, cfg, rule, rows.sets, [todo[p] for p in rows.plans], keys)
+    stats.decisions.append(_boundary_decisions(cfg, policy, sets, rows, res.counters, n_p))
+    out, meta = [None] * n_p, [None] * n_p
     for p in range(n_p):
-        for b, bs in enumerate(branches):
-            ident = (p, tuple(bs)) if cfg.coupled else (p, b)
-            if ident not in row_of:
-                row_of[ident] = len(row_sets)
-                row_sets.append(tuple(bs))
-                row_plans.append(p)
-                row_keys.append((todo[p], -1 if cfg.coupled else b))
-    keys = plan_keys(cfg.seed, [pl for pl, _ in row_keys], step,
-                     branches=[br for _, br in row_keys])
-    res = run_carried(states, dep, cfg, rule, row_sets, [todo[p] for p in row_plans], keys)
-    c = res.counters
+        out[p], meta[p] = _decide_plan(dep, cfg, policy, stats, step, p, todo[p], rows, res,
+                                       agreement)
+    fallback = [p for p in range(n_p) if out[p] is None]
+    if fallback:
+        _fallback_step(dep, cfg, states, todo, fallback, step, stats, out)
+    committed = {todo[p]: None if p in fallback else rows.row(p, meta[p]["branch"])
+                 for p in range(n_p)}
+    commit_carried(states, res, [todo[p] for p in rows.plans], committed,
+                   {todo[p]: out[p] for p in range(n_p)})
+    _charge_carry(stats, states, todo)
+    return out, meta
 
-    def row(p, b):
-        return row_of[(p, tuple(branches[b])) if cfg.coupled else (p, b)]
 
-    # Per-batch boundary (SPEC §6), per sharing set with ≥ 2 drafters.
+def _boundary_decisions(cfg, policy, sets, rows: StepRows, c, n_p: int) -> list:
+    """The per-batch boundary (SPEC §6) of every sharing set with ≥ 2 drafters."""
     per_set = {}
     for s in sets:
         if len(s) < 2:
             continue
-        rows = sorted({row(p, b) for p in range(n_p) for b, bs in enumerate(branches)
-                       if bs == s})
-        per_set[tuple(s)] = _batch_stats(c, rows, cfg.gamma, policy.agreement_weighted_consensus)
-    decisions = (boundary_lib.evaluate_boundary(per_set, **cfg.thresholds.kwargs())
-                 if per_set else [])
-    stats.decisions.append(decisions)
+        set_rows = sorted({rows.row(p, b) for p in range(n_p)
+                           for b, bs in enumerate(rows.branches) if bs == s})
+        per_set[tuple(s)] = _batch_stats(c, set_rows, cfg.gamma,
+                                         policy.agreement_weighted_consensus)
+    return (boundary_lib.evaluate_boundary(per_set, **cfg.thresholds.kwargs())
+            if per_set else [])
 
-    out, meta, fallback_plans = [None] * n_p, [None] * n_p, []
-    for p in range(n_p):
+
+def _decide_plan(dep, cfg, policy, stats, step, p, plan, rows: StepRows, res, agreement):
+    """Plan `plan`'s step decision from its branches' rows (`decide_step`), with its costs
+    charged and what the decision read recorded; returns (the committed tokens, or None
+    for fallback; the journal's meta)."""
+    k, branches = len(dep.drafters), rows.branches
+    n_b = len(branches)
+    _charge_rows(stats, cfg, plan, sorted({rows.row(p, b) for b in range(n_b)}), res)
+    if policy.kl_ceiling is not None and k >= 2:
+        stats.add("kl_passes", plan, np.ones(k, np.int64))
+    outcomes, cands = [], []
+    for b in range(n_b):
+        r = rows.row(p, b)
+        st = branch_statistics(res.counters, r, len(branches[b]), cfg.gamma,
+                               policy.agreement_weighted_consensus)
+        cand = dep.decode(res.tokens[r])
+        cands.append(cand)
+        outcomes.append(BranchOutcome(b, cand, st["w"], st["s"], st["d"], st["i"]))
+        stats.branch_records.append(dict(
+            step=step, plan=plan, branch=b, drafters=[dep.names[j] for j in branches[b]],
+            candidate=cands.index(cand), **{x: _r(y) for x, y in st.items()}))
+    decision = decide_step(outcomes, cfg.consensus, cfg.thresholds, cfg.consensus_threshold,
+                           agreement, stats.collapses)
+    for b, verdict in decision.verdicts.items():
+        stats.branch_records[-n_b + b]["decision"] = verdict
+    commit = decision.committed
+    stats.step_records.append(dict(
+        step=step, plan=plan, seed_commit=decision.seed_commit,
+        quorum_commit=decision.quorum_commit, quorum_support=_r(decision.quorum_support),
+        committed=commit, candidates=len(set(cands))))
+    meta = {"consensus": cfg.consensus, "fallback": commit is None, "branch": commit,
+            "quorum_support": _r(decision.quorum_support),
+            "weights": [_r(o.weight) for o in outcomes]}
+    if commit is None:
+        return None, meta
+    tokens = list(res.tokens[rows.row(p, commit)])
+    stats.add("tokens", plan, len(tokens))
+    return tokens, meta
+
+
+def _fallback_step(dep, cfg, states, todo, fallback, step, stats, out) -> None:
+    """The verifier generates the step alone for the plans (indices into `todo`) that fell
+    back, from their carried state, in a batch of every plan's row; fills `out`. Under the
+    coupled rule it uses the plan's noise, so the fallback commits the very step the
+    branches produced (the output stays the verifier's own sample whatever the decision);
+    otherwise the plan's fallback stream."""
+    plans = [todo[p] for p in fallback]
+    keys = plan_keys(cfg.seed, plans, step, fallback=not cfg.coupled)
+    new, secs = autoregressive_carried(states, dep, cfg, plans, keys)
+    for p in fallback:
         plan = todo[p]
-        prow = sorted({row(p, b) for b in range(n_b)})
-        _charge_rows(stats, cfg, plan, prow, res)
-        if policy.kl_ceiling is not None and k >= 2:
-            stats.add("kl_passes", plan, np.ones(k, np.int64))
-        outcomes, cands = [], []
-        for b in range(n_b):
-            r = row(p, b)
-            st = branch_statistics(c, r, len(branches[b]), cfg.gamma,
-                                   policy.agreement_weighted_consensus)
-            cand = dep.decode(res.tokens[r])
-            cands.append(cand)
-            outcomes.append(BranchOutcome(b, cand, st["w"], st["s"], st["d"], st["i"]))
-            stats.branch_records.append(dict(
-                step=step, plan=plan, branch=b, drafters=[dep.names[j] for j in branches[b]],
-                candidate=cands.index(cand), **{x: _r(y) for x, y in st.items()}))
-        chosen, records = seed_step_decision(outcomes, cfg.thresholds, stats.collapses,
-                                             agreement)
-        for rec, o in zip(records, outcomes):
-            stats.branch_records[-n_b + o.index]["decision"] = (
-                rec.reason if rec.reason else bool(rec.decision))
-        vote = decide(cands, [o.weight for o in outcomes], agreement, cfg.consensus_threshold)
-        seed_commit = None if chosen is None else chosen.index
-        quorum_commit = None if vote.fallback else vote.plurality_index
-        commit = seed_commit if cfg.consensus == "seed" else quorum_commit
-        stats.step_records.append(dict(
-            step=step, plan=plan, seed_commit=seed_commit, quorum_commit=quorum_commit,
-            quorum_support=_r(vote.support), committed=commit,
-            candidates=len(set(cands))))
-        meta[p] = {"consensus": cfg.consensus, "fallback": commit is None,
-                   "branch": commit, "quorum_support": _r(vote.support),
-                   "weights": [_r(o.weight) for o in outcomes]}
-        if commit is None:
-            fallback_plans.append(p)
-        else:
-            out[p] = list(res.tokens[row(p, commit)])
-            stats.add("tokens", plan, len(out[p]))
-    if fallback_plans:
-        # The verifier generates the step alone, from the plan's carried state, in a batch
-        # of every plan's row. Under the coupled rule it uses the plan's noise, so the
-        # fallback commits the very step the branches produced (the output stays the
-        # verifier's own sample whatever the decision); otherwise the plan's fallback stream.
-        plans = [todo[p] for p in fallback_plans]
-        keys = plan_keys(cfg.seed, plans, step, fallback=not cfg.coupled)
-        new, secs = autoregressive_carried(states, dep, cfg, plans, keys)
-        for p in fallback_plans:
-            plan = todo[p]
-            out[p] = new[plan]
-            n = len(new[plan])
-            stats.add("tokens", plan, n)
-            stats.add("verifier_calls", plan, n)
-            stats.add("consensus_rounds", plan, 1)
-            stats.add("fallbacks", plan, 1)
-            stats.add("seconds", plan, secs / len(plans))
-    committed = {todo[p]: (None if out_row is None else out_row)
-                 for p, out_row in enumerate(
-                     [None if p in fallback_plans else row(p, meta[p]["branch"])
-                      for p in range(n_p)])}
-    commit_carried(states, res, [todo[p] for p in row_plans], committed,
-                   {todo[p]: out[p] for p in range(n_p)})
-    _charge_carry(stats, states, todo)
-    return out, meta
+        out[p] = new[plan]
+        n = len(new[plan])
+        stats.add("tokens", plan, n)
+        stats.add("verifier_calls", plan, n)
+        stats.add("consensus_rounds", plan, 1)
+        stats.add("fallbacks", plan, 1)
+        stats.add("seconds", plan, secs / len(plans))
 
 
 def _charge_carry(stats, states, todo):
@@ -555,6 +369,10 @@ def _batch_stats(c, rows, gamma, agreement_weighted):
     tr = c.truncations[rows].sum()
     depth = c.discarded[rows].sum() / tr if tr else 0.0
     return boundary_lib.BoundaryStats(float(shared), float(depth), float(indep))
+
+
+def _bucket(n: int, b: int) -> int:
+    return ((n + b - 1) // b) * b
 
 
 def _kl_on_prefix(dep, cfg, v, stats, width: int = 0):

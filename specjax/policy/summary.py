@@ -19,7 +19,7 @@ import numpy as np
 
 from specjax import metrics
 from specjax.policy import boundary as boundary_lib
-from specjax.policy.runstats import RunStats
+from specjax.policy.counters import RunStats
 
 #: Threshold grids of the step-decision explanation (each moved alone, the others at the
 #: run's values).
@@ -104,32 +104,18 @@ def summarize(stats: RunStats, names: Sequence[str], costs: Sequence[float], *,
     c = stats.counts
     own_acc = c["own_accepted_at"].sum((0, 2))
     own_reach = c["own_reached_at"].sum((0, 2))
-    match_acc = c["match_at"].sum((0, 2))
-    match_reach = c["match_reached_at"].sum((0, 2))
-    proposed, accepted = c["proposed"].sum(0), c["accepted"].sum(0)
     cost = metrics.itemised_cost(c, costs, consensus_cost)
     total = float(cost["total"].sum())
     tokens = int(c["tokens"].sum())
     seconds = float(c["seconds"].sum())
     multi = int(c["multi_rounds"].sum())
     out = {
-        "per_drafter_alpha": {n: _f(metrics.acceptance(own_acc[i], own_reach[i]))
-                              for i, n in enumerate(names) if own_reach[i]},
-        "coupled_match_rate": {n: _f(metrics.acceptance(match_acc[i], match_reach[i]))
-                               for i, n in enumerate(names) if match_reach[i]},
-        "acceptance": {n: _f(metrics.acceptance(accepted[i], proposed[i]))
-                       for i, n in enumerate(names) if proposed[i]},
-        "per_position_acceptance": {
-            n: [_f(x) for x in np.asarray(metrics.per_position_acceptance(
-                c["own_accepted_at"].sum(0)[i], c["own_reached_at"].sum(0)[i],
-                max(int(proposed[i]) // max(stats.gamma, 1), 1))[0])]
-            for i, n in enumerate(names) if proposed[i]},
+        **_drafter_figures(c, names, stats.gamma),
         # Joint acceptance only where a prefix was shared (≥ 2 drafters in a block).
         "joint_acceptance": (_f(metrics.joint_acceptance(int(c["multi_from_draft"].sum()),
                                                          int(c["multi_reached"].sum())))
                              if multi else None),
         "shared_rounds": multi,
-        "rejection_attribution": {n: int(c["rejected"].sum(0)[i]) for i, n in enumerate(names)},
         "mean_accepted_length": _f(metrics.mean_accepted_length(tokens, stats.verifier_calls))
         if stats.verifier_calls else float("nan"),
         "mean_truncation_depth": _f(metrics.mean_truncation_depth(stats.discarded,
@@ -148,7 +134,6 @@ def summarize(stats: RunStats, names: Sequence[str], costs: Sequence[float], *,
         "boundary_evaluations": sum(len(b) for b in stats.decisions),
         "committed_tokens": tokens,
         "verifier_calls": int(stats.verifier_calls),
-        "drafter_tokens": {n: int(c["drafter_tokens"].sum(0)[i]) for i, n in enumerate(names)},
         "cost_items": {k: _f(v.sum()) for k, v in cost.items()},
         "modelled_cost": total,
         "seconds": seconds,
@@ -168,25 +153,57 @@ def summarize(stats: RunStats, names: Sequence[str], costs: Sequence[float], *,
     out["independent_branch_acceptance"] = _f(metrics.acceptance(own_acc.sum(),
                                                                  own_reach.sum()))
     out["per_plan"] = plan_totals(c, costs, seed_costs, consensus_cost)
+    out.update(_baseline_ratios(out, single, autoregressive, seed_costs is not None))
+    return out
+
+
+def _drafter_figures(c: Mapping[str, np.ndarray], names: Sequence[str], gamma: int) -> dict:
+    """Each drafter's figures: Leviathan's α, the coupled match rate, accepted / proposed,
+    α per position, rejections attributed to it and tokens it drafted."""
+    own_acc, own_reach = c["own_accepted_at"].sum((0, 2)), c["own_reached_at"].sum((0, 2))
+    match_acc, match_reach = c["match_at"].sum((0, 2)), c["match_reached_at"].sum((0, 2))
+    proposed, accepted = c["proposed"].sum(0), c["accepted"].sum(0)
+    return {
+        "per_drafter_alpha": {n: _f(metrics.acceptance(own_acc[i], own_reach[i]))
+                              for i, n in enumerate(names) if own_reach[i]},
+        "coupled_match_rate": {n: _f(metrics.acceptance(match_acc[i], match_reach[i]))
+                               for i, n in enumerate(names) if match_reach[i]},
+        "acceptance": {n: _f(metrics.acceptance(accepted[i], proposed[i]))
+                       for i, n in enumerate(names) if proposed[i]},
+        "per_position_acceptance": {
+            n: [_f(x) for x in np.asarray(metrics.per_position_acceptance(
+                c["own_accepted_at"].sum(0)[i], c["own_reached_at"].sum(0)[i],
+                max(int(proposed[i]) // max(gamma, 1), 1))[0])]
+            for i, n in enumerate(names) if proposed[i]},
+        "rejection_attribution": {n: int(c["rejected"].sum(0)[i]) for i, n in enumerate(names)},
+        "drafter_tokens": {n: int(c["drafter_tokens"].sum(0)[i]) for i, n in enumerate(names)},
+    }
+
+
+def _baseline_ratios(out: Mapping, single: Mapping[str, Mapping] | None,
+                     autoregressive: Mapping | None, at_seed_sizes: bool) -> dict:
+    """The run's throughput over the best single drafter's (cost model, wall clock, and the
+    cost model at the field report's sizes) and over the verifier alone's."""
+    ratios = {}
     if single:
         def rate(t, key):
             return metrics.ratio_of_sums(t["tokens"], t[key])
         best = max(single, key=lambda n: rate(single[n], "cost"))
         b = single[best]
-        out["single_baseline_drafter"] = best
-        out["throughput_ratio_vs_single"] = _f(out["throughput_cost"] / rate(b, "cost"))
-        out["wallclock_ratio_vs_single"] = _f(out["tokens_per_second"] / rate(b, "seconds"))
-        if seed_costs is not None:
+        ratios["single_baseline_drafter"] = best
+        ratios["throughput_ratio_vs_single"] = _f(out["throughput_cost"] / rate(b, "cost"))
+        ratios["wallclock_ratio_vs_single"] = _f(out["tokens_per_second"] / rate(b, "seconds"))
+        if at_seed_sizes:
             best_s = max(single, key=lambda n: rate(single[n], "cost_seed"))
-            out["throughput_ratio_vs_single_at_seed_sizes"] = _f(
+            ratios["throughput_ratio_vs_single_at_seed_sizes"] = _f(
                 out["throughput_cost_seed"] / rate(single[best_s], "cost_seed"))
     if autoregressive is not None:
         a = autoregressive
-        out["throughput_ratio_vs_autoregressive"] = _f(
+        ratios["throughput_ratio_vs_autoregressive"] = _f(
             out["throughput_cost"] / metrics.ratio_of_sums(a["tokens"], a["cost"]))
-        out["wallclock_ratio_vs_autoregressive"] = _f(
+        ratios["wallclock_ratio_vs_autoregressive"] = _f(
             out["tokens_per_second"] / metrics.ratio_of_sums(a["tokens"], a["seconds"]))
-    return out
+    return ratios
 
 
 def leviathan(alpha: float, gamma: int, c: float) -> dict:

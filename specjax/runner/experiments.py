@@ -16,10 +16,12 @@ import os
 from pathlib import Path
 
 from specjax.errors import ConfigError, user_path
+from specjax.gammas import drafter_gammas
 from specjax.policy.auto import AutoRouter
 from specjax.policy.boundary import BoundaryThresholds
-from specjax.policy.calls import enable_shared_calls
-from specjax.policy.plan import PlanConfig, run_plans
+from specjax.policy.engine_calls import enable_shared_calls
+from specjax.policy.plan import run_plans
+from specjax.policy.plan_config import PlanConfig
 from specjax.policy.summary import plan_totals, summarize
 from specjax.field_report import FIELD_REPORT_COSTS
 from specjax.policy import names as policy_names
@@ -157,9 +159,7 @@ def _cell_deployment(config, cell):
         dep = dep.with_temperatures([t] * len(dep.drafters))
     g = cell.get("drafter_gamma")
     if g is not None:
-        if len(g) != len(dep.drafters):
-            raise ConfigError.invalid("grid.drafter_gamma", list(g),
-                                      f"one γ_i per drafter of the pairing {list(dep.names)}")
+        drafter_gammas(int(cell.get("gamma", 4)), g, dep.names, "grid.drafter_gamma")
         dep = dep.with_gammas(list(g))
     return dep
 
@@ -253,8 +253,9 @@ def plans(config, cell: dict, workdir: Path) -> dict:
     """One cell: the plan prompts under the cell's policy, with baselines and SPEC §7 figures.
 
     The KL check on a prefix, identical across the run's cells, is computed once per process
-    (`specjax.policy.calls.shared_calls`); each cell is charged its measured seconds. Engine
-    calls continue each plan's carried state (`specjax.policy.carry`) and run per cell.
+    (`specjax.policy.engine_calls.shared_calls`); each cell is charged its measured seconds.
+    Engine calls continue each plan's carried state (`specjax.policy.plan_state`) and run per
+    cell.
     """
     enable_shared_calls()
     dep = _cell_deployment(config, cell)
@@ -302,7 +303,8 @@ def plans(config, cell: dict, workdir: Path) -> dict:
     row["baselines"] = {"single": base["single"], "autoregressive": base["autoregressive"]}
     row["drafter_costs"] = {d.name: d.cost for d in dep.drafters}
     row["drafter_temperatures"] = {d.name: d.temperature for d in dep.drafters}
-    row["drafter_gammas"] = {d.name: d.gamma or pcfg.gamma for d in dep.drafters}
+    row["drafter_gammas"] = dict(zip(dep.names, drafter_gammas(
+        pcfg.gamma, [d.gamma for d in dep.drafters])))
     row["branch_records"] = stats.branch_records
     row["step_records"] = stats.step_records
     if stats.routes:

@@ -13,7 +13,7 @@ In order:
 3. the deployment: the zoo loaded and verified (its manifest, every file's sha256), the
    Hugging Face folders' config files, the pairings' drafter names;
 4. every cell as it will run: its `PlanConfig`, its drafters (the pairing, one γ_i per
-   drafter), the oracle router's domains, and the context budget of `policy.carry.
+   drafter), the oracle router's domains, and the context budget of `policy.plan_state.
    PlanStates` — the verifier's (the longest prompt rounded up to the bucket, every step's
    tokens, the drafts of a round) and each drafter's (its prompt, a round's catch-up block
    and drafts) — computed from the same deployment and prompts the cell uses.
@@ -24,6 +24,7 @@ import difflib
 import math
 
 from specjax.errors import ConfigError, check
+from specjax.gammas import drafter_gammas, is_gamma, widest_gamma
 
 __all__ = ["LIMITS", "validate"]
 
@@ -157,7 +158,7 @@ def _check_grid(config) -> None:
               f"an axis the plans experiment reads: {', '.join(GRID_AXES)}")
     hi = LIMITS["gamma"]
     for g in axes.get("gamma", [4]):
-        check(_is_int(g) and 1 <= g <= hi, "grid.gamma", g, f"integers >= 1 and <= {hi}")
+        check(is_gamma(g, hi), "grid.gamma", g, f"integers >= 1 and <= {hi}")
     for t in axes.get("verifier_temperature", [0.0]):
         check(_is_number(t) and t >= 0, "grid.verifier_temperature", t, "finite numbers >= 0")
     for t in axes.get("drafter_temperature", [None]):
@@ -165,7 +166,7 @@ def _check_grid(config) -> None:
               "None (each drafter's default) or finite numbers >= 0")
     for g in axes.get("drafter_gamma", [None]):
         check(g is None or (isinstance(g, list) and len(g) >= 1 and all(
-            x is None or (_is_int(x) and 1 <= x <= hi) for x in g)), "grid.drafter_gamma", g,
+            x is None or is_gamma(x, hi) for x in g)), "grid.drafter_gamma", g,
               f"None (every drafter at grid.gamma) or a list of one γ_i per drafter of the "
               f"pairing (integers >= 1 and <= {hi}, or None for grid.gamma)")
     for seed in axes.get("seed", [0]):
@@ -256,8 +257,7 @@ def _check_cells(config) -> None:
             dep = deps[what]
             names = list(dep.names)
         _check_policy_drafters(cell.get("policy"), names, domains)
-        gammas = cell.get("drafter_gamma") or []
-        gamma = max([pcfg.gamma] + [g for g in gammas if g])
+        gamma = widest_gamma(pcfg.gamma, cell.get("drafter_gamma"))
         key = (tuple(names), gamma, pcfg.plan_steps, pcfg.max_step_tokens, pcfg.bucket)
         if key in seen:
             continue
@@ -293,9 +293,8 @@ def _hf_names(config) -> list[str]:
 
 def _check_drafter_gamma(cell, names) -> None:
     g = cell.get("drafter_gamma")
-    if g is not None and len(g) != len(names):
-        raise ConfigError.invalid("grid.drafter_gamma", list(g),
-                                  f"one γ_i per drafter of the pairing {names}")
+    if g is not None:
+        drafter_gammas(1, g, names, "grid.drafter_gamma")
 
 
 def _bucket(n: int, b: int) -> int:
@@ -308,7 +307,7 @@ def _budget_fields(pcfg, gamma: int, k: int) -> str:
 
 
 def _check_context(dep, prompts, pcfg, gamma: int, cell) -> None:
-    """`policy.carry.PlanStates`'s context budget for this cell, before it runs."""
+    """`policy.plan_state.PlanStates`'s context budget for this cell, before it runs."""
     from specjax.engine.decode import consume_width  # pylint: disable=import-outside-toplevel
 
     fields = "plan_steps / max_step_tokens / bucket / grid.gamma"

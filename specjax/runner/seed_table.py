@@ -26,7 +26,7 @@ import numpy as np
 
 from specjax import metrics
 from specjax.policy.summary import step_decision_figures
-from specjax.policy.runstats import RunStats
+from specjax.policy.counters import RunStats
 from specjax.field_report import FIELD_REPORT_COSTS, FIELD_REPORT_TABLE
 from specjax.policy import names as policy_names
 from specjax.policy.switches import SWITCHES

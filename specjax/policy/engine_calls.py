@@ -1,7 +1,7 @@
 """Engine calls of plan steps: row keys, one call per drafter set, carried state.
 
 The plan runner (`specjax.policy.plan`) lays a step out as rows (plan, drafter set, key);
-this module runs them from the plans' carried state (`specjax.policy.carry`): `run_carried`
+this module runs them from the plans' carried state (`specjax.policy.plan_state`): `run_carried`
 makes one engine call per distinct drafter set, with only that set's drafters, padded to a
 power-of-two row count (few compiled programs); `commit_carried` carries each plan's state
 past the step; `autoregressive_carried` runs the verifier alone in a batch of every plan's
@@ -15,7 +15,7 @@ import collections
 import contextlib
 import dataclasses
 import hashlib
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -24,9 +24,9 @@ import numpy as np
 from specjax.engine.deployment import Deployment
 from specjax.engine.generate import autoregressive_generate, speculative_generate
 from specjax.engine.spec import EngineConfig
-
-if TYPE_CHECKING:
-    from specjax.policy.plan import PlanConfig
+from specjax.gammas import drafter_gammas
+from specjax.policy.plan_config import PlanConfig
+from specjax.policy.plan_state import CallState, pow2_rows
 
 #: fold_in tags of the plan streams.
 _TAG_PLANS, _TAG_FALLBACK = 0x706C616E, 0x66616C6C
@@ -136,7 +136,7 @@ class CarriedRows:
     tokens: list            # per row: committed verifier tokens of the step
     counters: Any           # numpy counters over all K drafters, one row per row
     seconds: np.ndarray     # f64[R] each row's share of its call's measured seconds
-    calls: list             # `carry.CallState` per distinct set
+    calls: list             # `plan_state.CallState` per distinct set
     where: list             # per row: (index into calls, row in that call)
     prefills: list          # per row: drafters prefilled for its plan before the call
     drafts_per_round: list  # per row: drafts its verifier block scores per round (Σ γ_i)
@@ -146,12 +146,11 @@ def run_carried(states, dep: Deployment, cfg: PlanConfig, rule: str,
                 sets: Sequence[tuple[int, ...]], plans: Sequence[int],
                 keys: np.ndarray) -> CarriedRows:
     """Rows (plan, drafter set, key) continued from the plans' carried state
-    (`specjax.policy.carry.PlanStates`), one engine call per distinct set (as `run_rows`).
+    (`specjax.policy.plan_state.PlanStates`), one engine call per distinct set (as `run_rows`).
 
     `plans[i]` is row i's plan (an index into the run's plans). A drafter that has not run
     for a plan is prefilled first; one behind the plan's text catches up inside the call.
     """
-    from specjax.policy.carry import CallState, pow2_rows  # pylint: disable=import-outside-toplevel
     k = len(dep.drafters)
     n = len(sets)
     tokens, seconds = [None] * n, np.zeros(n)
@@ -167,7 +166,7 @@ def run_carried(states, dep: Deployment, cfg: PlanConfig, rule: str,
         ecfg = EngineConfig(gamma=cfg.gamma, rule=set_rule,
                             verifier_temperature=cfg.verifier_temperature, n_slots=len(u),
                             max_new_tokens=cfg.max_step_tokens)
-        drafts_per_round = sum(d.gamma or cfg.gamma for d in sub.drafters)
+        drafts_per_round = sum(drafter_gammas(cfg.gamma, [d.gamma for d in sub.drafters]))
         done = states.ensure(u, [plans[i] for i in rows])
         for i in rows:
             prefills[i] = tuple(j for j in u if plans[i] in done.get(j, ()))

@@ -110,11 +110,6 @@ class RunStats:
             return x if x.ndim else x.item()
         raise AttributeError(name)
 
-    @property
-    def cost(self) -> float:
-        """The run's modelled cost with the drafters' own c_i: set by the runner."""
-        return float(self.__dict__.get("_cost", float("nan")))
-
     def add(self, name: str, plan: int, value) -> None:
         self.counts[name][plan] += value
 
