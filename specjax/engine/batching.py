@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -54,10 +54,11 @@ import numpy as np
 
 from specjax.engine.decode import (Counters, DecodeState, EngineState, consume_width,
                                    round_budget, speculative_round)
-from specjax.engine.generate import ar_loop, check_slots, drafter_capacity
+from specjax.engine.generate import (CallShapes, ar_loop, check_drafters, check_slots,
+                                     check_vocab_maps, drafter_capacity, verifier_capacity)
 from specjax.engine.prefill import prefill_cache
 from specjax.engine.programs import check_finite, compile_program, run_program
-from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig, validate_drafter
+from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig
 from specjax.errors import ConfigError
 from specjax.verify.rules import COUPLED_RULES
 
@@ -109,21 +110,21 @@ def refill_sizes(batch: int) -> tuple[int, ...]:
 # Compiled programs: refill (prefill some rows, scatter them in) and one chunk of decoding
 # ----------------------------------------------------------------------------------------
 
-_REFILL_STATICS = ("verifier", "drafter_lms", "buf_len", "v_cap", "d_caps")
+_REFILL_STATICS = ("verifier", "drafter_lms", "shapes")
 
 
 def _prefill_rows(v_params, d_params, prompt, prompt_len, d_prompts, d_prompt_len, *,
-                  verifier, drafter_lms, buf_len, v_cap, d_caps) -> EngineState:
+                  verifier, drafter_lms, shapes: CallShapes) -> EngineState:
     """The state of R fresh rows, as the static engine's prefill makes it."""
     r = prompt.shape[0]
-    vcache, _ = prefill_cache(verifier, v_params, prompt, prompt_len - 1, v_cap)
+    vcache, _ = prefill_cache(verifier, v_params, prompt, prompt_len - 1, shapes.v_cap)
     dcaches, dlogits = [], []
     for lm, params, dp, dl, cap in zip(drafter_lms, d_params, d_prompts, d_prompt_len,
-                                       d_caps):
+                                       shapes.d_caps):
         c, lg = prefill_cache(lm, params, dp, dl, cap)
         dcaches.append(c)
         dlogits.append(lg)
-    tokens = jnp.zeros((r, buf_len), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
+    tokens = jnp.zeros((r, shapes.buf_len), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
     return EngineState(tokens=tokens, length=prompt_len, vcache=vcache,
                        dcaches=tuple(dcaches),
                        dsynced=jnp.broadcast_to(prompt_len, (len(drafter_lms), r)),
@@ -132,10 +133,9 @@ def _prefill_rows(v_params, d_params, prompt, prompt_len, d_prompts, d_prompt_le
 
 @functools.partial(jax.jit, static_argnames=_REFILL_STATICS, donate_argnames=("state",))
 def _refill(v_params, d_params, state, idx, prompt, prompt_len, d_prompts, d_prompt_len, *,
-            verifier, drafter_lms, buf_len, v_cap, d_caps):
+            verifier, drafter_lms, shapes: CallShapes):
     fresh = _prefill_rows(v_params, d_params, prompt, prompt_len, d_prompts, d_prompt_len,
-                          verifier=verifier, drafter_lms=drafter_lms, buf_len=buf_len,
-                          v_cap=v_cap, d_caps=d_caps)
+                          verifier=verifier, drafter_lms=drafter_lms, shapes=shapes)
     return state.set_rows(idx, fresh)
 
 
@@ -280,6 +280,61 @@ def continuous_generate(cfg: EngineConfig, verifier, v_params, prompts: Sequence
     Returns:
       ContinuousResult.
     """
+    q = _check_queue(cfg, verifier, prompts, row_keys, batch, chunk, max_new_tokens,
+                     drafters, d_data, drafter_prompts, slots, stop_table, bucket)
+    check_finite("verifier", v_params)
+    for d, data in zip(q.drafters, q.d_data):
+        check_finite(f"drafter {d.name!r}", data.params)
+    refill = _refill_program(verifier, v_params, q)
+    if q.spec:
+        program = _spec_chunk_program(cfg, verifier, v_params, q)
+    else:
+        program = _ar_chunk_program(cfg, verifier, v_params, q)
+    rows = _Rows.idle(q)
+    state = _compile_all(q, refill, program, rows)
+    return _serve(q, refill, program, rows, state)
+
+
+# ----------------------------------------------------------------------------------------
+# The call's checked inputs and its fixed shapes
+# ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Queue:
+    """A call's checked inputs (N prompts, K drafters; K = 0 for the verifier alone) and
+    the shapes fixed for the whole call.
+
+    `plens` / `budgets` i32[N]: prompt lengths and budgets; `windows`: each drafter's γ_k
+    (`gamma` their max, 0 alone); `slots` i32[N, S] (None alone); `width` / `d_widths`:
+    the padded prompt widths of the verifier and of each drafter; `shapes`: the token
+    buffer and cache capacities."""
+    prompts: Sequence[Sequence[int]]
+    plens: np.ndarray
+    budgets: np.ndarray
+    row_keys: np.ndarray
+    stop_table: np.ndarray
+    batch: int
+    chunk: int
+    spec: bool
+    drafters: tuple
+    d_data: tuple
+    drafter_prompts: Any
+    slots: Any
+    windows: list
+    gamma: int
+    width: int = 0
+    d_widths: list = dataclasses.field(default_factory=list)
+    shapes: CallShapes | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.prompts)
+
+
+def _check_queue(cfg: EngineConfig, verifier, prompts, row_keys, batch, chunk, max_new_tokens,
+                 drafters, d_data, drafter_prompts, slots, stop_table, bucket) -> _Queue:
+    """`continuous_generate`'s inputs checked (host, numpy only, before any work), with the
+    call's fixed shapes."""
     batch = _positive_int("batch", batch, "rows served at once")
     chunk = _positive_int("chunk", chunk, "rounds per row per chunk")
     bucket = _positive_int("bucket", bucket, "prompt widths are rounded up to a multiple")
@@ -298,189 +353,268 @@ def continuous_generate(cfg: EngineConfig, verifier, v_params, prompts: Sequence
     if stop_table.shape != (verifier.vocab_size,):
         raise ConfigError(f"stop_table: got shape {stop_table.shape}; allowed: "
                           f"({verifier.vocab_size},), one flag per verifier token")
-    spec = drafters is not None
-    drafters = tuple(drafters or ())
-    k = len(drafters)
-    if spec:
-        if k < 1:
-            raise ConfigError("drafters: got none; allowed: ≥ 1 drafter, or None for the "
-                              "verifier alone")
-        for d in drafters:
-            validate_drafter(d)
-        d_data = tuple(d_data or ())
-        if len(d_data) != k:
-            raise ConfigError(f"d_data: got {len(d_data)} entries; allowed: one per drafter "
-                              f"({k})")
-        windows = [d.window(cfg.gamma) for d in (x.static for x in drafters)]
-        gamma = max(windows)
-        if cfg.n_slots > 1 and len(set(windows)) > 1:
-            raise ConfigError(f"gamma: drafters {[d.name for d in drafters]} have γ {windows}"
-                              f" with rule {cfg.rule!r} over {cfg.n_slots} slots; allowed: "
-                              "equal γ for drafters that share a row")
-        slots = check_slots(cfg, slots, n, k)
-        if drafter_prompts is None or len(drafter_prompts) != k:
-            raise ConfigError(f"drafter_prompts: need {k} lists of {n} prompts (one per "
-                              "drafter)")
-        for d, data in zip(drafters, d_data):
-            if int(data.to_verifier.shape[0]) != d.lm.vocab_size:
-                raise ConfigError(f"drafter {d.name!r} vocabulary: map covers "
-                                  f"{data.to_verifier.shape[0]} ids, model has "
-                                  f"{d.lm.vocab_size}; allowed: equal sizes")
-        block = cfg.n_slots * gamma
-        d_lens = [_lengths(f"drafter_prompts[{i}]", dp, n) for i, dp in enumerate(drafter_prompts)]
-        for i, (d, data, lens, g) in enumerate(zip(drafters, d_data, d_lens, windows)):
-            m = int(data.retok.shape[1])
-            _fits(f"drafter_prompts[{i}]", f"drafter {d.name!r}", lens,
-                  consume_width(m, g + 1) + g, d.lm.max_len, "one consume block")
-    else:
-        gamma, block, d_lens, windows = 0, 1, [], []
-        d_data = ()
+    q = _Queue(prompts=prompts, plens=plens, budgets=budgets, row_keys=row_keys,
+               stop_table=stop_table, batch=batch, chunk=chunk, spec=drafters is not None,
+               drafters=tuple(drafters or ()), d_data=(), drafter_prompts=drafter_prompts,
+               slots=None, windows=[], gamma=0)
+    d_lens = _check_queue_drafters(cfg, q, d_data, slots) if q.spec else []
+    block = cfg.n_slots * q.gamma if q.spec else 1
     _fits("prompts", "the verifier's", plens, budgets + block, verifier.max_len,
           f"its max_new_tokens and a block of {block}")
-    check_finite("verifier", v_params)
-    for d, data in zip(drafters, d_data):
-        check_finite(f"drafter {d.name!r}", data.params)
+    _set_shapes(cfg, verifier, q, d_lens, bucket)
+    return q
 
-    # Fixed shapes for the whole call.
-    width = _width(plens, bucket, verifier.max_len)
-    max_budget = int(budgets.max())
-    if spec:
-        buf_len = width + max_budget + gamma + 1
-        v_cap = (buf_len - gamma - 1 if cfg.n_slots == 1
-                 else buf_len + (cfg.n_slots - 1) * gamma)
-    else:
-        buf_len = width + max_budget + 1
-        v_cap = buf_len - 1
-    v_cap = min(v_cap, verifier.max_len)
-    d_widths = [_width(lens, bucket, d.lm.max_len) for d, lens in zip(drafters, d_lens)]
-    d_caps = tuple(drafter_capacity(d.lm, int(data.retok.shape[1]), w, width, buf_len, g)
-                   for d, data, w, g in zip(drafters, d_data, d_widths, windows))
-    refill_statics = dict(verifier=verifier, drafter_lms=tuple(d.lm for d in drafters),
-                          buf_len=buf_len, v_cap=v_cap, d_caps=d_caps)
-    d_params = tuple(data.params for data in d_data)
 
-    def refill_args(state, rows, ids, size):
-        idx = np.full((size,), batch, np.int32)        # ≥ B: a padding row, dropped
+def _check_queue_drafters(cfg: EngineConfig, q: _Queue, d_data, slots) -> list[np.ndarray]:
+    """A speculative call's drafters, their arrays, slots and prompts checked and stored
+    in `q`; returns each drafter's prompt lengths (i64[N])."""
+    k, n = len(q.drafters), q.n
+    if k < 1:
+        raise ConfigError("drafters: got none; allowed: ≥ 1 drafter, or None for the "
+                          "verifier alone")
+    q.d_data = tuple(d_data or ())
+    q.windows = check_drafters(cfg, q.drafters)
+    if len(q.d_data) != k:
+        raise ConfigError(f"d_data: got {len(q.d_data)} entries; allowed: one per drafter "
+                          f"({k})")
+    q.gamma = max(q.windows)
+    q.slots = check_slots(cfg, slots, n, k)
+    if q.drafter_prompts is None or len(q.drafter_prompts) != k:
+        raise ConfigError(f"drafter_prompts: need {k} lists of {n} prompts (one per "
+                          "drafter)")
+    check_vocab_maps(q.drafters, q.d_data)
+    d_lens = [_lengths(f"drafter_prompts[{i}]", dp, n)
+              for i, dp in enumerate(q.drafter_prompts)]
+    for i, (d, data, lens, g) in enumerate(zip(q.drafters, q.d_data, d_lens, q.windows)):
+        m = int(data.retok.shape[1])
+        _fits(f"drafter_prompts[{i}]", f"drafter {d.name!r}", lens,
+              consume_width(m, g + 1) + g, d.lm.max_len, "one consume block")
+    return d_lens
+
+
+def _set_shapes(cfg: EngineConfig, verifier, q: _Queue, d_lens, bucket: int) -> None:
+    """The shapes fixed for the whole call: prompt widths, token buffer, cache capacities
+    (from the longest prompt and the largest budget)."""
+    q.width = _width(q.plens, bucket, verifier.max_len)
+    block = q.gamma + 1 if q.spec else 1
+    buf_len = q.width + int(q.budgets.max()) + block
+    v_cap = verifier_capacity(verifier, buf_len, q.gamma, cfg.n_slots if q.spec else 1)
+    q.d_widths = [_width(lens, bucket, d.lm.max_len) for d, lens in zip(q.drafters, d_lens)]
+    d_caps = tuple(drafter_capacity(d.lm, int(data.retok.shape[1]), w, q.width, buf_len, g)
+                   for d, data, w, g in zip(q.drafters, q.d_data, q.d_widths, q.windows))
+    q.shapes = CallShapes(buf_len=buf_len, v_cap=v_cap, d_caps=d_caps)
+
+
+# ----------------------------------------------------------------------------------------
+# The call's programs and how their arguments are built
+# ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Program:
+    """A compiled program of the call: the jitted function, its static arguments, and
+    `args(...)` building its arguments from the host's mirrors."""
+    fn: Any
+    statics: dict
+    args: Callable
+
+
+def _refill_program(verifier, v_params, q: _Queue) -> _Program:
+    """The refill: prompts `ids` prefilled into batch rows `rows`, padded to `size` rows;
+    ``args(state, rows, ids, size)``."""
+    statics = dict(verifier=verifier, drafter_lms=tuple(d.lm for d in q.drafters),
+                   shapes=q.shapes)
+    d_params = tuple(data.params for data in q.d_data)
+
+    def args(state, rows, ids, size):
+        idx = np.full((size,), q.batch, np.int32)        # ≥ B: a padding row, dropped
         idx[:len(rows)] = rows
-        arr, lens = _pad(prompts, ids, width, size)
-        d_arr, d_len = zip(*[_pad(dp, ids, w, size) for dp, w in zip(drafter_prompts, d_widths)]
-                           ) if spec else ((), ())
+        arr, lens = _pad(q.prompts, ids, q.width, size)
+        d_arr, d_len = zip(*[_pad(dp, ids, w, size)
+                             for dp, w in zip(q.drafter_prompts, q.d_widths)]
+                           ) if q.spec else ((), ())
         dev = jax.device_put(dict(idx=idx, prompt=arr, prompt_len=lens, d_prompts=tuple(d_arr),
                                   d_prompt_len=tuple(d_len)))
         return (v_params, d_params, state, dev['idx'], dev['prompt'], dev['prompt_len'],
                 dev['d_prompts'], dev['d_prompt_len'])
+    return _Program(_refill, statics, args)
 
-    if spec:
-        cfg_static = dataclasses.replace(cfg, verifier_temperature=1.0, max_new_tokens=1)
-        chunk_fn = _spec_chunk
-        chunk_statics = dict(cfg=cfg_static, verifier=verifier,
-                             drafters=tuple(d.static for d in drafters))
-        temps = tuple(np.float32(d.temperature) for d in drafters)
-        fixed = jax.device_put(dict(stop_table=stop_table, temps=temps,
-                                    v_temperature=np.float32(cfg.verifier_temperature),
-                                    chunk=np.int32(chunk)))
-        d_data = tuple(data.replace(temperature=t) for data, t in zip(d_data, fixed['temps']))
 
-        def chunk_args(state, keys, row_slots, max_new, live):
-            dev = jax.device_put(dict(keys=keys, slots=row_slots, max_new=max_new))
-            return (v_params, d_data, dev['slots'], fixed['stop_table'],
-                    fixed['v_temperature'], dev['max_new'], fixed['chunk'], state,
-                    dev['keys'])
-    else:
-        chunk_fn = _ar_chunk
-        chunk_statics = dict(verifier=verifier, coupled=cfg.rule in COUPLED_RULES,
-                             top_k=cfg.verifier_top_k, top_p=cfg.verifier_top_p)
-        fixed = jax.device_put(dict(stop_table=stop_table,
-                                    temperature=np.float32(cfg.verifier_temperature)))
+def _spec_chunk_program(cfg: EngineConfig, verifier, v_params, q: _Queue) -> _Program:
+    """A chunk of speculative rounds; ``args(state, keys, row_slots, max_new, live)``."""
+    cfg_static = dataclasses.replace(cfg, verifier_temperature=1.0, max_new_tokens=1)
+    statics = dict(cfg=cfg_static, verifier=verifier,
+                   drafters=tuple(d.static for d in q.drafters))
+    temps = tuple(np.float32(d.temperature) for d in q.drafters)
+    fixed = jax.device_put(dict(stop_table=q.stop_table, temps=temps,
+                                v_temperature=np.float32(cfg.verifier_temperature),
+                                chunk=np.int32(q.chunk)))
+    d_data = tuple(data.replace(temperature=t) for data, t in zip(q.d_data, fixed['temps']))
 
-        def chunk_args(state, keys, row_slots, max_new, live):
-            del row_slots
-            dev = jax.device_put(dict(keys=keys, active=live,
-                                      max_new=np.minimum(max_new, chunk).astype(np.int32)))
-            return (v_params, state, dev['keys'], fixed['stop_table'], dev['active'],
-                    fixed['temperature'], dev['max_new'])
+    def args(state, keys, row_slots, max_new, live):
+        dev = jax.device_put(dict(keys=keys, slots=row_slots, max_new=max_new))
+        return (v_params, d_data, dev['slots'], fixed['stop_table'],
+                fixed['v_temperature'], dev['max_new'], fixed['chunk'], state,
+                dev['keys'])
+    return _Program(_spec_chunk, statics, args)
 
-    # Host mirrors of the rows: which prompt each serves (-1: idle), its key, slots, start.
-    row_prompt = np.full((batch,), -1, np.int64)
-    row_start = np.ones((batch,), np.int64)
-    row_len = np.ones((batch,), np.int64)
-    row_keys_b = np.zeros((batch,) + row_keys.shape[1:], row_keys.dtype)
-    row_keys_b[:] = row_keys[0]
-    row_slots = (np.tile(slots[0], (batch, 1)) if spec
-                 else np.zeros((batch, 1), np.int32))
 
-    # Every program of the call, compiled before the clock starts (a refill pads its rows
-    # to one of `refill_sizes(batch)`).
-    sizes = refill_sizes(batch)
-    args = refill_args(None, [], [], batch)
-    blank = jax.eval_shape(functools.partial(_prefill_rows, **refill_statics),
+def _ar_chunk_program(cfg: EngineConfig, verifier, v_params, q: _Queue) -> _Program:
+    """A chunk of the verifier alone; ``args(state, keys, row_slots, max_new, live)``."""
+    statics = dict(verifier=verifier, coupled=cfg.rule in COUPLED_RULES,
+                   top_k=cfg.verifier_top_k, top_p=cfg.verifier_top_p)
+    fixed = jax.device_put(dict(stop_table=q.stop_table,
+                                temperature=np.float32(cfg.verifier_temperature)))
+
+    def args(state, keys, row_slots, max_new, live):
+        del row_slots
+        dev = jax.device_put(dict(keys=keys, active=live,
+                                  max_new=np.minimum(max_new, q.chunk).astype(np.int32)))
+        return (v_params, state, dev['keys'], fixed['stop_table'], dev['active'],
+                fixed['temperature'], dev['max_new'])
+    return _Program(_ar_chunk, statics, args)
+
+
+# ----------------------------------------------------------------------------------------
+# The serve loop
+# ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Rows:
+    """Host mirrors of the B rows: which prompt each serves (-1: idle), where its prompt
+    ends (`start`), its length, its key and its slots."""
+    prompt: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    keys: np.ndarray
+    slots: np.ndarray
+
+    @classmethod
+    def idle(cls, q: _Queue) -> "_Rows":
+        """B idle rows (keys and slots those of the first prompt, as placeholders)."""
+        keys = np.zeros((q.batch,) + q.row_keys.shape[1:], q.row_keys.dtype)
+        keys[:] = q.row_keys[0]
+        slots = (np.tile(q.slots[0], (q.batch, 1)) if q.spec
+                 else np.zeros((q.batch, 1), np.int32))
+        return cls(prompt=np.full((q.batch,), -1, np.int64), start=np.ones((q.batch,), np.int64),
+                   length=np.ones((q.batch,), np.int64), keys=keys, slots=slots)
+
+    def assign(self, q: _Queue, rows, ids) -> None:
+        """Rows `rows` now serve prompts `ids` (just prefilled)."""
+        self.prompt[rows] = ids
+        self.start[rows] = q.plens[ids]
+        self.length[rows] = q.plens[ids]
+        self.keys[rows] = q.row_keys[ids]
+        if q.spec:
+            self.slots[rows] = q.slots[ids]
+
+    def budget_left(self, q: _Queue, live) -> np.ndarray:
+        """i32[B] tokens each live row may still commit (0 for an idle row)."""
+        left = np.where(live, q.budgets[np.maximum(self.prompt, 0)] - (self.length - self.start),
+                        0)
+        return left.astype(np.int32)
+
+
+def _compile_all(q: _Queue, refill: _Program, program: _Program, rows: _Rows):
+    """Every program of the call compiled before the clock starts (a refill pads its rows
+    to one of `refill_sizes(batch)`); returns a blank batch state of the call's shapes."""
+    args = refill.args(None, [], [], q.batch)
+    blank = jax.eval_shape(functools.partial(_prefill_rows, **refill.statics),
                            *args[:2], *args[4:])
     state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), blank)
-    for size in sizes:
-        compile_program(_refill, refill_statics, refill_args(state, [], [], size))
-    zero = np.zeros((batch,), np.int32)
-    compile_program(chunk_fn, chunk_statics, chunk_args(state, row_keys_b, row_slots, zero,
-                                                 np.zeros((batch,), bool)))
+    for size in refill_sizes(q.batch):
+        compile_program(refill.fn, refill.statics, refill.args(state, [], [], size))
+    zero = np.zeros((q.batch,), np.int32)
+    compile_program(program.fn, program.statics,
+                    program.args(state, rows.keys, rows.slots, zero,
+                                 np.zeros((q.batch,), bool)))
+    return state
 
-    out: list = [None] * n
-    rounds = np.zeros((n,), np.int64)
-    from_draft = np.zeros((n,), np.int64)
-    proposed = np.zeros((n, k), np.int64)
-    accepted = np.zeros((n, k), np.int64)
-    seconds, refill_seconds, chunks, refills, nxt = 0.0, 0.0, 0, 0, 0
+
+@dataclasses.dataclass
+class _Tally:
+    """Per prompt, its tokens once finished and its counters summed over chunks; per
+    call, programs run and their seconds."""
+    out: list
+    rounds: np.ndarray
+    from_draft: np.ndarray
+    proposed: np.ndarray
+    accepted: np.ndarray
+    seconds: float = 0.0
+    refill_seconds: float = 0.0
+    chunks: int = 0
+    refills: int = 0
+
+    @classmethod
+    def zeros(cls, n: int, k: int) -> "_Tally":
+        return cls(out=[None] * n, rounds=np.zeros((n,), np.int64),
+                   from_draft=np.zeros((n,), np.int64), proposed=np.zeros((n, k), np.int64),
+                   accepted=np.zeros((n, k), np.int64))
+
+
+def _refill_free_rows(q: _Queue, refill: _Program, rows: _Rows, tally: _Tally, state,
+                      nxt: int):
+    """Idle rows get the next pending prompts (one refill program); returns (state, the
+    next pending prompt)."""
+    free = np.nonzero(rows.prompt < 0)[0]
+    take = min(len(free), q.n - nxt)
+    if not take:
+        return state, nxt
+    ids = list(range(nxt, nxt + take))
+    fill = free[:take]
+    if tally.refills == 0:      # the first fill sets every row (idle ones to a dummy)
+        fill, size = np.arange(q.batch), q.batch
+    else:
+        size = next(s for s in refill_sizes(q.batch) if s >= take)
+    state, secs = run_program(refill.fn, refill.statics, refill.args(state, fill, ids, size))
+    tally.seconds += secs
+    tally.refill_seconds += secs
+    tally.refills += 1
+    rows.assign(q, fill[:take], ids)
+    return state, nxt + take
+
+
+def _finish_rows(q: _Queue, rows: _Rows, tally: _Tally, live, tokens, c) -> None:
+    """After a chunk: each live row's counters added to its prompt's; a row whose prompt
+    reached its budget or a stop token hands its tokens over and goes idle."""
+    for r in np.nonzero(live)[0]:
+        p = rows.prompt[r]
+        if q.spec:
+            tally.rounds[p] += c['rounds'][r]
+            tally.from_draft[p] += c['from_draft'][r]
+            tally.proposed[p] += c['proposed'][r]
+            tally.accepted[p] += c['accepted'][r]
+        made = rows.length[r] - rows.start[r]
+        if made >= q.budgets[p] or (made > 0 and q.stop_table[tokens[r, rows.length[r] - 1]]):
+            tally.out[p] = tokens[r, rows.start[r]:rows.length[r]].tolist()
+            rows.prompt[r] = -1
+
+
+def _serve(q: _Queue, refill: _Program, program: _Program, rows: _Rows,
+           state) -> ContinuousResult:
+    """Refill and chunk until every prompt is served (the module docstring)."""
+    tally = _Tally.zeros(q.n, len(q.drafters))
+    nxt = 0
     t0 = time.perf_counter()
     while True:
-        free = np.nonzero(row_prompt < 0)[0]
-        take = min(len(free), n - nxt)
-        if take:
-            ids = list(range(nxt, nxt + take))
-            rows = free[:take]
-            if refills == 0:      # the first fill sets every row (idle ones to a dummy)
-                rows, size = np.arange(batch), batch
-            else:
-                size = next(s for s in sizes if s >= take)
-            state, secs = run_program(_refill, refill_statics, refill_args(state, rows, ids, size))
-            seconds += secs
-            refill_seconds += secs
-            refills += 1
-            rows = rows[:take]
-            row_prompt[rows] = ids
-            row_start[rows] = plens[ids]
-            row_len[rows] = plens[ids]
-            row_keys_b[rows] = row_keys[ids]
-            if spec:
-                row_slots[rows] = slots[ids]
-            nxt += take
-        live = row_prompt >= 0
+        state, nxt = _refill_free_rows(q, refill, rows, tally, state, nxt)
+        live = rows.prompt >= 0
         if not live.any():
             break
-        left = np.where(live, budgets[np.maximum(row_prompt, 0)] - (row_len - row_start), 0)
-        (state, counters), secs = run_program(chunk_fn, chunk_statics,
-                                       chunk_args(state, row_keys_b, row_slots,
-                                                  left.astype(np.int32), live))
-        seconds += secs
-        chunks += 1
+        (state, counters), secs = run_program(
+            program.fn, program.statics,
+            program.args(state, rows.keys, rows.slots, rows.budget_left(q, live), live))
+        tally.seconds += secs
+        tally.chunks += 1
         host = jax.device_get(dict(tokens=state.tokens, length=state.length,
                                    counters=counters))
-        tokens, row_len[:] = host['tokens'], host['length']
-        c = host['counters']
-        for r in np.nonzero(live)[0]:
-            p = row_prompt[r]
-            if spec:
-                rounds[p] += c['rounds'][r]
-                from_draft[p] += c['from_draft'][r]
-                proposed[p] += c['proposed'][r]
-                accepted[p] += c['accepted'][r]
-            made = row_len[r] - row_start[r]
-            if made >= budgets[p] or (made > 0 and stop_table[tokens[r, row_len[r] - 1]]):
-                out[p] = tokens[r, row_start[r]:row_len[r]].tolist()
-                row_prompt[r] = -1
+        rows.length[:] = host['length']
+        _finish_rows(q, rows, tally, live, host['tokens'], host['counters'])
     wall = time.perf_counter() - t0
-    committed = np.array([len(t) for t in out], np.int64)
-    if not spec:
-        rounds = committed.copy()
-    return ContinuousResult(tokens=out, rounds=rounds, committed=committed,
-                            from_draft=from_draft, proposed=proposed, accepted=accepted,
-                            chunks=chunks, refills=refills, programs=len(sizes) + 1,
-                            seconds=seconds, wall_seconds=wall,
-                            refill_seconds=refill_seconds)
+    committed = np.array([len(t) for t in tally.out], np.int64)
+    rounds = tally.rounds if q.spec else committed.copy()
+    return ContinuousResult(tokens=tally.out, rounds=rounds, committed=committed,
+                            from_draft=tally.from_draft, proposed=tally.proposed,
+                            accepted=tally.accepted, chunks=tally.chunks,
+                            refills=tally.refills, programs=len(refill_sizes(q.batch)) + 1,
+                            seconds=tally.seconds, wall_seconds=wall,
+                            refill_seconds=tally.refill_seconds)

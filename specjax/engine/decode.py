@@ -23,7 +23,7 @@ padding, so this is exactly rule 1 with γ_k). Rows of several chains need equal
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import chex
 import jax
@@ -306,7 +306,6 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSta
     gammas = tuple(d.window(cfg.gamma) for d in drafters)
     gamma = max(gammas)                                   # block width per chain
     ragged = len(set(gammas)) > 1                         # rows of one chain, per-drafter γ
-    b = state.tokens.shape[0]
     v_vocab = verifier.vocab_size
     live = ~state.done
     length = state.length
@@ -314,40 +313,101 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSta
     gumbel = gumbel_noise(state.row_keys, length, gamma, v_vocab) if coupled else None
     u_draft = None if coupled else _draft_uniforms(state.row_keys, length, len(drafters), gamma)
 
-    # 1. Drafting. A lone drafter always proposed the committed path, so at most two
-    # committed tokens are new to it (x_γ and the bonus); otherwise up to γ + 1.
-    width = 2 if (len(drafters) == 1 and s_n == 1) else gamma + 1
-    drafts, qs, dcaches, base_len, dlogits, fed = [], [], [], [], [], []
+    drafted = _draft_all(cfg, drafters, d_data, state, gammas, u_draft, gumbel, v_vocab)
+    chain, chain_q, active, slot_gamma = _chains(drafted, slots, gammas, s_n, v_vocab)
+    p_root, p_nodes, vcache = _score(cfg, verifier, v_params, state, chain, v_temperature)
+    verdict = _decide(cfg, state, gumbel, p_root, p_nodes, chain_q, chain, active,
+                      slot_gamma if ragged else None)
+
+    # 5. Commit: stop at a stop token or the budget (both stopping times: still exact).
+    idx = jnp.arange(gamma + 1)                           # block indices, root included
+    n_commit, first_stop, budget = _commit_counts(cfg, state, live, verdict, stop_table,
+                                                  max_new, idx)
+    tokens = _write_tokens(state.tokens, verdict.tokens, length, n_commit, idx)
+    vcache = _keep_verifier_path(verifier, vcache, verdict, n_commit, s_n, gamma)
+    new_dcaches, new_synced = _keep_drafter_paths(drafters, drafted, slots, active, verdict,
+                                                  live, n_commit, length, gammas)
+    new_length = length + n_commit
+    # SPEC §9, caches rolled back: the verifier's cache holds every committed token but the
+    # last (a row at capacity keeps what fits).
+    debug.check(~live | (vcache.length == jnp.minimum(new_length - 1, _capacity(vcache))),
+                "verifier cache length != committed tokens - 1 after a round")
+    done = (state.done | (new_length - state.start >= budget + (length - state.start))
+            | (live & (first_stop <= verdict.n)))
+
+    counters = _count(state.counters, verdict, slots, active, live, n_commit, gamma,
+                      len(drafters), coupled, slot_gamma)
+    return state.replace(tokens=tokens, length=new_length, done=done, vcache=vcache,
+                         dcaches=tuple(new_dcaches), dsynced=jnp.stack(new_synced),
+                         dlogits=tuple(drafted.dlogits), counters=counters)
+
+
+class _Drafted(NamedTuple):
+    """What step 1 of a round leaves, per drafter (K of each), its drafts padded to the
+    block's γ: drafts i32[B, K, γ] and their q f32[B, K, γ, Vv] (verifier ids), each
+    drafter's cache after drafting, its length before drafting (`base_len`), its logits
+    after the committed tokens it consumed, and where its consumption stopped (`synced`,
+    `caught_up`)."""
+    drafts: jax.Array
+    qs: jax.Array
+    dcaches: list
+    base_len: list
+    dlogits: list
+    synced: list
+    caught_up: list
+
+
+def _draft_all(cfg: EngineConfig, drafters, d_data, state: DecodeState, gammas, u_draft,
+               gumbel, v_vocab: int) -> _Drafted:
+    """Step 1: every drafter consumes the committed tokens new to it, then drafts γ_k."""
+    # A lone drafter always proposed the committed path, so at most two committed tokens
+    # are new to it (x_γ and the bonus); otherwise up to γ + 1.
+    gamma = max(gammas)
+    width = 2 if (len(drafters) == 1 and cfg.n_slots == 1) else gamma + 1
+    drafts, qs, dcaches, base_len, dlogits, synced_all, caught_all = [], [], [], [], [], [], []
     for k, (spec, data) in enumerate(zip(drafters, d_data)):
         cache, logits, synced, caught_up = consume(
             spec, data, state.dcaches[k], state.dlogits[k], state.tokens, state.dsynced[k],
-            length, min(width, gamma + 1))
+            state.length, min(width, gamma + 1))
         base_len.append(cache.length)
-        fed.append((synced, caught_up))
+        synced_all.append(synced)
+        caught_all.append(caught_up)
         dlogits.append(logits)
         x, q, cache = _draft(cfg, k, spec, data, cache, logits,
-                             None if coupled else u_draft[:, k], gumbel, v_vocab)
+                             None if u_draft is None else u_draft[:, k], gumbel, v_vocab)
         debug.check_distribution(q, f'drafter {k} q')
         pad = gamma - gammas[k]                           # a shorter chain: padded, cut below
         drafts.append(jnp.pad(x, ((0, 0), (0, pad))))
         qs.append(jnp.pad(q, ((0, 0), (0, pad), (0, 0))))
         dcaches.append(cache)
-    drafts = jnp.stack(drafts, 1)                         # i32[B, K, γ]
-    qs = jnp.stack(qs, 1)                                 # f32[B, K, γ, V]
+    return _Drafted(drafts=jnp.stack(drafts, 1), qs=jnp.stack(qs, 1), dcaches=dcaches,
+                    base_len=base_len, dlogits=dlogits, synced=synced_all,
+                    caught_up=caught_all)
 
-    # 2. Slots → chains.
+
+def _chains(drafted: _Drafted, slots, gammas, n_slots: int, v_vocab: int):
+    """Step 2: the row's slots pick its chains — (chain i32[B, S, γ], chain_q
+    f32[B, S, γ, V], active bool[B, S], slot_gamma i32[B, S] each chain's γ_k)."""
+    drafts, qs = drafted.drafts, drafted.qs
+    b, _, gamma = drafts.shape
     active = slots >= 0
     sl = jnp.maximum(slots, 0)
-    if len(drafters) == 1:  # every slot holds drafter 0 (or nothing): no gathers
-        chain = jnp.broadcast_to(drafts, (b, s_n, gamma))
-        chain_q = jnp.broadcast_to(qs, (b, s_n, gamma, v_vocab))
+    if len(gammas) == 1:  # every slot holds drafter 0 (or nothing): no gathers
+        chain = jnp.broadcast_to(drafts, (b, n_slots, gamma))
+        chain_q = jnp.broadcast_to(qs, (b, n_slots, gamma, v_vocab))
     else:
         chain = jnp.take_along_axis(drafts, sl[:, :, None], axis=1)        # [B, S, γ]
         chain_q = jnp.take_along_axis(qs, sl[:, :, None, None], axis=1)    # [B, S, γ, V]
     chain = jnp.where(active[:, :, None], chain, 0)
     slot_gamma = jnp.asarray(gammas, jnp.int32)[sl]                         # i32[B, S]
+    return chain, chain_q, active, slot_gamma
 
-    # 3. One verifier call over the tree.
+
+def _score(cfg: EngineConfig, verifier, v_params, state: DecodeState, chain, v_temperature):
+    """Step 3: one verifier call over the tree `[root] + S·γ` — (p_root f32[B, V], p_nodes
+    f32[B, S, γ, V], the verifier's cache with the block written, not yet committed)."""
+    b, s_n, gamma = chain.shape
+    length = state.length
     root = jnp.take_along_axis(state.tokens, (length - 1)[:, None], axis=1)
     block = jnp.concatenate([root, chain.reshape(b, s_n * gamma)], axis=1)
     positions = (length - 1)[:, None] + _tree_depths(s_n, gamma)[None, :]
@@ -357,24 +417,35 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSta
     p = sampling_probs(v_logits, v_temperature, top_k=cfg.verifier_top_k,
                        top_p=cfg.verifier_top_p)
     debug.check_distribution(p, 'verifier p')
-    p_root, p_nodes = p[:, 0], p[:, 1:].reshape(b, s_n, gamma, v_vocab)
+    return p[:, 0], p[:, 1:].reshape(b, s_n, gamma, verifier.vocab_size), vcache
 
-    # 4. The rule.
+
+def _decide(cfg: EngineConfig, state: DecodeState, gumbel, p_root, p_nodes, chain_q, chain,
+            active, ragged_gamma=None):
+    """Step 4: the config's rule from `specjax.verify`, vmapped over rows; with
+    `ragged_gamma` (i32[B, S], rows of one chain whose γ_k differ) cut to each row's γ_k."""
     rule = getattr(rules_lib, cfg.rule)
-    verify_keys = fold_keys(state.row_keys, STREAM_VERIFY, length)
-    if coupled:
+    verify_keys = fold_keys(state.row_keys, STREAM_VERIFY, state.length)
+    if cfg.rule in rules_lib.COUPLED_RULES:
         # The key only drives the per-drafter Leviathan test (a measurement, SPEC §7).
         verdict = jax.vmap(rule)(gumbel, p_root, p_nodes, chain_q, chain, active,
                                  verify_keys)
     else:
         verdict = jax.vmap(rule)(verify_keys, p_root, p_nodes, chain_q, chain, active)
-    if ragged:
-        verdict = _cut_to_window(verdict, slot_gamma[:, 0], p_nodes[:, 0], gumbel,
-                                 fold_keys(state.row_keys, STREAM_BONUS, length))
+    if ragged_gamma is not None:
+        verdict = _cut_to_window(verdict, ragged_gamma[:, 0], p_nodes[:, 0], gumbel,
+                                 fold_keys(state.row_keys, STREAM_BONUS, state.length))
+    return verdict
 
-    # 5. Commit: stop at a stop token or the budget (both stopping times: still exact).
+
+def _commit_counts(cfg: EngineConfig, state: DecodeState, live, verdict, stop_table, max_new,
+                   idx):
+    """Tokens each row commits: the verdict's, cut after a stop token and at the budget
+    (0 for a row no longer `live`) — (n_commit i32[B], first_stop i32[B] the block index
+    of the first stop token or γ + 1, budget i32[B]). `idx`: i32[γ+1] the block's indices."""
+    b = state.tokens.shape[0]
+    gamma = idx.shape[0] - 1
     n = verdict.n
-    idx = jnp.arange(gamma + 1)
     is_stop = stop_table[verdict.tokens] & (idx[None, :] <= n[:, None])
     first_stop = jnp.where(jnp.any(is_stop, 1), jnp.argmax(is_stop, 1), gamma + 1)
     budget = round_budget(cfg, state, max_new, gamma)
@@ -383,47 +454,47 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSta
     chex.assert_shape(n_commit, (b,))
     debug.check_range(jnp.where(live, n_commit, 1), 1, gamma + 1,
                       'tokens committed per round (SPEC §9)')
+    return n_commit, first_stop, budget
 
+
+def _write_tokens(tokens, new, length, n_commit, idx):
+    """The token buffer with each row's first `n_commit` of `new` i32[B, γ+1] written at
+    its `length` (`idx`: i32[γ+1] the block's indices)."""
     def write(row, new, at, cnt):
-        old = jax.lax.dynamic_slice(row, (at,), (gamma + 1,))
+        old = jax.lax.dynamic_slice(row, (at,), (idx.shape[0],))
         return jax.lax.dynamic_update_slice(row, jnp.where(idx < cnt, new, old), (at,))
-    tokens = jax.vmap(write)(state.tokens, verdict.tokens, length, n_commit)
+    return jax.vmap(write)(tokens, new, length, n_commit)
 
+
+def _keep_verifier_path(verifier, vcache, verdict, n_commit, n_slots: int, gamma: int):
+    """The verifier's cache keeps the root and the first n_commit − 1 committed drafts
+    (the accepted path compacted into place when the block is a tree)."""
     # The root and the first n_commit − 1 drafts are now history (a row that stopped early
     # keeps nothing past its last committed token, so a continued call starts clean).
-    keep_v = n_commit
-    if s_n == 1:
+    if n_slots == 1:
         # One chain: the accepted path is the block's own prefix, nothing to move.
-        vcache = verifier.advance(vcache, keep_v)
-    else:
-        src = jnp.concatenate([jnp.zeros((b, 1), jnp.int32),
-                               1 + verdict.path_slot * gamma + jnp.arange(gamma)[None, :]], 1)
-        vcache = verifier.compact(vcache, src, keep_v)
+        return verifier.advance(vcache, n_commit)
+    b = n_commit.shape[0]
+    src = jnp.concatenate([jnp.zeros((b, 1), jnp.int32),
+                           1 + verdict.path_slot * gamma + jnp.arange(gamma)[None, :]], 1)
+    return verifier.compact(vcache, src, n_commit)
 
-    # Drafter k keeps the drafts of its own chain that were committed.
+
+def _keep_drafter_paths(drafters, drafted: _Drafted, slots, active, verdict, live, n_commit,
+                        length, gammas):
+    """Each drafter's cache rolled back to the drafts of its own chain that were committed
+    — (caches, synced i32[B] per drafter)."""
     slot_match = jnp.where(active, verdict.matched, 0)
     new_dcaches, new_synced = [], []
     for k, spec in enumerate(drafters):
         mine = jnp.max(jnp.where(slots == k, slot_match, 0), axis=1)
-        synced, caught_up = fed[k]
+        synced, caught_up = drafted.synced[k], drafted.caught_up[k]
         # Its drafts followed the committed text only if it had caught up before drafting.
         keep = jnp.where(live & caught_up,
                          jnp.minimum(jnp.minimum(mine, n_commit), gammas[k] - 1), 0)
-        new_dcaches.append(spec.lm.rollback(dcaches[k], base_len[k] + keep))
+        new_dcaches.append(spec.lm.rollback(drafted.dcaches[k], drafted.base_len[k] + keep))
         new_synced.append(jnp.where(caught_up, length + keep, synced))
-    new_length = length + n_commit
-    # SPEC §9, caches rolled back: the verifier's cache holds every committed token but the
-    # last (a row at capacity keeps what fits).
-    debug.check(~live | (vcache.length == jnp.minimum(new_length - 1, _capacity(vcache))),
-                "verifier cache length != committed tokens - 1 after a round")
-    done = (state.done | (new_length - state.start >= budget + (length - state.start))
-            | (live & (first_stop <= n)))
-
-    counters = _count(state.counters, verdict, slots, active, live, n_commit, gamma,
-                      len(drafters), coupled, slot_gamma)
-    return state.replace(tokens=tokens, length=new_length, done=done, vcache=vcache,
-                         dcaches=tuple(new_dcaches), dsynced=jnp.stack(new_synced),
-                         dlogits=tuple(dlogits), counters=counters)
+    return new_dcaches, new_synced
 
 
 def _draft_uniforms(row_keys, length, n_drafters: int, gamma: int) -> jax.Array:

@@ -92,6 +92,55 @@ def check_slots(cfg: EngineConfig, slots, rows: int, k: int) -> np.ndarray:
     return slots
 
 
+def check_drafters(cfg: EngineConfig, drafters: Sequence[DrafterSpec]) -> list[int]:
+    """Each drafter's γ_i (checked: valid specs, equal γ where drafters share a row)."""
+    for d in drafters:
+        validate_drafter(d)
+    windows = [d.gamma if d.gamma is not None else cfg.gamma for d in drafters]
+    if cfg.n_slots > 1 and len(set(windows)) > 1:
+        raise ConfigError(f"gamma: drafters {[d.name for d in drafters]} have γ {windows} "
+                          f"with rule {cfg.rule!r} over {cfg.n_slots} slots; allowed: equal "
+                          "γ for drafters that share a row (per-drafter γ needs one chain "
+                          "per row)")
+    return windows
+
+
+def check_vocab_maps(drafters: Sequence[DrafterSpec], d_data: Sequence[DrafterData]) -> None:
+    """ConfigError unless each drafter's vocabulary map covers its model's vocabulary."""
+    for spec, data in zip(drafters, d_data):
+        if int(data.to_verifier.shape[0]) != spec.lm.vocab_size:
+            raise ConfigError(f"drafter {spec.name!r} vocabulary: map covers "
+                              f"{data.to_verifier.shape[0]} ids, model has "
+                              f"{spec.lm.vocab_size}; allowed: equal sizes")
+
+
+@dataclasses.dataclass(frozen=True)
+class CallShapes:
+    """The fixed shapes of a call that starts from prompts (static: one compiled program
+    per distinct value).
+
+    Attributes:
+      buf_len: the token buffer's length per row (prompt width, the new tokens, `reserve`
+        and one block).
+      v_cap / d_caps: the verifier's and each drafter's cache capacity.
+      v_groups / d_groups: the verifier's and each drafter's ragged prefill layout
+        (`prefill_groups`; None: one padded block).
+    """
+    buf_len: int
+    v_cap: int
+    d_caps: tuple = ()
+    v_groups: Any = None
+    d_groups: tuple = ()
+
+
+def verifier_capacity(verifier, buf_len: int, gamma: int, n_slots: int = 1) -> int:
+    """Slots the verifier's cache can fill in one run: every committed token but the last
+    (the buffer less one block), and with S chains the tree's other (S − 1)·γ block slots
+    (γ = 0: the verifier alone)."""
+    cap = buf_len - gamma - 1 if n_slots == 1 else buf_len + (n_slots - 1) * gamma
+    return min(cap, verifier.max_len)
+
+
 # ----------------------------------------------------------------------------------------
 # The speculative loop
 # ----------------------------------------------------------------------------------------
@@ -124,25 +173,21 @@ def _spec_loop(cfg, verifier, drafters, v_params, d_data, slots, stop_table, v_t
     return _outputs(state, return_state)
 
 
-_SPEC_STATICS = ("cfg", "verifier", "drafters", "buf_len", "v_cap", "d_caps", "v_groups",
-                 "d_groups", "return_state")
-
-
-@functools.partial(jax.jit, static_argnames=_SPEC_STATICS)
+@functools.partial(jax.jit, static_argnames=("cfg", "verifier", "drafters", "shapes",
+                                             "return_state"))
 def _spec_from_prompts(v_params, d_data, slots, stop_table, v_temperature, max_new, prompt,
-                       prompt_len,
-                       d_prompts, d_prompt_len, row_keys, *, cfg, verifier, drafters,
-                       buf_len,
-                       v_cap, d_caps, v_groups, d_groups, return_state):
+                       prompt_len, d_prompts, d_prompt_len, row_keys, *, cfg, verifier,
+                       drafters, shapes: CallShapes, return_state):
     b = prompt.shape[0]
-    vcache, _ = prefill_cache(verifier, v_params, prompt, prompt_len - 1, v_cap, v_groups)
+    vcache, _ = prefill_cache(verifier, v_params, prompt, prompt_len - 1, shapes.v_cap,
+                              shapes.v_groups)
     dcaches, dlogits = [], []
-    for spec, data, dp, dl, cap, grp in zip(drafters, d_data, d_prompts, d_prompt_len, d_caps,
-                                            d_groups):
+    for spec, data, dp, dl, cap, grp in zip(drafters, d_data, d_prompts, d_prompt_len,
+                                            shapes.d_caps, shapes.d_groups):
         c, lg = prefill_cache(spec.lm, data.params, dp, dl, cap, grp)
         dcaches.append(c)
         dlogits.append(lg)
-    tokens = jnp.zeros((b, buf_len), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
+    tokens = jnp.zeros((b, shapes.buf_len), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
     carry = EngineState(tokens=tokens, length=prompt_len, vcache=vcache,
                         dcaches=tuple(dcaches),
                         dsynced=jnp.broadcast_to(prompt_len, (len(drafters), b)),
@@ -151,13 +196,19 @@ def _spec_from_prompts(v_params, d_data, slots, stop_table, v_temperature, max_n
                       v_temperature, max_new, carry, row_keys, return_state)
 
 
-@functools.partial(jax.jit, static_argnames=_SPEC_STATICS)
+@functools.partial(jax.jit, static_argnames=("cfg", "verifier", "drafters", "return_state"))
 def _spec_from_state(v_params, d_data, slots, stop_table, v_temperature, max_new, carry,
-                     row_keys, *,
-                     cfg, verifier, drafters, buf_len, v_cap, d_caps, v_groups, d_groups,
-                     return_state):
-    del buf_len, v_cap, d_caps, v_groups, d_groups  # fixed by the call that made the state
+                     row_keys, *, cfg, verifier, drafters, return_state):
     gamma = max(d.window(cfg.gamma) for d in drafters)
+    carry, catchups = _catch_up(drafters, d_data, carry, gamma)
+    return _spec_loop(cfg, verifier, drafters, v_params, d_data, slots, stop_table,
+                      v_temperature, max_new, carry, row_keys, return_state,
+                      catchups=catchups)
+
+
+def _catch_up(drafters, d_data, carry: EngineState, gamma: int):
+    """Drafters behind the committed text consume it before the first round of a call that
+    continues a state — (the state, catchups i32[B, K] the forwards each row needed)."""
     # Drafters behind the committed text (a verifier-only step, a fallback) catch up now,
     # up to γ + 1 verifier tokens per forward (fewer where another tokenizer's pieces do not
     # fit the block), before the first round; each row counts the forwards it needed.
@@ -181,9 +232,7 @@ def _spec_from_state(v_params, d_data, slots, stop_table, v_temperature, max_new
         passes.append(c[3])
     carry = carry.replace(dcaches=tuple(dcaches), dlogits=tuple(dlogits),
                           dsynced=jnp.stack(dsynced))
-    return _spec_loop(cfg, verifier, drafters, v_params, d_data, slots, stop_table,
-                      v_temperature, max_new, carry, row_keys, return_state,
-                      catchups=jnp.stack(passes, 1))
+    return carry, jnp.stack(passes, 1)
 
 
 def drafter_capacity(spec_lm, m: int, d_width: int, v_width: int, buf_len: int,
@@ -233,103 +282,105 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
     if k < 1:
         raise ConfigError("drafters: got none; allowed: ≥ 1 drafter (use "
                           "autoregressive_generate for the verifier alone)")
-    for d in drafters:
-        validate_drafter(d)
-    windows = [d.gamma if d.gamma is not None else cfg.gamma for d in drafters]
-    gamma = max(windows)
-    if cfg.n_slots > 1 and len(set(windows)) > 1:
-        raise ConfigError(f"gamma: drafters {[d.name for d in drafters]} have γ {windows} "
-                          f"with rule {cfg.rule!r} over {cfg.n_slots} slots; allowed: equal "
-                          "γ for drafters that share a row (per-drafter γ needs one chain "
-                          "per row)")
-    if state is not None and prompts is None:
-        b = int(state.tokens.shape[0])
-    else:
+    windows = check_drafters(cfg, drafters)
+    fresh = state is None or prompts is not None
+    if fresh:
         prompt, plen = pad_prompts(prompts, bucket=bucket, min_width=min_width)
         b = prompt.shape[0]
+    else:
+        b = int(state.tokens.shape[0])
     if np.shape(row_keys)[0] != b:
         raise ConfigError(f"row_keys: got {np.shape(row_keys)[0]} rows; allowed: one per row "
                           f"({b})")
     slots = check_slots(cfg, slots, b, k)
-    for spec, data in zip(drafters, d_data):
-        if int(data.to_verifier.shape[0]) != spec.lm.vocab_size:
-            raise ConfigError(f"drafter {spec.name!r} vocabulary: map covers "
-                              f"{data.to_verifier.shape[0]} ids, model has "
-                              f"{spec.lm.vocab_size}; allowed: equal sizes")
+    check_vocab_maps(drafters, d_data)
     check_finite("verifier", v_params)
     for spec, data in zip(drafters, d_data):
         check_finite(f"drafter {spec.name!r}", data.params)
     if stop_table is None:
         stop_table = np.zeros((verifier.vocab_size,), bool)
-    statics_drafters = tuple(d.static for d in drafters)
     temps = tuple(np.float32(d.temperature) for d in drafters)
     host = dict(slots=slots, stop_table=np.asarray(stop_table, bool),
                 v_temperature=np.float32(cfg.verifier_temperature), temps=temps,
                 max_new=np.int32(cfg.max_new_tokens),
                 row_keys=np.asarray(row_keys))
     # The compiled program depends on neither the verifier's temperature nor the token
-    # budget (inputs); the budget's shapes are in `buf_len`.
-    cfg_static = dataclasses.replace(cfg, verifier_temperature=1.0, max_new_tokens=1)
-
-    if state is None or prompts is not None:
+    # budget (inputs); the budget's shapes are in `shapes.buf_len`.
+    statics = dict(cfg=dataclasses.replace(cfg, verifier_temperature=1.0, max_new_tokens=1),
+                   verifier=verifier, drafters=tuple(d.static for d in drafters),
+                   return_state=return_state)
+    if fresh:
         if drafter_prompts is None or len(drafter_prompts) != k or any(
                 len(dp) != b for dp in drafter_prompts):
             raise ConfigError(f"drafter_prompts: need {k} lists of {b} prompts")
-        buf_len = prompt.shape[1] + cfg.max_new_tokens + reserve + gamma + 1
-        check_context("verifier", verifier,
-                      prompt.shape[1] + cfg.max_new_tokens + reserve + cfg.n_slots * gamma)
-        v_cap = (buf_len - gamma - 1 if cfg.n_slots == 1
-                 else buf_len + (cfg.n_slots - 1) * gamma)
-        v_cap = min(v_cap, verifier.max_len)
-        d_min = list(drafter_min_width) if drafter_min_width is not None else [0] * k
-        d_arr, d_len, d_caps = [], [], []
-        for spec, data, dp, w, g in zip(drafters, d_data, drafter_prompts, d_min, windows):
-            arr, ln = pad_prompts(dp, field=f"drafter {spec.name!r} prompt", bucket=bucket,
-                                  min_width=w)
-            m = int(data.retok.shape[1])
-            # A drafter of another tokenizer may spell a verifier token in up to m of its
-            # own tokens; the prompt plus one consume block must fit. Past that, its cache
-            # drops writes (models/cache.py): its drafts degrade, the output stays exact
-            # (q is what it sampled from).
-            check_context(f"drafter {spec.name!r}", spec.lm,
-                          arr.shape[1] + consume_width(m, g + 1) + g)
-            d_arr.append(arr)
-            d_len.append(ln)
-            d_caps.append(drafter_capacity(spec.lm, m, arr.shape[1], prompt.shape[1],
-                                            buf_len, g))
-        host.update(prompt=prompt, prompt_len=plen, d_prompts=tuple(d_arr),
-                    d_prompt_len=tuple(d_len))
-        v_groups = prefill_groups(plen - 1, int(prompt.shape[1]), bucket)
-        d_groups = tuple(prefill_groups(ln, int(arr.shape[1]), bucket)
-                         for arr, ln in zip(d_arr, d_len))
+        shapes, d_arr, d_len = _prompt_shapes(cfg, verifier, drafters, d_data, windows, prompt,
+                                              plen, drafter_prompts, bucket, drafter_min_width,
+                                              reserve)
         if state is not None:
             raise ConfigError("state: give prompts=None to continue a state, or no state")
+        host.update(prompt=prompt, prompt_len=plen, d_prompts=d_arr, d_prompt_len=d_len)
         dev = jax.device_put(host)
         d_data = tuple(data.replace(temperature=t) for data, t in zip(d_data, dev['temps']))
         args = (v_params, d_data, dev['slots'], dev['stop_table'], dev['v_temperature'],
                 dev['max_new'], dev['prompt'], dev['prompt_len'], dev['d_prompts'],
                 dev['d_prompt_len'], dev['row_keys'])
-        fn = _spec_from_prompts
+        fn, statics['shapes'] = _spec_from_prompts, shapes
     else:
         if len(state.dcaches) != k:
             raise ConfigError(f"state: holds {len(state.dcaches)} drafter caches; allowed: "
                               f"one per drafter of this call ({k}); continue a verifier-only "
                               "state with autoregressive_generate")
-        buf_len, v_cap, d_caps = int(state.tokens.shape[1]), 0, ()
-        v_groups, d_groups = None, ()
         dev = jax.device_put(host)
         d_data = tuple(data.replace(temperature=t) for data, t in zip(d_data, dev['temps']))
         args = (v_params, d_data, dev['slots'], dev['stop_table'], dev['v_temperature'],
                 dev['max_new'], state, dev['row_keys'])
         fn = _spec_from_state
-    statics = dict(cfg=cfg_static, verifier=verifier, drafters=statics_drafters,
-                   buf_len=buf_len, v_cap=v_cap, d_caps=tuple(d_caps), v_groups=v_groups,
-                   d_groups=d_groups, return_state=return_state)
+    return _run(fn, statics, args, counters=True)
+
+
+def _prompt_shapes(cfg: EngineConfig, verifier, drafters, d_data, windows, prompt, plen,
+                   drafter_prompts, bucket: int, drafter_min_width, reserve: int):
+    """The shapes of a speculative call from prompts, its contexts checked — (CallShapes,
+    the drafters' padded prompts, their lengths)."""
+    k = len(drafters)
+    gamma = max(windows)
+    buf_len = prompt.shape[1] + cfg.max_new_tokens + reserve + gamma + 1
+    check_context("verifier", verifier,
+                  prompt.shape[1] + cfg.max_new_tokens + reserve + cfg.n_slots * gamma)
+    v_cap = verifier_capacity(verifier, buf_len, gamma, cfg.n_slots)
+    d_min = list(drafter_min_width) if drafter_min_width is not None else [0] * k
+    d_arr, d_len, d_caps = [], [], []
+    for spec, data, dp, w, g in zip(drafters, d_data, drafter_prompts, d_min, windows):
+        arr, ln = pad_prompts(dp, field=f"drafter {spec.name!r} prompt", bucket=bucket,
+                              min_width=w)
+        m = int(data.retok.shape[1])
+        # A drafter of another tokenizer may spell a verifier token in up to m of its
+        # own tokens; the prompt plus one consume block must fit. Past that, its cache
+        # drops writes (models/cache.py): its drafts degrade, the output stays exact
+        # (q is what it sampled from).
+        check_context(f"drafter {spec.name!r}", spec.lm,
+                      arr.shape[1] + consume_width(m, g + 1) + g)
+        d_arr.append(arr)
+        d_len.append(ln)
+        d_caps.append(drafter_capacity(spec.lm, m, arr.shape[1], prompt.shape[1],
+                                       buf_len, g))
+    v_groups = prefill_groups(plen - 1, int(prompt.shape[1]), bucket)
+    d_groups = tuple(prefill_groups(ln, int(arr.shape[1]), bucket)
+                     for arr, ln in zip(d_arr, d_len))
+    shapes = CallShapes(buf_len=buf_len, v_cap=v_cap, d_caps=tuple(d_caps), v_groups=v_groups,
+                        d_groups=d_groups)
+    return shapes, tuple(d_arr), tuple(d_len)
+
+
+def _run(fn, statics: dict, args: tuple, counters: bool) -> GenerateResult:
+    """Runs a generate program; tokens and counters come back in one transfer, the state
+    (when asked for) stays on the device."""
     out, seconds = run_program(fn, statics, args)
     carried = out.pop('state', None)
     host_out = jax.device_get(out)
     return GenerateResult(tokens=host_out['tokens'], length=host_out['length'],
-                          start=host_out['start'], counters=host_out['counters'],
+                          start=host_out['start'],
+                          counters=host_out['counters'] if counters else None,
                           seconds=seconds, state=carried)
 
 
@@ -337,8 +388,7 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
 # The autoregressive baseline
 # ----------------------------------------------------------------------------------------
 
-_AR_STATICS = ("verifier", "coupled", "buf_len", "v_cap", "v_groups", "top_k", "top_p",
-               "return_state")
+_AR_STATICS = ("verifier", "coupled", "top_k", "top_p", "return_state")
 
 
 def ar_loop(verifier, v_params, carry: EngineState, row_keys, stop_table, active,
@@ -374,13 +424,14 @@ def ar_loop(verifier, v_params, carry: EngineState, row_keys, stop_table, active
     return out
 
 
-@functools.partial(jax.jit, static_argnames=_AR_STATICS)
+@functools.partial(jax.jit, static_argnames=_AR_STATICS + ("shapes",))
 def _ar_from_prompts(v_params, prompt, prompt_len, row_keys, stop_table, active, temperature,
-                     max_new, *, verifier, coupled, buf_len, v_cap, v_groups, top_k, top_p,
+                     max_new, *, verifier, coupled, shapes: CallShapes, top_k, top_p,
                      return_state):
     b = prompt.shape[0]
-    vcache, _ = prefill_cache(verifier, v_params, prompt, prompt_len - 1, v_cap, v_groups)
-    tokens = jnp.zeros((b, buf_len), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
+    vcache, _ = prefill_cache(verifier, v_params, prompt, prompt_len - 1, shapes.v_cap,
+                              shapes.v_groups)
+    tokens = jnp.zeros((b, shapes.buf_len), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
     carry = EngineState(tokens=tokens, length=prompt_len, vcache=vcache, dcaches=(),
                         dsynced=jnp.zeros((0, b), jnp.int32), dlogits=())
     return ar_loop(verifier, v_params, carry, row_keys, stop_table, active, temperature,
@@ -389,8 +440,7 @@ def _ar_from_prompts(v_params, prompt, prompt_len, row_keys, stop_table, active,
 
 @functools.partial(jax.jit, static_argnames=_AR_STATICS)
 def _ar_from_state(v_params, carry, row_keys, stop_table, active, temperature, max_new, *,
-                   verifier, coupled, buf_len, v_cap, v_groups, top_k, top_p, return_state):
-    del buf_len, v_cap, v_groups
+                   verifier, coupled, top_k, top_p, return_state):
     return ar_loop(verifier, v_params, carry, row_keys, stop_table, active, temperature,
                     max_new, coupled, top_k, top_p, return_state)
 
@@ -414,25 +464,24 @@ def autoregressive_generate(verifier, v_params, prompts, row_keys, *, temperatur
     check_finite("verifier", v_params)
     if stop_table is None:
         stop_table = np.zeros((verifier.vocab_size,), bool)
+    statics = dict(verifier=verifier, coupled=coupled, top_k=top_k, top_p=top_p,
+                   return_state=return_state)
     if state is None:
         prompt, plen = pad_prompts(prompts, bucket=bucket, min_width=min_width)
         b = prompt.shape[0]
         check_context("verifier", verifier, prompt.shape[1] + max_new_tokens + reserve + 1)
         buf_len = prompt.shape[1] + max_new_tokens + reserve + 1
-        v_groups = prefill_groups(plen - 1, int(prompt.shape[1]), bucket)
+        statics['shapes'] = CallShapes(
+            buf_len=buf_len, v_cap=verifier_capacity(verifier, buf_len, 0),
+            v_groups=prefill_groups(plen - 1, int(prompt.shape[1]), bucket))
     else:
         if prompts is not None:
             raise ConfigError("state: give prompts=None to continue a state, or no state")
-        b, buf_len = (int(n) for n in state.tokens.shape)
-        v_groups = None
+        b = int(state.tokens.shape[0])
     active = (np.ones((b,), bool) if active is None else np.asarray(active, bool).reshape(b))
     host = dict(row_keys=np.asarray(row_keys), stop_table=np.asarray(stop_table, bool),
                 active=active, temperature=np.float32(temperature),
                 max_new=np.int32(max_new_tokens))
-    statics = dict(verifier=verifier, coupled=coupled,
-                   buf_len=buf_len, v_cap=min(buf_len - 1, verifier.max_len),
-                   v_groups=v_groups, top_k=top_k,
-                   top_p=top_p, return_state=return_state)
     if state is None:
         host.update(prompt=prompt, prompt_len=plen)
         dev = jax.device_put(host)
@@ -444,9 +493,4 @@ def autoregressive_generate(verifier, v_params, prompts, row_keys, *, temperatur
         args = (v_params, state, dev['row_keys'], dev['stop_table'], dev['active'],
                 dev['temperature'], dev['max_new'])
         fn = _ar_from_state
-    out, seconds = run_program(fn, statics, args)
-    carried = out.pop('state', None)
-    host_out = jax.device_get(out)
-    return GenerateResult(tokens=host_out['tokens'], length=host_out['length'],
-                          start=host_out['start'], counters=None, seconds=seconds,
-                          state=carried)
+    return _run(fn, statics, args, counters=False)
