@@ -222,6 +222,40 @@ def train(lm, config: TrainConfig, train_tokens, eval_tokens=None, *,
       ``stopped`` ('steps' | 'time_budget'), ``resumed_from`` (step or None),
       ``final_step``, ``wall_s``, ``tokens_per_s`` (this process's steps only).
     """
+    train_tokens = _check_inputs(lm, config, train_tokens, workdir)
+    run = _Run.begin(lm, config, workdir, params)
+    t0 = time.monotonic()
+    stopped, step = 'steps', run.start
+    for step in range(run.start + 1, config.steps + 1):
+        windows = sample_windows(train_tokens, config.batch_size, config.seq_len, config.seed, step)
+        run.params, run.opt_state, metrics = run.step_fn(run.params, run.opt_state,
+                                                         jnp.asarray(windows))
+        run.pending.append((step, metrics))
+        if callback is not None:
+            callback(step, metrics)
+        if step % config.log_every == 0:
+            run.flush()
+            log.info('step %d: loss %.4f', step, run.history['loss'][-1])
+        out_of_time = (config.time_budget_s is not None
+                       and time.monotonic() - t0 > config.time_budget_s)
+        last = step == config.steps or out_of_time
+        if (config.eval_every and step % config.eval_every == 0) or last:
+            run.evaluate(step, eval_tokens)
+        if (config.checkpoint_every and step % config.checkpoint_every == 0) or last:
+            run.save(step)
+        if out_of_time:
+            stopped = 'time_budget'
+            break
+    run.flush()
+    wall = time.monotonic() - t0
+    run.history.update(stopped=stopped, resumed_from=run.resumed_from, final_step=step,
+                       wall_s=wall, tokens_per_s=(step - run.start) * config.batch_size
+                       * config.seq_len / max(wall, 1e-9))
+    return run.params, run.history
+
+
+def _check_inputs(lm, config: TrainConfig, train_tokens, workdir) -> np.ndarray:
+    """The training tokens as a 1-D array, checked against the config and the model."""
     if config.seq_len > lm.max_len:
         raise ValueError(f'TrainConfig.seq_len={config.seq_len}: must be <= the model\'s '
                          f'max_len={lm.max_len}')
@@ -231,85 +265,83 @@ def train(lm, config: TrainConfig, train_tokens, eval_tokens=None, *,
     if train_tokens.ndim != 1 or len(train_tokens) < config.seq_len + 1:
         raise ValueError(f'train_tokens: need a 1-D array of >= seq_len+1={config.seq_len + 1} '
                          f'tokens, got shape {train_tokens.shape}')
-    tx = make_optimizer(config)
-    schedule = lr_schedule(config)
-    ckpt_dir = os.path.join(workdir, 'checkpoints') if workdir else None
+    return train_tokens
 
-    # ---- Initialise or resume ----------------------------------------------------------
-    history = _empty_history()
-    start, resumed_from = 0, None
-    if ckpt_dir and checkpoints.latest_step(ckpt_dir) is not None:
-        abstract = lm.abstract_params()
-        restored = checkpoints.restore(ckpt_dir, abstract,
-                                       opt_state_abstract=jax.eval_shape(tx.init, abstract))
-        params, opt_state = restored['params'], restored['opt_state']
-        history = restored['metadata'].get('history', history)
-        start = resumed_from = restored['step']
-        log.info('resumed from %s at step %d', ckpt_dir, start)
-    else:
-        if params is None:
-            params = lm.init_params(jax.random.key(config.seed))
-        params = jax.tree.map(jnp.array, params)  # a private copy: the step donates it
-        opt_state = tx.init(params)
-    step_fn = make_train_step(lm, config)
 
-    def metadata():
-        return {'history': history, 'train_config': dataclasses.asdict(config),
+@dataclasses.dataclass
+class _Run:
+    """One training run's state between steps: parameters, optimizer state, history,
+    metrics not yet fetched from the device (`pending`) and the last checkpointed step."""
+    lm: Any
+    config: TrainConfig
+    params: Any
+    opt_state: Any
+    history: dict
+    start: int
+    resumed_from: int | None
+    ckpt_dir: str | None
+    step_fn: Callable
+    schedule: optax.Schedule
+    saved_step: int | None = None
+    pending: list = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def begin(cls, lm, config: TrainConfig, workdir: str | None, params) -> '_Run':
+        """A fresh run (``params`` or ``lm.init_params(seed)``), or the one checkpointed in
+        ``workdir``, resumed."""
+        tx = make_optimizer(config)
+        schedule = lr_schedule(config)
+        ckpt_dir = os.path.join(workdir, 'checkpoints') if workdir else None
+        history = _empty_history()
+        start, resumed_from = 0, None
+        if ckpt_dir and checkpoints.latest_step(ckpt_dir) is not None:
+            abstract = lm.abstract_params()
+            restored = checkpoints.restore(ckpt_dir, abstract,
+                                           opt_state_abstract=jax.eval_shape(tx.init, abstract))
+            params, opt_state = restored['params'], restored['opt_state']
+            history = restored['metadata'].get('history', history)
+            start = resumed_from = restored['step']
+            log.info('resumed from %s at step %d', ckpt_dir, start)
+        else:
+            if params is None:
+                params = lm.init_params(jax.random.key(config.seed))
+            params = jax.tree.map(jnp.array, params)  # a private copy: the step donates it
+            opt_state = tx.init(params)
+        return cls(lm=lm, config=config, params=params, opt_state=opt_state, history=history,
+                   start=start, resumed_from=resumed_from, ckpt_dir=ckpt_dir,
+                   step_fn=make_train_step(lm, config), schedule=schedule,
+                   saved_step=start if resumed_from is not None else None)
+
+    def metadata(self) -> dict:
+        """What a checkpoint records besides the arrays: history and both configs."""
+        lm = self.lm
+        return {'history': self.history, 'train_config': dataclasses.asdict(self.config),
                 'model_config': (lm.config.to_dict() if hasattr(lm, 'config') else None)}
 
-    def evaluate(step):
+    def evaluate(self, step: int, eval_tokens) -> None:
+        """Held-out loss at this step, into the history (nothing without eval tokens)."""
         if eval_tokens is None:
             return
-        loss = eval_loss(lm, params, eval_tokens, config.seq_len, config.eval_batch_size,
-                         config.eval_max_tokens)
-        history['eval_step'].append(step)
-        history['eval_loss'].append(loss)
+        c = self.config
+        loss = eval_loss(self.lm, self.params, eval_tokens, c.seq_len, c.eval_batch_size,
+                         c.eval_max_tokens)
+        self.history['eval_step'].append(step)
+        self.history['eval_loss'].append(loss)
         log.info('step %d: eval loss %.4f nats/token', step, loss)
 
-    pending: list[tuple[int, dict]] = []
+    def flush(self) -> None:
+        """The pending steps' metrics fetched (one transfer) into the history."""
+        for s, m in jax.device_get(self.pending):
+            self.history['step'].append(s)
+            self.history['loss'].append(float(m['loss']))
+            self.history['grad_norm'].append(float(m['grad_norm']))
+            self.history['lr'].append(float(self.schedule(s - 1)))
+        self.pending.clear()
 
-    def flush():
-        for s, m in jax.device_get(pending):
-            history['step'].append(s)
-            history['loss'].append(float(m['loss']))
-            history['grad_norm'].append(float(m['grad_norm']))
-            history['lr'].append(float(schedule(s - 1)))
-        pending.clear()
-
-    saved_step = start if resumed_from is not None else None
-
-    def save(step):
-        nonlocal saved_step
-        if ckpt_dir and saved_step != step:
-            flush()
-            checkpoints.save(ckpt_dir, step, params, opt_state, metadata(),
-                             max_to_keep=config.keep_checkpoints)
-            saved_step = step
-
-    # ---- Train -------------------------------------------------------------------------
-    t0 = time.monotonic()
-    stopped, step = 'steps', start
-    for step in range(start + 1, config.steps + 1):
-        windows = sample_windows(train_tokens, config.batch_size, config.seq_len, config.seed, step)
-        params, opt_state, metrics = step_fn(params, opt_state, jnp.asarray(windows))
-        pending.append((step, metrics))
-        if callback is not None:
-            callback(step, metrics)
-        if step % config.log_every == 0:
-            flush()
-            log.info('step %d: loss %.4f', step, history['loss'][-1])
-        out_of_time = (config.time_budget_s is not None
-                       and time.monotonic() - t0 > config.time_budget_s)
-        last = step == config.steps or out_of_time
-        if (config.eval_every and step % config.eval_every == 0) or last:
-            evaluate(step)
-        if (config.checkpoint_every and step % config.checkpoint_every == 0) or last:
-            save(step)
-        if out_of_time:
-            stopped = 'time_budget'
-            break
-    flush()
-    wall = time.monotonic() - t0
-    history.update(stopped=stopped, resumed_from=resumed_from, final_step=step, wall_s=wall,
-                   tokens_per_s=(step - start) * config.batch_size * config.seq_len / max(wall, 1e-9))
-    return params, history
+    def save(self, step: int) -> None:
+        """A checkpoint of this step (once; none without a workdir)."""
+        if self.ckpt_dir and self.saved_step != step:
+            self.flush()
+            checkpoints.save(self.ckpt_dir, step, self.params, self.opt_state, self.metadata(),
+                             max_to_keep=self.config.keep_checkpoints)
+            self.saved_step = step
