@@ -286,12 +286,10 @@ def _pca_init(verifier_embed: np.ndarray, keep: np.ndarray, d: int, seed: int):
     return proj.astype(np.float32)
 
 
-def train_drafter(data: Generated, verifier, recipe: DrafterRecipe = DrafterRecipe(), *,
-                  seq: int | None = None, time_budget_s: float | None = None, log=print):
-    """Trains a `SubsetVocabLM` drafter on the verifier's generations.
-
-    Returns (lm, params, history dict).
-    """
+def _initial_drafter(data: Generated, verifier, recipe: DrafterRecipe):
+    """The untrained drafter: its vocabulary the verifier's `recipe.kept` most frequent ids
+    in `data` (special tokens always), its embedding the PCA of the verifier's rows —
+    (lm, params, the share of `data`'s tokens the subset covers)."""
     V = verifier.lm.vocab_size
     counts = np.bincount(np.concatenate(data.sequences()), minlength=V).astype(np.float64)
     specials = tuple(int(i) for i in getattr(verifier.tokenizer, 'special_tokens', {}).values())
@@ -307,7 +305,16 @@ def train_drafter(data: Generated, verifier, recipe: DrafterRecipe = DrafterReci
     init = _pca_init(np.asarray(verifier.params['embed'], np.float32), keep, recipe.d_model,
                      recipe.seed)
     params['inner']['embed'] = jnp.asarray(init / math.sqrt(recipe.d_model))
+    return lm, params, coverage
 
+
+def train_drafter(data: Generated, verifier, recipe: DrafterRecipe = DrafterRecipe(), *,
+                  seq: int | None = None, time_budget_s: float | None = None, log=print):
+    """Trains a `SubsetVocabLM` drafter on the verifier's generations.
+
+    Returns (lm, params, history dict).
+    """
+    lm, params, coverage = _initial_drafter(data, verifier, recipe)
     if seq is None:
         seq = int(min(recipe.max_len, max(data.prompt_len) + data.tokens.shape[1]))
     toks, mask, tid, tlp = _windows(data, seq)
