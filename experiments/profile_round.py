@@ -128,7 +128,7 @@ def _loop_fn(mods, round_fn, cfg, verifier, drafters):
 
     def loop(v_params, d_data, slots, stop_table, v_temperature, max_new, carry, row_keys):
         b = carry.tokens.shape[0]
-        gamma = max(d.window(cfg.gamma) for d in drafters)
+        gamma = max(cfg.gamma if d.gamma is None else d.gamma for d in drafters)
         state = decode.DecodeState(
             tokens=carry.tokens, length=carry.length, start=carry.length,
             done=jnp.zeros((b,), bool), row_keys=row_keys, vcache=carry.vcache,
@@ -204,7 +204,7 @@ class Case:
 
 
 def _catch_up(mods, cfg, spec, data, carry):
-    gamma = spec.window(cfg.gamma)
+    gamma = (cfg.gamma if spec.gamma is None else spec.gamma)
 
     def behind(c):
         return jnp.any(c[2] < carry.length)

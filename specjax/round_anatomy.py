@@ -239,7 +239,7 @@ def verifier_only_round(mods, width, cfg, verifier, drafters, v_params, d_data, 
     against T_score measured alone. `width` None: the round's γ + 1 tokens; 1: an AR step."""
     api = mods["api"]
     argmax = getattr(mods["streams"], "argmax_first", lambda x: jnp.argmax(x, -1))
-    gamma = drafters[0].window(cfg.gamma)
+    gamma = drafters[0].own_gamma(cfg.gamma)
     t = gamma + 1 if width is None else width
     b = state.tokens.shape[0]
     length = state.length
@@ -267,7 +267,7 @@ def skeleton_round(mods, cfg, verifier, drafters, v_params, d_data, slots, stop_
     decode, api = mods["decode"], mods["api"]
     argmax = getattr(mods["streams"], "argmax_first", lambda x: jnp.argmax(x, -1))
     spec, data = drafters[0], d_data[0]
-    gamma = spec.window(cfg.gamma)
+    gamma = spec.own_gamma(cfg.gamma)
     b = state.tokens.shape[0]
     length = state.length
     cache, logits, synced, caught = decode.consume(spec, data, state.dcaches[0],

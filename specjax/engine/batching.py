@@ -58,7 +58,7 @@ from specjax.engine.generate import (CallShapes, ar_loop, check_drafters, check_
                                      check_vocab_maps, drafter_capacity, verifier_capacity)
 from specjax.engine.prefill import prefill_cache
 from specjax.engine.programs import check_finite, compile_program, run_program
-from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig
+from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig, widest_chain
 from specjax.errors import ConfigError
 from specjax.verify.rules import COUPLED_RULES
 
@@ -146,7 +146,7 @@ def _spec_chunk(v_params, d_data, slots, stop_table, v_temperature, max_new, chu
     """`chunk` rounds of every row with budget left (`max_new` i32[B], 0 for an idle row),
     fewer for a row that finishes; the loop ends when every row is done."""
     b = carry.tokens.shape[0]
-    gamma = max(d.window(cfg.gamma) for d in drafters)
+    gamma = widest_chain(cfg.gamma, drafters)
     state = DecodeState(
         tokens=carry.tokens, length=carry.length, start=carry.length,
         done=jnp.zeros((b,), bool), row_keys=row_keys, vcache=carry.vcache,

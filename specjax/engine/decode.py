@@ -261,7 +261,7 @@ def _draft(cfg: EngineConfig, k: int, spec: DrafterStatic, data: DrafterData, ca
     `u`: f32[B, ≥γ_k] the uniforms of its draws (non-coupled rules; `_draft_uniforms`)."""
     b = logits.shape[0]
     mask = data.to_verifier >= 0
-    gamma = spec.window(cfg.gamma)
+    gamma = spec.own_gamma(cfg.gamma)
     coupled = cfg.rule in rules_lib.COUPLED_RULES
     noise = gumbel[:, :gamma] if coupled else u[:, :gamma]        # draw j's: [B, γ_k(, V)]
 
@@ -303,7 +303,7 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSta
     `v_temperature` / `max_new`: the verifier's τ and the token budget as arrays (default:
     the config's), so that neither is compiled into the program."""
     s_n = cfg.n_slots
-    gammas = tuple(d.window(cfg.gamma) for d in drafters)
+    gammas = tuple(d.own_gamma(cfg.gamma) for d in drafters)
     gamma = max(gammas)                                   # block width per chain
     ragged = len(set(gammas)) > 1                         # rows of one chain, per-drafter γ
     v_vocab = verifier.vocab_size

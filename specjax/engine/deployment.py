@@ -21,7 +21,8 @@ import numpy as np
 
 from specjax.engine.decode import pack_valid
 from specjax.engine.spec import DrafterData, DrafterSpec, DrafterStatic
-from specjax.errors import ConfigError
+from specjax.errors import ConfigError, check
+from specjax.gammas import check_gamma
 from specjax.models.api import causal_block_mask
 from specjax.verify.distributions import sampling_probs, to_verifier_space
 
@@ -71,12 +72,10 @@ class Deployment:
         """Per-drafter draft windows γ_i (None: the engine config's γ). A drafter's own γ
         applies where it drafts one chain per row; drafters sharing a row's block draft
         the config's γ."""
-        if len(gammas) != len(self.drafters):
-            from specjax.errors import ConfigError
-            raise ConfigError(f"drafter gamma: got {list(gammas)}; allowed: one γ (or None) "
-                              f"per drafter of {list(self.names)}")
+        check(len(gammas) == len(self.drafters), "drafter gamma", list(gammas),
+              f"one γ (or None) per drafter of {list(self.names)}")
         return dataclasses.replace(self, drafters=tuple(
-            dataclasses.replace(d, gamma=None if g is None else int(g))
+            dataclasses.replace(d, gamma=None if g is None else check_gamma(g, "drafter gamma"))
             for d, g in zip(self.drafters, gammas)))
 
     def with_temperatures(self, temps: Sequence[float]) -> "Deployment":

@@ -41,7 +41,8 @@ from specjax.engine.decode import (Counters, DecodeState, EngineState, consume, 
 from specjax.engine.prefill import (check_context, pad_prompts, prefill, prefill_cache,
                                     prefill_groups)
 from specjax.engine.programs import cached_programs, check_finite, compiled_programs, run_program
-from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig, validate_drafter
+from specjax.engine.spec import (DrafterData, DrafterSpec, EngineConfig, validate_drafter,
+                                 widest_chain)
 from specjax.verify.streams import (STREAM_VERIFY, fold_keys, gumbel_noise,  # noqa: F401
                                     row_keys_for, sample_rows)
 from specjax.errors import ConfigError
@@ -157,7 +158,7 @@ def _spec_loop(cfg, verifier, drafters, v_params, d_data, slots, stop_table, v_t
                max_new, carry: EngineState, row_keys, return_state, catchups=None):
     b = carry.tokens.shape[0]
     k = len(drafters)
-    gamma = max(d.window(cfg.gamma) for d in drafters)
+    gamma = widest_chain(cfg.gamma, drafters)
     counters = Counters.zeros(b, k, gamma)
     if catchups is not None:
         counters = counters.replace(catchups=catchups)
@@ -199,7 +200,7 @@ def _spec_from_prompts(v_params, d_data, slots, stop_table, v_temperature, max_n
 @functools.partial(jax.jit, static_argnames=("cfg", "verifier", "drafters", "return_state"))
 def _spec_from_state(v_params, d_data, slots, stop_table, v_temperature, max_new, carry,
                      row_keys, *, cfg, verifier, drafters, return_state):
-    gamma = max(d.window(cfg.gamma) for d in drafters)
+    gamma = widest_chain(cfg.gamma, drafters)
     carry, catchups = _catch_up(drafters, d_data, carry, gamma)
     return _spec_loop(cfg, verifier, drafters, v_params, d_data, slots, stop_table,
                       v_temperature, max_new, carry, row_keys, return_state,

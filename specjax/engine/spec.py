@@ -15,6 +15,7 @@ import numpy as np
 from flax import struct
 
 from specjax.errors import ConfigError
+from specjax.gammas import check_gamma
 from specjax.verify.rules import RULES
 
 
@@ -57,9 +58,15 @@ class DrafterStatic:
     top_p: float = 1.0
     gamma: int | None = None
 
-    def window(self, default: int) -> int:
-        """γ_i: this drafter's draft tokens per round."""
+    def own_gamma(self, default: int) -> int:
+        """γ_i: this drafter's draft tokens per round (`default`, the config's γ, if None)."""
         return default if self.gamma is None else self.gamma
+
+
+def widest_chain(gamma: int, drafters) -> int:
+    """The longest chain a call drafts: the largest γ_i of its drafters (the config's γ
+    for those without one). `specjax.gammas.widest_gamma` also counts the config's γ."""
+    return max(d.own_gamma(gamma) for d in drafters)
 
 
 @struct.dataclass
@@ -139,8 +146,7 @@ class EngineConfig:
 
 def validate_engine_config(c: EngineConfig) -> None:
     """Raises ConfigError naming the field, the value and what is allowed."""
-    if not isinstance(c.gamma, int) or c.gamma < 1:
-        raise ConfigError(f"gamma: got {c.gamma!r}; allowed: an integer ≥ 1")
+    check_gamma(c.gamma, "gamma")
     if c.rule not in RULES:
         raise ConfigError(f"rule: got {c.rule!r}; allowed: one of {', '.join(RULES)}")
     if not (math.isfinite(c.verifier_temperature) and c.verifier_temperature >= 0):
@@ -167,6 +173,5 @@ def validate_drafter(d: DrafterSpec) -> None:
         raise ConfigError(f"drafter {d.name!r} top_k: got {d.top_k!r}; allowed: ≥ 0")
     if not (math.isfinite(d.cost) and d.cost >= 0):
         raise ConfigError(f"drafter {d.name!r} cost: got {d.cost!r}; allowed: ≥ 0")
-    if d.gamma is not None and (not isinstance(d.gamma, (int, np.integer)) or d.gamma < 1):
-        raise ConfigError(f"drafter {d.name!r} gamma: got {d.gamma!r}; allowed: None (the "
-                          "engine's γ) or an integer ≥ 1")
+    if d.gamma is not None:
+        check_gamma(d.gamma, f"drafter {d.name!r} gamma")
