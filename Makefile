@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: reproduce test test-all train-zoo train-drafters benchmark benchmark-real benchmark-device docs clean-venv
+.PHONY: reproduce test test-all lint format train-zoo train-drafters benchmark benchmark-real benchmark-device docs docs-seed clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +17,17 @@ $(STAMP): pyproject.toml
 reproduce: $(STAMP)
 	$(PY) -m specjax.main --config=configs/seed_reproduction.py:runlocal --workdir=runs/seed_reproduction
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q -n 2 --dist worksteal
+
+# The formatter and a small lint rule set (pyproject.toml [tool.ruff]); `make format` fixes.
+lint: $(STAMP)
+	$(PY) -m ruff format --check --quiet specjax configs experiments tests
+	$(PY) -m ruff check --quiet specjax configs experiments tests
+
+format: $(STAMP)
+	$(PY) -m ruff format --quiet specjax configs experiments tests
+	$(PY) -m ruff check --fix --quiet specjax configs experiments tests
 
 # Every test, the slow ones too (tests/test_experiment_scripts.py: each experiments/ script at
 # a tiny size).
@@ -53,7 +62,7 @@ benchmark-device:
 # Every generated results page in docs/results/, each by its own command (experiments/README.md
 # lists them; about an hour on 2 idle cores, most of it benchmark-real). Run it on an idle
 # machine: the pages record the load at their start and end.
-docs: $(STAMP)
+docs: $(STAMP) docs-seed
 	$(PY) experiments/evaluate_zoo.py --write_docs
 	$(PY) experiments/benchmark.py --batches 1,8,32 --gammas 2,4,8 --repeats 3 --write_docs
 	$(PY) experiments/benchmark_plans.py --write_docs
@@ -62,6 +71,12 @@ docs: $(STAMP)
 	$(PY) experiments/benchmark_real.py --parts machine,spec --drafters code,prose,lookup \
 		--gammas 3 --batches 1,8 --taus 0.0,1.0 --repeats 2 --write_docs \
 		--doc_name real_speed_batch --out runs/benchmark_real_batch
+
+# The seed table's page: `make reproduce`'s run in a fresh workdir, then its page.
+docs-seed: $(STAMP)
+	rm -rf runs/docs_seed_table
+	$(PY) -m specjax.main --config=configs/seed_reproduction.py:runlocal --workdir=runs/docs_seed_table
+	$(PY) -m specjax.report --workdir=runs/docs_seed_table --docs_page=docs/results/seed_table.md
 
 clean-venv:
 	rm -rf $(VENV)

@@ -22,6 +22,9 @@ from specjax.runner.cli import config_error_in, fail, hold_logs, parse_flags, wa
 
 if "workdir" not in flags.FLAGS:  # shared with specjax.main
     flags.DEFINE_string("workdir", None, "Directory of the run whose report to rebuild.")
+flags.DEFINE_string("docs_page", None, "Also write the seed table as a results page at this "
+                    "path (e.g. docs/results/seed_table.md), headed by this command, the run's "
+                    "command, their commits and dates, and the machine.")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -54,6 +57,45 @@ def main(argv: Sequence[str]) -> None:
 
         seed_table.commit(path, built["seed_table"])
         print(built["seed_table"]["markdown"])
+    if flags.FLAGS.docs_page:
+        check(built["seed_table"] is not None, "--docs_page", flags.FLAGS.docs_page,
+              "only for a run with seed_table=True (the seed reproduction)")
+        print(_write_docs_page(flags.FLAGS.docs_page, path, inputs[3],
+                               built["seed_table"]["markdown"]))
+
+
+def _write_docs_page(page, workdir: Path, version: dict, markdown: str) -> Path:
+    """The seed table as a results page: the report's markdown under a header naming the
+    command that ran the cells (from the run's version.json) and this command."""
+    import shutil  # pylint: disable=import-outside-toplevel
+
+    from specjax import provenance  # pylint: disable=import-outside-toplevel
+
+    page = Path(page)
+    prov = provenance.provenance()
+    argv = version.get("argv") or []
+    if argv and str(argv[0]).endswith(("specjax/main.py", "specjax\\main.py")):
+        argv = ["-m", "specjax.main", *argv[1:]]  # how `python -m specjax.main` records itself
+    run_cmd = provenance.command_line(["python", *argv]) if argv else "(not recorded)"
+    run_commit = str(version.get("git_commit") or "?")[:7] + (
+        "-dirty" if version.get("git_dirty") else "")
+    body = [f"The cells were run by `{run_cmd}` at commit `{run_commit}`, started "
+            f"{version.get('started_at', '(not recorded)')}; the workdir was `{workdir}`.", ""]
+    plots = workdir / "plots"
+    lines = markdown.splitlines()
+    # Plots the report links to (plots/x.png) are copied beside the page, renamed after it.
+    for i, line in enumerate(lines):
+        if "](plots/" in line:
+            name = line.split("](plots/", 1)[1].split(")", 1)[0]
+            target = page.with_name(f"{page.stem}_{name}")
+            if (plots / name).is_file():
+                page.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(plots / name, target)
+            lines[i] = line.replace(f"](plots/{name})", f"]({target.name})")
+    if lines and lines[0].startswith("# "):
+        lines = lines[1:]
+    return provenance.write_page(page.stem, "The field report's table, reproduced",
+                                 body + lines, prov, docs_dir=page.parent)
 
 
 def _build(inputs) -> dict:
