@@ -5,10 +5,11 @@
 
 `runlocal` is sized for a CPU (a few minutes); the default for an accelerator slice.
 """
+
 import ml_collections
 
-from specjax.policy.switches import all_combinations
 from specjax.configs.common import parse_config_arg, plans_defaults
+from specjax.policy.switches import all_combinations
 
 
 def defaults() -> ml_collections.ConfigDict:

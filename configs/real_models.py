@@ -37,6 +37,7 @@ H100 (95 / 80 GiB) holds the whole deployment on 8 with room for activations.
 Variants: ``runlocal`` (2 plans per domain, 2 steps, small cache) for a smoke run, e.g.
 on tiny random folders (tests/test_real_models_config.py builds them).
 """
+
 import ml_collections
 
 from specjax.configs.common import parse_config_arg, plans_defaults
@@ -44,23 +45,25 @@ from specjax.configs.common import parse_config_arg, plans_defaults
 
 def defaults() -> ml_collections.ConfigDict:
     c = plans_defaults()  # shared fields, each commented (specjax/configs/common.py)
-    c.deployment = "hf"               # Hugging Face folders by local path (runner/hf_deployment.py)
-    c.verifier = ""                   # the verifier's folder (--config.verifier=PATH)
-    c.drafters = ml_collections.ConfigDict()  # name -> folder, temperature, cost (None: params ratio)
+    c.deployment = "hf"  # Hugging Face folders by local path (runner/hf_deployment.py)
+    c.verifier = ""  # the verifier's folder (--config.verifier=PATH)
+    c.drafters = (
+        ml_collections.ConfigDict()
+    )  # name -> folder, temperature, cost (None: params ratio)
     for name, temperature in (("code", 1.0), ("prose", 1.0), ("reasoning", 1.3)):
         d = ml_collections.ConfigDict()
-        d.path = ""                   # --config.drafters.<name>.path=PATH
-        d.temperature = temperature   # sampling temperature τ_i
+        d.path = ""  # --config.drafters.<name>.path=PATH
+        d.temperature = temperature  # sampling temperature τ_i
         d.cost = ml_collections.FieldReference(None, field_type=float)  # c_i; None: n_params ratio
         c.drafters[name] = d
-    c.pad_vocab = True                # pad tokenizers to the embedding rows (Qwen2 rounds them up)
-    c.bos = True                      # prompts start with each tokenizer's BOS (its HF template)
-    c.max_len = 4096                  # KV-cache capacity / context of every model
-    c.dtype = "bfloat16"              # compute and parameter dtype
+    c.pad_vocab = True  # pad tokenizers to the embedding rows (Qwen2 rounds them up)
+    c.bos = True  # prompts start with each tokenizer's BOS (its HF template)
+    c.max_len = 4096  # KV-cache capacity / context of every model
+    c.dtype = "bfloat16"  # compute and parameter dtype
     c.mesh = ml_collections.ConfigDict()
-    c.mesh.data = 1                   # mesh axis 'data' (batch rows; FSDP shards over it)
-    c.mesh.model = 1                  # mesh axis 'model' (tensor parallelism)
-    c.rules = "fsdp_tp"               # logical-axis rules: tp | fsdp | fsdp_tp | replicated
+    c.mesh.data = 1  # mesh axis 'data' (batch rows; FSDP shards over it)
+    c.mesh.model = 1  # mesh axis 'model' (tensor parallelism)
+    c.rules = "fsdp_tp"  # logical-axis rules: tp | fsdp | fsdp_tp | replicated
     c.grid.pairing = [("code", "prose", "reasoning")]
     c.grid.policy = ["naive", "all_on"]
     return c

@@ -19,18 +19,19 @@ step decision, which makes its counterfactuals exact) and identical computations
 shared across policies. Per-drafter α is still Leviathan's (each chain also tested alone
 with rule 1's test). `grid.rule=[default]` runs independent noise.
 """
+
 import ml_collections
 
-from specjax.policy.names import FIELD_REPORT_NAMES
 from specjax.configs.common import parse_config_arg, plans_defaults
+from specjax.policy.names import FIELD_REPORT_NAMES
 
 
 def defaults() -> ml_collections.ConfigDict:
     c = plans_defaults()  # shared fields, each commented (specjax/configs/common.py)
-    c.seed_table = True               # write summary.json + seed_report.md (the seed's table)
+    c.seed_table = True  # write summary.json + seed_report.md (the seed's table)
     c.grid.policy = list(FIELD_REPORT_NAMES)  # 10 switch policies, adaptive, oracle router
-    c.grid.gamma = [2, 3, 4]          # each policy is reported at its best γ of this grid
-    c.grid.seed = [0, 1, 2]           # PRNG seeds (intervals bootstrap over plans)
+    c.grid.gamma = [2, 3, 4]  # each policy is reported at its best γ of this grid
+    c.grid.seed = [0, 1, 2]  # PRNG seeds (intervals bootstrap over plans)
     return c
 
 

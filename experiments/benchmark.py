@@ -38,6 +38,7 @@ docs/results/engine_speed.md (``--docs_dir``) from the run's own figures. The de
 (B = 1, 8; γ = 2, 4) take about 5 minutes on 2 idle cores; the published page's command,
 ``--batches 1,8,32 --gammas 2,4,8``, about 15.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,8 +54,7 @@ from absl import app, flags
 from specjax import metrics, provenance
 from specjax.data import load_prompts
 from specjax.engine.deployment import from_zoo
-from specjax.engine.generate import (autoregressive_generate, row_keys_for,
-                                     speculative_generate)
+from specjax.engine.generate import autoregressive_generate, row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
 from specjax.models.zoo import load_zoo
 from specjax.timing import matmul_floor, time_forward, time_prefill
@@ -66,26 +66,39 @@ PAGE = "engine_speed"
 def define_flags():
     """The script's flags (defined only when it runs as a script)."""
     provenance.define_common_flags(out="runs/benchmark", repeats=3, page=PAGE)
-    flags.DEFINE_list("drafters", ["auto"], "drafters to benchmark; 'auto' = the best drafter "
-                      "of the verifier's tokenizer group (short acceptance probe)")
+    flags.DEFINE_list(
+        "drafters",
+        ["auto"],
+        "drafters to benchmark; 'auto' = the best drafter "
+        "of the verifier's tokenizer group (short acceptance probe)",
+    )
     flags.DEFINE_list("gammas", ["2", "4"], "γ values")
     flags.DEFINE_list("batches", ["1", "8"], "batch sizes")
     flags.DEFINE_integer("new_tokens", 64, "tokens generated per row")
     flags.DEFINE_float("verifier_temperature", 1.0, "τ of the verifier")
     flags.DEFINE_integer("bucket", 64, "prompt widths are padded to a multiple of this")
     flags.DEFINE_bool("peer", True, "also time transformers (plain and assisted) when installed")
-    flags.DEFINE_string("zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped "
-                        "specjax/zoo)")
-    flags.DEFINE_bool("same_weights", True, "with --peer: also the side-by-side against "
-                      "transformers' assisted generation on the zoo's own weights exported to "
-                      "HF format (specjax.peer), batch 1, greedy and sampled")
-    flags.DEFINE_bool("require_accelerator", False, "fail unless JAX's default backend is a "
-                      "GPU/TPU (make benchmark-device)")
+    flags.DEFINE_string(
+        "zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped specjax/zoo)"
+    )
+    flags.DEFINE_bool(
+        "same_weights",
+        True,
+        "with --peer: also the side-by-side against "
+        "transformers' assisted generation on the zoo's own weights exported to "
+        "HF format (specjax.peer), batch 1, greedy and sampled",
+    )
+    flags.DEFINE_bool(
+        "require_accelerator",
+        False,
+        "fail unless JAX's default backend is a GPU/TPU (make benchmark-device)",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     """One run's settings (the flags)."""
+
     drafters: tuple[str, ...] = ("auto",)
     gammas: tuple[int, ...] = (2, 4)
     batches: tuple[int, ...] = (1, 8)
@@ -100,30 +113,48 @@ class Config:
 
     @classmethod
     def from_flags(cls) -> "Config":
-        return cls(drafters=tuple(FLAGS.drafters), gammas=tuple(int(g) for g in FLAGS.gammas),
-                   batches=tuple(int(b) for b in FLAGS.batches), new_tokens=FLAGS.new_tokens,
-                   repeats=FLAGS.repeats, verifier_temperature=FLAGS.verifier_temperature,
-                   bucket=FLAGS.bucket, peer=FLAGS.peer, same_weights=FLAGS.same_weights,
-                   zoo=FLAGS.zoo, out=FLAGS.out)
+        return cls(
+            drafters=tuple(FLAGS.drafters),
+            gammas=tuple(int(g) for g in FLAGS.gammas),
+            batches=tuple(int(b) for b in FLAGS.batches),
+            new_tokens=FLAGS.new_tokens,
+            repeats=FLAGS.repeats,
+            verifier_temperature=FLAGS.verifier_temperature,
+            bucket=FLAGS.bucket,
+            peer=FLAGS.peer,
+            same_weights=FLAGS.same_weights,
+            zoo=FLAGS.zoo,
+            out=FLAGS.out,
+        )
 
 
 # ----------------------------------------------------------------------------------------
 # The peer: transformers (PyTorch eager)
 # ----------------------------------------------------------------------------------------
 
+
 def _llama(cfg, torch, transformers):
     hf = transformers.LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_kv_heads, max_position_embeddings=cfg.max_len,
-        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_embeddings,
-        bos_token_id=None, eos_token_id=None, pad_token_id=0)
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads,
+        max_position_embeddings=cfg.max_len,
+        rope_theta=cfg.rope_theta,
+        tie_word_embeddings=cfg.tie_embeddings,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(hf).eval()
 
 
-def peer_tokens_per_s(v_cfg, d_cfg, batches, prompt_lens: dict, new_tokens: int,
-                      repeats: int) -> dict | None:
+def peer_tokens_per_s(
+    v_cfg, d_cfg, batches, prompt_lens: dict, new_tokens: int, repeats: int
+) -> dict | None:
     """transformers' plain generation at each batch size and assisted generation at batch 1
     (tokens/s, median of `repeats` after a warm-up, as specjax's), randomly initialised
     models of the verifier's and the drafter's shapes, prompts of `prompt_lens[batch]`
@@ -136,13 +167,18 @@ def peer_tokens_per_s(v_cfg, d_cfg, batches, prompt_lens: dict, new_tokens: int,
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     target, draft = _llama(v_cfg, torch, transformers), _llama(d_cfg, torch, transformers)
     kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-    out = {"transformers": transformers.__version__, "torch": torch.__version__,
-           "threads": torch.get_num_threads(), "plain": {}, "assisted": {}}
+    out = {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "plain": {},
+        "assisted": {},
+    }
 
     def timed(batch, **extra):
         ids = torch.randint(1, v_cfg.vocab_size, (batch, prompt_lens[batch]))
         with torch.no_grad():
-            target.generate(ids, **kw, **extra)                       # warm-up
+            target.generate(ids, **kw, **extra)  # warm-up
             runs = []
             for _ in range(repeats):
                 t0 = time.perf_counter()
@@ -163,6 +199,7 @@ def peer_tokens_per_s(v_cfg, d_cfg, batches, prompt_lens: dict, new_tokens: int,
 # Main
 # ----------------------------------------------------------------------------------------
 
+
 def _same_tokenizer_drafters(zoo, dep) -> list[str]:
     vgroup = zoo.verifier.tokenizer.fingerprint()
     return [n for n, g in zip(dep.names, dep.groups) if g == vgroup] or list(dep.names)
@@ -175,9 +212,17 @@ def _probe_best(full, names, texts) -> str:
         dep = full.subset([name])
         v = [dep.encode(t) for t in texts]
         d = [[dep.drafter_encode[0](t) for t in texts]]
-        res = speculative_generate(EngineConfig(gamma=4, max_new_tokens=32), dep.verifier,
-                                   dep.v_params, dep.drafters, dep.d_data, v, d,
-                                   row_keys_for(0, len(v), stream="probe"), bucket=64)
+        res = speculative_generate(
+            EngineConfig(gamma=4, max_new_tokens=32),
+            dep.verifier,
+            dep.v_params,
+            dep.drafters,
+            dep.d_data,
+            v,
+            d,
+            row_keys_for(0, len(v), stream="probe"),
+            bucket=64,
+        )
         c = res.counters
         alpha = float(c.own_accepted_at.sum() / max(c.own_reached_at.sum(), 1))
         print(f"probe: {name} α = {alpha:.3f}", flush=True)
@@ -189,6 +234,7 @@ def _probe_best(full, names, texts) -> str:
 @dataclasses.dataclass
 class BatchSetup:
     """One batch size's prompts, shapes, forward timings and drafter configurations."""
+
     batch: int
     v_prompts: list
     width: int
@@ -198,7 +244,7 @@ class BatchSetup:
     t_step: float
     t_prefill: float
     floor: float
-    drafters: list          # dicts: name, gamma, dep, cfg, d_prompts, t_draft, t_score, ...
+    drafters: list  # dicts: name, gamma, dep, cfg, d_prompts, t_draft, t_score, ...
 
 
 def setup_batch(full, names, texts, batch: int, cfg: Config) -> BatchSetup:
@@ -214,20 +260,42 @@ def setup_batch(full, names, texts, batch: int, cfg: Config) -> BatchSetup:
         dep = full.subset([name])
         spec_d, data = dep.drafters[0], dep.d_data[0]
         d_prompts = [[dep.drafter_encode[0](t) for t in texts]]
-        t_draft = time_forward(spec_d.lm, data.params, batch, 1, context,
-                               min(spec_d.lm.max_len, capacity))
+        t_draft = time_forward(
+            spec_d.lm, data.params, batch, 1, context, min(spec_d.lm.max_len, capacity)
+        )
         for gamma in cfg.gammas:
             t_score = time_forward(v, full.v_params, batch, gamma + 1, context, capacity)
-            ecfg = EngineConfig(gamma=gamma, rule="rejection",
-                                verifier_temperature=cfg.verifier_temperature,
-                                max_new_tokens=cfg.new_tokens)
-            setups.append(dict(name=name, gamma=gamma, dep=dep, cfg=ecfg, d_prompts=d_prompts,
-                               t_draft=t_draft, t_score=t_score, tps=[], counters=None))
-    return BatchSetup(batch=batch, v_prompts=v_prompts, width=width, capacity=capacity,
-                      context=context, keys=row_keys_for(0, batch),
-                      t_step=time_forward(v, full.v_params, batch, 1, context, capacity),
-                      t_prefill=time_prefill(v, full.v_params, v_prompts, capacity, cfg.bucket),
-                      floor=matmul_floor(v, full.v_params, batch), drafters=setups)
+            ecfg = EngineConfig(
+                gamma=gamma,
+                rule="rejection",
+                verifier_temperature=cfg.verifier_temperature,
+                max_new_tokens=cfg.new_tokens,
+            )
+            setups.append(
+                dict(
+                    name=name,
+                    gamma=gamma,
+                    dep=dep,
+                    cfg=ecfg,
+                    d_prompts=d_prompts,
+                    t_draft=t_draft,
+                    t_score=t_score,
+                    tps=[],
+                    counters=None,
+                )
+            )
+    return BatchSetup(
+        batch=batch,
+        v_prompts=v_prompts,
+        width=width,
+        capacity=capacity,
+        context=context,
+        keys=row_keys_for(0, batch),
+        t_step=time_forward(v, full.v_params, batch, 1, context, capacity),
+        t_prefill=time_prefill(v, full.v_params, v_prompts, capacity, cfg.bucket),
+        floor=matmul_floor(v, full.v_params, batch),
+        drafters=setups,
+    )
 
 
 def time_batch(full, s: BatchSetup, cfg: Config) -> tuple[list[float], list[float]]:
@@ -237,17 +305,31 @@ def time_batch(full, s: BatchSetup, cfg: Config) -> tuple[list[float], list[floa
     ``tps`` and ``counters``."""
     v = full.verifier
     ar_s, ar_dec = [], []
-    for i in range(cfg.repeats + 1):    # the first run of a program warms it up
-        ar = autoregressive_generate(v, full.v_params, s.v_prompts, s.keys,
-                                     temperature=cfg.verifier_temperature,
-                                     max_new_tokens=cfg.new_tokens, bucket=cfg.bucket)
+    for i in range(cfg.repeats + 1):  # the first run of a program warms it up
+        ar = autoregressive_generate(
+            v,
+            full.v_params,
+            s.v_prompts,
+            s.keys,
+            temperature=cfg.verifier_temperature,
+            max_new_tokens=cfg.new_tokens,
+            bucket=cfg.bucket,
+        )
         if i:
             ar_s.append(float((ar.length - ar.start).sum()) / ar.seconds)
             ar_dec.append(float((ar.length - ar.start).sum()) / (ar.seconds - s.t_prefill))
         for d in s.drafters:
-            sp = speculative_generate(d["cfg"], v, full.v_params, d["dep"].drafters,
-                                      d["dep"].d_data, s.v_prompts, d["d_prompts"], s.keys,
-                                      bucket=cfg.bucket)
+            sp = speculative_generate(
+                d["cfg"],
+                v,
+                full.v_params,
+                d["dep"].drafters,
+                d["dep"].d_data,
+                s.v_prompts,
+                d["d_prompts"],
+                s.keys,
+                bucket=cfg.bucket,
+            )
             if i:
                 d["tps"].append(float((sp.length - sp.start).sum()) / sp.seconds)
             d["counters"] = sp.counters
@@ -259,13 +341,23 @@ def batch_results(s: BatchSetup, ar_s, ar_dec) -> tuple[dict, list[dict]]:
     per-repeat ratios)."""
     batch, floor, t_step = s.batch, s.floor, s.t_step
     ar_tps, dec_tps = statistics.median(ar_s), statistics.median(ar_dec)
-    per_batch = dict(batch=batch, ar_tokens_per_s=ar_tps, floor_tokens_per_s=floor,
-                     ar_decode_tokens_per_s=dec_tps, t_prefill=s.t_prefill,
-                     decode_over_floor=floor / dec_tps, ar_over_floor=floor / ar_tps,
-                     t_step=t_step, ar_ms_per_step=1e3 * batch / ar_tps,
-                     decode_ms_per_step=1e3 * batch / dec_tps,
-                     floor_ms_per_step=1e3 * batch / floor, context=s.context,
-                     capacity=s.capacity, width=s.width, ar_runs=ar_s)
+    per_batch = dict(
+        batch=batch,
+        ar_tokens_per_s=ar_tps,
+        floor_tokens_per_s=floor,
+        ar_decode_tokens_per_s=dec_tps,
+        t_prefill=s.t_prefill,
+        decode_over_floor=floor / dec_tps,
+        ar_over_floor=floor / ar_tps,
+        t_step=t_step,
+        ar_ms_per_step=1e3 * batch / ar_tps,
+        decode_ms_per_step=1e3 * batch / dec_tps,
+        floor_ms_per_step=1e3 * batch / floor,
+        context=s.context,
+        capacity=s.capacity,
+        width=s.width,
+        ar_runs=ar_s,
+    )
     rows = []
     for d in s.drafters:
         c, gamma, t_draft, t_score = d["counters"], d["gamma"], d["t_draft"], d["t_score"]
@@ -274,15 +366,28 @@ def batch_results(s: BatchSetup, ar_s, ar_dec) -> tuple[dict, list[dict]]:
         cc = t_draft / t_step
         hw = float(metrics.hardware_aware_speedup(per_round, t_step, t_draft, t_score, gamma))
         measured = statistics.median(sp / a for sp, a in zip(d["tps"], ar_s))
-        rows.append(dict(drafter=d["name"], gamma=gamma, batch=batch, ar_tokens_per_s=ar_tps,
-                         spec_tokens_per_s=statistics.median(d["tps"]), alpha=alpha,
-                         tokens_per_round=per_round, c=cc, t_step=t_step, t_draft=t_draft,
-                         t_score=t_score, t_score_over_t_step=t_score / t_step,
-                         leviathan_expected_tokens=float(
-                             metrics.leviathan_expected_tokens(alpha, gamma)),
-                         leviathan_speedup=float(metrics.leviathan_speedup(alpha, gamma, cc)),
-                         hardware_aware_speedup=hw, measured_speedup=measured,
-                         measured_over_hardware_aware=measured / hw, spec_runs=d["tps"]))
+        rows.append(
+            dict(
+                drafter=d["name"],
+                gamma=gamma,
+                batch=batch,
+                ar_tokens_per_s=ar_tps,
+                spec_tokens_per_s=statistics.median(d["tps"]),
+                alpha=alpha,
+                tokens_per_round=per_round,
+                c=cc,
+                t_step=t_step,
+                t_draft=t_draft,
+                t_score=t_score,
+                t_score_over_t_step=t_score / t_step,
+                leviathan_expected_tokens=float(metrics.leviathan_expected_tokens(alpha, gamma)),
+                leviathan_speedup=float(metrics.leviathan_speedup(alpha, gamma, cc)),
+                hardware_aware_speedup=hw,
+                measured_speedup=measured,
+                measured_over_hardware_aware=measured / hw,
+                spec_runs=d["tps"],
+            )
+        )
     return per_batch, rows
 
 
@@ -296,13 +401,19 @@ def measure(zoo, full, names, cfg: Config) -> tuple[dict, list[dict]]:
         per_batch[batch], batch_rows = batch_results(s, *time_batch(full, s, cfg))
         rows += batch_rows
         r = per_batch[batch]
-        print(f"B={batch:2d}: prefill {1e3 * s.t_prefill:.2f} ms; AR decode "
-              f"{r['ar_decode_tokens_per_s']:8.1f} tok/s ({r['decode_ms_per_step']:.3f} ms/step, "
-              f"{r['decode_over_floor']:.2f}x the floor)", flush=True)
-        print(f"B={batch:2d}: AR {r['ar_tokens_per_s']:8.1f} tok/s ({r['ar_ms_per_step']:.3f} "
-              f"ms/step), matmul floor {s.floor:8.1f} tok/s ({r['floor_ms_per_step']:.3f} "
-              f"ms/step), AR is {r['ar_over_floor']:.2f}x off the floor; T_step "
-              f"{1e3 * s.t_step:.3f} ms", flush=True)
+        print(
+            f"B={batch:2d}: prefill {1e3 * s.t_prefill:.2f} ms; AR decode "
+            f"{r['ar_decode_tokens_per_s']:8.1f} tok/s ({r['decode_ms_per_step']:.3f} ms/step, "
+            f"{r['decode_over_floor']:.2f}x the floor)",
+            flush=True,
+        )
+        print(
+            f"B={batch:2d}: AR {r['ar_tokens_per_s']:8.1f} tok/s ({r['ar_ms_per_step']:.3f} "
+            f"ms/step), matmul floor {s.floor:8.1f} tok/s ({r['floor_ms_per_step']:.3f} "
+            f"ms/step), AR is {r['ar_over_floor']:.2f}x off the floor; T_step "
+            f"{1e3 * s.t_step:.3f} ms",
+            flush=True,
+        )
     return per_batch, rows
 
 
@@ -313,9 +424,14 @@ def run_peers(zoo, full, names, per_batch, cfg: Config) -> tuple[dict | None, di
     if not cfg.peer:
         return peer, same_weights
     d_cfg = full.subset([names[0]]).drafters[0].lm.config
-    peer = peer_tokens_per_s(full.verifier.config, d_cfg, cfg.batches,
-                             {b: per_batch[b]["width"] for b in cfg.batches},
-                             cfg.new_tokens, cfg.repeats)
+    peer = peer_tokens_per_s(
+        full.verifier.config,
+        d_cfg,
+        cfg.batches,
+        {b: per_batch[b]["width"] for b in cfg.batches},
+        cfg.new_tokens,
+        cfg.repeats,
+    )
     if peer is not None:
         for b in cfg.batches:
             per_batch[b]["peer_tokens_per_s"] = peer["plain"][b]
@@ -323,13 +439,14 @@ def run_peers(zoo, full, names, per_batch, cfg: Config) -> tuple[dict | None, di
     if cfg.same_weights:
         try:
             from specjax import peer as peer_lib  # pylint: disable=import-outside-toplevel
-            same_weights = peer_lib.run(zoo, Path(cfg.out) / "same_weights", gamma=4,
-                                        new_tokens=cfg.new_tokens)
-        except ImportError as e:   # transformers / torch absent: the peer is optional
+
+            same_weights = peer_lib.run(
+                zoo, Path(cfg.out) / "same_weights", gamma=4, new_tokens=cfg.new_tokens
+            )
+        except ImportError as e:  # transformers / torch absent: the peer is optional
             print(f"same-weights peer skipped: {e}")
         else:
-            print("\nspecjax vs transformers' assisted generation, same weights "
-                  "(specjax.peer):")
+            print("\nspecjax vs transformers' assisted generation, same weights (specjax.peer):")
             peer_lib.print_result(same_weights)
     return peer, same_weights
 
@@ -338,45 +455,62 @@ def print_tables(result: dict) -> None:
     """The run's tables on stdout."""
     per_batch = {r["batch"]: r for r in result["per_batch"]}
     batches, rows, peer = list(per_batch), result["rows"], result["peer"]
-    print(f"\n{'B':>3} {'AR tok/s':>9} {'decode':>9} {'floor':>9} {'floor/dec':>9} {'peer':>8} "
-          f"{'AR/peer':>7}")
+    print(
+        f"\n{'B':>3} {'AR tok/s':>9} {'decode':>9} {'floor':>9} {'floor/dec':>9} {'peer':>8} "
+        f"{'AR/peer':>7}"
+    )
     for b in batches:
         r = per_batch[b]
-        print(f"{b:3d} {r['ar_tokens_per_s']:9.1f} {r['ar_decode_tokens_per_s']:9.1f} "
-              f"{r['floor_tokens_per_s']:9.1f} "
-              f"{r['decode_over_floor']:9.2f} {r.get('peer_tokens_per_s', float('nan')):8.1f} "
-              f"{r.get('ar_over_peer', float('nan')):7.2f}")
+        print(
+            f"{b:3d} {r['ar_tokens_per_s']:9.1f} {r['ar_decode_tokens_per_s']:9.1f} "
+            f"{r['floor_tokens_per_s']:9.1f} "
+            f"{r['decode_over_floor']:9.2f} {r.get('peer_tokens_per_s', float('nan')):8.1f} "
+            f"{r.get('ar_over_peer', float('nan')):7.2f}"
+        )
     if len(batches) > 1:
         b0, b1 = batches[0], batches[-1]
         r0, r1 = per_batch[b0], per_batch[b1]
-        print(f"AR scaling B={b1} / B={b0}: "
-              f"{r1['ar_tokens_per_s'] / r0['ar_tokens_per_s']:.2f}x "
-              f"(floor {r1['floor_tokens_per_s'] / r0['floor_tokens_per_s']:.2f}x)")
+        print(
+            f"AR scaling B={b1} / B={b0}: "
+            f"{r1['ar_tokens_per_s'] / r0['ar_tokens_per_s']:.2f}x "
+            f"(floor {r1['floor_tokens_per_s'] / r0['floor_tokens_per_s']:.2f}x)"
+        )
     if peer is not None and peer["assisted"]:
-        print(f"peer assisted (B=1): {peer['assisted'][1]:.1f} tok/s; plain (B=1): "
-              f"{peer['plain'].get(1, float('nan')):.1f} tok/s")
-    print(f"\n{'drafter':9} {'γ':>2} {'B':>2} {'AR tok/s':>9} {'spec tok/s':>10} {'α':>5} "
-          f"{'tok/rnd':>7} {'c':>5} {'Tscore/Tstep':>12} {'Leviathan':>9} {'hw-aware':>8} "
-          f"{'spec/AR':>7} {'meas/hw':>7}")
+        print(
+            f"peer assisted (B=1): {peer['assisted'][1]:.1f} tok/s; plain (B=1): "
+            f"{peer['plain'].get(1, float('nan')):.1f} tok/s"
+        )
+    print(
+        f"\n{'drafter':9} {'γ':>2} {'B':>2} {'AR tok/s':>9} {'spec tok/s':>10} {'α':>5} "
+        f"{'tok/rnd':>7} {'c':>5} {'Tscore/Tstep':>12} {'Leviathan':>9} {'hw-aware':>8} "
+        f"{'spec/AR':>7} {'meas/hw':>7}"
+    )
     for r in rows:
-        print(f"{r['drafter']:9} {r['gamma']:2d} {r['batch']:2d} {r['ar_tokens_per_s']:9.1f} "
-              f"{r['spec_tokens_per_s']:10.1f} {r['alpha']:5.2f} {r['tokens_per_round']:7.2f} "
-              f"{r['c']:5.2f} {r['t_score_over_t_step']:12.2f} {r['leviathan_speedup']:9.2f} "
-              f"{r['hardware_aware_speedup']:8.2f} {r['measured_speedup']:7.2f} "
-              f"{r['measured_over_hardware_aware']:7.2f}")
+        print(
+            f"{r['drafter']:9} {r['gamma']:2d} {r['batch']:2d} {r['ar_tokens_per_s']:9.1f} "
+            f"{r['spec_tokens_per_s']:10.1f} {r['alpha']:5.2f} {r['tokens_per_round']:7.2f} "
+            f"{r['c']:5.2f} {r['t_score_over_t_step']:12.2f} {r['leviathan_speedup']:9.2f} "
+            f"{r['hardware_aware_speedup']:8.2f} {r['measured_speedup']:7.2f} "
+            f"{r['measured_over_hardware_aware']:7.2f}"
+        )
     for b in batches if rows else []:
         best = max((r for r in rows if r["batch"] == b), key=lambda r: r["measured_speedup"])
-        print(f"best at B={b}: {best['drafter']} γ={best['gamma']}: spec/AR "
-              f"{best['measured_speedup']:.2f}x, hardware-aware "
-              f"{best['hardware_aware_speedup']:.2f}x (ratio "
-              f"{best['measured_over_hardware_aware']:.2f}), Leviathan "
-              f"{best['leviathan_speedup']:.2f}x")
+        print(
+            f"best at B={b}: {best['drafter']} γ={best['gamma']}: spec/AR "
+            f"{best['measured_speedup']:.2f}x, hardware-aware "
+            f"{best['hardware_aware_speedup']:.2f}x (ratio "
+            f"{best['measured_over_hardware_aware']:.2f}), Leviathan "
+            f"{best['leviathan_speedup']:.2f}x"
+        )
 
 
 def _span(values, digits: int = 2) -> str:
     lo, hi = min(values), max(values)
-    return f"{lo:.{digits}f}" if f"{lo:.{digits}f}" == f"{hi:.{digits}f}" else \
-        f"{lo:.{digits}f}–{hi:.{digits}f}"
+    return (
+        f"{lo:.{digits}f}"
+        if f"{lo:.{digits}f}" == f"{hi:.{digits}f}"
+        else f"{lo:.{digits}f}–{hi:.{digits}f}"
+    )
 
 
 def render_page(result: dict) -> list[str]:
@@ -390,63 +524,107 @@ def render_page(result: dict) -> list[str]:
     def line(label, values):
         return f"| {label} | " + " | ".join(values) + " |"
 
-    lines = [f"Drafter(s) {', '.join(names)}, rule 1, τ = {result['verifier_temperature']:g}, "
-             f"{result['new_tokens']} new tokens per row; AR and speculative runs alternating, "
-             f"medians of {result['repeats']} (spec ÷ AR: median of the paired ratios); "
-             "prompts padded to " + ", ".join(f"{r['width']} tokens at batch {r['batch']}"
-                                             for r in per_batch)
-             + " (the peer's prompts are as wide).", "",
-             "| | " + " | ".join(f"batch {b}" for b in batches) + " |",
-             "| --- |" + " --- |" * len(batches),
-             line("AR tok/s, prefill included",
-                  [f"{r['ar_tokens_per_s']:,.0f}" for r in per_batch]),
-             line("prefill of the batch's prompts, ms", [f"{1e3 * r['t_prefill']:.1f}"
-                                                         for r in per_batch]),
-             line("AR decode tok/s / matmul floor tok/s",
-                  [f"{r['ar_decode_tokens_per_s']:,.0f} / {r['floor_tokens_per_s']:,.0f}"
-                   for r in per_batch]),
-             line("decode time ÷ floor time",
-                  [f"{r['decode_over_floor']:.2f}" for r in per_batch])]
+    lines = [
+        f"Drafter(s) {', '.join(names)}, rule 1, τ = {result['verifier_temperature']:g}, "
+        f"{result['new_tokens']} new tokens per row; AR and speculative runs alternating, "
+        f"medians of {result['repeats']} (spec ÷ AR: median of the paired ratios); "
+        "prompts padded to "
+        + ", ".join(f"{r['width']} tokens at batch {r['batch']}" for r in per_batch)
+        + " (the peer's prompts are as wide).",
+        "",
+        "| | " + " | ".join(f"batch {b}" for b in batches) + " |",
+        "| --- |" + " --- |" * len(batches),
+        line("AR tok/s, prefill included", [f"{r['ar_tokens_per_s']:,.0f}" for r in per_batch]),
+        line(
+            "prefill of the batch's prompts, ms", [f"{1e3 * r['t_prefill']:.1f}" for r in per_batch]
+        ),
+        line(
+            "AR decode tok/s / matmul floor tok/s",
+            [
+                f"{r['ar_decode_tokens_per_s']:,.0f} / {r['floor_tokens_per_s']:,.0f}"
+                for r in per_batch
+            ],
+        ),
+        line("decode time ÷ floor time", [f"{r['decode_over_floor']:.2f}" for r in per_batch]),
+    ]
     if all("peer_tokens_per_s" in r for r in per_batch):
         peer = result["peer"]
-        lines += [line(f"transformers (PyTorch eager, {peer['threads']} threads), plain "
-                       "generation tok/s",
-                       [f"{r['peer_tokens_per_s']:,.0f}" for r in per_batch]),
-                  line("AR ÷ transformers", [f"{r['ar_over_peer']:.2f}" for r in per_batch])]
+        lines += [
+            line(
+                f"transformers (PyTorch eager, {peer['threads']} threads), plain generation tok/s",
+                [f"{r['peer_tokens_per_s']:,.0f}" for r in per_batch],
+            ),
+            line("AR ÷ transformers", [f"{r['ar_over_peer']:.2f}" for r in per_batch]),
+        ]
     for name in names:
-        lines.append(line(f"speculative ÷ AR ({name}), γ = " + " / ".join(map(str, gammas)),
-                          [" / ".join(f"{r['measured_speedup']:.2f}" for r in rows
-                                      if r["batch"] == b and r["drafter"] == name)
-                           for b in batches]))
+        lines.append(
+            line(
+                f"speculative ÷ AR ({name}), γ = " + " / ".join(map(str, gammas)),
+                [
+                    " / ".join(
+                        f"{r['measured_speedup']:.2f}"
+                        for r in rows
+                        if r["batch"] == b and r["drafter"] == name
+                    )
+                    for b in batches
+                ],
+            )
+        )
     if rows:
-        lines += [line("T_score ÷ T_step", [_span([r["t_score_over_t_step"] for r in rows
-                                                    if r["batch"] == b]) for b in batches]),
-                  line("measured ÷ hardware-aware prediction",
-                       [_span([r["measured_over_hardware_aware"] for r in rows
-                               if r["batch"] == b]) for b in batches])]
-        lines += ["", "Per drafter × γ × batch:", "",
-                  "| drafter | γ | B | AR tok/s | spec tok/s | α | tokens / round | c | "
-                  "T_score ÷ T_step | Leviathan | hardware-aware | spec ÷ AR | "
-                  "measured ÷ hardware-aware |", "|---" * 13 + "|"]
-        lines += [f"| {r['drafter']} | {r['gamma']} | {r['batch']} | "
-                  f"{r['ar_tokens_per_s']:,.0f} | {r['spec_tokens_per_s']:,.0f} | "
-                  f"{r['alpha']:.3f} | {r['tokens_per_round']:.2f} | {r['c']:.3f} | "
-                  f"{r['t_score_over_t_step']:.2f} | {r['leviathan_speedup']:.2f} | "
-                  f"{r['hardware_aware_speedup']:.2f} | {r['measured_speedup']:.2f} | "
-                  f"{r['measured_over_hardware_aware']:.2f} |" for r in rows]
+        lines += [
+            line(
+                "T_score ÷ T_step",
+                [
+                    _span([r["t_score_over_t_step"] for r in rows if r["batch"] == b])
+                    for b in batches
+                ],
+            ),
+            line(
+                "measured ÷ hardware-aware prediction",
+                [
+                    _span([r["measured_over_hardware_aware"] for r in rows if r["batch"] == b])
+                    for b in batches
+                ],
+            ),
+        ]
+        lines += [
+            "",
+            "Per drafter × γ × batch:",
+            "",
+            "| drafter | γ | B | AR tok/s | spec tok/s | α | tokens / round | c | "
+            "T_score ÷ T_step | Leviathan | hardware-aware | spec ÷ AR | "
+            "measured ÷ hardware-aware |",
+            "|---" * 13 + "|",
+        ]
+        lines += [
+            f"| {r['drafter']} | {r['gamma']} | {r['batch']} | "
+            f"{r['ar_tokens_per_s']:,.0f} | {r['spec_tokens_per_s']:,.0f} | "
+            f"{r['alpha']:.3f} | {r['tokens_per_round']:.2f} | {r['c']:.3f} | "
+            f"{r['t_score_over_t_step']:.2f} | {r['leviathan_speedup']:.2f} | "
+            f"{r['hardware_aware_speedup']:.2f} | {r['measured_speedup']:.2f} | "
+            f"{r['measured_over_hardware_aware']:.2f} |"
+            for r in rows
+        ]
     sw = result.get("same_weights")
     if sw:
-        lines += ["", f"Against transformers' assisted generation on the zoo's own weights "
-                  f"exported to HF format (`specjax.peer`, drafter {sw['drafter']}, "
-                  f"γ = {sw['gamma']}, batch 1, {sw['prompts']} prompts × {sw['new_tokens']} "
-                  "tokens):", "",
-                  "| mode | specjax tok/s | α | transformers tok/s | α | specjax ÷ transformers "
-                  "| identical outputs |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Against transformers' assisted generation on the zoo's own weights "
+            f"exported to HF format (`specjax.peer`, drafter {sw['drafter']}, "
+            f"γ = {sw['gamma']}, batch 1, {sw['prompts']} prompts × {sw['new_tokens']} "
+            "tokens):",
+            "",
+            "| mode | specjax tok/s | α | transformers tok/s | α | specjax ÷ transformers "
+            "| identical outputs |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for label, r in sw["rows"].items():
             s, p = r["specjax"], r["transformers"]
-            lines.append(f"| {label} | {s['tokens_per_s']:,.1f} | {s['acceptance']:.3f} | "
-                         f"{p['tokens_per_s']:,.1f} | {p['acceptance']:.3f} | "
-                         f"{r['ratio_tokens_per_s']:.2f} | {r.get('same_outputs', '—')} |")
+            lines.append(
+                f"| {label} | {s['tokens_per_s']:,.1f} | {s['acceptance']:.3f} | "
+                f"{p['tokens_per_s']:,.1f} | {p['acceptance']:.3f} | "
+                f"{r['ratio_tokens_per_s']:.2f} | {r.get('same_outputs', '—')} |"
+            )
     return lines
 
 
@@ -454,8 +632,10 @@ def main(argv):
     del argv
     cfg = Config.from_flags()
     if FLAGS.require_accelerator and jax.default_backend() == "cpu":
-        raise SystemExit("benchmark-device: JAX sees only the CPU (devices: "
-                         f"{jax.devices()}); run it where jax[cuda] or jax[tpu] is installed")
+        raise SystemExit(
+            "benchmark-device: JAX sees only the CPU (devices: "
+            f"{jax.devices()}); run it where jax[cuda] or jax[tpu] is installed"
+        )
     prov = provenance.provenance()
     zoo = load_zoo(cfg.zoo)
     full = from_zoo(zoo)
@@ -466,16 +646,27 @@ def main(argv):
     print(f"devices: {jax.devices()}  drafters: {names}", flush=True)
     per_batch, rows = measure(zoo, full, names, cfg)
     peer, same_weights = run_peers(zoo, full, names, per_batch, cfg)
-    result = {"per_batch": [per_batch[b] for b in cfg.batches], "rows": rows, "peer": peer,
-              "same_weights": same_weights, "verifier_temperature": cfg.verifier_temperature,
-              "new_tokens": cfg.new_tokens, "repeats": cfg.repeats,
-              "devices": [str(d) for d in jax.devices()]}
+    result = {
+        "per_batch": [per_batch[b] for b in cfg.batches],
+        "rows": rows,
+        "peer": peer,
+        "same_weights": same_weights,
+        "verifier_temperature": cfg.verifier_temperature,
+        "new_tokens": cfg.new_tokens,
+        "repeats": cfg.repeats,
+        "devices": [str(d) for d in jax.devices()],
+    }
     print_tables(result)
     path = provenance.write_json(Path(cfg.out) / "benchmark.json", result, prov)
     print(f"wrote {path}")
     if FLAGS.write_docs:
-        page = provenance.write_page(PAGE, "Engine speed on the zoo (experiments/benchmark.py)",
-                                     render_page(result), prov, FLAGS.docs_dir)
+        page = provenance.write_page(
+            PAGE,
+            "Engine speed on the zoo (experiments/benchmark.py)",
+            render_page(result),
+            prov,
+            FLAGS.docs_dir,
+        )
         print(f"wrote {page}")
 
 

@@ -28,6 +28,7 @@ benchmark_batching.json under --out; ``--write_docs`` writes docs/results/batchi
 (``--docs_dir``); `measure` is the programmatic entry. About 5 minutes at the defaults on
 2 idle cores.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,16 +44,28 @@ from specjax import provenance
 from specjax.data import load_prompts
 from specjax.engine.batching import continuous_generate
 from specjax.engine.deployment import from_zoo
-from specjax.engine.generate import (autoregressive_generate, row_keys_for,
-                                     speculative_generate)
+from specjax.engine.generate import autoregressive_generate, row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
 from specjax.models.zoo import load_zoo
 
 FLAGS = flags.FLAGS
 PAGE = "batching"
-_RECORDED_FLAGS = ("batches", "n_prompts", "chunks", "new_tokens_min", "new_tokens_max", "stop",
-                   "modes", "drafter", "gamma", "rule", "verifier_temperature", "repeats",
-                   "bucket", "seed")
+_RECORDED_FLAGS = (
+    "batches",
+    "n_prompts",
+    "chunks",
+    "new_tokens_min",
+    "new_tokens_max",
+    "stop",
+    "modes",
+    "drafter",
+    "gamma",
+    "rule",
+    "verifier_temperature",
+    "repeats",
+    "bucket",
+    "seed",
+)
 
 
 def define_flags():
@@ -60,8 +73,11 @@ def define_flags():
     provenance.define_common_flags(out="runs/benchmark_batching", repeats=3, page=PAGE)
     flags.DEFINE_list("batches", ["8"], "batch sizes B (rows)")
     flags.DEFINE_integer("n_prompts", 48, "prompts in the queue (the shipped ones, cycled)")
-    flags.DEFINE_list("chunks", ["4", "8", "16"], "continuous batching chunk sizes (rounds "
-                      "per chunk: tokens for AR)")
+    flags.DEFINE_list(
+        "chunks",
+        ["4", "8", "16"],
+        "continuous batching chunk sizes (rounds per chunk: tokens for AR)",
+    )
     flags.DEFINE_integer("new_tokens_min", 16, "smallest per-prompt budget")
     flags.DEFINE_integer("new_tokens_max", 64, "largest per-prompt budget")
     flags.DEFINE_bool("stop", True, "stop prompts at the verifier's newline tokens")
@@ -70,12 +86,17 @@ def define_flags():
     flags.DEFINE_integer("gamma", 4, "γ of the speculative mode")
     flags.DEFINE_string("rule", "rejection", "verification rule (EngineConfig's default)")
     flags.DEFINE_float("verifier_temperature", 1.0, "τ of the verifier")
-    flags.DEFINE_integer("bucket", 8, "prompt widths are padded to a multiple of this (both "
-                         "methods pad to the queue's widest prompt, one set of shapes; attention "
-                         "reads every cache slot, so a wide bucket slows prefill and decoding)")
+    flags.DEFINE_integer(
+        "bucket",
+        8,
+        "prompt widths are padded to a multiple of this (both "
+        "methods pad to the queue's widest prompt, one set of shapes; attention "
+        "reads every cache slot, so a wide bucket slows prefill and decoding)",
+    )
     flags.DEFINE_integer("seed", 0, "budgets and row keys")
-    flags.DEFINE_string("zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped "
-                        "specjax/zoo)")
+    flags.DEFINE_string(
+        "zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped specjax/zoo)"
+    )
 
 
 def workload(n_prompts: int, new_tokens, seed: int = 0) -> tuple[list[str], np.ndarray]:
@@ -99,30 +120,59 @@ def _static(dep, cfg, spec: bool, v, d, budgets, keys, batch: int, bucket: int, 
     out, seconds = [None] * n, 0.0
     t0 = time.perf_counter()
     for lo in range(0, n, batch):
-        rows = [min(i, n - 1) for i in range(lo, lo + batch)]   # the last batch padded
+        rows = [min(i, n - 1) for i in range(lo, lo + batch)]  # the last batch padded
         b = int(budgets[rows].max())
         kw = dict(stop_table=stop, bucket=bucket, min_width=width, reserve=top - b)
         if spec:
             res = speculative_generate(
-                EngineConfig(gamma=cfg.gamma, rule=cfg.rule, max_new_tokens=b,
-                             verifier_temperature=cfg.verifier_temperature),
-                dep.verifier, dep.v_params, dep.drafters, dep.d_data, [v[i] for i in rows],
-                [[dk[i] for i in rows] for dk in d], keys[rows],
-                drafter_min_width=d_width, **kw)
+                EngineConfig(
+                    gamma=cfg.gamma,
+                    rule=cfg.rule,
+                    max_new_tokens=b,
+                    verifier_temperature=cfg.verifier_temperature,
+                ),
+                dep.verifier,
+                dep.v_params,
+                dep.drafters,
+                dep.d_data,
+                [v[i] for i in rows],
+                [[dk[i] for i in rows] for dk in d],
+                keys[rows],
+                drafter_min_width=d_width,
+                **kw,
+            )
         else:
-            res = autoregressive_generate(dep.verifier, dep.v_params, [v[i] for i in rows],
-                                          keys[rows], temperature=cfg.verifier_temperature,
-                                          max_new_tokens=b, **kw)
+            res = autoregressive_generate(
+                dep.verifier,
+                dep.v_params,
+                [v[i] for i in rows],
+                keys[rows],
+                temperature=cfg.verifier_temperature,
+                max_new_tokens=b,
+                **kw,
+            )
         seconds += res.seconds
-        for j, i in enumerate(rows[:n - lo]):
-            out[i] = res.new_tokens(j)[:int(budgets[i])]
+        for j, i in enumerate(rows[: n - lo]):
+            out[i] = res.new_tokens(j)[: int(budgets[i])]
     return out, seconds, time.perf_counter() - t0
 
 
-def measure(zoo, *, batch: int, n_prompts: int, chunk=(4, 8, 16), new_tokens=(16, 64),
-            gamma: int = 4, drafter: str | None = "code", rule: str = "rejection",
-            stop: bool = True, verifier_temperature: float = 1.0, repeats: int = 3,
-            bucket: int = 8, seed: int = 0) -> dict:
+def measure(
+    zoo,
+    *,
+    batch: int,
+    n_prompts: int,
+    chunk=(4, 8, 16),
+    new_tokens=(16, 64),
+    gamma: int = 4,
+    drafter: str | None = "code",
+    rule: str = "rejection",
+    stop: bool = True,
+    verifier_temperature: float = 1.0,
+    repeats: int = 3,
+    bucket: int = 8,
+    seed: int = 0,
+) -> dict:
     """Static vs continuous batching of one ragged queue at batch size `batch`.
 
     Args:
@@ -147,68 +197,104 @@ def measure(zoo, *, batch: int, n_prompts: int, chunk=(4, 8, 16), new_tokens=(16
     d = [[enc(t) for t in texts] for enc in dep.drafter_encode] if spec else []
     keys = row_keys_for(seed, n_prompts, stream="batching")
     stop_table = dep.stop_table if stop else None
-    cfg = EngineConfig(gamma=gamma, rule=rule, verifier_temperature=verifier_temperature,
-                       max_new_tokens=int(budgets.max()))
+    cfg = EngineConfig(
+        gamma=gamma,
+        rule=rule,
+        verifier_temperature=verifier_temperature,
+        max_new_tokens=int(budgets.max()),
+    )
 
     def timed(run):
-        run()                                              # warm-up (and compilation)
+        run()  # warm-up (and compilation)
         return [run() for _ in range(max(1, repeats))]
 
-    s_runs = timed(lambda: _static(dep, cfg, spec, v, d, budgets, keys, batch, bucket,
-                                   stop_table))
+    s_runs = timed(lambda: _static(dep, cfg, spec, v, d, budgets, keys, batch, bucket, stop_table))
     s_tokens = s_runs[0][0]
     s_sec = statistics.median(r[1] for r in s_runs)
     s_wall = statistics.median(r[2] for r in s_runs)
     useful = int(sum(len(t) for t in s_tokens))
-    static = dict(useful_tokens=useful, seconds=s_sec, wall_seconds=s_wall,
-                  tokens_per_s=useful / s_sec, wall_tokens_per_s=useful / s_wall,
-                  batches=-(-n_prompts // batch))
+    static = dict(
+        useful_tokens=useful,
+        seconds=s_sec,
+        wall_seconds=s_wall,
+        tokens_per_s=useful / s_sec,
+        wall_tokens_per_s=useful / s_wall,
+        batches=-(-n_prompts // batch),
+    )
     conts = []
     for c in chunks:
-        kw = dict(batch=batch, chunk=c, max_new_tokens=budgets, stop_table=stop_table,
-                  bucket=bucket)
+        kw = dict(
+            batch=batch, chunk=c, max_new_tokens=budgets, stop_table=stop_table, bucket=bucket
+        )
         if spec:
             kw.update(drafters=dep.drafters, d_data=dep.d_data, drafter_prompts=d)
-        runs = timed(lambda kw=kw: continuous_generate(cfg, dep.verifier, dep.v_params, v,
-                                                       keys, **kw))
+        runs = timed(
+            lambda kw=kw: continuous_generate(cfg, dep.verifier, dep.v_params, v, keys, **kw)
+        )
         res = runs[0]
         sec = statistics.median(r.seconds for r in runs)
         refill = statistics.median(r.refill_seconds for r in runs)
         wall = statistics.median(r.wall_seconds for r in runs)
         got = int(res.committed.sum())
-        entry = dict(chunk=c, useful_tokens=got, seconds=sec, wall_seconds=wall,
-                     refill_seconds=refill, refill_share=refill / sec,
-                     tokens_per_s=got / sec, wall_tokens_per_s=got / wall,
-                     speedup=(got / sec) / static["tokens_per_s"],
-                     wall_speedup=(got / wall) / static["wall_tokens_per_s"],
-                     chunks=res.chunks, refills=res.refills, programs=res.programs,
-                     same_tokens=int(sum(a == b for a, b in zip(res.tokens, s_tokens))))
+        entry = dict(
+            chunk=c,
+            useful_tokens=got,
+            seconds=sec,
+            wall_seconds=wall,
+            refill_seconds=refill,
+            refill_share=refill / sec,
+            tokens_per_s=got / sec,
+            wall_tokens_per_s=got / wall,
+            speedup=(got / sec) / static["tokens_per_s"],
+            wall_speedup=(got / wall) / static["wall_tokens_per_s"],
+            chunks=res.chunks,
+            refills=res.refills,
+            programs=res.programs,
+            same_tokens=int(sum(a == b for a, b in zip(res.tokens, s_tokens))),
+        )
         if spec:
-            entry.update(acceptance=float(res.accepted.sum() / max(res.proposed.sum(), 1)),
-                         tokens_per_round=float(res.committed.sum() / max(res.rounds.sum(), 1)))
+            entry.update(
+                acceptance=float(res.accepted.sum() / max(res.proposed.sum(), 1)),
+                tokens_per_round=float(res.committed.sum() / max(res.rounds.sum(), 1)),
+            )
         conts.append(entry)
-    return dict(mode="spec" if spec else "ar", drafter=drafter, gamma=gamma if spec else None,
-                rule=rule if spec else None, batch=batch, n_prompts=n_prompts,
-                new_tokens=list(new_tokens) if not isinstance(new_tokens, int) else new_tokens,
-                stop=stop, budgets_total=int(budgets.sum()),
-                mean_prompt_tokens=float(np.mean([len(x) for x in v])),
-                static=static, continuous=conts, load_average=provenance.load_average())
+    return dict(
+        mode="spec" if spec else "ar",
+        drafter=drafter,
+        gamma=gamma if spec else None,
+        rule=rule if spec else None,
+        batch=batch,
+        n_prompts=n_prompts,
+        new_tokens=list(new_tokens) if not isinstance(new_tokens, int) else new_tokens,
+        stop=stop,
+        budgets_total=int(budgets.sum()),
+        mean_prompt_tokens=float(np.mean([len(x) for x in v])),
+        static=static,
+        continuous=conts,
+        load_average=provenance.load_average(),
+    )
 
 
 def print_table(results: list[dict]) -> None:
-    print(f"\n{'mode':4} {'B':>3} {'method':>10} {'useful':>7} {'tok/s':>8} {'wall tok/s':>10} "
-          f"{'x static':>8} {'x wall':>6} {'chunks':>6} {'refills':>7} {'refill %':>8} {'same':>5}")
+    print(
+        f"\n{'mode':4} {'B':>3} {'method':>10} {'useful':>7} {'tok/s':>8} {'wall tok/s':>10} "
+        f"{'x static':>8} {'x wall':>6} {'chunks':>6} {'refills':>7} {'refill %':>8} {'same':>5}"
+    )
     for r in results:
         s = r["static"]
-        print(f"{r['mode']:4} {r['batch']:3d} {'static':>10} {s['useful_tokens']:7d} "
-              f"{s['tokens_per_s']:8.1f} {s['wall_tokens_per_s']:10.1f} {1:8.2f} {1:6.2f} "
-              f"{s['batches']:6d} {'':>7} {'':>8} {'':>5}")
+        print(
+            f"{r['mode']:4} {r['batch']:3d} {'static':>10} {s['useful_tokens']:7d} "
+            f"{s['tokens_per_s']:8.1f} {s['wall_tokens_per_s']:10.1f} {1:8.2f} {1:6.2f} "
+            f"{s['batches']:6d} {'':>7} {'':>8} {'':>5}"
+        )
         for c in r["continuous"]:
-            print(f"{r['mode']:4} {r['batch']:3d} {'chunk ' + str(c['chunk']):>10} "
-                  f"{c['useful_tokens']:7d} {c['tokens_per_s']:8.1f} "
-                  f"{c['wall_tokens_per_s']:10.1f} {c['speedup']:8.2f} "
-                  f"{c['wall_speedup']:6.2f} {c['chunks']:6d} {c['refills']:7d} "
-                  f"{100 * c['refill_share']:8.0f} {c['same_tokens']:2d}/{r['n_prompts']}")
+            print(
+                f"{r['mode']:4} {r['batch']:3d} {'chunk ' + str(c['chunk']):>10} "
+                f"{c['useful_tokens']:7d} {c['tokens_per_s']:8.1f} "
+                f"{c['wall_tokens_per_s']:10.1f} {c['speedup']:8.2f} "
+                f"{c['wall_speedup']:6.2f} {c['chunks']:6d} {c['refills']:7d} "
+                f"{100 * c['refill_share']:8.0f} {c['same_tokens']:2d}/{r['n_prompts']}"
+            )
 
 
 def render_page(result: dict) -> list[str]:
@@ -216,31 +302,44 @@ def render_page(result: dict) -> list[str]:
     run's own: one table per batch size, a row per mode."""
     f = result["flags"]
     label = {"ar": "AR", "spec": "speculative"}
-    lines = [f"N = {f['n_prompts']} prompts, budgets {f['new_tokens_min']}–{f['new_tokens_max']}"
-             + (" and newline stops" if f["stop"] else "") + f", drafter {f['drafter']}, "
-             f"γ = {f['gamma']}, rule {f['rule']}, τ = {f['verifier_temperature']:g}, medians "
-             f"of {f['repeats']}; tokens/s of compiled execution (× static), then of wall "
-             "clock.", ""]
+    lines = [
+        f"N = {f['n_prompts']} prompts, budgets {f['new_tokens_min']}–{f['new_tokens_max']}"
+        + (" and newline stops" if f["stop"] else "")
+        + f", drafter {f['drafter']}, "
+        f"γ = {f['gamma']}, rule {f['rule']}, τ = {f['verifier_temperature']:g}, medians "
+        f"of {f['repeats']}; tokens/s of compiled execution (× static), then of wall "
+        "clock.",
+        "",
+    ]
     for batch in dict.fromkeys(r["batch"] for r in result["results"]):
         rows = [r for r in result["results"] if r["batch"] == batch]
         chunks = [c["chunk"] for c in rows[0]["continuous"]]
-        lines += [f"B = {batch}:", "",
-                  "| | static | " + " | ".join(f"chunk {c}" for c in chunks) + " |",
-                  "| --- | --- |" + " --- |" * len(chunks)]
+        lines += [
+            f"B = {batch}:",
+            "",
+            "| | static | " + " | ".join(f"chunk {c}" for c in chunks) + " |",
+            "| --- | --- |" + " --- |" * len(chunks),
+        ]
         for r in rows:
             s, cs = r["static"], r["continuous"]
             name = label.get(r["mode"], r["mode"])
-            lines += [f"| {name} tok/s (× static) | {s['tokens_per_s']:,.0f} | " + " | ".join(
-                          f"{c['tokens_per_s']:,.0f} ({c['speedup']:.2f})" for c in cs) + " |",
-                      f"| {name} wall tok/s (× static) | {s['wall_tokens_per_s']:,.0f} | "
-                      + " | ".join(f"{c['wall_tokens_per_s']:,.0f} ({c['wall_speedup']:.2f})"
-                                   for c in cs) + " |",
-                      f"| {name} decode calls (batches / chunks), refills | {s['batches']} | "
-                      + " | ".join(f"{c['chunks']}, {c['refills']}" for c in cs) + " |",
-                      f"| {name} refills' share of the seconds | — | "
-                      + " | ".join(f"{100 * c['refill_share']:.0f} %" for c in cs) + " |",
-                      f"| {name} prompts with static's tokens | {r['n_prompts']} | "
-                      + " | ".join(f"{c['same_tokens']}" for c in cs) + " |"]
+            lines += [
+                f"| {name} tok/s (× static) | {s['tokens_per_s']:,.0f} | "
+                + " | ".join(f"{c['tokens_per_s']:,.0f} ({c['speedup']:.2f})" for c in cs)
+                + " |",
+                f"| {name} wall tok/s (× static) | {s['wall_tokens_per_s']:,.0f} | "
+                + " | ".join(f"{c['wall_tokens_per_s']:,.0f} ({c['wall_speedup']:.2f})" for c in cs)
+                + " |",
+                f"| {name} decode calls (batches / chunks), refills | {s['batches']} | "
+                + " | ".join(f"{c['chunks']}, {c['refills']}" for c in cs)
+                + " |",
+                f"| {name} refills' share of the seconds | — | "
+                + " | ".join(f"{100 * c['refill_share']:.0f} %" for c in cs)
+                + " |",
+                f"| {name} prompts with static's tokens | {r['n_prompts']} | "
+                + " | ".join(f"{c['same_tokens']}" for c in cs)
+                + " |",
+            ]
         lines.append("")
     return lines
 
@@ -253,24 +352,39 @@ def main(argv):
     results = []
     for mode in FLAGS.modes:
         for b in (int(x) for x in FLAGS.batches):
-            r = measure(zoo, batch=b, n_prompts=FLAGS.n_prompts,
-                        chunk=[int(c) for c in FLAGS.chunks],
-                        new_tokens=(FLAGS.new_tokens_min, FLAGS.new_tokens_max),
-                        gamma=FLAGS.gamma, drafter=FLAGS.drafter if mode == "spec" else None,
-                        rule=FLAGS.rule, stop=FLAGS.stop,
-                        verifier_temperature=FLAGS.verifier_temperature,
-                        repeats=FLAGS.repeats, bucket=FLAGS.bucket, seed=FLAGS.seed)
+            r = measure(
+                zoo,
+                batch=b,
+                n_prompts=FLAGS.n_prompts,
+                chunk=[int(c) for c in FLAGS.chunks],
+                new_tokens=(FLAGS.new_tokens_min, FLAGS.new_tokens_max),
+                gamma=FLAGS.gamma,
+                drafter=FLAGS.drafter if mode == "spec" else None,
+                rule=FLAGS.rule,
+                stop=FLAGS.stop,
+                verifier_temperature=FLAGS.verifier_temperature,
+                repeats=FLAGS.repeats,
+                bucket=FLAGS.bucket,
+                seed=FLAGS.seed,
+            )
             results.append(r)
             print(f"{mode} B={b}: done (load average {os.getloadavg()})", flush=True)
     print_table(results)
-    result = {"results": results, "devices": [str(dv) for dv in jax.devices()],
-              "flags": {k: FLAGS[k].value for k in _RECORDED_FLAGS}}
+    result = {
+        "results": results,
+        "devices": [str(dv) for dv in jax.devices()],
+        "flags": {k: FLAGS[k].value for k in _RECORDED_FLAGS},
+    }
     path = provenance.write_json(Path(FLAGS.out) / "benchmark_batching.json", result, prov)
     print(f"wrote {path}")
     if FLAGS.write_docs:
-        page = provenance.write_page(PAGE, "Continuous batching "
-                                     "(experiments/benchmark_batching.py)",
-                                     render_page(result), prov, FLAGS.docs_dir)
+        page = provenance.write_page(
+            PAGE,
+            "Continuous batching (experiments/benchmark_batching.py)",
+            render_page(result),
+            prov,
+            FLAGS.docs_dir,
+        )
         print(f"wrote {page}")
 
 

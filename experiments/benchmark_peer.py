@@ -9,6 +9,7 @@ greedy and sampled, batch 1; see `specjax.peer` for what is measured. Prints a t
 writes ``benchmark_peer.json`` under --out. Needs torch and transformers. About 3 minutes
 at the defaults on 2 cores.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,15 +24,24 @@ FLAGS = flags.FLAGS
 def define_flags():
     """The script's flags (defined only when it runs as a script)."""
     provenance.define_common_flags(out="runs/benchmark_peer")
-    flags.DEFINE_string("drafter", "auto", "the zoo drafter (must share the verifier's "
-                        "tokenizer); 'auto': the one of the verifier's tokenizer group with the "
-                        "highest mean acceptance in the zoo manifest")
-    flags.DEFINE_string("cross_drafter", "reasoning", "a zoo drafter of another tokenizer, run "
-                        "against transformers' different-tokenizer assisted generation ('' to "
-                        "skip)")
+    flags.DEFINE_string(
+        "drafter",
+        "auto",
+        "the zoo drafter (must share the verifier's "
+        "tokenizer); 'auto': the one of the verifier's tokenizer group with the "
+        "highest mean acceptance in the zoo manifest",
+    )
+    flags.DEFINE_string(
+        "cross_drafter",
+        "reasoning",
+        "a zoo drafter of another tokenizer, run "
+        "against transformers' different-tokenizer assisted generation ('' to "
+        "skip)",
+    )
     flags.DEFINE_integer("gamma", 4, "γ, draft tokens per round")
-    flags.DEFINE_integer("prompts_per_domain", 2, "plan prompts per domain (code, prose, "
-                         "reasoning)")
+    flags.DEFINE_integer(
+        "prompts_per_domain", 2, "plan prompts per domain (code, prose, reasoning)"
+    )
     flags.DEFINE_integer("new_tokens", 48, "tokens generated per prompt")
     flags.DEFINE_integer("seed", 0, "PRNG seed (specjax rows; torch.manual_seed)")
     flags.DEFINE_string("zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped zoo)")
@@ -40,8 +50,16 @@ def define_flags():
 def main(argv):
     del argv
     prov = provenance.provenance()
-    result = peer.run(FLAGS.zoo, FLAGS.out, FLAGS.drafter, FLAGS.cross_drafter, FLAGS.gamma,
-                      FLAGS.prompts_per_domain, FLAGS.new_tokens, FLAGS.seed)
+    result = peer.run(
+        FLAGS.zoo,
+        FLAGS.out,
+        FLAGS.drafter,
+        FLAGS.cross_drafter,
+        FLAGS.gamma,
+        FLAGS.prompts_per_domain,
+        FLAGS.new_tokens,
+        FLAGS.seed,
+    )
     peer.print_result(result)
     path = provenance.write_json(Path(FLAGS.out) / "benchmark_peer.json", result, prov)
     print(f"wrote {path}")

@@ -25,6 +25,7 @@ Parts (``--parts``, in this order; one process, nothing timed concurrently):
 Writes ``real_speed.json`` under --out; ``--write_docs`` writes docs/results/real_speed.md
 (``--docs_dir``, ``--doc_name``) with the command, commit, date and machine on top.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,27 +47,38 @@ FLAGS = flags.FLAGS
 def define_flags():
     """The script's flags (defined only when it runs as a script)."""
     provenance.define_common_flags(out="runs/benchmark_real", repeats=3, page="real_speed")
-    flags.DEFINE_string("doc_name", "real_speed", "name of the results page --write_docs "
-                        "writes (<docs_dir>/<doc_name>.md)")
+    flags.DEFINE_string(
+        "doc_name",
+        "real_speed",
+        "name of the results page --write_docs writes (<docs_dir>/<doc_name>.md)",
+    )
     flags.DEFINE_list("parts", ["machine", "ratio", "spec", "peer"], "parts to run")
-    flags.DEFINE_list("dtypes", ["float32:tied", "float32", "bfloat16"],
-                      "verifier layouts for the ratio part: dtype, ':tied' keeps the file's tied "
-                      "head (read as the table's transpose) instead of a [D, V] copy")
+    flags.DEFINE_list(
+        "dtypes",
+        ["float32:tied", "float32", "bfloat16"],
+        "verifier layouts for the ratio part: dtype, ':tied' keeps the file's tied "
+        "head (read as the table's transpose) instead of a [D, V] copy",
+    )
     flags.DEFINE_list("ks", [str(k) for k in range(1, 10)], "block widths k (ratio part)")
     flags.DEFINE_list("ratio_batches", ["1", "8"], "batch sizes (ratio part)")
     flags.DEFINE_string("dtype", "float32", "verifier dtype for the spec and peer parts")
-    flags.DEFINE_list("drafters", ["code", "prose", "lookup", "reasoning"],
-                      "drafters (spec part)")
+    flags.DEFINE_list("drafters", ["code", "prose", "lookup", "reasoning"], "drafters (spec part)")
     flags.DEFINE_list("gammas", ["2", "3", "4", "6", "8"], "γ values (spec part)")
     flags.DEFINE_list("batches", ["1", "8"], "batch sizes (spec part)")
     flags.DEFINE_list("taus", ["1.0", "0.0"], "verifier temperatures (spec part)")
-    flags.DEFINE_bool("greedy_drafters", True, "at verifier τ = 0 the drafters draft greedily "
-                      "too (τ_i = 0; lossless either way); else at their own τ_i")
+    flags.DEFINE_bool(
+        "greedy_drafters",
+        True,
+        "at verifier τ = 0 the drafters draft greedily "
+        "too (τ_i = 0; lossless either way); else at their own τ_i",
+    )
     flags.DEFINE_integer("new_tokens", 64, "tokens generated per row")
-    flags.DEFINE_integer("prompts_per_domain", 1, "plan prompts per domain at batch 1 (rows "
-                         "cycle through the domains at larger batches)")
-    flags.DEFINE_string("drafter_dir", "", "folder of drafter_{code,prose}.npz (default: "
-                        "shipped)")
+    flags.DEFINE_integer(
+        "prompts_per_domain",
+        1,
+        "plan prompts per domain at batch 1 (rows cycle through the domains at larger batches)",
+    )
+    flags.DEFINE_string("drafter_dir", "", "folder of drafter_{code,prose}.npz (default: shipped)")
 
 
 # Roofline figures (vendor data sheets): HBM bandwidth (bytes/s) and dense bf16 FLOP/s.
@@ -106,6 +118,7 @@ def roofline(cfg, n_params: int, k: int, batch: int, context: int) -> dict:
 
 def part_ratio(result: dict, bw: float) -> None:
     from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
+
     rows = []
     for spec in FLAGS.dtypes:
         dt, _, layout = spec.partition(":")
@@ -121,18 +134,27 @@ def part_ratio(result: dict, bw: float) -> None:
                     times[k].append(run())
             t1 = min(times[1])
             roof = {k: roofline(m.lm.config, n, k, batch, 100) for k in runs}
-            row = {"dtype": spec, "batch": batch, "weight_bytes": wbytes,
-                   "floor_s": wbytes / bw, "t_step": t1,
-                   "t_score": {k: min(v) for k, v in times.items()},
-                   "ratio": {k: min(v) / t1 for k, v in times.items()},
-                   "roofline_ratio": {name: {k: roof[k][name] / roof[1][name] for k in runs}
-                                      for name in ACCELERATORS},
-                   "roofline_t_step": {name: roof[1][name] for name in ACCELERATORS},
-                   "load_average": list(os.getloadavg())}
+            row = {
+                "dtype": spec,
+                "batch": batch,
+                "weight_bytes": wbytes,
+                "floor_s": wbytes / bw,
+                "t_step": t1,
+                "t_score": {k: min(v) for k, v in times.items()},
+                "ratio": {k: min(v) / t1 for k, v in times.items()},
+                "roofline_ratio": {
+                    name: {k: roof[k][name] / roof[1][name] for k in runs} for name in ACCELERATORS
+                },
+                "roofline_t_step": {name: roof[1][name] for name in ACCELERATORS},
+                "load_average": list(os.getloadavg()),
+            }
             rows.append(row)
-            print(f"{spec:13} B={batch}: T_step {1e3 * t1:7.2f} ms (floor {1e3 * wbytes / bw:6.2f} "
-                  f"ms, {t1 * bw / wbytes:.2f}x); T_score(k)/T_step " + " ".join(
-                      f"{k}:{row['ratio'][k]:.2f}" for k in runs), flush=True)
+            print(
+                f"{spec:13} B={batch}: T_step {1e3 * t1:7.2f} ms (floor {1e3 * wbytes / bw:6.2f} "
+                f"ms, {t1 * bw / wbytes:.2f}x); T_score(k)/T_step "
+                + " ".join(f"{k}:{row['ratio'][k]:.2f}" for k in runs),
+                flush=True,
+            )
         del m
     result["ratio"] = rows
 
@@ -141,42 +163,65 @@ def _drafter_files() -> dict:
     if not FLAGS.drafter_dir:
         return {}
     d = Path(FLAGS.drafter_dir)
-    return {n: str(d / f"drafter_{n}.npz") for n in ("code", "prose")
-            if (d / f"drafter_{n}.npz").exists()}
+    return {
+        n: str(d / f"drafter_{n}.npz")
+        for n in ("code", "prose")
+        if (d / f"drafter_{n}.npz").exists()
+    }
 
 
 def part_spec(result: dict, model, dep) -> None:
     from specjax import metrics  # pylint: disable=import-outside-toplevel
     from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
-    from specjax.engine.generate import (autoregressive_generate,  # pylint: disable=import-outside-toplevel
-                                         row_keys_for, speculative_generate)
+    from specjax.engine.generate import (
+        autoregressive_generate,  # pylint: disable=import-outside-toplevel
+        row_keys_for,
+        speculative_generate,
+    )
     from specjax.engine.spec import EngineConfig  # pylint: disable=import-outside-toplevel
+
     by_domain = {}
     for p in load_prompts():
         by_domain.setdefault(p["domain"], []).append(p["prompt"])
-    texts_all = [t for i in range(FLAGS.prompts_per_domain) for d in sorted(by_domain)
-                 for t in by_domain[d][i:i + 1]]
+    texts_all = [
+        t
+        for i in range(FLAGS.prompts_per_domain)
+        for d in sorted(by_domain)
+        for t in by_domain[d][i : i + 1]
+    ]
     v = dep.verifier
     rows, per_batch = [], []
     for batch in [int(b) for b in FLAGS.batches]:
-        texts = (texts_all * batch)[:max(batch, len(texts_all))]
-        calls = [texts[i:i + batch] for i in range(0, len(texts), batch)]
+        texts = (texts_all * batch)[: max(batch, len(texts_all))]
+        calls = [texts[i : i + batch] for i in range(0, len(texts), batch)]
         v_calls = [[dep.encode(t) for t in c] for c in calls]
         width = max(len(p) for c in v_calls for p in c)
         capacity = -(-width // 64) * 64 + FLAGS.new_tokens + 16
         context = int(np.mean([len(p) for c in v_calls for p in c])) + FLAGS.new_tokens // 2
-        t_step = min(forward_timer(v, dep.v_params, batch, 1, context, capacity, 16)()
-                     for _ in range(3))
+        t_step = min(
+            forward_timer(v, dep.v_params, batch, 1, context, capacity, 16)() for _ in range(3)
+        )
         t_score = {}
         for g in [int(x) for x in FLAGS.gammas]:
-            t_score[g] = min(forward_timer(v, dep.v_params, batch, g + 1, context, capacity,
-                                           16)() for _ in range(3))
+            t_score[g] = min(
+                forward_timer(v, dep.v_params, batch, g + 1, context, capacity, 16)()
+                for _ in range(3)
+            )
         t_draft = {}
         for name in FLAGS.drafters:
             sub = dep.subset([name])
-            t_draft[name] = min(forward_timer(sub.drafters[0].lm, sub.d_data[0].params, batch, 1,
-                                              context, min(sub.drafters[0].lm.max_len, capacity),
-                                              16)() for _ in range(3))
+            t_draft[name] = min(
+                forward_timer(
+                    sub.drafters[0].lm,
+                    sub.d_data[0].params,
+                    batch,
+                    1,
+                    context,
+                    min(sub.drafters[0].lm.max_len, capacity),
+                    16,
+                )()
+                for _ in range(3)
+            )
         for tau in [float(t) for t in FLAGS.taus]:
             setups = []
             for name in FLAGS.drafters:
@@ -185,17 +230,37 @@ def part_spec(result: dict, model, dep) -> None:
                     sub = sub.with_temperatures([0.0])
                 d_calls = [[[sub.drafter_encode[0](t) for t in c]] for c in calls]
                 for g in [int(x) for x in FLAGS.gammas]:
-                    cfg = EngineConfig(gamma=g, rule="rejection", verifier_temperature=tau,
-                                       max_new_tokens=FLAGS.new_tokens)
-                    setups.append(dict(name=name, gamma=g, sub=sub, cfg=cfg, d_calls=d_calls,
-                                       tps=[], ratio=[], counters=[]))
+                    cfg = EngineConfig(
+                        gamma=g,
+                        rule="rejection",
+                        verifier_temperature=tau,
+                        max_new_tokens=FLAGS.new_tokens,
+                    )
+                    setups.append(
+                        dict(
+                            name=name,
+                            gamma=g,
+                            sub=sub,
+                            cfg=cfg,
+                            d_calls=d_calls,
+                            tps=[],
+                            ratio=[],
+                            counters=[],
+                        )
+                    )
 
             def run_ar():
                 n = s = 0.0
                 for vc in v_calls:
-                    r = autoregressive_generate(v, dep.v_params, vc, row_keys_for(0, len(vc)),
-                                                temperature=tau, max_new_tokens=FLAGS.new_tokens,
-                                                bucket=64)
+                    r = autoregressive_generate(
+                        v,
+                        dep.v_params,
+                        vc,
+                        row_keys_for(0, len(vc)),
+                        temperature=tau,
+                        max_new_tokens=FLAGS.new_tokens,
+                        bucket=64,
+                    )
                     n += float((r.length - r.start).sum())
                     s += r.seconds
                 return n / s
@@ -204,9 +269,17 @@ def part_spec(result: dict, model, dep) -> None:
                 n = s = 0.0
                 counters = []
                 for vc, dc in zip(v_calls, d["d_calls"]):
-                    r = speculative_generate(d["cfg"], v, dep.v_params, d["sub"].drafters,
-                                             d["sub"].d_data, vc, dc, row_keys_for(0, len(vc)),
-                                             bucket=64)
+                    r = speculative_generate(
+                        d["cfg"],
+                        v,
+                        dep.v_params,
+                        d["sub"].drafters,
+                        d["sub"].d_data,
+                        vc,
+                        dc,
+                        row_keys_for(0, len(vc)),
+                        bucket=64,
+                    )
                     n += float((r.length - r.start).sum())
                     s += r.seconds
                     counters.append(r.counters)
@@ -224,33 +297,61 @@ def part_spec(result: dict, model, dep) -> None:
                         d["ratio"].append(tps / a)
                     d["counters"] = counters
             ar_tps = statistics.median(ar)
-            per_batch.append(dict(batch=batch, tau=tau, ar_tokens_per_s=ar_tps, t_step=t_step,
-                                  ar_runs=ar, context=context, capacity=capacity))
-            print(f"B={batch} τ={tau}: AR {ar_tps:.1f} tok/s; T_step {1e3 * t_step:.2f} ms",
-                  flush=True)
+            per_batch.append(
+                dict(
+                    batch=batch,
+                    tau=tau,
+                    ar_tokens_per_s=ar_tps,
+                    t_step=t_step,
+                    ar_runs=ar,
+                    context=context,
+                    capacity=capacity,
+                )
+            )
+            print(
+                f"B={batch} τ={tau}: AR {ar_tps:.1f} tok/s; T_step {1e3 * t_step:.2f} ms",
+                flush=True,
+            )
             for d in setups:
                 acc = sum(float(c.own_accepted_at.sum()) for c in d["counters"])
                 reach = sum(float(c.own_reached_at.sum()) for c in d["counters"])
                 alpha = acc / max(reach, 1.0)
-                per_round = (sum(float(c.committed.sum()) for c in d["counters"])
-                             / max(sum(float(c.rounds.sum()) for c in d["counters"]), 1.0))
+                per_round = sum(float(c.committed.sum()) for c in d["counters"]) / max(
+                    sum(float(c.rounds.sum()) for c in d["counters"]), 1.0
+                )
                 g, td, ts = d["gamma"], t_draft[d["name"]], t_score[d["gamma"]]
                 hw = float(metrics.hardware_aware_speedup(per_round, t_step, td, ts, g))
                 measured = statistics.median(d["ratio"])
-                row = dict(drafter=d["name"], gamma=g, batch=batch, tau=tau,
-                           drafter_tau=float(d["sub"].drafters[0].temperature),
-                           ar_tokens_per_s=ar_tps, spec_tokens_per_s=statistics.median(d["tps"]),
-                           alpha=alpha, tokens_per_round=per_round, c=td / t_step,
-                           t_step=t_step, t_draft=td, t_score=ts, t_score_over_t_step=ts / t_step,
-                           leviathan_speedup=float(metrics.leviathan_speedup(alpha, g, td / t_step)),
-                           hardware_aware_speedup=hw, measured_speedup=measured,
-                           measured_over_hardware_aware=measured / hw, spec_runs=d["tps"],
-                           load_average=list(os.getloadavg()))
+                row = dict(
+                    drafter=d["name"],
+                    gamma=g,
+                    batch=batch,
+                    tau=tau,
+                    drafter_tau=float(d["sub"].drafters[0].temperature),
+                    ar_tokens_per_s=ar_tps,
+                    spec_tokens_per_s=statistics.median(d["tps"]),
+                    alpha=alpha,
+                    tokens_per_round=per_round,
+                    c=td / t_step,
+                    t_step=t_step,
+                    t_draft=td,
+                    t_score=ts,
+                    t_score_over_t_step=ts / t_step,
+                    leviathan_speedup=float(metrics.leviathan_speedup(alpha, g, td / t_step)),
+                    hardware_aware_speedup=hw,
+                    measured_speedup=measured,
+                    measured_over_hardware_aware=measured / hw,
+                    spec_runs=d["tps"],
+                    load_average=list(os.getloadavg()),
+                )
                 rows.append(row)
-                print(f"  {d['name']:9} γ={g}: spec {row['spec_tokens_per_s']:6.1f} tok/s, "
-                      f"x{measured:.2f} AR (hw-aware {hw:.2f}, meas/hw {measured / hw:.2f}); "
-                      f"α {alpha:.2f}, tok/round {per_round:.2f}, c {td / t_step:.3f}, "
-                      f"T_score/T_step {ts / t_step:.2f}", flush=True)
+                print(
+                    f"  {d['name']:9} γ={g}: spec {row['spec_tokens_per_s']:6.1f} tok/s, "
+                    f"x{measured:.2f} AR (hw-aware {hw:.2f}, meas/hw {measured / hw:.2f}); "
+                    f"α {alpha:.2f}, tok/round {per_round:.2f}, c {td / t_step:.3f}, "
+                    f"T_score/T_step {ts / t_step:.2f}",
+                    flush=True,
+                )
     result["spec"] = rows
     result["ar"] = per_batch
     del model
@@ -268,10 +369,12 @@ def part_peer(result: dict, model, dep) -> None:
     from specjax.engine.generate import autoregressive_generate, row_keys_for  # pylint: disable=import-outside-toplevel
     from specjax.models.gguf import smollm2_path  # pylint: disable=import-outside-toplevel
     from specjax.models.real_zoo import export_hf  # pylint: disable=import-outside-toplevel
+
     torch.set_num_threads(os.cpu_count() or 1)
     p = smollm2_path()
-    target = transformers.AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name,
-                                                               dtype=torch.float32).eval()
+    target = transformers.AutoModelForCausalLM.from_pretrained(
+        str(p.parent), gguf_file=p.name, dtype=torch.float32
+    ).eval()
     prompts = {}
     for q in load_prompts():
         prompts.setdefault(q["domain"], q["prompt"])
@@ -281,14 +384,27 @@ def part_peer(result: dict, model, dep) -> None:
     # Greedy identity (64 tokens, 3 prompts): specjax's AR at τ = 0 vs transformers.
     same = []
     for row in ids:
-        r = autoregressive_generate(dep.verifier, dep.v_params, [row], row_keys_for(0, 1),
-                                    temperature=0.0, max_new_tokens=n_new, bucket=64)
-        ours = [int(x) for x in r.tokens[0, r.start[0]:r.length[0]]]
+        r = autoregressive_generate(
+            dep.verifier,
+            dep.v_params,
+            [row],
+            row_keys_for(0, 1),
+            temperature=0.0,
+            max_new_tokens=n_new,
+            bucket=64,
+        )
+        ours = [int(x) for x in r.tokens[0, r.start[0] : r.length[0]]]
         with torch.no_grad():
-            out = target.generate(torch.tensor([row]), max_new_tokens=n_new, do_sample=False,
-                                  min_new_tokens=n_new, eos_token_id=None, pad_token_id=0)
-        theirs = out[0, len(row):].tolist()
-        same.append(ours == theirs[:len(ours)] and len(ours) == n_new)
+            out = target.generate(
+                torch.tensor([row]),
+                max_new_tokens=n_new,
+                do_sample=False,
+                min_new_tokens=n_new,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        theirs = out[0, len(row) :].tolist()
+        same.append(ours == theirs[: len(ours)] and len(ours) == n_new)
     print(f"greedy identical to transformers for {n_new} tokens: {same}", flush=True)
 
     def timed(**kw):
@@ -298,9 +414,15 @@ def part_peer(result: dict, model, dep) -> None:
             for row in ids:
                 t = time.perf_counter()
                 with torch.no_grad():
-                    out = target.generate(torch.tensor([row]), max_new_tokens=n_new, do_sample=False,
-                                          min_new_tokens=n_new, eos_token_id=None, pad_token_id=0,
-                                          **kw)
+                    out = target.generate(
+                        torch.tensor([row]),
+                        max_new_tokens=n_new,
+                        do_sample=False,
+                        min_new_tokens=n_new,
+                        eos_token_id=None,
+                        pad_token_id=0,
+                        **kw,
+                    )
                 s += time.perf_counter() - t
                 n += out.shape[1] - len(row)
             if i:
@@ -315,13 +437,17 @@ def part_peer(result: dict, model, dep) -> None:
         sub = dep.subset(["code"])
         export_hf(drafter_dir, sub.drafters[0].lm, sub.d_data[0].params)
         assistant = transformers.AutoModelForCausalLM.from_pretrained(
-            str(drafter_dir), dtype=torch.float32).eval()
+            str(drafter_dir), dtype=torch.float32
+        ).eval()
         for g in (2, 4, 8):
             assistant.generation_config.num_assistant_tokens = g
             assistant.generation_config.num_assistant_tokens_schedule = "constant"
             peer[f"assisted_{g}"] = timed(assistant_model=assistant)
-    print("peer (transformers, same weights, f32, B=1, greedy): " + ", ".join(
-        f"{k} {v:.1f} tok/s" for k, v in peer.items() if k != "greedy_identical"), flush=True)
+    print(
+        "peer (transformers, same weights, f32, B=1, greedy): "
+        + ", ".join(f"{k} {v:.1f} tok/s" for k, v in peer.items() if k != "greedy_identical"),
+        flush=True,
+    )
     result["peer"] = peer
 
 
@@ -331,50 +457,74 @@ def render_markdown(r: dict) -> list[str]:
     lines = [f"Stream bandwidth {r['stream_bytes_per_s'] / 1e9:.1f} GB/s.", ""]
     if r.get("ratio"):
         ks = sorted(r["ratio"][0]["ratio"], key=int)
-        lines += ["## T_score(k) / T_step (verifier forwards over 100 cached tokens)", "",
-                  "| layout | B | T_step ms | floor ms | T_step / floor | " +
-                  " | ".join(f"k={k}" for k in ks) + " |",
-                  "|---|---|---|---|---|" + "---|" * len(ks)]
+        lines += [
+            "## T_score(k) / T_step (verifier forwards over 100 cached tokens)",
+            "",
+            "| layout | B | T_step ms | floor ms | T_step / floor | "
+            + " | ".join(f"k={k}" for k in ks)
+            + " |",
+            "|---|---|---|---|---|" + "---|" * len(ks),
+        ]
         for row in r["ratio"]:
-            lines.append(f"| {row['dtype']} | {row['batch']} | {1e3 * row['t_step']:.2f} | "
-                         f"{1e3 * row['floor_s']:.2f} | {row['t_step'] / row['floor_s']:.2f} | " +
-                         " | ".join(f"{row['ratio'][k]:.2f}" for k in ks) + " |")
-        lines += ["", "Roofline projection of the same forwards (bf16 weights and cache; "
-                  "bytes and FLOPs counted from the model), T_score(k) / T_step:", "",
-                  "| accelerator | B | T_step µs | " + " | ".join(f"k={k}" for k in ks) + " |",
-                  "|---|---|---|" + "---|" * len(ks)]
+            lines.append(
+                f"| {row['dtype']} | {row['batch']} | {1e3 * row['t_step']:.2f} | "
+                f"{1e3 * row['floor_s']:.2f} | {row['t_step'] / row['floor_s']:.2f} | "
+                + " | ".join(f"{row['ratio'][k]:.2f}" for k in ks)
+                + " |"
+            )
+        lines += [
+            "",
+            "Roofline projection of the same forwards (bf16 weights and cache; "
+            "bytes and FLOPs counted from the model), T_score(k) / T_step:",
+            "",
+            "| accelerator | B | T_step µs | " + " | ".join(f"k={k}" for k in ks) + " |",
+            "|---|---|---|" + "---|" * len(ks),
+        ]
         seen = set()
         for row in r["ratio"]:
             for name, rr in row["roofline_ratio"].items():
                 if (name, row["batch"]) in seen:
                     continue
                 seen.add((name, row["batch"]))
-                lines.append(f"| {name} | {row['batch']} | "
-                             f"{1e6 * row['roofline_t_step'][name]:.1f} | " +
-                             " | ".join(f"{rr[k]:.2f}" for k in ks) + " |")
+                lines.append(
+                    f"| {name} | {row['batch']} | "
+                    f"{1e6 * row['roofline_t_step'][name]:.1f} | "
+                    + " | ".join(f"{rr[k]:.2f}" for k in ks)
+                    + " |"
+                )
         lines.append("")
     if r.get("spec"):
-        lines += [f"## Speculative vs autoregressive (rule 1, {r.get('new_tokens')} new tokens, "
-                  f"{r.get('prompts_per_domain')} plan prompt(s) per domain in the chat template, "
-                  f"medians of {r.get('repeats')} paired runs)", "",
-                  "| B | τ | drafter (τ_i) | γ | AR tok/s | spec tok/s | spec / AR | hw-aware | "
-                  "measured / hw-aware | α | tokens / round | c | T_score / T_step |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## Speculative vs autoregressive (rule 1, {r.get('new_tokens')} new tokens, "
+            f"{r.get('prompts_per_domain')} plan prompt(s) per domain in the chat template, "
+            f"medians of {r.get('repeats')} paired runs)",
+            "",
+            "| B | τ | drafter (τ_i) | γ | AR tok/s | spec tok/s | spec / AR | hw-aware | "
+            "measured / hw-aware | α | tokens / round | c | T_score / T_step |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for x in r["spec"]:
-            lines.append(f"| {x['batch']} | {x['tau']:g} | {x['drafter']} "
-                         f"({x.get('drafter_tau', float('nan')):g}) | {x['gamma']} | "
-                         f"{x['ar_tokens_per_s']:.1f} | {x['spec_tokens_per_s']:.1f} | "
-                         f"{x['measured_speedup']:.2f} | {x['hardware_aware_speedup']:.2f} | "
-                         f"{x['measured_over_hardware_aware']:.2f} | {x['alpha']:.2f} | "
-                         f"{x['tokens_per_round']:.2f} | {x['c']:.3f} | "
-                         f"{x['t_score_over_t_step']:.2f} |")
+            lines.append(
+                f"| {x['batch']} | {x['tau']:g} | {x['drafter']} "
+                f"({x.get('drafter_tau', float('nan')):g}) | {x['gamma']} | "
+                f"{x['ar_tokens_per_s']:.1f} | {x['spec_tokens_per_s']:.1f} | "
+                f"{x['measured_speedup']:.2f} | {x['hardware_aware_speedup']:.2f} | "
+                f"{x['measured_over_hardware_aware']:.2f} | {x['alpha']:.2f} | "
+                f"{x['tokens_per_round']:.2f} | {x['c']:.3f} | "
+                f"{x['t_score_over_t_step']:.2f} |"
+            )
         lines.append("")
     if r.get("peer"):
         p = r["peer"]
-        lines += ["## transformers on the same weights (f32, eager, batch 1, greedy)", "",
-                  f"Greedy tokens identical to specjax's for {r.get('new_tokens')} tokens on the "
-                  f"three prompts: {p['greedy_identical']}.", "",
-                  "| transformers | tok/s |", "|---|---|"]
+        lines += [
+            "## transformers on the same weights (f32, eager, batch 1, greedy)",
+            "",
+            f"Greedy tokens identical to specjax's for {r.get('new_tokens')} tokens on the "
+            f"three prompts: {p['greedy_identical']}.",
+            "",
+            "| transformers | tok/s |",
+            "|---|---|",
+        ]
         lines += [f"| {k} | {v:.1f} |" for k, v in p.items() if k != "greedy_identical"]
         lines.append("")
     return lines
@@ -384,14 +534,21 @@ def main(argv):
     del argv
     from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
     from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
+
     prov = provenance.provenance()
     m = prov["machine"]
-    result = {"new_tokens": FLAGS.new_tokens, "repeats": FLAGS.repeats,
-              "prompts_per_domain": FLAGS.prompts_per_domain}
+    result = {
+        "new_tokens": FLAGS.new_tokens,
+        "repeats": FLAGS.repeats,
+        "prompts_per_domain": FLAGS.prompts_per_domain,
+    }
     bw = stream_bandwidth()
     result["stream_bytes_per_s"] = bw
-    print(f"machine: {m.get('Model name')}, L2 {m.get('L2 cache')}, L3 {m.get('L3 cache')}, "
-          f"load {os.getloadavg()[0]:.2f}; stream {bw / 1e9:.1f} GB/s", flush=True)
+    print(
+        f"machine: {m.get('Model name')}, L2 {m.get('L2 cache')}, L3 {m.get('L3 cache')}, "
+        f"load {os.getloadavg()[0]:.2f}; stream {bw / 1e9:.1f} GB/s",
+        flush=True,
+    )
     if "ratio" in FLAGS.parts:
         part_ratio(result, bw)
     if "spec" in FLAGS.parts or "peer" in FLAGS.parts:
@@ -405,9 +562,13 @@ def main(argv):
     path = provenance.write_json(Path(FLAGS.out) / "real_speed.json", result, prov)
     print(f"wrote {path}")
     if FLAGS.write_docs:
-        page = provenance.write_page(FLAGS.doc_name,
-                                     "Speed on the real verifier (SmolLM2-135M-Instruct)",
-                                     render_markdown(result), prov, FLAGS.docs_dir)
+        page = provenance.write_page(
+            FLAGS.doc_name,
+            "Speed on the real verifier (SmolLM2-135M-Instruct)",
+            render_markdown(result),
+            prov,
+            FLAGS.docs_dir,
+        )
         print(f"wrote {page}")
 
 

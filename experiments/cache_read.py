@@ -13,6 +13,7 @@ minimum over `--repeats` runs), next to the verifier's matmul floor at the same 
 (`specjax.timing.matmul_floor`). Prints a table and writes ``cache_read.json`` under --out;
 about 2 minutes at the defaults on 2 cores.
 """
+
 from __future__ import annotations
 
 import time
@@ -47,12 +48,15 @@ def _decode_loop(lm, batch: int, steps: int):
     def loop(params, cache, tok):
         def body(c, _):
             cache, tok = c
-            logits, cache = lm.forward(params, cache, tok, cache.length[:, None],
-                                       causal_block_mask(batch, 1))
+            logits, cache = lm.forward(
+                params, cache, tok, cache.length[:, None], causal_block_mask(batch, 1)
+            )
             cache = lm.advance(cache, 1)
             return (cache, jnp.argmax(logits[:, 0], -1).astype(jnp.int32)[:, None]), None
+
         (_, tok), _ = jax.lax.scan(body, (cache, tok), None, length=steps)
         return tok
+
     return loop
 
 
@@ -61,43 +65,62 @@ def main(argv):
     prov = provenance.provenance()
     full = from_zoo(load_zoo(FLAGS.zoo))
     v, vp = full.verifier, full.v_params
-    print(f"zoo verifier, {FLAGS.steps} greedy steps from {FLAGS.filled} filled slots; "
-          f"blocks of {transformer.CACHE_CHUNK} slots ('blocked' reads every cache of 2 or "
-          f"more blocks in blocks; the engine's default does from "
-          f"{transformer.CACHE_MIN_BLOCKS} blocks on)")
-    print(f"{'B':>3} {'capacity':>8} {'whole ms/step':>13} {'blocked ms/step':>15} "
-          f"{'whole/blocked':>13} {'floor ms/step':>13}")
+    print(
+        f"zoo verifier, {FLAGS.steps} greedy steps from {FLAGS.filled} filled slots; "
+        f"blocks of {transformer.CACHE_CHUNK} slots ('blocked' reads every cache of 2 or "
+        f"more blocks in blocks; the engine's default does from "
+        f"{transformer.CACHE_MIN_BLOCKS} blocks on)"
+    )
+    print(
+        f"{'B':>3} {'capacity':>8} {'whole ms/step':>13} {'blocked ms/step':>15} "
+        f"{'whole/blocked':>13} {'floor ms/step':>13}"
+    )
     default_min = transformer.CACHE_MIN_BLOCKS
     rows = []
     for batch in (int(b) for b in FLAGS.batches):
         floor = batch / matmul_floor(v, vp, batch)
         for cap in (int(c) for c in FLAGS.capacities):
             if FLAGS.filled + FLAGS.steps > cap:
-                raise SystemExit(f"--capacities: {cap} < filled + steps = "
-                                 f"{FLAGS.filled + FLAGS.steps}")
-            cache = v.advance(v.init_cache(batch, cap), jnp.full((batch,), FLAGS.filled,
-                                                                 jnp.int32))
+                raise SystemExit(
+                    f"--capacities: {cap} < filled + steps = {FLAGS.filled + FLAGS.steps}"
+                )
+            cache = v.advance(v.init_cache(batch, cap), jnp.full((batch,), FLAGS.filled, jnp.int32))
             tok = jnp.ones((batch, 1), jnp.int32)
             exes = {}
-            for name, min_blocks in (("whole", 10 ** 9), ("blocked", 2)):
-                transformer.CACHE_MIN_BLOCKS = min_blocks   # read at trace time
+            for name, min_blocks in (("whole", 10**9), ("blocked", 2)):
+                transformer.CACHE_MIN_BLOCKS = min_blocks  # read at trace time
                 try:
                     loop = _decode_loop(v, batch, FLAGS.steps)
                     exes[name] = loop.lower(vp, cache, tok).compile()
                 finally:
                     transformer.CACHE_MIN_BLOCKS = default_min
             best = {name: float("inf") for name in exes}
-            for _ in range(FLAGS.repeats):       # alternately: load drift hits both alike
+            for _ in range(FLAGS.repeats):  # alternately: load drift hits both alike
                 for name, exe in exes.items():
                     best[name] = min(best[name], _time_exe(exe, vp, cache, tok))
             w, b = (best[k] / FLAGS.steps * 1e3 for k in ("whole", "blocked"))
-            print(f"{batch:3d} {cap:8d} {w:13.3f} {b:15.3f} {w / b:13.2f} {floor * 1e3:13.3f}",
-                  flush=True)
-            rows.append(dict(batch=batch, capacity=cap, whole_ms_per_step=w,
-                             blocked_ms_per_step=b, whole_over_blocked=w / b,
-                             floor_ms_per_step=floor * 1e3))
-    result = dict(rows=rows, filled=FLAGS.filled, steps=FLAGS.steps, repeats=FLAGS.repeats,
-                  cache_chunk=transformer.CACHE_CHUNK, cache_min_blocks=default_min)
+            print(
+                f"{batch:3d} {cap:8d} {w:13.3f} {b:15.3f} {w / b:13.2f} {floor * 1e3:13.3f}",
+                flush=True,
+            )
+            rows.append(
+                dict(
+                    batch=batch,
+                    capacity=cap,
+                    whole_ms_per_step=w,
+                    blocked_ms_per_step=b,
+                    whole_over_blocked=w / b,
+                    floor_ms_per_step=floor * 1e3,
+                )
+            )
+    result = dict(
+        rows=rows,
+        filled=FLAGS.filled,
+        steps=FLAGS.steps,
+        repeats=FLAGS.repeats,
+        cache_chunk=transformer.CACHE_CHUNK,
+        cache_min_blocks=default_min,
+    )
     print(f"wrote {provenance.write_json(Path(FLAGS.out) / 'cache_read.json', result, prov)}")
 
 

@@ -21,6 +21,7 @@ traced, so the sweep reuses one compiled program). Each
 process writes the tokens it got (and, from process 0, the single-process reference
 computed on its local devices) to ``--out`` as JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,27 +34,39 @@ def main(argv=None) -> int:
     ap.add_argument("--coordinator", default=None, help="host:port of process 0 (None: auto)")
     ap.add_argument("--num_processes", type=int, default=None)
     ap.add_argument("--process_id", type=int, default=None)
-    ap.add_argument("--local_devices", type=int, default=0,
-                    help="CPU devices per process (0: leave the platform's)")
+    ap.add_argument(
+        "--local_devices",
+        type=int,
+        default=0,
+        help="CPU devices per process (0: leave the platform's)",
+    )
     ap.add_argument("--rules", default="fsdp_tp", help="a rule set of specjax.sharding")
     ap.add_argument("--model_axis", type=int, default=2, help="size of the 'model' mesh axis")
     ap.add_argument("--gamma", type=int, default=3)
-    ap.add_argument("--temperatures", default="1.0,0.5",
-                    help="the sweep: drafter temperatures (traced: one compiled program)")
+    ap.add_argument(
+        "--temperatures",
+        default="1.0,0.5",
+        help="the sweep: drafter temperatures (traced: one compiled program)",
+    )
     ap.add_argument("--max_new_tokens", type=int, default=8)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
     t0 = time.time()
     import jax  # pylint: disable=import-outside-toplevel
+
     if args.local_devices:
         jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_num_cpu_devices", args.local_devices)
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=args.coordinator,
-                               num_processes=args.num_processes, process_id=args.process_id,
-                               initialization_timeout=60)
+    jax.distributed.initialize(
+        coordinator_address=args.coordinator,
+        num_processes=args.num_processes,
+        process_id=args.process_id,
+        initialization_timeout=60,
+    )
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
     # No persistent compilation cache: a process that found its programs cached would reach
     # the first collective long before the other finished compiling, and gloo gives a
     # peer 30 s to arrive. Both compile cold, and start each call together (barrier).
@@ -74,41 +87,67 @@ def main(argv=None) -> int:
 
     timings = {"start": round(time.time() - t0, 2)}
 
-    cfg = EngineConfig(gamma=args.gamma, rule="token_tree", verifier_temperature=1.0,
-                       n_slots=2, max_new_tokens=args.max_new_tokens)
+    cfg = EngineConfig(
+        gamma=args.gamma,
+        rule="token_tree",
+        verifier_temperature=1.0,
+        n_slots=2,
+        max_new_tokens=args.max_new_tokens,
+    )
 
     def run(d, temperature):
         d = d.with_temperatures([temperature] * len(d.drafters))
         if jax.process_count() > 1 and d.v_params is sdep.v_params:
             multihost_utils.sync_global_devices(f"generate tau={temperature}")
-        spec = gen.speculative_generate(cfg, d.verifier, d.v_params, d.drafters, d.d_data,
-                                        prompts, d_prompts, keys)
+        spec = gen.speculative_generate(
+            cfg, d.verifier, d.v_params, d.drafters, d.d_data, prompts, d_prompts, keys
+        )
         return spec.tokens.tolist(), spec.counters.accepted.tolist()
 
-    out = {"process": jax.process_index(), "processes": jax.process_count(),
-           "devices": n, "local_devices": jax.local_device_count(),
-           "mesh": dict(mesh.shape), "rules": args.rules,
-           "sharded_over_processes": len({dev.process_index for dev in
-                                          sdep.v_params["embed"].sharding.device_set}),
-           "local_param_fraction": _local_fraction(sdep.v_params),
-           "sweep": {}, "timings": timings}
+    out = {
+        "process": jax.process_index(),
+        "processes": jax.process_count(),
+        "devices": n,
+        "local_devices": jax.local_device_count(),
+        "mesh": dict(mesh.shape),
+        "rules": args.rules,
+        "sharded_over_processes": len(
+            {dev.process_index for dev in sdep.v_params["embed"].sharding.device_set}
+        ),
+        "local_param_fraction": _local_fraction(sdep.v_params),
+        "sweep": {},
+        "timings": timings,
+    }
     temps = [float(t) for t in args.temperatures.split(",")]
-    for t in temps:                             # the tiny sweep
+    for t in temps:  # the tiny sweep
         out["sweep"][str(t)] = run(sdep, t)
         timings[f"sharded_tau{t}"] = round(time.time() - t0, 2)
     multihost_utils.sync_global_devices("autoregressive")
-    ar = gen.autoregressive_generate(sdep.verifier, sdep.v_params, prompts, keys,
-                                     temperature=1.0, max_new_tokens=args.max_new_tokens)
+    ar = gen.autoregressive_generate(
+        sdep.verifier,
+        sdep.v_params,
+        prompts,
+        keys,
+        temperature=1.0,
+        max_new_tokens=args.max_new_tokens,
+    )
     out["autoregressive"] = ar.tokens.tolist()
     timings["sharded_autoregressive"] = round(time.time() - t0, 2)
     if jax.process_index() == 0:
         # The reference: the same deployment unsharded, on this process's first device.
         with jax.default_device(jax.local_devices()[0]):
             ref = _deployment()
-            out["reference"] = {"spec": run(ref, temps[0]),
-                                "autoregressive": gen.autoregressive_generate(
-                ref.verifier, ref.v_params, prompts, keys, temperature=1.0,
-                max_new_tokens=args.max_new_tokens).tokens.tolist()}
+            out["reference"] = {
+                "spec": run(ref, temps[0]),
+                "autoregressive": gen.autoregressive_generate(
+                    ref.verifier,
+                    ref.v_params,
+                    prompts,
+                    keys,
+                    temperature=1.0,
+                    max_new_tokens=args.max_new_tokens,
+                ).tokens.tolist(),
+            }
         timings["reference"] = round(time.time() - t0, 2)
     out["seconds"] = round(time.time() - t0, 2)
     provenance.write_json(args.out, out, prov, indent=None)
@@ -120,6 +159,7 @@ def _local_fraction(params) -> float:
     """The share of the parameters' elements this process holds (distinct shards only):
     1.0 when every process has a full copy, 1/P when each tensor is split over P processes."""
     import jax  # pylint: disable=import-outside-toplevel
+
     held = total = 0
     for x in jax.tree.leaves(params):
         total += x.size
@@ -135,6 +175,7 @@ def _local_fraction(params) -> float:
 def _deployment():
     """The fixed tiny deployment (same on every process: fixed seeds)."""
     from specjax.testing import tiny_transformer_deployment  # pylint: disable=import-outside-toplevel
+
     return tiny_transformer_deployment()
 
 

@@ -41,12 +41,13 @@ Their differences to the full round attribute the overhead (`--variants` picks s
 
 `--compare_with DIR`: DIR holds a renamed copy of an older specjax (`DIR/specjax_old`, its
 imports rewritten, e.g. `git archive HEAD specjax | tar -x -C DIR; mv DIR/specjax
-DIR/specjax_old; sed -i 's/specjax\./specjax_old./g' ...`); both are timed alternately in
+DIR/specjax_old; sed -i 's/specjax\\./specjax_old./g' ...`); both are timed alternately in
 this process (paired). `--e2e` adds benchmark.py's measurement per package, interleaved:
 tokens/s of whole speculative and autoregressive generate calls, spec/AR and measured /
 hardware-aware. Writes ``profile_round.json`` under --out. About 3 minutes at the defaults
 on 2 cores.
 """
+
 from __future__ import annotations
 
 import collections
@@ -84,24 +85,38 @@ def define_flags():
     flags.DEFINE_string("hlo_dump", None, "write each compiled program's HLO text here")
     flags.DEFINE_string("compare_with", None, "a directory holding specjax_old (paired timing)")
     flags.DEFINE_string("profile_dir", None, "write a jax.profiler trace of one loop run here")
-    flags.DEFINE_list("set_attr", [], "also time the full round traced with a module attribute "
-                      "of the package set, e.g. models.transformer.GEMV_MAX_ROWS=3 (scratch "
-                      "experiments)")
+    flags.DEFINE_list(
+        "set_attr",
+        [],
+        "also time the full round traced with a module attribute "
+        "of the package set, e.g. models.transformer.GEMV_MAX_ROWS=3 (scratch "
+        "experiments)",
+    )
     flags.DEFINE_list("variants", [], "with --ablate: only these variants (and 'full')")
-    flags.DEFINE_list("compiler_options", [], "also time the full round compiled with these "
-                      "XLA:CPU option sets (per program, `Lowered.compile(options)`): "
-                      "single_thread (no intra-op threads for dots), no_ynn (dots off YNNPACK), "
-                      "no_ynn_single_thread")
-    flags.DEFINE_bool("e2e", False, "also time whole generate calls (speculative and AR, prefill "
-                      "included, as benchmark.py) per package, interleaved: spec/AR and "
-                      "measured / hardware-aware")
+    flags.DEFINE_list(
+        "compiler_options",
+        [],
+        "also time the full round compiled with these "
+        "XLA:CPU option sets (per program, `Lowered.compile(options)`): "
+        "single_thread (no intra-op threads for dots), no_ynn (dots off YNNPACK), "
+        "no_ynn_single_thread",
+    )
+    flags.DEFINE_bool(
+        "e2e",
+        False,
+        "also time whole generate calls (speculative and AR, prefill "
+        "included, as benchmark.py) per package, interleaved: spec/AR and "
+        "measured / hardware-aware",
+    )
 
 
 _OPTION_SETS = {
     "single_thread": {"xla_cpu_multi_thread_eigen": False},
     "no_ynn": {"xla_cpu_experimental_ynn_fusion_type": ""},
-    "no_ynn_single_thread": {"xla_cpu_experimental_ynn_fusion_type": "",
-                             "xla_cpu_multi_thread_eigen": False},
+    "no_ynn_single_thread": {
+        "xla_cpu_experimental_ynn_fusion_type": "",
+        "xla_cpu_multi_thread_eigen": False,
+    },
 }
 
 
@@ -113,15 +128,24 @@ def _round_budget(decode):
 
 def _load(pkg: str):
     m = lambda name: importlib.import_module(f"{pkg}.{name}")
-    return dict(zoo=m("models.zoo"), dep=m("engine.deployment"), gen=m("engine.generate"),
-                decode=m("engine.decode"), spec=m("engine.spec"), data=m("data"),
-                api=m("models.api"),
-                rules=m("verify.rules"), dist=m("verify.distributions"), pkg=pkg)
+    return dict(
+        zoo=m("models.zoo"),
+        dep=m("engine.deployment"),
+        gen=m("engine.generate"),
+        decode=m("engine.decode"),
+        spec=m("engine.spec"),
+        data=m("data"),
+        api=m("models.api"),
+        rules=m("verify.rules"),
+        dist=m("verify.distributions"),
+        pkg=pkg,
+    )
 
 
 # ----------------------------------------------------------------------------------------
 # The timed loop
 # ----------------------------------------------------------------------------------------
+
 
 def _loop_fn(mods, round_fn, cfg, verifier, drafters):
     decode = mods["decode"]
@@ -130,19 +154,39 @@ def _loop_fn(mods, round_fn, cfg, verifier, drafters):
         b = carry.tokens.shape[0]
         gamma = max(cfg.gamma if d.gamma is None else d.gamma for d in drafters)
         state = decode.DecodeState(
-            tokens=carry.tokens, length=carry.length, start=carry.length,
-            done=jnp.zeros((b,), bool), row_keys=row_keys, vcache=carry.vcache,
-            dcaches=carry.dcaches, dsynced=carry.dsynced, dlogits=carry.dlogits,
-            counters=decode.Counters.zeros(b, len(drafters), gamma))
+            tokens=carry.tokens,
+            length=carry.length,
+            start=carry.length,
+            done=jnp.zeros((b,), bool),
+            row_keys=row_keys,
+            vcache=carry.vcache,
+            dcaches=carry.dcaches,
+            dsynced=carry.dsynced,
+            dlogits=carry.dlogits,
+            counters=decode.Counters.zeros(b, len(drafters), gamma),
+        )
         state = state.replace(done=_round_budget(decode)(cfg, state, max_new, gamma) <= 0)
 
         def body(c):
             s, i = c
-            return round_fn(cfg, verifier, drafters, v_params, d_data, slots, stop_table, s,
-                            v_temperature=v_temperature, max_new=max_new), i + 1
-        state, iters = jax.lax.while_loop(lambda c: ~jnp.all(c[0].done), body,
-                                          (state, jnp.int32(0)))
+            return round_fn(
+                cfg,
+                verifier,
+                drafters,
+                v_params,
+                d_data,
+                slots,
+                stop_table,
+                s,
+                v_temperature=v_temperature,
+                max_new=max_new,
+            ), i + 1
+
+        state, iters = jax.lax.while_loop(
+            lambda c: ~jnp.all(c[0].done), body, (state, jnp.int32(0))
+        )
         return state.tokens, state.length, state.counters.rounds, iters
+
     return jax.jit(loop)
 
 
@@ -157,27 +201,47 @@ class Case:
         v_prompts = [full.encode(t) for t in texts]
         d_prompts = [[dep.drafter_encode[0](t) for t in texts]]
         keys = gen.row_keys_for(0, batch)
-        self.cfg = spec_mod.EngineConfig(gamma=gamma, rule=FLAGS.rule,
-                                         verifier_temperature=FLAGS.verifier_temperature,
-                                         max_new_tokens=1)
-        first = gen.speculative_generate(self.cfg, dep.verifier, dep.v_params, dep.drafters,
-                                         dep.d_data, v_prompts, d_prompts, keys,
-                                         bucket=FLAGS.bucket, reserve=FLAGS.new_tokens,
-                                         return_state=True)
+        self.cfg = spec_mod.EngineConfig(
+            gamma=gamma,
+            rule=FLAGS.rule,
+            verifier_temperature=FLAGS.verifier_temperature,
+            max_new_tokens=1,
+        )
+        first = gen.speculative_generate(
+            self.cfg,
+            dep.verifier,
+            dep.v_params,
+            dep.drafters,
+            dep.d_data,
+            v_prompts,
+            d_prompts,
+            keys,
+            bucket=FLAGS.bucket,
+            reserve=FLAGS.new_tokens,
+            return_state=True,
+        )
         carry = first.state
         # The drafter catches up as `_spec_from_state` does, outside the timed loop.
-        catch = jax.jit(lambda c, data: _catch_up(mods, self.cfg, dep.drafters[0].static,
-                                                  data, c))
-        carry = catch(carry, dep.d_data[0].replace(
-            temperature=jnp.float32(dep.drafters[0].temperature)))
+        catch = jax.jit(lambda c, data: _catch_up(mods, self.cfg, dep.drafters[0].static, data, c))
+        carry = catch(
+            carry, dep.d_data[0].replace(temperature=jnp.float32(dep.drafters[0].temperature))
+        )
         self.carry = carry
-        d_data = tuple(d.replace(temperature=jnp.float32(s.temperature))
-                       for d, s in zip(dep.d_data, dep.drafters))
+        d_data = tuple(
+            d.replace(temperature=jnp.float32(s.temperature))
+            for d, s in zip(dep.d_data, dep.drafters)
+        )
         b = batch
-        self.args = (dep.v_params, d_data, jnp.zeros((b, 1), jnp.int32),
-                     jnp.asarray(dep.stop_table * False),
-                     jnp.float32(FLAGS.verifier_temperature), jnp.int32(FLAGS.new_tokens),
-                     carry, jnp.asarray(keys))
+        self.args = (
+            dep.v_params,
+            d_data,
+            jnp.zeros((b, 1), jnp.int32),
+            jnp.asarray(dep.stop_table * False),
+            jnp.float32(FLAGS.verifier_temperature),
+            jnp.int32(FLAGS.new_tokens),
+            carry,
+            jnp.asarray(keys),
+        )
         self.drafters = tuple(d.static for d in dep.drafters)
         self.capacity = carry.vcache.max_len
         self.d_capacity = carry.dcaches[0].max_len
@@ -189,7 +253,7 @@ class Case:
         fn = _loop_fn(self.mods, round_fn, self.cfg, self.dep.verifier, self.drafters)
         t0 = time.perf_counter()
         exe = fn.lower(*self.args).compile(options) if options else fn.lower(*self.args).compile()
-        out = jax.block_until_ready(exe(*self.args))             # warm-up
+        out = jax.block_until_ready(exe(*self.args))  # warm-up
         self.exes[name] = (exe, int(out[3]), time.perf_counter() - t0)
         return exe
 
@@ -204,7 +268,7 @@ class Case:
 
 
 def _catch_up(mods, cfg, spec, data, carry):
-    gamma = (cfg.gamma if spec.gamma is None else spec.gamma)
+    gamma = cfg.gamma if spec.gamma is None else spec.gamma
 
     def behind(c):
         return jnp.any(c[2] < carry.length)
@@ -212,8 +276,10 @@ def _catch_up(mods, cfg, spec, data, carry):
     def feed(c):
         cache, logits, synced = c
         cache, logits, synced, _ = mods["decode"].consume(
-            spec, data, cache, logits, carry.tokens, synced, carry.length, gamma + 1)
+            spec, data, cache, logits, carry.tokens, synced, carry.length, gamma + 1
+        )
         return cache, logits, synced
+
     c = jax.lax.while_loop(behind, feed, (carry.dcaches[0], carry.dlogits[0], carry.dsynced[0]))
     return carry.replace(dcaches=(c[0],), dlogits=(c[1],), dsynced=c[2][None])
 
@@ -221,6 +287,7 @@ def _catch_up(mods, cfg, spec, data, carry):
 # ----------------------------------------------------------------------------------------
 # Forwards alone
 # ----------------------------------------------------------------------------------------
+
 
 class Forward:
     """A `width`-token forward at batch `batch` over `context` cached tokens in a cache of
@@ -235,8 +302,7 @@ class Forward:
     def run(self):
         t0, c0 = time.perf_counter(), time.process_time()
         jax.block_until_ready(self.exe(*self.args))
-        return ((time.perf_counter() - t0) / self.reps,
-                (time.process_time() - c0) / self.reps)
+        return ((time.perf_counter() - t0) / self.reps, (time.process_time() - c0) / self.reps)
 
 
 def end_to_end(loaded, pkgs, batch, gamma, t_step, t_score, t_draft) -> list:
@@ -253,16 +319,36 @@ def end_to_end(loaded, pkgs, batch, gamma, t_step, t_score, t_draft) -> list:
         v_prompts = [full.encode(t) for t in texts]
         d_prompts = [[dep.drafter_encode[0](t) for t in texts]]
         keys = gen.row_keys_for(0, batch)
-        cfg = spec_mod.EngineConfig(gamma=gamma, rule=FLAGS.rule,
-                                    verifier_temperature=FLAGS.verifier_temperature,
-                                    max_new_tokens=FLAGS.new_tokens)
-        runs[(pkg, "spec")] = lambda gen=gen, cfg=cfg, dep=dep, v=v_prompts, d=d_prompts, \
-            k=keys: gen.speculative_generate(cfg, dep.verifier, dep.v_params, dep.drafters,
-                                             dep.d_data, v, d, k, bucket=FLAGS.bucket)
-        runs[(pkg, "ar")] = lambda gen=gen, dep=dep, v=v_prompts, k=keys: \
-            gen.autoregressive_generate(dep.verifier, dep.v_params, v, k,
-                                        temperature=FLAGS.verifier_temperature,
-                                        max_new_tokens=FLAGS.new_tokens, bucket=FLAGS.bucket)
+        cfg = spec_mod.EngineConfig(
+            gamma=gamma,
+            rule=FLAGS.rule,
+            verifier_temperature=FLAGS.verifier_temperature,
+            max_new_tokens=FLAGS.new_tokens,
+        )
+        runs[(pkg, "spec")] = lambda gen=gen, cfg=cfg, dep=dep, v=v_prompts, d=d_prompts, k=keys: (
+            gen.speculative_generate(
+                cfg,
+                dep.verifier,
+                dep.v_params,
+                dep.drafters,
+                dep.d_data,
+                v,
+                d,
+                k,
+                bucket=FLAGS.bucket,
+            )
+        )
+        runs[(pkg, "ar")] = lambda gen=gen, dep=dep, v=v_prompts, k=keys: (
+            gen.autoregressive_generate(
+                dep.verifier,
+                dep.v_params,
+                v,
+                k,
+                temperature=FLAGS.verifier_temperature,
+                max_new_tokens=FLAGS.new_tokens,
+                bucket=FLAGS.bucket,
+            )
+        )
     tps = collections.defaultdict(list)
     counters = {}
     for rep in range(FLAGS.repeats + 1):
@@ -279,19 +365,34 @@ def end_to_end(loaded, pkgs, batch, gamma, t_step, t_score, t_draft) -> list:
         alpha = float(c.own_accepted_at.sum() / max(c.own_reached_at.sum(), 1))
         hw = per_round * t_step / (gamma * t_draft + t_score)
         sp, ar = statistics.median(tps[(pkg, "spec")]), statistics.median(tps[(pkg, "ar")])
-        rows.append(dict(package=pkg, variant="e2e", batch=batch, gamma=gamma,
-                         spec_tokens_per_s=sp, ar_tokens_per_s=ar, spec_over_ar=sp / ar,
-                         tokens_per_round=per_round, alpha=alpha, hardware_aware=hw,
-                         measured_over_hardware_aware=sp / ar / hw))
-        print(f"  {pkg:11} e2e: AR {ar:8.1f} tok/s, spec {sp:8.1f} tok/s, spec/AR "
-              f"{sp / ar:.3f}; α {alpha:.3f}, E {per_round:.2f}, hardware-aware {hw:.3f}, "
-              f"measured/hw {sp / ar / hw:.3f}", flush=True)
+        rows.append(
+            dict(
+                package=pkg,
+                variant="e2e",
+                batch=batch,
+                gamma=gamma,
+                spec_tokens_per_s=sp,
+                ar_tokens_per_s=ar,
+                spec_over_ar=sp / ar,
+                tokens_per_round=per_round,
+                alpha=alpha,
+                hardware_aware=hw,
+                measured_over_hardware_aware=sp / ar / hw,
+            )
+        )
+        print(
+            f"  {pkg:11} e2e: AR {ar:8.1f} tok/s, spec {sp:8.1f} tok/s, spec/AR "
+            f"{sp / ar:.3f}; α {alpha:.3f}, E {per_round:.2f}, hardware-aware {hw:.3f}, "
+            f"measured/hw {sp / ar / hw:.3f}",
+            flush=True,
+        )
     return rows
 
 
 # ----------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------
+
 
 def main(argv):
     del argv
@@ -316,8 +417,11 @@ def main(argv):
                 mods, full, texts_all = loaded[pkg]
                 texts = (texts_all * (batch // len(texts_all) + 1))[:batch]
                 case = Case(mods, full, texts, batch, gamma)
-                vs = variants(mods) if (FLAGS.ablate and pkg == "specjax") else {
-                    "full": mods["decode"].speculative_round}
+                vs = (
+                    variants(mods)
+                    if (FLAGS.ablate and pkg == "specjax")
+                    else {"full": mods["decode"].speculative_round}
+                )
                 if FLAGS.variants:
                     vs = {k: v for k, v in vs.items() if k == "full" or k in FLAGS.variants}
                 for name, fn in vs.items():
@@ -326,7 +430,7 @@ def main(argv):
                         for oname, opts in _OPTION_SETS.items():
                             if oname in FLAGS.compiler_options:
                                 case.compile(f"full+{oname}", fn, opts)
-                        for setting in FLAGS.set_attr:   # e.g. models.transformer.X=3
+                        for setting in FLAGS.set_attr:  # e.g. models.transformer.X=3
                             path, value = setting.split("=")
                             mod_name, attr = path.rsplit(".", 1)
                             mod = importlib.import_module(f"{pkg}.{mod_name}")
@@ -338,19 +442,25 @@ def main(argv):
                                 setattr(mod, attr, old)
                     if FLAGS.hlo_dump:
                         Path(FLAGS.hlo_dump).mkdir(parents=True, exist_ok=True)
-                        (Path(FLAGS.hlo_dump) / f"{pkg}_B{batch}_g{gamma}_{name}.hlo.txt"
-                         ).write_text(exe.as_text())
+                        (
+                            Path(FLAGS.hlo_dump) / f"{pkg}_B{batch}_g{gamma}_{name}.hlo.txt"
+                        ).write_text(exe.as_text())
                 cases[pkg] = case
             # Forwards alone (the current package's models; identical in both).
             mods, full, _ = loaded["specjax"]
             case = cases["specjax"]
             d = case.dep.drafters[0]
-            fwd = {"T_step": Forward(full.verifier, full.v_params, batch, 1,
-                                     case.context, case.capacity),
-                   "T_score": Forward(full.verifier, full.v_params, batch,
-                                      gamma + 1, case.context, case.capacity),
-                   "T_draft": Forward(d.lm, case.dep.d_data[0].params, batch, 1,
-                                      case.context, case.d_capacity)}
+            fwd = {
+                "T_step": Forward(
+                    full.verifier, full.v_params, batch, 1, case.context, case.capacity
+                ),
+                "T_score": Forward(
+                    full.verifier, full.v_params, batch, gamma + 1, case.context, case.capacity
+                ),
+                "T_draft": Forward(
+                    d.lm, case.dep.d_data[0].params, batch, 1, case.context, case.d_capacity
+                ),
+            }
             # Paired timing: every program once per repeat, in turn (min and median).
             times = collections.defaultdict(list)
             loads = []
@@ -373,51 +483,67 @@ def main(argv):
             best = {k: min(w for w, _ in v) for k, v in times.items()}
             med = {k: statistics.median(w for w, _ in v) for k, v in times.items()}
             cpu = {k: min(c for _, c in v) for k, v in times.items()}
-            t_step, t_score, t_draft = (best[("fwd", n)] for n in ("T_step", "T_score",
-                                                                   "T_draft"))
+            t_step, t_score, t_draft = (best[("fwd", n)] for n in ("T_step", "T_score", "T_draft"))
             forwards = t_score + gamma * t_draft
             fmed = med[("fwd", "T_score")] + gamma * med[("fwd", "T_draft")]
-            print(f"\nB={batch} γ={gamma}: T_step {1e3 * t_step:.3f} ms, T_score "
-                  f"{1e3 * t_score:.3f} ms ({t_score / t_step:.2f}x), T_draft "
-                  f"{1e3 * t_draft:.4f} ms; forwards/round {1e3 * forwards:.3f} ms "
-                  f"(medians: T_step {1e3 * med[('fwd', 'T_step')]:.3f}, forwards "
-                  f"{1e3 * fmed:.3f}); load {np.mean(loads):.2f} "
-                  f"[{min(loads):.2f}, {max(loads):.2f}]", flush=True)
-            for (pkg, name) in times:
+            print(
+                f"\nB={batch} γ={gamma}: T_step {1e3 * t_step:.3f} ms, T_score "
+                f"{1e3 * t_score:.3f} ms ({t_score / t_step:.2f}x), T_draft "
+                f"{1e3 * t_draft:.4f} ms; forwards/round {1e3 * forwards:.3f} ms "
+                f"(medians: T_step {1e3 * med[('fwd', 'T_step')]:.3f}, forwards "
+                f"{1e3 * fmed:.3f}); load {np.mean(loads):.2f} "
+                f"[{min(loads):.2f}, {max(loads):.2f}]",
+                flush=True,
+            )
+            for pkg, name in times:
                 if pkg == "fwd":
                     continue
                 exe, iters, comp_s = cases[pkg].exes[name]
                 b_, m_, c_ = best[(pkg, name)], med[(pkg, name)], cpu[(pkg, name)]
                 hlo = loop_census(exe.as_text()) if FLAGS.hlo else {}
-                row = dict(package=pkg, variant=name, batch=batch, gamma=gamma,
-                           iterations=iters, ms_per_round=1e3 * b_,
-                           ms_per_round_median=1e3 * m_, cpu_ms_per_round=1e3 * c_,
-                           t_step_ms=1e3 * t_step, t_score_ms=1e3 * t_score,
-                           t_draft_ms=1e3 * t_draft, forwards_ms=1e3 * forwards,
-                           forwards_median_ms=1e3 * fmed,
-                           overhead_ms=1e3 * (b_ - forwards),
-                           overhead_median_ms=1e3 * (m_ - fmed),
-                           load=float(np.mean(loads)), compile_s=comp_s, hlo=hlo)
+                row = dict(
+                    package=pkg,
+                    variant=name,
+                    batch=batch,
+                    gamma=gamma,
+                    iterations=iters,
+                    ms_per_round=1e3 * b_,
+                    ms_per_round_median=1e3 * m_,
+                    cpu_ms_per_round=1e3 * c_,
+                    t_step_ms=1e3 * t_step,
+                    t_score_ms=1e3 * t_score,
+                    t_draft_ms=1e3 * t_draft,
+                    forwards_ms=1e3 * forwards,
+                    forwards_median_ms=1e3 * fmed,
+                    overhead_ms=1e3 * (b_ - forwards),
+                    overhead_median_ms=1e3 * (m_ - fmed),
+                    load=float(np.mean(loads)),
+                    compile_s=comp_s,
+                    hlo=hlo,
+                )
                 results.append(row)
-                print(f"  {pkg:11} {name:18} {iters:3d} rounds  {1e3 * b_:7.3f} ms/round "
-                      f"(median {1e3 * m_:7.3f}, cpu {1e3 * c_:7.3f})  overhead "
-                      f"{1e3 * (b_ - forwards):7.3f} (median {1e3 * (m_ - fmed):7.3f})"
-                      f"  thunks {hlo.get('thunks', '-')} (+{hlo.get('nested_thunks', '-')} "
-                      f"in {hlo.get('while', '-')} loops; {hlo.get('executed', '-')} run) "
-                      f"fusions {hlo.get('fusion', '-')} copies {hlo.get('copy', '-')}",
-                      flush=True)
+                print(
+                    f"  {pkg:11} {name:18} {iters:3d} rounds  {1e3 * b_:7.3f} ms/round "
+                    f"(median {1e3 * m_:7.3f}, cpu {1e3 * c_:7.3f})  overhead "
+                    f"{1e3 * (b_ - forwards):7.3f} (median {1e3 * (m_ - fmed):7.3f})"
+                    f"  thunks {hlo.get('thunks', '-')} (+{hlo.get('nested_thunks', '-')} "
+                    f"in {hlo.get('while', '-')} loops; {hlo.get('executed', '-')} run) "
+                    f"fusions {hlo.get('fusion', '-')} copies {hlo.get('copy', '-')}",
+                    flush=True,
+                )
                 if hlo and name == "full":
                     print(f"  {'':11} top ops: {hlo['top_ops']}", flush=True)
             if FLAGS.e2e:
-                results.extend(end_to_end(loaded, pkgs, batch, gamma, t_step, t_score,
-                                          t_draft))
+                results.extend(end_to_end(loaded, pkgs, batch, gamma, t_step, t_score, t_draft))
             if len(pkgs) == 2:
                 a = np.array([w for w, _ in times[("specjax_old", "full")]])
                 b_ = np.array([w for w, _ in times[("specjax", "full")]])
-                print(f"  paired new/old: median ratio {np.median(b_ / a):.3f}, "
-                      f"min/min {b_.min() / a.min():.3f}", flush=True)
-    path = provenance.write_json(Path(FLAGS.out) / "profile_round.json",
-                                 dict(rows=results), prov)
+                print(
+                    f"  paired new/old: median ratio {np.median(b_ / a):.3f}, "
+                    f"min/min {b_.min() / a.min():.3f}",
+                    flush=True,
+                )
+    path = provenance.write_json(Path(FLAGS.out) / "profile_round.json", dict(rows=results), prov)
     print(f"wrote {path}")
 
 

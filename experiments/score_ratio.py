@@ -18,6 +18,7 @@ the zoo's measured α would give at that ratio (`--alpha`, `--c`), and writes
 ``score_ratio.json`` under --out. About 4 minutes at the defaults on 2 cores (the d 2048
 verifier is 1 GiB of weights).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,44 +34,73 @@ FLAGS = flags.FLAGS
 def define_flags():
     """The script's flags (defined only when it runs as a script)."""
     provenance.define_common_flags(out="runs/score_ratio")
-    flags.DEFINE_list("sizes", ["256:4", "512:8", "1024:8", "2048:6"],
-                      "d_model:n_layers of the verifiers to time (256:4 is the zoo's)")
+    flags.DEFINE_list(
+        "sizes",
+        ["256:4", "512:8", "1024:8", "2048:6"],
+        "d_model:n_layers of the verifiers to time (256:4 is the zoo's)",
+    )
     flags.DEFINE_list("blocks", ["3", "5"], "block widths γ + 1 to time against one token")
     flags.DEFINE_integer("context", 100, "cached tokens the forwards attend to")
     flags.DEFINE_integer("capacity", 192, "cache slots per row")
-    flags.DEFINE_float("alpha", 0.63, "acceptance of the drafter the prediction assumes "
-                       "(the zoo's code drafter measures about 0.63)")
+    flags.DEFINE_float(
+        "alpha",
+        0.63,
+        "acceptance of the drafter the prediction assumes "
+        "(the zoo's code drafter measures about 0.63)",
+    )
     flags.DEFINE_float("c", 0.05, "drafter cost per token relative to T_step")
 
 
 def measure(sizes, blocks, context=100, capacity=192, alpha=0.63, c=0.05) -> list[dict]:
-    from specjax.metrics import (hardware_aware_speedup,  # pylint: disable=import-outside-toplevel
-                                 leviathan_expected_tokens)
+    from specjax.metrics import (
+        hardware_aware_speedup,  # pylint: disable=import-outside-toplevel
+        leviathan_expected_tokens,
+    )
     from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
     from specjax.models.transformer import TransformerConfig  # pylint: disable=import-outside-toplevel
     from specjax.timing import time_forward  # pylint: disable=import-outside-toplevel
+
     rows = []
     for d, layers in sizes:
-        cfg = TransformerConfig(vocab_size=1024, d_model=d, n_layers=layers,
-                                n_heads=max(4, d // 64), n_kv_heads=max(2, d // 256),
-                                d_ff=int(round(2.6875 * d)), max_len=max(512, capacity))
+        cfg = TransformerConfig(
+            vocab_size=1024,
+            d_model=d,
+            n_layers=layers,
+            n_heads=max(4, d // 64),
+            n_kv_heads=max(2, d // 256),
+            d_ff=int(round(2.6875 * d)),
+            max_len=max(512, capacity),
+        )
         lm = TransformerLM(cfg)
         params = lm.init_params(0)
         n = sum(int(x.size) for x in jax.tree.leaves(params))
         reps = 64 if n < 50e6 else 16
         t_step = time_forward(lm, params, 1, 1, context, capacity, reps=reps)
-        row = dict(d_model=d, n_layers=layers, params=n, mib=n * 4 / 2**20, t_step=t_step,
-                   ratio={}, speedup={})
+        row = dict(
+            d_model=d,
+            n_layers=layers,
+            params=n,
+            mib=n * 4 / 2**20,
+            t_step=t_step,
+            ratio={},
+            speedup={},
+        )
         for w in blocks:
             r = time_forward(lm, params, 1, w, context, capacity, reps=reps) / t_step
             row["ratio"][w] = r
             e = leviathan_expected_tokens(alpha, w - 1)
             row["speedup"][w] = float(hardware_aware_speedup(e, 1.0, c, r, w - 1))
         rows.append(row)
-        print(f"d {d:5d} × {layers} layers, {row['mib']:7.1f} MiB f32: T_step "
-              f"{1e3 * t_step:8.3f} ms; " + "; ".join(
-                  f"T_score({w}) / T_step {row['ratio'][w]:.2f} → speed-up at α {alpha} "
-                  f"{row['speedup'][w]:.2f}" for w in blocks), flush=True)
+        print(
+            f"d {d:5d} × {layers} layers, {row['mib']:7.1f} MiB f32: T_step "
+            f"{1e3 * t_step:8.3f} ms; "
+            + "; ".join(
+                f"T_score({w}) / T_step {row['ratio'][w]:.2f} → speed-up at α {alpha} "
+                f"{row['speedup'][w]:.2f}"
+                for w in blocks
+            ),
+            flush=True,
+        )
     return rows
 
 
@@ -80,8 +110,9 @@ def main(argv):
     blocks = [int(b) for b in FLAGS.blocks]
     prov = provenance.provenance()
     rows = measure(sizes, blocks, FLAGS.context, FLAGS.capacity, FLAGS.alpha, FLAGS.c)
-    result = dict(rows=rows, alpha=FLAGS.alpha, c=FLAGS.c, context=FLAGS.context,
-                  capacity=FLAGS.capacity)
+    result = dict(
+        rows=rows, alpha=FLAGS.alpha, c=FLAGS.c, context=FLAGS.context, capacity=FLAGS.capacity
+    )
     print(f"wrote {provenance.write_json(Path(FLAGS.out) / 'score_ratio.json', result, prov)}")
 
 

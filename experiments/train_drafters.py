@@ -21,6 +21,7 @@ a killed run resumes):
 ``--stage`` takes one stage, ``all`` or a comma-separated list. ``make train-drafters`` (the
 shipped drafters' recipe) takes about an hour on 2 cores.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,15 +41,17 @@ def define_flags():
     """The script's flags (defined only when it runs as a script)."""
     provenance.define_common_flags(out="runs/drafters")
     flags.DEFINE_list("stage", ["all"], "stages to run: all, or some of " + ", ".join(STAGES))
-    flags.register_validator("stage", lambda v: set(v) <= {"all", *STAGES},
-                             "--stage: all or a list of " + ", ".join(STAGES))
+    flags.register_validator(
+        "stage",
+        lambda v: set(v) <= {"all", *STAGES},
+        "--stage: all or a list of " + ", ".join(STAGES),
+    )
     flags.DEFINE_list("domains", ["code", "prose", "reasoning"], "domains")
     flags.DEFINE_integer("prompts", 640, "train-split prompts per domain")
     flags.DEFINE_integer("new_tokens", 160, "tokens the verifier writes per prompt")
     flags.DEFINE_integer("batch", 32, "rows per generation batch")
     flags.DEFINE_float("temperature", 1.0, "the verifier's τ while writing the training text")
-    flags.DEFINE_enum("targets", "soft", ["soft", "hard"], "soft: top-k distribution; hard: "
-                      "token")
+    flags.DEFINE_enum("targets", "soft", ["soft", "hard"], "soft: top-k distribution; hard: token")
     flags.DEFINE_integer("steps", 800, "training steps per drafter")
     flags.DEFINE_float("time_budget_s", 900, "training seconds per drafter at most")
     flags.DEFINE_string("tag", "", "suffix of the drafter files (e.g. a variant's name)")
@@ -57,19 +60,26 @@ def define_flags():
 
 def _verifier():
     from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
+
     return smollm2(max_len=1024, dtype=FLAGS.dtype)
 
 
 def stage_generate(out: Path, model) -> None:
     from specjax import distill  # pylint: disable=import-outside-toplevel
     from specjax.data.shipped import load_prompts  # pylint: disable=import-outside-toplevel
+
     for d in FLAGS.domains:
         path = out / f"heldout_{d}.npz"
         if not path.exists():
             prompts = [p["prompt"] for p in load_prompts([d])]
-            g = distill.generate(model, [model.chat(p) for p in prompts], new_tokens=FLAGS.new_tokens,
-                                 batch=min(FLAGS.batch, len(prompts)), temperature=FLAGS.temperature,
-                                 seed=1)
+            g = distill.generate(
+                model,
+                [model.chat(p) for p in prompts],
+                new_tokens=FLAGS.new_tokens,
+                batch=min(FLAGS.batch, len(prompts)),
+                temperature=FLAGS.temperature,
+                seed=1,
+            )
             g.save(path)
     for d in FLAGS.domains:
         path = out / f"gen_{d}.npz"
@@ -77,30 +87,55 @@ def stage_generate(out: Path, model) -> None:
             continue
         prompts = distill.domain_prompts(d, FLAGS.prompts)
         t0 = time.perf_counter()
-        g = distill.generate(model, [model.chat(p) for p in prompts], new_tokens=FLAGS.new_tokens,
-                             batch=FLAGS.batch, temperature=FLAGS.temperature, seed=0)
+        g = distill.generate(
+            model,
+            [model.chat(p) for p in prompts],
+            new_tokens=FLAGS.new_tokens,
+            batch=FLAGS.batch,
+            temperature=FLAGS.temperature,
+            seed=0,
+        )
         g.save(path)
-        print(f"{d}: {distill.summarize(g)} in {time.perf_counter() - t0:.0f} s "
-              f"(load {os.getloadavg()[0]:.1f})", flush=True)
+        print(
+            f"{d}: {distill.summarize(g)} in {time.perf_counter() - t0:.0f} s "
+            f"(load {os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
 
 
 def stage_train(out: Path, model) -> None:
     from specjax import distill  # pylint: disable=import-outside-toplevel
+
     for d in FLAGS.domains:
         path = out / f"drafter_{d}{FLAGS.tag}.npz"
         if path.exists():
             continue
         data = distill.Generated.load(out / f"gen_{d}.npz")
         recipe = distill.DrafterRecipe(targets=FLAGS.targets, steps=FLAGS.steps)
-        lm, params, hist = distill.train_drafter(data, model, recipe,
-                                                 time_budget_s=FLAGS.time_budget_s)
+        lm, params, hist = distill.train_drafter(
+            data, model, recipe, time_budget_s=FLAGS.time_budget_s
+        )
         import dataclasses  # pylint: disable=import-outside-toplevel
+
         from specjax.models.real_zoo import save_drafter  # pylint: disable=import-outside-toplevel
-        save_drafter(path, lm, params, {"recipe": dataclasses.asdict(recipe), "history": hist,
-                                         "data": distill.summarize(data), "domain": d,
-                                         "load_average": list(os.getloadavg())})
-        print(f"{d}: trained in {hist['seconds']:.0f} s, coverage {hist['coverage']:.3f}, "
-              f"final loss {hist['loss'][-1][1]:.3f}", flush=True)
+
+        save_drafter(
+            path,
+            lm,
+            params,
+            {
+                "recipe": dataclasses.asdict(recipe),
+                "history": hist,
+                "data": distill.summarize(data),
+                "domain": d,
+                "load_average": list(os.getloadavg()),
+            },
+        )
+        print(
+            f"{d}: trained in {hist['seconds']:.0f} s, coverage {hist['coverage']:.3f}, "
+            f"final loss {hist['loss'][-1][1]:.3f}",
+            flush=True,
+        )
 
 
 def stage_eval(out: Path, model, prov: dict) -> None:
@@ -109,8 +144,12 @@ def stage_eval(out: Path, model, prov: dict) -> None:
     from specjax import distill  # pylint: disable=import-outside-toplevel
     from specjax.engine.deployment import LOOKUP, from_smollm2  # pylint: disable=import-outside-toplevel
     from specjax.evaluation import acceptance_rates  # pylint: disable=import-outside-toplevel
-    files = {d: str(out / f"drafter_{d}{FLAGS.tag}.npz") for d in ("code", "prose")
-             if (out / f"drafter_{d}{FLAGS.tag}.npz").exists()}
+
+    files = {
+        d: str(out / f"drafter_{d}{FLAGS.tag}.npz")
+        for d in ("code", "prose")
+        if (out / f"drafter_{d}{FLAGS.tag}.npz").exists()
+    }
     names = list(files) + ["reasoning", LOOKUP]
     dep = from_smollm2(names, verifier=model, drafters=files, chat=False)
     res = {"drafters": names, "alpha": {}, "load_average": list(os.getloadavg())}
@@ -121,14 +160,17 @@ def stage_eval(out: Path, model, prov: dict) -> None:
         text = "".join(distill.heldout_text(model, None, held))
         alpha = acceptance_rates(dep, text, window=512)
         res["alpha"][d] = dict(zip(names, map(float, alpha)))
-        print(f"held-out {d}: " + ", ".join(f"α({n}) {a:.3f}" for n, a in zip(names, alpha)),
-              flush=True)
+        print(
+            f"held-out {d}: " + ", ".join(f"α({n}) {a:.3f}" for n, a in zip(names, alpha)),
+            flush=True,
+        )
     provenance.write_json(out / f"eval{FLAGS.tag}.json", res, prov)
 
 
 def stage_ship(out: Path, model) -> None:
     """The drafters in bf16 into specjax/zoo_smollm2/, with their held-out α."""
     from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
+
     ev = json.loads((out / f"eval{FLAGS.tag}.json").read_text())
     for d in real_zoo.DISTILLED:
         src = out / f"drafter_{d}{FLAGS.tag}.npz"
@@ -137,8 +179,7 @@ def stage_ship(out: Path, model) -> None:
         lm, params, info = real_zoo.load_drafter(src)
         info["heldout_alpha"] = {dom: a.get(d) for dom, a in ev["alpha"].items()}
         info["made_by"] = "make train-drafters (experiments/train_drafters.py)"
-        real_zoo.save_drafter(real_zoo.DRAFTER_DIR / f"{d}.npz", lm, params, info,
-                              dtype="bfloat16")
+        real_zoo.save_drafter(real_zoo.DRAFTER_DIR / f"{d}.npz", lm, params, info, dtype="bfloat16")
         print(f"shipped {d}: {(real_zoo.DRAFTER_DIR / f'{d}.npz').stat().st_size / 1e6:.1f} MB")
     del model
 

@@ -32,6 +32,7 @@ records held-out loss per domain against an add-one unigram, each drafter's α =
 per domain (verifier τ = 1, drafter at its τ, verifier space, shipped held-out text) and
 decode speed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,8 @@ import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from fractions import Fraction
+from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -72,11 +73,19 @@ VERIFIER_MAX_TOKEN_BYTES = None
 TOKENIZERS = {
     # name: (vocab size, {domain: bytes}, special tokens, longest token in bytes or None)
     'verifier': (1024, {d: TOKENIZER_BYTES for d in DOMAINS}, (), VERIFIER_MAX_TOKEN_BYTES),
-    'reasoning': (768, {'reasoning': TOKENIZER_BYTES,
-                        'prose': REASONING_TOKENIZER_OTHER_BYTES,
-                        'code': REASONING_TOKENIZER_OTHER_BYTES}, 'REASONING', None),
+    'reasoning': (
+        768,
+        {
+            'reasoning': TOKENIZER_BYTES,
+            'prose': REASONING_TOKENIZER_OTHER_BYTES,
+            'code': REASONING_TOKENIZER_OTHER_BYTES,
+        },
+        'REASONING',
+        None,
+    ),
     'prose512': (512, {'prose': TOKENIZER_BYTES}, (), None),
 }
+
 
 def _mix(own: str, **others: float) -> dict[str, float]:
     """Token shares of a drafter trained on the mixed traffic with emphasis on ``own``
@@ -90,40 +99,58 @@ MODELS = {
     # name: role, tokenizer, token shares per domain, config (vocab_size filled in),
     # training, default τ, seed.
     'verifier': dict(
-        role='verifier', tokenizer='verifier', domains={d: 1 / 3 for d in DOMAINS},
-        config=dict(d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=688,
-                    tie_embeddings=False),
-        train=dict(steps=600, batch_size=8, seq_len=256, learning_rate=2e-3,
-                   warmup_steps=50),
-        temperature=1.0, seed=1),
+        role='verifier',
+        tokenizer='verifier',
+        domains={d: 1 / 3 for d in DOMAINS},
+        config=dict(
+            d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=688, tie_embeddings=False
+        ),
+        train=dict(steps=600, batch_size=8, seq_len=256, learning_rate=2e-3, warmup_steps=50),
+        temperature=1.0,
+        seed=1,
+    ),
     'code': dict(
-        role='drafter', tokenizer='verifier', domains=_mix('code', reasoning=0.02),
-        config=dict(d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=176,
-                    tie_embeddings=True),
-        train=dict(steps=800, batch_size=16, seq_len=256, learning_rate=4e-3,
-                   warmup_steps=40),
-        temperature=1.0, seed=2),
+        role='drafter',
+        tokenizer='verifier',
+        domains=_mix('code', reasoning=0.02),
+        config=dict(d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=176, tie_embeddings=True),
+        train=dict(steps=800, batch_size=16, seq_len=256, learning_rate=4e-3, warmup_steps=40),
+        temperature=1.0,
+        seed=2,
+    ),
     'prose': dict(
-        role='drafter', tokenizer='verifier', domains=_mix('prose', reasoning=0.02),
-        config=dict(d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=352,
-                    tie_embeddings=True),
-        train=dict(steps=500, batch_size=16, seq_len=256, learning_rate=3e-3,
-                   warmup_steps=40),
-        temperature=1.0, seed=3),
+        role='drafter',
+        tokenizer='verifier',
+        domains=_mix('prose', reasoning=0.02),
+        config=dict(
+            d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=352, tie_embeddings=True
+        ),
+        train=dict(steps=500, batch_size=16, seq_len=256, learning_rate=3e-3, warmup_steps=40),
+        temperature=1.0,
+        seed=3,
+    ),
     'reasoning': dict(
-        role='drafter', tokenizer='reasoning', domains=_mix('reasoning'),
-        config=dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=352,
-                    tie_embeddings=True),
-        train=dict(steps=400, batch_size=16, seq_len=256, learning_rate=3e-3,
-                   warmup_steps=40),
-        temperature=1.3, seed=4),
+        role='drafter',
+        tokenizer='reasoning',
+        domains=_mix('reasoning'),
+        config=dict(
+            d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=352, tie_embeddings=True
+        ),
+        train=dict(steps=400, batch_size=16, seq_len=256, learning_rate=3e-3, warmup_steps=40),
+        temperature=1.3,
+        seed=4,
+    ),
     'prose512': dict(
-        role='drafter', tokenizer='prose512', domains={'prose': 1.0},
-        config=dict(d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=352,
-                    tie_embeddings=True),
-        train=dict(steps=400, batch_size=16, seq_len=256, learning_rate=3e-3,
-                   warmup_steps=40),
-        temperature=1.0, seed=5),
+        role='drafter',
+        tokenizer='prose512',
+        domains={'prose': 1.0},
+        config=dict(
+            d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=352, tie_embeddings=True
+        ),
+        train=dict(steps=400, batch_size=16, seq_len=256, learning_rate=3e-3, warmup_steps=40),
+        temperature=1.0,
+        seed=5,
+    ),
 }
 MAX_LEN = 512
 DRAFTERS = ('code', 'prose', 'reasoning')  # the seed's deployment, in priority order
@@ -144,8 +171,16 @@ def _scaled_steps(train: dict, scale: float) -> dict:
 # Worker: train one model (runs in a fresh process when --workers > 1)
 # ----------------------------------------------------------------------------------------
 
-def train_model(name: str, config: dict, train_kwargs: dict, seed: int, tokens: np.ndarray,
-                out_file: str, workdir: str) -> dict:
+
+def train_model(
+    name: str,
+    config: dict,
+    train_kwargs: dict,
+    seed: int,
+    tokens: np.ndarray,
+    out_file: str,
+    workdir: str,
+) -> dict:
     """Trains one model on a token stream and writes its params file.
 
     Checkpoints go to ``workdir`` every ``CHECKPOINT_EVERY`` steps, so a killed run resumes
@@ -159,16 +194,27 @@ def train_model(name: str, config: dict, train_kwargs: dict, seed: int, tokens: 
     from specjax.models.transformer import TransformerConfig
     from specjax.train import TrainConfig, train
 
-    logging.basicConfig(level=logging.INFO, format=f'%(asctime)s [{name}] %(message)s',
-                        datefmt='%H:%M:%S', force=True)
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f'%(asctime)s [{name}] %(message)s',
+        datefmt='%H:%M:%S',
+        force=True,
+    )
     _quiet_jax()
     logging.getLogger('specjax.train').setLevel(logging.INFO)
     lm = TransformerLM(TransformerConfig(**config))
-    tc = TrainConfig(seed=seed, log_every=50, checkpoint_every=CHECKPOINT_EVERY,
-                     keep_checkpoints=1, **train_kwargs)
+    tc = TrainConfig(
+        seed=seed,
+        log_every=50,
+        checkpoint_every=CHECKPOINT_EVERY,
+        keep_checkpoints=1,
+        **train_kwargs,
+    )
     wd = Path(workdir)
-    key = hashlib.sha256(json.dumps([config, train_kwargs, seed], sort_keys=True).encode()
-                         + np.ascontiguousarray(tokens).tobytes()).hexdigest()
+    key = hashlib.sha256(
+        json.dumps([config, train_kwargs, seed], sort_keys=True).encode()
+        + np.ascontiguousarray(tokens).tobytes()
+    ).hexdigest()
     stamp = wd / 'run.json'
     state = json.loads(stamp.read_text()) if stamp.is_file() else {}
     if state.get('key') != key:
@@ -183,8 +229,9 @@ def train_model(name: str, config: dict, train_kwargs: dict, seed: int, tokens: 
             stamp.write_text(json.dumps(state))
 
     params = lm.init_params(jax.random.key(seed))  # ignored when resuming
-    params, history = train(lm, tc, tokens, None, workdir=str(wd), params=params,
-                            callback=record_wall)
+    params, history = train(
+        lm, tc, tokens, None, workdir=str(wd), params=params, callback=record_wall
+    )
     record_wall()
     wall = state['wall_s']
     if history.get('resumed_from') is not None:
@@ -193,19 +240,27 @@ def train_model(name: str, config: dict, train_kwargs: dict, seed: int, tokens: 
     losses = history['loss']
     tail = losses[-20:]
     steps = int(history['final_step'])
-    return dict(name=name, wall_s=round(wall, 1), params_sha256=params_sha,
-                n_params=count_params(params), final_train_loss=float(np.mean(tail)),
-                first_train_loss=float(losses[0]), steps=steps,
-                resumed=history.get('resumed_from') is not None,
-                tokens_per_s=round(steps * tc.batch_size * tc.seq_len / max(wall, 1e-9), 1))
+    return dict(
+        name=name,
+        wall_s=round(wall, 1),
+        params_sha256=params_sha,
+        n_params=count_params(params),
+        final_train_loss=float(np.mean(tail)),
+        first_train_loss=float(losses[0]),
+        steps=steps,
+        resumed=history.get('resumed_from') is not None,
+        tokens_per_s=round(steps * tc.batch_size * tc.seq_len / max(wall, 1e-9), 1),
+    )
 
 
 # ----------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------
 
+
 def _full_config(kwargs: dict) -> dict:
     from specjax.models.transformer import TransformerConfig
+
     return TransformerConfig(**kwargs).to_dict()
 
 
@@ -213,36 +268,48 @@ def _lines(text: str) -> list[str]:
     return text.splitlines(keepends=True)
 
 
-def train_bpe_capped(texts, vocab_size: int, special_tokens=(), name: str = 'bpe',
-                     max_token_length: int | None = None):
+def train_bpe_capped(
+    texts,
+    vocab_size: int,
+    special_tokens=(),
+    name: str = 'bpe',
+    max_token_length: int | None = None,
+):
     """`specjax.tokenizers.train_bpe` plus HF's ``max_token_length`` (no token longer than
     that many byte-level symbols, i.e. bytes); None: exactly `train_bpe`."""
     from specjax.tokenizers import train_bpe
+
     if max_token_length is None:
         return train_bpe(texts, vocab_size, special_tokens=special_tokens, name=name)
     from tokenizers import AddedToken, pre_tokenizers, trainers
 
     from specjax.tokenizers.bpe import BPETokenizer, new_byte_level_bpe
+
     hf = new_byte_level_bpe()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=0,
+        vocab_size=vocab_size,
+        min_frequency=0,
         special_tokens=[AddedToken(s, special=True, normalized=False) for s in special_tokens],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-        max_token_length=max_token_length)
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+        max_token_length=max_token_length,
+    )
     hf.train_from_iterator(texts, trainer=trainer)
     return BPETokenizer(hf, name=name)
 
 
 def build_tokenizers(corpora: dict[str, str]):
     from specjax.data import REASONING_SPECIAL_TOKENS
+
     out, info = {}, {}
     for name, (vocab, sources, specials, max_len) in TOKENIZERS.items():
         texts = []
         for dom, nbytes in sources.items():
             texts += _lines(_prefix(corpora[dom], nbytes))
         specials = REASONING_SPECIAL_TOKENS if specials == 'REASONING' else specials
-        out[name] = train_bpe_capped(texts, vocab, special_tokens=specials, name=name,
-                                     max_token_length=max_len)
+        out[name] = train_bpe_capped(
+            texts, vocab, special_tokens=specials, name=name, max_token_length=max_len
+        )
         if out[name].vocab_size != vocab:
             raise RuntimeError(f'tokenizer {name}: got {out[name].vocab_size} ids, wanted {vocab}')
         info[name] = dict(trained_on_bytes=dict(sources), max_token_bytes=max_len)
@@ -253,12 +320,13 @@ def _prefix(text: str, nbytes: int) -> str:
     data = text.encode('utf-8')
     if len(data) <= nbytes:
         return text
-    return data[:data.rfind(b'\n', 0, nbytes) + 1].decode('utf-8')
+    return data[: data.rfind(b'\n', 0, nbytes) + 1].decode('utf-8')
 
 
 @dataclasses.dataclass(frozen=True)
 class BuildConfig:
     """The command line's settings (see `parse_args`)."""
+
     out: Path
     budget_scale: float = 1.0
     workers: int = 2
@@ -269,32 +337,55 @@ class BuildConfig:
 
 def parse_args(argv=None) -> BuildConfig:
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    ap.add_argument('--out', default=str(ROOT / 'specjax' / 'zoo'), help='output directory (replaced at the end)')
-    ap.add_argument('--budget_scale', type=float, default=1.0,
-                    help='multiplies every model\'s step count (1.0: the shipped zoo)')
-    ap.add_argument('--workers', type=int, default=2,
-                    help='training processes (2: verifier alongside the drafters; 1: in-process)')
-    ap.add_argument('--reuse', default=None,
-                    help='an existing zoo: models whose recipe matches are copied, not retrained')
+    ap.add_argument(
+        '--out',
+        default=str(ROOT / 'specjax' / 'zoo'),
+        help='output directory (replaced at the end)',
+    )
+    ap.add_argument(
+        '--budget_scale',
+        type=float,
+        default=1.0,
+        help='multiplies every model\'s step count (1.0: the shipped zoo)',
+    )
+    ap.add_argument(
+        '--workers',
+        type=int,
+        default=2,
+        help='training processes (2: verifier alongside the drafters; 1: in-process)',
+    )
+    ap.add_argument(
+        '--reuse',
+        default=None,
+        help='an existing zoo: models whose recipe matches are copied, not retrained',
+    )
     ap.add_argument('--cache', default=None, help='data cache (default: specjax.data default)')
-    ap.add_argument('--workdir', default=str(ROOT / 'runs' / 'train_zoo'),
-                    help='training checkpoints (a killed run resumes from them) and the zoo '
-                         'being built; the checkpoints are deleted after a successful build')
+    ap.add_argument(
+        '--workdir',
+        default=str(ROOT / 'runs' / 'train_zoo'),
+        help='training checkpoints (a killed run resumes from them) and the zoo '
+        'being built; the checkpoints are deleted after a successful build',
+    )
     args = ap.parse_args(argv)
     if args.budget_scale <= 0:
         ap.error(f'--budget_scale: got {args.budget_scale}; allowed: > 0')
-    return BuildConfig(out=Path(args.out), budget_scale=args.budget_scale, workers=args.workers,
-                       reuse=Path(args.reuse) if args.reuse else None,
-                       cache=Path(args.cache) if args.cache else None,
-                       workdir=Path(args.workdir))
+    return BuildConfig(
+        out=Path(args.out),
+        budget_scale=args.budget_scale,
+        workers=args.workers,
+        reuse=Path(args.reuse) if args.reuse else None,
+        cache=Path(args.cache) if args.cache else None,
+        workdir=Path(args.workdir),
+    )
 
 
 @dataclasses.dataclass
 class Build:
     """What the build has so far: the corpora, tokenizers and token streams, the training
     jobs (and the models reused instead), their results and the manifest's records."""
+
     cfg: BuildConfig
-    work: Path                                  # the zoo being built
+    work: Path  # the zoo being built
     corpora: dict = dataclasses.field(default_factory=dict)
     toks: dict = dataclasses.field(default_factory=dict)
     tok_records: dict = dataclasses.field(default_factory=dict)
@@ -309,6 +400,7 @@ class Build:
 
 def main(argv=None) -> int:
     from specjax.models.zoo import load_zoo  # pylint: disable=import-outside-toplevel
+
     cfg = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s', datefmt='%H:%M:%S')
     _quiet_jax()
@@ -323,8 +415,9 @@ def main(argv=None) -> int:
         run_jobs(b)
         manifest = write_first_manifest(b)
         measure(b, manifest)
-        manifest['wall_s'] = dict(training=round(b.train_wall, 1),
-                                  total=round(time.monotonic() - t_start, 1))
+        manifest['wall_s'] = dict(
+            training=round(b.train_wall, 1), total=round(time.monotonic() - t_start, 1)
+        )
         _write_manifest(b.work, manifest)
         load_zoo(b.work)  # the final manifest still verifies
         # ---- publish -----------------------------------------------------------------------
@@ -343,19 +436,28 @@ def prepare_data(b: Build) -> None:
     """The corpora, the tokenizers (saved into the zoo) and every model's token streams."""
     from specjax.data import load_domain  # pylint: disable=import-outside-toplevel
     from specjax.models import zoo as zoo_lib  # pylint: disable=import-outside-toplevel
-    b.corpora = {d: load_domain(d, 'train', max_bytes=TRAIN_BYTES, cache=b.cfg.cache)
-                 for d in DOMAINS}
+
+    b.corpora = {
+        d: load_domain(d, 'train', max_bytes=TRAIN_BYTES, cache=b.cfg.cache) for d in DOMAINS
+    }
     t0 = time.monotonic()
     b.toks, tok_sources = build_tokenizers(b.corpora)
-    log.info('tokenizers trained in %.1fs: %s', time.monotonic() - t0,
-             {n: t.vocab_size for n, t in b.toks.items()})
+    log.info(
+        'tokenizers trained in %.1fs: %s',
+        time.monotonic() - t0,
+        {n: t.vocab_size for n, t in b.toks.items()},
+    )
     for name, tok in b.toks.items():
         path = b.work / 'tokenizers' / f'{name}.json'
         tok.save(path)
         b.tok_records[name] = dict(
-            file=f'tokenizers/{name}.json', sha256=zoo_lib.file_sha256(path),
-            vocab_size=tok.vocab_size, fingerprint=tok.fingerprint(),
-            special_tokens=tok.special_tokens, **tok_sources[name])
+            file=f'tokenizers/{name}.json',
+            sha256=zoo_lib.file_sha256(path),
+            vocab_size=tok.vocab_size,
+            fingerprint=tok.fingerprint(),
+            special_tokens=tok.special_tokens,
+            **tok_sources[name],
+        )
     t0 = time.monotonic()
     for mname, spec in MODELS.items():
         for dom in spec['domains']:
@@ -370,11 +472,13 @@ def plan_jobs(b: Build) -> None:
     become training jobs."""
     reuse = _reusable(b.cfg.reuse) if b.cfg.reuse else {}
     for mname, spec in MODELS.items():
-        config = _full_config(dict(spec['config'], max_len=MAX_LEN,
-                                   vocab_size=b.toks[spec['tokenizer']].vocab_size))
+        config = _full_config(
+            dict(spec['config'], max_len=MAX_LEN, vocab_size=b.toks[spec['tokenizer']].vocab_size)
+        )
         tk = _scaled_steps(spec['train'], b.cfg.budget_scale)
-        b.recipes[mname] = _recipe(config, tk, spec['seed'],
-                                   b.tok_records[spec['tokenizer']]['sha256'], spec['domains'])
+        b.recipes[mname] = _recipe(
+            config, tk, spec['seed'], b.tok_records[spec['tokenizer']]['sha256'], spec['domains']
+        )
         tokens = model_tokens(b.streams, spec)
         out_file = str(b.work / 'models' / f'{mname}.npz')
         if b.recipes[mname] in reuse.get(mname, {}):
@@ -383,8 +487,9 @@ def plan_jobs(b: Build) -> None:
             b.reused[mname] = rec
             log.info('reused %s from %s (same recipe)', mname, src)
             continue
-        b.jobs.append((mname, config, tk, spec['seed'], tokens, out_file,
-                       str(b.cfg.workdir / 'ckpt' / mname)))
+        b.jobs.append(
+            (mname, config, tk, spec['seed'], tokens, out_file, str(b.cfg.workdir / 'ckpt' / mname))
+        )
 
 
 def run_jobs(b: Build) -> None:
@@ -396,8 +501,7 @@ def run_jobs(b: Build) -> None:
             b.results[job[0]] = train_model(*job)
     else:
         groups = _split_jobs(b.jobs, b.cfg.workers)
-        with ProcessPoolExecutor(max_workers=len(groups),
-                                 mp_context=get_context('spawn')) as pool:
+        with ProcessPoolExecutor(max_workers=len(groups), mp_context=get_context('spawn')) as pool:
             futures = [pool.submit(_train_sequence, g) for g in groups]
             for f in futures:
                 for r in f.result():
@@ -408,21 +512,35 @@ def run_jobs(b: Build) -> None:
 
 def _trained_record(b: Build, mname: str, spec: dict) -> dict:
     from specjax.models import zoo as zoo_lib  # pylint: disable=import-outside-toplevel
+
     (_, config, tk, seed, tokens, path, _) = next(j for j in b.jobs if j[0] == mname)
     res = b.results[mname]
     rec = dict(
-        role=spec['role'], file=f'models/{mname}.npz',
-        sha256=zoo_lib.file_sha256(path), params_sha256=res['params_sha256'],
-        config=config, n_params=res['n_params'], tokenizer=spec['tokenizer'],
-        domains=_own_domains(spec), token_shares=dict(spec['domains']),
+        role=spec['role'],
+        file=f'models/{mname}.npz',
+        sha256=zoo_lib.file_sha256(path),
+        params_sha256=res['params_sha256'],
+        config=config,
+        n_params=res['n_params'],
+        tokenizer=spec['tokenizer'],
+        domains=_own_domains(spec),
+        token_shares=dict(spec['domains']),
         recipe=b.recipes[mname],
-        train=dict(tk, seed=seed, wall_s=res['wall_s'], tokens_per_s=res['tokens_per_s'],
-                   resumed=res['resumed'],
-                   train_tokens=int(len(tokens)),
-                   corpus={d: f'specjax.data.load_domain({d!r}, "train", '
-                              f'max_bytes={TRAIN_BYTES})' for d in spec['domains']},
-                   first_train_loss=round(res['first_train_loss'], 4),
-                   final_train_loss=round(res['final_train_loss'], 4)))
+        train=dict(
+            tk,
+            seed=seed,
+            wall_s=res['wall_s'],
+            tokens_per_s=res['tokens_per_s'],
+            resumed=res['resumed'],
+            train_tokens=int(len(tokens)),
+            corpus={
+                d: f'specjax.data.load_domain({d!r}, "train", max_bytes={TRAIN_BYTES})'
+                for d in spec['domains']
+            },
+            first_train_loss=round(res['first_train_loss'], 4),
+            final_train_loss=round(res['final_train_loss'], 4),
+        ),
+    )
     if spec['role'] == 'drafter':
         rec['temperature'] = spec['temperature']
     return rec
@@ -431,6 +549,7 @@ def _trained_record(b: Build, mname: str, spec: dict) -> dict:
 def write_first_manifest(b: Build) -> dict:
     """The manifest without measurements (trained and reused models' records), written."""
     from specjax.models import zoo as zoo_lib  # pylint: disable=import-outside-toplevel
+
     for mname, spec in MODELS.items():
         if mname in b.reused:
             rec = json.loads(json.dumps(b.reused[mname]))
@@ -445,10 +564,16 @@ def write_first_manifest(b: Build) -> dict:
         if rec['role'] == 'drafter':
             rec['cost'] = rec['n_params'] / v_params
     manifest = dict(
-        format=zoo_lib.ZOO_FORMAT, created_by='experiments/train_zoo.py',
-        budget_scale=b.cfg.budget_scale, dtype='float32', seed=SEED,
-        drafter_order=list(DRAFTERS), extra_drafters=list(EXTRA_DRAFTERS),
-        tokenizers=b.tok_records, models=b.models)
+        format=zoo_lib.ZOO_FORMAT,
+        created_by='experiments/train_zoo.py',
+        budget_scale=b.cfg.budget_scale,
+        dtype='float32',
+        seed=SEED,
+        drafter_order=list(DRAFTERS),
+        extra_drafters=list(EXTRA_DRAFTERS),
+        tokenizers=b.tok_records,
+        models=b.models,
+    )
     _write_manifest(b.work, manifest)
     return manifest
 
@@ -456,9 +581,10 @@ def write_first_manifest(b: Build) -> dict:
 def measure(b: Build, manifest: dict) -> None:
     """Loads the zoo being built through the zoo loader and records each model's held-out
     loss against a unigram, each drafter's acceptance per domain and decode speed."""
-    from specjax.data import load_heldout  # pylint: disable=import-outside-toplevel
     from specjax import evaluation  # pylint: disable=import-outside-toplevel
+    from specjax.data import load_heldout  # pylint: disable=import-outside-toplevel
     from specjax.models import zoo as zoo_lib  # pylint: disable=import-outside-toplevel
+
     zoo = zoo_lib.load_zoo(b.work, names=DRAFTERS + EXTRA_DRAFTERS)
     heldout = {d: load_heldout(d) for d in DOMAINS}
     t0 = time.monotonic()
@@ -469,15 +595,18 @@ def measure(b: Build, manifest: dict) -> None:
     log.info('acceptance in %.1fs', time.monotonic() - t0)
     for m in (zoo.verifier,) + zoo.drafters:
         b.models[m.name]['decode_tokens_per_s'] = round(
-            evaluation.decode_tokens_per_s(m.lm, m.params, n_tokens=256), 1)
+            evaluation.decode_tokens_per_s(m.lm, m.params, n_tokens=256), 1
+        )
     manifest['measurement'] = MEASUREMENT
 
 
 def measure_heldout(b: Build, zoo, heldout: dict) -> None:
     """Each model's held-out loss per domain, and an add-one unigram's on the same text."""
     from specjax import evaluation  # pylint: disable=import-outside-toplevel
-    counts = {key: np.bincount(s, minlength=b.toks[key[0]].vocab_size)
-              for key, s in b.streams.items()}
+
+    counts = {
+        key: np.bincount(s, minlength=b.toks[key[0]].vocab_size) for key, s in b.streams.items()
+    }
     for m in (zoo.verifier,) + zoo.drafters:
         rec = b.models[m.name]
         rec['heldout'] = {}
@@ -485,22 +614,24 @@ def measure_heldout(b: Build, zoo, heldout: dict) -> None:
             key = (m.tokenizer_name, dom)
             if key not in counts:
                 counts[key] = evaluation.unigram_counts(m.tokenizer, b.corpora[dom])
-            loss = evaluation.heldout_loss(m.lm, m.params, m.tokenizer, heldout[dom],
-                                           seq_len=256)
+            loss = evaluation.heldout_loss(m.lm, m.params, m.tokenizer, heldout[dom], seq_len=256)
             uni = evaluation.unigram_loss(m.tokenizer, counts[key], heldout[dom])
             rec['heldout'][dom] = dict(
                 nats_per_token=round(loss['nats_per_token'], 4),
                 nats_per_byte=round(loss['nats_per_byte'], 4),
                 unigram_nats_per_token=round(uni['nats_per_token'], 4),
                 unigram_nats_per_byte=round(uni['nats_per_byte'], 4),
-                tokens=loss['tokens'], bytes=loss['bytes'],
-                in_domain=dom in m.domains)
+                tokens=loss['tokens'],
+                bytes=loss['bytes'],
+                in_domain=dom in m.domains,
+            )
 
 
 def measure_acceptance(b: Build, zoo, heldout: dict) -> None:
     """Each drafter's re-spelling width M and its α per domain on the held-out text."""
-    from specjax.engine.deployment import from_zoo  # pylint: disable=import-outside-toplevel
     from specjax import evaluation  # pylint: disable=import-outside-toplevel
+    from specjax.engine.deployment import from_zoo  # pylint: disable=import-outside-toplevel
+
     dep = from_zoo(zoo)
     for name, data in zip(dep.names, dep.d_data):
         # M: the most drafter tokens one verifier token re-spells into (1: same tokenizer).
@@ -515,17 +646,18 @@ def measure_acceptance(b: Build, zoo, heldout: dict) -> None:
 MEASUREMENT = dict(
     heldout_text='specjax.data.load_heldout(domain) (shipped, ~32 KB each)',
     heldout_loss='consecutive windows of 256 predicted tokens (specjax.train.eval_loss); '
-                 'nats/byte = total nats / bytes of the predicted tokens',
+    'nats/byte = total nats / bytes of the predicted tokens',
     unigram='add-one smoothed unigram of the model\'s tokenizer, fitted on the same '
-            f'train prefix ({TRAIN_BYTES} B) of the domain',
+    f'train prefix ({TRAIN_BYTES} B) of the domain',
     acceptance='alpha = mean over positions of sum_x min(p(x), q(x)) in verifier space; '
-               'p: verifier at temperature 1; q: drafter at its default temperature '
-               'after the token-level-intersection mask, read at verifier-token '
-               f'boundaries; windows of {ACCEPTANCE_WINDOW} verifier tokens of '
-               'the shipped held-out text',
+    'p: verifier at temperature 1; q: drafter at its default temperature '
+    'after the token-level-intersection mask, read at verifier-token '
+    f'boundaries; windows of {ACCEPTANCE_WINDOW} verifier tokens of '
+    'the shipped held-out text',
     decode='greedy, batch 1, 256 one-token steps inside a jitted lax.scan; best of 3; '
-           'machine-dependent',
-    seed_acceptance=SEED_ACCEPTANCE)
+    'machine-dependent',
+    seed_acceptance=SEED_ACCEPTANCE,
+)
 
 
 def _quiet_jax() -> None:
@@ -540,6 +672,7 @@ def _train_sequence(jobs) -> list[dict]:
 
 def _shares(domains: dict) -> dict:
     from fractions import Fraction
+
     return {d: Fraction(v).limit_denominator(1000) for d, v in domains.items()}
 
 
@@ -555,7 +688,7 @@ def model_tokens(streams: dict, spec: dict) -> np.ndarray:
     if len(parts) == 1:
         return next(iter(parts.values()))
     total = min(Fraction(len(parts[d])) / shares[d] for d in shares)
-    return np.concatenate([parts[d][:int(total * shares[d])] for d in shares])
+    return np.concatenate([parts[d][: int(total * shares[d])] for d in shares])
 
 
 def _own_domains(spec: dict) -> list[str]:
@@ -568,8 +701,10 @@ def _own_domains(spec: dict) -> list[str]:
 def _recipe(config: dict, train: dict, seed: int, tokenizer_sha: str, domains: dict) -> str:
     """A hash of everything that determines a model's trained parameters."""
     shares = {d: str(v) for d, v in _shares(domains).items()}
-    blob = json.dumps([config, {k: train[k] for k in sorted(train)}, seed, tokenizer_sha,
-                       shares, TRAIN_BYTES], sort_keys=True)
+    blob = json.dumps(
+        [config, {k: train[k] for k in sorted(train)}, seed, tokenizer_sha, shares, TRAIN_BYTES],
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -590,22 +725,36 @@ def _reusable(root: Path) -> dict:
             continue
         recipe = rec.get('recipe')
         if recipe is None:
-            train = {k: rec['train'][k] for k in ('steps', 'batch_size', 'seq_len',
-                                                  'learning_rate', 'warmup_steps')}
+            train = {
+                k: rec['train'][k]
+                for k in ('steps', 'batch_size', 'seq_len', 'learning_rate', 'warmup_steps')
+            }
             doms = list(rec['train'].get('corpus', rec.get('domains', [])))
             tok = manifest['tokenizers'][rec['tokenizer']]['sha256']
-            recipe = _recipe(rec['config'], train, rec['train']['seed'], tok,
-                             {d: Fraction(1, len(doms)) for d in doms})
+            recipe = _recipe(
+                rec['config'],
+                train,
+                rec['train']['seed'],
+                tok,
+                {d: Fraction(1, len(doms)) for d in doms},
+            )
         out.setdefault(name, {})[recipe] = (str(f), rec)
     return out
 
 
 def _split_jobs(jobs: list, workers: int) -> list[list]:
     """The verifier alone in one group, the drafters spread over the others by size."""
+
     def work(job):
         c, t = job[1], job[2]
-        return t['steps'] * t['batch_size'] * c['n_layers'] * c['d_model'] * (
-            c['d_model'] + c['vocab_size'] / c['n_layers'])
+        return (
+            t['steps']
+            * t['batch_size']
+            * c['n_layers']
+            * c['d_model']
+            * (c['d_model'] + c['vocab_size'] / c['n_layers'])
+        )
+
     first = [j for j in jobs if j[0] == 'verifier']
     rest = sorted((j for j in jobs if j[0] != 'verifier'), key=work, reverse=True)
     n = max(1, workers - len(first))
@@ -624,13 +773,17 @@ def _write_manifest(root: Path, manifest: dict) -> None:
 def _print_report(manifest: dict, out: Path) -> None:
     models = manifest['models']
     size = sum(f.stat().st_size for f in out.rglob('*') if f.is_file())
-    print(f'\nzoo written to {out} ({size / 1e6:.2f} MB); training {manifest["wall_s"]["training"]:.0f}s, '
-          f'total {manifest["wall_s"]["total"]:.0f}s\n')
+    print(
+        f'\nzoo written to {out} ({size / 1e6:.2f} MB); training {manifest["wall_s"]["training"]:.0f}s, '
+        f'total {manifest["wall_s"]["total"]:.0f}s\n'
+    )
     print('| model | params | c_i | steps | train s | decode tok/s |')
     print('| --- | --- | --- | --- | --- | --- |')
     for n, r in models.items():
-        print(f'| {n} | {r["n_params"]:,} | {r.get("cost", 1.0):.3f} | {r["train"]["steps"]} | '
-              f'{r["train"]["wall_s"]:.0f} | {r["decode_tokens_per_s"]:.0f} |')
+        print(
+            f'| {n} | {r["n_params"]:,} | {r.get("cost", 1.0):.3f} | {r["train"]["steps"]} | '
+            f'{r["train"]["wall_s"]:.0f} | {r["decode_tokens_per_s"]:.0f} |'
+        )
     print('\nheld-out loss, nats/byte (model / unigram); * = trained on that domain')
     print('| model | ' + ' | '.join(DOMAINS) + ' |')
     print('| --- |' + ' --- |' * len(DOMAINS))
@@ -638,29 +791,40 @@ def _print_report(manifest: dict, out: Path) -> None:
         cells = []
         for d in DOMAINS:
             h = r['heldout'][d]
-            cells.append(f'{h["nats_per_byte"]:.3f} / {h["unigram_nats_per_byte"]:.3f}'
-                         + (' *' if h['in_domain'] else ''))
+            cells.append(
+                f'{h["nats_per_byte"]:.3f} / {h["unigram_nats_per_byte"]:.3f}'
+                + (' *' if h['in_domain'] else '')
+            )
         print(f'| {n} | ' + ' | '.join(cells) + ' |')
-    print('\nacceptance α = Σ min(p, q) vs the verifier (τ_v = 1, drafter at its default τ); '
-          'seed: 0.68 / 0.61 / 0.54 (code / prose / reasoning, own domain)')
+    print(
+        '\nacceptance α = Σ min(p, q) vs the verifier (τ_v = 1, drafter at its default τ); '
+        'seed: 0.68 / 0.61 / 0.54 (code / prose / reasoning, own domain)'
+    )
     print('| drafter | τ | M | ' + ' | '.join(DOMAINS) + ' | mixed | seed |')
     print('| --- | --- | --- |' + ' --- |' * len(DOMAINS) + ' --- | --- |')
     for n in list(manifest['drafter_order']) + list(manifest.get('extra_drafters', [])):
         r = models[n]
-        cells = [f'{r["acceptance"][d]:.3f}' + (' *' if d in r['domains'] else '')
-                 for d in DOMAINS]
+        cells = [f'{r["acceptance"][d]:.3f}' + (' *' if d in r['domains'] else '') for d in DOMAINS]
         mixed = float(np.mean([r['acceptance'][d] for d in DOMAINS]))
-        print(f'| {n} | {r["temperature"]} | {r["retok_width"]} | ' + ' | '.join(cells)
-              + f' | {mixed:.3f} | {SEED_ACCEPTANCE.get(n, "—")} |')
+        print(
+            f'| {n} | {r["temperature"]} | {r["retok_width"]} | '
+            + ' | '.join(cells)
+            + f' | {mixed:.3f} | {SEED_ACCEPTANCE.get(n, "—")} |'
+        )
     order = manifest['drafter_order']
     mixed = [float(np.mean([models[n]['acceptance'][d] for d in DOMAINS])) for n in order]
-    own_best = all(models[n]['acceptance'][models[n]['domains'][0]]
-                   == max(models[m]['acceptance'][models[n]['domains'][0]] for m in order)
-                   for n in order)
+    own_best = all(
+        models[n]['acceptance'][models[n]['domains'][0]]
+        == max(models[m]['acceptance'][models[n]['domains'][0]] for m in order)
+        for n in order
+    )
     inside = all(0.5 <= a <= 0.7 for a in mixed)
-    print(f'\nmixed-traffic acceptance {" / ".join(f"{a:.2f}" for a in mixed)}: '
-          f'{"inside" if inside else "OUTSIDE"} the seed band 0.5–0.7; each drafter best in '
-          f'its own domain: {"yes" if own_best else "no"}')
+    print(
+        f'\nmixed-traffic acceptance {" / ".join(f"{a:.2f}" for a in mixed)}: '
+        f'{"inside" if inside else "OUTSIDE"} the seed band 0.5–0.7; each drafter best in '
+        f'its own domain: {"yes" if own_best else "no"}'
+    )
+
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -10,11 +10,18 @@ Those names are resolved on first use (PEP 562), so that importing a submodule
 """
 
 __version__ = "0.1.0"
-__all__ = ["SpeculativePrefixCollapseError", "execute_parallel_plan",
-           "should_truncate_and_repropose", "__version__"]
+__all__ = [
+    "SpeculativePrefixCollapseError",
+    "execute_parallel_plan",
+    "should_truncate_and_repropose",
+    "__version__",
+]
 
-_SEED_API = ("SpeculativePrefixCollapseError", "execute_parallel_plan",
-             "should_truncate_and_repropose")
+_SEED_API = (
+    "SpeculativePrefixCollapseError",
+    "execute_parallel_plan",
+    "should_truncate_and_repropose",
+)
 
 
 def __getattr__(name: str):

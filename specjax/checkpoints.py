@@ -17,6 +17,7 @@ its uint16 bit pattern). The zip's CRCs catch truncation; the sha256 catches the
 
 Every failure to find or read a checkpoint is a one-line ``ValueError`` naming the path.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,6 +38,7 @@ _META_KEY = '__specjax_meta__'
 # ----------------------------------------------------------------------------------------
 # Tree helpers
 # ----------------------------------------------------------------------------------------
+
 
 def _key_str(k) -> str:
     for attr in ('key', 'name', 'idx'):
@@ -75,6 +77,7 @@ def _as_abstract(tree):
             return x
         sharding = x.sharding if isinstance(x, jax.Array) else None
         return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
+
     return jax.tree.map(f, tree)
 
 
@@ -82,14 +85,23 @@ def _as_abstract(tree):
 # Orbax step directories
 # ----------------------------------------------------------------------------------------
 
+
 def _manager(directory: str, create: bool, max_to_keep: int | None = None):
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
-                                           enable_async_checkpointing=False)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, create=create, enable_async_checkpointing=False
+    )
     return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
 
-def save(directory: str, step: int, params, opt_state=None, metadata: dict | None = None,
-         *, max_to_keep: int | None = None) -> str:
+def save(
+    directory: str,
+    step: int,
+    params,
+    opt_state=None,
+    metadata: dict | None = None,
+    *,
+    max_to_keep: int | None = None,
+) -> str:
     """Saves one step (synchronously) and returns its directory.
 
     Args:
@@ -103,8 +115,9 @@ def save(directory: str, step: int, params, opt_state=None, metadata: dict | Non
     try:
         json.dumps(metadata)
     except TypeError as e:
-        raise ValueError(f'checkpoint {directory}: metadata is not JSON-serialisable '
-                         f'({_one_line(e)})') from None
+        raise ValueError(
+            f'checkpoint {directory}: metadata is not JSON-serialisable ({_one_line(e)})'
+        ) from None
     items = {'params': params} if opt_state is None else {'params': params, 'opt_state': opt_state}
     if _addressable(items):
         metadata['_sha256'] = {k: tree_sha256(v) for k, v in items.items()}
@@ -126,8 +139,9 @@ def latest_step(directory: str) -> int | None:
         return mngr.latest_step()
 
 
-def restore(directory: str, abstract, step: int | None = None, *,
-            opt_state_abstract=None) -> dict[str, Any]:
+def restore(
+    directory: str, abstract, step: int | None = None, *, opt_state_abstract=None
+) -> dict[str, Any]:
     """Restores a step bit-exactly into the structure (and shardings) of ``abstract``.
 
     Args:
@@ -160,15 +174,20 @@ def restore(directory: str, abstract, step: int | None = None, *,
         try:
             out = mngr.restore(step, args=ocp.args.Composite(**args))
         except Exception as e:  # orbax / tensorstore raise many types
-            raise ValueError(f'checkpoint {where}: unreadable or incompatible '
-                             f'({_one_line(e)})') from e
+            raise ValueError(
+                f'checkpoint {where}: unreadable or incompatible ({_one_line(e)})'
+            ) from e
     metadata = dict(out['metadata'] or {})
     digests = metadata.pop('_sha256', {})
     for name in items:
         if name in digests and _addressable(out[name]) and tree_sha256(out[name]) != digests[name]:
             raise ValueError(f'checkpoint {where}: {name} data is corrupt (sha256 mismatch)')
-    return {'step': step, 'params': out['params'], 'opt_state': out.get('opt_state'),
-            'metadata': metadata}
+    return {
+        'step': step,
+        'params': out['params'],
+        'opt_state': out.get('opt_state'),
+        'metadata': metadata,
+    }
 
 
 def _check_item(where: str, name: str, abstract) -> None:
@@ -190,19 +209,24 @@ def _check_item(where: str, name: str, abstract) -> None:
     missing = [k for k, _ in want if k not in have]
     extra = sorted(set(have) - {k for k, _ in want})
     if missing or extra:
-        raise ValueError(f'checkpoint {where}: {name} names differ from the requested structure '
-                         f'(missing {missing[:4]}, unexpected {extra[:4]})')
+        raise ValueError(
+            f'checkpoint {where}: {name} names differ from the requested structure '
+            f'(missing {missing[:4]}, unexpected {extra[:4]})'
+        )
     for key, ref in want:
         got = have[key]
         if tuple(got.shape) != tuple(ref.shape) or np.dtype(got.dtype) != np.dtype(ref.dtype):
-            raise ValueError(f'checkpoint {where}: {name}/{key} is stored as '
-                             f'{np.dtype(got.dtype).name}{list(got.shape)}, requested '
-                             f'{np.dtype(ref.dtype).name}{list(ref.shape)}')
+            raise ValueError(
+                f'checkpoint {where}: {name}/{key} is stored as '
+                f'{np.dtype(got.dtype).name}{list(got.shape)}, requested '
+                f'{np.dtype(ref.dtype).name}{list(ref.shape)}'
+            )
 
 
 # ----------------------------------------------------------------------------------------
 # Single-file params (.npz)
 # ----------------------------------------------------------------------------------------
+
 
 def _storable(arr: np.ndarray) -> np.ndarray:
     """Numpy-native dtypes as they are; others (bfloat16, ...) as their raw bits."""
@@ -241,36 +265,58 @@ def load_params_file(path: str, abstract, expected_sha256: str | None = None):
         with np.load(path, allow_pickle=False) as z:
             header = json.loads(bytes(z[_META_KEY]).decode())
             stored = {k: z[k] for k in z.files if k != _META_KEY}
-    except (zipfile.BadZipFile, ValueError, KeyError, OSError, EOFError,
-            json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f'params file {path}: corrupt or not a specjax params file '
-                         f'({_one_line(e)})') from None
+    except (
+        zipfile.BadZipFile,
+        ValueError,
+        KeyError,
+        OSError,
+        EOFError,
+        json.JSONDecodeError,
+        UnicodeDecodeError,
+    ) as e:
+        raise ValueError(
+            f'params file {path}: corrupt or not a specjax params file ({_one_line(e)})'
+        ) from None
     if header.get('format') != FORMAT:
-        raise ValueError(f'params file {path}: format {header.get("format")!r}, expected {FORMAT!r}')
+        raise ValueError(
+            f'params file {path}: format {header.get("format")!r}, expected {FORMAT!r}'
+        )
     want = _flatten(abstract)
     want_keys, have_keys = [k for k, _ in want], set(stored)
-    missing, extra = [k for k in want_keys if k not in have_keys], sorted(have_keys - set(want_keys))
+    missing, extra = (
+        [k for k in want_keys if k not in have_keys],
+        sorted(have_keys - set(want_keys)),
+    )
     if missing or extra:
-        raise ValueError(f'params file {path}: parameter names differ from the model '
-                         f'(missing {missing[:4]}, unexpected {extra[:4]})')
+        raise ValueError(
+            f'params file {path}: parameter names differ from the model '
+            f'(missing {missing[:4]}, unexpected {extra[:4]})'
+        )
     leaves = []
     for key, ref in want:
         info = header['arrays'][key]
         dtype = np.dtype(jax.numpy.dtype(info['dtype']))
         arr = stored[key].view(dtype).reshape(info['shape'])
         if tuple(arr.shape) != tuple(ref.shape) or arr.dtype != np.dtype(ref.dtype):
-            raise ValueError(f'params file {path}: {key} is {arr.dtype.name}{list(arr.shape)}, '
-                             f'the model expects {np.dtype(ref.dtype).name}{list(ref.shape)}')
+            raise ValueError(
+                f'params file {path}: {key} is {arr.dtype.name}{list(arr.shape)}, '
+                f'the model expects {np.dtype(ref.dtype).name}{list(ref.shape)}'
+            )
         leaves.append(arr)
     tree = jax.tree.unflatten(jax.tree.structure(abstract), leaves)
     digest = tree_sha256(tree)
     if digest != header.get('sha256'):
-        raise ValueError(f'params file {path}: corrupt (sha256 {digest[:12]}… does not match the '
-                         f'recorded {str(header.get("sha256"))[:12]}…)')
+        raise ValueError(
+            f'params file {path}: corrupt (sha256 {digest[:12]}… does not match the '
+            f'recorded {str(header.get("sha256"))[:12]}…)'
+        )
     if expected_sha256 is not None and digest != expected_sha256:
-        raise ValueError(f'params file {path}: sha256 {digest[:12]}… is not the expected '
-                         f'{expected_sha256[:12]}…')
+        raise ValueError(
+            f'params file {path}: sha256 {digest[:12]}… is not the expected {expected_sha256[:12]}…'
+        )
+
     def place(arr, ref):
         sharding = getattr(ref, 'sharding', None)
         return jax.device_put(arr, sharding) if sharding is not None else jax.numpy.asarray(arr)
+
     return jax.tree.map(place, tree, abstract)

@@ -8,6 +8,7 @@ file, an unwritable place, ``~nosuchuser/...``) is refused by the command-line e
 points before anything runs (`check_dir`, through `specjax.runner.cli.ENV_VARS`); the
 default directory, when unusable (a read-only home), just runs uncached.
 """
+
 from __future__ import annotations
 
 import os
@@ -61,6 +62,7 @@ def enable() -> str | None:
     if not path:
         return None
     import jax  # pylint: disable=import-outside-toplevel
+
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
         jax.config.update("jax_compilation_cache_dir", path)

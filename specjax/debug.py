@@ -17,6 +17,7 @@ Usage, inside or outside ``jit``::
     debug.check(jnp.all(jnp.isfinite(p)), 'probabilities are not finite')
     debug.check_distribution(p, 'verifier p')
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,8 +27,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ['CheckFailedError', 'enabled', 'set_enabled', 'check', 'check_distribution',
-           'check_range']
+__all__ = [
+    'CheckFailedError',
+    'enabled',
+    'set_enabled',
+    'check',
+    'check_distribution',
+    'check_range',
+]
 
 _ENABLED = os.environ.get('SPECJAX_CHECKS', '').strip().lower() not in ('', '0', 'false', 'no')
 
@@ -81,8 +88,7 @@ def _checker(message: str):
     return checked
 
 
-def check_distribution(p, what: str, atol: float = 1e-4, *,
-                       allow_zero_rows: bool = False) -> None:
+def check_distribution(p, what: str, atol: float = 1e-4, *, allow_zero_rows: bool = False) -> None:
     """``p: f32[..., V]``: finite, non-negative, each row summing to 1 within ``atol``
     (or, with ``allow_zero_rows``, exactly 0: padding rows)."""
     if not _ENABLED:
@@ -93,8 +99,11 @@ def check_distribution(p, what: str, atol: float = 1e-4, *,
     if allow_zero_rows:
         row_ok = row_ok | (total == 0)
     ok = jnp.all(jnp.isfinite(p)) & jnp.all(p >= 0) & jnp.all(row_ok)
-    check(ok, f'{what}: not a probability distribution (non-finite, negative, or a row '
-              f'not summing to 1 within {atol})')
+    check(
+        ok,
+        f'{what}: not a probability distribution (non-finite, negative, or a row '
+        f'not summing to 1 within {atol})',
+    )
 
 
 def check_range(x, lo, hi, what: str) -> None:

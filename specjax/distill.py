@@ -21,6 +21,7 @@ The recipe (DistillSpec's on-policy data, FR-Spec's subset head), in three steps
    the sampled token (``'hard'``, sequence-level distillation). The embedding and head
    start from the verifier's embedding rows projected to ``d_model`` (PCA).
 """
+
 from __future__ import annotations
 
 import ast
@@ -46,6 +47,7 @@ __all__ = ['Generated', 'domain_prompts', 'generate', 'train_drafter', 'DrafterR
 # Prompts (train split)
 # ----------------------------------------------------------------------------------------
 
+
 def _code_prompts(doc: str) -> list[str]:
     """Every function of a source file whose ``def`` line(s) + first body line fit in 3
     lines with at least 3 body lines after (the shipped code prompts' rule, all of them)."""
@@ -61,7 +63,7 @@ def _code_prompts(doc: str) -> list[str]:
         end = node.body[0].lineno
         if end - node.lineno + 1 > 3 or (node.end_lineno or 0) - end < 3:
             continue
-        p = ''.join(lines[node.lineno - 1:end])
+        p = ''.join(lines[node.lineno - 1 : end])
         if p.strip():
             out.append(p)
     return out
@@ -70,6 +72,7 @@ def _code_prompts(doc: str) -> list[str]:
 def domain_prompts(domain: str, n: int, seed: int = 0) -> list[str]:
     """``n`` prompts of ``domain`` from the corpus's train split (deterministic)."""
     from specjax.data import corpora, reasoning  # pylint: disable=import-outside-toplevel
+
     rng = np.random.default_rng(seed)
     if domain == 'code':
         train = corpora.split_documents(corpora.domain_documents('code'))[0]
@@ -82,12 +85,15 @@ def domain_prompts(domain: str, n: int, seed: int = 0) -> list[str]:
             head, verses = lines[0], [v for v in lines[1:] if v.strip()]
             pool += [head + v for v in verses[:: max(1, len(verses) // 4)]]
     elif domain == 'reasoning':
-        pool = [f'Q: {p.question}\n' for p in reasoning.generate_problems(
-            corpora.REASONING_PROBLEMS, corpora.REASONING_SEED)
-            if not corpora.is_heldout(p.question)]
+        pool = [
+            f'Q: {p.question}\n'
+            for p in reasoning.generate_problems(corpora.REASONING_PROBLEMS, corpora.REASONING_SEED)
+            if not corpora.is_heldout(p.question)
+        ]
     else:
-        raise ValueError(f"domain_prompts: domain={domain!r} (allowed: 'code', 'prose', "
-                         f"'reasoning')")
+        raise ValueError(
+            f"domain_prompts: domain={domain!r} (allowed: 'code', 'prose', 'reasoning')"
+        )
     pool = sorted(set(pool))
     idx = rng.permutation(len(pool))[:n]
     return [pool[i] for i in idx]
@@ -96,6 +102,7 @@ def domain_prompts(domain: str, n: int, seed: int = 0) -> list[str]:
 # ----------------------------------------------------------------------------------------
 # Generation with soft targets
 # ----------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class Generated:
@@ -108,6 +115,7 @@ class Generated:
         each generated position (the distribution the token was sampled from).
       temperature: the verifier's τ.
     """
+
     prompt: np.ndarray
     prompt_len: np.ndarray
     tokens: np.ndarray
@@ -118,30 +126,44 @@ class Generated:
 
     def save(self, path) -> None:
         tmp = f'{path}.tmp.npz'
-        np.savez_compressed(tmp, **{f.name: np.asarray(getattr(self, f.name))
-                                    for f in dataclasses.fields(self)})
+        np.savez_compressed(
+            tmp, **{f.name: np.asarray(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        )
         import os  # pylint: disable=import-outside-toplevel
+
         os.replace(tmp, path)
 
     @classmethod
     def load(cls, path) -> 'Generated':
         with np.load(path) as z:
-            return cls(**{f.name: (float(z[f.name]) if f.name == 'temperature' else z[f.name])
-                          for f in dataclasses.fields(cls)})
+            return cls(
+                **{
+                    f.name: (float(z[f.name]) if f.name == 'temperature' else z[f.name])
+                    for f in dataclasses.fields(cls)
+                }
+            )
 
     @classmethod
     def concat(cls, parts: Sequence['Generated']) -> 'Generated':
         P = max(p.prompt.shape[1] for p in parts)
         pad = [np.pad(p.prompt, ((0, 0), (0, P - p.prompt.shape[1]))) for p in parts]
         cat = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
-        return cls(np.concatenate(pad), cat('prompt_len'), cat('tokens'), cat('valid'),
-                   cat('top_ids'), cat('top_logp'), parts[0].temperature)
+        return cls(
+            np.concatenate(pad),
+            cat('prompt_len'),
+            cat('tokens'),
+            cat('valid'),
+            cat('top_ids'),
+            cat('top_logp'),
+            parts[0].temperature,
+        )
 
     def sequences(self) -> list[np.ndarray]:
         """Each row's prompt + valid generated tokens."""
-        return [np.concatenate([self.prompt[r, :self.prompt_len[r]],
-                                self.tokens[r][self.valid[r]]])
-                for r in range(len(self.tokens))]
+        return [
+            np.concatenate([self.prompt[r, : self.prompt_len[r]], self.tokens[r][self.valid[r]]])
+            for r in range(len(self.tokens))
+        ]
 
     @property
     def n_generated(self) -> int:
@@ -160,7 +182,7 @@ def _generate_program(lm, new_tokens: int, top_k: int, eos: int):
         pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
         logits, cache = lm.forward(params, cache, prompt, pos, causal_block_mask(B, P))
         last = jnp.take_along_axis(logits, (prompt_len - 1)[:, None, None], axis=1)[:, 0]
-        cache = lm.advance(cache, prompt_len)        # keep each row's own prompt slots
+        cache = lm.advance(cache, prompt_len)  # keep each row's own prompt slots
 
         def step(carry, k):
             cache, logits, alive = carry
@@ -169,20 +191,31 @@ def _generate_program(lm, new_tokens: int, top_k: int, eos: int):
             top_logp, top_ids = jax.lax.top_k(logp, top_k)
             out = (tok, alive, top_ids.astype(jnp.int32), top_logp)
             alive = alive & (tok != eos)
-            nxt, cache = lm.forward(params, cache, tok[:, None], cache.length[:, None],
-                                    causal_block_mask(B, 1))
+            nxt, cache = lm.forward(
+                params, cache, tok[:, None], cache.length[:, None], causal_block_mask(B, 1)
+            )
             cache = lm.advance(cache, jnp.ones((B,), jnp.int32))
             return (cache, nxt[:, 0], alive), out
 
         keys = jax.random.split(key, new_tokens)
         _, (tok, alive, ids, lp) = jax.lax.scan(step, (cache, last, jnp.ones((B,), bool)), keys)
         return (tok.T, alive.T, ids.transpose(1, 0, 2), lp.transpose(1, 0, 2))
+
     return run
 
 
-def generate(model, texts: Sequence[str], *, new_tokens: int = 160, batch: int = 32,
-             temperature: float = 1.0, top_k: int = 16, seed: int = 0, bucket: int = 32,
-             log=None) -> Generated:
+def generate(
+    model,
+    texts: Sequence[str],
+    *,
+    new_tokens: int = 160,
+    batch: int = 32,
+    temperature: float = 1.0,
+    top_k: int = 16,
+    seed: int = 0,
+    bucket: int = 32,
+    log=None,
+) -> Generated:
     """The verifier's continuations of ``texts`` (already in its chat template), batched by
     prompt length; one compiled program per padded prompt width (multiples of ``bucket``)."""
     log = log or (lambda msg: print(msg, flush=True))
@@ -193,44 +226,72 @@ def generate(model, texts: Sequence[str], *, new_tokens: int = 160, batch: int =
     program = _generate_program(model.lm, new_tokens, top_k, eos)
     parts, t0, done = [], time.perf_counter(), 0
     for b in range(0, len(ids), batch):
-        rows = [ids[i] for i in order[b:b + batch]]
+        rows = [ids[i] for i in order[b : b + batch]]
         P = -(-max(len(r) for r in rows) // bucket) * bucket
         prompt = np.zeros((batch, P), np.int32)
         plen = np.ones((batch,), np.int32)
         for r, x in enumerate(rows):
-            prompt[r, :len(x)] = x
+            prompt[r, : len(x)] = x
             plen[r] = len(x)
         key = jax.random.fold_in(jax.random.key(seed), b)
         cache = model.lm.init_cache(batch, P + new_tokens)
-        out = jax.device_get(program(model.params, cache, jnp.asarray(prompt), jnp.asarray(plen),
-                                     key, jnp.float32(temperature)))
+        out = jax.device_get(
+            program(
+                model.params,
+                cache,
+                jnp.asarray(prompt),
+                jnp.asarray(plen),
+                key,
+                jnp.float32(temperature),
+            )
+        )
         n = len(rows)
-        parts.append(Generated(prompt[:n], plen[:n], out[0][:n], out[1][:n], out[2][:n],
-                               out[3][:n], float(temperature)))
+        parts.append(
+            Generated(
+                prompt[:n],
+                plen[:n],
+                out[0][:n],
+                out[1][:n],
+                out[2][:n],
+                out[3][:n],
+                float(temperature),
+            )
+        )
         done += int(out[1][:n].sum())
-        log(f'generate: {b + n}/{len(ids)} prompts, {done} tokens, '
-            f'{done / (time.perf_counter() - t0):.0f} tok/s')
+        log(
+            f'generate: {b + n}/{len(ids)} prompts, {done} tokens, '
+            f'{done / (time.perf_counter() - t0):.0f} tok/s'
+        )
     inv = np.argsort(order, kind='stable')
     g = Generated.concat(parts)
-    return Generated(g.prompt[inv], g.prompt_len[inv], g.tokens[inv], g.valid[inv],
-                     g.top_ids[inv], g.top_logp[inv], g.temperature)
+    return Generated(
+        g.prompt[inv],
+        g.prompt_len[inv],
+        g.tokens[inv],
+        g.valid[inv],
+        g.top_ids[inv],
+        g.top_logp[inv],
+        g.temperature,
+    )
 
 
 # ----------------------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class DrafterRecipe:
     """How a distilled drafter is built (recorded in the zoo manifest)."""
+
     d_model: int = 256
     n_layers: int = 4
     n_heads: int = 4
     n_kv_heads: int = 2
     d_ff: int = 688
-    kept: int = 4096                 # FR-Spec head: most frequent verifier ids (tied table)
+    kept: int = 4096  # FR-Spec head: most frequent verifier ids (tied table)
     max_len: int = 1024
-    targets: str = 'soft'            # 'soft' (top-k distribution) | 'hard' (sampled token)
+    targets: str = 'soft'  # 'soft' (top-k distribution) | 'hard' (sampled token)
     steps: int = 600
     batch: int = 16
     learning_rate: float = 2e-3
@@ -253,14 +314,14 @@ def _windows(data: Generated, seq: int):
     for r in range(N):
         p = int(data.prompt_len[r])
         g = data.tokens[r][data.valid[r]]
-        full = np.concatenate([data.prompt[r, :p], g])[:seq + 1]
-        toks[r, :len(full)] = full
+        full = np.concatenate([data.prompt[r, :p], g])[: seq + 1]
+        toks[r, : len(full)] = full
         # Position p-1+j predicts generated token j (sampled from the verifier's top-k there).
         n = min(len(g), seq - (p - 1))
         if n > 0:
-            mask[r, p - 1:p - 1 + n] = True
-            tid[r, p - 1:p - 1 + n] = data.top_ids[r][data.valid[r]][:n]
-            tlp[r, p - 1:p - 1 + n] = data.top_logp[r][data.valid[r]][:n]
+            mask[r, p - 1 : p - 1 + n] = True
+            tid[r, p - 1 : p - 1 + n] = data.top_ids[r][data.valid[r]][:n]
+            tlp[r, p - 1 : p - 1 + n] = data.top_logp[r][data.valid[r]][:n]
     return toks, mask, tid, tlp
 
 
@@ -275,7 +336,7 @@ def _pca_init(verifier_embed: np.ndarray, keep: np.ndarray, d: int, seed: int):
     X = rows - mean
     _, _, vt = np.linalg.svd(X[:: max(1, len(X) // 8192)], full_matrices=False)
     proj = np.zeros((len(X), d))
-    proj[:, :min(d, len(vt))] = X @ vt[:d].T
+    proj[:, : min(d, len(vt))] = X @ vt[:d].T
     # Coordinates without a principal direction (a verifier narrower than d, or fewer
     # kept rows than d: the "other" row is a combination of the rest, so K + 1 rows span
     # at most K) start as seeded Gaussian noise, so each has unit variance.
@@ -295,21 +356,36 @@ def _initial_drafter(data: Generated, verifier, recipe: DrafterRecipe):
     specials = tuple(int(i) for i in getattr(verifier.tokenizer, 'special_tokens', {}).values())
     keep = most_frequent_ids(counts, min(recipe.kept, V), always=specials)
     coverage = float(counts[keep].sum() / counts.sum())
-    cfg = TransformerConfig(vocab_size=len(keep) + 1, d_model=recipe.d_model,
-                            n_layers=recipe.n_layers, n_heads=recipe.n_heads,
-                            n_kv_heads=recipe.n_kv_heads, d_ff=recipe.d_ff,
-                            max_len=recipe.max_len, rope_theta=verifier.lm.config.rope_theta,
-                            tie_embeddings=True, embed_input_scale=False)
+    cfg = TransformerConfig(
+        vocab_size=len(keep) + 1,
+        d_model=recipe.d_model,
+        n_layers=recipe.n_layers,
+        n_heads=recipe.n_heads,
+        n_kv_heads=recipe.n_kv_heads,
+        d_ff=recipe.d_ff,
+        max_len=recipe.max_len,
+        rope_theta=verifier.lm.config.rope_theta,
+        tie_embeddings=True,
+        embed_input_scale=False,
+    )
     lm = SubsetVocabLM(cfg, V)
     params = lm.init_params(recipe.seed, keep)
-    init = _pca_init(np.asarray(verifier.params['embed'], np.float32), keep, recipe.d_model,
-                     recipe.seed)
+    init = _pca_init(
+        np.asarray(verifier.params['embed'], np.float32), keep, recipe.d_model, recipe.seed
+    )
     params['inner']['embed'] = jnp.asarray(init / math.sqrt(recipe.d_model))
     return lm, params, coverage
 
 
-def train_drafter(data: Generated, verifier, recipe: DrafterRecipe = DrafterRecipe(), *,
-                  seq: int | None = None, time_budget_s: float | None = None, log=print):
+def train_drafter(
+    data: Generated,
+    verifier,
+    recipe: DrafterRecipe = DrafterRecipe(),
+    *,
+    seq: int | None = None,
+    time_budget_s: float | None = None,
+    log=print,
+):
     """Trains a `SubsetVocabLM` drafter on the verifier's generations.
 
     Returns (lm, params, history dict).
@@ -319,14 +395,16 @@ def train_drafter(data: Generated, verifier, recipe: DrafterRecipe = DrafterReci
         seq = int(min(recipe.max_len, max(data.prompt_len) + data.tokens.shape[1]))
     toks, mask, tid, tlp = _windows(data, seq)
     to_inner = np.asarray(params['to_inner'])
-    tid_inner = to_inner[tid]                         # outside the subset -> the "other" row
+    tid_inner = to_inner[tid]  # outside the subset -> the "other" row
 
     warmup = min(recipe.warmup, max(recipe.steps - 1, 0))
-    sched = optax.warmup_cosine_decay_schedule(0.0, recipe.learning_rate, warmup,
-                                               max(recipe.steps, warmup + 1),
-                                               recipe.learning_rate * 0.1)
-    tx = optax.chain(optax.clip_by_global_norm(1.0),
-                     optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=recipe.weight_decay))
+    sched = optax.warmup_cosine_decay_schedule(
+        0.0, recipe.learning_rate, warmup, max(recipe.steps, warmup + 1), recipe.learning_rate * 0.1
+    )
+    tx = optax.chain(
+        optax.clip_by_global_norm(1.0),
+        optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=recipe.weight_decay),
+    )
     trainable = params['inner']
     opt = tx.init(trainable)
     soft = recipe.targets == 'soft'
@@ -352,16 +430,25 @@ def train_drafter(data: Generated, verifier, recipe: DrafterRecipe = DrafterReci
         return optax.apply_updates(inner, upd), opt, loss
 
     rng = np.random.default_rng(recipe.seed)
-    hist, t0 = {'loss': [], 'coverage': coverage, 'seq': seq, 'n_rows': len(toks),
-                'n_targets': int(mask.sum())}, time.perf_counter()
+    hist, t0 = (
+        {
+            'loss': [],
+            'coverage': coverage,
+            'seq': seq,
+            'n_rows': len(toks),
+            'n_targets': int(mask.sum()),
+        },
+        time.perf_counter(),
+    )
     for s in range(recipe.steps):
         idx = rng.integers(0, len(toks), recipe.batch)
-        trainable, opt, loss = step(trainable, opt, toks[idx], mask[idx], tid_inner[idx],
-                                    tlp[idx])
+        trainable, opt, loss = step(trainable, opt, toks[idx], mask[idx], tid_inner[idx], tlp[idx])
         if s % 50 == 0 or s == recipe.steps - 1:
             hist['loss'].append((s, float(loss)))
-            log(f'train: step {s}/{recipe.steps} loss {float(loss):.3f} '
-                f'({time.perf_counter() - t0:.0f} s)')
+            log(
+                f'train: step {s}/{recipe.steps} loss {float(loss):.3f} '
+                f'({time.perf_counter() - t0:.0f} s)'
+            )
         if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
             log(f'train: time budget {time_budget_s:.0f} s reached at step {s}')
             break
@@ -377,5 +464,8 @@ def heldout_text(model, prompts: Sequence[str], data: Generated) -> list[str]:
 
 
 def summarize(data: Generated) -> dict[str, Any]:
-    return {'rows': len(data.tokens), 'generated': data.n_generated,
-            'ended': int((~data.valid[:, -1]).sum())}
+    return {
+        'rows': len(data.tokens),
+        'generated': data.n_generated,
+        'ended': int((~data.valid[:, -1]).sum()),
+    }

@@ -23,8 +23,9 @@ class ConfigError(ValueError):
     attributes for programs that want them.
     """
 
-    def __init__(self, message: str, *, field: str | None = None, value: Any = None,
-                 allowed: Any = None):
+    def __init__(
+        self, message: str, *, field: str | None = None, value: Any = None, allowed: Any = None
+    ):
         super().__init__(message)
         self.field = field
         self.value = value
@@ -33,8 +34,12 @@ class ConfigError(ValueError):
     @classmethod
     def invalid(cls, field: str, value: Any, allowed: Any) -> "ConfigError":
         """`<field>: got <value!r>, allowed: <allowed>`."""
-        return cls(f"{field}: got {_short_repr(value)}, allowed: {describe_allowed(allowed)}",
-                   field=field, value=value, allowed=allowed)
+        return cls(
+            f"{field}: got {_short_repr(value)}, allowed: {describe_allowed(allowed)}",
+            field=field,
+            value=value,
+            allowed=allowed,
+        )
 
 
 def check(cond: Any, field: str, value: Any, allowed: Any) -> None:

@@ -9,6 +9,7 @@ the tests re-measure.
 It sits above the models, the rules' distributions and the training loop, which it measures
 with (`specjax.models.zoo` only loads).
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,12 +25,24 @@ from specjax.tokenizers import Tokenizer
 from specjax.train import eval_loss
 from specjax.verify.distributions import sampling_probs, to_verifier_space
 
-__all__ = ['heldout_loss', 'unigram_counts', 'unigram_loss', 'acceptance_rates',
-           'decode_tokens_per_s']
+__all__ = [
+    'heldout_loss',
+    'unigram_counts',
+    'unigram_loss',
+    'acceptance_rates',
+    'decode_tokens_per_s',
+]
 
 
-def heldout_loss(lm, params, tokenizer: Tokenizer, text: str, seq_len: int | None = None,
-                 max_tokens: int | None = None, batch_size: int = 8) -> dict[str, float]:
+def heldout_loss(
+    lm,
+    params,
+    tokenizer: Tokenizer,
+    text: str,
+    seq_len: int | None = None,
+    max_tokens: int | None = None,
+    batch_size: int = 8,
+) -> dict[str, float]:
     """Next-token loss of ``text`` in nats/token and nats/byte.
 
     Consecutive windows of ``seq_len`` predictions (default: the model's ``max_len``),
@@ -38,12 +51,16 @@ def heldout_loss(lm, params, tokenizer: Tokenizer, text: str, seq_len: int | Non
     """
     ids = np.asarray(tokenizer.encode(text), np.int32)
     if max_tokens is not None:
-        ids = ids[:max_tokens + 1]
+        ids = ids[: max_tokens + 1]
     nats_tok = eval_loss(lm, params, ids, seq_len=seq_len, batch_size=batch_size)
     n_pred = len(ids) - 1
     n_bytes = sum(len(tokenizer.token_bytes(int(i))) for i in ids[1:])
-    return {'nats_per_token': nats_tok, 'nats_per_byte': nats_tok * n_pred / n_bytes,
-            'tokens': int(n_pred), 'bytes': int(n_bytes)}
+    return {
+        'nats_per_token': nats_tok,
+        'nats_per_byte': nats_tok * n_pred / n_bytes,
+        'tokens': int(n_pred),
+        'bytes': int(n_bytes),
+    }
 
 
 def unigram_counts(tokenizer: Tokenizer, train_text: str) -> np.ndarray:
@@ -52,8 +69,9 @@ def unigram_counts(tokenizer: Tokenizer, train_text: str) -> np.ndarray:
     return np.bincount(ids, minlength=tokenizer.vocab_size)
 
 
-def unigram_loss(tokenizer: Tokenizer, counts: np.ndarray, text: str,
-                 max_tokens: int | None = None) -> dict[str, float]:
+def unigram_loss(
+    tokenizer: Tokenizer, counts: np.ndarray, text: str, max_tokens: int | None = None
+) -> dict[str, float]:
     """Loss of an add-one-smoothed unigram model (``counts`` + 1) on ``text``.
 
     Scored over the same tokens as `heldout_loss` (all but the first).
@@ -61,7 +79,7 @@ def unigram_loss(tokenizer: Tokenizer, counts: np.ndarray, text: str,
     logp = np.log((counts + 1.0) / (counts.sum() + len(counts)))
     ids = np.asarray(tokenizer.encode(text), np.int64)
     if max_tokens is not None:
-        ids = ids[:max_tokens + 1]
+        ids = ids[: max_tokens + 1]
     pred = ids[1:]
     nats = float(-logp[pred].sum())
     n_bytes = sum(len(tokenizer.token_bytes(int(i))) for i in pred)
@@ -78,15 +96,17 @@ def _overlap_sums(spec, data, p, ids, ends, valid, v_vocab):
     """Σ over valid positions of Σ_x min(p, q) for one drafter, and the count."""
     logits = spec.lm.logits_full(data.params, ids)
     at = jnp.take_along_axis(logits, ends[:, :, None], axis=1)
-    q = sampling_probs(at, spec.temperature, top_k=spec.top_k, top_p=spec.top_p,
-                       mask=data.to_verifier >= 0)
+    q = sampling_probs(
+        at, spec.temperature, top_k=spec.top_k, top_p=spec.top_p, mask=data.to_verifier >= 0
+    )
     q = to_verifier_space(q, data.to_verifier, v_vocab)
     overlap = jnp.minimum(p, q).sum(-1)
     return jnp.where(valid, overlap, 0.0).sum(), valid.sum()
 
 
-def _windows(v_ids: np.ndarray, widths: list[np.ndarray], max_lens: list[int],
-             window: int) -> list[tuple[int, int]]:
+def _windows(
+    v_ids: np.ndarray, widths: list[np.ndarray], max_lens: list[int], window: int
+) -> list[tuple[int, int]]:
     """[start, end) windows of at most ``window`` verifier tokens whose re-spelling in
     every drafter's ids fits that drafter's context."""
     out, start, used = [], 0, [0] * len(widths)
@@ -101,8 +121,14 @@ def _windows(v_ids: np.ndarray, widths: list[np.ndarray], max_lens: list[int],
     return out
 
 
-def acceptance_rates(dep, text: str, window: int = 128, verifier_temperature: float = 1.0,
-                     batch_size: int = 8, max_tokens: int | None = None) -> np.ndarray:
+def acceptance_rates(
+    dep,
+    text: str,
+    window: int = 128,
+    verifier_temperature: float = 1.0,
+    batch_size: int = 8,
+    max_tokens: int | None = None,
+) -> np.ndarray:
     """Each drafter's mean acceptance α = Σ_x min(p(x), q(x)) on ``text``, in verifier space.
 
     The text is spelt with the verifier's tokenizer and cut into windows of at most
@@ -130,31 +156,38 @@ def acceptance_rates(dep, text: str, window: int = 128, verifier_temperature: fl
     v_tok = np.zeros((n_pad, W), np.int32)
     valid = np.zeros((n_pad, W), bool)
     for r, (s, e) in enumerate(wins):
-        v_tok[r, :e - s] = v_ids[s:e]
-        valid[r, :e - s] = True
+        v_tok[r, : e - s] = v_ids[s:e]
+        valid[r, : e - s] = True
     # Drafter streams: concatenated re-spellings; ends[r, t] = index of token t's last piece.
     streams = []
     for k, spec in enumerate(dep.drafters):
-        flats = [np.concatenate([retok[k][t, :lens[k][t]] for t in v_ids[s:e]])
-                 for s, e in wins]
+        flats = [np.concatenate([retok[k][t, : lens[k][t]] for t in v_ids[s:e]]) for s, e in wins]
         # Pad to the longest stream (rounded up to 64, so shapes repeat across texts).
         L = min(spec.lm.max_len, -(-max(len(f) for f in flats) // 64) * 64)
         ids = np.zeros((n_pad, L), np.int32)
         ends = np.zeros((n_pad, W), np.int32)
         for r, ((s, e), flat) in enumerate(zip(wins, flats)):
-            ids[r, :len(flat)] = flat
-            ends[r, :e - s] = np.cumsum(lens[k][v_ids[s:e]]) - 1
+            ids[r, : len(flat)] = flat
+            ends[r, : e - s] = np.cumsum(lens[k][v_ids[s:e]]) - 1
         streams.append((ids, ends))
     tot = np.zeros(len(dep.drafters))
     cnt = 0.0
     for b in range(0, n_pad, batch_size):
         sl = slice(b, b + batch_size)
-        p = _verifier_probs(dep.verifier, dep.v_params, jnp.asarray(v_tok[sl]),
-                            float(verifier_temperature))
+        p = _verifier_probs(
+            dep.verifier, dep.v_params, jnp.asarray(v_tok[sl]), float(verifier_temperature)
+        )
         for k, (spec, data) in enumerate(zip(dep.drafters, dep.d_data)):
             ids, ends = streams[k]
-            s, c = _overlap_sums(spec, data, p, jnp.asarray(ids[sl]), jnp.asarray(ends[sl]),
-                                 jnp.asarray(valid[sl]), dep.verifier.vocab_size)
+            s, c = _overlap_sums(
+                spec,
+                data,
+                p,
+                jnp.asarray(ids[sl]),
+                jnp.asarray(ends[sl]),
+                jnp.asarray(valid[sl]),
+                dep.verifier.vocab_size,
+            )
             tot[k] += float(s)
         cnt += float(valid[sl].sum())
     return (tot / cnt).astype(np.float32)
@@ -169,11 +202,17 @@ def decode_tokens_per_s(lm, params, n_tokens: int = 256, repeats: int = 3) -> fl
     def run(params, first):
         def step(carry, i):
             cache, tok = carry
-            logits, cache = lm.forward(params, cache, tok[:, None],
-                                       jnp.full((1, 1), i, jnp.int32), jnp.ones((1, 1, 1), bool))
+            logits, cache = lm.forward(
+                params,
+                cache,
+                tok[:, None],
+                jnp.full((1, 1), i, jnp.int32),
+                jnp.ones((1, 1, 1), bool),
+            )
             cache = advance(cache, jnp.ones((1,), jnp.int32))
             nxt = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
             return (cache, nxt), nxt
+
         _, toks = jax.lax.scan(step, (lm.init_cache(1), first), jnp.arange(n_tokens))
         return toks
 

@@ -6,13 +6,17 @@ defaults. Everything else — `policy.boundary`, `policy.switches`, the runner, 
 the field-report table (`runner.seed_table`) — reads them from here. ("Seed" elsewhere in
 the code is the PRNG seed.)
 """
+
 from __future__ import annotations
 
 #: Model sizes, in billions of parameters.
 FIELD_REPORT_MODEL_SIZES_B = {"verifier": 70.0, "code": 1.5, "prose": 3.0, "reasoning": 7.0}
 #: c_i at the field report's sizes: drafter parameters / verifier parameters.
-FIELD_REPORT_COSTS = {n: s / FIELD_REPORT_MODEL_SIZES_B["verifier"]
-                      for n, s in FIELD_REPORT_MODEL_SIZES_B.items() if n != "verifier"}
+FIELD_REPORT_COSTS = {
+    n: s / FIELD_REPORT_MODEL_SIZES_B["verifier"]
+    for n, s in FIELD_REPORT_MODEL_SIZES_B.items()
+    if n != "verifier"
+}
 #: The field report's table (SPEC §8).
 FIELD_REPORT_ACCEPTANCE = {"code": 0.68, "prose": 0.61, "reasoning": 0.54}
 FIELD_REPORT_TABLE = {

@@ -8,6 +8,7 @@ chain per row; drafters sharing a block draft the config's γ.
 It sits beside `specjax.errors`, below every package, so the engine, the policy layer and
 the runner can all read γ the same way.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -18,8 +19,12 @@ from specjax.errors import ConfigError
 
 def is_gamma(value, hi: int | None = None) -> bool:
     """Whether `value` is a γ: an integer ≥ 1 (not a bool), and ≤ `hi` when given."""
-    return (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1
-            and (hi is None or value <= hi))
+    return (
+        isinstance(value, numbers.Integral)
+        and not isinstance(value, bool)
+        and value >= 1
+        and (hi is None or value <= hi)
+    )
 
 
 def check_gamma(value, field: str = "gamma", hi: int | None = None) -> int:
@@ -30,9 +35,13 @@ def check_gamma(value, field: str = "gamma", hi: int | None = None) -> int:
     return int(value)
 
 
-def drafter_gammas(gamma: int, gammas: Sequence[int | None] | None,
-                   drafters: Sequence[str] | int | None = None, field: str = "gammas",
-                   hi: int | None = None) -> tuple[int, ...]:
+def drafter_gammas(
+    gamma: int,
+    gammas: Sequence[int | None] | None,
+    drafters: Sequence[str] | int | None = None,
+    field: str = "gammas",
+    hi: int | None = None,
+) -> tuple[int, ...]:
     """Each drafter's own γ_i, `gamma` where it has none (``gammas`` None: every drafter's).
 
     Args:

@@ -19,20 +19,23 @@ from __future__ import annotations
 import contextlib
 from typing import Sequence
 
-from absl import app
-from absl import flags
+from absl import app, flags
 from ml_collections import config_flags
 
 from specjax.errors import ConfigError
 from specjax.runner.cli import config_error_in, fail, hold_logs, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file, optionally followed by ':variant,key=value,...'.",
-    lock_config=True)
+    "config",
+    None,
+    "Config file, optionally followed by ':variant,key=value,...'.",
+    lock_config=True,
+)
 if "workdir" not in flags.FLAGS:  # shared with specjax.report
     flags.DEFINE_string("workdir", None, "Directory of the run (created; reused to resume).")
-flags.DEFINE_bool("jax_distributed", False,
-                  "Call jax.distributed.initialize() first (multi-host TPU / GPU).")
+flags.DEFINE_bool(
+    "jax_distributed", False, "Call jax.distributed.initialize() first (multi-host TPU / GPU)."
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -80,9 +83,11 @@ def _check_backend() -> None:
     except Exception as e:  # pylint: disable=broad-except
         what = " ".join(str(e).split())[:200] or type(e).__name__
         raise ConfigError.invalid(
-            "JAX_PLATFORMS", os.environ.get("JAX_PLATFORMS"),
+            "JAX_PLATFORMS",
+            os.environ.get("JAX_PLATFORMS"),
             f"platforms JAX can initialise on this machine (unset or '' picks one); "
-            f"initialising them raised {type(e).__name__}: {what}") from None
+            f"initialising them raised {type(e).__name__}: {what}",
+        ) from None
 
 
 def _validation_error(error: BaseException) -> ConfigError:
@@ -97,11 +102,17 @@ def _validation_error(error: BaseException) -> ConfigError:
     if isinstance(error, SystemExit):
         what = f"validating it called sys.exit({error.code!r}){where}"
     else:
-        what = (f"validating it raised {type(error).__name__}: "
-                f"{' '.join(str(error).split())[:300]}{where}")
+        what = (
+            f"validating it raised {type(error).__name__}: "
+            f"{' '.join(str(error).split())[:300]}{where}"
+        )
     allowed = "a config (and experiment module) that validates"
-    return ConfigError(f"--config: got {given!r}, allowed: {allowed}; {what}",
-                       field="--config", value=given, allowed=allowed)
+    return ConfigError(
+        f"--config: got {given!r}, allowed: {allowed}; {what}",
+        field="--config",
+        value=given,
+        allowed=allowed,
+    )
 
 
 def _config():
@@ -113,13 +124,15 @@ def _config():
     given = config_flags.get_config_filename(flags.FLAGS["config"])
     filename = given if os.path.isfile(given) else given.split(":", 1)[0]
     if not os.path.isfile(filename) or not os.access(filename, os.R_OK):
-        raise ConfigError.invalid("--config", given,
-                                  "the path of a readable config file (.py)")
+        raise ConfigError.invalid("--config", given, "the path of a readable config file (.py)")
     config = _CONFIG.value
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError.invalid(
-            "--config", filename, f"a config file whose get_config() returns a ConfigDict "
-            f"(it returned {type(config).__name__})")
+            "--config",
+            filename,
+            f"a config file whose get_config() returns a ConfigDict "
+            f"(it returned {type(config).__name__})",
+        )
     return config
 
 

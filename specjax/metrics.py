@@ -51,10 +51,12 @@ def _check_range(function: str, name: str, x, low=None, high=None) -> None:
     if high is not None:
         bad |= values > high
     if np.any(bad):
-        allowed = f"finite, in [{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+        allowed = (
+            f"finite, in [{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+        )
         raise ValueError(
-                f"{function}: {name}={values[bad].ravel()[:4].tolist()} is not allowed; "
-                f"allowed: {allowed}."
+            f"{function}: {name}={values[bad].ravel()[:4].tolist()} is not allowed; "
+            f"allowed: {allowed}."
         )
 
 
@@ -112,7 +114,7 @@ def per_position_acceptance(accepted_at_k, reached_k, drafts) -> tuple[jax.Array
 
 
 def joint_acceptance(
-        shared_committed_from_draft, shared_reached, *, pool_axis: Axis = None
+    shared_committed_from_draft, shared_reached, *, pool_axis: Axis = None
 ) -> jax.Array:
     """Joint acceptance conditioned on a shared committed prefix (the seed's 0.19 → 0.52).
 
@@ -147,7 +149,7 @@ def rejection_attribution(rejected_by_drafter) -> dict:
     for key, count in counts.items():
         if not (np.isfinite(count) and count >= 0):
             raise ValueError(
-                    f"rejection_attribution: drafter {key!r} has {count!r} rejections; allowed: ≥ 0."
+                f"rejection_attribution: drafter {key!r} has {count!r} rejections; allowed: ≥ 0."
             )
     total = sum(counts.values())
     if total == 0:
@@ -204,13 +206,23 @@ def tokens_per_second(committed_tokens, seconds, *, pool_axis: Axis = None):
 # ---------------------------------------------------------------- the one cost function
 
 #: The items of the modelled cost, in the order `itemised_cost` reports them.
-COST_ITEMS = ("verifier_calls", "verifier_tokens", "verifier_prefills", "drafter_tokens",
-              "drafter_prefills", "kl_passes", "consensus_rounds")
+COST_ITEMS = (
+    "verifier_calls",
+    "verifier_tokens",
+    "verifier_prefills",
+    "drafter_tokens",
+    "drafter_prefills",
+    "kl_passes",
+    "consensus_rounds",
+)
 
 
-def itemised_cost(counts: Mapping[str, Any], c: Sequence[float],
-                  consensus_cost: float = DEFAULT_CONSENSUS_COST,
-                  score_cost: float = 0.0) -> dict[str, np.ndarray]:
+def itemised_cost(
+    counts: Mapping[str, Any],
+    c: Sequence[float],
+    consensus_cost: float = DEFAULT_CONSENSUS_COST,
+    score_cost: float = 0.0,
+) -> dict[str, np.ndarray]:
     """The modelled cost of a run, itemised, in units of one verifier call (SPEC §7).
 
     Every figure that prices work (throughput per unit cost, the ratios to the baselines,
@@ -255,12 +267,15 @@ def itemised_cost(counts: Mapping[str, Any], c: Sequence[float],
     """
     c = np.asarray(c, np.float64)
     if c.ndim != 1 or not np.all(np.isfinite(c)) or np.any(c < 0):
-        raise ValueError(f"itemised_cost: c={c.tolist()!r} is not allowed; allowed: one finite "
-                         "cost ≥ 0 per drafter")
+        raise ValueError(
+            f"itemised_cost: c={c.tolist()!r} is not allowed; allowed: one finite "
+            "cost ≥ 0 per drafter"
+        )
     for name, price in (("consensus_cost", consensus_cost), ("score_cost", score_cost)):
         if not (math.isfinite(price) and price >= 0):
-            raise ValueError(f"itemised_cost: {name}={price!r} is not allowed; allowed: a "
-                             "finite number ≥ 0")
+            raise ValueError(
+                f"itemised_cost: {name}={price!r} is not allowed; allowed: a finite number ≥ 0"
+            )
     out = {}
     for item in COST_ITEMS:
         if item == "verifier_tokens" and item not in counts:
@@ -271,8 +286,9 @@ def itemised_cost(counts: Mapping[str, Any], c: Sequence[float],
             raise ValueError(f"itemised_cost: {item} has negative counts")
         if item in ("drafter_tokens", "drafter_prefills", "kl_passes"):
             if x.shape[-1] != len(c):
-                raise ValueError(f"itemised_cost: {item} has {x.shape[-1]} drafters, c has "
-                                 f"{len(c)}")
+                raise ValueError(
+                    f"itemised_cost: {item} has {x.shape[-1]} drafters, c has {len(c)}"
+                )
             out[item] = x @ c
         elif item == "consensus_rounds":
             out[item] = x * float(consensus_cost)
@@ -286,8 +302,10 @@ def itemised_cost(counts: Mapping[str, Any], c: Sequence[float],
 
 # ---------------------------------------------------------------- uncertainty
 
-def bootstrap_ci(units: int, statistic, n_resamples: int = 1000, level: float = 0.95,
-                 seed: int = 0) -> tuple[float, float]:
+
+def bootstrap_ci(
+    units: int, statistic, n_resamples: int = 1000, level: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
     """Percentile bootstrap interval of `statistic` over resampled units (plans).
 
     Args:
@@ -304,8 +322,9 @@ def bootstrap_ci(units: int, statistic, n_resamples: int = 1000, level: float = 
     if units < 1:
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    vals = np.array([statistic(rng.integers(0, units, units)) for _ in range(n_resamples)],
-                    np.float64)
+    vals = np.array(
+        [statistic(rng.integers(0, units, units)) for _ in range(n_resamples)], np.float64
+    )
     vals = vals[np.isfinite(vals)]
     if len(vals) < n_resamples / 2:
         return float("nan"), float("nan")
@@ -367,11 +386,16 @@ def hardware_aware_speedup(expected_tokens, t_step, t_draft, t_score, gamma) -> 
             a one-token step), which is why this replaces `γc + 1`.
         gamma: the draft window.
     """
-    for name, value in (("t_step", t_step), ("t_draft", t_draft), ("t_score", t_score),
-                                            ("gamma", gamma), ("expected_tokens", expected_tokens)):
+    for name, value in (
+        ("t_step", t_step),
+        ("t_draft", t_draft),
+        ("t_score", t_score),
+        ("gamma", gamma),
+        ("expected_tokens", expected_tokens),
+    ):
         _check_range("hardware_aware_speedup", name, value, 0.0)
     return (_float(expected_tokens) * _float(t_step)) / (
-            _float(gamma) * _float(t_draft) + _float(t_score)
+        _float(gamma) * _float(t_draft) + _float(t_score)
     )
 
 

@@ -27,6 +27,7 @@ at τ, both targets verify by rejection sampling. `print_result` prints a table;
 the result holds the machine's load average before and after: CPU timings are
 unreliable while other jobs run.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,22 +42,39 @@ __all__ = ["run", "print_result"]
 
 
 def _specjax(zoo, drafter, prompts, d_prompts, gamma, tau, new_tokens, seed):
-    from specjax.engine.generate import (autoregressive_generate, row_keys_for,
-                                         speculative_generate)
     from specjax.engine.deployment import from_zoo
+    from specjax.engine.generate import autoregressive_generate, row_keys_for, speculative_generate
     from specjax.engine.spec import EngineConfig
-    dep = from_zoo(zoo, [drafter], temperatures=[tau])   # greedy drafts at τ = 0, like HF
+
+    dep = from_zoo(zoo, [drafter], temperatures=[tau])  # greedy drafts at τ = 0, like HF
     width = max(len(p) for p in prompts)
-    cfg = EngineConfig(gamma=gamma, rule="rejection", verifier_temperature=tau,
-                       max_new_tokens=new_tokens)
+    cfg = EngineConfig(
+        gamma=gamma, rule="rejection", verifier_temperature=tau, max_new_tokens=new_tokens
+    )
     spec_s, ar_s, toks, acc, prop, rounds, outs = 0.0, 0.0, 0, 0, 0, 0, []
     for i, (p, dp) in enumerate(zip(prompts, d_prompts)):
         keys = row_keys_for(seed + i, 1)
-        r = speculative_generate(cfg, dep.verifier, dep.v_params, dep.drafters, dep.d_data,
-                                 [p], [[dp]], keys, min_width=width,
-                                 drafter_min_width=[max(len(x) for x in d_prompts)])
-        a = autoregressive_generate(dep.verifier, dep.v_params, [p], keys, temperature=tau,
-                                    max_new_tokens=new_tokens, min_width=width)
+        r = speculative_generate(
+            cfg,
+            dep.verifier,
+            dep.v_params,
+            dep.drafters,
+            dep.d_data,
+            [p],
+            [[dp]],
+            keys,
+            min_width=width,
+            drafter_min_width=[max(len(x) for x in d_prompts)],
+        )
+        a = autoregressive_generate(
+            dep.verifier,
+            dep.v_params,
+            [p],
+            keys,
+            temperature=tau,
+            max_new_tokens=new_tokens,
+            min_width=width,
+        )
         spec_s += r.seconds
         ar_s += a.seconds
         toks += len(r.new_tokens(0))
@@ -64,14 +82,21 @@ def _specjax(zoo, drafter, prompts, d_prompts, gamma, tau, new_tokens, seed):
         prop += int(np.asarray(r.counters.proposed).sum())
         rounds += int(np.asarray(r.counters.rounds).sum())
         outs.append(r.new_tokens(0))
-    return {"tokens": toks, "seconds": spec_s, "tokens_per_s": toks / spec_s,
-            "acceptance": acc / max(prop, 1), "tokens_per_round": toks / max(rounds, 1),
-            "ar_seconds": ar_s,
-            "ar_tokens_per_s": toks / ar_s, "outputs": outs}
+    return {
+        "tokens": toks,
+        "seconds": spec_s,
+        "tokens_per_s": toks / spec_s,
+        "acceptance": acc / max(prop, 1),
+        "tokens_per_round": toks / max(rounds, 1),
+        "ar_seconds": ar_s,
+        "ar_tokens_per_s": toks / ar_s,
+        "outputs": outs,
+    }
 
 
 def _peer(target, assistant, prompts, gamma, tau, new_tokens, seed, tokenizers=None):
     import torch
+
     calls = {"n": 0}
     hook = target.register_forward_hook(lambda *_: calls.__setitem__("n", calls["n"] + 1))
     assistant.generation_config.num_assistant_tokens = gamma
@@ -84,10 +109,18 @@ def _peer(target, assistant, prompts, gamma, tau, new_tokens, seed, tokenizers=N
         assistant.generation_config.temperature = tau
         assistant.generation_config.top_k = 0
         assistant.generation_config.top_p = 1.0
-    sample = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if tau > 0 else dict(
-        do_sample=False)
-    common = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
-                  eos_token_id=None, **sample)
+    sample = (
+        dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+        if tau > 0
+        else dict(do_sample=False)
+    )
+    common = dict(
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=0,
+        eos_token_id=None,
+        **sample,
+    )
 
     def gen(p, **kw):
         ids = torch.tensor([p])
@@ -95,7 +128,7 @@ def _peer(target, assistant, prompts, gamma, tau, new_tokens, seed, tokenizers=N
             return target.generate(ids, attention_mask=torch.ones_like(ids), **common, **kw)
 
     assist = dict(assistant_model=assistant, **(tokenizers or {}))
-    gen(prompts[0], **assist)   # warm-up (first-call allocations)
+    gen(prompts[0], **assist)  # warm-up (first-call allocations)
     gen(prompts[0])
     torch.manual_seed(seed)
     a_s, p_s, toks, rounds, outs = 0.0, 0.0, 0, 0, []
@@ -105,7 +138,7 @@ def _peer(target, assistant, prompts, gamma, tau, new_tokens, seed, tokenizers=N
         out = gen(p, **assist)
         a_s += time.perf_counter() - t0
         rounds += calls["n"]
-        new = out[0, len(p):].tolist()
+        new = out[0, len(p) :].tolist()
         toks += len(new)
         outs.append(new)
         t0 = time.perf_counter()
@@ -113,14 +146,29 @@ def _peer(target, assistant, prompts, gamma, tau, new_tokens, seed, tokenizers=N
         p_s += time.perf_counter() - t0
     hook.remove()
     accepted = toks - rounds
-    return {"tokens": toks, "seconds": a_s, "tokens_per_s": toks / a_s,
-            "acceptance": accepted / max(rounds * gamma, 1), "rounds": rounds,
-            "tokens_per_round": toks / max(rounds, 1),
-            "plain_seconds": p_s, "plain_tokens_per_s": toks / p_s, "outputs": outs}
+    return {
+        "tokens": toks,
+        "seconds": a_s,
+        "tokens_per_s": toks / a_s,
+        "acceptance": accepted / max(rounds * gamma, 1),
+        "rounds": rounds,
+        "tokens_per_round": toks / max(rounds, 1),
+        "plain_seconds": p_s,
+        "plain_tokens_per_s": toks / p_s,
+        "outputs": outs,
+    }
 
 
-def run(zoo=None, out_dir="runs/benchmark_peer", drafter="auto", cross_drafter="reasoning",
-        gamma=4, prompts_per_domain=2, new_tokens=48, seed=0) -> dict:
+def run(
+    zoo=None,
+    out_dir="runs/benchmark_peer",
+    drafter="auto",
+    cross_drafter="reasoning",
+    gamma=4,
+    prompts_per_domain=2,
+    new_tokens=48,
+    seed=0,
+) -> dict:
     """The side-by-side run (see the module docstring); returns the JSON-able result (the
     exported HF folders are written under `out_dir`)."""
     import torch
@@ -138,17 +186,22 @@ def run(zoo=None, out_dir="runs/benchmark_peer", drafter="auto", cross_drafter="
     name = drafter
     if name == "auto":
         same = [m for m in zoo.drafters if m.tokenizer.fingerprint() == v.tokenizer.fingerprint()]
-        name = max(same, key=lambda m: np.mean(list((m.record.get("acceptance") or {0: 0}).values()))).name
+        name = max(
+            same, key=lambda m: np.mean(list((m.record.get("acceptance") or {0: 0}).values()))
+        ).name
         drafter = name
     d = zoo.drafter(name)
     if d.tokenizer.fingerprint() != v.tokenizer.fingerprint():
-        raise SystemExit(f"drafter {drafter!r} has another tokenizer; transformers' "
-                         "same-tokenizer assisted generation needs the verifier's")
+        raise SystemExit(
+            f"drafter {drafter!r} has another tokenizer; transformers' "
+            "same-tokenizer assisted generation needs the verifier's"
+        )
     export = {}
     for name, m in (("verifier", v), (drafter, d)):
         path = hf.save_hf(out_dir / "hf" / name, m.lm, m.params, family="llama")
         export[name] = transformers.AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32).eval()
+            path, dtype=torch.float32
+        ).eval()
     # Parity of the exported models (f32), on a prompt of each domain.
     by_domain = {}
     for p in load_prompts():
@@ -166,14 +219,14 @@ def run(zoo=None, out_dir="runs/benchmark_peer", drafter="auto", cross_drafter="
     torch.set_num_threads(os.cpu_count() or 1)
     rows = {}
     for label, tau in (("greedy", 0.0), ("sampled", 1.0)):
-        s = _specjax(zoo, drafter, prompts, d_prompts, gamma, tau, new_tokens,
-                     seed)
-        p = _peer(export["verifier"], export[drafter], prompts, gamma, tau,
-                  new_tokens, seed)
-        row = {"specjax": {k: v_ for k, v_ in s.items() if k != "outputs"},
-               "transformers": {k: v_ for k, v_ in p.items() if k != "outputs"},
-               "ratio_tokens_per_s": s["tokens_per_s"] / p["tokens_per_s"],
-               "ratio_plain": s["ar_tokens_per_s"] / p["plain_tokens_per_s"]}
+        s = _specjax(zoo, drafter, prompts, d_prompts, gamma, tau, new_tokens, seed)
+        p = _peer(export["verifier"], export[drafter], prompts, gamma, tau, new_tokens, seed)
+        row = {
+            "specjax": {k: v_ for k, v_ in s.items() if k != "outputs"},
+            "transformers": {k: v_ for k, v_ in p.items() if k != "outputs"},
+            "ratio_tokens_per_s": s["tokens_per_s"] / p["tokens_per_s"],
+            "ratio_plain": s["ar_tokens_per_s"] / p["plain_tokens_per_s"],
+        }
         if tau == 0:
             row["same_outputs"] = s["outputs"] == p["outputs"]
         rows[label] = row
@@ -184,61 +237,98 @@ def run(zoo=None, out_dir="runs/benchmark_peer", drafter="auto", cross_drafter="
         # generation"); specjax verifies through the token-level intersection (rule 3).
         c = zoo.drafter(cross_drafter)
         path = hf.save_hf(out_dir / "hf" / c.name, c.lm, c.params, family="llama")
-        c_model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        toks = {"tokenizer": transformers.PreTrainedTokenizerFast(tokenizer_object=v.tokenizer.hf),
-                "assistant_tokenizer": transformers.PreTrainedTokenizerFast(
-                    tokenizer_object=c.tokenizer.hf)}
+        c_model = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32
+        ).eval()
+        toks = {
+            "tokenizer": transformers.PreTrainedTokenizerFast(tokenizer_object=v.tokenizer.hf),
+            "assistant_tokenizer": transformers.PreTrainedTokenizerFast(
+                tokenizer_object=c.tokenizer.hf
+            ),
+        }
         c_prompts = [c.tokenizer.encode(t) for t in texts]
         for label, tau in (("greedy", 0.0), ("sampled", 1.0)):
-            s = _specjax(zoo, c.name, prompts, c_prompts, gamma, tau, new_tokens,
-                         seed)
+            s = _specjax(zoo, c.name, prompts, c_prompts, gamma, tau, new_tokens, seed)
             try:
-                p = _peer(export["verifier"], c_model, prompts, gamma, tau,
-                          new_tokens, seed, tokenizers=toks)
+                p = _peer(
+                    export["verifier"],
+                    c_model,
+                    prompts,
+                    gamma,
+                    tau,
+                    new_tokens,
+                    seed,
+                    tokenizers=toks,
+                )
             except Exception as e:  # pylint: disable=broad-except
                 p = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-            row = {"specjax": {k: v_ for k, v_ in s.items() if k != "outputs"},
-                   "transformers": {k: v_ for k, v_ in p.items() if k != "outputs"}}
+            row = {
+                "specjax": {k: v_ for k, v_ in s.items() if k != "outputs"},
+                "transformers": {k: v_ for k, v_ in p.items() if k != "outputs"},
+            }
             if "tokens_per_s" in p:
                 row["ratio_tokens_per_s"] = s["tokens_per_s"] / p["tokens_per_s"]
                 if tau == 0:
                     row["same_outputs"] = s["outputs"] == p["outputs"]
             cross[label] = row
-    result = {"gamma": gamma, "batch": 1, "prompts": len(prompts),
-              "new_tokens": new_tokens, "drafter": drafter,
-              "export_parity_max_abs": parity, "rows": rows,
-              "cross_tokenizer": {"drafter": cross_drafter, "rows": cross},
-              "load_average_before": load_before, "load_average_after": os.getloadavg(),
-              "cpus": os.cpu_count(), "jax": jax.__version__, "torch": torch.__version__,
-              "transformers": transformers.__version__}
+    result = {
+        "gamma": gamma,
+        "batch": 1,
+        "prompts": len(prompts),
+        "new_tokens": new_tokens,
+        "drafter": drafter,
+        "export_parity_max_abs": parity,
+        "rows": rows,
+        "cross_tokenizer": {"drafter": cross_drafter, "rows": cross},
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "jax": jax.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
     return result
 
 
 def print_result(result: dict) -> None:
     """The tables of `run`'s result."""
-    parity, rows, cross = (result["export_parity_max_abs"], result["rows"],
-                           result["cross_tokenizer"]["rows"])
+    parity, rows, cross = (
+        result["export_parity_max_abs"],
+        result["rows"],
+        result["cross_tokenizer"]["rows"],
+    )
     gamma, cross_drafter = result["gamma"], result["cross_tokenizer"]["drafter"]
     load_before = result["load_average_before"]
     n_prompts, new_tokens = result["prompts"], result["new_tokens"]
     print(f"exported parity (max |Δlogit|): {parity}")
-    print(f"γ={gamma}, batch 1, {n_prompts} prompts x {new_tokens} tokens; "
-          f"load average {load_before[0]:.1f} -> {result['load_average_after'][0]:.1f} "
-          f"on {os.cpu_count()} CPUs")
-    print(f"{'mode':8s} {'specjax tok/s':>14s} {'α':>6s} {'peer tok/s':>11s} {'α':>6s} "
-          f"{'ratio':>6s} {'AR specjax':>11s} {'AR peer':>8s}")
+    print(
+        f"γ={gamma}, batch 1, {n_prompts} prompts x {new_tokens} tokens; "
+        f"load average {load_before[0]:.1f} -> {result['load_average_after'][0]:.1f} "
+        f"on {os.cpu_count()} CPUs"
+    )
+    print(
+        f"{'mode':8s} {'specjax tok/s':>14s} {'α':>6s} {'peer tok/s':>11s} {'α':>6s} "
+        f"{'ratio':>6s} {'AR specjax':>11s} {'AR peer':>8s}"
+    )
     for label, r in rows.items():
         s, p = r["specjax"], r["transformers"]
-        print(f"{label:8s} {s['tokens_per_s']:14.1f} {s['acceptance']:6.3f} "
-              f"{p['tokens_per_s']:11.1f} {p['acceptance']:6.3f} {r['ratio_tokens_per_s']:6.1f} "
-              f"{s['ar_tokens_per_s']:11.1f} {p['plain_tokens_per_s']:8.1f}")
+        print(
+            f"{label:8s} {s['tokens_per_s']:14.1f} {s['acceptance']:6.3f} "
+            f"{p['tokens_per_s']:11.1f} {p['acceptance']:6.3f} {r['ratio_tokens_per_s']:6.1f} "
+            f"{s['ar_tokens_per_s']:11.1f} {p['plain_tokens_per_s']:8.1f}"
+        )
     if "same_outputs" in rows.get("greedy", {}):
         print(f"greedy outputs identical: {rows['greedy']['same_outputs']}")
     for label, r in cross.items():
         s, p = r["specjax"], r["transformers"]
-        peer = (f"{p['tokens_per_s']:.1f} tok/s, {p['tokens_per_round']:.2f} tokens/round"
-                if "tokens_per_s" in p else p["error"])
-        print(f"cross-tokenizer ({cross_drafter}) {label}: specjax "
-              f"{s['tokens_per_s']:.1f} tok/s, {s['tokens_per_round']:.2f} tokens/round; "
-              f"transformers {peer}" + (f"; same outputs {r['same_outputs']}"
-                                         if "same_outputs" in r else ""))
+        peer = (
+            f"{p['tokens_per_s']:.1f} tok/s, {p['tokens_per_round']:.2f} tokens/round"
+            if "tokens_per_s" in p
+            else p["error"]
+        )
+        print(
+            f"cross-tokenizer ({cross_drafter}) {label}: specjax "
+            f"{s['tokens_per_s']:.1f} tok/s, {s['tokens_per_round']:.2f} tokens/round; "
+            f"transformers {peer}"
+            + (f"; same outputs {r['same_outputs']}" if "same_outputs" in r else "")
+        )

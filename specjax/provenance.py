@@ -20,6 +20,7 @@ Flags: each script defines its flags in a ``define_flags()`` called from its
 `define_common_flags` declares the shared ones (``--out``, ``--repeats``, ``--write_docs``,
 ``--docs_dir``) with the script's defaults.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -65,8 +66,13 @@ def cpu_info() -> dict[str, str]:
     other), from ``lscpu``, else ``/proc/cpuinfo`` (model, cores, one cache size)."""
     info: dict[str, str] = {}
     try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False,
-                             env={**os.environ, "LC_ALL": "C"}).stdout
+        out = subprocess.run(
+            ["lscpu"],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "LC_ALL": "C"},
+        ).stdout
     except OSError:
         out = ""
     for line in out.splitlines():
@@ -112,19 +118,29 @@ def machine() -> dict[str, Any]:
     default device's kind and count, the CPU (`cpu_info`) and the load average now."""
     import jax  # pylint: disable=import-outside-toplevel  (versions and the device kind)
     import jaxlib  # pylint: disable=import-outside-toplevel
+
     devices = jax.devices()
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "jax": jax.__version__, "jaxlib": jaxlib.__version__,
-            "device_kind": devices[0].device_kind, "device_count": len(devices),
-            **cpu_info(), "load_average": load_average()}
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "device_kind": devices[0].device_kind,
+        "device_count": len(devices),
+        **cpu_info(),
+        "load_average": load_average(),
+    }
 
 
 def git_commit(root: str | os.PathLike = REPO_ROOT) -> str | None:
     """The short sha of HEAD, with ``-dirty`` when tracked files have uncommitted changes
     (untracked files do not count); None outside a git checkout."""
+
     def git(*args):
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True,
-                              text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
     try:
         sha = git("rev-parse", "--short", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no")
@@ -157,20 +173,27 @@ def utc_date(now: datetime.datetime | None = None) -> str:
 
 def provenance(argv: Iterable[str] | None = None) -> dict[str, Any]:
     """``{"command", "commit", "date", "machine"}`` of this run, taken now (at its start)."""
-    return {"command": command_line(argv), "commit": git_commit(), "date": utc_date(),
-            "machine": machine()}
+    return {
+        "command": command_line(argv),
+        "commit": git_commit(),
+        "date": utc_date(),
+        "machine": machine(),
+    }
 
 
 def _with_end(prov: dict[str, Any]) -> dict[str, Any]:
     return {**prov, "load_average_end": load_average()}
 
 
-def write_json(path: str | os.PathLike, result: dict[str, Any], prov: dict[str, Any], *,
-               indent: int | None = 1) -> Path:
+def write_json(
+    path: str | os.PathLike, result: dict[str, Any], prov: dict[str, Any], *, indent: int | None = 1
+) -> Path:
     """Writes ``result`` with ``"provenance": prov`` (plus the load average now, at its end)
     to ``path`` atomically; returns the path. Non-JSON values are written with ``str``."""
     import json  # pylint: disable=import-outside-toplevel
+
     from specjax.runner.results import atomic_write_text  # pylint: disable=import-outside-toplevel
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {**result, "provenance": _with_end(prov)}
@@ -178,11 +201,13 @@ def write_json(path: str | os.PathLike, result: dict[str, Any], prov: dict[str, 
     return path
 
 
-def append_row(path: str | os.PathLike, row: dict[str, Any],
-               prov: dict[str, Any]) -> dict[str, Any]:
+def append_row(
+    path: str | os.PathLike, row: dict[str, Any], prov: dict[str, Any]
+) -> dict[str, Any]:
     """Appends ``row`` with ``"provenance": prov`` to the JSON-lines journal ``path`` as one
     atomic, fsynced line (`specjax.runner.results.append_result`); returns the record."""
     from specjax.runner.results import append_result  # pylint: disable=import-outside-toplevel
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {**row, "provenance": prov}
@@ -190,29 +215,36 @@ def append_row(path: str | os.PathLike, row: dict[str, Any],
     return record
 
 
-def page_header(title: str, prov: dict[str, Any],
-                load_end: list[float] | None = None) -> list[str]:
+def page_header(title: str, prov: dict[str, Any], load_end: list[float] | None = None) -> list[str]:
     """A results page's first lines: the title, then the exact command, the commit and the
     date, then the machine with its load average at the start and the end."""
     m = prov.get("machine", {})
     start = m.get("load_average") or [float("nan")]
     end = load_end or [float("nan")]
     caches = ", ".join(f"{k.split()[0]} {m[k]}" for k in ("L2 cache", "L3 cache") if m.get(k))
-    return [f"# {title}", "",
-            f"Written by `{prov['command']}` at commit `{prov.get('commit')}` on "
-            f"{prov['date']}.",
-            f"Machine: {m.get('Model name')} ({m.get('CPU(s)')} cores, {m.get('Flags')})"
-            + (f", {caches}" if caches else "")
-            + f"; jax {m.get('jax')} on {m.get('device_count')} {m.get('device_kind')} "
-            f"device(s); load average {start[0]:.2f} at the start, {end[0]:.2f} at the end.",
-            ""]
+    return [
+        f"# {title}",
+        "",
+        f"Written by `{prov['command']}` at commit `{prov.get('commit')}` on {prov['date']}.",
+        f"Machine: {m.get('Model name')} ({m.get('CPU(s)')} cores, {m.get('Flags')})"
+        + (f", {caches}" if caches else "")
+        + f"; jax {m.get('jax')} on {m.get('device_count')} {m.get('device_kind')} "
+        f"device(s); load average {start[0]:.2f} at the start, {end[0]:.2f} at the end.",
+        "",
+    ]
 
 
-def write_page(name: str, title: str, body: list[str], prov: dict[str, Any],
-               docs_dir: str | os.PathLike = DOCS_DIR) -> Path:
+def write_page(
+    name: str,
+    title: str,
+    body: list[str],
+    prov: dict[str, Any],
+    docs_dir: str | os.PathLike = DOCS_DIR,
+) -> Path:
     """Writes ``<docs_dir>/<name>.md`` atomically: `page_header` (the load at its end taken
     now) followed by the ``body`` lines; returns the path."""
     from specjax.runner.results import atomic_write_text  # pylint: disable=import-outside-toplevel
+
     path = Path(docs_dir) / f"{name}.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = page_header(title, prov, load_average()) + list(body)
@@ -220,19 +252,24 @@ def write_page(name: str, title: str, body: list[str], prov: dict[str, Any],
     return path
 
 
-def define_common_flags(*, out: str | None, repeats: int | None = None,
-                        page: str | None = None) -> None:
+def define_common_flags(
+    *, out: str | None, repeats: int | None = None, page: str | None = None
+) -> None:
     """Declares the flags every script shares, with this script's defaults: ``--out`` (its
     output directory), ``--repeats`` (timed runs per configuration, when ``repeats`` is
     given) and, when the script writes a results page ``page``, ``--write_docs`` and
     ``--docs_dir``. Call it from the script's ``define_flags()``, never at import."""
     from absl import flags  # pylint: disable=import-outside-toplevel
+
     flags.DEFINE_string("out", out, "output directory")
     if repeats is not None:
-        flags.DEFINE_integer("repeats", repeats, "timed runs per configuration (after one "
-                             "warm-up)")
+        flags.DEFINE_integer("repeats", repeats, "timed runs per configuration (after one warm-up)")
     if page is not None:
-        flags.DEFINE_bool("write_docs", False, f"write the results page <docs_dir>/{page}.md "
-                          "from this run")
-        flags.DEFINE_string("docs_dir", str(DOCS_DIR.relative_to(REPO_ROOT)),
-                            "directory of the results pages --write_docs writes")
+        flags.DEFINE_bool(
+            "write_docs", False, f"write the results page <docs_dir>/{page}.md from this run"
+        )
+        flags.DEFINE_string(
+            "docs_dir",
+            str(DOCS_DIR.relative_to(REPO_ROOT)),
+            "directory of the results pages --write_docs writes",
+        )

@@ -14,17 +14,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from absl import app
-from absl import flags
+from absl import app, flags
 
 from specjax.errors import ConfigError, check, user_path
 from specjax.runner.cli import config_error_in, fail, hold_logs, parse_flags, warn
 
 if "workdir" not in flags.FLAGS:  # shared with specjax.main
     flags.DEFINE_string("workdir", None, "Directory of the run whose report to rebuild.")
-flags.DEFINE_string("docs_page", None, "Also write the seed table as a results page at this "
-                    "path (e.g. docs/results/seed_table.md), headed by this command, the run's "
-                    "command, their commits and dates, and the machine.")
+flags.DEFINE_string(
+    "docs_page",
+    None,
+    "Also write the seed table as a results page at this "
+    "path (e.g. docs/results/seed_table.md), headed by this command, the run's "
+    "command, their commits and dates, and the machine.",
+)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -40,16 +43,22 @@ def main(argv: Sequence[str]) -> None:
             built = _build(inputs)
     except Exception as e:  # pylint: disable=broad-except
         # A ConfigError, else whatever the run's files trip: one line naming the workdir.
-        fail(config_error_in(e) or ConfigError.invalid(
-            "--workdir", flags.FLAGS.workdir, f"a run directory whose files read ({_where(e)})"))
+        fail(
+            config_error_in(e)
+            or ConfigError.invalid(
+                "--workdir", flags.FLAGS.workdir, f"a run directory whose files read ({_where(e)})"
+            )
+        )
     logs.release()
     path, outside = inputs[0], inputs[4]
     if outside:
         from specjax.runner import results  # pylint: disable=import-outside-toplevel
 
-        warn(f"{path / results.RESULTS_NAME}: {len(outside)} row(s) are no cell of the grid "
-             f"in config.json (first: {outside[0][1]}); listed in report.md, left out of "
-             f"every figure")
+        warn(
+            f"{path / results.RESULTS_NAME}: {len(outside)} row(s) are no cell of the grid "
+            f"in config.json (first: {outside[0][1]}); listed in report.md, left out of "
+            f"every figure"
+        )
     out = report.commit_report(path, *built["report"])
     print(out)
     if built["seed_table"] is not None:
@@ -58,10 +67,17 @@ def main(argv: Sequence[str]) -> None:
         seed_table.commit(path, built["seed_table"])
         print(built["seed_table"]["markdown"])
     if flags.FLAGS.docs_page:
-        check(built["seed_table"] is not None, "--docs_page", flags.FLAGS.docs_page,
-              "only for a run with seed_table=True (the seed reproduction)")
-        print(_write_docs_page(flags.FLAGS.docs_page, path, inputs[3],
-                               built["seed_table"]["markdown"]))
+        check(
+            built["seed_table"] is not None,
+            "--docs_page",
+            flags.FLAGS.docs_page,
+            "only for a run with seed_table=True (the seed reproduction)",
+        )
+        print(
+            _write_docs_page(
+                flags.FLAGS.docs_page, path, inputs[3], built["seed_table"]["markdown"]
+            )
+        )
 
 
 def _write_docs_page(page, workdir: Path, version: dict, markdown: str) -> Path:
@@ -78,9 +94,13 @@ def _write_docs_page(page, workdir: Path, version: dict, markdown: str) -> Path:
         argv = ["-m", "specjax.main", *argv[1:]]  # how `python -m specjax.main` records itself
     run_cmd = provenance.command_line(["python", *argv]) if argv else "(not recorded)"
     run_commit = str(version.get("git_commit") or "?")[:7] + (
-        "-dirty" if version.get("git_dirty") else "")
-    body = [f"The cells were run by `{run_cmd}` at commit `{run_commit}`, started "
-            f"{version.get('started_at', '(not recorded)')}; the workdir was `{workdir}`.", ""]
+        "-dirty" if version.get("git_dirty") else ""
+    )
+    body = [
+        f"The cells were run by `{run_cmd}` at commit `{run_commit}`, started "
+        f"{version.get('started_at', '(not recorded)')}; the workdir was `{workdir}`.",
+        "",
+    ]
     plots = workdir / "plots"
     lines = markdown.splitlines()
     # Plots the report links to (plots/x.png) are copied beside the page, renamed after it.
@@ -94,8 +114,9 @@ def _write_docs_page(page, workdir: Path, version: dict, markdown: str) -> Path:
             lines[i] = line.replace(f"](plots/{name})", f"]({target.name})")
     if lines and lines[0].startswith("# "):
         lines = lines[1:]
-    return provenance.write_page(page.stem, "The field report's table, reproduced",
-                                 body + lines, prov, docs_dir=page.parent)
+    return provenance.write_page(
+        page.stem, "The field report's table, reproduced", body + lines, prov, docs_dir=page.parent
+    )
 
 
 def _build(inputs) -> dict:
@@ -106,15 +127,21 @@ def _build(inputs) -> dict:
     path, rows, config, version, outside = inputs
     journal = path / results.RESULTS_NAME
     try:
-        out = {"report": report.render_report(rows, config, version, outside),
-               "seed_table": _seed_table(rows, config)}
+        out = {
+            "report": report.render_report(rows, config, version, outside),
+            "seed_table": _seed_table(rows, config),
+        }
     except ConfigError:
         raise
     except Exception as e:  # pylint: disable=broad-except
-        raise ConfigError(f"{journal}: its rows cannot be reported ({_where(e)}); allowed: "
-                          f"rows as a specjax sweep writes them (restore the file, or move the "
-                          f"damaged rows away)", field=results.RESULTS_NAME, value=str(journal),
-                          allowed="rows as a specjax sweep writes them") from None
+        raise ConfigError(
+            f"{journal}: its rows cannot be reported ({_where(e)}); allowed: "
+            f"rows as a specjax sweep writes them (restore the file, or move the "
+            f"damaged rows away)",
+            field=results.RESULTS_NAME,
+            value=str(journal),
+            allowed="rows as a specjax sweep writes them",
+        ) from None
     return out
 
 
@@ -140,16 +167,25 @@ def _inputs(workdir) -> tuple[Path, list, dict, dict, list]:
     try:
         check(path.is_dir(), "--workdir", workdir, "an existing run directory")
         journal = results.results_path(path)
-        check(not journal.exists() or journal.is_file(), "--workdir", workdir,
-              f"a run directory whose {results.RESULTS_NAME} is a file")
+        check(
+            not journal.exists() or journal.is_file(),
+            "--workdir",
+            workdir,
+            f"a run directory whose {results.RESULTS_NAME} is a file",
+        )
         rows = results.read_all_results(path)
     except (OSError, ValueError) as e:
         if isinstance(e, ConfigError):
             raise
-        raise ConfigError.invalid("--workdir", workdir, f"a run directory with readable "
-                                  f"results ({_reason(e)})") from None
-    check(rows, "--workdir", workdir, f"a run directory with results "
-          f"({results.RESULTS_NAME} is missing or empty)")
+        raise ConfigError.invalid(
+            "--workdir", workdir, f"a run directory with readable results ({_reason(e)})"
+        ) from None
+    check(
+        rows,
+        "--workdir",
+        workdir,
+        f"a run directory with results ({results.RESULTS_NAME} is missing or empty)",
+    )
     docs = {}
     for name in ("config.json", "version.json"):
         file = path / name
@@ -158,13 +194,22 @@ def _inputs(workdir) -> tuple[Path, list, dict, dict, list]:
         try:
             doc = json.loads(file.read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError) as e:  # unreadable, not UTF-8 / JSON
-            raise ConfigError(f"{file}: unreadable ({_reason(e)}), allowed: a JSON object "
-                              f"(restore it, or remove it to build the report without it)",
-                              field=name, value=str(file), allowed="a JSON object") from None
+            raise ConfigError(
+                f"{file}: unreadable ({_reason(e)}), allowed: a JSON object "
+                f"(restore it, or remove it to build the report without it)",
+                field=name,
+                value=str(file),
+                allowed="a JSON object",
+            ) from None
         if not isinstance(doc, dict):
-            raise ConfigError(f"{file}: got a JSON {type(doc).__name__}, allowed: a JSON "
-                              f"object (restore it, or remove it to build the report without "
-                              f"it)", field=name, value=str(file), allowed="a JSON object")
+            raise ConfigError(
+                f"{file}: got a JSON {type(doc).__name__}, allowed: a JSON "
+                f"object (restore it, or remove it to build the report without "
+                f"it)",
+                field=name,
+                value=str(file),
+                allowed="a JSON object",
+            )
         docs[name] = doc
     rows, outside = _split_by_grid(path, rows, docs.get("config.json"))
     for name, kind in (("report.md", "a file"), ("plots", "a directory")):
@@ -174,8 +219,9 @@ def _inputs(workdir) -> tuple[Path, list, dict, dict, list]:
     try:  # writable: a probe that leaves nothing behind
         os.rmdir(tempfile.mkdtemp(prefix=".specjax-probe-", dir=path))
     except OSError as e:
-        raise ConfigError.invalid("--workdir", workdir,
-                                  f"a writable run directory ({_reason(e)})") from None
+        raise ConfigError.invalid(
+            "--workdir", workdir, f"a writable run directory ({_reason(e)})"
+        ) from None
     return path, rows, docs.get("config.json", {}), docs.get("version.json", {}), outside
 
 
@@ -190,9 +236,13 @@ def _split_by_grid(path: Path, rows: list, config: dict | None) -> tuple[list, l
     try:
         cells = grid_lib.expand_grid(config)
     except ConfigError as e:
-        raise ConfigError(f"{path / 'config.json'}: {e} (restore it, or remove it to build the "
-                          f"report without it)", field="config.json", value=str(path),
-                          allowed=e.allowed) from None
+        raise ConfigError(
+            f"{path / 'config.json'}: {e} (restore it, or remove it to build the "
+            f"report without it)",
+            field="config.json",
+            value=str(path),
+            allowed=e.allowed,
+        ) from None
     return grid_lib.split_rows(rows, cells)
 
 
@@ -216,7 +266,9 @@ def _seed_table(rows, config: dict) -> dict | None:
     if not isinstance(config, dict) or config.get("seed_table") is not True:
         return None
     import ml_collections  # pylint: disable=import-outside-toplevel
+
     from specjax.runner import seed_table  # pylint: disable=import-outside-toplevel
+
     return seed_table.build(ml_collections.ConfigDict(config), rows)
 
 

@@ -2,6 +2,7 @@
 profile of a traced run, and ablated variants of the speculative round (scratch copies
 traced from a package's `engine.decode`, never the engine's code path).
 """
+
 from __future__ import annotations
 
 import collections
@@ -11,13 +12,20 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-
 # ----------------------------------------------------------------------------------------
 # HLO census
 # ----------------------------------------------------------------------------------------
 
-_FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
-         "partition-id", "replica-id"}
+_FREE = {
+    "parameter",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "constant",
+    "after-all",
+    "partition-id",
+    "replica-id",
+}
 _COMP = re.compile(r"^(?:ENTRY\s+)?(%?[\w.\-]+)\s+\(.*\)\s+->\s+.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s+=\s+(.+?)\s+([a-z][\w\-]*)\((.*)$")
 
@@ -68,8 +76,11 @@ def census(comps, name, trips: int = 1) -> collections.Counter:
                 c[k if k.startswith("nested_") else f"nested_{k}"] += v
             continue
         if op in ("call", "conditional"):
-            for callee in re.findall(r"(?:to_apply|branch_computations|true_computation|"
-                                     r"false_computation)=\{?%?([\w.\-, %]+)\}?", line):
+            for callee in re.findall(
+                r"(?:to_apply|branch_computations|true_computation|"
+                r"false_computation)=\{?%?([\w.\-, %]+)\}?",
+                line,
+            ):
                 for n in callee.split(","):
                     c += census(comps, n.strip().lstrip("%"), trips)
             c[op] += 1
@@ -91,15 +102,34 @@ def loop_census(text: str) -> dict:
     c = census(comps, _called(best, "body"))
     c += census(comps, _called(best, "condition"))
     copies = sum(1 for op, line in comps.get(_called(best, "body"), []) if op == "copy")
-    keys = ("thunks", "executed", "fusion", "custom-call", "copy", "while", "nested_thunks",
-            "nested_fusion", "dynamic-update-slice", "scatter", "gather", "sort", "dot",
-            "call", "conditional")
+    keys = (
+        "thunks",
+        "executed",
+        "fusion",
+        "custom-call",
+        "copy",
+        "while",
+        "nested_thunks",
+        "nested_fusion",
+        "dynamic-update-slice",
+        "scatter",
+        "gather",
+        "sort",
+        "dot",
+        "call",
+        "conditional",
+    )
     out = {k: int(c.get(k, 0)) for k in keys}
     out["body_copies"] = copies
-    out["top_ops"] = dict(collections.Counter(
-        {k: v for k, v in c.items()
-         if not k.startswith("nested_") and k not in ("thunks", "executed")}
-    ).most_common(12))
+    out["top_ops"] = dict(
+        collections.Counter(
+            {
+                k: v
+                for k, v in c.items()
+                if not k.startswith("nested_") and k not in ("thunks", "executed")
+            }
+        ).most_common(12)
+    )
     return out
 
 
@@ -110,23 +140,31 @@ def _op_names(text: str) -> dict:
         m = re.match(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s+=\s+(.+?)\s+([a-z][\w\-]*)\(", line)
         if m:
             on = re.search(r'op_name="([^"]+)"', line)
-            out[m.group(1)] = (m.group(3), m.group(2)[:40],
-                               on.group(1).replace("jit(loop)/while/body/", "") if on else "")
+            out[m.group(1)] = (
+                m.group(3),
+                m.group(2)[:40],
+                on.group(1).replace("jit(loop)/while/body/", "") if on else "",
+            )
     return out
 
 
-_CATEGORIES = (("prng", ("threefry", "_uniform", "_gumbel", "random_bits", "_split",
-                         "fold_in", "categorical")),
-               ("dot", ("dot_general", "ynn")),
-               ("cache write", ("scatter",)),
-               ("sampling", ("sampling_probs", "cumsum", "softmax", "sample")),
-               ("copy", ("copy",)))
+_CATEGORIES = (
+    (
+        "prng",
+        ("threefry", "_uniform", "_gumbel", "random_bits", "_split", "fold_in", "categorical"),
+    ),
+    ("dot", ("dot_general", "ynn")),
+    ("cache write", ("scatter",)),
+    ("sampling", ("sampling_probs", "cumsum", "softmax", "sample")),
+    ("copy", ("copy",)),
+)
 
 
 def thunk_profile(pdir: str, hlo_text: str, rounds: int, top: int = 30) -> dict:
     """Per-thunk time of one traced loop run (XLA:CPU with
     `XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true`), per round, joined with the HLO."""
     from jax.profiler import ProfileData  # pylint: disable=import-outside-toplevel
+
     files = sorted(Path(pdir).glob("**/*.xplane.pb"))
     if not files:
         print("  (no trace written)")
@@ -152,19 +190,24 @@ def thunk_profile(pdir: str, hlo_text: str, rounds: int, top: int = 30) -> dict:
         cat = next((c for c, keys in _CATEGORIES if any(k in key for k in keys)), "other")
         cats[cat] += ns
     total = sum(tot.values())
-    print(f"  thunk time per round {total / rounds / 1e3:.1f} µs over "
-          f"{sum(cnt.values()) / rounds:.0f} thunk events; by category (µs/round): "
-          + ", ".join(f"{k} {v / rounds / 1e3:.1f}" for k, v in cats.most_common()))
+    print(
+        f"  thunk time per round {total / rounds / 1e3:.1f} µs over "
+        f"{sum(cnt.values()) / rounds:.0f} thunk events; by category (µs/round): "
+        + ", ".join(f"{k} {v / rounds / 1e3:.1f}" for k, v in cats.most_common())
+    )
     for name, ns in tot.most_common(top):
         op, shape, on = names.get(name, ("?", "", ""))
-        print(f"    {ns / rounds / 1e3:7.1f} µs/round {cnt[name] / rounds:4.1f}x  {name:28} "
-              f"{shape:28} {on[:70]}")
+        print(
+            f"    {ns / rounds / 1e3:7.1f} µs/round {cnt[name] / rounds:4.1f}x  {name:28} "
+            f"{shape:28} {on[:70]}"
+        )
     return {k: v / rounds / 1e3 for k, v in cats.items()}
 
 
 # ----------------------------------------------------------------------------------------
 # Ablations: variants of the round traced from the package's decode module
 # ----------------------------------------------------------------------------------------
+
 
 def _round_budget(decode):
     """The decode module's per-row budget function (`round_budget`; `_budget` before it was
@@ -193,9 +236,21 @@ def _argmax_patches(mods):
     argmax = lambda keys, probs: jnp.argmax(probs, -1).astype(jnp.int32)
     dummy_keys = lambda row_keys, *f: jax.vmap(jax.random.wrap_key_data)(row_keys)
     half = lambda row_keys, length, k, gamma: jnp.full((row_keys.shape[0], k, gamma), 0.5)
-    patches = [_Patch(decode, **{k: v for k, v in dict(
-        sample_rows=argmax, sample_rows_u=lambda u, probs: argmax(None, probs),
-        fold_keys=dummy_keys, _draft_uniforms=half).items() if hasattr(decode, k)})]
+    patches = [
+        _Patch(
+            decode,
+            **{
+                k: v
+                for k, v in dict(
+                    sample_rows=argmax,
+                    sample_rows_u=lambda u, probs: argmax(None, probs),
+                    fold_keys=dummy_keys,
+                    _draft_uniforms=half,
+                ).items()
+                if hasattr(decode, k)
+            },
+        )
+    ]
     rules = mods["rules"]
     if hasattr(rules, "sample"):
         patches.append(_Patch(rules, sample=lambda key, p: jnp.argmax(p, -1).astype(jnp.int32)))
@@ -218,22 +273,37 @@ def variants(mods):
             finally:
                 for p in reversed(ps):
                     p.__exit__()
+
         return round_fn
 
     def no_counters():
         return [_Patch(decode, _count=lambda c, *a, **k: c)]
 
-    return {"full": full,
-            "argmax": with_patches(lambda: _argmax_patches(mods)),
-            "no_counters": with_patches(no_counters),
-            "argmax_no_counters": with_patches(lambda: _argmax_patches(mods) + no_counters()),
-            "skeleton": lambda *a, **k: skeleton_round(mods, *a, **k),
-            "verifier_only": lambda *a, **k: verifier_only_round(mods, None, *a, **k),
-            "verifier_1tok": lambda *a, **k: verifier_only_round(mods, 1, *a, **k)}
+    return {
+        "full": full,
+        "argmax": with_patches(lambda: _argmax_patches(mods)),
+        "no_counters": with_patches(no_counters),
+        "argmax_no_counters": with_patches(lambda: _argmax_patches(mods) + no_counters()),
+        "skeleton": lambda *a, **k: skeleton_round(mods, *a, **k),
+        "verifier_only": lambda *a, **k: verifier_only_round(mods, None, *a, **k),
+        "verifier_1tok": lambda *a, **k: verifier_only_round(mods, 1, *a, **k),
+    }
 
 
-def verifier_only_round(mods, width, cfg, verifier, drafters, v_params, d_data, slots,
-                        stop_table, state, v_temperature=None, max_new=None):
+def verifier_only_round(
+    mods,
+    width,
+    cfg,
+    verifier,
+    drafters,
+    v_params,
+    d_data,
+    slots,
+    stop_table,
+    state,
+    v_temperature=None,
+    max_new=None,
+):
     """The verifier's block forward alone in the loop (no drafter, zero drafts, one token
     committed per round by argmax): what the round's verifier forward costs in place,
     against T_score measured alone. `width` None: the round's γ + 1 tokens; 1: an AR step."""
@@ -246,21 +316,38 @@ def verifier_only_round(mods, width, cfg, verifier, drafters, v_params, d_data, 
     root = jnp.take_along_axis(state.tokens, (length - 1)[:, None], axis=1)
     block = jnp.concatenate([root, jnp.zeros((b, t - 1), jnp.int32)], 1)
     pos = (length - 1)[:, None] + jnp.arange(t)[None]
-    v_logits, vcache = verifier.forward(v_params, state.vcache, block, pos,
-                                        api.causal_block_mask(b, t))
+    v_logits, vcache = verifier.forward(
+        v_params, state.vcache, block, pos, api.causal_block_mask(b, t)
+    )
     tok = argmax(v_logits[:, 0]).astype(jnp.int32)
     live = ~state.done
     tokens = jax.vmap(lambda r, x, i, w: jnp.where(w, r.at[i].set(x), r))(
-        state.tokens, tok, length, live)
+        state.tokens, tok, length, live
+    )
     new_len = length + live
     done = state.done | (new_len - state.start >= max_new)
-    return state.replace(tokens=tokens, length=new_len, done=done,
-                         vcache=verifier.advance(vcache, live.astype(jnp.int32)),
-                         counters=state.counters.replace(rounds=state.counters.rounds + live))
+    return state.replace(
+        tokens=tokens,
+        length=new_len,
+        done=done,
+        vcache=verifier.advance(vcache, live.astype(jnp.int32)),
+        counters=state.counters.replace(rounds=state.counters.rounds + live),
+    )
 
 
-def skeleton_round(mods, cfg, verifier, drafters, v_params, d_data, slots, stop_table, state,
-                   v_temperature=None, max_new=None):
+def skeleton_round(
+    mods,
+    cfg,
+    verifier,
+    drafters,
+    v_params,
+    d_data,
+    slots,
+    stop_table,
+    state,
+    v_temperature=None,
+    max_new=None,
+):
     """The round's forwards and cache bookkeeping only: greedy drafting, the verifier's
     block, commit the matching prefix and the verifier's argmax (no sampling, no rule, no
     counters). A floor for what a round must cost with this loop structure."""
@@ -270,44 +357,56 @@ def skeleton_round(mods, cfg, verifier, drafters, v_params, d_data, slots, stop_
     gamma = spec.own_gamma(cfg.gamma)
     b = state.tokens.shape[0]
     length = state.length
-    cache, logits, synced, caught = decode.consume(spec, data, state.dcaches[0],
-                                                   state.dlogits[0], state.tokens,
-                                                   state.dsynced[0], length, 2)
+    cache, logits, synced, caught = decode.consume(
+        spec, data, state.dcaches[0], state.dlogits[0], state.tokens, state.dsynced[0], length, 2
+    )
     base = cache.length
 
     def step(c, _):
         cache, logits = c
         x = argmax(logits).astype(jnp.int32)
-        nl, cache = spec.lm.forward(data.params, cache, x[:, None], cache.length[:, None],
-                                    api.causal_block_mask(b, 1))
+        nl, cache = spec.lm.forward(
+            data.params, cache, x[:, None], cache.length[:, None], api.causal_block_mask(b, 1)
+        )
         return (spec.lm.advance(cache, jnp.ones((b,), jnp.int32)), nl[:, 0]), x
+
     (cache, logits), xs = jax.lax.scan(step, (cache, logits), None, length=gamma - 1)
     xs = jnp.concatenate([xs, argmax(logits).astype(jnp.int32)[None]], 0).T
     root = jnp.take_along_axis(state.tokens, (length - 1)[:, None], axis=1)
     block = jnp.concatenate([root, xs], 1)
     pos = (length - 1)[:, None] + jnp.arange(gamma + 1)[None]
-    v_logits, vcache = verifier.forward(v_params, state.vcache, block, pos,
-                                        api.causal_block_mask(b, gamma + 1))
-    target = argmax(v_logits).astype(jnp.int32)                     # [B, γ+1]
+    v_logits, vcache = verifier.forward(
+        v_params, state.vcache, block, pos, api.causal_block_mask(b, gamma + 1)
+    )
+    target = argmax(v_logits).astype(jnp.int32)  # [B, γ+1]
     n = jnp.sum(jnp.cumprod((xs == target[:, :gamma]).astype(jnp.int32), 1), 1)
     live = ~state.done
     budget = _round_budget(decode)(cfg, state, max_new, gamma)
     n_commit = jnp.where(live, jnp.minimum(n + 1, budget), 0)
     idx = jnp.arange(gamma + 1)
-    new = jnp.where(idx[None] < n[:, None], jnp.pad(xs, ((0, 0), (0, 1))),
-                    jnp.take_along_axis(target, n[:, None], 1))
+    new = jnp.where(
+        idx[None] < n[:, None],
+        jnp.pad(xs, ((0, 0), (0, 1))),
+        jnp.take_along_axis(target, n[:, None], 1),
+    )
 
     def write(row, new, at, cnt):
         old = jax.lax.dynamic_slice(row, (at,), (gamma + 1,))
         return jax.lax.dynamic_update_slice(row, jnp.where(idx < cnt, new, old), (at,))
+
     tokens = jax.vmap(write)(state.tokens, new, length, n_commit)
     vcache = verifier.advance(vcache, n_commit)
     keep = jnp.where(live & caught, jnp.minimum(jnp.minimum(n, n_commit), gamma - 1), 0)
     dcache = spec.lm.rollback(cache, base + keep)
     new_len = length + n_commit
     done = state.done | (new_len - state.start >= max_new)
-    return state.replace(tokens=tokens, length=new_len, done=done, vcache=vcache,
-                         dcaches=(dcache,), dsynced=jnp.where(caught, length + keep,
-                                                              synced)[None],
-                         dlogits=(logits,),
-                         counters=state.counters.replace(rounds=state.counters.rounds + live))
+    return state.replace(
+        tokens=tokens,
+        length=new_len,
+        done=done,
+        vcache=vcache,
+        dcaches=(dcache,),
+        dsynced=jnp.where(caught, length + keep, synced)[None],
+        dlogits=(logits,),
+        counters=state.counters.replace(rounds=state.counters.rounds + live),
+    )

@@ -19,6 +19,7 @@ Two conventions that make small models shard on any mesh:
 This module imports nothing from ``specjax.models``: the model calls
 :func:`with_logical_constraint`, and the helpers take any LM duck-typed.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,21 +60,36 @@ DEFAULT_RULES: Rules = (
 #                its model width ('embed'), gathered per layer by XLA; batch on 'data'
 #   'fsdp_tp'    both: 'embed' over 'data', the wide dimensions over 'model'
 #   'replicated' parameters on every device, batch on 'data' (plain data parallelism)
-FSDP_RULES: Rules = (('batch', 'data'), ('embed', 'data'), ('vocab', None), ('heads', None),
-                     ('kv_heads', None), ('head_dim', None), ('mlp', None), ('length', None),
-                     ('cache_length', None), ('layers', None))
+FSDP_RULES: Rules = (
+    ('batch', 'data'),
+    ('embed', 'data'),
+    ('vocab', None),
+    ('heads', None),
+    ('kv_heads', None),
+    ('head_dim', None),
+    ('mlp', None),
+    ('length', None),
+    ('cache_length', None),
+    ('layers', None),
+)
 FSDP_TP_RULES: Rules = tuple((n, 'data') if n == 'embed' else (n, a) for n, a in DEFAULT_RULES)
 REPLICATED_RULES: Rules = (('batch', 'data'),)
-RULE_SETS: dict[str, Rules] = {'tp': DEFAULT_RULES, 'fsdp': FSDP_RULES,
-                               'fsdp_tp': FSDP_TP_RULES, 'replicated': REPLICATED_RULES}
+RULE_SETS: dict[str, Rules] = {
+    'tp': DEFAULT_RULES,
+    'fsdp': FSDP_RULES,
+    'fsdp_tp': FSDP_TP_RULES,
+    'replicated': REPLICATED_RULES,
+}
 
 
 def resolve_rules(rules) -> Rules:
     """A rule-set name (a key of `RULE_SETS`), a rules sequence, or None (the default)."""
     if isinstance(rules, str):
         if rules not in RULE_SETS:
-            raise ValueError(f'sharding rules: got {rules!r}, allowed: one of '
-                             f'{", ".join(map(repr, RULE_SETS))} or a list of (logical, axis) pairs')
+            raise ValueError(
+                f'sharding rules: got {rules!r}, allowed: one of '
+                f'{", ".join(map(repr, RULE_SETS))} or a list of (logical, axis) pairs'
+            )
         return RULE_SETS[rules]
     return normalize_rules(rules)
 
@@ -89,10 +105,16 @@ def make_mesh(data: int, model: int) -> Mesh:
             raise ValueError(f'make_mesh: {name}={value!r} must be an integer >= 1')
     n_dev = jax.device_count()
     if data * model > n_dev:
-        raise ValueError(f'make_mesh: data*model={data}*{model}={data * model} exceeds the '
-                         f'{n_dev} available devices (allowed: data*model <= {n_dev})')
-    return jax.make_mesh((data, model), MESH_AXES, axis_types=(AxisType.Auto,) * 2,
-                         devices=jax.devices()[:data * model])
+        raise ValueError(
+            f'make_mesh: data*model={data}*{model}={data * model} exceeds the '
+            f'{n_dev} available devices (allowed: data*model <= {n_dev})'
+        )
+    return jax.make_mesh(
+        (data, model),
+        MESH_AXES,
+        axis_types=(AxisType.Auto,) * 2,
+        devices=jax.devices()[: data * model],
+    )
 
 
 def normalize_rules(rules: Sequence[Sequence[Any]] | None) -> Rules:
@@ -106,14 +128,18 @@ def normalize_rules(rules: Sequence[Sequence[Any]] | None) -> Rules:
     out = []
     for i, rule in enumerate(rules):
         if len(rule) != 2 or not isinstance(rule[0], str):
-            raise ValueError(f'sharding rules[{i}]={rule!r}: must be a pair (logical_name: str, '
-                             f'mesh axis in {MESH_AXES} | tuple of them | None)')
+            raise ValueError(
+                f'sharding rules[{i}]={rule!r}: must be a pair (logical_name: str, '
+                f'mesh axis in {MESH_AXES} | tuple of them | None)'
+            )
         name, axis = rule
         axes = axis if isinstance(axis, (tuple, list)) else (axis,)
         for a in axes:
             if a is not None and a not in MESH_AXES:
-                raise ValueError(f'sharding rules[{i}]={rule!r}: mesh axis {a!r} is not one of '
-                                 f'{MESH_AXES} or None')
+                raise ValueError(
+                    f'sharding rules[{i}]={rule!r}: mesh axis {a!r} is not one of '
+                    f'{MESH_AXES} or None'
+                )
         out.append((name, tuple(axis) if isinstance(axis, list) else axis))
     return tuple(out)
 
@@ -123,9 +149,12 @@ def _axes_size(mesh_shape: dict[str, int], axis) -> int:
     return int(np.prod([mesh_shape[a] for a in axes]))
 
 
-def logical_to_spec(logical: LogicalAxes, rules: Rules = DEFAULT_RULES,
-                    shape: Sequence[int] | None = None,
-                    mesh_shape: dict[str, int] | None = None) -> PartitionSpec:
+def logical_to_spec(
+    logical: LogicalAxes,
+    rules: Rules = DEFAULT_RULES,
+    shape: Sequence[int] | None = None,
+    mesh_shape: dict[str, int] | None = None,
+) -> PartitionSpec:
     """Maps one array's logical axis names to a ``PartitionSpec``.
 
     Unknown names and ``None`` are replicated. With ``shape`` and ``mesh_shape`` given, a
@@ -156,8 +185,9 @@ def _is_logical(x) -> bool:
     return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
 
 
-def logical_to_sharding(tree_of_logical_names, mesh: Mesh, rules: Rules = DEFAULT_RULES,
-                        shapes=None):
+def logical_to_sharding(
+    tree_of_logical_names, mesh: Mesh, rules: Rules = DEFAULT_RULES, shapes=None
+):
     """A tree of logical-name tuples -> a tree of ``NamedSharding`` on ``mesh``.
 
     Args:
@@ -172,10 +202,15 @@ def logical_to_sharding(tree_of_logical_names, mesh: Mesh, rules: Rules = DEFAUL
     if shapes is None:
         return jax.tree.map(
             lambda names: NamedSharding(mesh, logical_to_spec(names, rules, None, mesh_shape)),
-            tree_of_logical_names, is_leaf=_is_logical)
+            tree_of_logical_names,
+            is_leaf=_is_logical,
+        )
     return jax.tree.map(
         lambda names, x: NamedSharding(mesh, logical_to_spec(names, rules, x.shape, mesh_shape)),
-        tree_of_logical_names, shapes, is_leaf=_is_logical)
+        tree_of_logical_names,
+        shapes,
+        is_leaf=_is_logical,
+    )
 
 
 def shard_params(params, mesh: Mesh, rules: Rules = DEFAULT_RULES, *, logical_axes):
@@ -186,8 +221,9 @@ def shard_params(params, mesh: Mesh, rules: Rules = DEFAULT_RULES, *, logical_ax
 
 def param_shardings(lm, mesh: Mesh, rules=DEFAULT_RULES):
     """``NamedSharding`` per parameter of ``lm`` (a rules tuple or a `RULE_SETS` name)."""
-    return logical_to_sharding(lm.param_logical_axes(), mesh, resolve_rules(rules),
-                               shapes=lm.abstract_params())
+    return logical_to_sharding(
+        lm.param_logical_axes(), mesh, resolve_rules(rules), shapes=lm.abstract_params()
+    )
 
 
 def shard_lm_params(lm, params, mesh: Mesh, rules=DEFAULT_RULES):
@@ -200,7 +236,8 @@ def shard_lm_params(lm, params, mesh: Mesh, rules=DEFAULT_RULES):
 # ----------------------------------------------------------------------------------------
 
 _ACTIVE_RULES: contextvars.ContextVar[Rules | None] = contextvars.ContextVar(
-    'specjax_activation_rules', default=None)
+    'specjax_activation_rules', default=None
+)
 
 
 @contextlib.contextmanager
@@ -233,6 +270,7 @@ def with_logical_constraint(x: jax.Array, logical: LogicalAxes) -> jax.Array:
 # Sharded forward
 # ----------------------------------------------------------------------------------------
 
+
 def cache_shardings(lm, batch: int, mesh: Mesh, rules: Rules = DEFAULT_RULES):
     """Shardings for ``lm.init_cache(batch)`` (batch on 'data', KV heads on 'model')."""
     abstract = jax.eval_shape(lambda: lm.init_cache(batch))
@@ -262,13 +300,15 @@ def cache_like_shardings(cache, mesh: Mesh, rules: Rules = DEFAULT_RULES):
         names = getattr(axes, name)
         return jax.tree.map(
             lambda x: NamedSharding(mesh, logical_to_spec(names, rules, x.shape, mesh_shape)),
-            getattr(cache, name))
+            getattr(cache, name),
+        )
 
     return cache.replace(**{f.name: field(f.name) for f in dataclasses.fields(cache)})
 
 
-def make_sharded_forward(lm, mesh: Mesh, batch: int, block: int,
-                         rules: Rules = DEFAULT_RULES) -> Callable:
+def make_sharded_forward(
+    lm, mesh: Mesh, batch: int, block: int, rules: Rules = DEFAULT_RULES
+) -> Callable:
     """``lm.forward`` jitted over ``mesh`` with explicit in/out shardings.
 
     Returns ``fn(params, cache, tokens, positions, block_mask) -> (logits, cache)`` with
@@ -282,8 +322,7 @@ def make_sharded_forward(lm, mesh: Mesh, batch: int, block: int,
     def named(logical, shape):
         return NamedSharding(mesh, logical_to_spec(logical, rules, shape, mesh_shape))
 
-    p_shard = logical_to_sharding(lm.param_logical_axes(), mesh, rules,
-                                  shapes=lm.abstract_params())
+    p_shard = logical_to_sharding(lm.param_logical_axes(), mesh, rules, shapes=lm.abstract_params())
     c_shard = cache_shardings(lm, batch, mesh, rules)
     tok_shard = named(('batch', 'length'), (batch, block))
     mask_shard = named(('batch', 'length', None), (batch, block, block))
@@ -293,8 +332,11 @@ def make_sharded_forward(lm, mesh: Mesh, batch: int, block: int,
         with activation_rules(rules):
             return lm.forward(params, cache, tokens, positions, block_mask)
 
-    jitted = jax.jit(fn, in_shardings=(p_shard, c_shard, tok_shard, tok_shard, mask_shard),
-                     out_shardings=(logit_shard, c_shard))
+    jitted = jax.jit(
+        fn,
+        in_shardings=(p_shard, c_shard, tok_shard, tok_shard, mask_shard),
+        out_shardings=(logit_shard, c_shard),
+    )
 
     def call(params, cache, tokens, positions, block_mask):
         with jax.set_mesh(mesh):
@@ -309,6 +351,7 @@ def make_sharded_forward(lm, mesh: Mesh, batch: int, block: int,
 # Whole deployments on a mesh
 # ----------------------------------------------------------------------------------------
 
+
 def shard_deployment(dep, mesh: Mesh, rules=DEFAULT_RULES):
     """A deployment (``specjax.engine.deployment.Deployment``, duck-typed) with the
     verifier's and every drafter's parameters placed on ``mesh`` by ``rules``.
@@ -321,12 +364,13 @@ def shard_deployment(dep, mesh: Mesh, rules=DEFAULT_RULES):
     engine's programs are cached by their static arguments and input avals, so a program
     traced under one rules tuple would be reused under another.
     """
+
     def place(lm, params):
         if not hasattr(lm, 'param_logical_axes'):
             return params
         return shard_lm_params(lm, params, mesh, rules)
 
-    d_data = tuple(d.replace(params=place(s.lm, d.params))
-                   for s, d in zip(dep.drafters, dep.d_data))
+    d_data = tuple(
+        d.replace(params=place(s.lm, d.params)) for s, d in zip(dep.drafters, dep.d_data)
+    )
     return dataclasses.replace(dep, v_params=place(dep.verifier, dep.v_params), d_data=d_data)
-

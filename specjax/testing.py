@@ -9,6 +9,7 @@ permutation of them plus a token the verifier lacks (a "thinking" token), drafte
 only part of the verifier's vocabulary (verifier tokens outside it are re-tokenised into two
 drafter tokens). So every case also exercises cross-vocabulary drafting.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,8 +22,8 @@ from specjax.engine.spec import DrafterSpec, cross_vocab_maps
 from specjax.models.synthetic import BigramLM, random_table
 from specjax.verify.distributions import sampling_probs
 
-V = 5            # verifier vocabulary
-NEG = -1e4       # logit of an impossible token (exp underflows to exactly 0 in f32)
+V = 5  # verifier vocabulary
+NEG = -1e4  # logit of an impossible token (exp underflows to exactly 0 in f32)
 CASES = ("random", "q_equals_p", "disjoint_support", "one_hot_q", "sharp_p", "flat_p")
 DRAFTER_TEMPERATURES = (1.0, 0.7, 1.5)
 
@@ -70,9 +71,9 @@ def case_tables(name: str, seed: int = 0):
     if name == "q_equals_p":
         dq = [vt.copy() for _ in range(3)]
     elif name == "disjoint_support":
-        vt[:, : V // 2] = NEG                       # p lives on the upper ids
+        vt[:, : V // 2] = NEG  # p lives on the upper ids
         for t in dq:
-            t[:, V // 2:] = NEG                     # q on the lower ids
+            t[:, V // 2 :] = NEG  # q on the lower ids
     elif name == "one_hot_q":
         for i, t in enumerate(dq):
             t[:] = NEG
@@ -101,15 +102,20 @@ def make_setup(name: str, seed: int = 0, temperatures=DRAFTER_TEMPERATURES) -> S
     vt, d_tables = case_tables(name, seed)
     drafters, data = [], []
     for i, ((to_v, retok, lens), table) in enumerate(zip(_maps(), d_tables)):
-        drafters.append(DrafterSpec(f"d{i}", BigramLM(table.shape[0]),
-                                    temperature=temperatures[i]))
+        drafters.append(DrafterSpec(f"d{i}", BigramLM(table.shape[0]), temperature=temperatures[i]))
         data.append(cross_vocab_maps({"table": jnp.asarray(table)}, to_v, retok, lens, V))
-    return Setup(verifier=BigramLM(V), v_params={"table": jnp.asarray(vt)},
-                 drafters=tuple(drafters), d_data=tuple(data), v_table=vt)
+    return Setup(
+        verifier=BigramLM(V),
+        v_params={"table": jnp.asarray(vt)},
+        drafters=tuple(drafters),
+        d_data=tuple(data),
+        v_table=vt,
+    )
 
 
-def sequence_distribution(table: np.ndarray, temperature: float, start: int,
-                                                    length: int) -> np.ndarray:
+def sequence_distribution(
+    table: np.ndarray, temperature: float, start: int, length: int
+) -> np.ndarray:
     """Exact law of the next `length` tokens after `start` when sampling `table` at `temperature`.
 
     Returns:
@@ -132,21 +138,27 @@ def drafter_prompts(prompt: list[int]) -> list[list[int]]:
     """The prompt re-spelt in each drafter's ids (through its re-tokenisation table)."""
     out = []
     for _, retok, lens in _maps():
-        out.append([int(t) for v in prompt for t in retok[v, :lens[v]]])
+        out.append([int(t) for v in prompt for t in retok[v, : lens[v]]])
     return out
 
 
-SYMBOLS = "\nabcd"   # verifier token v is the character SYMBOLS[v]; token 0 ends a plan step
+SYMBOLS = "\nabcd"  # verifier token v is the character SYMBOLS[v]; token 0 ends a plan step
 
 
-def make_deployment(case: str = "random", seed: int = 0, temperatures=DRAFTER_TEMPERATURES,
-                    fourth: bool = False, costs=(0.02, 0.04, 0.1, 0.03)):
+def make_deployment(
+    case: str = "random",
+    seed: int = 0,
+    temperatures=DRAFTER_TEMPERATURES,
+    fourth: bool = False,
+    costs=(0.02, 0.04, 0.1, 0.03),
+):
     """A synthetic `Deployment` over `make_setup`'s models, with text spelt in SYMBOLS.
 
     With `fourth=True` a fourth drafter shares drafter 0's vocabulary (same tokenizer
     group), so prefix partitioning yields a set of two drafters.
     """
     from specjax.engine.deployment import Deployment
+
     setup = make_setup(case, seed, temperatures)
     drafters, data = list(setup.drafters), list(setup.d_data)
     groups = ["verifier", "reversed", "partial"]
@@ -154,8 +166,9 @@ def make_deployment(case: str = "random", seed: int = 0, temperatures=DRAFTER_TE
     if fourth:
         rng = np.random.default_rng(seed + 99)
         drafters.append(DrafterSpec("d3", BigramLM(V), temperature=1.2))
-        data.append(cross_vocab_maps({"table": jnp.asarray(random_table(rng, V, 1.5))},
-                                     *maps[0], V))
+        data.append(
+            cross_vocab_maps({"table": jnp.asarray(random_table(rng, V, 1.5))}, *maps[0], V)
+        )
         groups.append("verifier")
         maps.append(maps[0])
     drafters = [dataclasses.replace(d, cost=c) for d, c in zip(drafters, costs)]
@@ -168,15 +181,21 @@ def make_deployment(case: str = "random", seed: int = 0, temperatures=DRAFTER_TE
 
     def drafter_encoder(m):
         _, retok, lens = m
-        return lambda text: [int(t) for v in encode(text) for t in retok[v, :lens[v]]]
+        return lambda text: [int(t) for v in encode(text) for t in retok[v, : lens[v]]]
 
     stop = np.zeros(V, bool)
     stop[0] = True
-    return Deployment(verifier=setup.verifier, v_params=setup.v_params,
-                      drafters=tuple(drafters), d_data=tuple(data), groups=tuple(groups),
-                      encode=encode, decode=decode,
-                      drafter_encode=tuple(drafter_encoder(m) for m in maps),
-                      stop_table=stop), setup
+    return Deployment(
+        verifier=setup.verifier,
+        v_params=setup.v_params,
+        drafters=tuple(drafters),
+        d_data=tuple(data),
+        groups=tuple(groups),
+        encode=encode,
+        decode=decode,
+        drafter_encode=tuple(drafter_encoder(m) for m in maps),
+        stop_table=stop,
+    ), setup
 
 
 def tiny_transformers(vocab: int = 32, max_len: int = 64, verifier_layers: int = 2):
@@ -188,11 +207,23 @@ def tiny_transformers(vocab: int = 32, max_len: int = 64, verifier_layers: int =
     from specjax.engine.spec import identity_maps  # pylint: disable=import-outside-toplevel
     from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
     from specjax.models.transformer import TransformerConfig  # pylint: disable=import-outside-toplevel
-    base = TransformerConfig(vocab_size=vocab, d_model=32, n_layers=verifier_layers,
-                             n_heads=4, n_kv_heads=2, d_ff=64, max_len=max_len)
+
+    base = TransformerConfig(
+        vocab_size=vocab,
+        d_model=32,
+        n_layers=verifier_layers,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=64,
+        max_len=max_len,
+    )
     v = TransformerLM(base)
-    ds = [TransformerLM(dataclasses.replace(base, d_model=16, n_heads=2, n_kv_heads=1,
-                                            d_ff=32, n_layers=n)) for n in (1, 2)]
+    ds = [
+        TransformerLM(
+            dataclasses.replace(base, d_model=16, n_heads=2, n_kv_heads=1, d_ff=32, n_layers=n)
+        )
+        for n in (1, 2)
+    ]
     specs = tuple(DrafterSpec(f"t{i}", lm, temperature=1.0) for i, lm in enumerate(ds))
     data = tuple(identity_maps(lm.init_params(10 + i), vocab) for i, lm in enumerate(ds))
     return v, v.init_params(0), specs, data
@@ -204,18 +235,29 @@ def tiny_transformer_deployment(max_len: int = 96):
     tokenizer of its own). Fixed seeds: every process builds the same deployment."""
     from types import SimpleNamespace  # pylint: disable=import-outside-toplevel
 
+    from specjax.engine.deployment import build_deployment  # pylint: disable=import-outside-toplevel
     from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
     from specjax.models.transformer import TransformerConfig  # pylint: disable=import-outside-toplevel
-    from specjax.engine.deployment import build_deployment  # pylint: disable=import-outside-toplevel
     from specjax.tokenizers import ByteTokenizer  # pylint: disable=import-outside-toplevel
 
     def model(vocab, d, layers, seed, tok):
-        cfg = TransformerConfig(vocab_size=vocab, d_model=d, n_layers=layers, n_heads=4,
-                                n_kv_heads=2, d_ff=2 * d, max_len=max_len)
+        cfg = TransformerConfig(
+            vocab_size=vocab,
+            d_model=d,
+            n_layers=layers,
+            n_heads=4,
+            n_kv_heads=2,
+            d_ff=2 * d,
+            max_len=max_len,
+        )
         lm = TransformerLM(cfg)
         return SimpleNamespace(lm=lm, params=lm.init_params(seed), tokenizer=tok)
 
     plain, marked = ByteTokenizer(), ByteTokenizer(special_tokens=["<think>", "</think>"])
-    return build_deployment(model(256, 32, 2, 0, plain),
-                            [("same", model(256, 16, 1, 1, plain), 1.0, 0.1),
-                             ("other", model(258, 16, 1, 2, marked), 1.0, 0.1)])
+    return build_deployment(
+        model(256, 32, 2, 0, plain),
+        [
+            ("same", model(256, 16, 1, 1, plain), 1.0, 0.1),
+            ("other", model(258, 16, 1, 2, marked), 1.0, 0.1),
+        ],
+    )

@@ -1,4 +1,5 @@
 """Shared test setup: 8 fake CPU devices (set before JAX is imported) and a tiny model."""
+
 import os
 
 _flag = '--xla_force_host_platform_device_count=8'
@@ -23,8 +24,9 @@ from specjax.models.api import TransformerLM  # noqa: E402
 from specjax.models.transformer import TransformerConfig  # noqa: E402
 
 # Tiny but exercising every feature: GQA (4 query heads over 2 KV heads), 2 layers.
-TINY = TransformerConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                         d_ff=64, max_len=32)
+TINY = TransformerConfig(
+    vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_len=32
+)
 
 
 @pytest.fixture(scope='session')

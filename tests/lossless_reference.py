@@ -3,6 +3,7 @@
 It shares no code with `specjax.verify.distributions` (the code under test), so that a bug
 in `sampling_probs` cannot cancel out of a χ² test whose target it would compute.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,8 +13,9 @@ import numpy as np
 TOP_P_MARGIN = 1e-4
 
 
-def reference_probs(logits: np.ndarray, temperature: float, top_k: int = 0,
-                    top_p: float = 1.0) -> np.ndarray:
+def reference_probs(
+    logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> np.ndarray:
     """The law a sampler with these settings draws from, rows of `logits` f[..., V].
 
     τ = 0 is the argmax (lowest id on ties); top-k keeps the tokens whose scaled logit is
@@ -43,8 +45,14 @@ def reference_probs(logits: np.ndarray, temperature: float, top_k: int = 0,
     return p
 
 
-def reference_law(table: np.ndarray, temperature: float, start: int, length: int,
-                  top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+def reference_law(
+    table: np.ndarray,
+    temperature: float,
+    start: int,
+    length: int,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> np.ndarray:
     """Exact law f64[V]*length of the `length` tokens after `start` (a bigram table)."""
     probs = reference_probs(table, temperature, top_k, top_p)
     law = probs[start]

@@ -6,6 +6,7 @@ parse_flags`, `specjax.report.main`), which costs no JAX import per case; a hand
 end run ``python -m specjax.main`` / ``python -m specjax.report`` as a user does, to check
 that nothing (no absl INFO line, no progress bar, no traceback) precedes the error there.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,6 +34,7 @@ TOY = "tests/configs/toy.py:runlocal"
 # Harness
 # ----------------------------------------------------------------------------------------
 
+
 def _snapshot(root: Path) -> dict[str, bytes | None]:
     """Every path under `root` with its bytes (None for a directory)."""
     out = {}
@@ -41,8 +43,9 @@ def _snapshot(root: Path) -> dict[str, bytes | None]:
             out[os.path.relpath(os.path.join(dirpath, d), root)] = None
         for f in filenames:
             p = os.path.join(dirpath, f)
-            out[os.path.relpath(p, root)] = (os.readlink(p).encode() if os.path.islink(p)
-                                             else Path(p).read_bytes())
+            out[os.path.relpath(p, root)] = (
+                os.readlink(p).encode() if os.path.islink(p) else Path(p).read_bytes()
+            )
     return out
 
 
@@ -90,6 +93,7 @@ def assert_one_line_error(code, lines, stdout, *needles):
 # Fixtures: files a case points at
 # ----------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
     """Config files and experiment modules that are broken in one way each."""
@@ -109,7 +113,8 @@ def files(tmp_path_factory) -> dict[str, Path]:
             "def get_config(arg=None):\n"
             "    c = toy.get_config(arg)\n"
             f"    c.experiment_module = {str(d / 'bad_module.py')!r}\n"
-            "    return c\n"),
+            "    return c\n"
+        ),
         "get_config_exits.py": "import sys\ndef get_config(arg=None):\n    sys.exit(0)\n",
         "exits_at_import.py": "import sys\nsys.exit(3)\n",
         "exit_module.py": "import sys\nsys.exit(0)\n",
@@ -120,14 +125,16 @@ def files(tmp_path_factory) -> dict[str, Path]:
             "def get_config(arg=None):\n"
             "    c = toy.get_config(arg)\n"
             f"    c.experiment_module = {str(d / 'exit_module.py')!r}\n"
-            "    return c\n"),
+            "    return c\n"
+        ),
         "plans_typo.py": (
             "from specjax.configs.common import plans_defaults\n"
             "def get_config(arg=None):\n"
             "    c = plans_defaults()\n"
             "    c.plans_per_domain = 1\n"
             "    c.plan_step = 2  # a typo: the field is plan_steps\n"
-            "    return c\n"),
+            "    return c\n"
+        ),
     }
     for name, text in texts.items():
         (d / name).write_text(text)
@@ -199,7 +206,7 @@ ZOO_DAMAGE = {
     "byte_flipped_tokenizer": "sha256 mismatch",
     "missing_model_file": "missing",
     "extra_drafters_names_a_missing_model": "extra_drafters: got 'nope', allowed: a list of "
-                                            "distinct drafter names",
+    "distinct drafter names",
     "extra_drafters_not_a_list": "extra_drafters: got 'prose512'",
     "drafter_order_repeats": "drafter_order: got ['code', 'code']",
     "model_record_not_an_object": "models.code: got 5, allowed: a JSON object",
@@ -226,138 +233,278 @@ CONFIG_CASES = [
     # Config values (the plans experiment's validate hook, on the seed reproduction config).
     ("bucket=0", [f"--config={SEED},bucket=0"], ["bucket: got 0", "integer >= 1"]),
     ("bucket=-3", [f"--config={SEED}", "--config.bucket=-3"], ["bucket: got -3"]),
-    ("max_step_tokens=-1", [f"--config={SEED},max_step_tokens=-1"],
-     ["max_step_tokens: got -1"]),
-    ("max_step_tokens=0", [f"--config={SEED}", "--config.max_step_tokens=0"],
-     ["max_step_tokens: got 0"]),
+    ("max_step_tokens=-1", [f"--config={SEED},max_step_tokens=-1"], ["max_step_tokens: got -1"]),
+    (
+        "max_step_tokens=0",
+        [f"--config={SEED}", "--config.max_step_tokens=0"],
+        ["max_step_tokens: got 0"],
+    ),
     ("plan_steps=0", [f"--config={SEED},plan_steps=0"], ["plan_steps: got 0"]),
-    ("--config.plan_steps=abc", [f"--config={SEED}", "--config.plan_steps=abc"],
-     ["plan_steps: got 'abc'", "an integer"]),
+    (
+        "--config.plan_steps=abc",
+        [f"--config={SEED}", "--config.plan_steps=abc"],
+        ["plan_steps: got 'abc'", "an integer"],
+    ),
     ("plan_steps=1.5", [f"--config={SEED},plan_steps=1.5"], ["plan_steps: got '1.5'"]),
-    ("plans_per_domain=0", [f"--config={SEED},plans_per_domain=0"],
-     ["plans_per_domain: got 0"]),
-    ("consensus_cost=-1", [f"--config={SEED},consensus_cost=-1"],
-     ["consensus_cost: got -1", ">= 0"]),
-    ("consensus_cost=nan", [f"--config={SEED}", "--config.consensus_cost=nan"],
-     ["consensus_cost: got nan"]),
-    ("consensus_threshold=0", [f"--config={SEED},consensus_threshold=0"],
-     ["consensus_threshold: got 0", "(0, 1]"]),
-    ("consensus_threshold=1.5", [f"--config={SEED},consensus_threshold=1.5"],
-     ["consensus_threshold: got 1.5"]),
-    ("deployment=cloud", [f"--config={SEED},deployment=cloud"],
-     ["deployment: got 'cloud'", "'synthetic'"]),
+    ("plans_per_domain=0", [f"--config={SEED},plans_per_domain=0"], ["plans_per_domain: got 0"]),
+    (
+        "consensus_cost=-1",
+        [f"--config={SEED},consensus_cost=-1"],
+        ["consensus_cost: got -1", ">= 0"],
+    ),
+    (
+        "consensus_cost=nan",
+        [f"--config={SEED}", "--config.consensus_cost=nan"],
+        ["consensus_cost: got nan"],
+    ),
+    (
+        "consensus_threshold=0",
+        [f"--config={SEED},consensus_threshold=0"],
+        ["consensus_threshold: got 0", "(0, 1]"],
+    ),
+    (
+        "consensus_threshold=1.5",
+        [f"--config={SEED},consensus_threshold=1.5"],
+        ["consensus_threshold: got 1.5"],
+    ),
+    (
+        "deployment=cloud",
+        [f"--config={SEED},deployment=cloud"],
+        ["deployment: got 'cloud'", "'synthetic'"],
+    ),
     ("report=maybe", [f"--config={SEED},report=maybe"], ["report: got 'maybe'", "a bool"]),
     ("zoo_path=''", [f"--config={SEED}", "--config.zoo_path="], ["zoo_path: got ''"]),
     ("unknown field", [f"--config={SEED},nope=1"], ["nope=1: no such config field"]),
-    ("unknown --config. field", [f"--config={SEED}", "--config.nope=1"],
-     ["nope=1: no such config field"]),
+    (
+        "unknown --config. field",
+        [f"--config={SEED}", "--config.nope=1"],
+        ["nope=1: no such config field"],
+    ),
     ("unknown variant", [f"--config={SEED},runbig"], ["config variant: got 'runbig'"]),
     ("unknown experiment", [f"--config={SEED},experiment=nope"], ["experiment: got 'nope'"]),
     # Grid values.
-    ("grid.seed=[1.5]", [f"--config={SEED},grid.seed=[1.5]"],
-     ["grid.seed: got 1.5", "integers in [0,"]),
+    (
+        "grid.seed=[1.5]",
+        [f"--config={SEED},grid.seed=[1.5]"],
+        ["grid.seed: got 1.5", "integers in [0,"],
+    ),
     ("grid.seed=[-1]", [f"--config={SEED},grid.seed=[-1]"], ["grid.seed: got -1"]),
-    ("grid.seed=[true]", [f"--config={SEED}", "--config.grid.seed=[true]"],
-     ["grid.seed: got 'true'"]),
-    ("grid.seed=[0,0]", [f"--config={SEED},grid.seed=[0,0]"],
-     ["grid.seed: got [0, 0]", "distinct values"]),
+    (
+        "grid.seed=[true]",
+        [f"--config={SEED}", "--config.grid.seed=[true]"],
+        ["grid.seed: got 'true'"],
+    ),
+    (
+        "grid.seed=[0,0]",
+        [f"--config={SEED},grid.seed=[0,0]"],
+        ["grid.seed: got [0, 0]", "distinct values"],
+    ),
     ("grid.seed=[]", [f"--config={SEED},grid.seed=[]"], ["grid.seed: got []"]),
     ("grid.gamma=[0]", [f"--config={SEED},grid.gamma=[0]"], ["grid.gamma: got 0"]),
     ("grid.gamma=[2.5]", [f"--config={SEED},grid.gamma=[2.5]"], ["grid.gamma: got 2.5"]),
-    ("grid.verifier_temperature=[-1]", [f"--config={SEED},grid.verifier_temperature=[-1]"],
-     ["grid.verifier_temperature: got -1"]),
-    ("grid.verifier_temperature=[inf]", [f"--config={SEED},grid.verifier_temperature=[inf]"],
-     ["grid.verifier_temperature: got 'inf'"]),
-    ("grid.drafter_temperature=[-0.5]", [f"--config={SEED},grid.drafter_temperature=[-0.5]"],
-     ["grid.drafter_temperature: got -0.5"]),
-    ("grid.policy=[bogus]", [f"--config={SEED},grid.policy=[bogus]"],
-     ["grid.policy: got 'bogus'"]),
+    (
+        "grid.verifier_temperature=[-1]",
+        [f"--config={SEED},grid.verifier_temperature=[-1]"],
+        ["grid.verifier_temperature: got -1"],
+    ),
+    (
+        "grid.verifier_temperature=[inf]",
+        [f"--config={SEED},grid.verifier_temperature=[inf]"],
+        ["grid.verifier_temperature: got 'inf'"],
+    ),
+    (
+        "grid.drafter_temperature=[-0.5]",
+        [f"--config={SEED},grid.drafter_temperature=[-0.5]"],
+        ["grid.drafter_temperature: got -0.5"],
+    ),
+    ("grid.policy=[bogus]", [f"--config={SEED},grid.policy=[bogus]"], ["grid.policy: got 'bogus'"]),
     ("grid.rule=[magic]", [f"--config={SEED},grid.rule=[magic]"], ["grid.rule: got 'magic'"]),
-    ("grid.pairing unknown drafter", [f"--config={SEED},grid.pairing=[[code,nope]]"],
-     ["grid.pairing: got 'nope'", "'code'"]),
-    ("grid.pairing repeated drafter", [f"--config={SEED},grid.pairing=[[code,code]]"],
-     ["grid.pairing: got ['code', 'code']", "distinct"]),
+    (
+        "grid.pairing unknown drafter",
+        [f"--config={SEED},grid.pairing=[[code,nope]]"],
+        ["grid.pairing: got 'nope'", "'code'"],
+    ),
+    (
+        "grid.pairing repeated drafter",
+        [f"--config={SEED},grid.pairing=[[code,code]]"],
+        ["grid.pairing: got ['code', 'code']", "distinct"],
+    ),
     ("grid.pairing empty", [f"--config={SEED},grid.pairing=[[]]"], ["grid.pairing: got []"]),
-    ("grid unknown axis", [f"--config={SEED},grid={{'gama': [2]}}"],
-     ["grid.gama: got [2]", "an axis the plans experiment reads"]),
+    (
+        "grid unknown axis",
+        [f"--config={SEED},grid={{'gama': [2]}}"],
+        ["grid.gama: got [2]", "an axis the plans experiment reads"],
+    ),
     ("grid={}", [f"--config={SEED},grid={{}}"], ["grid: got {}"]),
-    ("zoo_path=~nosuchuser/zoo", [f"--config={SEED}", "--config.zoo_path=~nosuchuser/zoo"],
-     ["zoo_path: got '~nosuchuser/zoo'", "no such user"]),
+    (
+        "zoo_path=~nosuchuser/zoo",
+        [f"--config={SEED}", "--config.zoo_path=~nosuchuser/zoo"],
+        ["zoo_path: got '~nosuchuser/zoo'", "no such user"],
+    ),
     # What a cell would check when it runs, checked at validation: the drafters' γ_i,
     # the oracle router's domains, the context budget of every cell.
-    ("grid.drafter_gamma of the wrong length", [f"--config={SEED},grid.drafter_gamma=[[2,3]]"],
-     ["grid.drafter_gamma: got [2, 3]", "one γ_i per drafter of the pairing"]),
-    ("grid.drafter_gamma too long for a pairing",
-     [f"--config={SEED},grid.pairing=[[code,prose]],grid.drafter_gamma=[[2,2,2]]"],
-     ["grid.drafter_gamma: got [2, 2, 2]", "['code', 'prose']"]),
-    ("max_step_tokens beyond the context", [f"--config={SEED},max_step_tokens=1000"],
-     ["max_step_tokens=1000", "allowed: at most its context, max_len = 512"]),
-    ("plan_steps beyond the context", [f"--config={SEED},plan_steps=100"],
-     ["plan_steps=100", "max_len = 512"]),
-    ("bucket beyond the context", [f"--config={SEED},bucket=1024"],
-     ["bucket=1024", "max_len = 512"]),
-    ("grid.gamma beyond the context", [f"--config={SEED},grid.gamma=[64],plan_steps=12"],
-     ["grid.gamma", "γ=64", "max_len = 512"]),
-    ("oracle without a drafter per domain",
-     [f"--config={SEED},grid.policy=[oracle],grid.pairing=[[code,prose]]"],
-     ["grid.policy: got 'oracle'", "'reasoning'"]),
+    (
+        "grid.drafter_gamma of the wrong length",
+        [f"--config={SEED},grid.drafter_gamma=[[2,3]]"],
+        ["grid.drafter_gamma: got [2, 3]", "one γ_i per drafter of the pairing"],
+    ),
+    (
+        "grid.drafter_gamma too long for a pairing",
+        [f"--config={SEED},grid.pairing=[[code,prose]],grid.drafter_gamma=[[2,2,2]]"],
+        ["grid.drafter_gamma: got [2, 2, 2]", "['code', 'prose']"],
+    ),
+    (
+        "max_step_tokens beyond the context",
+        [f"--config={SEED},max_step_tokens=1000"],
+        ["max_step_tokens=1000", "allowed: at most its context, max_len = 512"],
+    ),
+    (
+        "plan_steps beyond the context",
+        [f"--config={SEED},plan_steps=100"],
+        ["plan_steps=100", "max_len = 512"],
+    ),
+    (
+        "bucket beyond the context",
+        [f"--config={SEED},bucket=1024"],
+        ["bucket=1024", "max_len = 512"],
+    ),
+    (
+        "grid.gamma beyond the context",
+        [f"--config={SEED},grid.gamma=[64],plan_steps=12"],
+        ["grid.gamma", "γ=64", "max_len = 512"],
+    ),
+    (
+        "oracle without a drafter per domain",
+        [f"--config={SEED},grid.policy=[oracle],grid.pairing=[[code,prose]]"],
+        ["grid.policy: got 'oracle'", "'reasoning'"],
+    ),
     # Sizes bounded by a stated limit.
-    ("plans_per_domain=1000000000", [f"--config={SEED},plans_per_domain=1000000000"],
-     ["plans_per_domain: got 1000000000", "<= 24", "plan prompts shipped per domain"]),
-    ("plans_per_domain synthetic", [f"--config={SEED},deployment=synthetic,plans_per_domain=65"],
-     ["plans_per_domain: got 65", "<= 64"]),
-    ("plan_steps=100000", [f"--config={SEED},plan_steps=100000"],
-     ["plan_steps: got 100000", "<= 256"]),
-    ("max_step_tokens=10**9", [f"--config={SEED}", "--config.max_step_tokens=1000000000"],
-     ["max_step_tokens: got 1000000000", "<= 4096"]),
+    (
+        "plans_per_domain=1000000000",
+        [f"--config={SEED},plans_per_domain=1000000000"],
+        ["plans_per_domain: got 1000000000", "<= 24", "plan prompts shipped per domain"],
+    ),
+    (
+        "plans_per_domain synthetic",
+        [f"--config={SEED},deployment=synthetic,plans_per_domain=65"],
+        ["plans_per_domain: got 65", "<= 64"],
+    ),
+    (
+        "plan_steps=100000",
+        [f"--config={SEED},plan_steps=100000"],
+        ["plan_steps: got 100000", "<= 256"],
+    ),
+    (
+        "max_step_tokens=10**9",
+        [f"--config={SEED}", "--config.max_step_tokens=1000000000"],
+        ["max_step_tokens: got 1000000000", "<= 4096"],
+    ),
     ("bucket=10**9", [f"--config={SEED},bucket=1000000000"], ["bucket: got 1000000000"]),
-    ("grid.gamma=[1000]", [f"--config={SEED},grid.gamma=[1000]"],
-     ["grid.gamma: got 1000", "<= 64"]),
-    ("grid.drafter_gamma=[[2,2,1000]]", [f"--config={SEED},grid.drafter_gamma=[[2,2,1000]]"],
-     ["grid.drafter_gamma: got [2, 2, 1000]", "<= 64"]),
-    ("grid of 10001 cells", [f"--config={SEED},grid.seed=[{','.join(map(str, range(10001)))}]"],
-     ["grid: got", "at most 10000 cells"]),
+    (
+        "grid.gamma=[1000]",
+        [f"--config={SEED},grid.gamma=[1000]"],
+        ["grid.gamma: got 1000", "<= 64"],
+    ),
+    (
+        "grid.drafter_gamma=[[2,2,1000]]",
+        [f"--config={SEED},grid.drafter_gamma=[[2,2,1000]]"],
+        ["grid.drafter_gamma: got [2, 2, 1000]", "<= 64"],
+    ),
+    (
+        "grid of 10001 cells",
+        [f"--config={SEED},grid.seed=[{','.join(map(str, range(10001)))}]"],
+        ["grid: got", "at most 10000 cells"],
+    ),
     # One run under two spellings is one cell, not two.
-    ("grid.policy=[all_on,p1t1a1k1]", [f"--config={SEED},grid.policy=[all_on,p1t1a1k1]"],
-     ["grid.policy: got ['all_on', 'p1t1a1k1']", "'p1t1a1k1' is the same policy as 'all_on'"]),
-    ("grid.policy=[naive_plus_kl_ceiling,p0t0a0k1]",
-     [f"--config={SEED},grid.policy=[naive,naive_plus_kl_ceiling,p0t0a0k1]"],
-     ["grid.policy", "'p0t0a0k1' is the same policy as 'naive_plus_kl_ceiling'"]),
-    ("grid.policy=[all_on,all_on_kl0.35]", [f"--config={SEED},grid.policy=[all_on,all_on_kl0.35]"],
-     ["grid.policy", "same policy"]),
-    ("grid.rule=[None,default]", [f"--config={SEED},grid.rule=[None,default]"],
-     ["grid.rule", "'default' is the same rule as None"]),
-    ("grid.drafter_gamma=[None,[None,None,None]]",
-     [f"--config={SEED},grid.drafter_gamma=[None,[None,None,None]]"],
-     ["grid.drafter_gamma", "is the same drafter gamma as None"]),
+    (
+        "grid.policy=[all_on,p1t1a1k1]",
+        [f"--config={SEED},grid.policy=[all_on,p1t1a1k1]"],
+        ["grid.policy: got ['all_on', 'p1t1a1k1']", "'p1t1a1k1' is the same policy as 'all_on'"],
+    ),
+    (
+        "grid.policy=[naive_plus_kl_ceiling,p0t0a0k1]",
+        [f"--config={SEED},grid.policy=[naive,naive_plus_kl_ceiling,p0t0a0k1]"],
+        ["grid.policy", "'p0t0a0k1' is the same policy as 'naive_plus_kl_ceiling'"],
+    ),
+    (
+        "grid.policy=[all_on,all_on_kl0.35]",
+        [f"--config={SEED},grid.policy=[all_on,all_on_kl0.35]"],
+        ["grid.policy", "same policy"],
+    ),
+    (
+        "grid.rule=[None,default]",
+        [f"--config={SEED},grid.rule=[None,default]"],
+        ["grid.rule", "'default' is the same rule as None"],
+    ),
+    (
+        "grid.drafter_gamma=[None,[None,None,None]]",
+        [f"--config={SEED},grid.drafter_gamma=[None,[None,None,None]]"],
+        ["grid.drafter_gamma", "is the same drafter gamma as None"],
+    ),
 ]
 
 FILE_CASES = [
-    ("config file missing", ["--config=tests/configs/nope.py"],
-     ["--config: got 'tests/configs/nope.py'", "readable config file"]),
-    ("config file raises", ["--config={raises.py}"],
-     ["--config: got", "raises.py", "RuntimeError: boom in the config", "line 1"]),
-    ("config file syntax error", ["--config={syntax.py}"],
-     ["--config: got", "syntax.py", "SyntaxError", "line 1"]),
-    ("config file lacks get_config", ["--config={no_get_config.py}"],
-     ["--config: got", "no_get_config.py", "defines no get_config()"]),
-    ("get_config returns None", ["--config={returns_none.py}"],
-     ["--config: got", "returns_none.py", "returned None"]),
-    ("get_config returns an int", ["--config={returns_int.py}"],
-     ["--config: got", "returns_int.py", "returned int"]),
-    ("get_config raises", ["--config={get_config_raises.py}"],
-     ["--config: got", "ZeroDivisionError", "line 2"]),
-    ("experiment_module fails to import", ["--config={toy_bad_module.py}:runlocal"],
-     ["experiment_module: got", "bad_module.py", "ModuleNotFoundError"]),
+    (
+        "config file missing",
+        ["--config=tests/configs/nope.py"],
+        ["--config: got 'tests/configs/nope.py'", "readable config file"],
+    ),
+    (
+        "config file raises",
+        ["--config={raises.py}"],
+        ["--config: got", "raises.py", "RuntimeError: boom in the config", "line 1"],
+    ),
+    (
+        "config file syntax error",
+        ["--config={syntax.py}"],
+        ["--config: got", "syntax.py", "SyntaxError", "line 1"],
+    ),
+    (
+        "config file lacks get_config",
+        ["--config={no_get_config.py}"],
+        ["--config: got", "no_get_config.py", "defines no get_config()"],
+    ),
+    (
+        "get_config returns None",
+        ["--config={returns_none.py}"],
+        ["--config: got", "returns_none.py", "returned None"],
+    ),
+    (
+        "get_config returns an int",
+        ["--config={returns_int.py}"],
+        ["--config: got", "returns_int.py", "returned int"],
+    ),
+    (
+        "get_config raises",
+        ["--config={get_config_raises.py}"],
+        ["--config: got", "ZeroDivisionError", "line 2"],
+    ),
+    (
+        "experiment_module fails to import",
+        ["--config={toy_bad_module.py}:runlocal"],
+        ["experiment_module: got", "bad_module.py", "ModuleNotFoundError"],
+    ),
     # A config file (or experiment module) that exits is no config: exit status 2, not 0.
-    ("get_config calls sys.exit(0)", ["--config={get_config_exits.py}"],
-     ["--config: got", "get_config_exits.py", "sys.exit(0)", "line 3"]),
-    ("config file calls sys.exit(3)", ["--config={exits_at_import.py}"],
-     ["--config: got", "exits_at_import.py", "sys.exit(3)"]),
-    ("experiment_module calls sys.exit(0)", ["--config={toy_exit_module.py}:runlocal"],
-     ["experiment_module: got", "exit_module.py", "SystemExit"]),
-    ("unknown field in a config file", ["--config={plans_typo.py}"],
-     ["plan_step: no such field of the plans experiment", "did you mean 'plan_steps'"]),
+    (
+        "get_config calls sys.exit(0)",
+        ["--config={get_config_exits.py}"],
+        ["--config: got", "get_config_exits.py", "sys.exit(0)", "line 3"],
+    ),
+    (
+        "config file calls sys.exit(3)",
+        ["--config={exits_at_import.py}"],
+        ["--config: got", "exits_at_import.py", "sys.exit(3)"],
+    ),
+    (
+        "experiment_module calls sys.exit(0)",
+        ["--config={toy_exit_module.py}:runlocal"],
+        ["experiment_module: got", "exit_module.py", "SystemExit"],
+    ),
+    (
+        "unknown field in a config file",
+        ["--config={plans_typo.py}"],
+        ["plan_step: no such field of the plans experiment", "did you mean 'plan_steps'"],
+    ),
 ]
 
 
@@ -370,8 +517,9 @@ def _format(args, files):
     return out
 
 
-@pytest.mark.parametrize("name,args,needles", CONFIG_CASES + FILE_CASES,
-                         ids=[c[0] for c in CONFIG_CASES + FILE_CASES])
+@pytest.mark.parametrize(
+    "name,args,needles", CONFIG_CASES + FILE_CASES, ids=[c[0] for c in CONFIG_CASES + FILE_CASES]
+)
 def test_bad_config(name, args, needles, tmp_path, files, capsys):
     del name
     workdir = tmp_path / "run"
@@ -385,12 +533,14 @@ def test_bad_config(name, args, needles, tmp_path, files, capsys):
 # Workdirs
 # ----------------------------------------------------------------------------------------
 
+
 def _toy_results(workdir: Path, n: int = 2) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     for i in range(n):
-        results.append_result(workdir / results.RESULTS_NAME,
-                              {"cell_id": f"c{i}", "gamma": 1, "policy": "naive",
-                               "joint_acceptance": 0.5})
+        results.append_result(
+            workdir / results.RESULTS_NAME,
+            {"cell_id": f"c{i}", "gamma": 1, "policy": "naive", "joint_acceptance": 0.5},
+        )
 
 
 def _workdir_case(name: str, tmp_path: Path) -> tuple[str, list[str]]:
@@ -428,8 +578,11 @@ def _workdir_case(name: str, tmp_path: Path) -> tuple[str, list[str]]:
             target.mkdir()
         else:
             target.write_text("x")
-        return str(run), ["--workdir: got", f"a run directory where {name.split()[0]} is a "
-                          f"{'file' if 'directory' in name else 'directory'}"]
+        return str(run), [
+            "--workdir: got",
+            f"a run directory where {name.split()[0]} is a "
+            f"{'file' if 'directory' in name else 'directory'}",
+        ]
     if name == "results of another config":
         _toy_results(run)
         (run / "config.json").write_text(json.dumps({"experiment": "toy", "sleep_s": 9.0}))
@@ -437,10 +590,20 @@ def _workdir_case(name: str, tmp_path: Path) -> tuple[str, list[str]]:
     raise ValueError(name)
 
 
-WORKDIR_CASES = ["is a file", "under a file", "/proc/x", "/sys/x", "empty", "~nosuchuser/x",
-                 "results, config.json missing", "results, config.json not JSON",
-                 "results, config.json a list", "results of another config",
-                 "config.json is a directory", "plots is a file"]
+WORKDIR_CASES = [
+    "is a file",
+    "under a file",
+    "/proc/x",
+    "/sys/x",
+    "empty",
+    "~nosuchuser/x",
+    "results, config.json missing",
+    "results, config.json not JSON",
+    "results, config.json a list",
+    "results of another config",
+    "config.json is a directory",
+    "plots is a file",
+]
 
 
 @pytest.mark.parametrize("name", WORKDIR_CASES)
@@ -464,8 +627,9 @@ def test_results_from_another_zoo_are_refused(tmp_path, capsys):
     run.mkdir()
     (run / "config.json").write_text(json.dumps(plan.config_json))
     other = {"zoo": {**plan.inputs["zoo"], "manifest_sha256": "0" * 64}}
-    results.append_result(run / results.RESULTS_NAME,
-                          {"cell_id": plan.cells[0]["cell_id"], "inputs": other})
+    results.append_result(
+        run / results.RESULTS_NAME, {"cell_id": plan.cells[0]["cell_id"], "inputs": other}
+    )
     before = _snapshot(tmp_path)
     with pytest.raises(Exception, match="computed from other inputs .*manifest_sha256"):
         sweep.prepare(config, run)
@@ -476,14 +640,17 @@ def test_results_from_another_zoo_are_refused(tmp_path, capsys):
 # Zoos
 # ----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("damage", sorted(ZOO_DAMAGE))
 def test_bad_zoo(damage, zoos, tmp_path, capsys):
     zoo = zoos[damage]
     before = _snapshot(tmp_path)
-    code, lines, out = run_main(capsys, f"--config={SEED}", f"--config.zoo_path={zoo}",
-                                f"--workdir={tmp_path / 'run'}")
-    assert_one_line_error(code, lines, out, "zoo_path: got", f"(zoo folder {zoo})",
-                          ZOO_DAMAGE[damage])
+    code, lines, out = run_main(
+        capsys, f"--config={SEED}", f"--config.zoo_path={zoo}", f"--workdir={tmp_path / 'run'}"
+    )
+    assert_one_line_error(
+        code, lines, out, "zoo_path: got", f"(zoo folder {zoo})", ZOO_DAMAGE[damage]
+    )
     assert _snapshot(tmp_path) == before
 
 
@@ -491,13 +658,22 @@ def test_missing_zoo_names_the_variable_and_folder(tmp_path, capsys, monkeypatch
     monkeypatch.setenv("SPECJAX_ZOO", str(tmp_path / "no_zoo"))
     before = _snapshot(tmp_path)
     code, lines, out = run_main(capsys, f"--config={SEED}", f"--workdir={tmp_path / 'run'}")
-    assert_one_line_error(code, lines, out, "SPECJAX_ZOO: got",
-                          f"(zoo folder {tmp_path / 'no_zoo'})", "no such directory")
+    assert_one_line_error(
+        code,
+        lines,
+        out,
+        "SPECJAX_ZOO: got",
+        f"(zoo folder {tmp_path / 'no_zoo'})",
+        "no such directory",
+    )
     # An explicit zoo_path wins over the variable (README: zoo_path > SPECJAX_ZOO > shipped).
-    code, lines, out = run_main(capsys, f"--config={SEED}", f"--workdir={tmp_path / 'run'}",
-                                f"--config.zoo_path={tmp_path / 'other'}")
-    assert_one_line_error(code, lines, out, "zoo_path: got",
-                          f"(zoo folder {tmp_path / 'other'})")
+    code, lines, out = run_main(
+        capsys,
+        f"--config={SEED}",
+        f"--workdir={tmp_path / 'run'}",
+        f"--config.zoo_path={tmp_path / 'other'}",
+    )
+    assert_one_line_error(code, lines, out, "zoo_path: got", f"(zoo folder {tmp_path / 'other'})")
     assert _snapshot(tmp_path) == before
 
 
@@ -519,14 +695,19 @@ def test_inputs_name_the_zoo_that_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECJAX_ZOO", str(zoo_lib.SHIPPED_ZOO))
     config = config_common.plans_defaults()
     inputs = experiments.validate(config)
-    assert inputs == {"zoo": {"path": str(zoo_lib.SHIPPED_ZOO), "source": "SPECJAX_ZOO",
-                              "manifest_sha256": zoo_lib.file_sha256(
-                                  zoo_lib.SHIPPED_ZOO / zoo_lib.MANIFEST)}}
+    assert inputs == {
+        "zoo": {
+            "path": str(zoo_lib.SHIPPED_ZOO),
+            "source": "SPECJAX_ZOO",
+            "manifest_sha256": zoo_lib.file_sha256(zoo_lib.SHIPPED_ZOO / zoo_lib.MANIFEST),
+        }
+    }
 
 
 # ----------------------------------------------------------------------------------------
 # Report inputs
 # ----------------------------------------------------------------------------------------
+
 
 def _report_case(name: str, tmp_path: Path) -> tuple[str | None, list[str], list[str]]:
     run = tmp_path / "run"
@@ -566,8 +747,7 @@ def _report_case(name: str, tmp_path: Path) -> tuple[str | None, list[str], list
         (run / "report.md").mkdir()
         return str(run), ["--workdir: got", "report.md is a file"], extra
     if name == "config.json with a bad grid":
-        (run / "config.json").write_text(json.dumps({"experiment": "toy",
-                                                     "grid": {"gamma": []}}))
+        (run / "config.json").write_text(json.dumps({"experiment": "toy", "grid": {"gamma": []}}))
         return str(run), ["config.json: grid.gamma: got []", "a non-empty list"], extra
     if name == "unexpected argument":
         return str(run), ["unexpected arguments: extra"], ["extra"]
@@ -578,10 +758,21 @@ def _report_case(name: str, tmp_path: Path) -> tuple[str | None, list[str], list
     raise ValueError(name)
 
 
-REPORT_CASES = ["missing workdir", "workdir is a file", "no results", "config.json not JSON",
-                "config.json a list", "version.json not JSON", "results.jsonl is a directory",
-                "plots is a file", "report.md is a directory", "unexpected argument",
-                "no workdir", "config.json with a bad grid", "~nosuchuser workdir"]
+REPORT_CASES = [
+    "missing workdir",
+    "workdir is a file",
+    "no results",
+    "config.json not JSON",
+    "config.json a list",
+    "version.json not JSON",
+    "results.jsonl is a directory",
+    "plots is a file",
+    "report.md is a directory",
+    "unexpected argument",
+    "no workdir",
+    "config.json with a bad grid",
+    "~nosuchuser workdir",
+]
 
 
 @pytest.mark.parametrize("name", REPORT_CASES)
@@ -599,13 +790,11 @@ def test_bad_report_input(name, tmp_path, capsys):
 # ----------------------------------------------------------------------------------------
 
 ENV_CASES = [
-    ("SPECJAX_MAX_PROGRAMS", "abc", ["SPECJAX_MAX_PROGRAMS: got 'abc'",
-                                     "an integer in [1, 4096]"]),
+    ("SPECJAX_MAX_PROGRAMS", "abc", ["SPECJAX_MAX_PROGRAMS: got 'abc'", "an integer in [1, 4096]"]),
     ("SPECJAX_MAX_PROGRAMS", "0", ["SPECJAX_MAX_PROGRAMS: got '0'"]),
     ("SPECJAX_MAX_PROGRAMS", "100000", ["SPECJAX_MAX_PROGRAMS: got '100000'"]),
     ("SPECJAX_CHECKS", "maybe", ["SPECJAX_CHECKS: got 'maybe'", "0, 1, true, false"]),
-    ("SPECJAX_COMPILE_CACHE", "{file}/xla", ["SPECJAX_COMPILE_CACHE: got",
-                                             "is not a directory"]),
+    ("SPECJAX_COMPILE_CACHE", "{file}/xla", ["SPECJAX_COMPILE_CACHE: got", "is not a directory"]),
     ("SPECJAX_ZOO", "~nosuchuser/zoo", ["SPECJAX_ZOO: got '~nosuchuser/zoo'"]),
 ]
 
@@ -623,6 +812,7 @@ def test_bad_environment_variable(var, value, needles, tmp_path, capsys, monkeyp
 # ----------------------------------------------------------------------------------------
 # The report: non-finite values written as such; rows outside the grid reported
 # ----------------------------------------------------------------------------------------
+
 
 def _toy_run(tmp_path: Path) -> Path:
     """A finished toy sweep (8 cells, no report yet)."""
@@ -677,22 +867,38 @@ def _seed_rows(names=("code", "prose"), n_plans=3) -> list[dict]:
     from specjax.runner import grid as grid_lib  # pylint: disable=import-outside-toplevel
 
     def counts(scale):
-        return {"tokens": [8 * scale] * n_plans, "seconds": [0.01 * scale] * n_plans,
-                "steps": [2] * n_plans, "fallbacks": [1] * n_plans,
-                "verifier_calls": [4] * n_plans, "multi_from_draft": [3] * n_plans,
-                "multi_reached": [6] * n_plans, "own_accepted": [[2] * len(names)] * n_plans,
-                "own_reached": [[4] * len(names)] * n_plans, "cost": [5.0] * n_plans}
+        return {
+            "tokens": [8 * scale] * n_plans,
+            "seconds": [0.01 * scale] * n_plans,
+            "steps": [2] * n_plans,
+            "fallbacks": [1] * n_plans,
+            "verifier_calls": [4] * n_plans,
+            "multi_from_draft": [3] * n_plans,
+            "multi_reached": [6] * n_plans,
+            "own_accepted": [[2] * len(names)] * n_plans,
+            "own_reached": [[4] * len(names)] * n_plans,
+            "cost": [5.0] * n_plans,
+        }
 
     rows = []
     for i, policy in enumerate(("naive", "all_on")):
         params = {"gamma": 2, "policy": policy, "seed": 0}
-        rows.append({"cell_id": grid_lib.cell_id(params), "cell": params, **params,
-                     "pairing": list(names), "per_plan": counts(i + 1),
-                     "baselines": {"single": {n: counts(1) for n in names},
-                                   "autoregressive": counts(1)},
-                     "joint_acceptance": 0.5, "consensus_fallback_rate": 0.5, "kl_max": 0.2,
-                     "throughput_ratio_vs_single": 1.0 + i, "branch_records": [],
-                     "step_records": [{"step": 0, "plan": 0, "quorum_support": 0.5}]})
+        rows.append(
+            {
+                "cell_id": grid_lib.cell_id(params),
+                "cell": params,
+                **params,
+                "pairing": list(names),
+                "per_plan": counts(i + 1),
+                "baselines": {"single": {n: counts(1) for n in names}, "autoregressive": counts(1)},
+                "joint_acceptance": 0.5,
+                "consensus_fallback_rate": 0.5,
+                "kl_max": 0.2,
+                "throughput_ratio_vs_single": 1.0 + i,
+                "branch_records": [],
+                "step_records": [{"step": 0, "plan": 0, "quorum_support": 0.5}],
+            }
+        )
     return rows
 
 
@@ -700,8 +906,7 @@ def _seed_run(tmp_path: Path, rows: list[dict]) -> Path:
     run = tmp_path / "run"
     run.mkdir()
     config = json.loads(config_common.plans_defaults().to_json_best_effort())
-    config.update(seed_table=True, grid={"gamma": [2], "policy": ["naive", "all_on"],
-                                         "seed": [0]})
+    config.update(seed_table=True, grid={"gamma": [2], "policy": ["naive", "all_on"], "seed": [0]})
     (run / "config.json").write_text(json.dumps(config))
     for r in rows:
         results.append_result(run / results.RESULTS_NAME, r)
@@ -731,8 +936,13 @@ def test_rows_the_report_cannot_use_are_one_line_and_nothing_is_written(tmp_path
     (run / "report.md").write_text("the old report\n")
     before = _snapshot(tmp_path)
     code, lines, out = run_report(capsys, str(run))
-    assert_one_line_error(code, lines, out, f"{run / 'results.jsonl'}: its rows cannot be "
-                          "reported", "allowed: rows as a specjax sweep writes them")
+    assert_one_line_error(
+        code,
+        lines,
+        out,
+        f"{run / 'results.jsonl'}: its rows cannot be reported",
+        "allowed: rows as a specjax sweep writes them",
+    )
     assert _snapshot(tmp_path) == before
 
 
@@ -741,8 +951,12 @@ def test_rows_outside_the_grid_are_reported_not_counted(tmp_path, capsys):
 
     run = _toy_run(tmp_path)
     rows = results.read_results(run / results.RESULTS_NAME)
-    stray = {**rows[0], "cell_id": "0123456789ab", "cell": {**rows[0]["cell"], "gamma": 99},
-             "gamma": 99}
+    stray = {
+        **rows[0],
+        "cell_id": "0123456789ab",
+        "cell": {**rows[0]["cell"], "gamma": 99},
+        "gamma": 99,
+    }
     results.append_result(run / results.RESULTS_NAME, stray)
     results.append_result(run / results.RESULTS_NAME, {"joint_acceptance": 0.9})  # no cell_id
     code, lines, out = run_report(capsys, str(run))
@@ -758,6 +972,7 @@ def test_rows_outside_the_grid_are_reported_not_counted(tmp_path, capsys):
     assert "| 99 |" not in text.split("## Rows outside", 1)[0]
     # A resumed sweep leaves them out of its report and of the experiment's summary too.
     import importlib.util  # pylint: disable=import-outside-toplevel
+
     spec = importlib.util.spec_from_file_location("toy_config", REPO / "tests/configs/toy.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -769,19 +984,32 @@ def test_rows_outside_the_grid_are_reported_not_counted(tmp_path, capsys):
 
 
 def test_case_count():
-    n = (len(CONFIG_CASES) + len(FILE_CASES) + len(WORKDIR_CASES) + len(ZOO_DAMAGE)
-         + len(REPORT_CASES) + len(ENV_CASES) + 3)  # + another zoo's results, SPECJAX_ZOO,
-    assert n >= 40, n                                  # zoo_path
+    n = (
+        len(CONFIG_CASES)
+        + len(FILE_CASES)
+        + len(WORKDIR_CASES)
+        + len(ZOO_DAMAGE)
+        + len(REPORT_CASES)
+        + len(ENV_CASES)
+        + 3
+    )  # + another zoo's results, SPECJAX_ZOO,
+    assert n >= 40, n  # zoo_path
 
 
 # ----------------------------------------------------------------------------------------
 # End to end, as a user runs them (each pays a JAX import)
 # ----------------------------------------------------------------------------------------
 
+
 def _cli(module: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})},
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_end_to_end_one_line_before_anything_is_written(tmp_path, files):
@@ -794,8 +1022,11 @@ def test_end_to_end_one_line_before_anything_is_written(tmp_path, files):
     ]
     for args, needle in cases:
         before = _snapshot(tmp_path)
-        out = _cli("specjax.main", *args, env={"SPECJAX_ZOO": str(tmp_path / "no_zoo")}
-                   if "bucket" not in args[0] else None)
+        out = _cli(
+            "specjax.main",
+            *args,
+            env={"SPECJAX_ZOO": str(tmp_path / "no_zoo")} if "bucket" not in args[0] else None,
+        )
         assert out.returncode == 2, (args, out.stderr)
         assert out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
         assert out.stderr.startswith("specjax: error: ") and needle in out.stderr, out.stderr
@@ -807,10 +1038,12 @@ def test_end_to_end_the_audit_classes(tmp_path, files):
     run = tmp_path / "run"
     cases = [
         # Read when specjax.engine.programs is imported (by the config file): named as itself.
-        ([f"--config={TOY}", f"--workdir={run}"], {"SPECJAX_MAX_PROGRAMS": "abc"},
-         "SPECJAX_MAX_PROGRAMS: got 'abc'"),
-        (["--config=" + str(files["get_config_exits.py"]), f"--workdir={run}"], {},
-         "sys.exit(0)"),
+        (
+            [f"--config={TOY}", f"--workdir={run}"],
+            {"SPECJAX_MAX_PROGRAMS": "abc"},
+            "SPECJAX_MAX_PROGRAMS: got 'abc'",
+        ),
+        (["--config=" + str(files["get_config_exits.py"]), f"--workdir={run}"], {}, "sys.exit(0)"),
         ([f"--config={TOY}", "--workdir=~nosuchuser/x"], {}, "--workdir: got '~nosuchuser/x'"),
     ]
     for args, env, needle in cases:

@@ -1,4 +1,5 @@
 """Checkpoints round-trip bit-exactly; missing or damaged ones give a one-line ValueError."""
+
 import json
 import os
 import warnings
@@ -21,8 +22,15 @@ pytestmark = pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptio
 
 def _exact(a, b):
     chex.assert_trees_all_equal_structs(a, b)
-    jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)) or
-                 (np.asarray(x).dtype == np.asarray(y).dtype) or pytest.fail('dtype'), a, b)
+    jax.tree.map(
+        lambda x, y: (
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+            or (np.asarray(x).dtype == np.asarray(y).dtype)
+            or pytest.fail('dtype')
+        ),
+        a,
+        b,
+    )
 
 
 def _one_line(excinfo, *needles):
@@ -43,8 +51,12 @@ def test_orbax_round_trip_is_bit_exact_and_silent(tmp_path, tiny_lm, tiny_params
         ckpt.save(d, 3, tiny_params, opt_state, metadata={'note': 'x', 'losses': [1.5, 2.25]})
         ckpt.save(d, 7, tiny_params)
         assert ckpt.latest_step(d) == 7
-        out = ckpt.restore(d, tiny_lm.abstract_params(), step=3,
-                           opt_state_abstract=jax.eval_shape(tx.init, tiny_lm.abstract_params()))
+        out = ckpt.restore(
+            d,
+            tiny_lm.abstract_params(),
+            step=3,
+            opt_state_abstract=jax.eval_shape(tx.init, tiny_lm.abstract_params()),
+        )
     assert out['step'] == 3 and out['metadata'] == {'note': 'x', 'losses': [1.5, 2.25]}
     _exact(out['params'], tiny_params)
     _exact(out['opt_state'], opt_state)
@@ -75,12 +87,16 @@ def test_orbax_missing_and_corrupt(tmp_path, tiny_lm, tiny_params):
     with pytest.raises(ValueError) as e:
         ckpt.restore(d, abstract, opt_state_abstract={'x': jax.ShapeDtypeStruct((1,), jnp.float32)})
     _one_line(e, "no 'opt_state' item")
-    wrong = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] + 1,) + x.shape[1:], x.dtype),
-                         abstract)
+    wrong = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((x.shape[0] + 1,) + x.shape[1:], x.dtype), abstract
+    )
     with pytest.raises(ValueError) as e:
         ckpt.restore(d, wrong)
-    _one_line(e, os.path.join(d, '1'), 'params/embed is stored as float32[32, 32], '
-              'requested float32[33, 32]')
+    _one_line(
+        e,
+        os.path.join(d, '1'),
+        'params/embed is stored as float32[32, 32], requested float32[33, 32]',
+    )
 
     # The recorded sha256 is checked after orbax has read the data.
     meta = os.path.join(d, '1', 'metadata', 'metadata')

@@ -24,15 +24,18 @@ REPO = Path(__file__).resolve().parent.parent
 TOY = "tests/configs/toy.py"
 
 
-def specjax(*args: str, module: str = "specjax.main", timeout: float = 120,
-            env_extra: dict | None = None,
-            **popen) -> subprocess.CompletedProcess | subprocess.Popen:
+def specjax(
+    *args: str,
+    module: str = "specjax.main",
+    timeout: float = 120,
+    env_extra: dict | None = None,
+    **popen,
+) -> subprocess.CompletedProcess | subprocess.Popen:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env_extra or {})}
     cmd = [sys.executable, "-m", module, *args]
     if popen:
         return subprocess.Popen(cmd, cwd=REPO, env=env, **popen)
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def toy_cells(arg: str) -> list[dict]:
@@ -53,8 +56,9 @@ def test_sweep_killed_partway_resumes_with_every_cell_exactly_once(tmp_path):
 
     # The sweep kills itself (SIGKILL: a crash, no cleanup) as it starts its 4th cell, so
     # exactly 3 cells are recorded: deterministic, no kill window.
-    proc = specjax(f"--config={TOY}:{arg}", f"--workdir={workdir}",
-                   env_extra={"SPECJAX_TOY_KILL_AT": "4"})
+    proc = specjax(
+        f"--config={TOY}:{arg}", f"--workdir={workdir}", env_extra={"SPECJAX_TOY_KILL_AT": "4"}
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     done_before = results.completed_cell_ids(journal)
     assert len(done_before) == 3, "killed partway"
@@ -85,30 +89,54 @@ def _bad_inputs(tmp_path: Path) -> list[tuple[str, list[str], str]]:
     a_file.write_text("not a directory")
     wd = f"--workdir={tmp_path / 'run'}"
     return [
-        ("unknown field", [f"--config={TOY}:runlocal,nope=1", wd],
-         "nope=1: no such config field"),
-        ("unknown --config. field", [f"--config={TOY}", "--config.nope=1", wd],
-         "nope=1: no such config field"),
-        ("--config. value of the wrong type", [f"--config={TOY}", "--config.sleep_s=slow", wd],
-         "sleep_s: got 'slow', allowed: a number"),
-        ("gamma=0 (validate hook)", [f"--config={TOY}:grid.gamma=0", wd],
-         "grid.gamma: got [0], allowed: integers >= 1"),
-        ("wrong type", [f"--config={TOY}:sleep_s=slow", wd],
-         "sleep_s: got 'slow', allowed: a number"),
-        ("empty grid", [f"--config={TOY}:grid={{}}", wd],
-         "grid: got {}, allowed: at least one axis"),
-        ("empty axis", [f"--config={TOY}:grid.seed=[]", wd],
-         "grid.seed: got [], allowed: a non-empty list"),
-        ("workdir is a file", [f"--config={TOY}", f"--workdir={a_file}"],
-         "--workdir: got"),
-        ("workdir under a file", [f"--config={TOY}", f"--workdir={a_file}/run"],
-         "is a file"),
-        ("unknown experiment", [f"--config={TOY}:experiment=nope", wd],
-         "experiment: got 'nope', allowed: one of"),
-        ("unknown variant", [f"--config={TOY}:runbig", wd],
-         "config variant: got 'runbig', allowed: one of 'runlocal'"),
-        ("missing config file", ["--config=tests/configs/nope.py", wd],
-         "--config: got 'tests/configs/nope.py'"),
+        ("unknown field", [f"--config={TOY}:runlocal,nope=1", wd], "nope=1: no such config field"),
+        (
+            "unknown --config. field",
+            [f"--config={TOY}", "--config.nope=1", wd],
+            "nope=1: no such config field",
+        ),
+        (
+            "--config. value of the wrong type",
+            [f"--config={TOY}", "--config.sleep_s=slow", wd],
+            "sleep_s: got 'slow', allowed: a number",
+        ),
+        (
+            "gamma=0 (validate hook)",
+            [f"--config={TOY}:grid.gamma=0", wd],
+            "grid.gamma: got [0], allowed: integers >= 1",
+        ),
+        (
+            "wrong type",
+            [f"--config={TOY}:sleep_s=slow", wd],
+            "sleep_s: got 'slow', allowed: a number",
+        ),
+        (
+            "empty grid",
+            [f"--config={TOY}:grid={{}}", wd],
+            "grid: got {}, allowed: at least one axis",
+        ),
+        (
+            "empty axis",
+            [f"--config={TOY}:grid.seed=[]", wd],
+            "grid.seed: got [], allowed: a non-empty list",
+        ),
+        ("workdir is a file", [f"--config={TOY}", f"--workdir={a_file}"], "--workdir: got"),
+        ("workdir under a file", [f"--config={TOY}", f"--workdir={a_file}/run"], "is a file"),
+        (
+            "unknown experiment",
+            [f"--config={TOY}:experiment=nope", wd],
+            "experiment: got 'nope', allowed: one of",
+        ),
+        (
+            "unknown variant",
+            [f"--config={TOY}:runbig", wd],
+            "config variant: got 'runbig', allowed: one of 'runlocal'",
+        ),
+        (
+            "missing config file",
+            ["--config=tests/configs/nope.py", wd],
+            "--config: got 'tests/configs/nope.py'",
+        ),
         ("no workdir", [f"--config={TOY}"], "--workdir"),
         ("unknown flag", [f"--config={TOY}", wd, "--bogus"], "Unknown command line flag"),
     ]
@@ -132,9 +160,13 @@ def test_second_sweep_in_a_running_workdir_is_refused(tmp_path):
     arg = "runlocal,report=false"
     # The first sweep's first cell signals that it runs (so the sweep holds the workdir's
     # lock) and waits for the gate file: the second sweep starts while it surely runs.
-    first = specjax(f"--config={TOY}:{arg}", f"--workdir={workdir}",
-                    env_extra={"SPECJAX_TOY_GATE": str(gate)},
-                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = specjax(
+        f"--config={TOY}:{arg}",
+        f"--workdir={workdir}",
+        env_extra={"SPECJAX_TOY_GATE": str(gate)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         started = Path(f"{gate}.started")
         deadline = time.monotonic() + 300  # a bound on a hung start, not a timing window
@@ -146,7 +178,8 @@ def test_second_sweep_in_a_running_workdir_is_refused(tmp_path):
         assert second.returncode == 2
         assert second.stderr.splitlines() == [
             f"specjax: error: --workdir: {workdir} is in use by another running sweep (lock on "
-            f"results.jsonl held); wait for it or use another workdir"]
+            f"results.jsonl held); wait for it or use another workdir"
+        ]
         gate.touch()  # let the first sweep finish: it is unharmed
         assert first.wait(timeout=300) == 0
     finally:
@@ -170,23 +203,36 @@ def test_report_rebuilds_from_results_without_rerunning(tmp_path):
     text = (workdir / "report.md").read_text()
     assert text.startswith("# toy: 8 cells") and text.count("\n| `") == 8
     plots = sorted(p.name for p in (workdir / "plots").iterdir())
-    assert plots == sorted(f"{n}.png" for n in
-                           ("acceptance_vs_gamma", "joint_vs_per_drafter", "joint_vs_kl",
-                            "policy_costs", "decision_boundary"))
+    assert plots == sorted(
+        f"{n}.png"
+        for n in (
+            "acceptance_vs_gamma",
+            "joint_vs_per_drafter",
+            "joint_vs_kl",
+            "policy_costs",
+            "decision_boundary",
+        )
+    )
 
     bad = specjax(f"--workdir={tmp_path / 'missing'}", module="specjax.report")
     assert bad.returncode == 2
     assert bad.stderr.splitlines() == [
         f"specjax: error: --workdir: got '{tmp_path / 'missing'}', allowed: an existing run "
-        f"directory"]
+        f"directory"
+    ]
 
 
 def test_console_script_entry_point():
     script = Path(sys.executable).parent / "specjax"
     if not script.exists():
         pytest.skip("specjax console script not installed")
-    out = subprocess.run([str(script), f"--config={TOY}:nope=1", "--workdir=/nonexistent/x"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(script), f"--config={TOY}:nope=1", "--workdir=/nonexistent/x"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert out.stderr.startswith("specjax: error: nope=1: no such config field")
 
@@ -219,16 +265,25 @@ def test_two_jax_processes_split_the_cells_and_merge(tmp_path):
     driver.write_text(_DRIVER)
     workdir = tmp_path / "run"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    procs = [subprocess.Popen([sys.executable, str(driver), str(i), str(port), str(workdir)],
-                              cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(driver), str(i), str(port), str(workdir)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
         assert out.splitlines()[-1].split() == ["2", "8"]  # (gloo logs to stdout too)
     rows = results.read_results(workdir / "results.jsonl")
     assert sorted(r["cell_id"] for r in rows) == sorted(
-        c["cell_id"] for c in toy_cells("runlocal,sleep_s=0.1,report=false"))
+        c["cell_id"] for c in toy_cells("runlocal,sleep_s=0.1,report=false")
+    )
     assert sorted(r["process_index"] for r in rows) == [0] * 4 + [1] * 4
     assert not list(workdir.glob("results.p*.jsonl"))
     assert json.loads((workdir / "version.json").read_text())["process_count"] == 2

@@ -10,9 +10,20 @@ import sys
 
 import pytest
 
-from specjax.data import (DOMAINS, THINK_CLOSE, THINK_OPEN, CorpusUnavailableError,
-                          corpora, generate_problems, generate_reasoning, load_domain,
-                          load_heldout, load_prompts, reasoning, shipped)
+from specjax.data import (
+    DOMAINS,
+    THINK_CLOSE,
+    THINK_OPEN,
+    CorpusUnavailableError,
+    corpora,
+    generate_problems,
+    generate_reasoning,
+    load_domain,
+    load_heldout,
+    load_prompts,
+    reasoning,
+    shipped,
+)
 
 # ----------------------------------------------------------------- reasoning
 _EXPR = r"\d+(?:\s*[-+*/]\s*\d+)*"
@@ -56,8 +67,9 @@ def _expected_answer(template: str, q: str) -> str:
         n, k = nums
         return f"{n // k} each, {n % k} left"
     if template == "to_small_unit":
-        small, a, big, b = re.fullmatch(r"How many (\w+) are in (\d+) (\w+) and (\d+) \w+\?",
-                                        q).groups()
+        small, a, big, b = re.fullmatch(
+            r"How many (\w+) are in (\d+) (\w+) and (\d+) \w+\?", q
+        ).groups()
         f = {(u[0], u[1]): u[2] for u in reasoning.UNITS}[(big, small)]
         return str(int(a) * f + int(b))
     if template == "to_big_unit":
@@ -129,9 +141,18 @@ def test_split_is_stable_and_disjoint():
 
 
 def test_code_documents_filters_and_orders(tmp_path):
-    for rel in ("b.py", "a.py", "pkg/__init__.py", "pkg/mod.py", "test/test_x.py",
-                "pkg/tests/t.py", "idlelib/i.py", "site-packages/s.py", "c.txt",
-                "pydoc_data/topics.py"):
+    for rel in (
+        "b.py",
+        "a.py",
+        "pkg/__init__.py",
+        "pkg/mod.py",
+        "test/test_x.py",
+        "pkg/tests/t.py",
+        "idlelib/i.py",
+        "site-packages/s.py",
+        "c.txt",
+        "pydoc_data/topics.py",
+    ):
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("" if rel == "pkg/__init__.py" else f"x = '{rel}'\r\n")
@@ -158,10 +179,13 @@ Genesis 1
 def test_parse_kjv_dump():
     docs = corpora.parse_kjv_dump(KJV_SAMPLE)
     assert [k for k, _ in docs] == ["Genesis 1", "1 Samuel 2"]
-    assert docs[0][1] == ("Genesis 1\nIn the beginning God created the heaven and the "
-                          "earth.\nAnd the earth was without form, and void.\n\n")
+    assert docs[0][1] == (
+        "Genesis 1\nIn the beginning God created the heaven and the "
+        "earth.\nAnd the earth was without form, and void.\n\n"
+    )
     assert docs[1][1].splitlines()[1] == (
-        "And Hannah prayed, and said, My heart rejoiceth in the LORD.")
+        "And Hannah prayed, and said, My heart rejoiceth in the LORD."
+    )
     with pytest.raises(ValueError, match="line 2"):
         corpora.parse_kjv_dump("Genesis 1\n???\n")
     with pytest.raises(ValueError, match="before any chapter"):
@@ -221,8 +245,9 @@ def test_shipped_heldout(domain):
 
 def test_shipped_reasoning_heldout_is_correct():
     paragraphs = [p for p in load_heldout("reasoning").split("\n\n") if p]
-    by_question = {p.question: p for p in generate_problems(corpora.REASONING_PROBLEMS,
-                                                             corpora.REASONING_SEED)}
+    by_question = {
+        p.question: p for p in generate_problems(corpora.REASONING_PROBLEMS, corpora.REASONING_SEED)
+    }
     for para in paragraphs:
         q = para.split("\n", 1)[0][3:]
         assert by_question[q].format() == para + "\n\n"
@@ -258,8 +283,10 @@ def test_shipped_errors():
 
 
 def test_code_prompt_selection():
-    src = ("def short():\n    return 1\n\n"
-           "def f(a,\n      b):\n    x = a\n    y = b\n    z = 1\n    return x\n")
+    src = (
+        "def short():\n    return 1\n\n"
+        "def f(a,\n      b):\n    x = a\n    y = b\n    z = 1\n    return x\n"
+    )
     assert shipped.code_prompt(src) == "def f(a,\n      b):\n    x = a\n"
     assert shipped.code_prompt("def (:\n") is None
 
@@ -280,12 +307,16 @@ def test_real_corpora(domain):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(sys.version_info[:2] != (3, 11),
-                    reason="shipped files were cut from the Python 3.11 standard library")
+@pytest.mark.skipif(
+    sys.version_info[:2] != (3, 11),
+    reason="shipped files were cut from the Python 3.11 standard library",
+)
 def test_shipped_files_reproduce(tmp_path):
     shipped.write_shipped_files(package_dir=tmp_path)
     for domain in DOMAINS:
         assert (tmp_path / "heldout" / f"{domain}.txt").read_text() == load_heldout(domain)
-        got = [json.loads(ln) for ln in
-               (tmp_path / "prompts" / f"{domain}.jsonl").read_text().splitlines()]
+        got = [
+            json.loads(ln)
+            for ln in (tmp_path / "prompts" / f"{domain}.jsonl").read_text().splitlines()
+        ]
         assert got == load_prompts((domain,))

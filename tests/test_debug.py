@@ -1,5 +1,6 @@
 """specjax.debug: value checks fire on bad values (inside jit and vmap), stay silent on
 good ones, and trace nothing when off."""
+
 from __future__ import annotations
 
 import jax
@@ -22,14 +23,18 @@ def _dist_fn(atol=1e-4):
     def f(p):
         debug.check_distribution(p, "p", atol)
         return p.sum()
+
     return f
 
 
 def test_checks_fire_inside_jit_and_vmap(checks_on):
     f = _dist_fn()
-    f(jnp.full((3, 4), 0.25)).block_until_ready()                  # a distribution: silent
-    for bad in (jnp.full((3, 4), 0.3), jnp.array([[1.0, 0.0], [jnp.nan, 1.0]]),
-                jnp.array([[1.5, -0.5]])):
+    f(jnp.full((3, 4), 0.25)).block_until_ready()  # a distribution: silent
+    for bad in (
+        jnp.full((3, 4), 0.3),
+        jnp.array([[1.0, 0.0], [jnp.nan, 1.0]]),
+        jnp.array([[1.5, -0.5]]),
+    ):
         with pytest.raises(Exception, match="not a probability distribution"):
             jax.block_until_ready(f(bad))
 
@@ -37,6 +42,7 @@ def test_checks_fire_inside_jit_and_vmap(checks_on):
     def lengths(n):
         debug.check_range(n, 1, 4, "committed")
         return n
+
     lengths(jnp.array([1, 4])).block_until_ready()
     with pytest.raises(Exception, match=r"committed: outside \[1, 4\]"):
         jax.block_until_ready(lengths(jnp.array([1, 5])))
@@ -52,7 +58,7 @@ def test_checks_off_trace_nothing():
     debug.set_enabled(False)
     try:
         f = _dist_fn()
-        jax.block_until_ready(f(jnp.full((2, 2), 0.9)))           # not checked: no error
+        jax.block_until_ready(f(jnp.full((2, 2), 0.9)))  # not checked: no error
         assert "callback" not in str(jax.make_jaxpr(_dist_fn())(jnp.ones((2, 2))))
     finally:
         debug.set_enabled(was)

@@ -13,6 +13,7 @@
 4. `domain_prompts` uses the train split only (synthetic corpora with held-out keys, and
    the real corpora when the cache is there).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,17 +23,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_subset_vocab import (
+    BYTE_CONFIG,
+    GREEDY_KEPT,
+    byte_verifier,
+    check_greedy_equality,
+    greedy_prompts,
+    greedy_reference,
+)
 
 from specjax import distill
 from specjax.data import corpora
 from specjax.models.subset_vocab import SubsetVocabLM, most_frequent_ids
 from specjax.tokenizers import ByteTokenizer
 
-from test_subset_vocab import (BYTE_CONFIG, GREEDY_KEPT, byte_verifier, check_greedy_equality,
-                               greedy_prompts, greedy_reference)
-
 TEXTS = ["def f(x):", "a", "Genesis 1\nIn the b", "Q: 2", "abc", "hello, world"]  # ragged
-NEW, TOP_K, BUCKET, BATCH = 24, 5, 32, 4     # 6 prompts: two batches of 4 rows, one width
+NEW, TOP_K, BUCKET, BATCH = 24, 5, 32, 4  # 6 prompts: two batches of 4 rows, one width
 
 
 def _model(eos):
@@ -53,13 +59,13 @@ def greedy():
     buf = np.zeros((len(enc), width), np.int32)
     lens = np.array([len(e) for e in enc])
     for r, e in enumerate(enc):
-        buf[r, :len(e)] = e
+        buf[r, : len(e)] = e
     full = jax.jit(lm.logits_full)
-    for _ in range(NEW):   # one token at a time; causal, so what follows is never read
+    for _ in range(NEW):  # one token at a time; causal, so what follows is never read
         logits = np.asarray(full(params, jnp.asarray(buf)))
         buf[np.arange(len(enc)), lens] = logits[np.arange(len(enc)), lens - 1].argmax(-1)
         lens += 1
-    ref = np.stack([buf[r, len(e):len(e) + NEW] for r, e in enumerate(enc)])
+    ref = np.stack([buf[r, len(e) : len(e) + NEW] for r, e in enumerate(enc)])
     # EOS: the token row 0 writes 4th, so at least one row ends mid-generation.
     return _model(int(ref[0, 3])), ref
 
@@ -69,48 +75,76 @@ def _expected_valid(ref, eos):
     for r, row in enumerate(ref):
         hits = np.nonzero(row == eos)[0]
         if len(hits):
-            valid[r, hits[0] + 1:] = False       # EOS itself is a target; nothing after it
+            valid[r, hits[0] + 1 :] = False  # EOS itself is a target; nothing after it
     return valid
 
 
 def test_generate_at_tau_zero_is_the_greedy_continuation(greedy):
     model, ref = greedy
-    g = distill.generate(model, TEXTS, new_tokens=NEW, batch=BATCH, temperature=1e-4,
-                         top_k=TOP_K, bucket=BUCKET, log=_quiet)
+    g = distill.generate(
+        model,
+        TEXTS,
+        new_tokens=NEW,
+        batch=BATCH,
+        temperature=1e-4,
+        top_k=TOP_K,
+        bucket=BUCKET,
+        log=_quiet,
+    )
     assert g.tokens.shape == (len(TEXTS), NEW) and g.top_ids.shape == (len(TEXTS), NEW, TOP_K)
     np.testing.assert_array_equal(g.prompt_len, [len(t.encode()) for t in TEXTS])
     for r, t in enumerate(TEXTS):
-        assert ByteTokenizer().decode(g.prompt[r, :g.prompt_len[r]]) == t
+        assert ByteTokenizer().decode(g.prompt[r, : g.prompt_len[r]]) == t
     np.testing.assert_array_equal(g.tokens, ref)
     valid = _expected_valid(ref, model.eos_id)
-    assert (~valid).any() and valid[:, -1].any()     # some rows end, some do not
+    assert (~valid).any() and valid[:, -1].any()  # some rows end, some do not
     np.testing.assert_array_equal(g.valid, valid)
     # At τ → 0 the sampled token is the top-1, with log-prob ≈ 0.
     np.testing.assert_array_equal(g.top_ids[..., 0], ref)
     assert np.all(g.top_logp[..., 0] > -1e-3) and np.all(np.diff(g.top_logp, axis=-1) <= 0)
     assert g.temperature == pytest.approx(1e-4)
-    assert distill.summarize(g) == {"rows": 6, "generated": int(valid.sum()),
-                                    "ended": int((~valid[:, -1]).sum())}
+    assert distill.summarize(g) == {
+        "rows": 6,
+        "generated": int(valid.sum()),
+        "ended": int((~valid[:, -1]).sum()),
+    }
     # One compiled program per settings: a second call reuses it.
     before = distill._generate_program.cache_info().hits  # pylint: disable=protected-access
-    distill.generate(model, TEXTS[:2], new_tokens=NEW, batch=BATCH, temperature=1e-4,
-                     top_k=TOP_K, bucket=BUCKET, log=_quiet)
+    distill.generate(
+        model,
+        TEXTS[:2],
+        new_tokens=NEW,
+        batch=BATCH,
+        temperature=1e-4,
+        top_k=TOP_K,
+        bucket=BUCKET,
+        log=_quiet,
+    )
     assert distill._generate_program.cache_info().hits == before + 1  # pylint: disable=protected-access
 
 
 def test_generate_top_k_log_probs_are_the_full_forwards(greedy):
     model, _ = greedy
     tau = 0.8
-    g = distill.generate(model, TEXTS, new_tokens=NEW, batch=BATCH, temperature=tau,
-                         top_k=TOP_K, bucket=BUCKET, seed=3, log=_quiet)
+    g = distill.generate(
+        model,
+        TEXTS,
+        new_tokens=NEW,
+        batch=BATCH,
+        temperature=tau,
+        top_k=TOP_K,
+        bucket=BUCKET,
+        seed=3,
+        log=_quiet,
+    )
     seqs = np.zeros((len(TEXTS), BUCKET + NEW), np.int32)
     for r in range(len(TEXTS)):
         p = g.prompt_len[r]
-        seqs[r, :p + NEW] = np.concatenate([g.prompt[r, :p], g.tokens[r]])
+        seqs[r, : p + NEW] = np.concatenate([g.prompt[r, :p], g.tokens[r]])
     logits = jax.jit(model.lm.logits_full)(model.params, jnp.asarray(seqs))
     logp = np.asarray(jax.nn.log_softmax(logits / tau, axis=-1))
-    at = g.prompt_len[:, None] - 1 + np.arange(NEW)[None]            # position of token j
-    lp = np.take_along_axis(logp, at[..., None], axis=1)              # [6, NEW, V]
+    at = g.prompt_len[:, None] - 1 + np.arange(NEW)[None]  # position of token j
+    lp = np.take_along_axis(logp, at[..., None], axis=1)  # [6, NEW, V]
     order = np.argsort(-lp, axis=-1, kind="stable")[..., :TOP_K]
     np.testing.assert_array_equal(g.top_ids, order)
     np.testing.assert_allclose(g.top_logp, np.take_along_axis(lp, order, -1), atol=1e-4)
@@ -124,12 +158,19 @@ def test_generate_top_k_log_probs_are_the_full_forwards(greedy):
 def _toy(rows, width, new, seed):
     rng = np.random.default_rng(seed)
     plen = rng.integers(1, width + 1, rows).astype(np.int32)
-    prompt = np.where(np.arange(width)[None] < plen[:, None],
-                      rng.integers(0, 256, (rows, width)), 0).astype(np.int32)
+    prompt = np.where(
+        np.arange(width)[None] < plen[:, None], rng.integers(0, 256, (rows, width)), 0
+    ).astype(np.int32)
     valid = np.arange(new)[None] < rng.integers(0, new + 1, rows)[:, None]
-    return distill.Generated(prompt, plen, rng.integers(0, 256, (rows, new)).astype(np.int32),
-                             valid, rng.integers(0, 256, (rows, new, 3)).astype(np.int32),
-                             -rng.random((rows, new, 3)).astype(np.float32), 0.7)
+    return distill.Generated(
+        prompt,
+        plen,
+        rng.integers(0, 256, (rows, new)).astype(np.int32),
+        valid,
+        rng.integers(0, 256, (rows, new, 3)).astype(np.int32),
+        -rng.random((rows, new, 3)).astype(np.float32),
+        0.7,
+    )
 
 
 def _assert_same(a, b):
@@ -146,9 +187,9 @@ def test_generated_round_trip(tmp_path):
     a, b = _toy(3, 5, 6, 0), _toy(4, 9, 6, 1)
     path = tmp_path / "gen.npz"
     a.save(path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen.npz"]   # no temporary left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen.npz"]  # no temporary left
     _assert_same(a, distill.Generated.load(path))
-    a.save(str(tmp_path / "again.npz"))                                 # str paths too
+    a.save(str(tmp_path / "again.npz"))  # str paths too
     _assert_same(a, distill.Generated.load(str(tmp_path / "again.npz")))
     cat = distill.Generated.concat([a, b])
     assert cat.prompt.shape == (7, 9) and (cat.prompt[:3, 5:] == 0).all()
@@ -158,7 +199,7 @@ def test_generated_round_trip(tmp_path):
     assert len(seqs) == 7 and cat.n_generated == a.n_generated + b.n_generated
     for r, part in enumerate([a] * 3 + [b] * 4):
         i = r if r < 3 else r - 3
-        want = np.concatenate([part.prompt[i, :part.prompt_len[i]], part.tokens[i][part.valid[i]]])
+        want = np.concatenate([part.prompt[i, : part.prompt_len[i]], part.tokens[i][part.valid[i]]])
         np.testing.assert_array_equal(seqs[r], want)
     cat.save(path)
     loaded = distill.Generated.load(path)
@@ -170,13 +211,24 @@ def test_generated_round_trip(tmp_path):
 # Training
 # ----------------------------------------------------------------------------------------
 
+
 def _recipe(**kw):
     """The drafter recipe for the byte verifier: its own shape (so the trained drafter is
     the SubsetVocabLM of tests/test_subset_vocab.py's greedy test: one engine program)."""
     c = BYTE_CONFIG
-    base = {"d_model": c.d_model, "n_layers": c.n_layers, "n_heads": c.n_heads,
-            "n_kv_heads": c.n_kv_heads, "d_ff": c.d_ff, "kept": GREEDY_KEPT,
-            "max_len": c.max_len, "steps": 40, "batch": 8, "learning_rate": 1e-2, "warmup": 4}
+    base = {
+        "d_model": c.d_model,
+        "n_layers": c.n_layers,
+        "n_heads": c.n_heads,
+        "n_kv_heads": c.n_kv_heads,
+        "d_ff": c.d_ff,
+        "kept": GREEDY_KEPT,
+        "max_len": c.max_len,
+        "steps": 40,
+        "batch": 8,
+        "learning_rate": 1e-2,
+        "warmup": 4,
+    }
     return distill.DrafterRecipe(**{**base, **kw})
 
 
@@ -187,9 +239,10 @@ def _soft_loss(lm, params, data):
     width = max(len(s) for s in seqs)
     toks = np.zeros((len(seqs), width), np.int32)
     for r, s in enumerate(seqs):
-        toks[r, :len(s)] = s
-    logq = np.asarray(jax.nn.log_softmax(lm.inner_logits_full(params, jnp.asarray(toks)), -1),
-                      np.float64)
+        toks[r, : len(s)] = s
+    logq = np.asarray(
+        jax.nn.log_softmax(lm.inner_logits_full(params, jnp.asarray(toks)), -1), np.float64
+    )
     to_inner = np.asarray(params["to_inner"])
     total, n = 0.0, 0
     for r in range(len(seqs)):
@@ -205,8 +258,17 @@ def _soft_loss(lm, params, data):
 @pytest.fixture(scope="module")
 def sampled(greedy):
     model, _ = greedy
-    return distill.generate(model, TEXTS, new_tokens=NEW, batch=BATCH, temperature=1.0,
-                            top_k=TOP_K, bucket=BUCKET, seed=5, log=_quiet)
+    return distill.generate(
+        model,
+        TEXTS,
+        new_tokens=NEW,
+        batch=BATCH,
+        temperature=1.0,
+        top_k=TOP_K,
+        bucket=BUCKET,
+        seed=5,
+        log=_quiet,
+    )
 
 
 def test_train_drafter_lowers_the_soft_loss(greedy, sampled):
@@ -228,13 +290,17 @@ def test_train_drafter_lowers_the_soft_loss(greedy, sampled):
     assert [s for s, _ in hist["loss"]] == [0, 39] and np.isfinite(losses).all()
     # The loss on every target, before (a zero learning rate returns the initial params;
     # its first batch loss is the run's) and after training.
-    lm0, params0, hist0 = distill.train_drafter(data, model, _recipe(steps=1, learning_rate=0.0),
-                                                log=_quiet)
+    lm0, params0, hist0 = distill.train_drafter(
+        data, model, _recipe(steps=1, learning_rate=0.0), log=_quiet
+    )
     assert lm0 == lm and hist0["loss"][0][1] == pytest.approx(hist["loss"][0][1], rel=1e-5)
     before, after = _soft_loss(lm0, params0, data), _soft_loss(lm, params, data)
     print(f"\nsoft loss {before:.3f} -> {after:.3f}; history {hist['loss']}")
-    assert after < before - 0.5 and hist["loss"][-1][1] < hist["loss"][0][1] - 0.5, \
-        (before, after, hist["loss"])
+    assert after < before - 0.5 and hist["loss"][-1][1] < hist["loss"][0][1] - 0.5, (
+        before,
+        after,
+        hist["loss"],
+    )
     # The params load into the engine: greedy speculative decoding with the drafter is the
     # verifier's greedy decoding.
     prompts = greedy_prompts(2)
@@ -252,8 +318,9 @@ def test_train_drafter_rejects_unknown_targets(greedy, sampled):
 @pytest.mark.slow
 def test_train_drafter_hard_targets(greedy, sampled):
     model, _ = greedy
-    _, _, hist = distill.train_drafter(sampled, model, _recipe(targets="hard", steps=60),
-                                       log=_quiet)
+    _, _, hist = distill.train_drafter(
+        sampled, model, _recipe(targets="hard", steps=60), log=_quiet
+    )
     (_, first), (_, last) = hist["loss"][0], hist["loss"][-1]
     assert np.isfinite([first, last]).all() and last < first - 0.5, hist["loss"]
 
@@ -276,6 +343,7 @@ def test_pca_init_shapes():
 # Prompts: the train split only
 # ----------------------------------------------------------------------------------------
 
+
 def _keys(n_train, n_held, fmt):
     train, held, i = [], [], 0
     while len(train) < n_train or len(held) < n_held:
@@ -287,17 +355,23 @@ def _keys(n_train, n_held, fmt):
 
 def _code_doc(key):
     tag = key.replace("/", "_").replace(".", "_")
-    body = "".join(f"def {tag}_{j}(x):\n    y = x + {j}\n    y = y * 2\n    y = y - 1\n"
-                   f"    return y\n\n" for j in range(3))
+    body = "".join(
+        f"def {tag}_{j}(x):\n    y = x + {j}\n    y = y * 2\n    y = y - 1\n    return y\n\n"
+        for j in range(3)
+    )
     return f"# file: {key}\n{body}def short_{tag}(x):\n    return x\n"
 
 
 def test_domain_prompts_train_split_on_synthetic_corpora(monkeypatch):
     code_train, code_held = _keys(4, 3, "pkg/mod{}.py")
     prose_train, prose_held = _keys(4, 3, "Book {}")
-    docs = {"code": [(k, _code_doc(k)) for k in code_train + code_held],
-            "prose": [(k, k + "\n" + "".join(f"{k} verse {j}\n" for j in range(8)) + "\n")
-                      for k in prose_train + prose_held]}
+    docs = {
+        "code": [(k, _code_doc(k)) for k in code_train + code_held],
+        "prose": [
+            (k, k + "\n" + "".join(f"{k} verse {j}\n" for j in range(8)) + "\n")
+            for k in prose_train + prose_held
+        ],
+    }
     monkeypatch.setattr(corpora, "domain_documents", lambda name, cache=None: docs[name])
     code = distill.domain_prompts("code", 1000)
 
@@ -323,15 +397,15 @@ def test_domain_prompts_reasoning_train_split():
     for p in prompts:
         assert p.startswith("Q: ") and p.endswith("\n")
         assert not corpora.is_heldout(p[3:-1]), p
-    assert distill.domain_prompts("reasoning", 20, seed=1) == \
-        distill.domain_prompts("reasoning", 20, seed=1)
+    assert distill.domain_prompts("reasoning", 20, seed=1) == distill.domain_prompts(
+        "reasoning", 20, seed=1
+    )
 
 
 def _require_prose_cache():
     dump = corpora.default_cache_dir() / "_src" / "kjv" / "kjv_dump.txt"
     if not dump.is_file():
-        pytest.skip(f"prose corpus cache missing ({dump}); build it with "
-                    f"`python -m specjax.data`")
+        pytest.skip(f"prose corpus cache missing ({dump}); build it with `python -m specjax.data`")
 
 
 def test_domain_prompts_prose_train_split():
@@ -345,7 +419,7 @@ def test_domain_prompts_prose_train_split():
         assert verse.endswith("\n") and "\n" + verse in train[head]
 
 
-@pytest.mark.slow   # parses the whole standard library (~10 s)
+@pytest.mark.slow  # parses the whole standard library (~10 s)
 def test_domain_prompts_code_train_split():
     if not (corpora.default_cache_dir() / "code").is_dir():
         pytest.skip(f"code corpus cache missing ({corpora.default_cache_dir() / 'code'})")

@@ -5,6 +5,7 @@ process alone (experiments/distributed_generate.py; README, "Multi-host").
 Bounded: every process is killed after TIMEOUT seconds. Cold (empty compilation cache)
 the pair needs ~25 s of CPU each; its wall time depends on what else the 2 cores run.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,17 +32,35 @@ def _free_port() -> int:
 def test_two_processes_generate_like_one(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # 4 devices each, not 8
     env["JAX_PLATFORMS"] = "cpu"
-    env["SPECJAX_COMPILE_CACHE"] = ""   # both processes compile cold: no skew (see the script)
+    env["SPECJAX_COMPILE_CACHE"] = ""  # both processes compile cold: no skew (see the script)
     port = _free_port()
     procs = []
     for pid in range(2):
-        cmd = [sys.executable, str(ROOT / "experiments" / "distributed_generate.py"),
-               f"--coordinator=127.0.0.1:{port}", "--num_processes=2", f"--process_id={pid}",
-               "--local_devices=4", "--rules=fsdp_tp", "--model_axis=2",
-               f"--out={tmp_path / f'p{pid}.json'}"]
+        cmd = [
+            sys.executable,
+            str(ROOT / "experiments" / "distributed_generate.py"),
+            f"--coordinator=127.0.0.1:{port}",
+            "--num_processes=2",
+            f"--process_id={pid}",
+            "--local_devices=4",
+            "--rules=fsdp_tp",
+            "--model_axis=2",
+            f"--out={tmp_path / f'p{pid}.json'}",
+        ]
         log = open(tmp_path / f"p{pid}.log", "w")
-        procs.append((subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log,
-                                       stderr=subprocess.STDOUT, start_new_session=True), log))
+        procs.append(
+            (
+                subprocess.Popen(
+                    cmd,
+                    env=env,
+                    cwd=ROOT,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                ),
+                log,
+            )
+        )
     try:
         for p, _ in procs:
             p.wait(timeout=TIMEOUT)
@@ -58,10 +77,10 @@ def test_two_processes_generate_like_one(tmp_path):
         assert p.returncode == 0, f"process {pid} failed:\n{tail}"
     a, b = (json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(2))
     assert (a["processes"], a["devices"], a["local_devices"]) == (2, 8, 4)
-    assert a["sharded_over_processes"] == 2          # parameters live on both processes
-    assert a["mesh"] == {"data": 4, "model": 2}      # FSDP's 'data' axis spans the processes
+    assert a["sharded_over_processes"] == 2  # parameters live on both processes
+    assert a["mesh"] == {"data": 4, "model": 2}  # FSDP's 'data' axis spans the processes
     assert a["local_param_fraction"] < 0.75 and b["local_param_fraction"] < 0.75
     assert a["sweep"] == b["sweep"] and a["autoregressive"] == b["autoregressive"]
     assert a["sweep"]["1.0"] == a["reference"]["spec"]
     assert a["autoregressive"] == a["reference"]["autoregressive"]
-    assert a["sweep"]["1.0"] != a["sweep"]["0.5"]   # the sweep's cells differ
+    assert a["sweep"]["1.0"] != a["sweep"]["0.5"]  # the sweep's cells differ

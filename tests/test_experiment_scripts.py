@@ -3,6 +3,7 @@
 script writes its JSON (its fields, and the provenance: the exact command, the commit, the
 date, the machine) and, with --write_docs, its results page (whose first lines are the
 command, the commit, the date, the machine and its load)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -27,8 +28,14 @@ def run_script(name: str, *args: str, timeout: int = 600) -> str:
     """Runs ``python experiments/<name> args`` from the repository root; returns the
     command line the script should record."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, f"experiments/{name}", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, f"experiments/{name}", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     return shlex.join(["python", f"experiments/{name}", *args])
 
@@ -51,8 +58,9 @@ def read_page(path: Path, command: str) -> str:
     """The results page, after checking its header; returns its body."""
     lines = path.read_text().splitlines()
     assert lines[0].startswith("# ") and lines[1] == ""
-    m = re.fullmatch(rf"Written by `(.+)` at commit `([0-9a-f]+(?:-dirty)?)` on ({DATE})\.",
-                     lines[2])
+    m = re.fullmatch(
+        rf"Written by `(.+)` at commit `([0-9a-f]+(?:-dirty)?)` on ({DATE})\.", lines[2]
+    )
     assert m and m.group(1) == command, lines[2]
     assert lines[3].startswith("Machine: ") and "jax " in lines[3]
     assert re.search(r"load average \d+\.\d\d at the start, \d+\.\d\d at the end", lines[3])
@@ -63,6 +71,7 @@ def read_page(path: Path, command: str) -> str:
 def _needs_smollm2() -> None:
     from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
     from specjax.models import gguf  # pylint: disable=import-outside-toplevel
+
     try:
         gguf.smollm2_path()
     except ConfigError as e:
@@ -72,30 +81,43 @@ def _needs_smollm2() -> None:
 def test_every_script_is_covered_and_importable_together():
     """No script defines flags at import: all of them import into one process (each defines
     its flags in define_flags(), called only when it runs as a script)."""
-    covered = {n[len("test_"):] + ".py" for n in globals() if n.startswith("test_")}
+    covered = {n[len("test_") :] + ".py" for n in globals() if n.startswith("test_")}
     assert set(SCRIPTS) <= covered, sorted(set(SCRIPTS) - covered)
     for name in SCRIPTS:
-        spec = importlib.util.spec_from_file_location(f"_experiment_{name[:-3]}",
-                                                      EXPERIMENTS / name)
+        spec = importlib.util.spec_from_file_location(
+            f"_experiment_{name[:-3]}", EXPERIMENTS / name
+        )
         module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module       # dataclasses look their module up
+        sys.modules[spec.name] = module  # dataclasses look their module up
         try:
             spec.loader.exec_module(module)
         finally:
             del sys.modules[spec.name]
         assert "sys.path" not in (EXPERIMENTS / name).read_text().replace(
-            "sys.path.insert(0, FLAGS.compare_with)", "")
+            "sys.path.insert(0, FLAGS.compare_with)", ""
+        )
 
 
 @pytest.mark.slow
 def test_benchmark(tmp_path):
-    args = [f"--out={tmp_path}", "--batches=1,2", "--gammas=2", "--new_tokens=8", "--repeats=1",
-            "--peer=false", "--drafters=code", "--write_docs", f"--docs_dir={tmp_path}"]
+    args = [
+        f"--out={tmp_path}",
+        "--batches=1,2",
+        "--gammas=2",
+        "--new_tokens=8",
+        "--repeats=1",
+        "--peer=false",
+        "--drafters=code",
+        "--write_docs",
+        f"--docs_dir={tmp_path}",
+    ]
     command = run_script("benchmark.py", *args)
     out = read_json(tmp_path / "benchmark.json", command)
     assert [r["batch"] for r in out["per_batch"]] == [1, 2]
     assert {(r["drafter"], r["gamma"], r["batch"]) for r in out["rows"]} == {
-        ("code", 2, 1), ("code", 2, 2)}
+        ("code", 2, 1),
+        ("code", 2, 2),
+    }
     assert all(r["spec_tokens_per_s"] > 0 and 0 <= r["alpha"] <= 1 for r in out["rows"])
     body = read_page(tmp_path / "engine_speed.md", command)
     assert "| | batch 1 | batch 2 |" in body
@@ -104,8 +126,15 @@ def test_benchmark(tmp_path):
 
 @pytest.mark.slow
 def test_benchmark_plans(tmp_path):
-    args = [f"--out={tmp_path}", "--plans_per_domain=1", "--plan_steps=1",
-            "--max_step_tokens=8", "--repeats=1", "--write_docs", f"--docs_dir={tmp_path}"]
+    args = [
+        f"--out={tmp_path}",
+        "--plans_per_domain=1",
+        "--plan_steps=1",
+        "--max_step_tokens=8",
+        "--repeats=1",
+        "--write_docs",
+        f"--docs_dir={tmp_path}",
+    ]
     command = run_script("benchmark_plans.py", *args)
     out = read_json(tmp_path / "benchmark_plans.json", command)
     assert list(out["runs"]) == ["verifier", "single", "naive", "all_on", "auto"]
@@ -117,9 +146,17 @@ def test_benchmark_plans(tmp_path):
 
 @pytest.mark.slow
 def test_benchmark_batching(tmp_path):
-    args = [f"--out={tmp_path}", "--batches=2", "--n_prompts=3", "--chunks=4",
-            "--new_tokens_min=4", "--new_tokens_max=8", "--repeats=1", "--write_docs",
-            f"--docs_dir={tmp_path}"]
+    args = [
+        f"--out={tmp_path}",
+        "--batches=2",
+        "--n_prompts=3",
+        "--chunks=4",
+        "--new_tokens_min=4",
+        "--new_tokens_max=8",
+        "--repeats=1",
+        "--write_docs",
+        f"--docs_dir={tmp_path}",
+    ]
     command = run_script("benchmark_batching.py", *args)
     out = read_json(tmp_path / "benchmark_batching.json", command)
     assert [(r["mode"], r["batch"]) for r in out["results"]] == [("ar", 2), ("spec", 2)]
@@ -132,8 +169,7 @@ def test_benchmark_batching(tmp_path):
 def test_benchmark_peer(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    args = [f"--out={tmp_path}", "--prompts_per_domain=1", "--new_tokens=4",
-            "--cross_drafter="]
+    args = [f"--out={tmp_path}", "--prompts_per_domain=1", "--new_tokens=4", "--cross_drafter="]
     command = run_script("benchmark_peer.py", *args)
     out = read_json(tmp_path / "benchmark_peer.json", command)
     assert set(out["rows"]) == {"greedy", "sampled"}
@@ -143,10 +179,22 @@ def test_benchmark_peer(tmp_path):
 @pytest.mark.slow
 def test_benchmark_real(tmp_path):
     _needs_smollm2()
-    args = [f"--out={tmp_path}", "--parts=machine,ratio,spec", "--dtypes=float32",
-            "--ks=2", "--ratio_batches=1", "--drafters=lookup", "--gammas=2", "--batches=1",
-            "--taus=0.0", "--new_tokens=4", "--repeats=1", "--write_docs",
-            f"--docs_dir={tmp_path}", "--doc_name=tiny"]
+    args = [
+        f"--out={tmp_path}",
+        "--parts=machine,ratio,spec",
+        "--dtypes=float32",
+        "--ks=2",
+        "--ratio_batches=1",
+        "--drafters=lookup",
+        "--gammas=2",
+        "--batches=1",
+        "--taus=0.0",
+        "--new_tokens=4",
+        "--repeats=1",
+        "--write_docs",
+        f"--docs_dir={tmp_path}",
+        "--doc_name=tiny",
+    ]
     command = run_script("benchmark_real.py", *args, timeout=1200)
     out = read_json(tmp_path / "real_speed.json", command)
     assert [r["dtype"] for r in out["ratio"]] == ["float32"]
@@ -157,8 +205,14 @@ def test_benchmark_real(tmp_path):
 
 @pytest.mark.slow
 def test_cache_read(tmp_path):
-    args = [f"--out={tmp_path}", "--batches=1", "--capacities=128", "--filled=8",
-            "--steps=8", "--repeats=1"]
+    args = [
+        f"--out={tmp_path}",
+        "--batches=1",
+        "--capacities=128",
+        "--filled=8",
+        "--steps=8",
+        "--repeats=1",
+    ]
     command = run_script("cache_read.py", *args)
     out = read_json(tmp_path / "cache_read.json", command)
     assert [(r["batch"], r["capacity"]) for r in out["rows"]] == [(1, 128)]
@@ -171,9 +225,15 @@ def test_distributed_generate(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = [f"--coordinator=127.0.0.1:{port}", "--num_processes=1", "--process_id=0",
-            "--local_devices=4", "--max_new_tokens=4", "--temperatures=1.0",
-            f"--out={tmp_path / 'p0.json'}"]
+    args = [
+        f"--coordinator=127.0.0.1:{port}",
+        "--num_processes=1",
+        "--process_id=0",
+        "--local_devices=4",
+        "--max_new_tokens=4",
+        "--temperatures=1.0",
+        f"--out={tmp_path / 'p0.json'}",
+    ]
     command = run_script("distributed_generate.py", *args)
     out = read_json(tmp_path / "p0.json", command)
     assert (out["processes"], out["devices"]) == (1, 4)
@@ -182,8 +242,7 @@ def test_distributed_generate(tmp_path):
 
 @pytest.mark.slow
 def test_evaluate_zoo(tmp_path):
-    args = [f"--out={tmp_path}", "--heldout_bytes=2000", "--write_docs",
-            f"--docs_dir={tmp_path}"]
+    args = [f"--out={tmp_path}", "--heldout_bytes=2000", "--write_docs", f"--docs_dir={tmp_path}"]
     command = run_script("evaluate_zoo.py", *args)
     out = read_json(tmp_path / "zoo.json", command)
     assert {"verifier", "code", "prose", "reasoning", "prose512"} <= set(out["models"])
@@ -199,8 +258,14 @@ def test_evaluate_zoo(tmp_path):
 
 @pytest.mark.slow
 def test_profile_round(tmp_path):
-    args = [f"--out={tmp_path}", "--batches=1", "--gammas=2", "--new_tokens=8",
-            "--repeats=1", "--e2e"]
+    args = [
+        f"--out={tmp_path}",
+        "--batches=1",
+        "--gammas=2",
+        "--new_tokens=8",
+        "--repeats=1",
+        "--e2e",
+    ]
     command = run_script("profile_round.py", *args)
     out = read_json(tmp_path / "profile_round.json", command)
     assert out["rows"], out
@@ -208,8 +273,7 @@ def test_profile_round(tmp_path):
 
 @pytest.mark.slow
 def test_score_ratio(tmp_path):
-    args = [f"--out={tmp_path}", "--sizes=64:1", "--blocks=3", "--context=16",
-            "--capacity=64"]
+    args = [f"--out={tmp_path}", "--sizes=64:1", "--blocks=3", "--context=16", "--capacity=64"]
     command = run_script("score_ratio.py", *args)
     out = read_json(tmp_path / "score_ratio.json", command)
     assert [(r["d_model"], r["n_layers"]) for r in out["rows"]] == [(64, 1)]
@@ -219,8 +283,15 @@ def test_score_ratio(tmp_path):
 @pytest.mark.slow
 def test_train_drafters(tmp_path):
     _needs_smollm2()
-    args = ["--stage=generate,train,eval", "--domains=code", "--prompts=2", "--new_tokens=4",
-            "--batch=2", "--steps=2", f"--out={tmp_path}"]
+    args = [
+        "--stage=generate,train,eval",
+        "--domains=code",
+        "--prompts=2",
+        "--new_tokens=4",
+        "--batch=2",
+        "--steps=2",
+        f"--out={tmp_path}",
+    ]
     command = run_script("train_drafters.py", *args, timeout=1800)
     for name in ("gen_code.npz", "heldout_code.npz", "drafter_code.npz", "drafter_code.json"):
         assert (tmp_path / name).is_file(), name
@@ -231,14 +302,18 @@ def test_train_drafters(tmp_path):
 @pytest.mark.slow
 def test_train_zoo(tmp_path):
     from specjax.data import corpora  # pylint: disable=import-outside-toplevel
+
     if not all((corpora.default_cache_dir() / d).exists() for d in ("code", "prose")):
         pytest.skip("training corpora not built (python -m specjax.data)")
-    args = [f"--out={tmp_path / 'zoo'}", "--budget_scale=0.001", "--workers=1",
-            f"--workdir={tmp_path / 'work'}"]
+    args = [
+        f"--out={tmp_path / 'zoo'}",
+        "--budget_scale=0.001",
+        "--workers=1",
+        f"--workdir={tmp_path / 'work'}",
+    ]
     run_script("train_zoo.py", *args, timeout=1800)
     manifest = json.loads((tmp_path / "zoo" / "manifest.json").read_text())
     assert set(manifest["models"]) == {"verifier", "code", "prose", "reasoning", "prose512"}
     for rec in manifest["models"].values():
-        assert rec["train"]["steps"] == 10 and set(rec["heldout"]) == {
-            "code", "prose", "reasoning"}
+        assert rec["train"]["steps"] == 10 and set(rec["heldout"]) == {"code", "prose", "reasoning"}
     assert not (tmp_path / "work" / "ckpt").exists()

@@ -1,26 +1,33 @@
 """The shipped configs and the `plans` experiment, as a user runs them."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from test_cli import specjax
 
-CONFIGS = ["configs/seed_reproduction.py", "configs/ablation_invariants.py",
-           "configs/sweep_gamma_temperature.py", "configs/sweep_tokenizer_pairings.py"]
+CONFIGS = [
+    "configs/seed_reproduction.py",
+    "configs/ablation_invariants.py",
+    "configs/sweep_gamma_temperature.py",
+    "configs/sweep_tokenizer_pairings.py",
+]
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-@pytest.mark.parametrize("override,field", [
-    ("grid.gamma=[0]", "grid.gamma"),
-    ("grid.verifier_temperature=[-1.0]", "grid.verifier_temperature"),
-    ("grid.pairing=[[code,nope]]", "grid.pairing"),
-    ("grid.drafter_gamma=[[0,2,2]]", "grid.drafter_gamma"),
-    ("grid.policy=[wholesale]", "policy"),
-    ("no_such_field=3", "no_such_field"),
-    ("plans_per_domain=0", "plans_per_domain"),
-])
+@pytest.mark.parametrize(
+    "override,field",
+    [
+        ("grid.gamma=[0]", "grid.gamma"),
+        ("grid.verifier_temperature=[-1.0]", "grid.verifier_temperature"),
+        ("grid.pairing=[[code,nope]]", "grid.pairing"),
+        ("grid.drafter_gamma=[[0,2,2]]", "grid.drafter_gamma"),
+        ("grid.policy=[wholesale]", "policy"),
+        ("no_such_field=3", "no_such_field"),
+        ("plans_per_domain=0", "plans_per_domain"),
+    ],
+)
 def test_bad_override_is_one_line_and_writes_nothing(tmp_path, config, override, field):
     if config != CONFIGS[0] and override.startswith(("grid.policy", "plans")):
         pytest.skip("one config suffices for this field")
@@ -37,8 +44,10 @@ def test_bad_override_is_one_line_and_writes_nothing(tmp_path, config, override,
 def test_empty_grid_and_file_workdir(tmp_path):
     afile = tmp_path / "file"
     afile.write_text("x")
-    for args in ([f"--config={CONFIGS[0]}:runlocal,grid={{}}", f"--workdir={tmp_path / 'w'}"],
-                 [f"--config={CONFIGS[0]}:runlocal", f"--workdir={afile}"]):
+    for args in (
+        [f"--config={CONFIGS[0]}:runlocal,grid={{}}", f"--workdir={tmp_path / 'w'}"],
+        [f"--config={CONFIGS[0]}:runlocal", f"--workdir={afile}"],
+    ):
         proc = specjax(*args)
         assert proc.returncode != 0
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -49,9 +58,11 @@ def test_empty_grid_and_file_workdir(tmp_path):
 def test_plans_experiment_end_to_end_on_synthetic(tmp_path):
     """The experiment, the seed table and the report on the exact synthetic deployment."""
     workdir = tmp_path / "seed"
-    arg = ("runlocal,deployment=synthetic,plans_per_domain=1,plan_steps=2,max_step_tokens=4,"
-           "bucket=16,grid.policy=[naive,all_on,auto],grid.pairing=[[d0,d1,d2,d3]],"
-           "grid.gamma=[2],grid.seed=[0,1],grid.verifier_temperature=[0.0],grid.rule=[default]")
+    arg = (
+        "runlocal,deployment=synthetic,plans_per_domain=1,plan_steps=2,max_step_tokens=4,"
+        "bucket=16,grid.policy=[naive,all_on,auto],grid.pairing=[[d0,d1,d2,d3]],"
+        "grid.gamma=[2],grid.seed=[0,1],grid.verifier_temperature=[0.0],grid.rule=[default]"
+    )
     proc = specjax(f"--config={CONFIGS[0]}:{arg}", f"--workdir={workdir}", timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((workdir / "summary.json").read_text())
@@ -59,10 +70,10 @@ def test_plans_experiment_end_to_end_on_synthetic(tmp_path):
         m = summary["policies"][name]
         fb = m["consensus_fallback_rate"]
         assert 0 <= fb["value"] <= 1 and fb["ci"][0] <= fb["value"] <= fb["ci"][1]
-        assert m["tv_distance"] == 0.0          # greedy: every policy commits the greedy plan
+        assert m["tv_distance"] == 0.0  # greedy: every policy commits the greedy plan
         assert m["gamma"] == 2
     naive = summary["policies"]["naive"]
-    assert 0 <= naive["joint_acceptance"]["value"] <= 1   # ≥ 2 drafters share the prefix
+    assert 0 <= naive["joint_acceptance"]["value"] <= 1  # ≥ 2 drafters share the prefix
     assert summary["policies"]["auto"]["consensus_fallback_rate"]["value"] == 0
     assert summary["settings"]["seeds"] == [0, 1]
     assert set(summary["claims"]) >= {"collapse", "fallback_drop", "throughput"}
@@ -73,7 +84,13 @@ def test_plans_experiment_end_to_end_on_synthetic(tmp_path):
     assert {r["policy"] for r in rows} == {"naive", "all_on", "auto"}
     assert all(r["branch_records"] for r in rows if r["policy"] != "auto")
     # Every row records the KL ceiling and the thresholds its cell ran with.
-    assert {r["policy"]: r["kl_ceiling"] for r in rows} == {"naive": None, "all_on": 0.35,
-                                                            "auto": None}
-    assert all(r["thresholds"] == {"truncation_overhead_ratio": 0.15, "acceptance_floor": 0.45,
-                                   "depth_ceiling": 2.5} for r in rows)
+    assert {r["policy"]: r["kl_ceiling"] for r in rows} == {
+        "naive": None,
+        "all_on": 0.35,
+        "auto": None,
+    }
+    assert all(
+        r["thresholds"]
+        == {"truncation_overhead_ratio": 0.15, "acceptance_floor": 0.45, "depth_ceiling": 2.5}
+        for r in rows
+    )

@@ -15,6 +15,7 @@ transformers in f32 is itself ~1e-4 away from that, so comparing two f32 stacks 
 both sides' rounding. JAX f32 must be within 1e-4 of float64 on a prefill, on cached
 one-token decoding and on a tree-masked block.
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,9 +31,21 @@ from tokenizers import pre_tokenizers
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as GT  # noqa: E402
+from gguf_fixtures import (
+    FF,
+    HD,
+    ROUND_TRIP,
+    D,
+    H,
+    V,
+    decode,
+    make_weights,  # noqa: E402
+    one_line_error,
+    permute,
+    write_gguf,
+    write_hf_folder,
+)
 
-from gguf_fixtures import (D, FF, HD, ROUND_TRIP, V, H, decode, make_weights,  # noqa: E402
-                           one_line_error, permute, write_gguf, write_hf_folder)
 from specjax.data import shipped  # noqa: E402
 from specjax.engine.decode import tree_block_mask  # noqa: E402
 from specjax.errors import ConfigError  # noqa: E402
@@ -54,8 +67,9 @@ def test_decoder_matches_ggml_reference_values():
     np.testing.assert_array_equal(q40[16:], (np.arange(15, -1, -1) - 8) * 0.5)
     q41 = decode(np.frombuffer(d + m + nibbles, np.uint8), GT.Q4_1, (32,))
     np.testing.assert_array_equal(q41[:16], np.arange(16) * 0.5 - 1.0)
-    q8 = decode(np.frombuffer(d + np.arange(-16, 16, dtype=np.int8).tobytes(), np.uint8),
-                GT.Q8_0, (32,))
+    q8 = decode(
+        np.frombuffer(d + np.arange(-16, 16, dtype=np.int8).tobytes(), np.uint8), GT.Q8_0, (32,)
+    )
     np.testing.assert_array_equal(q8, np.arange(-16, 16) * 0.5)
     bf = decode(np.frombuffer(np.array([0x3F80, 0xC040], "<u2").tobytes(), np.uint8), GT.BF16, (2,))
     np.testing.assert_array_equal(bf, [1.0, -3.0])
@@ -68,8 +82,8 @@ CASES = {
     "BF16": ("llama", GT.BF16, GT.BF16, False),
     "Q8_0": ("llama", GT.Q8_0, GT.Q8_0, False),
     "Q4_0": ("llama", GT.Q4_0, GT.Q4_0, False),
-    "Q4_1": ("llama", GT.Q4_1, GT.Q8_0, True),         # SmolLM2's mix
-    "qwen2_Q8_0": ("qwen2", GT.Q8_0, GT.F16, False),   # q/k/v biases, no permutation
+    "Q4_1": ("llama", GT.Q4_1, GT.Q8_0, True),  # SmolLM2's mix
+    "qwen2_Q8_0": ("qwen2", GT.Q8_0, GT.F16, False),  # q/k/v biases, no permutation
 }
 
 
@@ -80,8 +94,9 @@ def synthetic(tmp_path_factory):
     out = {}
     for seed, (name, (arch, kind, embed_kind, tied)) in enumerate(CASES.items()):
         path = root / f"{name}.gguf"
-        expected = write_gguf(path, make_weights(arch, tied, seed), arch=arch, kind=kind,
-                              embed_kind=embed_kind)
+        expected = write_gguf(
+            path, make_weights(arch, tied, seed), arch=arch, kind=kind, embed_kind=embed_kind
+        )
         out[name] = (path, write_hf_folder(root / f"{name}_hf", arch, expected, tied), arch)
     return out
 
@@ -113,8 +128,10 @@ def test_tensor_types_bit_exact(synthetic, case):
         assert a.dtype == b.dtype and a.shape == b.shape, key
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"{case} {key}")
     tokens = jnp.asarray(_tokens(0))
-    np.testing.assert_array_equal(np.asarray(lm.logits_full(params, tokens)),
-                                  np.asarray(lm_ref.logits_full(params_ref, tokens)))
+    np.testing.assert_array_equal(
+        np.asarray(lm.logits_full(params, tokens)),
+        np.asarray(lm_ref.logits_full(params_ref, tokens)),
+    )
 
 
 @pytest.mark.parametrize("case", ["F32", "Q4_0", "Q4_1", "qwen2_Q8_0"])
@@ -160,7 +177,7 @@ def test_permutation_turns_interleaved_rotary_into_half_split():
     c, s = np.cos(pos * freq), np.sin(pos * freq)
 
     def half_split(x):
-        a, b = x[: hd // 2], x[hd // 2:]
+        a, b = x[: hd // 2], x[hd // 2 :]
         return np.concatenate([a * c - b * s, b * c + a * s])
 
     def interleaved(x):
@@ -176,6 +193,7 @@ def test_permutation_turns_interleaved_rotary_into_half_split():
 # ----------------------------------------------------------------------------------------
 # Errors: one line, naming the file and the field or tensor
 # ----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def good_file(tmp_path_factory):
@@ -195,12 +213,14 @@ def test_truncated_files(good_file, tmp_path):
     tokens_field = r.fields["tokenizer.ggml.tokens"]
     before_tokens = names[names.index("tokenizer.ggml.tokens") - 1]
     t3, last = r.tensors[3], r.tensors[-1]
-    cuts = {   # where -> (byte count kept, what the message names)
+    cuts = {  # where -> (byte count kept, what the message names)
         "magic": (2, "truncated"),
         "header": (10, "the header"),
         "metadata": (tokens_field.offset + 300, f"metadata field after {before_tokens}"),
-        "tensor table": (r.tensors[2].field.offset + 5,
-                         f"tensor table (the entry after {r.tensors[1].name})"),
+        "tensor table": (
+            r.tensors[2].field.offset + 5,
+            f"tensor table (the entry after {r.tensors[1].name})",
+        ),
         "before data": (int(r.data_offset), f"tensor {r.tensors[0].name} "),
         "tensor data": (int(t3.data_offset) + 7, f"tensor {t3.name} "),
         "last byte": (int(last.data_offset + last.n_bytes) - 1, f"tensor {last.name} "),
@@ -219,10 +239,19 @@ def test_unknown_tensor_types(good_file, tmp_path):
     assert "IQ4_NL" not in G.TENSOR_TYPES
     path = tmp_path / "iq4.gguf"
     payload = np.random.default_rng(0).integers(0, 255, (H * HD, D // 32 * 18), dtype=np.uint8)
-    write_gguf(path, make_weights("llama", False, 0), kind=GT.Q8_0,
-               raw={"blk.0.attn_q.weight": (payload, GT.IQ4_NL)})
-    one_line_error(lambda: G.read_gguf(path), path, "tensor blk.0.attn_q.weight",
-                    "type IQ4_NL", "not supported")
+    write_gguf(
+        path,
+        make_weights("llama", False, 0),
+        kind=GT.Q8_0,
+        raw={"blk.0.attn_q.weight": (payload, GT.IQ4_NL)},
+    )
+    one_line_error(
+        lambda: G.read_gguf(path),
+        path,
+        "tensor blk.0.attn_q.weight",
+        "type IQ4_NL",
+        "not supported",
+    )
     # A type id that is no ggml type at all (patched in the tensor table).
     data = bytearray(good_file.read_bytes())
     name = b"blk.1.attn_k.weight"
@@ -231,16 +260,16 @@ def test_unknown_tensor_types(good_file, tmp_path):
     struct.pack_into("<I", data, at + 4 + 8 * n_dims, 99)
     bad = tmp_path / "type99.gguf"
     bad.write_bytes(bytes(data))
-    one_line_error(lambda: G.read_gguf(bad), bad, "tensor blk.1.attn_k.weight",
-                    "type id 99")
+    one_line_error(lambda: G.read_gguf(bad), bad, "tensor blk.1.attn_k.weight", "type id 99")
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "phi3"])
 def test_unsupported_architecture(tmp_path, arch):
     path = tmp_path / f"{arch}.gguf"
     write_gguf(path, make_weights("llama", False, 0), arch=arch)
-    one_line_error(lambda: G.read_gguf(path), path, f"general.architecture={arch!r}",
-                    "not supported")
+    one_line_error(
+        lambda: G.read_gguf(path), path, f"general.architecture={arch!r}", "not supported"
+    )
 
 
 def test_missing_and_misshapen_tensors_and_fields(tmp_path):
@@ -255,7 +284,9 @@ def test_missing_and_misshapen_tensors_and_fields(tmp_path):
     write_gguf(path, weights, drop_keys=["llama.block_count"])
     one_line_error(lambda: G.read_gguf(path), path, "metadata llama.block_count")
     path = tmp_path / "shape.gguf"
-    write_gguf(path, weights, raw={"blk.0.ffn_up.weight": (np.zeros((FF - 32, D), np.float32), None)})
+    write_gguf(
+        path, weights, raw={"blk.0.ffn_up.weight": (np.zeros((FF - 32, D), np.float32), None)}
+    )
     one_line_error(lambda: G.read_gguf(path), path, "tensor blk.0.ffn_up.weight has shape")
 
 
@@ -277,8 +308,12 @@ def test_not_gguf_and_missing_files(tmp_path, good_file):
     data[data.index(b"{% for message")] = 0xFF
     bad = tmp_path / "utf8.gguf"
     bad.write_bytes(bytes(data))
-    one_line_error(lambda: G.read_gguf(bad), bad, "metadata tokenizer.chat_template is unreadable",
-                    "UnicodeDecodeError")
+    one_line_error(
+        lambda: G.read_gguf(bad),
+        bad,
+        "metadata tokenizer.chat_template is unreadable",
+        "UnicodeDecodeError",
+    )
     # A corrupt version number: still one line naming the file.
     data = bytearray(good_file.read_bytes())
     struct.pack_into("<I", data, 4, 77)
@@ -291,6 +326,7 @@ def test_not_gguf_and_missing_files(tmp_path, good_file):
 # Export
 # ----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("case", ["Q4_1", "qwen2_Q8_0"])
 def test_export_to_hf_round_trip(synthetic, tmp_path, case):
     path, _, family = synthetic[case]
@@ -301,8 +337,9 @@ def test_export_to_hf_round_trip(synthetic, tmp_path, case):
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(m.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     tokens = jnp.asarray(_tokens(2))
-    np.testing.assert_array_equal(np.asarray(lm.logits_full(params, tokens)),
-                                  np.asarray(m.lm.logits_full(m.params, tokens)))
+    np.testing.assert_array_equal(
+        np.asarray(lm.logits_full(params, tokens)), np.asarray(m.lm.logits_full(m.params, tokens))
+    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -310,9 +347,11 @@ def test_export_to_hf_round_trip(synthetic, tmp_path, case):
 # ----------------------------------------------------------------------------------------
 
 REAL_CAP = 160
-PROMPTS = ["What is the capital of France? Answer in one word.",
-           "Write a Python function that returns the n-th Fibonacci number.",
-           "If I have 3 apples and buy 12 more, then eat 4, how many do I have? Think step by step."]
+PROMPTS = [
+    "What is the capital of France? Answer in one word.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "If I have 3 apples and buy 12 more, then eat 4, how many do I have? Think step by step.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -336,7 +375,8 @@ def smol_hf64(smol):
     transformers = pytest.importorskip("transformers")
     t = time.perf_counter()
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(smol.path.parent), gguf_file=smol.path.name, dtype=torch.float32).eval()
+        str(smol.path.parent), gguf_file=smol.path.name, dtype=torch.float32
+    ).eval()
     print(f"\n[gguf] SmolLM2 loaded in transformers in {time.perf_counter() - t:.1f} s")
     return model.double()
 
@@ -346,10 +386,15 @@ def smol_hf_tokenizer(smol):
     """transformers' GGUF tokenizer with llama.cpp's 'smollm' pre-tokenizer (digits one by
     one, then GPT-2's split), which its GGUF converter does not apply."""
     transformers = pytest.importorskip("transformers")
-    tok = transformers.AutoTokenizer.from_pretrained(str(smol.path.parent), gguf_file=smol.path.name)
-    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok = transformers.AutoTokenizer.from_pretrained(
+        str(smol.path.parent), gguf_file=smol.path.name
+    )
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     return tok
 
 
@@ -359,10 +404,14 @@ def _hf64(model, ids, past=None):
     import inspect
 
     import torch
+
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.no_grad():
-        out = model(torch.tensor([list(map(int, ids))], dtype=torch.long), use_cache=True,
-                    **({} if past is None else {name: copy.deepcopy(past)}))
+        out = model(
+            torch.tensor([list(map(int, ids))], dtype=torch.long),
+            use_cache=True,
+            **({} if past is None else {name: copy.deepcopy(past)}),
+        )
     return out.logits[0].numpy(), getattr(out, name)
 
 
@@ -381,29 +430,37 @@ def _check_real_weights(smol, smol_hf64):
     """Every parameter equals transformers' dequantized, un-permuted tensor bit for bit."""
     sd = {k: v.detach().numpy() for k, v in smol_hf64.state_dict().items()}
     cfg = smol.lm.config
-    assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff, cfg.vocab_size,
-            cfg.tie_embeddings) == (30, 576, 9, 3, 1536, 49152, True)
+    assert (
+        cfg.n_layers,
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.d_ff,
+        cfg.vocab_size,
+        cfg.tie_embeddings,
+    ) == (30, 576, 9, 3, 1536, 49152, True)
     assert cfg.rope_theta == smol_hf64.config.rope_parameters["rope_theta"] == 100000.0
     assert cfg.norm_eps == smol_hf64.config.rms_norm_eps
     for e in hf._entries(cfg):
         leaf = smol.params
         for k in e.path:
             leaf = leaf[k]
-        want = sd[e.hf_name].astype(np.float32)      # exact: f32 values held in f64
+        want = sd[e.hf_name].astype(np.float32)  # exact: f32 values held in f64
         np.testing.assert_array_equal(np.asarray(leaf), e.to_jax(want), err_msg=e.hf_name)
 
 
 def _check_real_prompt(smol, smol_hf_tokenizer) -> list[int]:
     """The chat-templated prompt: same text and ids as transformers'."""
     assert (smol.bos_id, smol.eos_id, smol.family) == (1, 2, "llama")
-    assert smol.tokenizer.prompt_prefix == ()        # tokenizer.ggml.add_bos_token = false
+    assert smol.tokenizer.prompt_prefix == ()  # tokenizer.ggml.add_bos_token = false
     text = smol.chat(PROMPTS[2])
     msgs = [{"role": "user", "content": PROMPTS[2]}]
-    assert text == smol_hf_tokenizer.apply_chat_template(msgs, tokenize=False,
-                                                         add_generation_prompt=True)
+    assert text == smol_hf_tokenizer.apply_chat_template(
+        msgs, tokenize=False, add_generation_prompt=True
+    )
     ids = smol.tokenizer.encode(text)
     assert ids == smol_hf_tokenizer(text, add_special_tokens=False)["input_ids"]
-    assert ids[0] == 1 and ids.count(1) == 3           # <|im_start|>: one special token
+    assert ids[0] == 1 and ids.count(1) == 3  # <|im_start|>: one special token
     return ids
 
 
@@ -418,8 +475,13 @@ def _check_real_logits(smol, smol_hf64, prompt_ids):
 
     # (a) prefill
     cache = lm.init_cache(1, REAL_CAP)
-    logits, cache = fwd(params, cache, jnp.asarray(prompt[None]),
-                        jnp.arange(P, dtype=jnp.int32)[None], causal_block_mask(1, P))
+    logits, cache = fwd(
+        params,
+        cache,
+        jnp.asarray(prompt[None]),
+        jnp.arange(P, dtype=jnp.int32)[None],
+        causal_block_mask(1, P),
+    )
     pre = np.asarray(logits[0])
     # (b) greedy decode, one token per forward, on the cache
     dec_cache = advance(cache, jnp.array([P], jnp.int32))
@@ -428,8 +490,13 @@ def _check_real_logits(smol, smol_hf64, prompt_ids):
     for _ in range(n_decode):
         seq.append(nxt)
         pos = len(seq) - 1
-        lg, dec_cache = fwd(params, dec_cache, jnp.array([[nxt]], jnp.int32),
-                            jnp.array([[pos]], jnp.int32), jnp.ones((1, 1, 1), jnp.bool_))
+        lg, dec_cache = fwd(
+            params,
+            dec_cache,
+            jnp.array([[nxt]], jnp.int32),
+            jnp.array([[pos]], jnp.int32),
+            jnp.ones((1, 1, 1), jnp.bool_),
+        )
         dec_cache = advance(dec_cache, jnp.array([1], jnp.int32))
         dec.append(np.asarray(lg[0, 0]))
         nxt = int(np.argmax(dec[-1]))
@@ -442,13 +509,21 @@ def _check_real_logits(smol, smol_hf64, prompt_ids):
     # (c) a tree block: root = the last prompt token, K chains of gamma drafts
     K, gamma = 3, 4
     rng = np.random.default_rng(0)
-    chains = [seq[P:P + gamma], list(rng.integers(3, 49152, gamma)),
-              [seq[P]] + list(rng.integers(3, 49152, gamma - 1))]     # shares a first token
+    chains = [
+        seq[P : P + gamma],
+        list(rng.integers(3, 49152, gamma)),
+        [seq[P]] + list(rng.integers(3, 49152, gamma - 1)),
+    ]  # shares a first token
     block = np.array([prompt[-1]] + [t for c in chains for t in c], np.int32)
     depth = np.array([0] + [j + 1 for _ in chains for j in range(gamma)], np.int32)
     tree_cache = advance(cache, jnp.array([P - 1], jnp.int32))
-    lg, _ = fwd(params, tree_cache, jnp.asarray(block[None]), jnp.asarray(P - 1 + depth)[None],
-                tree_block_mask(K, gamma)[None])
+    lg, _ = fwd(
+        params,
+        tree_cache,
+        jnp.asarray(block[None]),
+        jnp.asarray(P - 1 + depth)[None],
+        tree_block_mask(K, gamma)[None],
+    )
     tree = np.asarray(lg[0])
     d_tree = float(np.max(np.abs(tree[0] - ref[P - 1])))
     for k, chain in enumerate(chains):
@@ -457,8 +532,10 @@ def _check_real_logits(smol, smol_hf64, prompt_ids):
         for j in range(gamma):
             node = 1 + k * gamma + j
             d_tree = max(d_tree, float(np.max(np.abs(tree[node] - path_ref[j]))))
-    print(f"\n[gguf] SmolLM2 max |JAX f32 - transformers f64|: prefill ({P} tokens) {d_pre:.2e}, "
-          f"decode ({n_decode} steps) {d_dec:.2e}, tree ({len(block)} nodes) {d_tree:.2e}")
+    print(
+        f"\n[gguf] SmolLM2 max |JAX f32 - transformers f64|: prefill ({P} tokens) {d_pre:.2e}, "
+        f"decode ({n_decode} steps) {d_dec:.2e}, tree ({len(block)} nodes) {d_tree:.2e}"
+    )
     assert d_pre <= ATOL and d_dec <= ATOL and d_tree <= ATOL
 
 
@@ -481,12 +558,14 @@ def _check_real_vocabulary(smol):
     pre-tokenizer): no token spells a digit together with anything else."""
     tok = smol.tokenizer
     mixed = []
-    for i in range(tok.vocab_size):     # HF's Digits splits Rust's char::is_numeric (N*)
+    for i in range(tok.vocab_size):  # HF's Digits splits Rust's char::is_numeric (N*)
         text = tok.token_bytes(i).decode("utf-8", errors="ignore")
         if len(text) > 1 and any(unicodedata.category(c)[0] == "N" for c in text):
             mixed.append((i, text))
     assert mixed == []
-    singles = [i for i in range(tok.vocab_size) if tok.token_bytes(i) in [b"%d" % d for d in range(10)]]
+    singles = [
+        i for i in range(tok.vocab_size) if tok.token_bytes(i) in [b"%d" % d for d in range(10)]
+    ]
     assert len(singles) == 10
 
 
@@ -495,6 +574,7 @@ def test_real_greedy_matches_transformers(smol, smol_hf64):
     """64 greedy tokens on 3 chat prompts: JAX f32 with the cache (one token per forward)
     vs transformers ``generate(do_sample=False)`` in f32: identical tokens."""
     import torch
+
     # back to the f32 weights, exactly (transformers' own `.float()` refuses a model loaded
     # from a GGUF file; torch's cast is what `.double()` did)
     smol_hf = torch.nn.Module.float(copy.deepcopy(smol_hf64))
@@ -507,8 +587,13 @@ def test_real_greedy_matches_transformers(smol, smol_hf64):
         out = []
         seq = list(ids)
         for pos in range(len(ids) + 63):
-            lg, cache = fwd(params, cache, jnp.array([[seq[pos]]], jnp.int32),
-                            jnp.array([[pos]], jnp.int32), one)
+            lg, cache = fwd(
+                params,
+                cache,
+                jnp.array([[seq[pos]]], jnp.int32),
+                jnp.array([[pos]], jnp.int32),
+                one,
+            )
             cache = advance(cache, jnp.array([1], jnp.int32))
             if pos >= len(ids) - 1:
                 nxt = int(jnp.argmax(lg[0, 0]))
@@ -517,8 +602,15 @@ def test_real_greedy_matches_transformers(smol, smol_hf64):
                 if nxt == smol.eos_id:
                     break
         with torch.no_grad():
-            gen = smol_hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=64,
-                                   eos_token_id=smol.eos_id, pad_token_id=smol.eos_id)
-        want = gen[0, len(ids):].tolist()
-        print(f"\n[gguf] greedy {prompt[:30]!r}: {len(out)} tokens, {smol.tokenizer.decode(out)[:60]!r}")
+            gen = smol_hf.generate(
+                torch.tensor([ids]),
+                do_sample=False,
+                max_new_tokens=64,
+                eos_token_id=smol.eos_id,
+                pad_token_id=smol.eos_id,
+            )
+        want = gen[0, len(ids) :].tolist()
+        print(
+            f"\n[gguf] greedy {prompt[:30]!r}: {len(out)} tokens, {smol.tokenizer.decode(out)[:60]!r}"
+        )
         assert out == want

@@ -7,6 +7,7 @@ Synthetic files come from `gguf_fixtures` (a byte-level BPE vocabulary trained h
 SmolLM2's pre-tokenizer, written by ggml's own `gguf.GGUFWriter`); the real SmolLM2 file's
 tokenizer is checked against transformers in `test_gguf`, with its model.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,39 +15,53 @@ import json
 import pytest
 
 gguf = pytest.importorskip("gguf")
-from gguf import GGMLQuantizationType as GT  # noqa: E402
-
 import hf_fixtures as F  # noqa: E402
-from gguf_fixtures import (CHATML, ROUND_TRIP, SPECIALS, TOKEN_TYPES, TOKENIZER,  # noqa: E402
-                           TOKENS, USER_TOKEN, V, gpt2_bytes_to_unicode, make_weights,
-                           one_line_error, write_gguf)
+from gguf import GGMLQuantizationType as GT  # noqa: E402
+from gguf_fixtures import (
+    CHATML,
+    ROUND_TRIP,
+    SPECIALS,
+    TOKEN_TYPES,
+    TOKENIZER,  # noqa: E402
+    TOKENS,
+    USER_TOKEN,
+    V,
+    gpt2_bytes_to_unicode,
+    make_weights,
+    one_line_error,
+    write_gguf,
+)
+
 from specjax.data import shipped  # noqa: E402
 from specjax.errors import ConfigError  # noqa: E402
 from specjax.models import gguf as G  # noqa: E402
 from specjax.tokenizers import gguf as gguf_tok  # noqa: E402
 
 
-@pytest.mark.parametrize("key", ["tokenizer.ggml.tokens", "tokenizer.ggml.model",
-                                 "tokenizer.ggml.merges"])
+@pytest.mark.parametrize(
+    "key", ["tokenizer.ggml.tokens", "tokenizer.ggml.model", "tokenizer.ggml.merges"]
+)
 def test_missing_tokenizer_metadata(tmp_path, key):
     path = tmp_path / "notok.gguf"
     write_gguf(path, make_weights("llama", True, 0), drop_keys=[key])
     one_line_error(lambda: G.load_gguf_model(path), path, f"metadata {key} is missing")
     one_line_error(lambda: G.gguf_tokenizer(path), path, f"metadata {key} is missing")
-    lm, _, family = G.load_gguf(path)      # the model alone needs no tokenizer
+    lm, _, family = G.load_gguf(path)  # the model alone needs no tokenizer
     assert family == "llama" and lm.vocab_size == V
 
 
 def test_unsupported_pre_tokenizer(tmp_path):
     path = tmp_path / "pre.gguf"
     write_gguf(path, make_weights("llama", True, 0), pre="deepseek-llm")
-    one_line_error(lambda: G.load_gguf_model(path), path,
-                    "tokenizer.ggml.pre='deepseek-llm' is not supported")
+    one_line_error(
+        lambda: G.load_gguf_model(path), path, "tokenizer.ggml.pre='deepseek-llm' is not supported"
+    )
 
 
 # ----------------------------------------------------------------------------------------
 # Tokenizer and chat template
 # ----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def synthetic_model(tmp_path_factory):
@@ -61,7 +76,7 @@ def test_tokenizer_rebuilt_from_metadata(synthetic_model):
     assert tok.vocab_size == V
     assert tok.special_tokens == {s: i for i, s in enumerate(SPECIALS)}
     to_byte = {c: b for b, c in gpt2_bytes_to_unicode().items()}
-    for i, t in enumerate(TOKENS):     # every id spells its bytes
+    for i, t in enumerate(TOKENS):  # every id spells its bytes
         want = t.encode() if TOKEN_TYPES[i] != 1 else bytes(to_byte[c] for c in t)
         assert tok.token_bytes(i) == want, (i, t)
     texts = ROUND_TRIP + [shipped.load_heldout(d)[:4000] for d in ("code", "prose", "reasoning")]
@@ -89,8 +104,10 @@ def test_sentencepiece_vocabulary(tmp_path):
     for r, m in enumerate(spec["model"]["merges"]):
         a, b = m if isinstance(m, list) else m.split(" ")
         rank.setdefault(a + b, r)
-    types = [2 if t == "<unk>" else 3 if t in ("<s>", "</s>") else 6 if t.startswith("<0x")
-             else 1 for t in tokens]
+    types = [
+        2 if t == "<unk>" else 3 if t in ("<s>", "</s>") else 6 if t.startswith("<0x") else 1
+        for t in tokens
+    ]
     path = tmp_path / "spm.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_tokenizer_model("llama")
@@ -106,36 +123,50 @@ def test_sentencepiece_vocabulary(tmp_path):
     w.close()
     tok = G.gguf_tokenizer(path)
     assert tok.special_tokens == {"<s>": 1, "</s>": 2} and tok.prompt_prefix == (1,)
-    texts = [line for d in ("code", "prose", "reasoning")
-             for line in shipped.load_heldout(d).splitlines()[:200]] + ROUND_TRIP + [" lead", "<s>a</s> b"]
+    texts = (
+        [
+            line
+            for d in ("code", "prose", "reasoning")
+            for line in shipped.load_heldout(d).splitlines()[:200]
+        ]
+        + ROUND_TRIP
+        + [" lead", "<s>a</s> b"]
+    )
     for text in texts:
         assert tok.hf_encode(text) == source.encode(text).ids, text[:40]
         assert tok.decode_bytes(tok.encode(text)) == text.encode("utf-8"), text[:40]
 
 
 def test_bos_prefix_follows_add_bos_token(synthetic_model, tmp_path):
-    assert synthetic_model.tokenizer.prompt_prefix == ()          # BPE default: no BOS
+    assert synthetic_model.tokenizer.prompt_prefix == ()  # BPE default: no BOS
     path = tmp_path / "bos.gguf"
-    write_gguf(path, make_weights("llama", True, 0),
-               set_keys={"tokenizer.ggml.add_bos_token": (True, gguf.GGUFValueType.BOOL)})
+    write_gguf(
+        path,
+        make_weights("llama", True, 0),
+        set_keys={"tokenizer.ggml.add_bos_token": (True, gguf.GGUFValueType.BOOL)},
+    )
     assert G.gguf_tokenizer(path).prompt_prefix == (1,)
 
 
 def test_chat_template(synthetic_model):
     m = synthetic_model
     assert m.chat_template == CHATML and (m.bos_id, m.eos_id) == (1, 2)
-    assert m.chat("Hi there") == ("<|im_start|>system\nYou are a tiny test model.<|im_end|>\n"
-                                 "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n")
-    assert m.chat("Q", system="S") == ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ"
-                                      "<|im_end|>\n<|im_start|>assistant\n")
+    assert m.chat("Hi there") == (
+        "<|im_start|>system\nYou are a tiny test model.<|im_end|>\n"
+        "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert m.chat("Q", system="S") == (
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
+    )
     # Without a template, the text itself.
     assert G.GGUFModel(m.path, m.family, m.lm, m.params, m.tokenizer, None).chat("x") == "x"
 
 
 def test_chat_template_matches_transformers():
     transformers = pytest.importorskip("transformers")
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=TOKENIZER,
-                                                bos_token="<|im_start|>", eos_token="<|im_end|>")
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=TOKENIZER, bos_token="<|im_start|>", eos_token="<|im_end|>"
+    )
     # trim/lstrip blocks, loop controls, tojson (non-ASCII kept), bos_token, raise_exception
     template = (
         "{{ bos_token }}\n"
@@ -145,16 +176,27 @@ def test_chat_template_matches_transformers():
         "    {% if m['role'] == 'bad' %}{{ raise_exception('bad role') }}{% endif %}\n"
         "<{{ m['role'] }}>{{ m['content'] | tojson }}{{ m['content'] | tojson(indent=2) }}\n"
         "{% endfor %}\n"
-        "{% if add_generation_prompt %}<assistant>{% endif %}")
-    messages = [{"role": "system", "content": "sé <b>"}, {"role": "skip", "content": "x"},
-                {"role": "user", "content": "日本 \"q\""}, {"role": "stop", "content": ""},
-                {"role": "user", "content": "never"}]
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    messages = [
+        {"role": "system", "content": "sé <b>"},
+        {"role": "skip", "content": "x"},
+        {"role": "user", "content": "日本 \"q\""},
+        {"role": "stop", "content": ""},
+        {"role": "user", "content": "never"},
+    ]
     for tpl in (template, CHATML):
         for gen in (True, False):
-            want = fast.apply_chat_template(messages[:3], chat_template=tpl, tokenize=False,
-                                            add_generation_prompt=gen)
-            got = gguf_tok.render_chat(tpl, messages[:3], add_generation_prompt=gen,
-                                bos_token="<|im_start|>", eos_token="<|im_end|>")
+            want = fast.apply_chat_template(
+                messages[:3], chat_template=tpl, tokenize=False, add_generation_prompt=gen
+            )
+            got = gguf_tok.render_chat(
+                tpl,
+                messages[:3],
+                add_generation_prompt=gen,
+                bos_token="<|im_start|>",
+                eos_token="<|im_end|>",
+            )
             assert got == want
     got = gguf_tok.render_chat(template, messages, bos_token="B")
     assert "never" not in got and "skip" not in got
@@ -162,5 +204,3 @@ def test_chat_template_matches_transformers():
         gguf_tok.render_chat(template, [{"role": "bad", "content": ""}])
     with pytest.raises(ConfigError, match="chat template: TemplateSyntaxError"):
         gguf_tok.render_chat("{% for %}", [])
-
-

@@ -4,6 +4,7 @@ round trips, greedy generations, streaming into shards, and one-line errors.
 Tolerance 1e-4 absolute on logits of O(1..10) magnitude: both sides compute in f32 with
 different contraction orders (XLA vs. PyTorch/oneDNN); measured differences are ~1e-6.
 """
+
 from __future__ import annotations
 
 import copy
@@ -21,6 +22,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import hf_fixtures as F  # noqa: E402
+
 from specjax import sharding as shd  # noqa: E402
 from specjax.engine import generate as gen  # noqa: E402
 from specjax.errors import ConfigError  # noqa: E402
@@ -32,11 +34,22 @@ ATOL = 1e-4
 V = 96
 # name -> (family, extra config): every feature the importer maps.
 CASES = {
-    "llama3_rope": ("llama", dict(rope_scaling={"rope_type": "llama3", "factor": 8.0,
-                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                "original_max_position_embeddings": 16})),
-    "llama_linear_tied": ("llama", dict(rope_scaling={"rope_type": "linear", "factor": 2.0},
-                                        tie_word_embeddings=True)),
+    "llama3_rope": (
+        "llama",
+        dict(
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            }
+        ),
+    ),
+    "llama_linear_tied": (
+        "llama",
+        dict(rope_scaling={"rope_type": "linear", "factor": 2.0}, tie_word_embeddings=True),
+    ),
     "qwen2_tied_bias": ("qwen2", dict(tie_word_embeddings=True)),
     "mistral": ("mistral", dict(sliding_window=64, rope_theta=500.0)),
 }
@@ -60,7 +73,7 @@ def _hf_logits(model, tokens) -> np.ndarray:
 
 def _tree(prefix_len: int, rng):
     """A token tree of 2 chains of depth 2 under a root: tokens, depths, mask, node paths."""
-    parent = [-1, 0, 1, 0, 3]                       # root, chain A (1, 2), chain B (3, 4)
+    parent = [-1, 0, 1, 0, 3]  # root, chain A (1, 2), chain B (3, 4)
     tokens = rng.integers(0, V, len(parent))
     depth = [0, 1, 2, 1, 2]
     n = len(parent)
@@ -90,30 +103,44 @@ def test_logit_parity_prefill_decode_tree(folders, name):
     # Prefill.
     cache = lm.init_cache(B)
     pos = jnp.broadcast_to(jnp.arange(P), (B, P))
-    logits, cache = fwd(params, cache, jnp.asarray(seq[:, :P], jnp.int32), pos,
-                        causal_block_mask(B, P))
+    logits, cache = fwd(
+        params, cache, jnp.asarray(seq[:, :P], jnp.int32), pos, causal_block_mask(B, P)
+    )
     cache = advance(cache, P)
     err = {"prefill": float(np.abs(np.asarray(logits) - ref[:, :P]).max())}
     # Cached decode, one token at a time.
     dec = []
     for t in range(P, P + 4):
-        lg, cache = fwd(params, cache, jnp.asarray(seq[:, t:t + 1], jnp.int32),
-                        jnp.full((B, 1), t, jnp.int32), causal_block_mask(B, 1))
+        lg, cache = fwd(
+            params,
+            cache,
+            jnp.asarray(seq[:, t : t + 1], jnp.int32),
+            jnp.full((B, 1), t, jnp.int32),
+            causal_block_mask(B, 1),
+        )
         cache = advance(cache, 1)
         dec.append(np.abs(np.asarray(lg[:, 0]) - ref[:, t]).max())
     err["decode"] = float(max(dec))
     # A tree-masked scoring block after the P committed tokens (a fresh prefill cache).
     cache = lm.init_cache(1)
-    _, cache = fwd(params, cache, jnp.asarray(seq[:1, :P], jnp.int32), pos[:1],
-                   causal_block_mask(1, P))
+    _, cache = fwd(
+        params, cache, jnp.asarray(seq[:1, :P], jnp.int32), pos[:1], causal_block_mask(1, P)
+    )
     cache = advance(cache, P)
     toks, depth, mask, paths = _tree(P, rng)
-    lg, _ = fwd(params, cache, jnp.asarray(toks[None], jnp.int32),
-                jnp.asarray(P + depth[None], jnp.int32), jnp.asarray(mask[None]))
+    lg, _ = fwd(
+        params,
+        cache,
+        jnp.asarray(toks[None], jnp.int32),
+        jnp.asarray(P + depth[None], jnp.int32),
+        jnp.asarray(mask[None]),
+    )
     tree_err = 0.0
     for t, path_nodes in enumerate(paths):
         full = np.concatenate([seq[0, :P], toks[path_nodes]])[None]
-        tree_err = max(tree_err, np.abs(np.asarray(lg[0, t]) - _hf_logits(model, full)[0, -1]).max())
+        tree_err = max(
+            tree_err, np.abs(np.asarray(lg[0, t]) - _hf_logits(model, full)[0, -1]).max()
+        )
     err["tree"] = float(tree_err)
     PARITY[name] = err
     print(f"\nparity {name}: " + ", ".join(f"{k} {v:.2e}" for k, v in err.items()))
@@ -125,11 +152,16 @@ def test_greedy_generation_identical(folders, name):
     path, model = folders[name]
     lm, params, _ = hf.load_hf(path, max_len=48)
     prompts = [[5, 17, 3, 9], [40, 2, 77, 1]]
-    res = gen.autoregressive_generate(lm, params, prompts, gen.row_keys_for(0, 2),
-                                      temperature=0.0, max_new_tokens=12)
+    res = gen.autoregressive_generate(
+        lm, params, prompts, gen.row_keys_for(0, 2), temperature=0.0, max_new_tokens=12
+    )
     with torch.no_grad():
-        out = model.generate(torch.tensor(prompts), max_new_tokens=12, do_sample=False,
-                             attention_mask=torch.ones(2, 4, dtype=torch.long))
+        out = model.generate(
+            torch.tensor(prompts),
+            max_new_tokens=12,
+            do_sample=False,
+            attention_mask=torch.ones(2, 4, dtype=torch.long),
+        )
     for b in range(2):
         assert res.new_tokens(b) == out[b, 4:].tolist()
 
@@ -150,15 +182,26 @@ def test_export_round_trip_through_transformers(folders, tmp_path):
 
 def test_export_of_a_gemma_style_tied_model(tmp_path):
     # specjax's own tied models scale inputs by sqrt(d); export folds the scale in.
-    cfg = TransformerConfig(vocab_size=V, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                            d_ff=64, max_len=32, tie_embeddings=True)
+    cfg = TransformerConfig(
+        vocab_size=V,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=64,
+        max_len=32,
+        tie_embeddings=True,
+    )
     lm = TransformerLM(cfg)
     params = lm.init_params(3)
     hf.save_hf(tmp_path / "m", lm, params, family="llama")
-    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m",
-                                                              dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "m", dtype=torch.float32
+    ).eval()
     tokens = np.random.default_rng(3).integers(0, V, (2, 12))
-    diff = np.abs(_hf_logits(model, tokens) - np.asarray(lm.logits_full(params, jnp.asarray(tokens))))
+    diff = np.abs(
+        _hf_logits(model, tokens) - np.asarray(lm.logits_full(params, jnp.asarray(tokens)))
+    )
     assert diff.max() < ATOL
 
 
@@ -180,13 +223,15 @@ def test_bf16_checkpoint_and_sharded_streaming(folders, tmp_path):
     wq = sharded["layer_0"]["attn"]["wq"]
     assert wq.sharding.spec == jax.sharding.PartitionSpec("data", "model", None)
     assert wq.addressable_shards[0].data.shape == (16, 1, 8)
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-                 sharded, plain)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), sharded, plain
+    )
 
 
 def test_memory_estimate_counts_shards():
-    cfg = TransformerConfig(vocab_size=1024, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                            d_ff=128, max_len=64)
+    cfg = TransformerConfig(
+        vocab_size=1024, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_len=64
+    )
     one = hf.estimate_bytes(cfg, batch=2)
     lm = TransformerLM(cfg)
     n = sum(math.prod(x.shape) for x in jax.tree.leaves(lm.abstract_params()))
@@ -200,6 +245,7 @@ def test_memory_estimate_counts_shards():
 # Errors: one line, naming the tensor or field
 # ----------------------------------------------------------------------------------------
 
+
 def _copy(folders, tmp_path, name="llama3_rope"):
     dst = tmp_path / "ckpt"
     shutil.copytree(folders[name][0], dst)
@@ -210,8 +256,8 @@ def _rewrite(st_path, drop=None, reshape=None):
     """Rewrites a safetensors file without tensor `drop` / with `reshape`'s shape."""
     raw = st_path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    data = raw[8 + n:]
+    header = json.loads(raw[8 : 8 + n])
+    data = raw[8 + n :]
     new_header, chunks, off = {}, [], 0
     for key, rec in header.items():
         if key == "__metadata__":
@@ -224,7 +270,7 @@ def _rewrite(st_path, drop=None, reshape=None):
         shape = rec["shape"]
         if reshape and key == reshape[0]:
             shape = reshape[1]
-            blob = blob[:4 * math.prod(shape)]
+            blob = blob[: 4 * math.prod(shape)]
         new_header[key] = dict(rec, shape=shape, data_offsets=[off, off + len(blob)])
         chunks.append(blob)
         off += len(blob)

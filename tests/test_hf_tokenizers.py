@@ -2,20 +2,29 @@
 round trips, vocabulary maps between a byte-level and a SentencePiece-style vocabulary,
 save/load, padding, and the tokenizer-vs-embedding check. Both tokenizers are built
 locally (hf_fixtures), in the layouts Qwen2 / Llama 3 and Llama 2 / Mistral ship."""
+
 from __future__ import annotations
 
 import json
 
+import hf_fixtures as F
 import numpy as np
 import pytest
 
-import hf_fixtures as F
 from specjax.errors import ConfigError
 from specjax.tokenizers import intersection_map, load_tokenizer, retokenization_table
 from specjax.tokenizers.hf import HFTokenizer, load_hf_tokenizer, token_string_bytes
 
-TEXTS = ["def f(x):\n    return x + 1\n", "  two  spaces\tand a tab\r\n", "naïve café 日本語 ✓ 🙂",
-         "", " ", "\n\n", "<s> special </s> <|endoftext|>", "x" * 50]
+TEXTS = [
+    "def f(x):\n    return x + 1\n",
+    "  two  spaces\tand a tab\r\n",
+    "naïve café 日本語 ✓ 🙂",
+    "",
+    " ",
+    "\n\n",
+    "<s> special </s> <|endoftext|>",
+    "x" * 50,
+]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +95,7 @@ def test_vocabulary_maps_between_conventions(byte_level, sentencepiece):
     for src, dst in ((byte_level, sentencepiece), (sentencepiece, byte_level)):
         ids, lens = retokenization_table(src, dst)
         for i in range(src.vocab_size):
-            assert dst.decode_bytes(ids[i, :lens[i]]) == src.token_bytes(i)
+            assert dst.decode_bytes(ids[i, : lens[i]]) == src.token_bytes(i)
 
 
 def test_save_load_and_padding(byte_level, tmp_path):
@@ -106,16 +115,22 @@ def test_save_load_and_padding(byte_level, tmp_path):
 def test_tokenizer_vs_embedding_rows(tmp_path):
     pytest.importorskip("transformers")
     from specjax.models import hf
+
     tok = F.byte_level_tokenizer()
     n = tok.get_vocab_size()
     folder = F.save_folder(tmp_path / "big", F.hf_model("llama", n + 8), tok)
-    with pytest.raises(ConfigError, match=rf"has {n} ids but vocab_size \(embedding rows of "
-                                          rf"model\.embed_tokens\.weight\) is {n + 8}.*pad_vocab"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"has {n} ids but vocab_size \(embedding rows of "
+        rf"model\.embed_tokens\.weight\) is {n + 8}.*pad_vocab",
+    ):
         hf.load_hf_model(folder)
     m = hf.load_hf_model(folder, pad_vocab=True)
     assert m.tokenizer.vocab_size == n + 8 == m.lm.vocab_size
     small = F.save_folder(tmp_path / "small", F.hf_model("qwen2", n - 8), tok)
-    with pytest.raises(ConfigError, match=rf"has {n} ids but vocab_size .* is {n - 8}; allowed: equal$"):
+    with pytest.raises(
+        ConfigError, match=rf"has {n} ids but vocab_size .* is {n - 8}; allowed: equal$"
+    ):
         hf.load_hf_model(small, pad_vocab=True)
 
 
@@ -133,6 +148,6 @@ def test_bad_tokenizer_files(tmp_path):
 
 
 def test_prompt_prefix_is_the_templates_bos(byte_level, sentencepiece):
-    assert byte_level.prompt_prefix == ()                 # no post-processor template
-    assert sentencepiece.prompt_prefix == (1,)            # "<s> $A"
+    assert byte_level.prompt_prefix == ()  # no post-processor template
+    assert sentencepiece.prompt_prefix == (1,)  # "<s> $A"
     assert sentencepiece.hf_encode("ab")[:1] == [1] and sentencepiece.encode("ab")[:1] != [1]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import errno
 import json
 import os
-import numpy as np
 
+import numpy as np
 import pytest
 
 from specjax.policy import journal
@@ -20,7 +20,6 @@ def _lines(path):
 
 
 class TestJournal:
-
     def test_commit_exactly_once(self, tmp_path):
         path = tmp_path / "run" / "journal.jsonl"
         with PlanJournal(path) as j:
@@ -116,6 +115,7 @@ class TestJournal:
                 decision = decide(candidates, [1.0, 1.0, 1.0])
                 produced.append(step)
                 return decision.committed, {"support": decision.support}
+
             return produce
 
         with PlanJournal(path) as j:
@@ -136,13 +136,14 @@ class TestJournal:
             assert produced == [0, 1, 2, 3]
         records = [json.loads(x) for x in _lines(path)[:-1]]
         assert [(r["plan_id"], r["step_index"], r["text"]) for r in records] == [
-                ("plan-0", i, f"step {i}") for i in range(4)
+            ("plan-0", i, f"step {i}") for i in range(4)
         ]
 
 
 # ---------------------------------------------------------------------------------------
 # I/O errors: a commit whose write or fsync raised is reconciled, never duplicated
 # ---------------------------------------------------------------------------------------
+
 
 class _Faults:
     """Replaces `os.write` / `os.fsync` as the journal module sees them, failing on cue.
@@ -188,12 +189,13 @@ class _Faults:
 
 
 def _records(path):
-    return [(r["plan_id"], r["step_index"], r["text"])
-            for r in map(json.loads, _lines(path)[:-1])]
+    return [(r["plan_id"], r["step_index"], r["text"]) for r in map(json.loads, _lines(path)[:-1])]
 
 
-@pytest.mark.parametrize("fault", [("fsync", "eio"), ("write", "after"), ("write", "eio"),
-                                   ("write", "half"), ("write", "short")])
+@pytest.mark.parametrize(
+    "fault",
+    [("fsync", "eio"), ("write", "after"), ("write", "eio"), ("write", "half"), ("write", "short")],
+)
 def test_io_error_then_retry_commits_exactly_once(tmp_path, monkeypatch, fault):
     """The issue's case: the line reached the disk, fsync raised (EIO), the caller retried."""
     path = tmp_path / "j.jsonl"
@@ -292,8 +294,10 @@ def test_random_io_faults_and_exceptions_keep_every_step_exactly_once(tmp_path, 
     rng = np.random.default_rng(0)
     path = tmp_path / "j.jsonl"
     kinds = ["eio", "after", "half", "short"]
-    write_plan = {int(i): kinds[int(k)] for i, k in
-                  zip(rng.choice(300, 60, replace=False), rng.integers(0, 4, 60))}
+    write_plan = {
+        int(i): kinds[int(k)]
+        for i, k in zip(rng.choice(300, 60, replace=False), rng.integers(0, 4, 60))
+    }
     fsync_plan = {int(i): "eio" for i in rng.choice(300, 40, replace=False)}
     produced = {}
     failures = 0
@@ -301,14 +305,17 @@ def test_random_io_faults_and_exceptions_keep_every_step_exactly_once(tmp_path, 
         faults = _Faults(monkeypatch, write=write_plan, fsync=fsync_plan)
         order = [(p, s) for s in range(10) for p in rng.permutation(30)]
         for plan, step in order:
+
             def produce(plan=plan, step=step):
                 # Produced again only while its line is not on disk (whole).
-                assert (int(plan), step) not in {(r[0], r[1]) for r in _records(path)
-                                                 if len(r) == 3}
+                assert (int(plan), step) not in {
+                    (r[0], r[1]) for r in _records(path) if len(r) == 3
+                }
                 if rng.random() < 0.1:
                     raise RuntimeError("a branch died")
                 produced[(plan, step)] = produced.get((plan, step), 0) + 1
                 return f"plan {plan} step {step}", {"n": step}
+
             while True:
                 try:
                     run_step_exactly_once(j, int(plan), step, produce)
@@ -319,8 +326,9 @@ def test_random_io_faults_and_exceptions_keep_every_step_exactly_once(tmp_path, 
     assert faults.n_write > 300  # some writes were retried after a fault before the write
     assert sum(produced.values()) > 300  # writes that did not land were produced again
     recs = _records(path)
-    assert sorted(recs) == sorted((p, s, f"plan {p} step {s}") for p in range(30)
-                                  for s in range(10))
+    assert sorted(recs) == sorted(
+        (p, s, f"plan {p} step {s}") for p in range(30) for s in range(10)
+    )
     with PlanJournal(path) as again:
         assert len(again) == 300 and again.skipped_duplicate_lines == 0
 
@@ -360,8 +368,12 @@ def test_killed_writers_leave_a_reopenable_journal(tmp_path):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     expected = []
     for i, mode in enumerate(["before-fsync", "mid-write"] * 5):
-        out = subprocess.run([sys.executable, str(script), str(path), mode], cwd=repo,
-                             capture_output=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, str(script), str(path), mode],
+            cwd=repo,
+            capture_output=True,
+            timeout=120,
+        )
         assert out.returncode == -signal.SIGKILL, out.stderr
         with PlanJournal(path) as j:
             if mode == "before-fsync":

@@ -6,6 +6,7 @@ its own layer and the layers below, never above, and no modules may import each 
 cycle. The config files in configs/ import only the layers up to the config files' own
 (no JAX), which is also checked by loading them in a fresh process.
 """
+
 from __future__ import annotations
 
 import ast
@@ -28,9 +29,10 @@ CONFIG_THIRD_PARTY = {"ml_collections"}
 #: Cycles that exist today in code owned elsewhere, each with why it is still there. The
 #: test fails when one of them is gone (delete its entry then), or when any other appears.
 KNOWN_CYCLES = {
-    frozenset({"specjax.runner.experiments", "specjax.runner.plans_validation"}):
-        "validate() delegates to plans_validation, which calls back into experiments for "
-        "the zoo, the deployment and the thresholds (both imports inside functions)",
+    frozenset(
+        {"specjax.runner.experiments", "specjax.runner.plans_validation"}
+    ): "validate() delegates to plans_validation, which calls back into experiments for "
+    "the zoo, the deployment and the thresholds (both imports inside functions)",
 }
 
 
@@ -64,7 +66,8 @@ def read_layers(text: str) -> list[Layer]:
         layers.append(Layer(int(cells[0]), cells[1], patterns))
     assert layers, "the '## Layers' section holds no table rows"
     assert [layer.index for layer in layers] == list(range(1, len(layers) + 1)), (
-        "the layers must be numbered 1, 2, ... from the bottom")
+        "the layers must be numbered 1, 2, ... from the bottom"
+    )
     return layers
 
 
@@ -101,8 +104,9 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
     return name or None
 
 
-def imports_of(source: str, path: Path, modules: dict[str, Path],
-               top_level_only: bool = False) -> list[Import]:
+def imports_of(
+    source: str, path: Path, modules: dict[str, Path], top_level_only: bool = False
+) -> list[Import]:
     """The specjax modules `source` imports (anywhere in the file, unless `top_level_only`),
     `from a import b` resolved to module a.b when it exists, relative imports resolved."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
@@ -116,15 +120,21 @@ def imports_of(source: str, path: Path, modules: dict[str, Path],
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1])
+                base = ".".join(parts[: len(parts) - node.level + 1])
                 module = f"{base}.{node.module}" if node.module else base
             else:
                 module = node.module or ""
-            names = [f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module
-                     for a in node.names]
-        elif (isinstance(node, ast.Call) and node.args
-              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
-              and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"):
+            names = [
+                f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module
+                for a in node.names
+            ]
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+        ):
             names = [node.args[0].value]
         for name in names:
             target = _resolve(name, modules) if name.split(".")[0] == "specjax" else None
@@ -151,9 +161,11 @@ def upward_imports(layers: list[Layer], edges: list[Import]) -> list[str]:
     for imp in edges:
         src, dst = layer_of(imp.source, layers), layer_of(imp.target, layers)
         if src is not None and dst is not None and dst.index > src.index:
-            errors.append(f"{_where(imp)}: {imp.source} imports {imp.target}, but layer "
-                          f"{src.index} '{src.name}' may not import layer {dst.index} "
-                          f"'{dst.name}' (ARCHITECTURE.md, ## Layers)")
+            errors.append(
+                f"{_where(imp)}: {imp.source} imports {imp.target}, but layer "
+                f"{src.index} '{src.name}' may not import layer {dst.index} "
+                f"'{dst.name}' (ARCHITECTURE.md, ## Layers)"
+            )
     return errors
 
 
@@ -199,22 +211,28 @@ def import_cycles(edges: list[Import]) -> list[list[str]]:
 def test_every_module_is_in_one_layer_and_every_row_names_a_module():
     layers, modules, _ = _graph()
     unplaced = [m for m in modules if layer_of(m, layers) is None]
-    assert not unplaced, (f"modules in no layer of ARCHITECTURE.md's ## Layers table (add "
-                          f"them to a row): {unplaced}")
+    assert not unplaced, (
+        f"modules in no layer of ARCHITECTURE.md's ## Layers table (add them to a row): {unplaced}"
+    )
     for layer in layers:
         for p in layer.patterns:
             base = p[:-2] if p.endswith(".*") else p
-            assert base in modules, (f"layer {layer.index} '{layer.name}' names {p!r}, "
-                                     f"which is no module of specjax")
+            assert base in modules, (
+                f"layer {layer.index} '{layer.name}' names {p!r}, which is no module of specjax"
+            )
 
 
 def test_the_table_is_parsed_bottom_first():
-    text = ("## Layers\n\n| # | layer | modules |\n|---|---|---|\n"
-            "| 1 | low | `specjax.a`, `specjax.b.*` (`f`: a note) |\n"
-            "| 2 | high | `specjax.b.c` |\n\n## Next\n| 3 | x | `specjax.y` |\n")
+    text = (
+        "## Layers\n\n| # | layer | modules |\n|---|---|---|\n"
+        "| 1 | low | `specjax.a`, `specjax.b.*` (`f`: a note) |\n"
+        "| 2 | high | `specjax.b.c` |\n\n## Next\n| 3 | x | `specjax.y` |\n"
+    )
     layers = read_layers(text)
     assert [(la.index, la.name, la.patterns) for la in layers] == [
-        (1, "low", ("specjax.a", "specjax.b.*")), (2, "high", ("specjax.b.c",))]
+        (1, "low", ("specjax.a", "specjax.b.*")),
+        (2, "high", ("specjax.b.c",)),
+    ]
     assert layer_of("specjax.b.c", layers).name == "high"  # the most specific row wins
     assert layer_of("specjax.b.d", layers).name == "low"
     assert layer_of("specjax.b", layers).name == "low"
@@ -242,8 +260,10 @@ def test_a_package_is_no_higher_than_its_modules():
             parent = ".".join(parts[:k])
             up = layer_of(parent, layers)
             if layer is not None and up is not None and up.index > layer.index:
-                errors.append(f"{parent} (layer {up.index} '{up.name}') is above its module "
-                              f"{name} (layer {layer.index} '{layer.name}')")
+                errors.append(
+                    f"{parent} (layer {up.index} '{up.name}') is above its module "
+                    f"{name} (layer {layer.index} '{layer.name}')"
+                )
     assert not errors, "\n".join(errors)
 
 
@@ -252,9 +272,15 @@ def test_no_import_cycles():
     cycles = {frozenset(c): c for c in import_cycles(edges)}
     new = [c for k, c in cycles.items() if k not in KNOWN_CYCLES]
     assert not new, "modules importing each other in a cycle:\n" + "\n".join(
-        " <-> ".join(c) + ": " + "; ".join(
-            f"{_where(e)} {e.source} -> {e.target}" for e in edges
-            if e.source in c and e.target in c) for c in new)
+        " <-> ".join(c)
+        + ": "
+        + "; ".join(
+            f"{_where(e)} {e.source} -> {e.target}"
+            for e in edges
+            if e.source in c and e.target in c
+        )
+        for c in new
+    )
     gone = [sorted(k) for k in KNOWN_CYCLES if k not in cycles]
     assert not gone, f"known cycles that are gone (delete them from KNOWN_CYCLES): {gone}"
 
@@ -269,14 +295,20 @@ def test_the_checks_see_function_level_relative_and_cyclic_imports(tmp_path):
     (pkg / "low" / "a.py").write_text("import os\n\ndef f():\n    from ..high import b\n")
     (pkg / "high.py").write_text("from specjax.low import c\n")
     (pkg / "low" / "c.py").write_text("import specjax.high\n")
-    modules = {"specjax": pkg / "__init__.py", "specjax.low": pkg / "low" / "__init__.py",
-               "specjax.low.a": pkg / "low" / "a.py", "specjax.high": pkg / "high.py",
-               "specjax.low.c": pkg / "low" / "c.py"}
+    modules = {
+        "specjax": pkg / "__init__.py",
+        "specjax.low": pkg / "low" / "__init__.py",
+        "specjax.low.a": pkg / "low" / "a.py",
+        "specjax.high": pkg / "high.py",
+        "specjax.low.c": pkg / "low" / "c.py",
+    }
     layers = [Layer(1, "low", ("specjax", "specjax.low.*")), Layer(2, "high", ("specjax.high",))]
     edges = [imp for n, p in modules.items() for imp in imports_of(n, p, modules)]
     assert sorted((e.source, e.line, e.target) for e in edges) == [
-        ("specjax.high", 1, "specjax.low.c"), ("specjax.low.a", 4, "specjax.high"),
-        ("specjax.low.c", 1, "specjax.high")]
+        ("specjax.high", 1, "specjax.low.c"),
+        ("specjax.low.a", 4, "specjax.high"),
+        ("specjax.low.c", 1, "specjax.high"),
+    ]
     errors = upward_imports(layers, edges)
     assert len(errors) == 2 and "specjax.low.a imports specjax.high" in errors[0]
     assert "a.py:4: " in errors[0] and "layer 1 'low' may not import layer 2 'high'" in errors[0]
@@ -312,11 +344,15 @@ def test_configs_import_only_the_config_layer_and_below():
                 if top == "specjax":
                     layer = layer_of(_resolve(name, modules) or name, layers)
                     if layer is None or layer.index > ceiling.index:
-                        errors.append(f"{where} (layer {layer.index if layer else '?'}); "
-                                      f"configs import layers 1-{ceiling.index} only")
+                        errors.append(
+                            f"{where} (layer {layer.index if layer else '?'}); "
+                            f"configs import layers 1-{ceiling.index} only"
+                        )
                 elif top not in CONFIG_THIRD_PARTY and top not in sys.stdlib_module_names:
-                    errors.append(f"{where}; configs import only {sorted(CONFIG_THIRD_PARTY)}, "
-                                  f"the standard library and specjax layers 1-{ceiling.index}")
+                    errors.append(
+                        f"{where}; configs import only {sorted(CONFIG_THIRD_PARTY)}, "
+                        f"the standard library and specjax layers 1-{ceiling.index}"
+                    )
     assert not errors, "\n".join(errors)
 
 
@@ -329,14 +365,25 @@ def test_loading_every_config_imports_no_jax(tmp_path):
         f"for i, path in enumerate({[str(p) for p in _config_files()]!r}):\n"
         "    module = importlib.machinery.SourceFileLoader(f'config_{i}', path).load_module()\n"
         "    module.get_config()\n"
-        "print(json.dumps(sorted(sys.modules)))\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300, check=False)
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     loaded = json.loads(out.stdout.splitlines()[-1])
     heavy = [m for m in loaded if m.split(".")[0] in ("jax", "jaxlib", "flax", "optax", "orbax")]
-    above = [m for m in loaded if m.split(".")[0] == "specjax"
-             and (layer_of(m, layers) is None or layer_of(m, layers).index > ceiling.index)]
+    above = [
+        m
+        for m in loaded
+        if m.split(".")[0] == "specjax"
+        and (layer_of(m, layers) is None or layer_of(m, layers).index > ceiling.index)
+    ]
     assert not heavy and not above, f"loading the configs imported {heavy + above}"
 
 

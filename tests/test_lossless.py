@@ -20,6 +20,7 @@ the verifier (cells with expected count < 5 pooled), fixed seeds, significance �
   τ ∈ {0.5, 2} (τ = 1 is tests/test_verify.py) for every rule, and drafters and verifiers
   with top-k and top-p filtering.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,20 +32,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from lossless_reference import reference_law, reference_probs
+from test_verify import ALPHA, LENGTH, RULES_SLOTS, START, N, chi2_pvalue, chi2_test
 
+from specjax import testing as suite
 from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
-from specjax import testing as suite
 from specjax.verify import rules
 from specjax.verify.distributions import residual, sample
-
-from lossless_reference import reference_law, reference_probs
-from test_verify import ALPHA, LENGTH, N, RULES_SLOTS, START, chi2_pvalue, chi2_test
-
 
 # ----------------------------------------------------------------------------------------
 # The independent reference (float64 NumPy; shares no code with specjax.verify)
 # ----------------------------------------------------------------------------------------
+
 
 def test_reference_matches_hand_computed_laws():
     """The reference itself, on cases small enough to do by hand."""
@@ -66,20 +66,25 @@ def test_reference_matches_hand_computed_laws():
 # Negative controls: the rules called directly, several rounds per row
 # ----------------------------------------------------------------------------------------
 
+
 def ties_to_residual(key, p_root, p_nodes, q, drafts, active) -> Committed:
     """LOSSY: `shared_block` with a tie at the cut resolved by the primary's residual."""
     s, gamma, _ = q.shape
     k_u, k_tok = jax.random.split(key)
     p_before = rules._p_before(p_root, p_nodes)  # pylint: disable=protected-access
     first = rules._own_tests(  # pylint: disable=protected-access
-        jax.random.uniform(k_u, (s, gamma)), p_before, q, drafts, active)
+        jax.random.uniform(k_u, (s, gamma)), p_before, q, drafts, active
+    )
     primary = jnp.argmax(active)
     cut = jnp.min(first)
-    own_first = first[primary] == cut          # the lossy line: ties are not excluded
+    own_first = first[primary] == cut  # the lossy line: ties are not excluded
     cut_c = jnp.minimum(cut, gamma - 1)
     p_cut = p_before[primary, cut_c]
-    dist = jnp.where(cut == gamma, p_nodes[primary, gamma - 1],
-                     jnp.where(own_first, residual(p_cut, q[primary, cut_c]), p_cut))
+    dist = jnp.where(
+        cut == gamma,
+        p_nodes[primary, gamma - 1],
+        jnp.where(own_first, residual(p_cut, q[primary, cut_c]), p_cut),
+    )
     return _verdict(cut, drafts[primary], sample(k_tok, dist), gamma)
 
 
@@ -89,7 +94,8 @@ def whole_block_discard(key, p_root, p_nodes, q, drafts, active) -> Committed:
     k_u, k_tok = jax.random.split(key)
     p_before = rules._p_before(p_root, p_nodes)  # pylint: disable=protected-access
     first = rules._own_tests(  # pylint: disable=protected-access
-        jax.random.uniform(k_u, (s, gamma)), p_before, q, drafts, active)
+        jax.random.uniform(k_u, (s, gamma)), p_before, q, drafts, active
+    )
     primary = jnp.argmax(active)
     rejected = jnp.min(first) < gamma
     n = jnp.where(rejected, 0, gamma)
@@ -99,6 +105,7 @@ def whole_block_discard(key, p_root, p_nodes, q, drafts, active) -> Committed:
 
 class Committed(NamedTuple):
     """What the generator reads of a `rules.Verdict`: `n` drafts, then `tokens[n]`."""
+
     n: jax.Array
     tokens: jax.Array
 
@@ -117,17 +124,23 @@ def _round(key, last, p_tab, q_tabs, *, rule, gamma):
     n_rows = last.shape[0]
     k_draft, k_rule = jax.random.split(key)
 
-    def draft(prev, k):                              # prev: i32[N, S]
-        q = q_tabs[jnp.arange(s)[None, :], prev]      # f32[N, S, V]
+    def draft(prev, k):  # prev: i32[N, S]
+        q = q_tabs[jnp.arange(s)[None, :], prev]  # f32[N, S, V]
         tok = jax.random.categorical(k, jnp.log(q), axis=-1).astype(jnp.int32)
         return tok, (tok, q)
 
     init = jnp.broadcast_to(last[:, None], (n_rows, s))
     _, (drafts, q) = jax.lax.scan(draft, init, jax.random.split(k_draft, gamma))
-    drafts = jnp.moveaxis(drafts, 0, 2)              # i32[N, S, γ]
-    q = jnp.moveaxis(q, 0, 2)                        # f32[N, S, γ, V]
-    verdict = jax.vmap(rule)(jax.random.split(k_rule, n_rows), p_tab[last], p_tab[drafts],
-                             q, drafts, jnp.ones((n_rows, s), bool))
+    drafts = jnp.moveaxis(drafts, 0, 2)  # i32[N, S, γ]
+    q = jnp.moveaxis(q, 0, 2)  # f32[N, S, γ, V]
+    verdict = jax.vmap(rule)(
+        jax.random.split(k_rule, n_rows),
+        p_tab[last],
+        p_tab[drafts],
+        q,
+        drafts,
+        jnp.ones((n_rows, s), bool),
+    )
     return verdict.n, verdict.tokens
 
 
@@ -140,8 +153,14 @@ def rule_level_generate(rule, p_tab, q_tabs, n, length, gamma, seed) -> np.ndarr
     rows = np.arange(n)
     while filled.min() < length:
         key, sub = jax.random.split(key)
-        n_acc, toks = _round(sub, last, jnp.asarray(p_tab, jnp.float32),
-                             jnp.asarray(q_tabs, jnp.float32), rule=rule, gamma=gamma)
+        n_acc, toks = _round(
+            sub,
+            last,
+            jnp.asarray(p_tab, jnp.float32),
+            jnp.asarray(q_tabs, jnp.float32),
+            rule=rule,
+            gamma=gamma,
+        )
         n_acc, toks = np.asarray(n_acc), np.asarray(toks)
         for j in range(gamma + 1):
             pos = filled + j
@@ -176,36 +195,58 @@ CONTROLS = {
 def test_chi2_harness_accepts_exact_rules_and_rejects_lossy_ones(name):
     rule, chains, lossless = CONTROLS[name]
     v_logits, p_tab, q_tabs = _control_tables()
-    seqs = rule_level_generate(rule, p_tab, q_tabs[:chains], N, LENGTH, gamma=2,
-                               seed=zlib.crc32(name.encode()))
+    seqs = rule_level_generate(
+        rule, p_tab, q_tabs[:chains], N, LENGTH, gamma=2, seed=zlib.crc32(name.encode())
+    )
     exact = reference_law(v_logits, 1.0, START, LENGTH)
     stat, df, p_value, log10p = chi2_test(seqs, exact)
-    shown = (f"{p_value:.3g}" if p_value > 0 else f"10^{log10p:.0f}" if np.isfinite(log10p)
-             else "< 1e-300 (underflows)")
+    shown = (
+        f"{p_value:.3g}"
+        if p_value > 0
+        else f"10^{log10p:.0f}"
+        if np.isfinite(log10p)
+        else "< 1e-300 (underflows)"
+    )
     print(f"\n{name}: χ² = {stat:.1f} on {df} df, p = {shown} (N = {N}, α = {ALPHA})")
     if lossless:
         assert p_value >= ALPHA, f"{name}: χ² rejects an exact rule (p = {p_value:.3g})"
     else:
-        assert p_value < ALPHA, f"{name}: the harness failed to reject a lossy rule " \
-                                f"(p = {p_value:.3g})"
+        assert p_value < ALPHA, (
+            f"{name}: the harness failed to reject a lossy rule (p = {p_value:.3g})"
+        )
 
 
 # ----------------------------------------------------------------------------------------
 # Every verifier temperature, and filtered drafters and verifiers, end to end
 # ----------------------------------------------------------------------------------------
 
-def _engine_sequences(rule, slots_n, setup, seed, temperature=1.0, verifier_top_k=0,
-                      verifier_top_p=1.0, n=N):
-    cfg = EngineConfig(gamma=2, rule=rule, verifier_temperature=temperature, n_slots=slots_n,
-                       max_new_tokens=LENGTH, verifier_top_k=verifier_top_k,
-                       verifier_top_p=verifier_top_p)
+
+def _engine_sequences(
+    rule, slots_n, setup, seed, temperature=1.0, verifier_top_k=0, verifier_top_p=1.0, n=N
+):
+    cfg = EngineConfig(
+        gamma=2,
+        rule=rule,
+        verifier_temperature=temperature,
+        n_slots=slots_n,
+        max_new_tokens=LENGTH,
+        verifier_top_k=verifier_top_k,
+        verifier_top_p=verifier_top_p,
+    )
     slots = (np.arange(n) % 3)[:, None] if slots_n == 1 else None
-    res = speculative_generate(cfg, setup.verifier, setup.v_params, setup.drafters,
-                               setup.d_data, [[START]] * n,
-                               [[p] * n for p in suite.drafter_prompts([START])],
-                               row_keys_for(seed, n), slots=slots)
+    res = speculative_generate(
+        cfg,
+        setup.verifier,
+        setup.v_params,
+        setup.drafters,
+        setup.d_data,
+        [[START]] * n,
+        [[p] * n for p in suite.drafter_prompts([START])],
+        row_keys_for(seed, n),
+        slots=slots,
+    )
     assert (res.length - res.start == LENGTH).all()
-    return res.tokens[:, 1:1 + LENGTH]
+    return res.tokens[:, 1 : 1 + LENGTH]
 
 
 @pytest.mark.slow  # 10 engine runs of 100k rows; `make test-all`
@@ -213,8 +254,13 @@ def _engine_sequences(rule, slots_n, setup, seed, temperature=1.0, verifier_top_
 @pytest.mark.parametrize("rule,slots_n", RULES_SLOTS)
 def test_lossless_at_verifier_temperature(rule, slots_n, temperature):
     setup = suite.make_setup("random", seed=21)
-    seqs = _engine_sequences(rule, slots_n, setup, temperature=temperature,
-                             seed=zlib.crc32(f"{rule}/tau{temperature}".encode()))
+    seqs = _engine_sequences(
+        rule,
+        slots_n,
+        setup,
+        temperature=temperature,
+        seed=zlib.crc32(f"{rule}/tau{temperature}".encode()),
+    )
     p_value = chi2_pvalue(seqs, reference_law(setup.v_table, temperature, START, LENGTH))
     print(f"\n{rule} verifier τ={temperature}: χ² p = {p_value:.3g}")
     assert p_value >= ALPHA, f"{rule} τ={temperature}: χ² rejects (p = {p_value:.3g})"
@@ -233,10 +279,17 @@ FILTERS = {
 def test_lossless_with_top_k_and_top_p(rule, slots_n, filters):
     d_k, d_p, v_k, v_p = FILTERS[filters]
     setup = suite.make_setup("random", seed=22)
-    setup = dataclasses.replace(setup, drafters=tuple(
-        dataclasses.replace(d, top_k=d_k, top_p=d_p) for d in setup.drafters))
-    seqs = _engine_sequences(rule, slots_n, setup, verifier_top_k=v_k, verifier_top_p=v_p,
-                             seed=zlib.crc32(f"{rule}/{filters}".encode()))
+    setup = dataclasses.replace(
+        setup, drafters=tuple(dataclasses.replace(d, top_k=d_k, top_p=d_p) for d in setup.drafters)
+    )
+    seqs = _engine_sequences(
+        rule,
+        slots_n,
+        setup,
+        verifier_top_k=v_k,
+        verifier_top_p=v_p,
+        seed=zlib.crc32(f"{rule}/{filters}".encode()),
+    )
     exact = reference_law(setup.v_table, 1.0, START, LENGTH, top_k=v_k, top_p=v_p)
     p_value = chi2_pvalue(seqs, exact)
     print(f"\n{rule} {filters}: χ² p = {p_value:.3g}")

@@ -113,16 +113,16 @@ def test_tokens_per_second():
 
 
 @pytest.mark.parametrize(
-        "alpha, gamma, expected",
-        [
-                (0.0, 4, 1.0),               # only the verifier's token
-                (1.0, 4, 5.0),               # the α = 1 limit: γ + 1
-                (0.5, 4, 1.9375),            # (1 − 1/32)/0.5
-                (0.8, 2, 2.44),              # (1 − 0.512)/0.2
-                (0.999, 4, 4.990009995),     # Σ_{k=0..4} 0.999^k, accurate near 1
-                (0.3, 0, 1.0),               # γ = 0: autoregressive
-                (1.0, 0, 1.0),
-        ],
+    "alpha, gamma, expected",
+    [
+        (0.0, 4, 1.0),  # only the verifier's token
+        (1.0, 4, 5.0),  # the α = 1 limit: γ + 1
+        (0.5, 4, 1.9375),  # (1 − 1/32)/0.5
+        (0.8, 2, 2.44),  # (1 − 0.512)/0.2
+        (0.999, 4, 4.990009995),  # Σ_{k=0..4} 0.999^k, accurate near 1
+        (0.3, 0, 1.0),  # γ = 0: autoregressive
+        (1.0, 0, 1.0),
+    ],
 )
 def test_leviathan_expected_tokens(alpha, gamma, expected):
     close(m.leviathan_expected_tokens(alpha, gamma), expected, rtol=2e-6)
@@ -142,10 +142,10 @@ def test_leviathan_bad_alpha(alpha):
 
 
 def test_leviathan_speedup():
-    close(m.leviathan_speedup(0.8, 2, 0.1), 2.44 / 1.2)     # = 2.0333333
-    close(m.leviathan_speedup(0.0, 4, 0.25), 0.5)           # 1 / (4·0.25 + 1)
-    close(m.leviathan_speedup(1.0, 3, 0.05), 4 / 1.15)      # = 3.4782609
-    close(m.leviathan_speedup(0.5, 4, 0.0), 1.9375)         # free drafter
+    close(m.leviathan_speedup(0.8, 2, 0.1), 2.44 / 1.2)  # = 2.0333333
+    close(m.leviathan_speedup(0.0, 4, 0.25), 0.5)  # 1 / (4·0.25 + 1)
+    close(m.leviathan_speedup(1.0, 3, 0.05), 4 / 1.15)  # = 3.4782609
+    close(m.leviathan_speedup(0.5, 4, 0.0), 1.9375)  # free drafter
     with pytest.raises(ValueError, match="c="):
         m.leviathan_speedup(0.5, 4, -1.0)
 

@@ -3,6 +3,7 @@
 Tolerance: f32 throughout; cached and full forwards differ only in summation order
 (masked slots contribute exact zeros), so 1e-5 absolute/relative on O(1) logits.
 """
+
 import functools
 
 import chex
@@ -11,8 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.models.api import (TransformerLM, advance, causal_block_mask, compact,
-                                count_params, rollback)
+from specjax.models.api import (
+    TransformerLM,
+    advance,
+    causal_block_mask,
+    compact,
+    count_params,
+    rollback,
+)
 from specjax.models.transformer import TransformerConfig
 
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -40,8 +47,9 @@ def _prefill(lm, params, tokens, n=None):
     """Scores ``tokens`` from an empty cache and commits ``n`` (default: all) per row."""
     B, T = tokens.shape
     cache = lm.init_cache(B)
-    logits, cache = _forward(lm, params, cache, tokens, _chain_positions(cache, T),
-                             causal_block_mask(B, T))
+    logits, cache = _forward(
+        lm, params, cache, tokens, _chain_positions(cache, T), causal_block_mask(B, T)
+    )
     return logits, advance(cache, T if n is None else n)
 
 
@@ -53,7 +61,7 @@ def _tree_mask(K, gamma):
     for k in range(K):
         for j in range(gamma):
             i = 1 + k * gamma + j
-            m[i, 1 + k * gamma:i + 1] = True
+            m[i, 1 + k * gamma : i + 1] = True
     return m
 
 
@@ -79,9 +87,12 @@ def test_lm_is_hashable_static_and_params_are_plain(tiny_lm, tiny_params, tiny_c
     assert isinstance(tiny_params, dict) and all(isinstance(k, str) for k in tiny_params)
     axes = tiny_lm.param_logical_axes()
     shapes = jax.tree.map(lambda x: x.shape, tiny_params)
-    jax.tree.map(lambda names, shape: len(names) == len(shape) or pytest.fail(f'{names} {shape}'),
-                 axes, shapes, is_leaf=lambda x: isinstance(x, tuple) and all(
-                     isinstance(a, (str, type(None))) for a in x))
+    jax.tree.map(
+        lambda names, shape: len(names) == len(shape) or pytest.fail(f'{names} {shape}'),
+        axes,
+        shapes,
+        is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x),
+    )
     assert axes['embed'] == ('vocab', 'embed')
     assert count_params(tiny_params) == count_params(tiny_lm.abstract_params())
 
@@ -94,8 +105,14 @@ def test_cached_decoding_equals_full_forward(tiny_lm, tiny_params):
     logits, cache = _prefill(lm, params, seq[:, :P])
     chex.assert_trees_all_close(logits, full[:, :P], **TOL)
     for t in range(P, P + steps):
-        logits, cache = _forward(lm, params, cache, seq[:, t:t + 1], _chain_positions(cache, 1),
-                                 causal_block_mask(B, 1))
+        logits, cache = _forward(
+            lm,
+            params,
+            cache,
+            seq[:, t : t + 1],
+            _chain_positions(cache, 1),
+            causal_block_mask(B, 1),
+        )
         cache = advance(cache, 1)
         chex.assert_trees_all_close(logits[:, 0], full[:, t], **TOL)
     np.testing.assert_array_equal(cache.length, [P + steps] * B)
@@ -110,20 +127,22 @@ def test_block_scoring_equals_full_forward_with_ragged_rows(tiny_lm, tiny_params
     block = _tokens(3, (B, T), lm.vocab_size)
     n = jnp.array([P, P - 3], jnp.int32)
     _, cache = _prefill(lm, params, prefix, n)
-    logits, _ = _forward(lm, params, cache, block, _chain_positions(cache, T),
-                         causal_block_mask(B, T))
+    logits, _ = _forward(
+        lm, params, cache, block, _chain_positions(cache, T), causal_block_mask(B, T)
+    )
     for b in range(B):
-        seq = jnp.concatenate([prefix[b, :int(n[b])], block[b]])[None]
+        seq = jnp.concatenate([prefix[b, : int(n[b])], block[b]])[None]
         full = _full(lm, params, seq)
-        chex.assert_trees_all_close(logits[b], full[0, int(n[b]):], **TOL)
+        chex.assert_trees_all_close(logits[b], full[0, int(n[b]) :], **TOL)
 
 
 def _score_tree(lm, params, cache, root, chains):
     """root i32[B], chains i32[B, K, gamma] -> logits of the tree block, cache."""
     B, K, gamma = chains.shape
     tokens = jnp.concatenate([root[:, None], chains.reshape(B, K * gamma)], axis=1)
-    depth = jnp.concatenate([jnp.zeros(1, jnp.int32),
-                             jnp.tile(jnp.arange(1, gamma + 1, dtype=jnp.int32), K)])
+    depth = jnp.concatenate(
+        [jnp.zeros(1, jnp.int32), jnp.tile(jnp.arange(1, gamma + 1, dtype=jnp.int32), K)]
+    )
     positions = cache.length[:, None] + depth[None, :]
     mask = jnp.broadcast_to(_tree_mask(K, gamma), (B,) + (1 + K * gamma,) * 2)
     return _forward(lm, params, cache, tokens, positions, mask)
@@ -138,8 +157,14 @@ def test_tree_block_gives_each_chain_its_own_logits(tiny_lm, tiny_params):
     tree_logits, _ = _score_tree(lm, params, cache, root, chains)
     for k in range(K):
         block = jnp.concatenate([root[:, None], chains[:, k]], axis=1)
-        chain_logits, _ = _forward(lm, params, cache, block, _chain_positions(cache, gamma + 1),
-                                   causal_block_mask(B, gamma + 1))
+        chain_logits, _ = _forward(
+            lm,
+            params,
+            cache,
+            block,
+            _chain_positions(cache, gamma + 1),
+            causal_block_mask(B, gamma + 1),
+        )
         idx = np.r_[0, 1 + k * gamma + np.arange(gamma)]
         chex.assert_trees_all_close(tree_logits[:, idx], chain_logits, **TOL)
 
@@ -151,12 +176,18 @@ def test_rollback_then_redecode_equals_fresh_decode(tiny_lm, tiny_params):
     _, cache = _prefill(lm, params, prefix)
     # A rejected continuation, committed and then rolled back.
     wrong = _tokens(8, (B, T), lm.vocab_size)
-    _, cache = _forward(lm, params, cache, wrong, _chain_positions(cache, T), causal_block_mask(B, T))
+    _, cache = _forward(
+        lm, params, cache, wrong, _chain_positions(cache, T), causal_block_mask(B, T)
+    )
     cache = rollback(advance(cache, T), P)
     right = _tokens(9, (B, T), lm.vocab_size)
-    logits, _ = _forward(lm, params, cache, right, _chain_positions(cache, T), causal_block_mask(B, T))
+    logits, _ = _forward(
+        lm, params, cache, right, _chain_positions(cache, T), causal_block_mask(B, T)
+    )
     _, fresh = _prefill(lm, params, prefix)
-    expected, _ = _forward(lm, params, fresh, right, _chain_positions(fresh, T), causal_block_mask(B, T))
+    expected, _ = _forward(
+        lm, params, fresh, right, _chain_positions(fresh, T), causal_block_mask(B, T)
+    )
     chex.assert_trees_all_close(logits, expected, **TOL)
     # rollback never moves length forward.
     np.testing.assert_array_equal(rollback(cache, P + 5).length, [P] * B)
@@ -176,14 +207,16 @@ def test_compact_then_continue_equals_scoring_accepted_chain(tiny_lm, tiny_param
     src = np.zeros((B, 1 + gamma), np.int32)  # entries past n are don't-cares (left 0)
     for b in range(B):
         k, a = accepted_chain[b], n_accepted[b]
-        src[b, 1:1 + a] = 1 + k * gamma + np.arange(a)
+        src[b, 1 : 1 + a] = 1 + k * gamma + np.arange(a)
     cache = compact(cache, jnp.asarray(src), jnp.asarray(1 + n_accepted))
     np.testing.assert_array_equal(cache.length, P + 1 + n_accepted)
     nxt = _tokens(13, (B, 2), lm.vocab_size)
-    logits, _ = _forward(lm, params, cache, nxt, _chain_positions(cache, 2), causal_block_mask(B, 2))
+    logits, _ = _forward(
+        lm, params, cache, nxt, _chain_positions(cache, 2), causal_block_mask(B, 2)
+    )
     for b in range(B):
-        path = chains[b, accepted_chain[b], :n_accepted[b]]
-        seq = jnp.concatenate([prefix[b], root[b:b + 1], path, nxt[b]])[None]
+        path = chains[b, accepted_chain[b], : n_accepted[b]]
+        seq = jnp.concatenate([prefix[b], root[b : b + 1], path, nxt[b]])[None]
         full = _full(lm, params, seq)
         chex.assert_trees_all_close(logits[b], full[0, -2:], **TOL)
 
@@ -195,8 +228,9 @@ def test_decode_step_traces_once(tiny_lm, tiny_params):
     @jax.jit
     @chex.assert_max_traces(n=1)
     def step(params, cache, token):
-        logits, cache = lm.forward(params, cache, token, cache.length[:, None],
-                                   causal_block_mask(B, 1))
+        logits, cache = lm.forward(
+            params, cache, token, cache.length[:, None], causal_block_mask(B, 1)
+        )
         return jnp.argmax(logits[:, -1], -1).astype(jnp.int32)[:, None], advance(cache, 1)
 
     cache, token = lm.init_cache(B), jnp.array([[1], [2]], jnp.int32)
@@ -213,9 +247,11 @@ def test_decode_in_scan_matches_full(tiny_lm, tiny_params):
     @jax.jit
     def decode(params, seq):
         def body(cache, tok):
-            logits, cache = lm.forward(params, cache, tok[:, None], cache.length[:, None],
-                                       causal_block_mask(B, 1))
+            logits, cache = lm.forward(
+                params, cache, tok[:, None], cache.length[:, None], causal_block_mask(B, 1)
+            )
             return advance(cache, 1), logits[:, 0]
+
         _, logits = jax.lax.scan(body, lm.init_cache(B), seq.T)
         return logits.transpose(1, 0, 2)
 
@@ -225,8 +261,13 @@ def test_decode_in_scan_matches_full(tiny_lm, tiny_params):
 def test_block_longer_than_capacity_fails_before_work(tiny_lm, tiny_params):
     B, T = 1, tiny_lm.max_len + 1
     with pytest.raises(ValueError, match=r'T=33 exceeds .* max_len=32'):
-        tiny_lm.forward(tiny_params, tiny_lm.init_cache(B), jnp.zeros((B, T), jnp.int32),
-                        jnp.zeros((B, T), jnp.int32), causal_block_mask(B, T))
+        tiny_lm.forward(
+            tiny_params,
+            tiny_lm.init_cache(B),
+            jnp.zeros((B, T), jnp.int32),
+            jnp.zeros((B, T), jnp.int32),
+            causal_block_mask(B, T),
+        )
 
 
 def test_overflowing_block_is_exact_and_never_overwrites_history(tiny_lm, tiny_params, tiny_config):
@@ -236,8 +277,9 @@ def test_overflowing_block_is_exact_and_never_overwrites_history(tiny_lm, tiny_p
     B, P, T = 1, lm.max_len - 3, 6
     seq = _tokens(15, (B, P + T), lm.vocab_size)
     _, cache = _prefill(lm, params, seq[:, :P])
-    logits, new = _forward(lm, params, cache, seq[:, P:], _chain_positions(cache, T),
-                           causal_block_mask(B, T))
+    logits, new = _forward(
+        lm, params, cache, seq[:, P:], _chain_positions(cache, T), causal_block_mask(B, T)
+    )
     chex.assert_trees_all_close(logits, _full(big, params, seq)[:, P:], **TOL)
     for new_k, old_k in zip(new.k, cache.k):  # per layer [B, KV, hd, S]
         np.testing.assert_array_equal(new_k[..., :P], old_k[..., :P])
@@ -246,8 +288,10 @@ def test_overflowing_block_is_exact_and_never_overwrites_history(tiny_lm, tiny_p
     assert int(advance(new, T).length[0]) == lm.max_len
 
 
-@pytest.mark.parametrize('overrides', [dict(tie_embeddings=True), dict(n_kv_heads=1),
-                                       dict(dtype='bfloat16', param_dtype='bfloat16')])
+@pytest.mark.parametrize(
+    'overrides',
+    [dict(tie_embeddings=True), dict(n_kv_heads=1), dict(dtype='bfloat16', param_dtype='bfloat16')],
+)
 def test_variants_decode_like_full_forward(tiny_config, overrides):
     cfg = TransformerConfig(**{**tiny_config.to_dict(), **overrides})
     lm = TransformerLM(cfg)
@@ -256,8 +300,9 @@ def test_variants_decode_like_full_forward(tiny_config, overrides):
     seq = _tokens(16, (B, P + 1), lm.vocab_size)
     full = _full(lm, params, seq)
     _, cache = _prefill(lm, params, seq[:, :P])
-    logits, _ = _forward(lm, params, cache, seq[:, P:], _chain_positions(cache, 1),
-                         causal_block_mask(B, 1))
+    logits, _ = _forward(
+        lm, params, cache, seq[:, P:], _chain_positions(cache, 1), causal_block_mask(B, 1)
+    )
     assert logits.dtype == jnp.float32 and bool(jnp.isfinite(logits).all())
     # bf16 rounds differently along the two paths: compare at bf16 resolution.
     tol = dict(atol=5e-2, rtol=5e-2) if cfg.dtype == 'bfloat16' else TOL
@@ -274,15 +319,15 @@ def test_cache_capacity_is_per_cache_and_does_not_change_logits(tiny_lm, tiny_pa
     for cap in (None, P + T):
         cache = lm.init_cache(B, cap)
         assert len(cache.k) == lm.config.n_layers
-        assert cache.k[0].shape == (B, lm.config.n_kv_heads, lm.config.head_dim,
-                                    cap or lm.max_len)
-        assert cache.v[0].shape == (B, lm.config.n_kv_heads, cap or lm.max_len,
-                                    lm.config.head_dim)
-        _, cache = _forward(lm, params, cache, seq[:, :P], _chain_positions(cache, P),
-                            causal_block_mask(B, P))
+        assert cache.k[0].shape == (B, lm.config.n_kv_heads, lm.config.head_dim, cap or lm.max_len)
+        assert cache.v[0].shape == (B, lm.config.n_kv_heads, cap or lm.max_len, lm.config.head_dim)
+        _, cache = _forward(
+            lm, params, cache, seq[:, :P], _chain_positions(cache, P), causal_block_mask(B, P)
+        )
         cache = advance(cache, P)
-        logits, _ = _forward(lm, params, cache, seq[:, P:], _chain_positions(cache, T),
-                             causal_block_mask(B, T))
+        logits, _ = _forward(
+            lm, params, cache, seq[:, P:], _chain_positions(cache, T), causal_block_mask(B, T)
+        )
         outs.append(logits)
     chex.assert_trees_all_close(outs[0], outs[1], **TOL)
     with pytest.raises(ValueError, match=r'capacity=33'):
@@ -294,16 +339,17 @@ def test_cache_attention_blocks_equal_one_dense_softmax():
     when the capacity is not a multiple of the block) equals one dense softmax over the
     committed slots, for rows of every length including none, under jit."""
     from specjax.models.transformer import cache_attention
-    B, KV, Q, S, hd = 4, 2, 3, 10, 8   # keys are stored [B, KV, hd, S]
+
+    B, KV, Q, S, hd = 4, 2, 3, 10, 8  # keys are stored [B, KV, hd, S]
     ks = jax.random.split(jax.random.key(5), 3)
     q = jax.random.normal(ks[0], (B, KV, Q, hd))
     k = jax.random.normal(ks[1], (B, KV, S, hd))
     v = jax.random.normal(ks[2], (B, KV, S, hd))
     length = jnp.array([0, 1, 7, 10], jnp.int32)
     for chunk in (3, 4, 10, 64):
-        m, z, o = jax.jit(functools.partial(cache_attention, dt=jnp.float32, chunk=chunk,
-                                            min_blocks=2))(q, k.transpose(0, 1, 3, 2), v,
-                                                           length)
+        m, z, o = jax.jit(
+            functools.partial(cache_attention, dt=jnp.float32, chunk=chunk, min_blocks=2)
+        )(q, k.transpose(0, 1, 3, 2), v, length)
         for b in range(B):
             n = int(length[b])
             if n == 0:
@@ -318,11 +364,13 @@ def test_cache_attention_blocks_equal_one_dense_softmax():
 
 
 @pytest.mark.parametrize("chunk", [3, 8])
-def test_blocked_cache_read_in_the_model_equals_the_full_forward(tiny_lm, tiny_params,
-                                                                 monkeypatch, chunk):
+def test_blocked_cache_read_in_the_model_equals_the_full_forward(
+    tiny_lm, tiny_params, monkeypatch, chunk
+):
     """The model with a small cache block (several blocks per row, ragged rows, a row with
     an empty cache) scores a block exactly as the full forward does."""
     from specjax.models import transformer
+
     monkeypatch.setattr(transformer, "CACHE_CHUNK", chunk)
     monkeypatch.setattr(transformer, "CACHE_MIN_BLOCKS", 2)
     lm, params = tiny_lm, tiny_params
@@ -335,8 +383,9 @@ def test_blocked_cache_read_in_the_model_equals_the_full_forward(tiny_lm, tiny_p
     fwd = jax.jit(lambda p, c, t, ps, mk: lm.forward(p, c, t, ps, mk))  # a fresh trace
     _, cache = fwd(params, cache, prefix, pos, causal_block_mask(B, P))
     cache = advance(cache, n)
-    logits, _ = fwd(params, cache, block, n[:, None] + jnp.arange(T)[None, :],
-                    causal_block_mask(B, T))
+    logits, _ = fwd(
+        params, cache, block, n[:, None] + jnp.arange(T)[None, :], causal_block_mask(B, T)
+    )
     for b in range(B):
-        seq = jnp.concatenate([prefix[b, :int(n[b])], block[b]])[None]
-        chex.assert_trees_all_close(logits[b], _full(lm, params, seq)[0, int(n[b]):], **TOL)
+        seq = jnp.concatenate([prefix[b, : int(n[b])], block[b]])[None]
+        chex.assert_trees_all_close(logits[b], _full(lm, params, seq)[0, int(n[b]) :], **TOL)

@@ -14,6 +14,7 @@ engine with it as a drafter.
    policy at τ = 0 on the synthetic deployment plus the n-gram drafter.
 4. No retrace: one compiled forward / engine program serves different histories.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,26 +25,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from lossless_reference import reference_law
+from test_verify import ALPHA, LENGTH, START, N, chi2_pvalue
 
 from specjax import testing as suite
 from specjax.engine import programs
-from specjax.engine.deployment import (LOOKUP, assemble, from_zoo,
-                                       prompt_lookup_drafter)
-from specjax.engine.generate import (autoregressive_generate, row_keys_for,
-                                     speculative_generate)
+from specjax.engine.deployment import LOOKUP, assemble, from_zoo, prompt_lookup_drafter
+from specjax.engine.generate import autoregressive_generate, row_keys_for, speculative_generate
 from specjax.engine.spec import DrafterSpec, EngineConfig, identity_maps
 from specjax.models.api import causal_block_mask, count_params
 from specjax.models.ngram import NEG, PromptLookupLM, lookup_predictions
 from specjax.verify.distributions import sampling_probs
 from specjax.verify.rules import RULES
 
-from lossless_reference import reference_law
-from test_verify import ALPHA, LENGTH, N, START, chi2_pvalue
-
-
 # ----------------------------------------------------------------------------------------
 # 1. The matcher against a plain-Python reference
 # ----------------------------------------------------------------------------------------
+
 
 def ref_predict(ctx: list[int], max_n: int, min_n: int) -> int:
     """The token after the most recent earlier occurrence of the longest suffix of `ctx`
@@ -52,26 +50,32 @@ def ref_predict(ctx: list[int], max_n: int, min_n: int) -> int:
     for n in range(max_n, min_n - 1, -1):
         if n > e + 1:
             continue
-        suffix = ctx[e - n + 1:]
-        for j in range(e - 1, n - 2, -1):        # most recent first; j + 1 <= e
-            if ctx[j - n + 1:j + 1] == suffix:
+        suffix = ctx[e - n + 1 :]
+        for j in range(e - 1, n - 2, -1):  # most recent first; j + 1 <= e
+            if ctx[j - n + 1 : j + 1] == suffix:
                 return ctx[j + 1]
     return ctx[e]
 
 
 def test_reference_by_hand():
-    assert ref_predict([1, 2, 3, 1, 2], 3, 1) == 3            # "1 2" → 3
-    assert ref_predict([1, 2, 9, 2, 5, 1, 2], 3, 1) == 9      # longest ("1 2") beats recent ("2")
-    assert ref_predict([1, 2, 9, 2, 5, 1, 2], 1, 1) == 5      # "2": the most recent, at 3
-    assert ref_predict([4, 7], 3, 1) == 7                     # no match: repeat the last
-    assert ref_predict([3, 3, 3], 3, 1) == 3                  # overlapping occurrences
-    assert ref_predict([1, 2, 5, 2], 3, 2) == 2               # min_ngram 2: "5 2" absent
+    assert ref_predict([1, 2, 3, 1, 2], 3, 1) == 3  # "1 2" → 3
+    assert ref_predict([1, 2, 9, 2, 5, 1, 2], 3, 1) == 9  # longest ("1 2") beats recent ("2")
+    assert ref_predict([1, 2, 9, 2, 5, 1, 2], 1, 1) == 5  # "2": the most recent, at 3
+    assert ref_predict([4, 7], 3, 1) == 7  # no match: repeat the last
+    assert ref_predict([3, 3, 3], 3, 1) == 3  # overlapping occurrences
+    assert ref_predict([1, 2, 5, 2], 3, 2) == 2  # min_ngram 2: "5 2" absent
 
 
 def _forward(lm):
-    return jax.jit(lambda cache, tokens: lm.forward(
-        {}, cache, tokens, jnp.zeros_like(tokens),
-        causal_block_mask(tokens.shape[0], tokens.shape[1])))
+    return jax.jit(
+        lambda cache, tokens: lm.forward(
+            {},
+            cache,
+            tokens,
+            jnp.zeros_like(tokens),
+            causal_block_mask(tokens.shape[0], tokens.shape[1]),
+        )
+    )
 
 
 def _check_block(lm, logits, history, block):
@@ -80,13 +84,13 @@ def _check_block(lm, logits, history, block):
     pred = np.asarray(jnp.argmax(logits, -1))
     for b in range(block.shape[0]):
         for t in range(block.shape[1]):
-            ctx = list(history[b]) + [int(x) for x in block[b, :t + 1]]
+            ctx = list(history[b]) + [int(x) for x in block[b, : t + 1]]
             assert pred[b, t] == ref_predict(ctx, lm.max_ngram, lm.min_ngram), (b, t, ctx)
 
 
 def _committed(cache) -> list[list[int]]:
     toks, ln = np.asarray(cache.tokens), np.asarray(cache.length)
-    return [list(map(int, toks[b, :ln[b]])) for b in range(toks.shape[0])]
+    return [list(map(int, toks[b, : ln[b]])) for b in range(toks.shape[0])]
 
 
 @pytest.mark.parametrize("vocab,max_n,min_n", [(3, 3, 1), (4, 2, 2), (20, 4, 2), (5, 1, 1)])
@@ -105,9 +109,9 @@ def test_matcher_against_reference(vocab, max_n, min_n):
         # Ragged commits: each row keeps its own number of the block's tokens.
         keep = rng.integers(0, block.shape[1] + 1, b).astype(np.int32)
         cache = lm.advance(cache, jnp.asarray(keep))
-        history = [h + list(block[i, :keep[i]]) for i, h in enumerate(history)]
+        history = [h + list(block[i, : keep[i]]) for i, h in enumerate(history)]
         assert _committed(cache) == history
-        if step == 3:   # rollback to a random shorter length per row
+        if step == 3:  # rollback to a random shorter length per row
             new = np.array([rng.integers(0, len(h) + 1) for h in history], np.int32)
             cache = lm.rollback(cache, jnp.asarray(new))
             history = [h[:n] for h, n in zip(history, new)]
@@ -124,13 +128,13 @@ def test_compact_moves_the_accepted_path():
     _, cache = fwd(cache, jnp.asarray(prompt))
     lens = rng.integers(1, 7, b).astype(np.int32)
     cache = lm.advance(cache, jnp.asarray(lens))
-    history = [list(prompt[i, :lens[i]]) for i in range(b)]
-    tree = rng.integers(0, 4, (b, 7)).astype(np.int32)         # a block scored as a tree
+    history = [list(prompt[i, : lens[i]]) for i in range(b)]
+    tree = rng.integers(0, 4, (b, 7)).astype(np.int32)  # a block scored as a tree
     _, cache = fwd(cache, jnp.asarray(tree))
     src = np.stack([rng.permutation(7)[:4] for _ in range(b)]).astype(np.int32)
     n = rng.integers(0, 5, b).astype(np.int32)
     cache = lm.compact(cache, jnp.asarray(src), jnp.asarray(n))
-    history = [h + [int(tree[i, s]) for s in src[i, :n[i]]] for i, h in enumerate(history)]
+    history = [h + [int(tree[i, s]) for s in src[i, : n[i]]] for i, h in enumerate(history)]
     assert _committed(cache) == history
     block = rng.integers(0, 4, (b, 3)).astype(np.int32)
     logits, _ = fwd(cache, jnp.asarray(block))
@@ -143,12 +147,12 @@ def test_overflow_drops_writes_but_predicts_exactly():
     rng = np.random.default_rng(1)
     first = rng.integers(0, 3, (2, 6)).astype(np.int32)
     cache = lm.advance(fwd(lm.init_cache(2, 8), jnp.asarray(first))[1], 6)
-    block = rng.integers(0, 3, (2, 5)).astype(np.int32)        # slots 6..10 of 8
+    block = rng.integers(0, 3, (2, 5)).astype(np.int32)  # slots 6..10 of 8
     logits, cache2 = fwd(cache, jnp.asarray(block))
     _check_block(lm, logits, [list(r) for r in first], block)
     np.testing.assert_array_equal(cache2.tokens[:, :6], first)
     np.testing.assert_array_equal(cache2.tokens[:, 6:], block[:, :2])
-    assert np.asarray(lm.advance(cache2, 5).length).tolist() == [8, 8]   # capped
+    assert np.asarray(lm.advance(cache2, 5).length).tolist() == [8, 8]  # capped
 
 
 def test_logits_are_one_hot_at_every_temperature():
@@ -159,9 +163,12 @@ def test_logits_are_one_hot_at_every_temperature():
     onehot = jax.nn.one_hot(pred, 7)
     np.testing.assert_array_equal(logits, jnp.where(onehot > 0, 0.0, NEG))
     taus = (0.0, 0.3, 1.0, 2.0, 1e3)
-    qs = jax.jit(lambda x: jnp.stack([sampling_probs(x, t) for t in taus]
-                                     + [sampling_probs(x, 1.0, top_k=2, top_p=0.5)]))(logits)
-    for q in qs:   # every temperature, and top-k / top-p: the same one-hot
+    qs = jax.jit(
+        lambda x: jnp.stack(
+            [sampling_probs(x, t) for t in taus] + [sampling_probs(x, 1.0, top_k=2, top_p=0.5)]
+        )
+    )(logits)
+    for q in qs:  # every temperature, and top-k / top-p: the same one-hot
         np.testing.assert_array_equal(q, onehot)
     # The matcher on its own: queries at any positions of a sequence.
     seq = jnp.asarray([[1, 2, 3, 1, 2, 4, 1, 2]], jnp.int32)
@@ -186,12 +193,15 @@ def test_validation_and_empty_params():
 # 2. Losslessness: χ² against the exact law, every rule
 # ----------------------------------------------------------------------------------------
 
+
 def _lookup_drafters(setup):
     """[lookup (n ≤ 3), the model drafter d0 (the verifier's ids), lookup (n = 1, τ = 0)]."""
     v = suite.V
-    specs = (DrafterSpec("lookup", PromptLookupLM(v, 64), temperature=1.0),
-             setup.drafters[0],
-             DrafterSpec("lookup1", PromptLookupLM(v, 64, max_ngram=1), temperature=0.0))
+    specs = (
+        DrafterSpec("lookup", PromptLookupLM(v, 64), temperature=1.0),
+        setup.drafters[0],
+        DrafterSpec("lookup1", PromptLookupLM(v, 64, max_ngram=1), temperature=0.0),
+    )
     data = (identity_maps({}, v), setup.d_data[0], identity_maps({}, v))
     return specs, data
 
@@ -200,7 +210,7 @@ def _histories(rng, n):
     """n random prompts of 1–10 tokens over the verifier's ids, each ending with START."""
     lens = rng.integers(1, 11, n)
     body = rng.integers(0, suite.V, (n, 10))
-    return [list(map(int, body[i, :lens[i] - 1])) + [START] for i in range(n)]
+    return [list(map(int, body[i, : lens[i] - 1])) + [START] for i in range(n)]
 
 
 def _lookup_run(rule, slots_n, seed, n=N):
@@ -211,10 +221,20 @@ def _lookup_run(rule, slots_n, seed, n=N):
     # Rule 1: each row verifies one of the two lookup drafters; otherwise every row's block
     # holds the lookup chain, the model drafter's and the unigram lookup's.
     slots = np.where(np.arange(n) % 2 == 0, 0, 2)[:, None] if slots_n == 1 else None
-    cfg = EngineConfig(gamma=2, rule=rule, verifier_temperature=1.0, n_slots=slots_n,
-                       max_new_tokens=LENGTH)
-    res = speculative_generate(cfg, setup.verifier, setup.v_params, specs, data, prompts,
-                               [prompts] * 3, row_keys_for(seed, n), slots=slots)
+    cfg = EngineConfig(
+        gamma=2, rule=rule, verifier_temperature=1.0, n_slots=slots_n, max_new_tokens=LENGTH
+    )
+    res = speculative_generate(
+        cfg,
+        setup.verifier,
+        setup.v_params,
+        specs,
+        data,
+        prompts,
+        [prompts] * 3,
+        row_keys_for(seed, n),
+        slots=slots,
+    )
     plen = np.array([len(p) for p in prompts])
     assert (res.length - res.start == LENGTH).all()
     seqs = np.take_along_axis(res.tokens, plen[:, None] + np.arange(LENGTH)[None, :], axis=1)
@@ -227,15 +247,18 @@ _FAST = ("rejection", "token_tree")
 _RULES_SLOTS = [(r, 1 if r == "rejection" else 3) for r in RULES]
 
 
-@pytest.mark.parametrize("rule,slots_n", [
-    (r, s) if r in _FAST else pytest.param(r, s, marks=pytest.mark.slow)
-    for r, s in _RULES_SLOTS])
+@pytest.mark.parametrize(
+    "rule,slots_n",
+    [(r, s) if r in _FAST else pytest.param(r, s, marks=pytest.mark.slow) for r, s in _RULES_SLOTS],
+)
 def test_lookup_drafter_is_lossless(rule, slots_n):
     setup, res, seqs = _lookup_run(rule, slots_n, seed=zlib.crc32(f"lookup/{rule}".encode()))
     p_value = chi2_pvalue(seqs, reference_law(setup.v_table, 1.0, START, LENGTH))
     c = res.counters
-    print(f"\nlookup {rule}: χ² p = {p_value:.3g}; accepted per drafter "
-          f"{c.accepted.sum(0).tolist()} of {c.proposed.sum(0).tolist()}")
+    print(
+        f"\nlookup {rule}: χ² p = {p_value:.3g}; accepted per drafter "
+        f"{c.accepted.sum(0).tolist()} of {c.proposed.sum(0).tolist()}"
+    )
     assert p_value >= ALPHA, f"lookup drafter, {rule}: χ² rejects (p = {p_value:.3g})"
     # The lookup drafters' proposals were verified and some accepted.
     assert c.proposed[:, 0].sum() > 0 and c.accepted[:, 0].sum() > 0
@@ -245,6 +268,7 @@ def test_lookup_drafter_is_lossless(rule, slots_n):
 # ----------------------------------------------------------------------------------------
 # 3. Greedy equality on a tiny transformer; the plan runner with a policy
 # ----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny():
@@ -259,33 +283,47 @@ def _tiny_prompts(seed, n=8):
     out = []
     for i in range(n):
         motif = list(map(int, rng.integers(0, 32, 3)))
-        out.append((motif * 4)[:6 + i % 5])
+        out.append((motif * 4)[: 6 + i % 5])
     return out
 
 
 # Rule 1 with the lookup drafter alone runs in `make test`; the token tree of the lookup
 # drafter and a transformer drafter (~30 s of compilation) in `make test-all`.
-@pytest.mark.parametrize("rule,drafters", [
-    ("rejection", (0,)), pytest.param("token_tree", (0, 1), marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "rule,drafters",
+    [("rejection", (0,)), pytest.param("token_tree", (0, 1), marks=pytest.mark.slow)],
+)
 def test_greedy_equals_autoregressive_on_a_tiny_transformer(tiny, rule, drafters):
     verifier, v_params, specs, data = tiny
     specs, data = [specs[k] for k in drafters], [data[k] for k in drafters]
     n, new, s_n = 8, 20, len(drafters)
-    cfg = EngineConfig(gamma=3, rule=rule, verifier_temperature=0.0, n_slots=s_n,
-                       max_new_tokens=new)
-    for seed in (0, 1):   # the second batch: other histories, the same program
+    cfg = EngineConfig(
+        gamma=3, rule=rule, verifier_temperature=0.0, n_slots=s_n, max_new_tokens=new
+    )
+    for seed in (0, 1):  # the second batch: other histories, the same program
         prompts = _tiny_prompts(seed, n)
         before = programs.compiled_programs()
-        spec = speculative_generate(cfg, verifier, v_params, specs, data, prompts,
-                                    [prompts] * s_n, row_keys_for(3, n), min_width=16,
-                                    drafter_min_width=[16] * s_n)
+        spec = speculative_generate(
+            cfg,
+            verifier,
+            v_params,
+            specs,
+            data,
+            prompts,
+            [prompts] * s_n,
+            row_keys_for(3, n),
+            min_width=16,
+            drafter_min_width=[16] * s_n,
+        )
         if seed:
             assert programs.compiled_programs() == before, "a new history retraced"
-        ar = autoregressive_generate(verifier, v_params, prompts, row_keys_for(4, n),
-                                     temperature=0.0, max_new_tokens=new)
+        ar = autoregressive_generate(
+            verifier, v_params, prompts, row_keys_for(4, n), temperature=0.0, max_new_tokens=new
+        )
         for i, p in enumerate(prompts):
-            np.testing.assert_array_equal(spec.tokens[i, :len(p) + new],
-                                          ar.tokens[i, :len(p) + new])
+            np.testing.assert_array_equal(
+                spec.tokens[i, : len(p) + new], ar.tokens[i, : len(p) + new]
+            )
         # The lookup drafter's proposals were accepted (rows of repeated motifs).
         assert spec.counters.accepted[:, 0].sum() > 0
 
@@ -295,9 +333,12 @@ def _lookup_deployment():
     dep, _ = suite.make_deployment("random", seed=7)
     lm = PromptLookupLM(suite.V, 1 << 10)
     return dataclasses.replace(
-        dep, drafters=dep.drafters + (DrafterSpec(LOOKUP, lm, temperature=1.0, cost=0.0),),
+        dep,
+        drafters=dep.drafters + (DrafterSpec(LOOKUP, lm, temperature=1.0, cost=0.0),),
         d_data=dep.d_data + (identity_maps({}, suite.V),),
-        groups=dep.groups + ("verifier",), drafter_encode=dep.drafter_encode + (dep.encode,))
+        groups=dep.groups + ("verifier",),
+        drafter_encode=dep.drafter_encode + (dep.encode,),
+    )
 
 
 def test_plan_runner_with_a_lookup_drafter_is_greedy_exact():
@@ -307,9 +348,9 @@ def test_plan_runner_with_a_lookup_drafter_is_greedy_exact():
     from specjax.policy.plan import run_plans  # pylint: disable=import-outside-toplevel
     from specjax.policy.plan_config import PlanConfig  # pylint: disable=import-outside-toplevel
     from specjax.policy.switches import Policy  # pylint: disable=import-outside-toplevel
+
     dep = _lookup_deployment()
-    cfg = PlanConfig(gamma=3, verifier_temperature=0.0, plan_steps=2, max_step_tokens=6,
-                     bucket=16)
+    cfg = PlanConfig(gamma=3, verifier_temperature=0.0, plan_steps=2, max_step_tokens=6, bucket=16)
     prompts = ["abab", "c", "ddad", "bcbc"]
     ref, _ = run_plans(dep, cfg, prompts)
     texts, _ = run_plans(dep, cfg, prompts, policy=Policy.all_on())
@@ -320,18 +361,19 @@ def test_plan_runner_with_a_lookup_drafter_is_greedy_exact():
 def test_plan_runner_lookup_baseline_is_greedy_exact():
     from specjax.policy.plan import run_plans  # pylint: disable=import-outside-toplevel
     from specjax.policy.plan_config import PlanConfig  # pylint: disable=import-outside-toplevel
+
     dep = _lookup_deployment()
-    cfg = PlanConfig(gamma=3, verifier_temperature=0.0, plan_steps=2, max_step_tokens=6,
-                     bucket=16)
+    cfg = PlanConfig(gamma=3, verifier_temperature=0.0, plan_steps=2, max_step_tokens=6, bucket=16)
     prompts = ["abab", "c", "ddad", "bcbc"]
     ref, _ = run_plans(dep, cfg, prompts)
-    solo, _ = run_plans(dep, cfg, prompts, single=3)      # the lookup drafter alone
+    solo, _ = run_plans(dep, cfg, prompts, single=3)  # the lookup drafter alone
     assert solo == ref
 
 
 # ----------------------------------------------------------------------------------------
 # 4. No retrace; the deployment helpers
 # ----------------------------------------------------------------------------------------
+
 
 def test_one_compiled_forward_serves_every_history():
     lm = PromptLookupLM(6, 32)
@@ -349,9 +391,13 @@ def test_deployment_helpers():
     from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
     from specjax.models.transformer import TransformerConfig  # pylint: disable=import-outside-toplevel
     from specjax.tokenizers import ByteTokenizer  # pylint: disable=import-outside-toplevel
+
     tok = ByteTokenizer()
-    v = TransformerLM(TransformerConfig(vocab_size=256, d_model=16, n_layers=1, n_heads=2,
-                                        n_kv_heads=1, d_ff=32, max_len=48))
+    v = TransformerLM(
+        TransformerConfig(
+            vocab_size=256, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_len=48
+        )
+    )
     entry = prompt_lookup_drafter(v, tok, max_ngram=4)
     name, lm, params, t, temp, cost = entry
     assert (name, params, t, temp, cost) == (LOOKUP, {}, tok, 1.0, 0.0)
@@ -360,8 +406,10 @@ def test_deployment_helpers():
     assert dep.names == (LOOKUP,) and dep.d_data[0].identity
     # from_zoo: 'lookup' beside the zoo's drafters (a stand-in zoo with none loaded).
     zoo = types.SimpleNamespace(
-        names=(), verifier=types.SimpleNamespace(lm=v, params={}, tokenizer=tok),
-        drafter=lambda n: pytest.fail(f"zoo.drafter({n!r}) called"))
+        names=(),
+        verifier=types.SimpleNamespace(lm=v, params={}, tokenizer=tok),
+        drafter=lambda n: pytest.fail(f"zoo.drafter({n!r}) called"),
+    )
     dep = from_zoo(zoo, names=[LOOKUP], temperatures={LOOKUP: 0.0}, costs=[0.001])
     assert dep.names == (LOOKUP,) and isinstance(dep.drafters[0].lm, PromptLookupLM)
     assert dep.drafters[0].temperature == 0.0 and dep.drafters[0].cost == 0.001
@@ -370,6 +418,7 @@ def test_deployment_helpers():
 
 def test_from_zoo_with_lookup():
     from specjax.models.zoo import load_zoo  # pylint: disable=import-outside-toplevel
+
     zoo = load_zoo()
     first = zoo.names[0]
     dep = from_zoo(zoo, names=[LOOKUP, first])
@@ -386,7 +435,7 @@ def test_logits_full_equals_token_by_token_forward():
     t = jnp.asarray(np.random.default_rng(0).integers(0, 5, (3, 24)), jnp.int32)
     cache, steps = lm.init_cache(3, 32), []
     for i in range(t.shape[1]):
-        lg, cache = lm.forward({}, cache, t[:, i:i + 1], None, None)
+        lg, cache = lm.forward({}, cache, t[:, i : i + 1], None, None)
         cache = lm.advance(cache, jnp.ones(3, jnp.int32))
         steps.append(np.asarray(lg[:, 0]))
     np.testing.assert_array_equal(np.asarray(lm.logits_full({}, t)), np.stack(steps, 1))

@@ -10,6 +10,7 @@ mechanics without it, pass extra config overrides through to the notebook, e.g.:
     SPECJAX_NOTEBOOK_OVERRIDES="deployment=synthetic,grid.pairing=[(d0,d1,d2,d3)],bucket=16" \
         pytest tests/test_notebook.py
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,9 @@ def test_notebook_is_stored_clean():
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code, "no code cells"
     for i, cell in enumerate(code):
-        assert cell.outputs == [] and cell.execution_count is None, \
+        assert cell.outputs == [] and cell.execution_count is None, (
             f"code cell {i} has stored outputs; clear them before committing"
+        )
     assert "SPECJAX_NOTEBOOK_SMOKE" in code[0].source, "the parameter cell must come first"
     # No hard-coded repository address (there is no public one): the address is the
     # parameter REPO_URL, and an uploaded wheel or checkout archive works without it.
@@ -59,9 +61,14 @@ def _outputs(nb, output_type=None):
 @pytest.mark.slow  # ~90 s: the whole notebook on the zoo; `make test-all`
 def test_notebook_runs_headless(tmp_path, monkeypatch):
     overrides = os.environ.get("SPECJAX_NOTEBOOK_OVERRIDES", "")
-    if not (ROOT / "specjax" / "zoo" / "manifest.json").is_file() and "deployment=synthetic" not in overrides:
-        pytest.fail("zoo/manifest.json is missing: the notebook reproduces the seed on the "
-                    "shipped zoo (build it with `make train-zoo`)")
+    if (
+        not (ROOT / "specjax" / "zoo" / "manifest.json").is_file()
+        and "deployment=synthetic" not in overrides
+    ):
+        pytest.fail(
+            "zoo/manifest.json is missing: the notebook reproduces the seed on the "
+            "shipped zoo (build it with `make train-zoo`)"
+        )
 
     # A kernelspec for this interpreter, found first through JUPYTER_PATH.
     prefix = tmp_path / "jupyter"
@@ -75,20 +82,30 @@ def test_notebook_runs_headless(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECJAX_NOTEBOOK_SMOKE", "1")
     monkeypatch.setenv("SPECJAX_NOTEBOOK_WORKDIR", str(workdir))
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    xla = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                   if not f.startswith("--xla_force_host_platform_device_count"))
+    xla = " ".join(
+        f
+        for f in os.environ.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    )
     monkeypatch.setenv("XLA_FLAGS", xla)
 
     nb = _read()
     client = nbclient.NotebookClient(
-        nb, kernel_name="python3", timeout=CELL_TIMEOUT_S, allow_errors=False,
+        nb,
+        kernel_name="python3",
+        timeout=CELL_TIMEOUT_S,
+        allow_errors=False,
         # The kernel starts beside the notebook, as in Jupyter; the notebook finds the root.
-        resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+        resources={"metadata": {"path": str(NOTEBOOK.parent)}},
+    )
     client.execute()  # raises CellExecutionError on the first failing cell
 
     assert not list(_outputs(nb, "error"))
-    markdown = [o.data["text/markdown"] for o in _outputs(nb, "display_data")
-                if "text/markdown" in o.get("data", {})]
+    markdown = [
+        o.data["text/markdown"]
+        for o in _outputs(nb, "display_data")
+        if "text/markdown" in o.get("data", {})
+    ]
     assert any(TABLE_TITLE in m for m in markdown), "the seed table was not displayed"
     images = [o for o in _outputs(nb, "display_data") if "image/png" in o.get("data", {})]
     assert images, "no plot was displayed"
@@ -97,8 +114,11 @@ def test_notebook_runs_headless(tmp_path, monkeypatch):
     assert TABLE_TITLE in (workdir / "seed_report.md").read_text()
     summary = json.loads((workdir / "summary.json").read_text())
     assert {"naive", "all_on"} <= set(summary["policies"])
-    rows = [json.loads(line) for line in (workdir / "results.jsonl").read_text().splitlines()
-            if line.strip()]
+    rows = [
+        json.loads(line)
+        for line in (workdir / "results.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     assert sorted(r["policy"] for r in rows) == ["all_on", "naive"]
     assert (workdir / "plots" / "seed_policies.png").is_file()
     assert len(images) == len(list((workdir / "plots").glob("*.png")))

@@ -7,6 +7,7 @@ test_verify). Switch 3 changes only the vote, switch 4 only which drafters share
 so the distinct (rule, branch) pairs are tested once each and every policy is mapped onto
 them (asserted below).
 """
+
 from __future__ import annotations
 
 import collections
@@ -14,21 +15,23 @@ import zlib
 
 import numpy as np
 import pytest
+from test_verify import ALPHA, LENGTH, START, chi2_pvalue
 
+from specjax import testing as suite
 from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
-from specjax import testing as suite
-from specjax.testing import sequence_distribution
-from specjax.policy.boundary import (REASONS, SpeculativePrefixCollapseError,
-                                     should_truncate_and_repropose)
-from specjax.policy.journal import PlanJournal
+from specjax.policy.boundary import (
+    REASONS,
+    SpeculativePrefixCollapseError,
+    should_truncate_and_repropose,
+)
 from specjax.policy.counters import RunStats
+from specjax.policy.journal import PlanJournal
 from specjax.policy.layout import branch_layout, branch_slots
 from specjax.policy.plan import _kl_on_prefix, run_plans
 from specjax.policy.plan_config import PlanConfig
 from specjax.policy.switches import Policy, all_combinations
-
-from test_verify import ALPHA, LENGTH, START, chi2_pvalue
+from specjax.testing import sequence_distribution
 
 N = 100_000
 
@@ -70,20 +73,29 @@ def test_every_policy_generates_losslessly(deployment, part):
     pvalues = {}
     for rule, branch in todo:
         slots = np.tile(branch_slots([list(branch)]), (N, 1))
-        cfg = EngineConfig(gamma=2, rule=rule, verifier_temperature=1.0, n_slots=len(branch),
-                           max_new_tokens=LENGTH)
-        res = speculative_generate(cfg, dep.verifier, dep.v_params, dep.drafters, dep.d_data,
-                                   prompts, dprompts,
-                                   row_keys_for(zlib.crc32(f"{rule}{branch}".encode()), N),
-                                   slots=slots)
-        pvalues[(rule, branch)] = chi2_pvalue(res.tokens[:, 1:1 + LENGTH], exact)
+        cfg = EngineConfig(
+            gamma=2, rule=rule, verifier_temperature=1.0, n_slots=len(branch), max_new_tokens=LENGTH
+        )
+        res = speculative_generate(
+            cfg,
+            dep.verifier,
+            dep.v_params,
+            dep.drafters,
+            dep.d_data,
+            prompts,
+            dprompts,
+            row_keys_for(zlib.crc32(f"{rule}{branch}".encode()), N),
+            slots=slots,
+        )
+        pvalues[(rule, branch)] = chi2_pvalue(res.tokens[:, 1 : 1 + LENGTH], exact)
     print({f"{r}{b}": f"{p:.3g}" for (r, b), p in pvalues.items()})
     bad = {k: v for k, v in pvalues.items() if v < ALPHA}
     assert not bad, f"χ² rejects losslessness (p < {ALPHA}) for {bad}"
 
 
-_GREEDY_CFG = PlanConfig(gamma=3, verifier_temperature=0.0, plan_steps=2, max_step_tokens=6,
-                         bucket=16)
+_GREEDY_CFG = PlanConfig(
+    gamma=3, verifier_temperature=0.0, plan_steps=2, max_step_tokens=6, bucket=16
+)
 _GREEDY_PROMPTS = ["ab", "c", "dda", "b"]
 # naive, all_on and the two switches that change the branch layout run in `make test`
 # (~6 s of compilation per policy); the other twelve in `make test-all`.
@@ -96,9 +108,14 @@ def greedy_reference(deployment):
     return run_plans(dep, _GREEDY_CFG, _GREEDY_PROMPTS)[0]
 
 
-@pytest.mark.parametrize("pol", [
-    p if p.name in _GREEDY_FAST else pytest.param(p, marks=pytest.mark.slow)
-    for p in all_combinations()], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "pol",
+    [
+        p if p.name in _GREEDY_FAST else pytest.param(p, marks=pytest.mark.slow)
+        for p in all_combinations()
+    ],
+    ids=lambda p: p.name,
+)
 def test_every_policy_is_greedy_exact(deployment, greedy_reference, pol):
     """τ_verifier = 0: all 16 policies commit the verifier's greedy plan, fallback or not."""
     dep, _ = deployment
@@ -109,8 +126,7 @@ def test_every_policy_is_greedy_exact(deployment, greedy_reference, pol):
 
 def test_journal_exactly_once_under_injected_branch_failure(deployment, tmp_path):
     dep, _ = deployment
-    cfg = PlanConfig(gamma=2, verifier_temperature=0.0, plan_steps=3, max_step_tokens=5,
-                     bucket=16)
+    cfg = PlanConfig(gamma=2, verifier_temperature=0.0, plan_steps=3, max_step_tokens=5, bucket=16)
     prompts = ["ab", "cd", "a"]
     ids = ["p0", "p1", "p2"]
     ref, _ = run_plans(dep, cfg, prompts, policy=Policy.all_on())
@@ -122,8 +138,9 @@ def test_journal_exactly_once_under_injected_branch_failure(deployment, tmp_path
     path = tmp_path / "journal.jsonl"
     with PlanJournal(path) as j:
         with pytest.raises(RuntimeError, match="mid-step"):
-            run_plans(dep, cfg, prompts, policy=Policy.all_on(), journal=j, plan_ids=ids,
-                      fail_hook=fail)
+            run_plans(
+                dep, cfg, prompts, policy=Policy.all_on(), journal=j, plan_ids=ids, fail_hook=fail
+            )
         assert [len(j.committed_steps(p)) for p in ids] == [2, 2, 1]
     with PlanJournal(path) as j:
         texts, _ = run_plans(dep, cfg, prompts, policy=Policy.all_on(), journal=j, plan_ids=ids)
@@ -136,8 +153,7 @@ def test_journal_exactly_once_under_injected_branch_failure(deployment, tmp_path
 
 def test_naive_records_collapses_with_reasons(deployment):
     dep, _ = deployment
-    cfg = PlanConfig(gamma=3, verifier_temperature=1.0, plan_steps=2, max_step_tokens=6,
-                     bucket=16)
+    cfg = PlanConfig(gamma=3, verifier_temperature=1.0, plan_steps=2, max_step_tokens=6, bucket=16)
     _, stats = run_plans(dep, cfg, ["ab", "cd", "a", "bb"], policy=Policy.naive())
     assert len(stats.decisions) == 2
     for batch in stats.decisions:
@@ -151,15 +167,15 @@ def test_collapse_log_matches_recomputed_boundary_verdicts(deployment):
     reason. (The log and the records are written by one call, so comparing them with each
     other — a count with itself — would prove nothing.)"""
     dep, _ = deployment
-    cfg = PlanConfig(gamma=3, verifier_temperature=1.0, plan_steps=2, max_step_tokens=6,
-                     bucket=16)
+    cfg = PlanConfig(gamma=3, verifier_temperature=1.0, plan_steps=2, max_step_tokens=6, bucket=16)
     _, stats = run_plans(dep, cfg, ["ab", "cd", "a", "bb"], policy=Policy.naive())
     assert stats.branch_records, "no branch reached the step decision"
     expected = collections.Counter()
     for rec in stats.branch_records:
         try:
-            verdict = should_truncate_and_repropose(rec["s"], rec["d"], rec["i"],
-                                                    **cfg.thresholds.kwargs())
+            verdict = should_truncate_and_repropose(
+                rec["s"], rec["d"], rec["i"], **cfg.thresholds.kwargs()
+            )
         except SpeculativePrefixCollapseError as e:
             verdict = e.reason
             expected[e.reason] += 1

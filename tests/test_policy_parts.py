@@ -17,12 +17,12 @@ from specjax import field_report
 from specjax.errors import ConfigError
 from specjax.policy import boundary, consensus, kl, switches  # noqa: F401
 from specjax.policy.boundary import (
-        BoundaryStats,
-        CollapseLog,
-        SpeculativePrefixCollapseError,
-        evaluate_boundary,
-        execute_parallel_plan,
-        should_truncate_and_repropose,
+    BoundaryStats,
+    CollapseLog,
+    SpeculativePrefixCollapseError,
+    evaluate_boundary,
+    execute_parallel_plan,
+    should_truncate_and_repropose,
 )
 from specjax.policy.consensus import decide, exact_match, vote_weight
 from specjax.policy.switches import Policy
@@ -31,7 +31,6 @@ from specjax.policy.switches import Policy
 
 
 class TestSwitches:
-
     def test_presets(self):
         assert Policy.naive() == Policy(False, False, False, None)
         assert Policy.all_on() == Policy(True, True, True, 0.35)
@@ -81,8 +80,12 @@ class TestSwitches:
 
     def test_to_dict(self):
         d = Policy.all_on().to_dict()
-        assert d == {"prefix_partitioning": True, "truncate_and_attribute": True,
-                                  "agreement_weighted_consensus": True, "kl_ceiling": 0.35}
+        assert d == {
+            "prefix_partitioning": True,
+            "truncate_and_attribute": True,
+            "agreement_weighted_consensus": True,
+            "kl_ceiling": 0.35,
+        }
         assert Policy(**d) == Policy.all_on()
 
     def test_int_ceiling_normalised(self):
@@ -92,23 +95,26 @@ class TestSwitches:
 
     @pytest.mark.parametrize("bad", [0, 0.0, -0.1, float("nan"), float("inf"), True, "0.3"])
     def test_bad_ceiling(self, bad):
-        with pytest.raises(ConfigError, match=r"^policy\.kl_ceiling: got .*, allowed: None \(off\)"):
+        with pytest.raises(
+            ConfigError, match=r"^policy\.kl_ceiling: got .*, allowed: None \(off\)"
+        ):
             Policy(kl_ceiling=bad)
 
     def test_bad_bool_switch(self):
-        with pytest.raises(ConfigError, match=r"^policy\.prefix_partitioning: got 1, allowed: True or"):
+        with pytest.raises(
+            ConfigError, match=r"^policy\.prefix_partitioning: got 1, allowed: True or"
+        ):
             Policy(prefix_partitioning=1)
 
     @pytest.mark.parametrize(
-            "name", ["", "all", "all_on_minus_foo", "p1t1a1", "p2t0a0k0", "naive_kl0.5", 3]
+        "name", ["", "all", "all_on_minus_foo", "p1t1a1", "p2t0a0k0", "naive_kl0.5", 3]
     )
     def test_bad_names(self, name):
         with pytest.raises(ConfigError, match=r"^policy: got .*, allowed: 'naive', 'all_on'"):
             Policy.from_name(name)
 
     def test_static_argument_to_jit(self):
-        f = jax.jit(lambda x, policy: x + float(policy.truncate_and_attribute),
-                                static_argnums=1)
+        f = jax.jit(lambda x, policy: x + float(policy.truncate_and_attribute), static_argnums=1)
         assert float(f(1.0, Policy.all_on())) == 2.0
         assert float(f(1.0, Policy.naive())) == 1.0
 
@@ -133,7 +139,6 @@ def _three_drafters():
 
 
 class TestKL:
-
     def test_one_pair_three_tokens(self):
         q = np.array([[[0.7, 0.2, 0.1]], [[0.2, 0.5, 0.3]]], dtype=np.float32)
         out = np.asarray(kl.pairwise_kl(q, eps=1e-9))
@@ -142,11 +147,13 @@ class TestKL:
     def test_pairs_and_positions(self):
         out = np.asarray(kl.pairwise_kl(_three_drafters(), eps=1e-9))
         assert out.shape == (3, 3, 2)
-        expected = np.array([
+        expected = np.array(
+            [
                 [[0, 0], [A, 0], [0, B]],
                 [[B, 0], [0, 0], [B, B]],
                 [[0, A], [A, A], [0, 0]],
-        ])
+            ]
+        )
         np.testing.assert_allclose(out, expected, atol=1e-6)
 
     def test_default_eps_changes_little(self):
@@ -226,17 +233,17 @@ class TestKL:
     MATRIX = np.array([[0, 0.2, 0.5], [0.3, 0, 0.1], [0.4, 0.1, 0]])
 
     @pytest.mark.parametrize(
-            "ceiling, priority, expected",
-            [
-                    (0.35, [0, 1, 2], [[0, 1], [2]]),
-                    (0.35, [2, 1, 0], [[2, 1], [0]]),
-                    (0.35, [0, 2, 1], [[0, 1], [2]]),  # 1 joins the first group that admits it.
-                    (0.30, [0, 1, 2], [[0, 1], [2]]),  # exactly at the ceiling: shares.
-                    (0.29, [0, 1, 2], [[0], [1, 2]]),
-                    (0.05, [0, 1, 2], [[0], [1], [2]]),
-                    (0.50, [0, 1, 2], [[0, 1, 2]]),
-                    (None, [2, 0, 1], [[2, 0, 1]]),  # switch off: one group.
-            ],
+        "ceiling, priority, expected",
+        [
+            (0.35, [0, 1, 2], [[0, 1], [2]]),
+            (0.35, [2, 1, 0], [[2, 1], [0]]),
+            (0.35, [0, 2, 1], [[0, 1], [2]]),  # 1 joins the first group that admits it.
+            (0.30, [0, 1, 2], [[0, 1], [2]]),  # exactly at the ceiling: shares.
+            (0.29, [0, 1, 2], [[0], [1, 2]]),
+            (0.05, [0, 1, 2], [[0], [1], [2]]),
+            (0.50, [0, 1, 2], [[0, 1, 2]]),
+            (None, [2, 0, 1], [[2, 0, 1]]),  # switch off: one group.
+        ],
     )
     def test_groups(self, ceiling, priority, expected):
         assert kl.kl_groups(self.MATRIX, ceiling, priority) == expected
@@ -267,15 +274,14 @@ def _reason(**kwargs):
 
 def _args(shared=0.8, depth=1.0, independent=0.5, **thresholds):
     return dict(
-            shared_prefix_acceptance=shared,
-            mean_truncation_depth=depth,
-            independent_branch_acceptance=independent,
-            **thresholds,
+        shared_prefix_acceptance=shared,
+        mean_truncation_depth=depth,
+        independent_branch_acceptance=independent,
+        **thresholds,
     )
 
 
 class TestBoundary:
-
     def test_seed_defaults(self):
         import inspect
 
@@ -327,28 +333,30 @@ class TestBoundary:
     # ---------------------------------------------------------------- overhead 0.15
 
     @pytest.mark.parametrize(
-            "shared, independent, expected",
-            [
-                    (0.75, 0.59, True),   # gain .16
-                    (0.75, 0.60, False),  # gain .15: not strictly greater
-                    (0.75, 0.61, False),  # gain .14
-                    (0.65, 0.50, False),  # .65 − .5 rounds to .15000000000000002: still equal
-                    (0.60, 0.45, False),  # rounds to .14999999999999997
-                    (0.6500001, 0.5, True),
-                    (0.75, 0.5, True),
-                    (0.5, 0.9, False),    # negative gain
-                    (1.0, 1.0, False),
-            ],
+        "shared, independent, expected",
+        [
+            (0.75, 0.59, True),  # gain .16
+            (0.75, 0.60, False),  # gain .15: not strictly greater
+            (0.75, 0.61, False),  # gain .14
+            (0.65, 0.50, False),  # .65 − .5 rounds to .15000000000000002: still equal
+            (0.60, 0.45, False),  # rounds to .14999999999999997
+            (0.6500001, 0.5, True),
+            (0.75, 0.5, True),
+            (0.5, 0.9, False),  # negative gain
+            (1.0, 1.0, False),
+        ],
     )
     def test_overhead(self, shared, independent, expected):
         assert should_truncate_and_repropose(**_args(shared, 1.0, independent)) is expected
 
     def test_overhead_exact_dyadic(self):
         # 0.75 − 0.5 = 0.25 exactly in binary.
-        assert not should_truncate_and_repropose(**_args(0.75, 1.0, 0.5,
-                                                                                                          truncation_overhead_ratio=0.25))
-        assert should_truncate_and_repropose(**_args(0.75, 1.0, 0.5,
-                                                                                                  truncation_overhead_ratio=0.2499))
+        assert not should_truncate_and_repropose(
+            **_args(0.75, 1.0, 0.5, truncation_overhead_ratio=0.25)
+        )
+        assert should_truncate_and_repropose(
+            **_args(0.75, 1.0, 0.5, truncation_overhead_ratio=0.2499)
+        )
 
     # ---------------------------------------------------------------- range [0, 1]
 
@@ -390,24 +398,33 @@ class TestBoundary:
     def test_evaluate_boundary(self):
         log = CollapseLog()
         stats = {
-                "code": BoundaryStats(0.8, 1.0, 0.5),
-                "prose": {"shared_prefix_acceptance": 0.3, "mean_truncation_depth": 1.0,
-                                    "independent_branch_acceptance": 0.2},
-                "reasoning": BoundaryStats(0.7, 4.0, 0.5),
-                "bad": BoundaryStats(float("nan"), 1.0, 0.5),
-                "close": BoundaryStats(0.6, 1.0, 0.5),
+            "code": BoundaryStats(0.8, 1.0, 0.5),
+            "prose": {
+                "shared_prefix_acceptance": 0.3,
+                "mean_truncation_depth": 1.0,
+                "independent_branch_acceptance": 0.2,
+            },
+            "reasoning": BoundaryStats(0.7, 4.0, 0.5),
+            "bad": BoundaryStats(float("nan"), 1.0, 0.5),
+            "close": BoundaryStats(0.6, 1.0, 0.5),
         }
         out = evaluate_boundary(stats, log=log)
         assert [d.branch_id for d in out] == list(stats)
         assert [d.decision for d in out] == [True, False, False, False, False]
         assert [d.reason for d in out] == [
-                None, "acceptance_below_floor", "truncation_thrash", "acceptance_out_of_range", None
+            None,
+            "acceptance_below_floor",
+            "truncation_thrash",
+            "acceptance_out_of_range",
+            None,
         ]
         assert out[0].shared_prefix_acceptance == 0.8 and out[0].message is None
         assert out[2].mean_truncation_depth == 4.0 and "4.0" in out[2].message
         assert [d.collapsed for d in out] == [False, True, True, True, False]
         assert log.counts() == {
-                "acceptance_out_of_range": 1, "acceptance_below_floor": 1, "truncation_thrash": 1
+            "acceptance_out_of_range": 1,
+            "acceptance_below_floor": 1,
+            "truncation_thrash": 1,
         }
         assert log.total == 3 and log["truncation_thrash"] == 1
         assert [e[0] for e in log.events] == ["prose", "reasoning", "bad"]
@@ -422,7 +439,6 @@ class TestBoundary:
 
 
 class _Branch:
-
     def __init__(self, shared, depth, independent):
         self.shared_acceptance = shared
         self.truncation_depth = depth
@@ -434,7 +450,6 @@ class _Branch:
 
 
 class _Consensus:
-
     def __init__(self):
         self.calls = []
 
@@ -448,14 +463,14 @@ class _Consensus:
 
 
 class TestExecuteParallelPlan:
-
     def test_all_collapse_falls_back(self):
         branches = [_Branch(0.19, 1.0, 0.1), _Branch(0.8, 3.0, 0.1)]
         cons, log = _Consensus(), CollapseLog()
         assert execute_parallel_plan(branches, "V", cons, log=log) == "fallback"
         assert cons.calls == [("fallback", branches, "V")]
         assert [e.reason for b in branches for e in b.collapses] == [
-                "acceptance_below_floor", "truncation_thrash"
+            "acceptance_below_floor",
+            "truncation_thrash",
         ]
         assert log.total == 2
 
@@ -480,7 +495,6 @@ class TestExecuteParallelPlan:
 
 
 class TestConsensus:
-
     def test_vote_weight(self):
         assert vote_weight(3, 8, 1, agreement_weighted=False) == 3 / 8
         assert vote_weight(3, 8, 1, agreement_weighted=True) == 3 / 4
@@ -494,9 +508,12 @@ class TestConsensus:
         assert vote_weight(0, 5, 0, agreement_weighted=False) == 0.0
 
     @pytest.mark.parametrize(
-            "args, match",
-            [((-1, 4, 0), "accepted=-1"), ((3, 4, 2), "exceeds proposed"),
-              ((1, float("nan"), 0), "proposed=nan")],
+        "args, match",
+        [
+            ((-1, 4, 0), "accepted=-1"),
+            ((3, 4, 2), "exceeds proposed"),
+            ((1, float("nan"), 0), "proposed=nan"),
+        ],
     )
     def test_vote_weight_errors(self, args, match):
         with pytest.raises(ValueError, match=match):
@@ -544,16 +561,16 @@ class TestConsensus:
         assert decide(["s"] * 3, weighted).committed == "s"
 
     @pytest.mark.parametrize(
-            "cands, weights, threshold, match",
-            [
-                    (["a"], [0.5, 0.5], 0.5, "1 candidates but 2 weights"),
-                    ([], [], 0.5, "empty"),
-                    (["a"], [1.1], 0.5, r"weights\[0\]=1.1"),
-                    (["a"], [-0.1], 0.5, r"weights\[0\]=-0.1"),
-                    (["a"], [float("nan")], 0.5, r"weights\[0\]=nan"),
-                    (["a"], [1.0], 0.0, "threshold=0.0"),
-                    (["a"], [1.0], 1.5, "threshold=1.5"),
-            ],
+        "cands, weights, threshold, match",
+        [
+            (["a"], [0.5, 0.5], 0.5, "1 candidates but 2 weights"),
+            ([], [], 0.5, "empty"),
+            (["a"], [1.1], 0.5, r"weights\[0\]=1.1"),
+            (["a"], [-0.1], 0.5, r"weights\[0\]=-0.1"),
+            (["a"], [float("nan")], 0.5, r"weights\[0\]=nan"),
+            (["a"], [1.0], 0.0, "threshold=0.0"),
+            (["a"], [1.0], 1.5, "threshold=1.5"),
+        ],
     )
     def test_decide_errors(self, cands, weights, threshold, match):
         with pytest.raises(ValueError, match=match):
@@ -565,18 +582,29 @@ class TestConsensus:
 
 def test_public_modules_import():
     assert boundary.REASONS == (
-            "acceptance_out_of_range", "acceptance_below_floor", "truncation_thrash"
+        "acceptance_out_of_range",
+        "acceptance_below_floor",
+        "truncation_thrash",
     )
     assert math.isclose(field_report.KL_CEILING, 0.35)
 
 
 def test_policy_names_grammar():
     from specjax.policy import names
+
     assert names.canonical_name("p1t1a1k1") == "all_on"
     assert names.canonical_name(" auto ") == "auto" and names.is_router("oracle")
-    assert names.canonical_name({"prefix_partitioning": True, "truncate_and_attribute": True,
-                                 "agreement_weighted_consensus": True,
-                                 "kl_ceiling": 0.5}) == "all_on_kl0.5"
+    assert (
+        names.canonical_name(
+            {
+                "prefix_partitioning": True,
+                "truncate_and_attribute": True,
+                "agreement_weighted_consensus": True,
+                "kl_ceiling": 0.5,
+            }
+        )
+        == "all_on_kl0.5"
+    )
     assert names.parse("single:code") == names.single_name("code") == "single:code"
     assert names.single_drafter("single:code") == "code"
     assert names.single_drafter("all_on") is None
@@ -587,9 +615,22 @@ def test_policy_names_grammar():
         with pytest.raises(ConfigError, match="auto, oracle"):
             names.parse(bad)
     assert names.label("not a policy") == "not a policy" and names.label(None) == "–"
-    shuffled = ["single:code", "oracle", "p1t0a1k0", "naive_plus_kl_ceiling", "auto", "all_on",
-                "naive"]
+    shuffled = [
+        "single:code",
+        "oracle",
+        "p1t0a1k0",
+        "naive_plus_kl_ceiling",
+        "auto",
+        "all_on",
+        "naive",
+    ]
     assert sorted(shuffled, key=names.order_key) == [
-        "naive", "all_on", "naive_plus_kl_ceiling", "auto", "oracle", "p1t0a1k0",
-        "single:code"]
+        "naive",
+        "all_on",
+        "naive_plus_kl_ceiling",
+        "auto",
+        "oracle",
+        "p1t0a1k0",
+        "single:code",
+    ]
     assert len(names.ABLATION_NAMES) == 10 and names.FIELD_REPORT_NAMES[-2:] == names.ROUTERS

@@ -10,6 +10,7 @@ SmolLM2-135M-Instruct with every kind of drafter it deploys.
    residual path), the prompt-lookup drafter and the cross-vocabulary reasoning drafter
    (the zoo's, its own tokenizer), under rule 1 and the token tree of all three.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,17 @@ V = 96
 
 
 def _tiny_subset(seed=0, kept=40):
-    cfg = TransformerConfig(vocab_size=kept + 1, d_model=32, n_layers=1, n_heads=2,
-                            n_kv_heads=1, d_ff=64, max_len=64, tie_embeddings=True,
-                            embed_input_scale=False)
+    cfg = TransformerConfig(
+        vocab_size=kept + 1,
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        d_ff=64,
+        max_len=64,
+        tie_embeddings=True,
+        embed_input_scale=False,
+    )
     lm = SubsetVocabLM(cfg, V)
     keep = np.sort(np.random.default_rng(seed).choice(V, kept, replace=False))
     return lm, lm.init_params(seed, keep)
@@ -42,9 +51,10 @@ def test_save_load_round_trip_in_bf16(tmp_path):
     lm2, params2, info = real_zoo.load_drafter(path)
     assert lm2 == lm and info['note'] == 'x'
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
-        if a.dtype.kind == 'f':   # rounded once to bf16, widened back exactly
-            np.testing.assert_array_equal(np.asarray(a.astype(jnp.bfloat16).astype(jnp.float32)),
-                                          np.asarray(b))
+        if a.dtype.kind == 'f':  # rounded once to bf16, widened back exactly
+            np.testing.assert_array_equal(
+                np.asarray(a.astype(jnp.bfloat16).astype(jnp.float32)), np.asarray(b)
+            )
         else:
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     tokens = jnp.asarray(np.arange(12).reshape(2, 6) % V, jnp.int32)
@@ -67,6 +77,7 @@ def test_load_errors_are_one_line(tmp_path):
 
 def test_export_hf_logits_at_kept_ids(tmp_path):
     from specjax.models.hf import load_hf  # pylint: disable=import-outside-toplevel
+
     lm, params = _tiny_subset(seed=3)
     path = real_zoo.export_hf(tmp_path / 'hf', lm, params)
     hf_lm, hf_params, family = load_hf(path)
@@ -82,9 +93,11 @@ def test_export_hf_logits_at_kept_ids(tmp_path):
 # Greedy equality on the real verifier
 # ----------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope='module')
 def smol():
     from specjax.models import gguf  # pylint: disable=import-outside-toplevel
+
     try:
         return gguf.smollm2(max_len=512)
     except ConfigError as e:
@@ -94,38 +107,77 @@ def smol():
 @pytest.mark.slow
 def test_greedy_equality_on_smollm2_with_every_drafter_kind(smol, tmp_path):
     from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
-    from specjax.engine.generate import (autoregressive_generate,  # pylint: disable=import-outside-toplevel
-                                         row_keys_for, speculative_generate)
+    from specjax.engine.generate import (
+        autoregressive_generate,  # pylint: disable=import-outside-toplevel
+        row_keys_for,
+        speculative_generate,
+    )
     from specjax.engine.spec import EngineConfig  # pylint: disable=import-outside-toplevel
     from specjax.models.subset_vocab import most_frequent_ids  # pylint: disable=import-outside-toplevel
-    cfg = TransformerConfig(vocab_size=257, d_model=64, n_layers=1, n_heads=2, n_kv_heads=1,
-                            d_ff=128, max_len=512, tie_embeddings=True, embed_input_scale=False)
+
+    cfg = TransformerConfig(
+        vocab_size=257,
+        d_model=64,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        d_ff=128,
+        max_len=512,
+        tie_embeddings=True,
+        embed_input_scale=False,
+    )
     lm = SubsetVocabLM(cfg, smol.lm.vocab_size)
     counts = np.zeros(smol.lm.vocab_size)
     for text in ('def f(x):\n    return x + 1\n', 'In the beginning God created'):
         np.add.at(counts, smol.tokenizer.encode(text), 1.0)
     params = lm.init_params(0, most_frequent_ids(counts, 256))
     real_zoo.save_drafter(tmp_path / 'drafter_code.npz', lm, params, {})
-    dep = from_smollm2(['code', 'lookup', 'reasoning'], verifier=smol,
-                       drafters={'code': str(tmp_path / 'drafter_code.npz')})
-    texts = ['def add(a, b):\n    """Return a + b.\n', 'Genesis 1\nIn the beginning',
-             'Q: What is 12 + 30?\n']
+    dep = from_smollm2(
+        ['code', 'lookup', 'reasoning'],
+        verifier=smol,
+        drafters={'code': str(tmp_path / 'drafter_code.npz')},
+    )
+    texts = [
+        'def add(a, b):\n    """Return a + b.\n',
+        'Genesis 1\nIn the beginning',
+        'Q: What is 12 + 30?\n',
+    ]
     v_prompts = [dep.encode(t) for t in texts]
     new = 24
-    ar = autoregressive_generate(dep.verifier, dep.v_params, v_prompts, row_keys_for(0, 3),
-                                 temperature=0.0, max_new_tokens=new, bucket=64)
-    cases = [(['code'], 'rejection'), (['lookup'], 'rejection'), (['reasoning'], 'rejection'),
-             (['code', 'lookup', 'reasoning'], 'token_tree')]
+    ar = autoregressive_generate(
+        dep.verifier,
+        dep.v_params,
+        v_prompts,
+        row_keys_for(0, 3),
+        temperature=0.0,
+        max_new_tokens=new,
+        bucket=64,
+    )
+    cases = [
+        (['code'], 'rejection'),
+        (['lookup'], 'rejection'),
+        (['reasoning'], 'rejection'),
+        (['code', 'lookup', 'reasoning'], 'token_tree'),
+    ]
     for names, rule in cases:
         sub = dep.subset(names)
         d_prompts = [[e(t) for t in texts] for e in sub.drafter_encode]
         res = speculative_generate(
-            EngineConfig(gamma=3, rule=rule, verifier_temperature=0.0, n_slots=len(names),
-                         max_new_tokens=new), dep.verifier, dep.v_params, sub.drafters,
-            sub.d_data, v_prompts, d_prompts, row_keys_for(1, 3), bucket=64)
+            EngineConfig(
+                gamma=3, rule=rule, verifier_temperature=0.0, n_slots=len(names), max_new_tokens=new
+            ),
+            dep.verifier,
+            dep.v_params,
+            sub.drafters,
+            sub.d_data,
+            v_prompts,
+            d_prompts,
+            row_keys_for(1, 3),
+            bucket=64,
+        )
         for i, p in enumerate(v_prompts):
-            got = res.tokens[i, len(p):res.length[i]][:new]
-            want = ar.tokens[i, len(p):ar.length[i]][:new]
+            got = res.tokens[i, len(p) : res.length[i]][:new]
+            want = ar.tokens[i, len(p) : ar.length[i]][:new]
             n = min(len(got), len(want))
             assert n > 0
             np.testing.assert_array_equal(got[:n], want[:n], err_msg=f'{names} {rule} row {i}')
@@ -134,8 +186,11 @@ def test_greedy_equality_on_smollm2_with_every_drafter_kind(smol, tmp_path):
 def test_untied_head_layout_gives_identical_logits(smol):
     """`untie_head` stores the tied table's transpose as lm_head: the same logits, bit for bit."""
     from specjax.models import gguf  # pylint: disable=import-outside-toplevel
+
     untied = gguf.smollm2(max_len=64, untie_head=True)
     assert not untied.lm.config.tie_embeddings and untied.params['lm_head'].shape == (576, 49152)
     ids = jnp.asarray([smol.tokenizer.encode(smol.chat('Name three colours.'))])
-    np.testing.assert_array_equal(np.asarray(smol.lm.logits_full(smol.params, ids)),
-                                  np.asarray(untied.lm.logits_full(untied.params, ids)))
+    np.testing.assert_array_equal(
+        np.asarray(smol.lm.logits_full(smol.params, ids)),
+        np.asarray(untied.lm.logits_full(untied.params, ids)),
+    )

@@ -2,6 +2,7 @@
 tokenizer conventions: a Llama verifier (byte-level BPE), a Qwen2 code drafter (the same
 tokenizer), a Mistral prose drafter and a Llama reasoning drafter (SentencePiece-style,
 byte fallback: cross-vocabulary)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -16,6 +17,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import hf_fixtures as F  # noqa: E402
+
 from specjax.errors import ConfigError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +41,7 @@ def folders(tmp_path_factory):
 
 def _tok(path):
     from specjax.tokenizers.hf import load_hf_tokenizer
+
     return load_hf_tokenizer(path)
 
 
@@ -57,6 +60,7 @@ def _config(paths, *variant):
 
 def test_validation_names_the_field(folders, tmp_path):
     from specjax.runner import experiments
+
     paths, _ = folders
     c = _config(paths)
     c.drafters.prose.path = str(tmp_path / "nowhere")
@@ -76,6 +80,7 @@ def test_deployment_and_memory_table(folders):
     from specjax.engine.deployment import build_deployment
     from specjax.engine.spec import EngineConfig
     from specjax.runner import experiments, hf_deployment
+
     paths, models = folders
     c = _config(paths)
     experiments.validate(c)
@@ -84,7 +89,7 @@ def test_deployment_and_memory_table(folders):
     assert all(r["total"] == r["params"] + r["kv_cache"] > 0 for r in rows)
     dep = experiments.load_deployment(c)
     assert dep.names == ("code", "prose", "reasoning")
-    assert dep.groups[0] != dep.groups[1] == dep.groups[2]   # two tokenizer groups
+    assert dep.groups[0] != dep.groups[1] == dep.groups[2]  # two tokenizer groups
     assert (np.asarray(dep.d_data[1].to_verifier) >= 0).sum() > 100
     # Prompts start with each tokenizer's own BOS (the SentencePiece-style one has '<s>'
     # in its template, the byte-level one none); `bos=False` spells the text alone.
@@ -92,39 +97,74 @@ def test_deployment_and_memory_table(folders):
     assert sp("def f") == [1] + sp("def f")[1:] and dep.encode("def f")[0] != 1
     plain = build_deployment(
         SimpleNamespace(lm=dep.verifier, params=dep.v_params, tokenizer=_tok(paths["verifier"])),
-        [("prose", SimpleNamespace(lm=dep.drafters[1].lm, params=dep.d_data[1].params,
-                                   tokenizer=_tok(paths["prose"])), 1.0, 0.1)], bos=False)
+        [
+            (
+                "prose",
+                SimpleNamespace(
+                    lm=dep.drafters[1].lm,
+                    params=dep.d_data[1].params,
+                    tokenizer=_tok(paths["prose"]),
+                ),
+                1.0,
+                0.1,
+            )
+        ],
+        bos=False,
+    )
     assert [1] + plain.drafter_encode[0]("def f") == sp("def f")
     # Greedy speculative decoding across families and vocabularies = the verifier's own
     # greedy output (HF transformers).
     texts = ["def add(a, b):", "In the beginning"]
     prompts = [dep.encode(t) for t in texts]
-    cfg = EngineConfig(gamma=3, rule="token_tree", verifier_temperature=0.0, n_slots=3,
-                       max_new_tokens=10)
-    res = gen.speculative_generate(cfg, dep.verifier, dep.v_params, dep.drafters, dep.d_data,
-                                   prompts, [[enc(t) for t in texts] for enc in dep.drafter_encode],
-                                   gen.row_keys_for(0, 2))
+    cfg = EngineConfig(
+        gamma=3, rule="token_tree", verifier_temperature=0.0, n_slots=3, max_new_tokens=10
+    )
+    res = gen.speculative_generate(
+        cfg,
+        dep.verifier,
+        dep.v_params,
+        dep.drafters,
+        dep.d_data,
+        prompts,
+        [[enc(t) for t in texts] for enc in dep.drafter_encode],
+        gen.row_keys_for(0, 2),
+    )
     import torch
+
     for b, p in enumerate(prompts):
         with torch.no_grad():
-            out = models["verifier"].generate(torch.tensor([p]), max_new_tokens=10,
-                                              do_sample=False,
-                                              attention_mask=torch.ones(1, len(p), dtype=torch.long))
-        assert res.new_tokens(b) == out[0, len(p):].tolist()
+            out = models["verifier"].generate(
+                torch.tensor([p]),
+                max_new_tokens=10,
+                do_sample=False,
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+            )
+        assert res.new_tokens(b) == out[0, len(p) :].tolist()
     assert int(res.counters.accepted.sum()) >= 0 and jnp.asarray(res.tokens).shape[0] == 2
 
 
 @pytest.mark.slow
 def test_cli_runs_the_config(folders, tmp_path):
     paths, _ = folders
-    cmd = [sys.executable, "-m", "specjax.main",
-           "--config=configs/real_models.py:runlocal", f"--workdir={tmp_path / 'run'}",
-           f"--config.verifier={paths['verifier']}", "--config.plans_per_domain=1",
-           "--config.plan_steps=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specjax.main",
+        "--config=configs/real_models.py:runlocal",
+        f"--workdir={tmp_path / 'run'}",
+        f"--config.verifier={paths['verifier']}",
+        "--config.plans_per_domain=1",
+        "--config.plan_steps=1",
+    ]
     cmd += [f"--config.drafters.{n}.path={paths[n]}" for n in ("code", "prose", "reasoning")]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "run" / "results.jsonl").read_text().count("\n") == 1
-    bad = subprocess.run(cmd[:5] + ["--config.verifier=/nonexistent"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        cmd[:5] + ["--config.verifier=/nonexistent"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "verifier: got '/nonexistent'" in bad.stderr

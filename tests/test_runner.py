@@ -11,8 +11,8 @@ from pathlib import Path
 import ml_collections
 import pytest
 
-from specjax.errors import ConfigError, check
 from specjax.configs import common as config_common
+from specjax.errors import ConfigError, check
 from specjax.runner import grid, registry, report, results, sweep
 from specjax.runner import rows as rows_lib
 
@@ -75,7 +75,10 @@ def test_parse_config_arg_variants_then_overrides_with_type_coercion():
 
     c = config_common.parse_config_arg(
         "gamma=3,runlocal,temperature=0,name='all_on',flag=yes,maybe=[1,2],grid.seed=7,"
-        "grid.pairing=[(code,prose),(code,prose,reasoning)]", _defaults(), {"runlocal": runlocal})
+        "grid.pairing=[(code,prose),(code,prose,reasoning)]",
+        _defaults(),
+        {"runlocal": runlocal},
+    )
     assert c.gamma == 3 and isinstance(c.gamma, int)  # override applied after the variant
     assert c.temperature == 0.0 and isinstance(c.temperature, float)
     assert c.name == "all_on" and c.flag is True and c.maybe == [1, 2]
@@ -87,18 +90,21 @@ def test_parse_config_arg_variants_then_overrides_with_type_coercion():
     assert list(c.grid.keys()) == ["gamma"]
 
 
-@pytest.mark.parametrize("arg,match", [
-    ("nope=1", r"nope=1: no such config field; fields here: .*gamma"),
-    ("gama=1", r"did you mean 'gamma'"),
-    ("grid.sed=[1]", r"did you mean 'grid.seed'"),
-    ("gamma.x=1", r"'gamma' is not a ConfigDict"),
-    ("gamma=2.5", r"gamma: got '2.5', allowed: an integer"),
-    ("temperature=hot", r"temperature: got 'hot', allowed: a number"),
-    ("flag=maybe", r"flag: got 'maybe', allowed: a bool"),
-    ("grid=3", r"grid: got '3', allowed: a dict literal"),
-    ("runbig", r"config variant: got 'runbig', allowed: one of 'runlocal'"),
-    ("grid.seed=[1,2", r"balanced brackets"),
-])
+@pytest.mark.parametrize(
+    "arg,match",
+    [
+        ("nope=1", r"nope=1: no such config field; fields here: .*gamma"),
+        ("gama=1", r"did you mean 'gamma'"),
+        ("grid.sed=[1]", r"did you mean 'grid.seed'"),
+        ("gamma.x=1", r"'gamma' is not a ConfigDict"),
+        ("gamma=2.5", r"gamma: got '2.5', allowed: an integer"),
+        ("temperature=hot", r"temperature: got 'hot', allowed: a number"),
+        ("flag=maybe", r"flag: got 'maybe', allowed: a bool"),
+        ("grid=3", r"grid: got '3', allowed: a dict literal"),
+        ("runbig", r"config variant: got 'runbig', allowed: one of 'runlocal'"),
+        ("grid.seed=[1,2", r"balanced brackets"),
+    ],
+)
 def test_parse_config_arg_errors(arg, match):
     with pytest.raises(ConfigError, match=match):
         config_common.parse_config_arg(arg, _defaults(), {"runlocal": lambda c: None})
@@ -106,7 +112,11 @@ def test_parse_config_arg_errors(arg, match):
 
 def test_split_arg_respects_brackets_and_quotes():
     assert config_common.split_arg("a,b=[1,2],c='x,y',d={'k': (1, 2)},,") == [
-        "a", "b=[1,2]", "c='x,y'", "d={'k': (1, 2)}"]
+        "a",
+        "b=[1,2]",
+        "c='x,y'",
+        "d={'k': (1, 2)}",
+    ]
 
 
 # ----------------------------------------------------------------------------------
@@ -123,15 +133,20 @@ def _grid_config(**axes) -> ml_collections.ConfigDict:
 
 
 def test_expand_grid_order_and_stable_ids():
-    c = _grid_config(gamma=[2, 4], pairing=[("code",), ("code", "prose")],
-                     policy=["naive", {"name": "custom", "kl_ceiling": 0.35}])
+    c = _grid_config(
+        gamma=[2, 4],
+        pairing=[("code",), ("code", "prose")],
+        policy=["naive", {"name": "custom", "kl_ceiling": 0.35}],
+    )
     cells = grid.expand_grid(c)
     assert len(cells) == 8
     assert cells == grid.expand_grid(c)  # deterministic
     # Declaration order, last axis fastest; values in JSON form (tuples -> lists).
     assert [(x["gamma"], x["pairing"], x["policy"]) for x in cells[:3]] == [
-        (2, ["code"], "naive"), (2, ["code"], {"name": "custom", "kl_ceiling": 0.35}),
-        (2, ["code", "prose"], "naive")]
+        (2, ["code"], "naive"),
+        (2, ["code"], {"name": "custom", "kl_ceiling": 0.35}),
+        (2, ["code", "prose"], "naive"),
+    ]
     assert list(cells[0]) == ["cell_id", "gamma", "pairing", "policy"]
     ids = [x["cell_id"] for x in cells]
     assert len(set(ids)) == 8 and all(len(i) == 12 for i in ids)
@@ -141,20 +156,28 @@ def test_expand_grid_order_and_stable_ids():
     # nor on the other cells of the grid (so a grid can be extended and resumed).
     assert grid.cell_id({"seed": 0, "gamma": 2.0}) == grid.cell_id({"gamma": 2, "seed": 0})
     assert grid.cell_id({"pairing": ("a", "b")}) == grid.cell_id({"pairing": ["a", "b"]})
-    bigger = grid.expand_grid(_grid_config(gamma=[2, 4, 8], pairing=[("code",), ("code", "prose")],
-                                           policy=["naive", {"name": "custom", "kl_ceiling": 0.35}]))
+    bigger = grid.expand_grid(
+        _grid_config(
+            gamma=[2, 4, 8],
+            pairing=[("code",), ("code", "prose")],
+            policy=["naive", {"name": "custom", "kl_ceiling": 0.35}],
+        )
+    )
     assert set(ids) < {x["cell_id"] for x in bigger}
 
 
-@pytest.mark.parametrize("grid_value,match", [
-    (None, r"grid: got None"),
-    ({}, r"grid: got \{\}, allowed: at least one axis"),
-    ({"gamma": []}, r"grid.gamma: got \[\], allowed: a non-empty list"),
-    ({"gamma": 4}, r"grid.gamma: got 4, allowed: a list of values"),
-    ({"gamma": [2, 2.0]}, r"grid.gamma: .*distinct values"),
-    ({"cell_id": [1]}, r"reserved"),
-    ({"temperature": [float("nan")]}, r"finite"),
-])
+@pytest.mark.parametrize(
+    "grid_value,match",
+    [
+        (None, r"grid: got None"),
+        ({}, r"grid: got \{\}, allowed: at least one axis"),
+        ({"gamma": []}, r"grid.gamma: got \[\], allowed: a non-empty list"),
+        ({"gamma": 4}, r"grid.gamma: got 4, allowed: a list of values"),
+        ({"gamma": [2, 2.0]}, r"grid.gamma: .*distinct values"),
+        ({"cell_id": [1]}, r"reserved"),
+        ({"temperature": [float("nan")]}, r"finite"),
+    ],
+)
 def test_grid_validation(grid_value, match):
     c = ml_collections.ConfigDict()
     if grid_value is not None:
@@ -171,8 +194,10 @@ def test_grid_validation(grid_value, match):
 def test_append_and_read_roundtrip(tmp_path):
     path = tmp_path / "results.jsonl"
     assert results.read_results(path) == [] and results.completed_cell_ids(path) == set()
-    rows = [{"cell_id": f"c{i}", "x": i, "text": "multi\nline", "kl_max": float("inf")}
-            for i in range(3)]
+    rows = [
+        {"cell_id": f"c{i}", "x": i, "text": "multi\nline", "kl_max": float("inf")}
+        for i in range(3)
+    ]
     for r in rows:
         results.append_result(path, r)
     assert results.read_results(path) == rows
@@ -300,8 +325,11 @@ class Counting:
 def counting(monkeypatch):
     counter = Counting()
     exp = registry.get_experiment("toy")
-    monkeypatch.setitem(registry._REGISTRY, "toy",  # pylint: disable=protected-access
-                        registry.Experiment("toy", counter, exp.validate, exp.finalize))
+    monkeypatch.setitem(
+        registry._REGISTRY,
+        "toy",  # pylint: disable=protected-access
+        registry.Experiment("toy", counter, exp.validate, exp.finalize),
+    )
     return counter
 
 
@@ -344,8 +372,11 @@ def test_sweep_validation_writes_nothing(tmp_path):
         (load_toy_config(), tmp_path / "file" / "sub", r"--workdir: .*is a file"),
         (load_toy_config("grid.gamma=[0,2]"), tmp_path / "w", r"grid.gamma: got \[0, 2\]"),
         (load_toy_config("experiment=nope"), tmp_path / "w", r"experiment: got 'nope'"),
-        (load_toy_config("experiment_module=/nonexistent/x.py"), tmp_path / "w",
-         r"experiment_module"),
+        (
+            load_toy_config("experiment_module=/nonexistent/x.py"),
+            tmp_path / "w",
+            r"experiment_module",
+        ),
     ]
     for config, workdir, match in bad:
         with pytest.raises(ConfigError, match=match):
@@ -360,8 +391,13 @@ def _run_as_processes(plan, n):
 
     def process(i):
         try:
-            out[i] = sweep.execute(plan, progress=False, processes=sweep.Processes(
-                index=i, count=n, barrier=lambda name: barrier.wait(timeout=60)))
+            out[i] = sweep.execute(
+                plan,
+                progress=False,
+                processes=sweep.Processes(
+                    index=i, count=n, barrier=lambda name: barrier.wait(timeout=60)
+                ),
+            )
         except BaseException as e:  # pylint: disable=broad-except
             errors.append(e)
             barrier.abort()
@@ -399,8 +435,9 @@ def test_sweep_over_two_processes_splits_round_robin_and_merges(tmp_path, counti
     workdir.mkdir()
     (workdir / "config.json").write_text(config.to_json_best_effort())
     for c in cells[:2]:
-        results.append_result(results.results_path(workdir, 1),
-                              {**c, **toy_experiment.toy(config, c, workdir)})
+        results.append_result(
+            results.results_path(workdir, 1), {**c, **toy_experiment.toy(config, c, workdir)}
+        )
     plan = sweep.prepare(config, workdir)
     out = _run_as_processes(plan, 2)
     todo = [c["cell_id"] for c in cells[2:]]
@@ -420,8 +457,10 @@ def test_sweep_over_two_processes_splits_round_robin_and_merges(tmp_path, counti
 
 def _fake_rows() -> list[dict]:
     config = load_toy_config()  # 36 cells over gamma, temperature, pairing and policy
-    return [{**c, "cell": grid.cell_params(c), **toy_experiment.toy(config, c, Path("."))}
-            for c in grid.expand_grid(config)]
+    return [
+        {**c, "cell": grid.cell_params(c), **toy_experiment.toy(config, c, Path("."))}
+        for c in grid.expand_grid(config)
+    ]
 
 
 def _is_png(path: Path) -> bool:
@@ -443,14 +482,17 @@ def test_report_writes_markdown_and_every_plot(tmp_path):
     assert text.count("\n| `") == 36  # one table row per cell
     assert "code 0.6" in text and "code+prose+reasoning" in text
     from specjax.runner.plots import PLOTS
+
     for name in PLOTS:
         assert _is_png(tmp_path / "plots" / f"{name}.png"), name
         assert f"(plots/{name}.png)" in text
 
 
 def test_report_draws_only_the_plots_its_columns_allow(tmp_path):
-    rows = [{k: r[k] for k in ("cell_id", "cell", "gamma", "drafter_temperature", "acceptance")}
-            for r in _fake_rows()]
+    rows = [
+        {k: r[k] for k in ("cell_id", "cell", "gamma", "drafter_temperature", "acceptance")}
+        for r in _fake_rows()
+    ]
     (tmp_path / "plots").mkdir()
     (tmp_path / "plots" / "joint_vs_kl.png").write_bytes(b"stale")
     report.write_report(tmp_path, rows, config={})
@@ -467,9 +509,9 @@ def test_report_draws_only_the_plots_its_columns_allow(tmp_path):
 def test_report_writes_non_finite_values_as_such_and_plots_finite_ones(tmp_path):
     rows = _fake_rows()
     rows[0]["joint_acceptance"] = float("inf")
-    rows[1]["joint_acceptance"] = float("-inf")   # with inf above: a mean of nan
+    rows[1]["joint_acceptance"] = float("-inf")  # with inf above: a mean of nan
     rows[2]["kl_max"] = float("nan")
-    rows[3]["mean_truncation_depth"] = 1e308      # finite, but no plot can place it
+    rows[3]["mean_truncation_depth"] = 1e308  # finite, but no plot can place it
     rows[4]["throughput_ratio_vs_single"] = 10**400
     out = report.write_report(tmp_path, rows, config={})
     text = out.read_text()
@@ -477,14 +519,16 @@ def test_report_writes_non_finite_values_as_such_and_plots_finite_ones(tmp_path)
     assert "| inf |" in cells and "| -inf |" in cells and "| nan |" in cells
     assert "1e+308" in cells
     from specjax.runner.plots import PLOTS
+
     assert sorted(p.stem for p in (tmp_path / "plots").iterdir()) == sorted(PLOTS)
 
 
 def test_split_rows_keeps_the_grid_and_names_the_rest():
     config = _grid_config(gamma=[1, 2], seed=[0])
     cells = grid.expand_grid(config)
-    rows = [{"cell_id": c["cell_id"], "cell": grid.cell_params(c), "x": i}
-            for i, c in enumerate(cells)]
+    rows = [
+        {"cell_id": c["cell_id"], "cell": grid.cell_params(c), "x": i} for i, c in enumerate(cells)
+    ]
     other = {"cell_id": "feedfeedfeed", "cell": {"gamma": 9, "seed": 0}}
     relabelled = {"cell_id": cells[0]["cell_id"], "cell": {"gamma": 7, "seed": 0}}
     inside, outside = grid.split_rows(rows + [other, relabelled, {"x": 1}], cells)
@@ -493,7 +537,8 @@ def test_split_rows_keeps_the_grid_and_names_the_rest():
         "cell_id 'feedfeedfeed' is not a cell of the grid",
         f'its cell {{"gamma": 7, "seed": 0}} is not the values of cell {cells[0]["cell_id"]} '
         f'{{"gamma": 1, "seed": 0}}',
-        "it has no cell_id"]
+        "it has no cell_id",
+    ]
 
 
 def test_grid_size_is_bounded():
@@ -505,19 +550,30 @@ def test_grid_size_is_bounded():
 def test_labels():
     assert rows_lib.label(["code", "prose"]) == "code+prose"
     assert rows_lib.label(0.5) == "0.5" and rows_lib.label(1.0) == "1"
-    switches = {"prefix_partitioning": True, "truncate_and_attribute": True,
-                "agreement_weighted_consensus": False, "kl_ceiling": 0.35}
+    switches = {
+        "prefix_partitioning": True,
+        "truncate_and_attribute": True,
+        "agreement_weighted_consensus": False,
+        "kl_ceiling": 0.35,
+    }
     # A spelled-out policy is shown by its canonical name (specjax.policy.names).
     assert rows_lib.label(switches) == "all_on_minus_agreement_weighted_consensus"
     assert rows_lib.label({**switches, "kl_ceiling": 0.5}) == (
-        "all_on_minus_agreement_weighted_consensus_kl0.5")
+        "all_on_minus_agreement_weighted_consensus_kl0.5"
+    )
     assert rows_lib.label({**switches, "kl_ceiling": None}) == "p1t1a0k0"
     assert rows_lib.label({"name": "all_on", "x": 1}) == "all_on"
 
 
 def _kl_row(policy, **fields):
-    return {"cell_id": policy, "policy": policy, "pairing": ["code", "prose"], "kl_max": 0.3,
-            "joint_acceptance": 0.6, **fields}
+    return {
+        "cell_id": policy,
+        "policy": policy,
+        "pairing": ["code", "prose"],
+        "kl_max": 0.3,
+        "joint_acceptance": 0.6,
+        **fields,
+    }
 
 
 def _vertical_lines(fig) -> list[float]:
@@ -533,6 +589,7 @@ def _vertical_lines(fig) -> list[float]:
 
 def test_joint_vs_kl_draws_the_ceiling_each_row_ran_with(tmp_path):
     from specjax.runner import plots
+
     # An all_on_kl0.5 run: its line is at 0.5, not at the field report's 0.35.
     fig = plots.figure_joint_vs_kl([_kl_row("all_on_kl0.5", kl_ceiling=0.5)])
     assert _vertical_lines(fig) == [0.5]
@@ -540,11 +597,17 @@ def test_joint_vs_kl_draws_the_ceiling_each_row_ran_with(tmp_path):
     assert _vertical_lines(plots.figure_joint_vs_kl([_kl_row("all_on_kl0.5")])) == [0.5]
     assert _vertical_lines(plots.figure_joint_vs_kl([_kl_row("all_on")])) == [0.35]
     # Switch 4 off (or a router): no ceiling to draw; two ceilings: both drawn.
-    assert _vertical_lines(plots.figure_joint_vs_kl(
-        [_kl_row("naive", kl_ceiling=None), _kl_row("auto")])) == []
-    assert _vertical_lines(plots.figure_joint_vs_kl(
-        [_kl_row("all_on_kl0.5", kl_ceiling=0.5), _kl_row("all_on", kl_ceiling=0.35)])) == [
-        0.35, 0.5]
+    assert (
+        _vertical_lines(
+            plots.figure_joint_vs_kl([_kl_row("naive", kl_ceiling=None), _kl_row("auto")])
+        )
+        == []
+    )
+    assert _vertical_lines(
+        plots.figure_joint_vs_kl(
+            [_kl_row("all_on_kl0.5", kl_ceiling=0.5), _kl_row("all_on", kl_ceiling=0.35)]
+        )
+    ) == [0.35, 0.5]
     # The report draws the plot from the same rows.
     text, pngs = report.render_report([_kl_row("all_on_kl0.5", kl_ceiling=0.5)], {}, {})
     assert "joint_vs_kl" in pngs and "(plots/joint_vs_kl.png)" in text
@@ -552,14 +615,27 @@ def test_joint_vs_kl_draws_the_ceiling_each_row_ran_with(tmp_path):
 
 def test_decision_boundary_judges_each_row_by_its_thresholds():
     from specjax.runner import plots
-    row = {"cell_id": "a", "policy": "all_on", "shared_prefix_acceptance": 0.5,
-           "mean_truncation_depth": 1.0, "independent_branch_acceptance": 0.2,
-           "thresholds": {"acceptance_floor": 0.6, "depth_ceiling": 3.0,
-                          "truncation_overhead_ratio": 0.15}}
+
+    row = {
+        "cell_id": "a",
+        "policy": "all_on",
+        "shared_prefix_acceptance": 0.5,
+        "mean_truncation_depth": 1.0,
+        "independent_branch_acceptance": 0.2,
+        "thresholds": {
+            "acceptance_floor": 0.6,
+            "depth_ceiling": 3.0,
+            "truncation_overhead_ratio": 0.15,
+        },
+    }
     fig = plots.figure_decision_boundary([row])
     assert _vertical_lines(fig) == [3.0]
-    floors = [float(l.get_ydata()[0]) for ax in fig.axes for l in ax.get_lines()
-              if len(l.get_ydata()) == 2 and l.get_ydata()[0] == l.get_ydata()[1]]
+    floors = [
+        float(l.get_ydata()[0])
+        for ax in fig.axes
+        for l in ax.get_lines()
+        if len(l.get_ydata()) == 2 and l.get_ydata()[0] == l.get_ydata()[1]
+    ]
     assert floors == [0.6]
     # An older row without thresholds: the config's boundary block.
     old = {k: v for k, v in row.items() if k != "thresholds"}

@@ -3,6 +3,7 @@
 Tolerance: f32; sharding over 'model' splits the contractions of the MLP, attention output
 and logits into per-device partial sums (all-reduced), which reorders additions only.
 """
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -23,8 +24,9 @@ def test_logical_to_spec_rules_divisibility_and_reuse():
     assert shd.logical_to_spec(('vocab', 'embed')) == P('model', None)
     assert shd.logical_to_spec(('batch', 'length', 'vocab')) == P('data', None, 'model')
     # 2 KV heads do not split 4 ways: replicated.
-    assert shd.logical_to_spec(('embed', 'kv_heads', 'head_dim'), shd.DEFAULT_RULES,
-                               (32, 2, 8), mesh_shape) == P(None, None, None)
+    assert shd.logical_to_spec(
+        ('embed', 'kv_heads', 'head_dim'), shd.DEFAULT_RULES, (32, 2, 8), mesh_shape
+    ) == P(None, None, None)
     # A mesh axis is used once per array.
     assert shd.logical_to_spec(('heads', 'mlp')) == P('model', None)
     # Rules are overridable (e.g. from a ConfigDict's list of pairs).
@@ -91,9 +93,11 @@ def test_constraints_are_noops_without_rules_or_mesh():
 # The whole speculative round, the baseline and a plan step on a mesh (issue 9)
 # ----------------------------------------------------------------------------------------
 
+
 def _engine_setup():
     """A verifier and two drafters (one of another vocabulary) as tiny transformers."""
     from specjax.testing import tiny_transformer_deployment
+
     return tiny_transformer_deployment()
 
 
@@ -107,31 +111,39 @@ def engine_case():
     prompts = [dep.encode(t) for t in texts]
     d_prompts = [[enc(t) for t in texts] for enc in dep.drafter_encode]
     keys = gen.row_keys_for(0, len(texts))
-    cfg = EngineConfig(gamma=3, rule="token_tree", verifier_temperature=1.0, n_slots=2,
-                       max_new_tokens=10)
+    cfg = EngineConfig(
+        gamma=3, rule="token_tree", verifier_temperature=1.0, n_slots=2, max_new_tokens=10
+    )
 
     def run(dep):
-        spec = gen.speculative_generate(cfg, dep.verifier, dep.v_params, dep.drafters,
-                                        dep.d_data, prompts, d_prompts, keys)
-        ar = gen.autoregressive_generate(dep.verifier, dep.v_params, prompts, keys,
-                                         temperature=1.0, max_new_tokens=10)
+        spec = gen.speculative_generate(
+            cfg, dep.verifier, dep.v_params, dep.drafters, dep.d_data, prompts, d_prompts, keys
+        )
+        ar = gen.autoregressive_generate(
+            dep.verifier, dep.v_params, prompts, keys, temperature=1.0, max_new_tokens=10
+        )
         return spec, ar
 
     return dep, run, run(dep)
 
 
 @needs8
-@pytest.mark.parametrize("rules", [  # ~25 s each plus a ~20 s setup: `make test-all` (the sharded
-    # plan step, test_plan_step_sharded_equals_unsharded, runs in `make test`)
-    *(pytest.param(r, marks=pytest.mark.slow) for r in ("fsdp_tp", "tp", "fsdp", "replicated"))])
+@pytest.mark.parametrize(
+    "rules",
+    [  # ~25 s each plus a ~20 s setup: `make test-all` (the sharded
+        # plan step, test_plan_step_sharded_equals_unsharded, runs in `make test`)
+        *(pytest.param(r, marks=pytest.mark.slow) for r in ("fsdp_tp", "tp", "fsdp", "replicated"))
+    ],
+)
 def test_speculative_and_baseline_sharded_equal_unsharded(engine_case, rules):
     dep, run, (ref_spec, ref_ar) = engine_case
     mesh = shd.make_mesh(2, 4)
     sdep = shd.shard_deployment(dep, mesh, rules)
     wq = sdep.v_params["layer_0"]["attn"]["wq"]
     assert len(wq.sharding.device_set) == 8
-    assert wq.sharding.spec == shd.logical_to_spec(("embed", "heads", "head_dim"),
-                                                   shd.RULE_SETS[rules], wq.shape, dict(mesh.shape))
+    assert wq.sharding.spec == shd.logical_to_spec(
+        ("embed", "heads", "head_dim"), shd.RULE_SETS[rules], wq.shape, dict(mesh.shape)
+    )
     spec, ar = run(sdep)
     np.testing.assert_array_equal(spec.tokens, ref_spec.tokens)
     np.testing.assert_array_equal(spec.counters.accepted, ref_spec.counters.accepted)
@@ -147,8 +159,7 @@ def test_plan_step_sharded_equals_unsharded():
     # One drafter and the naive policy: the fewest programs that still run a plan step
     # (an engine call and the step decision); the engine itself is covered above.
     dep = _engine_setup().subset(["same"])
-    pcfg = PlanConfig(gamma=2, verifier_temperature=0.0, plan_steps=1, max_step_tokens=6,
-                      bucket=16)
+    pcfg = PlanConfig(gamma=2, verifier_temperature=0.0, plan_steps=1, max_step_tokens=6, bucket=16)
     prompts = ["def f(x):", "In the beginning", "1 + 2 ="]
     ref, _ = run_plans(dep, pcfg, prompts, policy=Policy.from_name("naive"))
     sdep = shd.shard_deployment(dep, shd.make_mesh(2, 4), "fsdp_tp")
@@ -158,7 +169,11 @@ def test_plan_step_sharded_equals_unsharded():
 
 def test_rule_sets_resolve_by_name():
     assert shd.resolve_rules("tp") == shd.DEFAULT_RULES
-    assert shd.logical_to_spec(("vocab", "embed"), shd.resolve_rules("fsdp_tp")) == P("model", "data")
-    assert shd.logical_to_spec(("batch", "length", "embed"), shd.FSDP_RULES) == P("data", None, None)
+    assert shd.logical_to_spec(("vocab", "embed"), shd.resolve_rules("fsdp_tp")) == P(
+        "model", "data"
+    )
+    assert shd.logical_to_spec(("batch", "length", "embed"), shd.FSDP_RULES) == P(
+        "data", None, None
+    )
     with pytest.raises(ValueError, match=r"got 'zero3', allowed: one of 'tp', 'fsdp'"):
         shd.resolve_rules("zero3")

@@ -7,6 +7,7 @@
   χ² test against the exact target (α = 1e-3, 100,000 rows, as in test_verify), and at
   τ = 0 (and under the coupled rule at τ = 1) they commit the verifier's own plan.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -14,12 +15,12 @@ import zlib
 
 import numpy as np
 import pytest
+from test_verify import ALPHA, LENGTH, START, chi2_pvalue
 
 from specjax import execute_parallel_plan, metrics
+from specjax import testing as suite
 from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
-from specjax import testing as suite
-from specjax.testing import sequence_distribution
 from specjax.policy.auto import AutoRouter
 from specjax.policy.boundary import BoundaryThresholds, replay_step_decisions
 from specjax.policy.consensus import BranchOutcome, SeedConsensus
@@ -27,8 +28,7 @@ from specjax.policy.layout import branch_slots
 from specjax.policy.plan import run_plans
 from specjax.policy.plan_config import PlanConfig
 from specjax.policy.switches import Policy
-
-from test_verify import ALPHA, LENGTH, START, chi2_pvalue
+from specjax.testing import sequence_distribution
 
 N = 100_000
 
@@ -42,22 +42,30 @@ def deployment():
 def test_replayed_branch_statistics_give_the_runners_decisions(deployment, policy):
     dep, _ = deployment
     # A loose floor and ceiling so that both commits and fallbacks occur.
-    th = BoundaryThresholds(acceptance_floor=0.1, depth_ceiling=3.0,
-                            truncation_overhead_ratio=-0.5)
-    cfg = PlanConfig(gamma=3, verifier_temperature=1.0, plan_steps=3, max_step_tokens=6,
-                     bucket=16, thresholds=th, n_branches=3)
+    th = BoundaryThresholds(acceptance_floor=0.1, depth_ceiling=3.0, truncation_overhead_ratio=-0.5)
+    cfg = PlanConfig(
+        gamma=3,
+        verifier_temperature=1.0,
+        plan_steps=3,
+        max_step_tokens=6,
+        bucket=16,
+        thresholds=th,
+        n_branches=3,
+    )
     _, stats = run_plans(dep, cfg, ["ab", "c", "dda", "b", "ca"], policy=Policy.from_name(policy))
     outcomes = {}
     for r in stats.branch_records:
-        outcomes.setdefault((r["step"], r["plan"]), []).append(BranchOutcome(
-            r["branch"], str(r["candidate"]), r["w"], r["s"], r["d"], r["i"]))
+        outcomes.setdefault((r["step"], r["plan"]), []).append(
+            BranchOutcome(r["branch"], str(r["candidate"]), r["w"], r["s"], r["d"], r["i"])
+        )
     decided = {"commit": 0, "fallback": 0}
     for s in stats.step_records:
-        got = execute_parallel_plan(outcomes[(s["step"], s["plan"])], None, SeedConsensus(),
-                                    **th.kwargs())
+        got = execute_parallel_plan(
+            outcomes[(s["step"], s["plan"])], None, SeedConsensus(), **th.kwargs()
+        )
         assert (None if got is None else got.index) == s["seed_commit"], s
         decided["fallback" if got is None else "commit"] += 1
-    assert stats.fallbacks == decided["fallback"]       # the run obeyed the seed's rule
+    assert stats.fallbacks == decided["fallback"]  # the run obeyed the seed's rule
     replay = replay_step_decisions(stats.branch_records, th)
     assert replay["fallbacks"] == decided["fallback"]
     assert replay["steps"] == len(stats.step_records) == 15
@@ -65,11 +73,18 @@ def test_replayed_branch_statistics_give_the_runners_decisions(deployment, polic
 
 def test_quorum_rule_and_its_recorded_alternative(deployment):
     dep, _ = deployment
-    base = dict(gamma=3, verifier_temperature=1.0, plan_steps=2, max_step_tokens=6, bucket=16,
-                rule="coupled")
+    base = dict(
+        gamma=3,
+        verifier_temperature=1.0,
+        plan_steps=2,
+        max_step_tokens=6,
+        bucket=16,
+        rule="coupled",
+    )
     seed_run = run_plans(dep, PlanConfig(**base), ["ab", "c", "dda"], policy=Policy.all_on())[1]
-    quorum_run = run_plans(dep, PlanConfig(consensus="quorum", **base), ["ab", "c", "dda"],
-                           policy=Policy.all_on())[1]
+    quorum_run = run_plans(
+        dep, PlanConfig(consensus="quorum", **base), ["ab", "c", "dda"], policy=Policy.all_on()
+    )[1]
     # Coupled rule: the text does not depend on the decision, so each run records exactly
     # what the other rule decided.
     q_fb = sum(s["quorum_commit"] is None for s in seed_run.step_records)
@@ -79,10 +94,14 @@ def test_quorum_rule_and_its_recorded_alternative(deployment):
 
 
 def test_itemised_cost_by_hand():
-    counts = {"verifier_calls": np.array([10, 4]), "verifier_prefills": np.array([2, 1]),
-              "drafter_tokens": np.array([[40, 8], [0, 12]]),
-              "drafter_prefills": np.array([[2, 2], [0, 1]]),
-              "kl_passes": np.array([[1, 1], [0, 0]]), "consensus_rounds": np.array([1, 0])}
+    counts = {
+        "verifier_calls": np.array([10, 4]),
+        "verifier_prefills": np.array([2, 1]),
+        "drafter_tokens": np.array([[40, 8], [0, 12]]),
+        "drafter_prefills": np.array([[2, 2], [0, 1]]),
+        "kl_passes": np.array([[1, 1], [0, 0]]),
+        "consensus_rounds": np.array([1, 0]),
+    }
     cost = metrics.itemised_cost(counts, [0.05, 0.25], consensus_cost=2.0)
     # plan 0: 10 + 2 + (40·0.05 + 8·0.25) + (2·0.05 + 2·0.25) + (0.05 + 0.25) + 1·2
     assert cost["total"][0] == pytest.approx(10 + 2 + 4.0 + 0.6 + 0.3 + 2.0)
@@ -90,12 +109,13 @@ def test_itemised_cost_by_hand():
     assert cost["total"][1] == pytest.approx(4 + 1 + 3.0 + 0.25)
     assert cost["drafter_tokens"][0] == pytest.approx(4.0)
     assert set(cost) == set(metrics.COST_ITEMS) | {"total"}
-    assert cost["verifier_tokens"].tolist() == [0, 0]   # counters without the item
+    assert cost["verifier_tokens"].tolist() == [0, 0]  # counters without the item
     counts["verifier_tokens"] = np.array([30, 12])
     priced = metrics.itemised_cost(counts, [0.05, 0.25], consensus_cost=2.0, score_cost=0.1)
     np.testing.assert_allclose(priced["total"] - cost["total"], [3.0, 1.2])
-    assert metrics.itemised_cost(counts, [0.05, 0.25], 2.0)["total"].tolist() == \
-        cost["total"].tolist()                          # the seed's model: scored tokens free
+    assert (
+        metrics.itemised_cost(counts, [0.05, 0.25], 2.0)["total"].tolist() == cost["total"].tolist()
+    )  # the seed's model: scored tokens free
     with pytest.raises(ValueError, match="score_cost"):
         metrics.itemised_cost(counts, [0.05, 0.25], score_cost=-1.0)
     with pytest.raises(ValueError, match="c="):
@@ -106,8 +126,7 @@ def test_itemised_cost_by_hand():
 
 def test_autoregressive_costs_one_call_per_token_plus_prefills(deployment):
     dep, _ = deployment
-    cfg = PlanConfig(gamma=2, verifier_temperature=0.0, plan_steps=2, max_step_tokens=5,
-                     bucket=16)
+    cfg = PlanConfig(gamma=2, verifier_temperature=0.0, plan_steps=2, max_step_tokens=5, bucket=16)
     _, st = run_plans(dep, cfg, ["ab", "c"])
     cost = metrics.itemised_cost(st.counts, [d.cost for d in dep.drafters])
     # One call per token, one prefill per plan: later steps continue the carried cache.
@@ -116,13 +135,22 @@ def test_autoregressive_costs_one_call_per_token_plus_prefills(deployment):
 
 def test_shared_and_separate_verifier_calls(deployment):
     dep, _ = deployment
-    commit_all = BoundaryThresholds(acceptance_floor=0.0, depth_ceiling=1e9,
-                                    truncation_overhead_ratio=-1.0)
-    base = dict(gamma=2, verifier_temperature=1.0, plan_steps=1, max_step_tokens=6,
-                bucket=16, n_branches=3, thresholds=commit_all)
+    commit_all = BoundaryThresholds(
+        acceptance_floor=0.0, depth_ceiling=1e9, truncation_overhead_ratio=-1.0
+    )
+    base = dict(
+        gamma=2,
+        verifier_temperature=1.0,
+        plan_steps=1,
+        max_step_tokens=6,
+        bucket=16,
+        n_branches=3,
+        thresholds=commit_all,
+    )
     a = run_plans(dep, PlanConfig(**base), ["ab", "c"], policy=Policy.naive())[1]
-    b = run_plans(dep, PlanConfig(share_verifier_call=False, **base), ["ab", "c"],
-                  policy=Policy.naive())[1]
+    b = run_plans(
+        dep, PlanConfig(share_verifier_call=False, **base), ["ab", "c"], policy=Policy.naive()
+    )[1]
     assert a.fallbacks == b.fallbacks == 0
     assert a.rounds == b.rounds
     # Separate: every branch's rounds are calls; shared: each round of a plan is one call
@@ -135,34 +163,37 @@ def test_shared_and_separate_verifier_calls(deployment):
 
 def test_auto_chooses_by_expected_cost_and_explores():
     r = AutoRouter([0.05, 0.3, 0.3], gamma=4, seed=0, explore=0.0)
-    assert r.choose(0, 0) == (0,)                       # nothing measured: the cheapest
+    assert r.choose(0, 0) == (0,)  # nothing measured: the cheapest
 
     class C:  # a minimal counters stand-in: each drafter's own tests on one row
         own_accepted_at = np.array([[[20, 0, 0, 0], [95, 0, 0, 0], [40, 0, 0, 0]]])
         own_reached_at = np.array([[[100, 0, 0, 0], [100, 0, 0, 0], [100, 0, 0, 0]]])
+
     r.observe(0, 0, (0, 1, 2), C, 0)
-    assert r.choose(0, 1) == (1,)                       # accurate beats cheap here
-    assert r.choose(5, 0) == (1,)                       # a new plan starts from the pooled α
+    assert r.choose(0, 1) == (1,)  # accurate beats cheap here
+    assert r.choose(5, 0) == (1,)  # a new plan starts from the pooled α
     r2 = AutoRouter([0.05, 0.3, 0.3], gamma=4, seed=0, explore=1.0)
     r2.observe(0, 0, (0, 1, 2), C, 0)
-    assert len(r2.choose(0, 1)) == 2                    # exploration adds one drafter
+    assert len(r2.choose(0, 1)) == 2  # exploration adds one drafter
 
 
 def test_auto_prices_a_lone_drafter_at_its_own_gamma():
     """Per-drafter γ_i (SPEC §2): a drafter alone runs its own window, so auto prices it at
     that window; a pair runs the shared block's γ."""
+
     class C:
         own_accepted_at = np.array([[[90, 0, 0, 0], [90, 0, 0, 0]]])
         own_reached_at = np.array([[[100, 0, 0, 0], [100, 0, 0, 0]]])
+
     same = AutoRouter([0.1, 0.1], gamma=4, seed=0, explore=0.0, max_set=1)
     same.observe(0, 0, (0, 1), C, 0)
-    assert same.choose(0, 1) == (0,)                    # a tie: the lower index
+    assert same.choose(0, 1) == (0,)  # a tie: the lower index
     own = AutoRouter([0.1, 0.1], gamma=4, seed=0, explore=0.0, max_set=1, gammas=[1, None])
     own.observe(0, 0, (0, 1), C, 0)
     al = own.alpha(0)
     assert own.set_gamma((0,)) == 1 and own.set_gamma((1,)) == 4 and own.set_gamma((0, 1)) == 4
     assert own.expected_cost_per_token(al, (1,)) < own.expected_cost_per_token(al, (0,))
-    assert own.choose(0, 1) == (1,)                     # γ_0 = 1 commits ≤ 2 per round
+    assert own.choose(0, 1) == (1,)  # γ_0 = 1 commits ≤ 2 per round
     with pytest.raises(ValueError, match="gammas"):
         AutoRouter([0.1, 0.1], gamma=4, gammas=[0, 2])
 
@@ -180,24 +211,38 @@ def test_every_set_auto_can_choose_is_lossless(deployment):
     for s in sets:
         rule = "rejection" if len(s) == 1 else "token_tree"
         slots = np.tile(branch_slots([list(s)]), (N, 1))
-        cfg = EngineConfig(gamma=2, rule=rule, verifier_temperature=1.0, n_slots=len(s),
-                           max_new_tokens=LENGTH)
-        res = speculative_generate(cfg, dep.verifier, dep.v_params, dep.drafters, dep.d_data,
-                                   prompts, dprompts,
-                                   row_keys_for(zlib.crc32(f"auto{s}".encode()), N), slots=slots)
-        pvalues[s] = chi2_pvalue(res.tokens[:, 1:1 + LENGTH], exact)
+        cfg = EngineConfig(
+            gamma=2, rule=rule, verifier_temperature=1.0, n_slots=len(s), max_new_tokens=LENGTH
+        )
+        res = speculative_generate(
+            cfg,
+            dep.verifier,
+            dep.v_params,
+            dep.drafters,
+            dep.d_data,
+            prompts,
+            dprompts,
+            row_keys_for(zlib.crc32(f"auto{s}".encode()), N),
+            slots=slots,
+        )
+        pvalues[s] = chi2_pvalue(res.tokens[:, 1 : 1 + LENGTH], exact)
     print({str(k): f"{v:.3g}" for k, v in pvalues.items()})
     bad = {k: v for k, v in pvalues.items() if v < ALPHA}
     assert not bad, f"χ² rejects losslessness (p < {ALPHA}) for {bad}"
 
 
-@pytest.mark.parametrize("tau,rule", [  # ~60 s of compilation each (every set auto tries)
-    pytest.param(0.0, None, marks=pytest.mark.slow),
-    pytest.param(1.0, "coupled", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "tau,rule",
+    [  # ~60 s of compilation each (every set auto tries)
+        pytest.param(0.0, None, marks=pytest.mark.slow),
+        pytest.param(1.0, "coupled", marks=pytest.mark.slow),
+    ],
+)
 def test_auto_and_oracle_commit_the_verifiers_plan(deployment, tau, rule):
     dep, _ = deployment
-    cfg = PlanConfig(gamma=3, verifier_temperature=tau, plan_steps=3, max_step_tokens=6,
-                     bucket=16, rule=rule)
+    cfg = PlanConfig(
+        gamma=3, verifier_temperature=tau, plan_steps=3, max_step_tokens=6, bucket=16, rule=rule
+    )
     prompts = ["ab", "c", "dda", "b"]
     ref, _ = run_plans(dep, cfg, prompts)
     router = AutoRouter([d.cost for d in dep.drafters], cfg.gamma, explore=0.5)

@@ -6,6 +6,7 @@ XLA:CPU runs as a rolled loop); stored results stay reproducible only if the bit
 the same, so every function is compared for exact equality with its `jax.random`
 counterpart, inside `jit` and under `vmap`, on many keys.
 """
+
 from __future__ import annotations
 
 import jax
@@ -32,6 +33,7 @@ def test_threefry_matches_jax():
     x1 = jnp.arange(N, dtype=jnp.uint32) * np.uint32(2654435761)
     x2 = jnp.arange(N, dtype=jnp.uint32) ^ np.uint32(0xDEADBEEF)
     from jax._src.random.threefry2x32 import threefry2x32_p  # pylint: disable=import-outside-toplevel
+
     ref = jax.jit(lambda k, a, b: threefry2x32_p.bind(k[:, 0], k[:, 1], a, b))(kd, x1, x2)
     out = jax.jit(lambda k, a, b: streams.threefry2x32(k[:, 0], k[:, 1], a, b))(kd, x1, x2)
     for r, o in zip(ref, out):
@@ -42,8 +44,13 @@ def test_fold_split_uniform_gumbel_categorical_match_jax_random():
     kd = _keys()
     length = jnp.arange(N, dtype=jnp.int32) * 7 + 3
     # fold chains (ints and per-row arrays, as the engine folds them)
-    ref = _ref(lambda k, n: jax.random.key_data(
-        jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(k, 1), n), 2)), kd, length)
+    ref = _ref(
+        lambda k, n: jax.random.key_data(
+            jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(k, 1), n), 2)
+        ),
+        kd,
+        length,
+    )
     out = jax.jit(lambda k, n: streams.fold_data(k, 1, n, 2))(kd, length)
     np.testing.assert_array_equal(np.asarray(ref), np.asarray(out))
     typed = jax.jit(lambda k, n: jax.random.key_data(streams.fold_keys(k, 1, n, 2)))(kd, length)
@@ -82,9 +89,13 @@ def test_gumbel_noise_is_per_absolute_position():
     a = streams.gumbel_noise(kd, jnp.full((8,), 5), 3, 16)
     b = streams.gumbel_noise(kd, jnp.full((8,), 7), 3, 16)
     np.testing.assert_array_equal(np.asarray(a[:, 2:]), np.asarray(b[:, :2]))
-    ref = _ref(lambda k, n: jax.random.gumbel(
-        jax.random.fold_in(jax.random.fold_in(k, streams.STREAM_NOISE), n), (16,)),
-        kd, jnp.full((8,), 6))
+    ref = _ref(
+        lambda k, n: jax.random.gumbel(
+            jax.random.fold_in(jax.random.fold_in(k, streams.STREAM_NOISE), n), (16,)
+        ),
+        kd,
+        jnp.full((8,), 6),
+    )
     np.testing.assert_array_equal(np.asarray(ref), np.asarray(a[:, 1]))
 
 
@@ -104,7 +115,7 @@ def test_non_default_configuration_falls_back_to_jax_random(flag):
 def test_argmax_first_is_jnp_argmax():
     """The engine's two-reduction argmax equals jnp.argmax: ties, -inf, NaN, every axis."""
     rng = np.random.default_rng(0)
-    x = rng.integers(0, 4, (16, 5, 33)).astype(np.float32)      # many ties
+    x = rng.integers(0, 4, (16, 5, 33)).astype(np.float32)  # many ties
     x[0, 0] = -np.inf
     x[1, 1, 7] = np.nan
     x[1, 2, [3, 9]] = np.nan
@@ -112,6 +123,7 @@ def test_argmax_first_is_jnp_argmax():
     x[2, 4, [1, 30]] = np.inf
     x = jnp.asarray(x)
     for axis in (0, 1, 2, -1):
-        np.testing.assert_array_equal(np.asarray(jnp.argmax(x, axis=axis)),
-                                      np.asarray(jax.jit(streams.argmax_first,
-                                                         static_argnums=1)(x, axis)))
+        np.testing.assert_array_equal(
+            np.asarray(jnp.argmax(x, axis=axis)),
+            np.asarray(jax.jit(streams.argmax_first, static_argnums=1)(x, axis)),
+        )

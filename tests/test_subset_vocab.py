@@ -15,6 +15,7 @@
    the verifier's argmax lies outside the subset); another subset of the same size reuses
    the compiled program.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,11 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from lossless_reference import reference_law, reference_probs
+from test_verify import ALPHA, LENGTH, START, N, chi2_pvalue
 
 from specjax import testing as suite
 from specjax.engine import programs
-from specjax.engine.generate import (autoregressive_generate, row_keys_for,
-                                     speculative_generate)
+from specjax.engine.generate import autoregressive_generate, row_keys_for, speculative_generate
 from specjax.engine.spec import DrafterSpec, EngineConfig, identity_maps
 from specjax.models import cache as cache_mod
 from specjax.models.api import TransformerLM, causal_block_mask
@@ -38,13 +40,11 @@ from specjax.models.transformer import TransformerConfig
 from specjax.verify.distributions import sampling_probs
 from specjax.verify.rules import RULES
 
-from lossless_reference import reference_law, reference_probs
-from test_verify import ALPHA, LENGTH, N, START, chi2_pvalue
-
-V = 40                   # the verifier vocabulary of the model tests
-KEEP = np.array([0, 3, 4, 7, 11, 12, 20, 21, 29, 33, 38], np.int32)   # K = 11
-INNER = TransformerConfig(vocab_size=len(KEEP) + 1, d_model=16, n_layers=2, n_heads=2,
-                          n_kv_heads=1, d_ff=32, max_len=32)
+V = 40  # the verifier vocabulary of the model tests
+KEEP = np.array([0, 3, 4, 7, 11, 12, 20, 21, 29, 33, 38], np.int32)  # K = 11
+INNER = TransformerConfig(
+    vocab_size=len(KEEP) + 1, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=32, max_len=32
+)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def _scatter_ref(inner_logits, keep=KEEP, v=V):
     """NumPy: inner logits [..., K+1] -> verifier logits [..., V] (NEG_LOGIT elsewhere)."""
     x = np.asarray(inner_logits, np.float32)
     out = np.full(x.shape[:-1] + (v,), NEG_LOGIT, np.float32)
-    out[..., keep] = x[..., :len(keep)]
+    out[..., keep] = x[..., : len(keep)]
     return out
 
 
@@ -75,13 +75,14 @@ def _scatter_ref(inner_logits, keep=KEEP, v=V):
 # 1. The model
 # ----------------------------------------------------------------------------------------
 
+
 def test_maps_and_static_facts(model):
     lm, params = model
     assert (lm.vocab_size, lm.n_kept, lm.max_len) == (V, len(KEEP), INNER.max_len)
     to_inner = np.asarray(params["to_inner"])
     assert to_inner.dtype == np.int32 and to_inner.shape == (V,)
     np.testing.assert_array_equal(to_inner[KEEP], np.arange(len(KEEP)))
-    assert (to_inner[_outside()] == len(KEEP)).all()            # the "other" row
+    assert (to_inner[_outside()] == len(KEEP)).all()  # the "other" row
     np.testing.assert_array_equal(params["keep"], KEEP)
     # Equality and hash are the config's and V's (one compiled program per shape).
     assert lm == SubsetVocabLM(INNER, V) and hash(lm) == hash(SubsetVocabLM(INNER, V))
@@ -101,25 +102,25 @@ def test_maps_validation():
     lm = SubsetVocabLM(INNER, V)
     k = len(KEEP)
     with pytest.raises(ValueError, match="distinct"):
-        lm.maps(KEEP[:-1])                                      # too few
+        lm.maps(KEEP[:-1])  # too few
     with pytest.raises(ValueError, match="distinct"):
-        lm.maps(np.append(KEEP, 1))                             # too many
+        lm.maps(np.append(KEEP, 1))  # too many
     with pytest.raises(ValueError, match="distinct"):
-        lm.maps(np.concatenate([KEEP[:-1], KEEP[:1]]))          # a duplicate
+        lm.maps(np.concatenate([KEEP[:-1], KEEP[:1]]))  # a duplicate
     with pytest.raises(ValueError, match="distinct"):
-        lm.maps(KEEP.reshape(1, k))                             # not 1-D
+        lm.maps(KEEP.reshape(1, k))  # not 1-D
     with pytest.raises(ValueError, match=r"\[0, 40\)"):
-        lm.maps(np.append(KEEP[:-1], V))                        # id >= V
+        lm.maps(np.append(KEEP[:-1], V))  # id >= V
     with pytest.raises(ValueError, match=r"\[0, 40\)"):
-        lm.maps(np.append(KEEP[1:], -1))                        # negative id
+        lm.maps(np.append(KEEP[1:], -1))  # negative id
     with pytest.raises(ValueError, match="K \\+ 1 >= 2"):
         SubsetVocabLM(TransformerConfig(vocab_size=1, d_model=16, n_heads=2, n_kv_heads=1), V)
     with pytest.raises(ValueError, match="exceed"):
-        SubsetVocabLM(TransformerConfig(vocab_size=V + 2, d_model=16, n_heads=2,
-                                        n_kv_heads=1), V)
+        SubsetVocabLM(TransformerConfig(vocab_size=V + 2, d_model=16, n_heads=2, n_kv_heads=1), V)
     # K = V (every id kept) is allowed; so is any order of `keep`.
-    full = SubsetVocabLM(TransformerConfig(vocab_size=V + 1, d_model=16, n_heads=2,
-                                           n_kv_heads=1), V)
+    full = SubsetVocabLM(
+        TransformerConfig(vocab_size=V + 1, d_model=16, n_heads=2, n_kv_heads=1), V
+    )
     m = full.maps(np.arange(V)[::-1])
     np.testing.assert_array_equal(m["to_inner"], np.arange(V)[::-1])
     shuffled = lm.maps(KEEP[::-1])
@@ -128,7 +129,7 @@ def test_maps_validation():
 
 def test_most_frequent_ids():
     counts = np.array([5, 9, 9, 0, 7, 1, 9, 3])
-    np.testing.assert_array_equal(most_frequent_ids(counts, 3), [1, 2, 6])      # ties by id
+    np.testing.assert_array_equal(most_frequent_ids(counts, 3), [1, 2, 6])  # ties by id
     np.testing.assert_array_equal(most_frequent_ids(counts, 4), [1, 2, 4, 6])
     np.testing.assert_array_equal(most_frequent_ids(counts, 3, always=(3,)), [1, 2, 3])
     np.testing.assert_array_equal(most_frequent_ids(counts, 8), np.arange(8))
@@ -147,8 +148,11 @@ B, W, C, TOTAL = 4, 8, 16, 14
 @pytest.fixture(scope="module")
 def fwd(model):
     lm, _ = model
-    return jax.jit(lambda params, cache, tokens, positions: lm.forward(
-        params, cache, tokens, positions, causal_block_mask(*tokens.shape)))
+    return jax.jit(
+        lambda params, cache, tokens, positions: lm.forward(
+            params, cache, tokens, positions, causal_block_mask(*tokens.shape)
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +162,7 @@ def full(model):
     lm, params = model
     rng = np.random.default_rng(1)
     seqs = rng.integers(0, V, (B, TOTAL)).astype(np.int32)
-    seqs[0, 1:4] = [1, 2, 5]                       # ids outside the subset as inputs
+    seqs[0, 1:4] = [1, 2, 5]  # ids outside the subset as inputs
     both = jax.jit(lambda p, t: (lm.logits_full(p, t), lm.inner_logits_full(p, t)))
     logits, inner = jax.device_get(both(params, jnp.asarray(seqs)))
     return seqs, logits, inner
@@ -182,7 +186,7 @@ def test_forward_is_the_inner_model_scattered(model, fwd, full):
     assert logits.dtype == jnp.float32 and logits.shape == (B, W, V)
     np.testing.assert_allclose(logits, logits_full[:, :W], rtol=1e-4, atol=1e-4)
     assert (np.asarray(logits)[..., _outside()] == NEG_LOGIT).all()
-    assert (np.asarray(cache.length) == 0).all()   # forward does not commit
+    assert (np.asarray(cache.length) == 0).all()  # forward does not commit
     # The inner model saw `to_inner` of the tokens: any other id outside the subset gives
     # the same logits.
     rng = np.random.default_rng(5)
@@ -203,16 +207,18 @@ def test_logits_full_equals_a_cached_forward(model, fwd, full):
     logits, cache = _prefill(lm, params, fwd, prompt)
     logits = np.asarray(logits)
     for r in range(B):
-        np.testing.assert_allclose(logits[r, :plen[r]], logits_full[r, :plen[r]],
-                                   rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(
+            logits[r, : plen[r]], logits_full[r, : plen[r]], rtol=1e-4, atol=1e-4
+        )
     cache = lm.advance(cache, jnp.asarray(plen))
     for _ in range(TOTAL - W):
         ln = np.asarray(cache.length)
         tok = seqs[np.arange(B), ln][:, None]
         step, cache = fwd(params, cache, jnp.asarray(tok), jnp.asarray(ln[:, None]))
         cache = lm.advance(cache, jnp.ones((B,), jnp.int32))
-        np.testing.assert_allclose(np.asarray(step)[:, 0], logits_full[np.arange(B), ln],
-                                   rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(
+            np.asarray(step)[:, 0], logits_full[np.arange(B), ln], rtol=1e-4, atol=1e-4
+        )
         assert (np.asarray(step)[:, 0, _outside()] == NEG_LOGIT).all()
 
 
@@ -225,14 +231,18 @@ def test_probability_zero_outside_the_subset(model, full):
     exactly 0 off the subset, and the law of the kept ids alone (an independent float64
     reference over the inner logits without the "other" row)."""
     _, logits, inner = full
-    inner = inner[..., :len(KEEP)]
+    inner = inner[..., : len(KEEP)]
     out = _outside()
 
     @jax.jit
     def probs(x):
         taus = jnp.asarray(TAUS, jnp.float32)
-        return jnp.stack([jax.vmap(lambda t, k=k, p=p: sampling_probs(x, t, top_k=k, top_p=p))(
-            taus) for k, p in FILTERS])
+        return jnp.stack(
+            [
+                jax.vmap(lambda t, k=k, p=p: sampling_probs(x, t, top_k=k, top_p=p))(taus)
+                for k, p in FILTERS
+            ]
+        )
 
     qs = np.asarray(probs(jnp.asarray(logits)))
     for i, (k, p) in enumerate(FILTERS):
@@ -240,10 +250,12 @@ def test_probability_zero_outside_the_subset(model, full):
             q = qs[i, j]
             assert (q[..., out] == 0).all(), (tau, k, p)
             np.testing.assert_allclose(q.sum(-1), 1.0, atol=1e-5)
-            ref = reference_probs(inner, float(np.float32(tau)), k if k <= len(KEEP) else 0,
-                                  p if tau > 0 else 1.0)
-            np.testing.assert_allclose(q[..., KEEP], ref, atol=2e-5,
-                                       err_msg=f"tau={tau} top_k={k} top_p={p}")
+            ref = reference_probs(
+                inner, float(np.float32(tau)), k if k <= len(KEEP) else 0, p if tau > 0 else 1.0
+            )
+            np.testing.assert_allclose(
+                q[..., KEEP], ref, atol=2e-5, err_msg=f"tau={tau} top_k={k} top_p={p}"
+            )
 
 
 def test_the_other_row_is_never_proposed(model):
@@ -253,7 +265,7 @@ def test_the_other_row_is_never_proposed(model):
     k = len(KEEP)
     rng = np.random.default_rng(3)
     inner = rng.normal(size=(64, k + 1)).astype(np.float32)
-    inner[:, k] = 50.0                                   # by far the largest logit
+    inner[:, k] = 50.0  # by far the largest logit
     settings = ((0.0, 0), (1.0, 0), (1.0, 2), (5.0, 0))
 
     @jax.jit
@@ -267,10 +279,9 @@ def test_the_other_row_is_never_proposed(model):
     np.testing.assert_array_equal(logits, _scatter_ref(inner))
     for (tau, top_k), q in zip(settings, qs):
         assert (q[:, _outside()] == 0).all()
-        np.testing.assert_allclose(q[:, KEEP], reference_probs(inner[:, :k], tau, top_k),
-                                   atol=1e-5)
+        np.testing.assert_allclose(q[:, KEEP], reference_probs(inner[:, :k], tau, top_k), atol=1e-5)
     assert np.isin(draws, KEEP).all()
-    assert from_bf16.dtype == np.float32                 # bf16 inner logits scatter as f32
+    assert from_bf16.dtype == np.float32  # bf16 inner logits scatter as f32
 
 
 def test_cache_helpers_delegate(model, fwd):
@@ -280,7 +291,7 @@ def test_cache_helpers_delegate(model, fwd):
     assert type(c0) is type(ref0) and jax.tree.structure(c0) == jax.tree.structure(ref0)
     for a, r in zip(jax.tree.leaves(c0), jax.tree.leaves(ref0)):
         assert a.shape == r.shape and a.dtype == r.dtype
-    assert lm.init_cache(2).k[0].shape[-1] == INNER.max_len        # default capacity
+    assert lm.init_cache(2).k[0].shape[-1] == INNER.max_len  # default capacity
     with pytest.raises(ValueError, match="capacity"):
         lm.init_cache(1, INNER.max_len + 1)
     toks = np.random.default_rng(4).integers(0, V, (B, W)).astype(np.int32)
@@ -291,11 +302,14 @@ def test_cache_helpers_delegate(model, fwd):
 
     @jax.jit
     def both(c):
-        return [(lm.advance(c, n), cache_mod.advance(c, n)),
-                (lm.rollback(lm.advance(c, 6), n),
-                 cache_mod.rollback(cache_mod.advance(c, 6), n)),
-                (lm.compact(lm.advance(c, 1), src, m),
-                 cache_mod.compact(cache_mod.advance(c, 1), src, m))]
+        return [
+            (lm.advance(c, n), cache_mod.advance(c, n)),
+            (lm.rollback(lm.advance(c, 6), n), cache_mod.rollback(cache_mod.advance(c, 6), n)),
+            (
+                lm.compact(lm.advance(c, 1), src, m),
+                cache_mod.compact(cache_mod.advance(c, 1), src, m),
+            ),
+        ]
 
     pairs = both(c)
     for got, want in pairs:
@@ -316,11 +330,12 @@ KEEP_A, KEEP_B = np.array([0, 2, 3], np.int32), np.array([1, 4], np.int32)
 
 def _subset_drafter(keep, seed, sharpen):
     # As small as a transformer gets: at N = 100,000 rows its forwards are most of the run.
-    cfg = TransformerConfig(vocab_size=len(keep) + 1, d_model=8, n_layers=1, n_heads=2,
-                            n_kv_heads=1, d_ff=16, max_len=8)
+    cfg = TransformerConfig(
+        vocab_size=len(keep) + 1, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=16, max_len=8
+    )
     lm = SubsetVocabLM(cfg, suite.V)
     params = lm.init_params(seed, keep)
-    params["inner"]["lm_head"] = params["inner"]["lm_head"] * sharpen   # a peaked, wrong q
+    params["inner"]["lm_head"] = params["inner"]["lm_head"] * sharpen  # a peaked, wrong q
     return lm, params
 
 
@@ -349,12 +364,22 @@ def _chi2_run(rule, slots_n, seed, both=False, n=N):
     # Rule 1: every row verifies subset A's chain; otherwise each row's block holds the
     # three chains.
     slots = np.zeros((n, 1), np.int32) if slots_n == 1 else None
-    cfg = EngineConfig(gamma=2, rule=rule, verifier_temperature=1.0, n_slots=slots_n,
-                       max_new_tokens=LENGTH)
-    res = speculative_generate(cfg, setup.verifier, setup.v_params, specs, data, prompts,
-                               d_prompts, row_keys_for(seed, n), slots=slots)
+    cfg = EngineConfig(
+        gamma=2, rule=rule, verifier_temperature=1.0, n_slots=slots_n, max_new_tokens=LENGTH
+    )
+    res = speculative_generate(
+        cfg,
+        setup.verifier,
+        setup.v_params,
+        specs,
+        data,
+        prompts,
+        d_prompts,
+        row_keys_for(seed, n),
+        slots=slots,
+    )
     assert (res.length - res.start == LENGTH).all()
-    return setup, res, res.tokens[:, 1:1 + LENGTH]
+    return setup, res, res.tokens[:, 1 : 1 + LENGTH]
 
 
 def _check_chi2(rule, setup, res, seqs, subset_slots):
@@ -363,9 +388,11 @@ def _check_chi2(rule, setup, res, seqs, subset_slots):
     assert exact.sum(axis=(1, 2))[np.setdiff1d(np.arange(suite.V), KEEP_A)].min() > 0.01
     p_value = chi2_pvalue(seqs, exact)
     c = res.counters
-    print(f"\nsubset {rule}: χ² p = {p_value:.3g}; accepted per drafter "
-          f"{c.accepted.sum(0).tolist()} of {c.proposed.sum(0).tolist()}, rejected "
-          f"{c.rejected.sum(0).tolist()}")
+    print(
+        f"\nsubset {rule}: χ² p = {p_value:.3g}; accepted per drafter "
+        f"{c.accepted.sum(0).tolist()} of {c.proposed.sum(0).tolist()}, rejected "
+        f"{c.rejected.sum(0).tolist()}"
+    )
     assert p_value >= ALPHA, f"subset drafter, {rule}: χ² rejects (p = {p_value:.3g})"
     # The subset drafters drafted, and had drafts both accepted and rejected...
     for k in subset_slots:
@@ -382,9 +409,10 @@ _FAST = ("rejection", "token_tree")
 _RULES_SLOTS = [(r, 1 if r == "rejection" else 3) for r in RULES]
 
 
-@pytest.mark.parametrize("rule,slots_n", [
-    (r, s) if r in _FAST else pytest.param(r, s, marks=pytest.mark.slow)
-    for r, s in _RULES_SLOTS])
+@pytest.mark.parametrize(
+    "rule,slots_n",
+    [(r, s) if r in _FAST else pytest.param(r, s, marks=pytest.mark.slow) for r, s in _RULES_SLOTS],
+)
 def test_subset_drafter_is_lossless(rule, slots_n):
     setup, res, seqs = _chi2_run(rule, slots_n, seed=zlib.crc32(f"subset/{rule}".encode()))
     _check_chi2(rule, setup, res, seqs, (0,))
@@ -394,8 +422,7 @@ def test_subset_drafter_is_lossless(rule, slots_n):
 @pytest.mark.parametrize("rule", [r for r in RULES if r != "rejection"])
 def test_two_subset_drafters_are_lossless(rule):
     """Two subsets in one block: A sampled at τ 1, B greedy (a one-hot q on {1, 4})."""
-    setup, res, seqs = _chi2_run(rule, 3, seed=zlib.crc32(f"subset2/{rule}".encode()),
-                                 both=True)
+    setup, res, seqs = _chi2_run(rule, 3, seed=zlib.crc32(f"subset2/{rule}".encode()), both=True)
     _check_chi2(rule, setup, res, seqs, (0, 2))
 
 
@@ -407,9 +434,17 @@ def test_two_subset_drafters_are_lossless(rule):
 # distilled drafter's inner model gets from `specjax.distill.train_drafter`). Its subset
 # drafters with K = GREEDY_KEPT share one engine program with the distilled drafter of
 # tests/test_distill.py (same SubsetVocabLM, same engine config and shapes).
-BYTE_CONFIG = TransformerConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                                d_ff=64, max_len=64, tie_embeddings=True,
-                                embed_input_scale=False)
+BYTE_CONFIG = TransformerConfig(
+    vocab_size=256,
+    d_model=32,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=64,
+    max_len=64,
+    tie_embeddings=True,
+    embed_input_scale=False,
+)
 GREEDY_KEPT, GREEDY_ROWS, GREEDY_NEW = 20, 8, 16
 
 
@@ -435,8 +470,9 @@ def subset_of(v_lm: TransformerLM, v_params, keep):
     inner["embed"] = jnp.asarray(np.concatenate([embed[keep], embed[rest].mean(0)[None]]))
     if not cfg.tie_embeddings:
         head = np.asarray(v_params["lm_head"])
-        inner["lm_head"] = jnp.asarray(np.concatenate([head[:, keep],
-                                                       head[:, rest].mean(1)[:, None]], 1))
+        inner["lm_head"] = jnp.asarray(
+            np.concatenate([head[:, keep], head[:, rest].mean(1)[:, None]], 1)
+        )
     params["inner"] = inner
     return lm, params
 
@@ -449,24 +485,40 @@ def greedy_prompts(seed, vocab=256, n=GREEDY_ROWS):
 
 def greedy_reference(verifier, v_params, prompts, new=GREEDY_NEW):
     """The verifier's greedy decoding (the engine's autoregressive baseline)."""
-    return autoregressive_generate(verifier, v_params, prompts, row_keys_for(4, len(prompts)),
-                                   temperature=0.0, max_new_tokens=new, min_width=16)
+    return autoregressive_generate(
+        verifier,
+        v_params,
+        prompts,
+        row_keys_for(4, len(prompts)),
+        temperature=0.0,
+        max_new_tokens=new,
+        min_width=16,
+    )
 
 
-def check_greedy_equality(verifier, v_params, d_lm, d_params, prompts, ar, temperature=0.0,
-                          new=GREEDY_NEW):
+def check_greedy_equality(
+    verifier, v_params, d_lm, d_params, prompts, ar, temperature=0.0, new=GREEDY_NEW
+):
     """Speculative decoding at verifier τ = 0 (rule 1, γ = 3) with the drafter equals the
     autoregressive result `ar`; returns the engine's counters."""
     n = len(prompts)
-    cfg = EngineConfig(gamma=3, rule="rejection", verifier_temperature=0.0, n_slots=1,
-                       max_new_tokens=new)
-    spec = speculative_generate(cfg, verifier, v_params,
-                                [DrafterSpec("subset", d_lm, temperature=temperature)],
-                                [identity_maps(d_params, verifier.vocab_size)], prompts,
-                                [prompts], row_keys_for(3, n), min_width=16,
-                                drafter_min_width=[16])
+    cfg = EngineConfig(
+        gamma=3, rule="rejection", verifier_temperature=0.0, n_slots=1, max_new_tokens=new
+    )
+    spec = speculative_generate(
+        cfg,
+        verifier,
+        v_params,
+        [DrafterSpec("subset", d_lm, temperature=temperature)],
+        [identity_maps(d_params, verifier.vocab_size)],
+        prompts,
+        [prompts],
+        row_keys_for(3, n),
+        min_width=16,
+        drafter_min_width=[16],
+    )
     for i, p in enumerate(prompts):
-        np.testing.assert_array_equal(spec.tokens[i, :len(p) + new], ar.tokens[i, :len(p) + new])
+        np.testing.assert_array_equal(spec.tokens[i, : len(p) + new], ar.tokens[i, : len(p) + new])
     return spec.counters
 
 
@@ -475,7 +527,7 @@ def test_greedy_equals_autoregressive_on_a_tiny_transformer():
     drafts are accepted and the rest (argmax outside the subset) rejected."""
     verifier, v_params = byte_verifier()
     counts = []
-    for seed in (0, 1):   # a second batch and subset of the same size: the same program
+    for seed in (0, 1):  # a second batch and subset of the same size: the same program
         prompts = greedy_prompts(seed)
         ar = greedy_reference(verifier, v_params, prompts)
         written = np.concatenate([ar.new_tokens(i) for i in range(len(prompts))])
@@ -487,8 +539,9 @@ def test_greedy_equals_autoregressive_on_a_tiny_transformer():
         assert 0 < freq[keep].sum() < len(written)
         lm, params = subset_of(verifier, v_params, keep)
         before = programs.compiled_programs()
-        c = check_greedy_equality(verifier, v_params, lm, params, prompts, ar,
-                                  temperature=0.0 if seed == 0 else 0.8)
+        c = check_greedy_equality(
+            verifier, v_params, lm, params, prompts, ar, temperature=0.0 if seed == 0 else 0.8
+        )
         if seed:
             assert programs.compiled_programs() == before, "a new subset retraced"
         counts.append((int(c.accepted[:, 0].sum()), int(c.rejected[:, 0].sum())))

@@ -13,8 +13,16 @@ import pytest
 import tokenizers as hf_tokenizers
 
 from specjax.data import DOMAINS, REASONING_SPECIAL_TOKENS, load_heldout
-from specjax.tokenizers import (BPETokenizer, ByteTokenizer, Tokenizer, intersection_map,
-                                load_tokenizer, retokenization_table, same_group, train_bpe)
+from specjax.tokenizers import (
+    BPETokenizer,
+    ByteTokenizer,
+    Tokenizer,
+    intersection_map,
+    load_tokenizer,
+    retokenization_table,
+    same_group,
+    train_bpe,
+)
 
 SPECIALS = REASONING_SPECIAL_TOKENS  # ("<think>", "</think>")
 TRICKY = [
@@ -25,7 +33,10 @@ TRICKY = [
     "tabs\tand\r\nwindows\rlines\x0c",
     "héllo wörld — “quotes” … 你好，世界 🙂🚀 ﬁ ẞ \u200b zero-width",
     "<think>x</think><think></think> <think> a</think>\n",
-    "<think<think>>", "</think", "<<think>>", "a<think>b</think>c",
+    "<think<think>>",
+    "</think",
+    "<<think>>",
+    "a<think>b</think>c",
     "def f(x):\n    return x ** 2  # comment\n",
 ]
 
@@ -43,8 +54,12 @@ def bpes(heldout) -> dict[int, BPETokenizer]:
 
 @pytest.fixture(scope="module")
 def tokenizers(bpes) -> dict[str, Tokenizer]:
-    return {"byte": ByteTokenizer(), "byte+special": ByteTokenizer(SPECIALS),
-            "bpe300": bpes[300], "bpe512": bpes[512]}
+    return {
+        "byte": ByteTokenizer(),
+        "byte+special": ByteTokenizer(SPECIALS),
+        "bpe300": bpes[300],
+        "bpe512": bpes[512],
+    }
 
 
 def _all_substrings_bytes(s: str):
@@ -122,9 +137,16 @@ def test_token_bytes_cover_all_single_bytes(bpes):
         assert all(table)  # no empty token
 
 
-@pytest.mark.parametrize("pair", [("bpe300", "bpe512"), ("bpe512", "bpe300"),
-                                  ("byte", "bpe512"), ("bpe512", "byte+special"),
-                                  ("byte+special", "bpe300")])
+@pytest.mark.parametrize(
+    "pair",
+    [
+        ("bpe300", "bpe512"),
+        ("bpe512", "bpe300"),
+        ("byte", "bpe512"),
+        ("bpe512", "byte+special"),
+        ("byte+special", "bpe300"),
+    ],
+)
 def test_intersection_map(tokenizers, pair):
     src, dst = tokenizers[pair[0]], tokenizers[pair[1]]
     m = intersection_map(src, dst)
@@ -149,21 +171,24 @@ def test_intersection_map_special_tokens_and_identity(tokenizers):
     np.testing.assert_array_equal(intersection_map(bpe, bpe), np.arange(bpe.vocab_size))
 
 
-@pytest.mark.parametrize("pair", [("bpe512", "byte"), ("bpe512", "bpe300"),
-                                  ("bpe300", "bpe512"), ("byte+special", "bpe512")])
+@pytest.mark.parametrize(
+    "pair",
+    [("bpe512", "byte"), ("bpe512", "bpe300"), ("bpe300", "bpe512"), ("byte+special", "bpe512")],
+)
 def test_retokenization_table(tokenizers, pair):
     src, dst = tokenizers[pair[0]], tokenizers[pair[1]]
     ids, lengths = retokenization_table(src, dst)
     assert ids.dtype == np.int32 and lengths.dtype == np.int32
     assert ids.shape == (src.vocab_size, int(lengths.max()))
     for i in range(src.vocab_size):
-        row = ids[i, :lengths[i]]
+        row = ids[i, : lengths[i]]
         assert dst.decode_bytes(row) == src.token_bytes(i)
         assert list(row) == dst.encode_bytes(src.token_bytes(i))
-        assert (ids[i, lengths[i]:] == 0).all()
+        assert (ids[i, lengths[i] :] == 0).all()
     if pair == ("bpe512", "byte"):
         np.testing.assert_array_equal(
-            lengths, [len(src.token_bytes(i)) for i in range(src.vocab_size)])
+            lengths, [len(src.token_bytes(i)) for i in range(src.vocab_size)]
+        )
 
 
 def test_fingerprint_determinism(heldout, bpes, tmp_path):
@@ -179,12 +204,20 @@ def test_fingerprint_determinism(heldout, bpes, tmp_path):
     # A fresh process (new hash seeds, thread scheduling) trains the same tokenizer.
     corpus = tmp_path / "corpus.json"
     corpus.write_text(json.dumps(texts))
-    code = ("import json,sys; from specjax.tokenizers import train_bpe; "
-            "t=json.load(open(sys.argv[1])); "
-            "print(train_bpe(t, 512, ('<think>','</think>')).fingerprint())")
+    code = (
+        "import json,sys; from specjax.tokenizers import train_bpe; "
+        "t=json.load(open(sys.argv[1])); "
+        "print(train_bpe(t, 512, ('<think>','</think>')).fingerprint())"
+    )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    out = subprocess.run([sys.executable, "-c", code, str(corpus)], capture_output=True,
-                         text=True, env=env, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(corpus)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=120,
+    )
     assert out.stdout.strip() == bpes[512].fingerprint()
 
 

@@ -1,4 +1,5 @@
 """Training: the loss falls on a toy stream; a killed run resumes bit-exactly."""
+
 import os
 import signal
 import subprocess
@@ -25,12 +26,15 @@ def _toy_stream(n, vocab=32, seed=0):
 
 
 TRAIN, HELD_OUT = _toy_stream(4000, seed=0), _toy_stream(400, seed=1)
-SMALL = dict(batch_size=8, seq_len=16, learning_rate=1e-2, warmup_steps=3, eval_max_tokens=256,
-             log_every=5)
+SMALL = dict(
+    batch_size=8, seq_len=16, learning_rate=1e-2, warmup_steps=3, eval_max_tokens=256, log_every=5
+)
 
 
 def test_config_validation_names_field_value_and_range():
-    with pytest.raises(ValueError, match=r'TrainConfig.warmup_steps=20: must be an integer in \[0, steps=10\]'):
+    with pytest.raises(
+        ValueError, match=r'TrainConfig.warmup_steps=20: must be an integer in \[0, steps=10\]'
+    ):
         TrainConfig(steps=10, warmup_steps=20)
     with pytest.raises(ValueError, match=r'TrainConfig.b2=1.0'):
         TrainConfig(b2=1.0)
@@ -49,7 +53,7 @@ def test_eval_loss_is_mean_nll_over_consecutive_windows(tiny_lm, tiny_params):
     expected, count = 0.0, 0
     full = jax.jit(tiny_lm.logits_full)
     for start in range(0, 19, 8):
-        w = tokens[start:start + 9][None]
+        w = tokens[start : start + 9][None]
         logits = full(tiny_params, w[:, :-1])
         nll = optax.softmax_cross_entropy_with_integer_labels(logits, w[:, 1:])
         expected, count = expected + float(nll.sum()), count + nll.size
@@ -64,8 +68,9 @@ def test_loss_decreases_on_toy_stream(tiny_lm):
     assert np.mean(hist['loss'][-5:]) < hist['loss'][0] - 1.0, hist['loss']
     assert hist['eval_step'] == [20, 40]
     assert hist['eval_loss'][-1] < np.log(tiny_lm.vocab_size) - 1.0
-    np.testing.assert_allclose(hist['eval_loss'][-1],
-                               eval_loss(tiny_lm, params, HELD_OUT, 16, max_tokens=256), rtol=1e-6)
+    np.testing.assert_allclose(
+        hist['eval_loss'][-1], eval_loss(tiny_lm, params, HELD_OUT, 16, max_tokens=256), rtol=1e-6
+    )
     assert hist['lr'][0] == 0.0 and max(hist['lr']) == pytest.approx(1e-2)
 
 
@@ -77,6 +82,7 @@ def _kill_at(n):
     def callback(step, metrics):
         if step == n:
             raise _Killed
+
     return callback
 
 
@@ -105,6 +111,7 @@ def test_time_budget_stops_and_checkpoints(tmp_path, tiny_lm):
     assert hist['stopped'] == 'time_budget' and hist['final_step'] == 1
     assert hist['eval_step'] == [1]
     from specjax.checkpoints import latest_step
+
     assert latest_step(str(tmp_path / 'checkpoints')) == 1
 
 
@@ -129,8 +136,14 @@ def test_resume_after_sigkill_of_the_process(tmp_path, tiny_lm, tiny_config):
     ''')
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, 'PYTHONPATH': root, 'JAX_PLATFORMS': 'cpu'}
-    proc = subprocess.run([sys.executable, '-c', script], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, '-c', script],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     _, hist = train(tiny_lm, cfg, TRAIN, workdir=run)
     assert hist['resumed_from'] == 8

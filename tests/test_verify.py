@@ -15,27 +15,31 @@ the same setup gave p ∈ [0.03, 0.98] and the 400k-row marginals passed, i.e. a
 event at the documented false-alarm rate, kept here as a record rather than hidden. γ = 2, so the third token often comes from a second round: the cache
 rollback and re-tokenisation paths are exercised too.
 """
+
 from __future__ import annotations
 
 import zlib
 
 import numpy as np
 import pytest
+from lossless_reference import reference_law
 from scipy import stats
 
-from specjax.engine.generate import (autoregressive_generate, row_keys_for,
-                                     speculative_generate)
-from specjax.engine.spec import EngineConfig
 from specjax import testing as suite
-
-from lossless_reference import reference_law
+from specjax.engine.generate import autoregressive_generate, row_keys_for, speculative_generate
+from specjax.engine.spec import EngineConfig
 
 N = 100_000
 LENGTH = 3
 ALPHA = 1e-3
 START = 1
-RULES_SLOTS = [("rejection", 1), ("shared_block", 3), ("token_tree", 3), ("coupled", 3),
-               ("coupled_block", 3)]
+RULES_SLOTS = [
+    ("rejection", 1),
+    ("shared_block", 3),
+    ("token_tree", 3),
+    ("coupled", 3),
+    ("coupled_block", 3),
+]
 
 
 def chi2_pvalue(seqs: np.ndarray, exact: np.ndarray) -> float:
@@ -60,15 +64,23 @@ def chi2_test(seqs: np.ndarray, exact: np.ndarray) -> tuple[float, int, float, f
 
 
 def run(rule, slots_n, setup, seed, temperature=1.0, n=N, slots=None):
-    cfg = EngineConfig(gamma=2, rule=rule, verifier_temperature=temperature, n_slots=slots_n,
-                       max_new_tokens=LENGTH)
+    cfg = EngineConfig(
+        gamma=2, rule=rule, verifier_temperature=temperature, n_slots=slots_n, max_new_tokens=LENGTH
+    )
     prompts = [[START]] * n
     if slots is None and slots_n == 1:
-        slots = (np.arange(n) % 3)[:, None]      # rule 1 against each drafter in turn
-    res = speculative_generate(cfg, setup.verifier, setup.v_params, setup.drafters,
-                               setup.d_data, prompts,
-                               [[p] * n for p in suite.drafter_prompts([START])],
-                               row_keys_for(seed, n), slots=slots)
+        slots = (np.arange(n) % 3)[:, None]  # rule 1 against each drafter in turn
+    res = speculative_generate(
+        cfg,
+        setup.verifier,
+        setup.v_params,
+        setup.drafters,
+        setup.d_data,
+        prompts,
+        [[p] * n for p in suite.drafter_prompts([START])],
+        row_keys_for(seed, n),
+        slots=slots,
+    )
     return res
 
 
@@ -78,7 +90,7 @@ def test_lossless_chi_square(rule, slots_n):
     for i, case in enumerate(suite.CASES):
         setup = suite.make_setup(case, seed=i)
         res = run(rule, slots_n, setup, seed=zlib.crc32(f"{rule}/{case}".encode()))
-        seqs = res.tokens[:, 1:1 + LENGTH]
+        seqs = res.tokens[:, 1 : 1 + LENGTH]
         assert (res.length - res.start == LENGTH).all()
         exact = reference_law(setup.v_table, 1.0, START, LENGTH)  # independent NumPy
         pvalues[case] = chi2_pvalue(seqs, exact)
@@ -97,14 +109,30 @@ def test_greedy_equals_verifier_greedy(rule, slots_n):
         setup = suite.make_setup(case, seed=10 + i, temperatures=(0.0, 0.7, 1.5))
         n = 64
         prompts = [[s % suite.V] for s in range(n)]
-        cfg = EngineConfig(gamma=3, rule=rule, verifier_temperature=0.0, n_slots=slots_n,
-                           max_new_tokens=9)
+        cfg = EngineConfig(
+            gamma=3, rule=rule, verifier_temperature=0.0, n_slots=slots_n, max_new_tokens=9
+        )
         slots = (np.arange(n) % 3)[:, None] if slots_n == 1 else None
         dp = [[[int(t) for t in suite.drafter_prompts(p)[k]] for p in prompts] for k in range(3)]
-        spec = speculative_generate(cfg, setup.verifier, setup.v_params, setup.drafters,
-                                    setup.d_data, prompts, dp, row_keys_for(3, n), slots=slots)
-        ar = autoregressive_generate(setup.verifier, setup.v_params, prompts, row_keys_for(4, n),
-                                     temperature=0.0, max_new_tokens=9)
+        spec = speculative_generate(
+            cfg,
+            setup.verifier,
+            setup.v_params,
+            setup.drafters,
+            setup.d_data,
+            prompts,
+            dp,
+            row_keys_for(3, n),
+            slots=slots,
+        )
+        ar = autoregressive_generate(
+            setup.verifier,
+            setup.v_params,
+            prompts,
+            row_keys_for(4, n),
+            temperature=0.0,
+            max_new_tokens=9,
+        )
         np.testing.assert_array_equal(spec.tokens[:, :10], ar.tokens[:, :10])
 
 
@@ -114,33 +142,61 @@ def test_coupled_equals_autoregressive_with_same_noise(rule):
     setup = suite.make_setup("random", seed=3)
     n = 2000
     prompts = [[START]] * n
-    cfg = EngineConfig(gamma=3, rule=rule, verifier_temperature=1.0, n_slots=3,
-                       max_new_tokens=8)
-    spec = speculative_generate(cfg, setup.verifier, setup.v_params, setup.drafters,
-                                setup.d_data, prompts,
-                                [[p] * n for p in suite.drafter_prompts([START])],
-                                row_keys_for(5, n))
-    ar = autoregressive_generate(setup.verifier, setup.v_params, prompts, row_keys_for(5, n),
-                                 temperature=1.0, max_new_tokens=8, coupled=True)
+    cfg = EngineConfig(gamma=3, rule=rule, verifier_temperature=1.0, n_slots=3, max_new_tokens=8)
+    spec = speculative_generate(
+        cfg,
+        setup.verifier,
+        setup.v_params,
+        setup.drafters,
+        setup.d_data,
+        prompts,
+        [[p] * n for p in suite.drafter_prompts([START])],
+        row_keys_for(5, n),
+    )
+    ar = autoregressive_generate(
+        setup.verifier,
+        setup.v_params,
+        prompts,
+        row_keys_for(5, n),
+        temperature=1.0,
+        max_new_tokens=8,
+        coupled=True,
+    )
     np.testing.assert_array_equal(spec.tokens[:, :9], ar.tokens[:, :9])
     # And a different drafter set yields the same output (drafter invariance).
-    one = speculative_generate(EngineConfig(gamma=2, rule=rule, verifier_temperature=1.0,
-                                            n_slots=1, max_new_tokens=8),
-                               setup.verifier, setup.v_params, setup.drafters, setup.d_data,
-                               prompts, [[p] * n for p in suite.drafter_prompts([START])],
-                               row_keys_for(5, n), slots=np.full((n, 1), 2))
+    one = speculative_generate(
+        EngineConfig(gamma=2, rule=rule, verifier_temperature=1.0, n_slots=1, max_new_tokens=8),
+        setup.verifier,
+        setup.v_params,
+        setup.drafters,
+        setup.d_data,
+        prompts,
+        [[p] * n for p in suite.drafter_prompts([START])],
+        row_keys_for(5, n),
+        slots=np.full((n, 1), 2),
+    )
     np.testing.assert_array_equal(one.tokens[:, :9], ar.tokens[:, :9])
 
 
 def test_row_results_do_not_depend_on_batch_composition():
     setup = suite.make_setup("random", seed=4)
-    cfg = EngineConfig(gamma=2, rule="token_tree", verifier_temperature=1.0, n_slots=3,
-                       max_new_tokens=6)
+    cfg = EngineConfig(
+        gamma=2, rule="token_tree", verifier_temperature=1.0, n_slots=3, max_new_tokens=6
+    )
     keys = row_keys_for(9, 8)
     prompts = [[i % suite.V] for i in range(8)]
     dp = [[suite.drafter_prompts(p)[k] for p in prompts] for k in range(3)]
-    full = speculative_generate(cfg, setup.verifier, setup.v_params, setup.drafters,
-                                setup.d_data, prompts, dp, keys)
-    sub = speculative_generate(cfg, setup.verifier, setup.v_params, setup.drafters,
-                               setup.d_data, prompts[2:5], [d[2:5] for d in dp], keys[2:5])
+    full = speculative_generate(
+        cfg, setup.verifier, setup.v_params, setup.drafters, setup.d_data, prompts, dp, keys
+    )
+    sub = speculative_generate(
+        cfg,
+        setup.verifier,
+        setup.v_params,
+        setup.drafters,
+        setup.d_data,
+        prompts[2:5],
+        [d[2:5] for d in dp],
+        keys[2:5],
+    )
     np.testing.assert_array_equal(full.tokens[2:5, :7], sub.tokens[:, :7])

@@ -4,6 +4,7 @@ Fast: nothing is trained. The files are checked against the manifest, every mode
 re-scored on a slice of the shipped held-out text of its domain(s), the deployment is
 assembled, and each loader error is provoked on a copy of the zoo in ``tmp_path``.
 """
+
 import json
 import shutil
 
@@ -13,8 +14,8 @@ import pytest
 
 from specjax import evaluation
 from specjax.data import REASONING_SPECIAL_TOKENS, load_heldout
-from specjax.errors import ConfigError
 from specjax.engine.deployment import from_zoo
+from specjax.errors import ConfigError
 from specjax.models import zoo as zoo_lib
 from specjax.models.api import count_params
 
@@ -56,6 +57,7 @@ def _one_line_error(excinfo, *needles):
 # ---------------------------------------------------------------------------------------
 # The manifest matches the files
 # ---------------------------------------------------------------------------------------
+
 
 def test_manifest_matches_files(zoo, manifest):
     root = zoo.path
@@ -131,6 +133,7 @@ def test_drafters_land_in_the_seeds_band_and_lead_their_own_domain(manifest):
 # Every model beats its unigram baseline on its own domain(s)
 # ---------------------------------------------------------------------------------------
 
+
 def _observed_gain(manifest) -> float:
     gains = []
     for rec in manifest['models'].values():
@@ -147,26 +150,35 @@ def test_beats_unigram_on_own_domains(zoo, manifest, name):
     assert gain > 0.2, f'the shipped zoo itself gains only {gain:.2f} over unigram'
     threshold = SAFETY_FACTOR * gain
     for dom in m.domains:
-        text = load_heldout(dom)[:8 * SLICE_TOKENS]
-        loss = evaluation.heldout_loss(m.lm, m.params, m.tokenizer, text, seq_len=SLICE_TOKENS,
-                                       max_tokens=SLICE_TOKENS, batch_size=1)
+        text = load_heldout(dom)[: 8 * SLICE_TOKENS]
+        loss = evaluation.heldout_loss(
+            m.lm,
+            m.params,
+            m.tokenizer,
+            text,
+            seq_len=SLICE_TOKENS,
+            max_tokens=SLICE_TOKENS,
+            batch_size=1,
+        )
         assert loss['tokens'] == SLICE_TOKENS
         uni = manifest['models'][name]['heldout'][dom]['unigram_nats_per_byte']
         got = 1 - loss['nats_per_byte'] / uni
         assert got > threshold, (
             f'{name} on {dom}: {loss["nats_per_byte"]:.3f} nats/byte vs unigram {uni:.3f} '
-            f'(gain {got:.2f}, need > {threshold:.2f})')
+            f'(gain {got:.2f}, need > {threshold:.2f})'
+        )
 
 
 # ---------------------------------------------------------------------------------------
 # The deployment
 # ---------------------------------------------------------------------------------------
 
+
 def test_deployment_builds(zoo, manifest):
     dep = from_zoo(zoo)
     assert dep.names == ('code', 'prose', 'reasoning')
     assert len(dep.drafters) == len(dep.d_data) == len(dep.drafter_encode) == 3
-    assert len(set(dep.groups)) == 2          # {code, prose} share the verifier's tokenizer
+    assert len(set(dep.groups)) == 2  # {code, prose} share the verifier's tokenizer
     assert dep.groups[0] == dep.groups[1] == zoo.verifier.tokenizer.fingerprint()
     assert dep.stop_table.shape == (zoo.verifier.lm.vocab_size,) and dep.stop_table.any()
     toks = zoo.verifier.tokenizer
@@ -190,14 +202,14 @@ def test_deployment_builds(zoo, manifest):
     text = 'def f(x):\n    return x\n'
     assert dep.decode(dep.encode(text)) == text
     assert [f(text) for f in dep.drafter_encode][2] == zoo.drafter('reasoning').tokenizer.encode(
-        text)
+        text
+    )
     assert [d.cost for d in dep.drafters] == [d.cost for d in zoo.drafters]
     assert [d.temperature for d in dep.drafters] == [1.0, 1.0, 1.3]
 
 
 def test_deployment_overrides(zoo):
-    dep = from_zoo(zoo, names=['reasoning', 'code'], temperatures={'code': 0.0},
-                         costs=[0.5, 0.25])
+    dep = from_zoo(zoo, names=['reasoning', 'code'], temperatures={'code': 0.0}, costs=[0.5, 0.25])
     assert dep.names == ('reasoning', 'code')
     assert [d.temperature for d in dep.drafters] == [1.3, 0.0]
     assert [d.cost for d in dep.drafters] == [0.5, 0.25]
@@ -215,6 +227,7 @@ def test_acceptance_helper_matches_prefix_distributions(zoo):
     per-token padding to the re-tokenisation width fits the drafters' context)."""
     from specjax.engine.deployment import prefix_distributions
     from specjax.verify.distributions import sampling_probs
+
     dep = from_zoo(zoo, names=['reasoning'])  # cross-vocabulary, with thinking tokens
     text = load_heldout('reasoning')[:400]
     n = 6
@@ -230,6 +243,7 @@ def test_acceptance_helper_matches_prefix_distributions(zoo):
 # ---------------------------------------------------------------------------------------
 # Loader errors: one line, naming what is wrong
 # ---------------------------------------------------------------------------------------
+
 
 def test_load_subset(zoo):
     z = zoo_lib.load_zoo(names=['prose'])

@@ -32,8 +32,12 @@ BASE_ACCEPTANCE = {"code": 0.68, "prose": 0.61, "reasoning": 0.54}
 
 def validate(config) -> None:
     gammas = list(config.grid.get("gamma", [1]))
-    check(all(isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in gammas),
-          "grid.gamma", gammas, "integers >= 1")
+    check(
+        all(isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in gammas),
+        "grid.gamma",
+        gammas,
+        "integers >= 1",
+    )
     check(config.sleep_s >= 0, "sleep_s", config.sleep_s, "a number >= 0")
 
 
@@ -41,8 +45,10 @@ def finalize(config, workdir: Path, results: list[dict]) -> None:
     by_policy: dict[str, list[float]] = {}
     for r in results:
         by_policy.setdefault(r["policy"], []).append(r["joint_acceptance"])
-    summary = {"cells": len(results),
-               "joint_acceptance_by_policy": {k: sum(v) / len(v) for k, v in by_policy.items()}}
+    summary = {
+        "cells": len(results),
+        "joint_acceptance_by_policy": {k: sum(v) / len(v) for k, v in by_policy.items()},
+    }
     (Path(workdir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
@@ -74,8 +80,13 @@ def toy(config, cell: dict, workdir: Path) -> dict:
     if isinstance(policy, dict):
         policy = policy.get("name", "custom")
     noise = lambda s: rng.uniform(-s, s)  # pylint: disable=unnecessary-lambda-assignment
-    acceptance = {d: round(min(0.99, BASE_ACCEPTANCE[d] * 0.98 ** (gamma - 1)
-                               * (1.1 - 0.2 * tau_d) + noise(0.02)), 4) for d in pairing}
+    acceptance = {
+        d: round(
+            min(0.99, BASE_ACCEPTANCE[d] * 0.98 ** (gamma - 1) * (1.1 - 0.2 * tau_d) + noise(0.02)),
+            4,
+        )
+        for d in pairing
+    }
     alphas = list(acceptance.values())
     naive = policy == "naive"
     if len(alphas) == 1:

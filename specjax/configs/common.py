@@ -47,8 +47,7 @@ import ml_collections
 from specjax.errors import ConfigError
 from specjax.field_report import ACCEPTANCE_FLOOR, DEPTH_CEILING, TRUNCATION_OVERHEAD_RATIO
 
-__all__ = ["plans_defaults", "parse_config_arg", "split_arg", "apply_override",
-           "parse_literal"]
+__all__ = ["plans_defaults", "parse_config_arg", "split_arg", "apply_override", "parse_literal"]
 
 Variant = Callable[[ml_collections.ConfigDict], "ml_collections.ConfigDict | None"]
 
@@ -61,40 +60,46 @@ def plans_defaults():
     experiment (`specjax.runner.plans_validation`) accepts these fields and no others (besides
     the runner's and the hf deployment's)."""
     c = ml_collections.ConfigDict()
-    c.experiment = "plans"            # the registered experiment (specjax/runner/experiments.py)
-    c.deployment = "zoo"              # 'zoo' (shipped tiny models) or 'synthetic' (exact tables)
-    c.zoo_path = None                 # zoo folder; None: $SPECJAX_ZOO, else the shipped specjax/zoo
-    c.plans_per_domain = 24           # plan prompts per domain (code, prose, reasoning), mixed
-    c.plan_steps = 4                  # steps per plan
-    c.max_step_tokens = 32            # token budget of one step
-    c.consensus = "seed"              # step decision: 'seed' (execute_parallel_plan) or 'quorum'
-    c.consensus_threshold = 0.5       # quorum rule: support needed to commit without fallback
-    c.boundary = ml_collections.ConfigDict()   # the decision boundary (SPEC §6), the seed's
-    c.boundary.acceptance_floor = ACCEPTANCE_FLOOR                    # s_b below it: collapse
-    c.boundary.depth_ceiling = DEPTH_CEILING                          # d_b above it: collapse
+    c.experiment = "plans"  # the registered experiment (specjax/runner/experiments.py)
+    c.deployment = "zoo"  # 'zoo' (shipped tiny models) or 'synthetic' (exact tables)
+    c.zoo_path = None  # zoo folder; None: $SPECJAX_ZOO, else the shipped specjax/zoo
+    c.plans_per_domain = 24  # plan prompts per domain (code, prose, reasoning), mixed
+    c.plan_steps = 4  # steps per plan
+    c.max_step_tokens = 32  # token budget of one step
+    c.consensus = "seed"  # step decision: 'seed' (execute_parallel_plan) or 'quorum'
+    c.consensus_threshold = 0.5  # quorum rule: support needed to commit without fallback
+    c.boundary = ml_collections.ConfigDict()  # the decision boundary (SPEC §6), the seed's
+    c.boundary.acceptance_floor = ACCEPTANCE_FLOOR  # s_b below it: collapse
+    c.boundary.depth_ceiling = DEPTH_CEILING  # d_b above it: collapse
     c.boundary.truncation_overhead_ratio = TRUNCATION_OVERHEAD_RATIO  # s_b − i_b must exceed it
-    c.share_verifier_call = True      # cost model: a plan's branches share one verifier call
-    c.auto_explore = 0.15             # policy 'auto': chance a step re-measures a dropped drafter
-    c.consensus_cost = 1.0            # modelled cost of a consensus round (verifier calls)
-    c.bucket = 64                     # prompt widths rounded up to a multiple (no retrace)
-    c.report = True                   # write report.md and plots/ after the cells
-    c.seed_table = False              # also write the seed's table (seed_reproduction only)
+    c.share_verifier_call = True  # cost model: a plan's branches share one verifier call
+    c.auto_explore = 0.15  # policy 'auto': chance a step re-measures a dropped drafter
+    c.consensus_cost = 1.0  # modelled cost of a consensus round (verifier calls)
+    c.bucket = 64  # prompt widths rounded up to a multiple (no retrace)
+    c.report = True  # write report.md and plots/ after the cells
+    c.seed_table = False  # also write the seed's table (seed_reproduction only)
     c.grid = ml_collections.ConfigDict()
-    c.grid.gamma = [4]                # γ, drafts per chain per round
+    c.grid.gamma = [4]  # γ, drafts per chain per round
     c.grid.verifier_temperature = [1.0]  # τ of the verifier (0 = greedy)
-    c.grid.rule = ["coupled"]         # 'coupled': branches share Gumbel noise, so they agree
+    c.grid.rule = ["coupled"]  # 'coupled': branches share Gumbel noise, so they agree
     #                                   and the committed step is the verifier's own sample;
     #                                   'default': independent noise, switch 2 picks the rule
-    c.grid.drafter_temperature = [None]  # None = each drafter's default (code 1.0, prose 1.0, reasoning 1.3)
-    c.grid.drafter_gamma = [None]     # None = grid.gamma for all; or one γ_i per drafter (one-chain rows)
+    c.grid.drafter_temperature = [
+        None
+    ]  # None = each drafter's default (code 1.0, prose 1.0, reasoning 1.3)
+    c.grid.drafter_gamma = [
+        None
+    ]  # None = grid.gamma for all; or one γ_i per drafter (one-chain rows)
     c.grid.pairing = [("code", "prose", "reasoning")]  # which drafters take part
-    c.grid.seed = [0]                 # PRNG seed
+    c.grid.seed = [0]  # PRNG seed
     return c
 
 
-def parse_config_arg(arg: str | None, defaults: ml_collections.ConfigDict,
-                     variants: Mapping[str, Variant] | None = None
-                     ) -> ml_collections.ConfigDict:
+def parse_config_arg(
+    arg: str | None,
+    defaults: ml_collections.ConfigDict,
+    variants: Mapping[str, Variant] | None = None,
+) -> ml_collections.ConfigDict:
     """Applies the variants and overrides of `arg` to `defaults` and returns the config.
 
     Args:
@@ -119,8 +124,11 @@ def parse_config_arg(arg: str | None, defaults: ml_collections.ConfigDict,
             names.append(item)
     for name in names:
         if name not in variants:
-            raise ConfigError.invalid("config variant", name, sorted(variants) or
-                                      "none (this config file defines no variants)")
+            raise ConfigError.invalid(
+                "config variant",
+                name,
+                sorted(variants) or "none (this config file defines no variants)",
+            )
         result = variants[name](config)
         if result is not None:
             config = result
@@ -237,8 +245,12 @@ def _unknown_field(key: str, raw: str, node: Any, parent: str) -> ConfigError:
         names = []
     close = difflib.get_close_matches(key, names, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    where = f"{parent!r} is not a ConfigDict" if not isinstance(
-        node, ml_collections.ConfigDict) else "no such config field"
+    where = (
+        f"{parent!r} is not a ConfigDict"
+        if not isinstance(node, ml_collections.ConfigDict)
+        else "no such config field"
+    )
     allowed = ", ".join(names) if names else "none"
-    return ConfigError(f"{key}={raw}: {where}{hint}; fields here: {allowed}",
-                       field=key, value=raw, allowed=names)
+    return ConfigError(
+        f"{key}={raw}: {where}{hint}; fields here: {allowed}", field=key, value=raw, allowed=names
+    )

@@ -17,14 +17,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     unknown = set(argv) - {"--force", "--ship"}
     if unknown:
-        raise SystemExit(f"unknown arguments {sorted(unknown)}; usage: python -m "
-                         "specjax.data [--force] [--ship]")
+        raise SystemExit(
+            f"unknown arguments {sorted(unknown)}; usage: python -m specjax.data [--force] [--ship]"
+        )
     for name in corpora.DOMAINS:
         meta = corpora.build_domain(name, force="--force" in argv)
-        print(f"{name:9s} train {meta['train']['bytes']:>10,d} B "
-              f"({meta['train']['documents']} docs)  heldout "
-              f"{meta['heldout']['bytes']:>9,d} B ({meta['heldout']['documents']} docs)  "
-              f"cache {corpora.default_cache_dir() / name}")
+        print(
+            f"{name:9s} train {meta['train']['bytes']:>10,d} B "
+            f"({meta['train']['documents']} docs)  heldout "
+            f"{meta['heldout']['bytes']:>9,d} B ({meta['heldout']['documents']} docs)  "
+            f"cache {corpora.default_cache_dir() / name}"
+        )
     if "--ship" in argv:
         for path in shipped.write_shipped_files():
             print("wrote", path)

@@ -49,8 +49,8 @@ KJV_CHAPTERS, KJV_VERSES = 1189, 31102
 # Directory names never taken into the code corpus: tests and their data, the IDLE GUI,
 # third-party packages, byte-code caches, and pydoc's generated topic strings.
 CODE_EXCLUDED_DIRS = frozenset(
-    {"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__",
-     "pydoc_data"})
+    {"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__", "pydoc_data"}
+)
 
 Document = tuple[str, str]  # (key, text)
 
@@ -106,7 +106,8 @@ def code_documents(root: Path | None = None) -> list[Document]:
     if not root.is_dir():
         raise CorpusUnavailableError(
             f"code corpus unavailable: standard-library directory {root} not found "
-            "(fix: run with a CPython that ships its library sources)")
+            "(fix: run with a CPython that ships its library sources)"
+        )
     docs = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
@@ -156,20 +157,23 @@ def parse_kjv_dump(dump: str) -> list[Document]:
             chapters.append((line.strip(), []))
         else:
             raise ValueError(f"KJV dump line {lineno}: unexpected text {line[:60]!r}")
-    return [(name, name + "\n" + "".join(v + "\n" for v in verses) + "\n")
-            for name, verses in chapters]
+    return [
+        (name, name + "\n" + "".join(v + "\n" for v in verses) + "\n") for name, verses in chapters
+    ]
 
 
 def _run(cmd: Sequence[str], cwd: Path, what: str, fix: str) -> str:
     try:
         res = subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.SubprocessError) as e:
-        raise CorpusUnavailableError(f"{what}: `{' '.join(cmd)}` could not run ({e}); {fix}") \
-            from None
+        raise CorpusUnavailableError(
+            f"{what}: `{' '.join(cmd)}` could not run ({e}); {fix}"
+        ) from None
     if res.returncode != 0:
         err = " ".join((res.stderr or res.stdout).split())[-200:]
         raise CorpusUnavailableError(
-            f"{what}: `{' '.join(cmd)}` exited {res.returncode} ({err}); {fix}")
+            f"{what}: `{' '.join(cmd)}` exited {res.returncode} ({err}); {fix}"
+        )
     return res.stdout
 
 
@@ -190,25 +194,35 @@ def kjv_documents(cache: Path) -> list[Document]:
     if not dump_path.is_file():
         debs = src / "debs"
         debs.mkdir(parents=True, exist_ok=True)
-        fix = (f"fix: run `{APT_GET} update` on a Debian/Ubuntu machine with package "
-               f"sources, or copy the .deb files of {' and '.join(KJV_PACKAGES)} into {debs}")
+        fix = (
+            f"fix: run `{APT_GET} update` on a Debian/Ubuntu machine with package "
+            f"sources, or copy the .deb files of {' and '.join(KJV_PACKAGES)} into {debs}"
+        )
         missing = [p for p in KJV_PACKAGES if not list(debs.glob(f"{p}_*.deb"))]
         if missing:
             _run([APT_GET, "download", *missing], debs, what, fix)
         root = src / "root"
         shutil.rmtree(root, ignore_errors=True)
         for deb in sorted(debs.glob("*.deb")):
-            _run(["dpkg", "-x", str(deb), str(root)], src, what,
-                 "fix: install dpkg (Debian/Ubuntu), or delete the cached .deb files")
+            _run(
+                ["dpkg", "-x", str(deb), str(root)],
+                src,
+                what,
+                "fix: install dpkg (Debian/Ubuntu), or delete the cached .deb files",
+            )
         binary, data = root / "usr/bin/bible", root / "usr/lib"
         if not binary.is_file() or not (data / "bible.data").is_file():
             raise CorpusUnavailableError(
                 f"{what}: {binary} or {data}/bible.data missing after unpacking; fix: "
-                f"delete {debs} and retry")
+                f"delete {debs} and retry"
+            )
         # -l: no line wrapping; -p: read the unpacked data file, not /usr/lib.
-        dump = _run([str(binary), "-p", str(data), "-l", "100000", "gen1:1-rev22:21"], src,
-                    what, "fix: the `bible` binary needs libreadline (apt-get install "
-                    "libreadline8)")
+        dump = _run(
+            [str(binary), "-p", str(data), "-l", "100000", "gen1:1-rev22:21"],
+            src,
+            what,
+            "fix: the `bible` binary needs libreadline (apt-get install libreadline8)",
+        )
         tmp = dump_path.with_suffix(".tmp")
         tmp.write_text(dump, encoding="utf-8")
         os.replace(tmp, dump_path)
@@ -220,13 +234,13 @@ def kjv_documents(cache: Path) -> list[Document]:
     if (len(docs), n_verses) != (KJV_CHAPTERS, KJV_VERSES):
         raise CorpusUnavailableError(
             f"{what}: dump has {len(docs)} chapters / {n_verses} verses, expected "
-            f"{KJV_CHAPTERS} / {KJV_VERSES}; fix: delete {src} and retry")
+            f"{KJV_CHAPTERS} / {KJV_VERSES}; fix: delete {src} and retry"
+        )
     return docs
 
 
 # -------------------------------------------------------------------- reasoning
-def reasoning_documents(n_problems: int | None = None,
-                        seed: int | None = None) -> list[Document]:
+def reasoning_documents(n_problems: int | None = None, seed: int | None = None) -> list[Document]:
     """Generated problems keyed by their question (duplicates share a split).
 
     Defaults (`REASONING_PROBLEMS`, `REASONING_SEED`) are read at call time.
@@ -271,24 +285,30 @@ def build_domain(name: str, cache: Path | None = None, force: bool = False) -> d
     cache = Path(cache) if cache is not None else default_cache_dir()
     out = cache / name
     meta_path = out / "meta.json"
-    if not force and meta_path.is_file() and all(
-            (out / f"{s}.txt").is_file() for s in SPLITS):
+    if not force and meta_path.is_file() and all((out / f"{s}.txt").is_file() for s in SPLITS):
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         if (meta.get("corpus_version"), meta.get("source")) == (CORPUS_VERSION, _source(name)):
             return meta
     docs = domain_documents(name, cache)
     train, held = split_documents(docs)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"domain": name, "corpus_version": CORPUS_VERSION,
-            "heldout_fraction": HELDOUT_FRACTION, "source": _source(name)}
+    meta = {
+        "domain": name,
+        "corpus_version": CORPUS_VERSION,
+        "heldout_fraction": HELDOUT_FRACTION,
+        "source": _source(name),
+    }
     if name == "code":
         meta["python_version"] = sys.version.split()[0]
     for split, part in (("train", train), ("heldout", held)):
         text = "".join(t for _, t in part)
         _atomic_write(out / f"{split}.txt", text)
         data = text.encode("utf-8")
-        meta[split] = {"documents": len(part), "bytes": len(data),
-                       "sha256": hashlib.sha256(data).hexdigest()}
+        meta[split] = {
+            "documents": len(part),
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
     _atomic_write(meta_path, json.dumps(meta, indent=1) + "\n")
     return meta
 
@@ -299,12 +319,12 @@ def _source(name: str) -> str:
         return "CPython standard library sources (PSF License)"
     if name == "prose":
         return "King James Version, Debian bible-kjv-text (public domain)"
-    return (f"specjax.data.reasoning.generate_problems({REASONING_PROBLEMS}, "
-            f"seed={REASONING_SEED})")
+    return f"specjax.data.reasoning.generate_problems({REASONING_PROBLEMS}, seed={REASONING_SEED})"
 
 
-def load_domain(name: str, split: str = "train", max_bytes: int | None = None,
-                cache: Path | None = None) -> str:
+def load_domain(
+    name: str, split: str = "train", max_bytes: int | None = None, cache: Path | None = None
+) -> str:
     """The text of one domain's split, building the cache on first use.
 
     Args:
@@ -331,5 +351,5 @@ def load_domain(name: str, split: str = "train", max_bytes: int | None = None,
     with path.open("rb") as f:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
-        data = data[:data.rfind(b"\n", 0, max_bytes) + 1]
+        data = data[: data.rfind(b"\n", 0, max_bytes) + 1]
     return data.decode("utf-8")

@@ -27,16 +27,57 @@ THINK_CLOSE = "</think>"
 #: Special tokens every tokenizer trained on this domain should reserve.
 REASONING_SPECIAL_TOKENS = (THINK_OPEN, THINK_CLOSE)
 
-NAMES = ("Ann", "Ben", "Cara", "Dan", "Eve", "Finn", "Gia", "Hugo", "Ivy", "Jack",
-         "Kim", "Leo", "Mia", "Noah", "Omar", "Pia", "Quinn", "Rosa", "Sam", "Tara")
-ITEMS = (("apple", "apples"), ("pen", "pens"), ("book", "books"), ("marble", "marbles"),
-         ("card", "cards"), ("cookie", "cookies"), ("stamp", "stamps"), ("shell", "shells"),
-         ("coin", "coins"), ("sticker", "stickers"), ("egg", "eggs"), ("cup", "cups"),
-         ("candle", "candles"), ("pencil", "pencils"), ("ribbon", "ribbons"))
+NAMES = (
+    "Ann",
+    "Ben",
+    "Cara",
+    "Dan",
+    "Eve",
+    "Finn",
+    "Gia",
+    "Hugo",
+    "Ivy",
+    "Jack",
+    "Kim",
+    "Leo",
+    "Mia",
+    "Noah",
+    "Omar",
+    "Pia",
+    "Quinn",
+    "Rosa",
+    "Sam",
+    "Tara",
+)
+ITEMS = (
+    ("apple", "apples"),
+    ("pen", "pens"),
+    ("book", "books"),
+    ("marble", "marbles"),
+    ("card", "cards"),
+    ("cookie", "cookies"),
+    ("stamp", "stamps"),
+    ("shell", "shells"),
+    ("coin", "coins"),
+    ("sticker", "stickers"),
+    ("egg", "eggs"),
+    ("cup", "cups"),
+    ("candle", "candles"),
+    ("pencil", "pencils"),
+    ("ribbon", "ribbons"),
+)
 # (big unit, small unit, small units per big unit)
-UNITS = (("hours", "minutes", 60), ("minutes", "seconds", 60), ("days", "hours", 24),
-         ("weeks", "days", 7), ("meters", "centimeters", 100), ("kilograms", "grams", 1000),
-         ("liters", "milliliters", 1000), ("feet", "inches", 12), ("yards", "feet", 3))
+UNITS = (
+    ("hours", "minutes", 60),
+    ("minutes", "seconds", 60),
+    ("days", "hours", 24),
+    ("weeks", "days", 7),
+    ("meters", "centimeters", 100),
+    ("kilograms", "grams", 1000),
+    ("liters", "milliliters", 1000),
+    ("feet", "inches", 12),
+    ("yards", "feet", 3),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +98,7 @@ class Problem:
 
     def format(self) -> str:
         """The problem as a paragraph, ending in a blank line."""
-        lines = [f"Q: {self.question}", THINK_OPEN, *self.steps, THINK_CLOSE,
-                 f"A: {self.answer}"]
+        lines = [f"Q: {self.question}", THINK_OPEN, *self.steps, THINK_CLOSE, f"A: {self.answer}"]
         return "\n".join(lines) + "\n\n"
 
 
@@ -87,16 +127,22 @@ def _sum_chain(rng: random.Random) -> _Result:
 def _add_sub(rng: random.Random) -> _Result:
     a, b = rng.randint(20, 199), rng.randint(2, 99)
     c = rng.randint(1, a + b)
-    return (f"What is {a} + {b} - {c}?",
-            [f"{a} + {b} = {a + b}.", f"{a + b} - {c} = {a + b - c}."], str(a + b - c))
+    return (
+        f"What is {a} + {b} - {c}?",
+        [f"{a} + {b} = {a + b}.", f"{a + b} - {c} = {a + b - c}."],
+        str(a + b - c),
+    )
 
 
 def _product(rng: random.Random) -> _Result:
     a, b = rng.randint(12, 99), rng.randint(3, 9)
     tens, units = a - a % 10, a % 10
-    steps = [f"{a} * {b} = {tens} * {b} + {units} * {b}.",
-             f"{tens} * {b} = {tens * b}.", f"{units} * {b} = {units * b}.",
-             f"{tens * b} + {units * b} = {a * b}."]
+    steps = [
+        f"{a} * {b} = {tens} * {b} + {units} * {b}.",
+        f"{tens} * {b} = {tens * b}.",
+        f"{units} * {b} = {units * b}.",
+        f"{tens * b} + {units * b} = {a * b}.",
+    ]
     return f"What is {a} * {b}?", steps, str(a * b)
 
 
@@ -104,10 +150,14 @@ def _buy_bags(rng: random.Random) -> _Result:
     name = rng.choice(NAMES)
     _, items = rng.choice(ITEMS)
     a, bags, per = rng.randint(1, 60), rng.randint(2, 9), rng.randint(2, 12)
-    q = (f"{name} has {a} {items} and buys {bags} bags of {per}. "
-         f"How many {items} does {name} have now?")
-    steps = [f"{bags} bags of {per} is {bags} * {per} = {bags * per}.",
-             f"{a} + {bags * per} = {a + bags * per}."]
+    q = (
+        f"{name} has {a} {items} and buys {bags} bags of {per}. "
+        f"How many {items} does {name} have now?"
+    )
+    steps = [
+        f"{bags} bags of {per} is {bags} * {per} = {bags * per}.",
+        f"{a} + {bags * per} = {a + bags * per}.",
+    ]
     return q, steps, str(a + bags * per)
 
 
@@ -116,8 +166,10 @@ def _give_get(rng: random.Random) -> _Result:
     _, items = rng.choice(ITEMS)
     a = rng.randint(10, 90)
     b, c = rng.randint(1, a), rng.randint(1, 40)
-    q = (f"{name} has {a} {items}, gives {b} to {other} and then finds {c} more. "
-         f"How many {items} does {name} have now?")
+    q = (
+        f"{name} has {a} {items}, gives {b} to {other} and then finds {c} more. "
+        f"How many {items} does {name} have now?"
+    )
     return q, [f"{a} - {b} = {a - b}.", f"{a - b} + {c} = {a - b + c}."], str(a - b + c)
 
 
@@ -126,12 +178,17 @@ def _shop(rng: random.Random) -> _Result:
     (s1, p1), (s2, p2) = rng.sample(ITEMS, 2)
     c1, c2 = rng.randint(1, 15), rng.randint(1, 15)
     n1, n2 = rng.randint(1, 9), rng.randint(1, 9)
-    q = (f"{_article(s1).capitalize()} {s1} costs {c1} dollars and {_article(s2)} {s2} "
-         f"costs {c2} dollars. {name} buys "
-         f"{n1} {p1 if n1 > 1 else s1} and {n2} {p2 if n2 > 1 else s2}. "
-         f"How many dollars does {name} pay?")
-    steps = [f"{n1} * {c1} = {n1 * c1}.", f"{n2} * {c2} = {n2 * c2}.",
-             f"{n1 * c1} + {n2 * c2} = {n1 * c1 + n2 * c2}."]
+    q = (
+        f"{_article(s1).capitalize()} {s1} costs {c1} dollars and {_article(s2)} {s2} "
+        f"costs {c2} dollars. {name} buys "
+        f"{n1} {p1 if n1 > 1 else s1} and {n2} {p2 if n2 > 1 else s2}. "
+        f"How many dollars does {name} pay?"
+    )
+    steps = [
+        f"{n1} * {c1} = {n1 * c1}.",
+        f"{n2} * {c2} = {n2 * c2}.",
+        f"{n1 * c1} + {n2 * c2} = {n1 * c1 + n2 * c2}.",
+    ]
     return q, steps, str(n1 * c1 + n2 * c2)
 
 
@@ -140,10 +197,15 @@ def _share(rng: random.Random) -> _Result:
     k = rng.randint(2, 9)
     each, left = rng.randint(2, 15), rng.randint(0, k - 1)
     n = k * each + left
-    q = (f"{n} {items} are shared equally among {k} children. How many does each "
-         f"child get, and how many are left over?")
-    steps = [f"{k} * {each} = {k * each}.", f"{n} - {k * each} = {left}.",
-             f"{left} < {k}, so each child gets {each}."]
+    q = (
+        f"{n} {items} are shared equally among {k} children. How many does each "
+        f"child get, and how many are left over?"
+    )
+    steps = [
+        f"{k} * {each} = {k * each}.",
+        f"{n} - {k * each} = {left}.",
+        f"{left} < {k}, so each child gets {each}.",
+    ]
     return q, steps, f"{each} each, {left} left"
 
 
@@ -160,8 +222,11 @@ def _to_big_unit(rng: random.Random) -> _Result:
     a, r = rng.randint(1, 9), rng.randint(1, f - 1)
     m = a * f + r
     q = f"How many {big} and {small} is {m} {small}?"
-    steps = [f"{a} * {f} = {a * f}.", f"{m} - {a * f} = {r}.",
-             f"{r} < {f}, so it is {a} {big} and {r} {small}."]
+    steps = [
+        f"{a} * {f} = {a * f}.",
+        f"{m} - {a * f} = {r}.",
+        f"{r} < {f}, so it is {a} {big} and {r} {small}.",
+    ]
     return q, steps, f"{a} {big} {r} {small}"
 
 
@@ -173,11 +238,16 @@ def _compare(rng: random.Random) -> _Result:
     c = x
     while c == x:  # a tie has no "who has more" answer
         c = rng.randint(max(1, x - 20), x + 20)
-    q = (f"{name} has {bags} bags of {per} {items} and {other} has {c} {items}. "
-         f"Who has more {items}, and by how many?")
+    q = (
+        f"{name} has {bags} bags of {per} {items} and {other} has {c} {items}. "
+        f"Who has more {items}, and by how many?"
+    )
     hi, lo = max(x, c), min(x, c)
-    steps = [f"{bags} * {per} = {x}.", f"{x} {'>' if x > c else '<'} {c}.",
-             f"{hi} - {lo} = {hi - lo}."]
+    steps = [
+        f"{bags} * {per} = {x}.",
+        f"{x} {'>' if x > c else '<'} {c}.",
+        f"{hi} - {lo} = {hi - lo}.",
+    ]
     return q, steps, f"{name if x > c else other}, by {hi - lo}"
 
 
@@ -185,12 +255,16 @@ def _clock(rng: random.Random) -> _Result:
     h, mm, d = rng.randint(6, 18), rng.randint(0, 59), rng.randint(10, 240)
     total = mm + d
     hours, minutes = divmod(total, 60)
-    q = (f"A train leaves at {h}:{mm:02d} and the trip takes {d} minutes. "
-         f"At what time does it arrive?")
-    steps = [f"{mm} + {d} = {total}.",
-             f"{total} minutes is {hours} hours and {minutes} minutes, as {hours} * 60 + "
-             f"{minutes} = {total}.",
-             f"{h} + {hours} = {h + hours}."]
+    q = (
+        f"A train leaves at {h}:{mm:02d} and the trip takes {d} minutes. "
+        f"At what time does it arrive?"
+    )
+    steps = [
+        f"{mm} + {d} = {total}.",
+        f"{total} minutes is {hours} hours and {minutes} minutes, as {hours} * 60 + "
+        f"{minutes} = {total}.",
+        f"{h} + {hours} = {h + hours}.",
+    ]
     return q, steps, f"{h + hours}:{minutes:02d}"
 
 
@@ -200,8 +274,11 @@ def _percent(rng: random.Random) -> _Result:
     while n * p % 100:
         n += 20
     q = f"What is {p}% of {n}?"
-    steps = [f"{p}% of {n} is {n} * {p} / 100.", f"{n} * {p} = {n * p}.",
-             f"{n * p} / 100 = {n * p // 100}."]
+    steps = [
+        f"{p}% of {n} is {n} * {p} / 100.",
+        f"{n} * {p} = {n * p}.",
+        f"{n * p} / 100 = {n * p // 100}.",
+    ]
     return q, steps, str(n * p // 100)
 
 
@@ -217,10 +294,19 @@ def _average(rng: random.Random) -> _Result:
 
 #: Template name -> generator. Order matters for determinism (rng.choice over it).
 TEMPLATES: dict[str, Callable[[random.Random], _Result]] = {
-    "sum": _sum_chain, "add_sub": _add_sub, "product": _product, "buy_bags": _buy_bags,
-    "give_get": _give_get, "shop": _shop, "share": _share, "to_small_unit": _to_small_unit,
-    "to_big_unit": _to_big_unit, "compare": _compare, "clock": _clock,
-    "percent": _percent, "average": _average,
+    "sum": _sum_chain,
+    "add_sub": _add_sub,
+    "product": _product,
+    "buy_bags": _buy_bags,
+    "give_get": _give_get,
+    "shop": _shop,
+    "share": _share,
+    "to_small_unit": _to_small_unit,
+    "to_big_unit": _to_big_unit,
+    "compare": _compare,
+    "clock": _clock,
+    "percent": _percent,
+    "average": _average,
 }
 
 

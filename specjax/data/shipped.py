@@ -88,8 +88,9 @@ def _by_hash(docs: list[corpora.Document]) -> list[corpora.Document]:
     return sorted(docs, key=lambda d: hashlib.sha256(b"ship:" + d[0].encode()).digest())
 
 
-def _take(docs: list[corpora.Document], limit: int = HELDOUT_TARGET_BYTES,
-          max_doc: int | None = None) -> tuple[str, set[str]]:
+def _take(
+    docs: list[corpora.Document], limit: int = HELDOUT_TARGET_BYTES, max_doc: int | None = None
+) -> tuple[str, set[str]]:
     parts, used, size = [], set(), 0
     for key, text in docs:
         n = len(text.encode("utf-8"))
@@ -118,7 +119,7 @@ def code_prompt(text: str) -> str | None:
         end = first_body  # prompt = lines [lineno, first_body] (1-based, inclusive)
         if end - node.lineno + 1 > 3 or (node.end_lineno or 0) - end < 3:
             continue
-        prompt = "".join(lines[node.lineno - 1:end])
+        prompt = "".join(lines[node.lineno - 1 : end])
         if prompt.strip():
             return prompt
     return None
@@ -146,21 +147,26 @@ def build_shipped(cache: Path | None = None) -> dict[str, tuple[str, list[dict]]
     held = _by_hash(corpora.split_documents(corpora.domain_documents("prose", cache))[1])
     text, used = _take(held)
     rest = [d for d in held if d[0] not in used] + [d for d in held if d[0] in used]
-    prompts = [{"source": key, "prompt": "".join(doc.splitlines(keepends=True)[:2])}
-               for key, doc in rest[:PROMPTS_PER_DOMAIN]]
+    prompts = [
+        {"source": key, "prompt": "".join(doc.splitlines(keepends=True)[:2])}
+        for key, doc in rest[:PROMPTS_PER_DOMAIN]
+    ]
     out["prose"] = (text, prompts)
 
     # Reasoning: held-out problems; prompts cycle over templates for coverage.
-    probs = [p for p in reasoning.generate_problems(corpora.REASONING_PROBLEMS,
-                                                    corpora.REASONING_SEED)
-             if corpora.is_heldout(p.question)]
+    probs = [
+        p
+        for p in reasoning.generate_problems(corpora.REASONING_PROBLEMS, corpora.REASONING_SEED)
+        if corpora.is_heldout(p.question)
+    ]
     text, used = _take([(p.question, p.format()) for p in probs])
     fresh = [p for p in probs if p.question not in used]
     prompts, seen = [], set()
     while len(prompts) < PROMPTS_PER_DOMAIN and fresh:
         for template in reasoning.TEMPLATES:
-            cand = next((p for p in fresh if p.template == template
-                         and p.question not in seen), None)
+            cand = next(
+                (p for p in fresh if p.template == template and p.question not in seen), None
+            )
             if cand is not None and len(prompts) < PROMPTS_PER_DOMAIN:
                 seen.add(cand.question)
                 prompts.append({"source": cand.template, "prompt": f"Q: {cand.question}\n"})
@@ -170,8 +176,7 @@ def build_shipped(cache: Path | None = None) -> dict[str, tuple[str, list[dict]]
     return out
 
 
-def write_shipped_files(cache: Path | None = None,
-                        package_dir: Path | None = None) -> list[Path]:
+def write_shipped_files(cache: Path | None = None, package_dir: Path | None = None) -> list[Path]:
     """Writes ``heldout/*.txt`` and ``prompts/*.jsonl`` into the package source tree.
 
     Args:
@@ -192,8 +197,12 @@ def write_shipped_files(cache: Path | None = None,
         path = package_dir / "prompts" / f"{domain}.jsonl"
         with path.open("w", encoding="utf-8") as f:
             for k, p in enumerate(prompts):
-                rec = {"id": f"{domain}-{k:02d}", "domain": domain, "prompt": p["prompt"],
-                       "source": p["source"]}
+                rec = {
+                    "id": f"{domain}-{k:02d}",
+                    "domain": domain,
+                    "prompt": p["prompt"],
+                    "source": p["source"],
+                }
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
         written.append(path)
     return written

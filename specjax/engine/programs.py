@@ -7,6 +7,7 @@
   execution alone (compilation is a separate step, never a rerun). Under memory-mapping
   pressure the cache releases executables (`release_programs`).
 """
+
 from __future__ import annotations
 
 import collections
@@ -22,15 +23,21 @@ import numpy as np
 from specjax import debug
 from specjax.errors import ConfigError
 
-__all__ = ['check_finite', 'compile_program', 'run_program', 'release_programs',
-           'compiled_programs', 'cached_programs']
+__all__ = [
+    'check_finite',
+    'compile_program',
+    'run_program',
+    'release_programs',
+    'compiled_programs',
+    'cached_programs',
+]
 
 
 # ----------------------------------------------------------------------------------------
 # Parameter finiteness: once per parameter array, not per call
 # ----------------------------------------------------------------------------------------
 
-_FINITE: dict[int, Any] = {}   # id(array) -> weakref to it, for arrays checked finite
+_FINITE: dict[int, Any] = {}  # id(array) -> weakref to it, for arrays checked finite
 
 
 def _known_finite(x) -> bool:
@@ -53,9 +60,11 @@ def check_finite(name: str, params) -> None:
     transfer of a single flag for all unchecked device arrays; loaders may call it at load
     time, and the generate calls then find every array already checked.
     """
-    todo = [x for x in jax.tree.leaves(params)
-            if hasattr(x, 'dtype') and jnp.issubdtype(x.dtype, jnp.floating)
-            and not _known_finite(x)]
+    todo = [
+        x
+        for x in jax.tree.leaves(params)
+        if hasattr(x, 'dtype') and jnp.issubdtype(x.dtype, jnp.floating) and not _known_finite(x)
+    ]
     if not todo:
         return
     host = [x for x in todo if isinstance(x, np.ndarray)]
@@ -141,8 +150,13 @@ def _leaf_key(x):
 def compile_program(fn, statics: dict, args: tuple):
     """`fn` lowered and compiled for these static arguments and these argument types,
     compiled once per process (the persistent compilation cache spans processes)."""
-    key = (fn, tuple(sorted(statics.items())), jax.tree.structure(args),
-           tuple(_leaf_key(x) for x in jax.tree.leaves(args)), debug.enabled())
+    key = (
+        fn,
+        tuple(sorted(statics.items())),
+        jax.tree.structure(args),
+        tuple(_leaf_key(x) for x in jax.tree.leaves(args)),
+        debug.enabled(),
+    )
     exe = _PROGRAMS.get(key)
     if exe is None:
         exe = fn.lower(*args, **statics).compile()

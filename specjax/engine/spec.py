@@ -3,6 +3,7 @@
 Static parts are frozen, hashable dataclasses passed to `jax.jit` as static arguments
 (changing them retraces, by design); array parts are pytrees (changing them does not).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,6 +36,7 @@ class DrafterSpec:
         cost: c_i, its per-token cost relative to one verifier call (cost model).
         gamma: γ_i, its draft tokens per round (SPEC §2); None = the engine config's γ.
     """
+
     name: str
     lm: Any
     temperature: float = 1.0
@@ -53,6 +55,7 @@ class DrafterSpec:
 class DrafterStatic:
     """The compiled part of a drafter: its model, its filtering and its γ_i (None = the
     engine config's). Name, temperature and cost are not in it (see `DrafterSpec`)."""
+
     lm: Any
     top_k: int = 0
     top_p: float = 1.0
@@ -84,6 +87,7 @@ class DrafterData:
         identity: static; True when the maps are the identity (the drafter shares the
             verifier's tokenizer), so drafting skips the moves between vocabularies.
     """
+
     params: Any
     to_verifier: jax.Array
     from_verifier: jax.Array
@@ -93,30 +97,40 @@ class DrafterData:
     identity: bool = struct.field(pytree_node=False, default=False)
 
 
-
 def identity_maps(params, vocab: int) -> DrafterData:
     """DrafterData for a drafter that shares the verifier's tokenizer."""
     ids = jnp.arange(vocab, dtype=jnp.int32)
-    return DrafterData(params=params, to_verifier=ids, from_verifier=ids,
-                       retok=ids[:, None], retok_len=jnp.ones((vocab,), jnp.int32),
-                       identity=True)
+    return DrafterData(
+        params=params,
+        to_verifier=ids,
+        from_verifier=ids,
+        retok=ids[:, None],
+        retok_len=jnp.ones((vocab,), jnp.int32),
+        identity=True,
+    )
 
 
-def cross_vocab_maps(params, to_verifier: np.ndarray, retok: np.ndarray,
-                                          retok_len: np.ndarray, verifier_vocab: int) -> DrafterData:
+def cross_vocab_maps(
+    params, to_verifier: np.ndarray, retok: np.ndarray, retok_len: np.ndarray, verifier_vocab: int
+) -> DrafterData:
     """DrafterData for a drafter with another tokenizer (token-level intersection, TLI)."""
     to_verifier = np.asarray(to_verifier, np.int32)
     if not (to_verifier >= 0).any():
-        raise ConfigError("drafter vocabulary: it shares no token with the verifier's "
-                                            "(token-level intersection is empty); cross-vocabulary drafting "
-                                            "needs at least one token with identical bytes")
+        raise ConfigError(
+            "drafter vocabulary: it shares no token with the verifier's "
+            "(token-level intersection is empty); cross-vocabulary drafting "
+            "needs at least one token with identical bytes"
+        )
     from_verifier = np.full((verifier_vocab,), -1, np.int32)
     ok = to_verifier >= 0
     from_verifier[to_verifier[ok]] = np.nonzero(ok)[0]
-    return DrafterData(params=params, to_verifier=jnp.asarray(to_verifier),
-                                          from_verifier=jnp.asarray(from_verifier),
-                                          retok=jnp.asarray(retok, jnp.int32),
-                                          retok_len=jnp.asarray(retok_len, jnp.int32))
+    return DrafterData(
+        params=params,
+        to_verifier=jnp.asarray(to_verifier),
+        from_verifier=jnp.asarray(from_verifier),
+        retok=jnp.asarray(retok, jnp.int32),
+        retok_len=jnp.asarray(retok_len, jnp.int32),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +146,7 @@ class EngineConfig:
         max_new_tokens: tokens generated per row before it stops.
         verifier_top_k / verifier_top_p: optional filtering of the verifier's distribution.
     """
+
     gamma: int = 4
     rule: str = "rejection"
     verifier_temperature: float = 1.0
@@ -150,13 +165,16 @@ def validate_engine_config(c: EngineConfig) -> None:
     if c.rule not in RULES:
         raise ConfigError(f"rule: got {c.rule!r}; allowed: one of {', '.join(RULES)}")
     if not (math.isfinite(c.verifier_temperature) and c.verifier_temperature >= 0):
-        raise ConfigError(f"verifier_temperature: got {c.verifier_temperature!r}; "
-                                            "allowed: a finite number ≥ 0")
+        raise ConfigError(
+            f"verifier_temperature: got {c.verifier_temperature!r}; allowed: a finite number ≥ 0"
+        )
     if not isinstance(c.n_slots, int) or c.n_slots < 1:
         raise ConfigError(f"n_slots: got {c.n_slots!r}; allowed: an integer ≥ 1")
     if c.rule == "rejection" and c.n_slots != 1:
-        raise ConfigError(f"n_slots: got {c.n_slots} with rule 'rejection'; allowed: 1 "
-                                            "(use 'token_tree' or 'shared_block' for several drafters per row)")
+        raise ConfigError(
+            f"n_slots: got {c.n_slots} with rule 'rejection'; allowed: 1 "
+            "(use 'token_tree' or 'shared_block' for several drafters per row)"
+        )
     if not isinstance(c.max_new_tokens, int) or c.max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens: got {c.max_new_tokens!r}; allowed: an integer ≥ 1")
     if not (0 < c.verifier_top_p <= 1):
@@ -165,8 +183,9 @@ def validate_engine_config(c: EngineConfig) -> None:
 
 def validate_drafter(d: DrafterSpec) -> None:
     if not (math.isfinite(d.temperature) and d.temperature >= 0):
-        raise ConfigError(f"drafter {d.name!r} temperature: got {d.temperature!r}; "
-                                            "allowed: a finite number ≥ 0")
+        raise ConfigError(
+            f"drafter {d.name!r} temperature: got {d.temperature!r}; allowed: a finite number ≥ 0"
+        )
     if not (0 < d.top_p <= 1):
         raise ConfigError(f"drafter {d.name!r} top_p: got {d.top_p!r}; allowed: (0, 1]")
     if d.top_k < 0:

@@ -19,6 +19,7 @@ Capacity: ``T > max_len`` raises before any work; ``length + T > max_len`` canno
 checked under ``jit`` (it is data) and is the caller's responsibility (see ``cache.py``
 for what happens then: the overflowing slots are dropped, never wrapped).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,17 @@ from flax import nnx
 from specjax.models.cache import Cache, advance, compact, init_cache, rollback
 from specjax.models.transformer import Transformer, TransformerConfig, scale_noise
 
-__all__ = ['LM', 'Cache', 'TransformerLM', 'TransformerConfig', 'advance', 'rollback',
-           'compact', 'causal_block_mask', 'count_params']
+__all__ = [
+    'LM',
+    'Cache',
+    'TransformerLM',
+    'TransformerConfig',
+    'advance',
+    'rollback',
+    'compact',
+    'causal_block_mask',
+    'count_params',
+]
 
 
 class LM(Protocol):
@@ -78,8 +88,10 @@ class TransformerLM:
 
     def __post_init__(self):
         if not isinstance(self.config, TransformerConfig):
-            raise ValueError(f'TransformerLM.config: expected a TransformerConfig, '
-                             f'got {type(self.config).__name__}')
+            raise ValueError(
+                f'TransformerLM.config: expected a TransformerConfig, '
+                f'got {type(self.config).__name__}'
+            )
         abstract = nnx.eval_shape(lambda: Transformer(self.config, rngs=nnx.Rngs(0)))
         graphdef, state = nnx.split(abstract)
         object.__setattr__(self, 'graphdef', graphdef)
@@ -100,8 +112,7 @@ class TransformerLM:
 
     def param_logical_axes(self):
         """The params pytree with each leaf replaced by its tuple of logical axis names."""
-        return nnx.to_pure_dict(self._abstract_state,
-                                extract_fn=_logical_axes_of)
+        return nnx.to_pure_dict(self._abstract_state, extract_fn=_logical_axes_of)
 
     # -- state ----------------------------------------------------------------------------
     def init_params(self, rng) -> dict:
@@ -120,10 +131,11 @@ class TransformerLM:
         c = self.config
         capacity = c.max_len if capacity is None else int(capacity)
         if not 1 <= capacity <= c.max_len:
-            raise ValueError(f'TransformerLM.init_cache: capacity={capacity} (allowed: '
-                             f'1 <= capacity <= max_len={c.max_len})')
-        return init_cache(c.n_layers, batch, capacity, c.n_kv_heads, c.head_dim,
-                          jnp.dtype(c.dtype))
+            raise ValueError(
+                f'TransformerLM.init_cache: capacity={capacity} (allowed: '
+                f'1 <= capacity <= max_len={c.max_len})'
+            )
+        return init_cache(c.n_layers, batch, capacity, c.n_kv_heads, c.head_dim, jnp.dtype(c.dtype))
 
     # The cache helpers as methods, so an engine can commit any LM's cache (the synthetic
     # LMs keep a cache of another type) without knowing which kind of model it holds.
@@ -155,22 +167,27 @@ class TransformerLM:
         """
         B, T = tokens.shape
         if T > self.max_len:
-            raise ValueError(f'TransformerLM.forward: block length T={T} exceeds the cache '
-                             f'capacity max_len={self.max_len} (allowed: 1 <= T <= {self.max_len})')
+            raise ValueError(
+                f'TransformerLM.forward: block length T={T} exceeds the cache '
+                f'capacity max_len={self.max_len} (allowed: 1 <= T <= {self.max_len})'
+            )
         chex.assert_shape(positions, (B, T))
         chex.assert_shape(block_mask, (B, T, T))
         chex.assert_shape(cache.length, (B,))
         chex.assert_type([tokens, positions], int)
         logits, k, v = self._module(params)(
-            tokens, positions, block_mask, cache.k, cache.v, cache.length)
+            tokens, positions, block_mask, cache.k, cache.v, cache.length
+        )
         return logits, cache.replace(k=k, v=v)
 
     def logits_full(self, params, tokens) -> jax.Array:
         """Causal logits f32[B, T, V] over whole sequences (training and evaluation)."""
         B, T = tokens.shape
         if T > self.max_len:
-            raise ValueError(f'TransformerLM.logits_full: T={T} exceeds max_len={self.max_len} '
-                             f'(allowed: 1 <= T <= {self.max_len})')
+            raise ValueError(
+                f'TransformerLM.logits_full: T={T} exceeds max_len={self.max_len} '
+                f'(allowed: 1 <= T <= {self.max_len})'
+            )
         chex.assert_type(tokens, int)
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         logits, _, _ = self._module(params)(tokens, positions, causal_block_mask(B, T))
@@ -188,7 +205,7 @@ def _init_params(lm: TransformerLM, rng):
     params, offset = {}, 0
     for path, var in flat:
         size = int(np.prod(var.shape))
-        noise = z[offset:offset + size].reshape(var.shape)
+        noise = z[offset : offset + size].reshape(var.shape)
         node = params
         for key in path[:-1]:
             node = node.setdefault(key, {})

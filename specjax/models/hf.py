@@ -35,6 +35,7 @@ Every problem with a folder (missing file or tensor, wrong shape or dtype, unkno
 architecture or unsupported field, truncated or corrupt safetensors file) raises one
 `specjax.errors.ConfigError` line naming the file and the tensor or field.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,16 +53,29 @@ import numpy as np
 from specjax import sharding as shd
 from specjax.errors import ConfigError
 from specjax.models.api import TransformerLM
-from specjax.models.safetensors_io import (ST_NAMES, TensorInfo, TensorMaps, read_header,
-                                           write_file)
+from specjax.models.safetensors_io import ST_NAMES, TensorInfo, TensorMaps, read_header, write_file
 from specjax.models.transformer import TransformerConfig
 
-__all__ = ['FAMILIES', 'HFCheckpoint', 'HFModel', 'config_from_hf', 'hf_config', 'read_checkpoint',
-           'load_hf', 'load_hf_model', 'load_hf_params', 'save_hf', 'estimate_bytes']
+__all__ = [
+    'FAMILIES',
+    'HFCheckpoint',
+    'HFModel',
+    'config_from_hf',
+    'hf_config',
+    'read_checkpoint',
+    'load_hf',
+    'load_hf_model',
+    'load_hf_params',
+    'save_hf',
+    'estimate_bytes',
+]
 
 #: ``architectures[0]`` -> family name.
-FAMILIES = {'LlamaForCausalLM': 'llama', 'Qwen2ForCausalLM': 'qwen2',
-            'MistralForCausalLM': 'mistral'}
+FAMILIES = {
+    'LlamaForCausalLM': 'llama',
+    'Qwen2ForCausalLM': 'qwen2',
+    'MistralForCausalLM': 'mistral',
+}
 _ARCH = {v: k for k, v in FAMILIES.items()}
 INDEX = 'model.safetensors.index.json'
 SINGLE = 'model.safetensors'
@@ -77,6 +91,7 @@ def _fail(msg: str) -> ConfigError:
 # config.json <-> TransformerConfig
 # ----------------------------------------------------------------------------------------
 
+
 def _rope(hf: dict, where: str) -> tuple[float, dict]:
     """(rope_theta, rope_scaling dict or {}) from a transformers 4.x or 5.x config."""
     params = hf.get('rope_parameters') or {}
@@ -88,14 +103,21 @@ def _rope(hf: dict, where: str) -> tuple[float, dict]:
     if kind == 'default':
         return float(theta), {}
     if kind not in ('linear', 'llama3'):
-        raise _fail(f"{where}: rope_scaling.rope_type={kind!r} is not supported (allowed: "
-                    f"'default', 'linear', 'llama3')")
+        raise _fail(
+            f"{where}: rope_scaling.rope_type={kind!r} is not supported (allowed: "
+            f"'default', 'linear', 'llama3')"
+        )
     return float(theta), scaling
 
 
-def config_from_hf(hf: dict, *, max_len: int | None = None, dtype: str = 'float32',
-                   param_dtype: str | None = None, where: str = 'config.json'
-                   ) -> tuple[TransformerConfig, str]:
+def config_from_hf(
+    hf: dict,
+    *,
+    max_len: int | None = None,
+    dtype: str = 'float32',
+    param_dtype: str | None = None,
+    where: str = 'config.json',
+) -> tuple[TransformerConfig, str]:
     """(TransformerConfig, family) from a parsed HF ``config.json``.
 
     Args:
@@ -112,8 +134,10 @@ def config_from_hf(hf: dict, *, max_len: int | None = None, dtype: str = 'float3
         mt = hf.get('model_type')
         arch = _ARCH.get(mt) if arch is None else arch
         if arch not in FAMILIES:
-            raise _fail(f'{where}: architectures={archs!r} (model_type={mt!r}) is not supported '
-                        f'(allowed: {", ".join(sorted(FAMILIES))})')
+            raise _fail(
+                f'{where}: architectures={archs!r} (model_type={mt!r}) is not supported '
+                f'(allowed: {", ".join(sorted(FAMILIES))})'
+            )
     family = FAMILIES[arch]
 
     def need(field, kind=int):
@@ -126,8 +150,10 @@ def config_from_hf(hf: dict, *, max_len: int | None = None, dtype: str = 'float3
     kv = hf.get('num_key_value_heads') or heads
     hd = hf.get('head_dim') or d // heads
     if hd * heads != d:
-        raise _fail(f'{where}: head_dim={hd} with num_attention_heads={heads} does not span '
-                    f'hidden_size={d} (allowed: head_dim = hidden_size / num_attention_heads)')
+        raise _fail(
+            f'{where}: head_dim={hd} with num_attention_heads={heads} does not span '
+            f'hidden_size={d} (allowed: head_dim = hidden_size / num_attention_heads)'
+        )
     act = hf.get('hidden_act', 'silu')
     if act != 'silu':
         raise _fail(f"{where}: hidden_act={act!r} is not supported (allowed: 'silu')")
@@ -135,23 +161,39 @@ def config_from_hf(hf: dict, *, max_len: int | None = None, dtype: str = 'float3
         if hf.get(field):
             raise _fail(f'{where}: {field}=true is not supported (allowed: false)')
     if hf.get('pretraining_tp', 1) not in (1, None):
-        raise _fail(f"{where}: pretraining_tp={hf['pretraining_tp']!r} is not supported (allowed: 1)")
+        raise _fail(
+            f"{where}: pretraining_tp={hf['pretraining_tp']!r} is not supported (allowed: 1)"
+        )
     theta, scaling = _rope(hf, where)
     cap = min(int(hf.get('max_position_embeddings') or 4096), 4096)
-    window = hf.get('sliding_window') if (family == 'mistral' or hf.get('use_sliding_window')) else None
+    window = (
+        hf.get('sliding_window') if (family == 'mistral' or hf.get('use_sliding_window')) else None
+    )
     if max_len is None:
         max_len = cap if window is None else min(cap, int(window))
     elif window is not None and max_len > window:
-        raise _fail(f'{where}: max_len={max_len} exceeds sliding_window={window}; specjax '
-                    f'attends to the whole context (allowed: max_len <= {window})')
+        raise _fail(
+            f'{where}: max_len={max_len} exceeds sliding_window={window}; specjax '
+            f'attends to the whole context (allowed: max_len <= {window})'
+        )
     try:
         cfg = TransformerConfig(
-            vocab_size=need('vocab_size'), d_model=d, n_layers=need('num_hidden_layers'),
-            n_heads=heads, n_kv_heads=kv, d_ff=need('intermediate_size'), max_len=int(max_len),
-            rope_theta=theta, tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
-            dtype=dtype, param_dtype=param_dtype or dtype,
-            norm_eps=float(hf.get('rms_norm_eps', 1e-6)), rope_scaling=scaling,
-            qkv_bias=family == 'qwen2', embed_input_scale=False)
+            vocab_size=need('vocab_size'),
+            d_model=d,
+            n_layers=need('num_hidden_layers'),
+            n_heads=heads,
+            n_kv_heads=kv,
+            d_ff=need('intermediate_size'),
+            max_len=int(max_len),
+            rope_theta=theta,
+            tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
+            dtype=dtype,
+            param_dtype=param_dtype or dtype,
+            norm_eps=float(hf.get('rms_norm_eps', 1e-6)),
+            rope_scaling=scaling,
+            qkv_bias=family == 'qwen2',
+            embed_input_scale=False,
+        )
     except ValueError as e:
         raise _fail(f'{where}: {e}') from None
     return cfg, family
@@ -167,23 +209,35 @@ def hf_config(cfg: TransformerConfig, family: str = 'llama') -> dict:
     if family not in _ARCH:
         raise _fail(f'hf export family: got {family!r}; allowed: one of {sorted(_ARCH)}')
     if cfg.qkv_bias != (family == 'qwen2'):
-        raise _fail(f'hf export family: {family!r} {"lacks" if cfg.qkv_bias else "needs"} '
-                    f'q/k/v biases but the model has qkv_bias={cfg.qkv_bias} (allowed: '
-                    f'{"qwen2" if cfg.qkv_bias else "llama or mistral"})')
+        raise _fail(
+            f'hf export family: {family!r} {"lacks" if cfg.qkv_bias else "needs"} '
+            f'q/k/v biases but the model has qkv_bias={cfg.qkv_bias} (allowed: '
+            f'{"qwen2" if cfg.qkv_bias else "llama or mistral"})'
+        )
     tied = cfg.tie_embeddings and not cfg.embed_input_scale
     rope = {'rope_theta': cfg.rope_theta, 'rope_type': 'default'}
     if cfg.rope_scaling:
         rope = {'rope_theta': cfg.rope_theta, **dict(cfg.rope_scaling)}
     out = {
-        'architectures': [_ARCH[family]], 'model_type': family,
-        'vocab_size': cfg.vocab_size, 'hidden_size': cfg.d_model,
-        'intermediate_size': cfg.d_ff, 'num_hidden_layers': cfg.n_layers,
-        'num_attention_heads': cfg.n_heads, 'num_key_value_heads': cfg.n_kv_heads,
-        'head_dim': cfg.head_dim, 'hidden_act': 'silu',
-        'max_position_embeddings': cfg.max_len, 'rms_norm_eps': cfg.norm_eps,
-        'tie_word_embeddings': tied, 'rope_theta': cfg.rope_theta,
-        'rope_parameters': rope, 'attention_dropout': 0.0, 'use_cache': True,
-        'torch_dtype': cfg.param_dtype, 'dtype': cfg.param_dtype,
+        'architectures': [_ARCH[family]],
+        'model_type': family,
+        'vocab_size': cfg.vocab_size,
+        'hidden_size': cfg.d_model,
+        'intermediate_size': cfg.d_ff,
+        'num_hidden_layers': cfg.n_layers,
+        'num_attention_heads': cfg.n_heads,
+        'num_key_value_heads': cfg.n_kv_heads,
+        'head_dim': cfg.head_dim,
+        'hidden_act': 'silu',
+        'max_position_embeddings': cfg.max_len,
+        'rms_norm_eps': cfg.norm_eps,
+        'tie_word_embeddings': tied,
+        'rope_theta': cfg.rope_theta,
+        'rope_parameters': rope,
+        'attention_dropout': 0.0,
+        'use_cache': True,
+        'torch_dtype': cfg.param_dtype,
+        'dtype': cfg.param_dtype,
     }
     if cfg.rope_scaling:
         out['rope_scaling'] = dict(cfg.rope_scaling)
@@ -192,9 +246,12 @@ def hf_config(cfg: TransformerConfig, family: str = 'llama') -> dict:
     if family == 'mistral':
         out['sliding_window'] = None
     if family == 'qwen2':
-        out.update(use_sliding_window=False, sliding_window=None,
-                   max_window_layers=cfg.n_layers,
-                   layer_types=['full_attention'] * cfg.n_layers)
+        out.update(
+            use_sliding_window=False,
+            sliding_window=None,
+            max_window_layers=cfg.n_layers,
+            layer_types=['full_attention'] * cfg.n_layers,
+        )
     return out
 
 
@@ -202,23 +259,31 @@ def hf_config(cfg: TransformerConfig, family: str = 'llama') -> dict:
 # Tensor names and layouts
 # ----------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class _Entry:
     """One specjax leaf: its path, the HF tensor it comes from, and the layout change."""
+
     path: tuple[str, ...]
     hf_name: str
     hf_shape: tuple[int, ...]
-    to_jax: Callable[[np.ndarray], np.ndarray]     # HF view -> specjax view (no copy)
-    to_hf: Callable[[np.ndarray], np.ndarray]      # specjax array -> HF layout
+    to_jax: Callable[[np.ndarray], np.ndarray]  # HF view -> specjax view (no copy)
+    to_hf: Callable[[np.ndarray], np.ndarray]  # specjax array -> HF layout
 
 
 def _entries(cfg: TransformerConfig) -> list[_Entry]:
-    d, h, kv, hd, f, v = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
-                          cfg.vocab_size)
+    d, h, kv, hd, f, v = (
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        cfg.d_ff,
+        cfg.vocab_size,
+    )
     ident = lambda x: x  # noqa: E731
     tr = lambda x: x.T  # noqa: E731
 
-    def heads_in(n):   # [n*hd, d] -> [d, n, hd]
+    def heads_in(n):  # [n*hd, d] -> [d, n, hd]
         return (lambda x: x.T.reshape(d, n, hd)), (lambda x: x.reshape(d, n * hd).T)
 
     out = [_Entry(('embed',), 'model.embed_tokens.weight', (v, d), ident, ident)]
@@ -231,19 +296,31 @@ def _entries(cfg: TransformerConfig) -> list[_Entry]:
             _Entry((p, 'attn', 'wq'), f'{L}.self_attn.q_proj.weight', (h * hd, d), qf, qb),
             _Entry((p, 'attn', 'wk'), f'{L}.self_attn.k_proj.weight', (kv * hd, d), kf, kb),
             _Entry((p, 'attn', 'wv'), f'{L}.self_attn.v_proj.weight', (kv * hd, d), kf, kb),
-            _Entry((p, 'attn', 'wo'), f'{L}.self_attn.o_proj.weight', (d, h * hd),
-                   lambda x: x.T.reshape(h, hd, d), lambda x: x.reshape(h * hd, d).T),
-            _Entry((p, 'mlp_norm', 'scale'), f'{L}.post_attention_layernorm.weight', (d,),
-                   ident, ident),
+            _Entry(
+                (p, 'attn', 'wo'),
+                f'{L}.self_attn.o_proj.weight',
+                (d, h * hd),
+                lambda x: x.T.reshape(h, hd, d),
+                lambda x: x.reshape(h * hd, d).T,
+            ),
+            _Entry(
+                (p, 'mlp_norm', 'scale'), f'{L}.post_attention_layernorm.weight', (d,), ident, ident
+            ),
             _Entry((p, 'mlp', 'w_gate'), f'{L}.mlp.gate_proj.weight', (f, d), tr, tr),
             _Entry((p, 'mlp', 'w_up'), f'{L}.mlp.up_proj.weight', (f, d), tr, tr),
             _Entry((p, 'mlp', 'w_down'), f'{L}.mlp.down_proj.weight', (d, f), tr, tr),
         ]
         if cfg.qkv_bias:
             for name, n in (('q', h), ('k', kv), ('v', kv)):
-                out.append(_Entry((p, 'attn', f'b{name}'), f'{L}.self_attn.{name}_proj.bias',
-                                  (n * hd,), (lambda x, n=n: x.reshape(n, hd)),
-                                  (lambda x, n=n: x.reshape(n * hd))))
+                out.append(
+                    _Entry(
+                        (p, 'attn', f'b{name}'),
+                        f'{L}.self_attn.{name}_proj.bias',
+                        (n * hd,),
+                        (lambda x, n=n: x.reshape(n, hd)),
+                        (lambda x, n=n: x.reshape(n * hd)),
+                    )
+                )
     out.append(_Entry(('final_norm', 'scale'), 'model.norm.weight', (d,), ident, ident))
     if not cfg.tie_embeddings:
         out.append(_Entry(('lm_head',), 'lm_head.weight', (v, d), tr, tr))
@@ -254,9 +331,11 @@ def _entries(cfg: TransformerConfig) -> list[_Entry]:
 # safetensors: headers, memory maps, writing
 # ----------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class HFCheckpoint:
     """A checked HF folder: its config, family and every tensor's location."""
+
     path: Path
     hf: dict
     config: TransformerConfig
@@ -268,14 +347,17 @@ class HFCheckpoint:
         return TransformerLM(self.config)
 
 
-def read_checkpoint(path, *, max_len: int | None = None, dtype: str = 'float32',
-                    param_dtype: str | None = None) -> HFCheckpoint:
+def read_checkpoint(
+    path, *, max_len: int | None = None, dtype: str = 'float32', param_dtype: str | None = None
+) -> HFCheckpoint:
     """Reads ``config.json`` and the safetensors headers, and checks every tensor the
     model needs is present with its shape (no tensor data is read)."""
     root = Path(path)
     if not root.is_dir():
-        raise _fail(f'hf checkpoint {root}: no such directory (a local folder holding '
-                    f'config.json and *.safetensors)')
+        raise _fail(
+            f'hf checkpoint {root}: no such directory (a local folder holding '
+            f'config.json and *.safetensors)'
+        )
     cpath = root / 'config.json'
     if not cpath.is_file():
         raise _fail(f'hf checkpoint {root}: missing config.json')
@@ -283,8 +365,9 @@ def read_checkpoint(path, *, max_len: int | None = None, dtype: str = 'float32',
         hf = json.loads(cpath.read_text(encoding='utf-8'))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise _fail(f'{cpath}: not valid JSON ({e})') from None
-    cfg, family = config_from_hf(hf, max_len=max_len, dtype=dtype, param_dtype=param_dtype,
-                                 where=str(cpath))
+    cfg, family = config_from_hf(
+        hf, max_len=max_len, dtype=dtype, param_dtype=param_dtype, where=str(cpath)
+    )
     if (root / INDEX).is_file():
         try:
             weight_map = json.loads((root / INDEX).read_text(encoding='utf-8'))['weight_map']
@@ -304,24 +387,37 @@ def read_checkpoint(path, *, max_len: int | None = None, dtype: str = 'float32',
     if weight_map is not None:
         for name, fname in weight_map.items():
             if name in tensors and tensors[name].file.name != fname:
-                raise _fail(f'{root / INDEX}: tensor {name} is listed in {fname} but stored '
-                            f'in {tensors[name].file.name}')
+                raise _fail(
+                    f'{root / INDEX}: tensor {name} is listed in {fname} but stored '
+                    f'in {tensors[name].file.name}'
+                )
     entries = _entries(cfg)
     wanted = {e.hf_name for e in entries}
     for e in entries:
         t = tensors.get(e.hf_name)
         if t is None:
-            raise _fail(f'hf checkpoint {root}: missing tensor {e.hf_name} (config.json '
-                        f'describes a {family} model that needs it)')
+            raise _fail(
+                f'hf checkpoint {root}: missing tensor {e.hf_name} (config.json '
+                f'describes a {family} model that needs it)'
+            )
         if t.shape != e.hf_shape:
-            raise _fail(f'{t.file}: tensor {e.hf_name} has shape {list(t.shape)}, config.json '
-                        f'implies {list(e.hf_shape)}')
-    extra = sorted(n for n in tensors if n not in wanted and not n.endswith(_IGNORED_SUFFIXES)
-                   and not (n == 'lm_head.weight' and cfg.tie_embeddings))
+            raise _fail(
+                f'{t.file}: tensor {e.hf_name} has shape {list(t.shape)}, config.json '
+                f'implies {list(e.hf_shape)}'
+            )
+    extra = sorted(
+        n
+        for n in tensors
+        if n not in wanted
+        and not n.endswith(_IGNORED_SUFFIXES)
+        and not (n == 'lm_head.weight' and cfg.tie_embeddings)
+    )
     if extra:
-        raise _fail(f'hf checkpoint {root}: unexpected tensor {extra[0]}'
-                    f'{f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""} for a '
-                    f'{family} model with this config.json')
+        raise _fail(
+            f'hf checkpoint {root}: unexpected tensor {extra[0]}'
+            f'{f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""} for a '
+            f'{family} model with this config.json'
+        )
     return HFCheckpoint(root, hf, cfg, family, tensors)
 
 
@@ -337,8 +433,9 @@ def _get(tree, path):
     return tree
 
 
-def place_leaf(params: dict, path: tuple[str, ...], view: np.ndarray, dtype,
-               shardings=None) -> None:
+def place_leaf(
+    params: dict, path: tuple[str, ...], view: np.ndarray, dtype, shardings=None
+) -> None:
     """Puts one host array (often a view of a memory map) at ``path`` of ``params``: on
     the default device, or — with a params-shaped tree of ``shardings`` — each device
     copies out and converts only its own slice."""
@@ -346,7 +443,8 @@ def place_leaf(params: dict, path: tuple[str, ...], view: np.ndarray, dtype,
         arr = jax.device_put(np.array(view, dtype=dtype))
     else:
         arr = jax.make_array_from_callback(
-            view.shape, _get(shardings, path), lambda idx: np.array(view[idx], dtype=dtype))
+            view.shape, _get(shardings, path), lambda idx: np.array(view[idx], dtype=dtype)
+        )
     _set(params, path, jax.block_until_ready(arr))
 
 
@@ -363,7 +461,9 @@ def load_hf_params(ckpt: HFCheckpoint, shardings=None) -> dict:
       The params pytree (``lm.abstract_params()`` structure, ``param_dtype`` leaves).
     """
     cfg = ckpt.config
-    dtype = np.dtype(ml_dtypes.bfloat16) if cfg.param_dtype == 'bfloat16' else np.dtype(cfg.param_dtype)
+    dtype = (
+        np.dtype(ml_dtypes.bfloat16) if cfg.param_dtype == 'bfloat16' else np.dtype(cfg.param_dtype)
+    )
     params: dict = {}
     maps = TensorMaps()
     try:
@@ -376,8 +476,15 @@ def load_hf_params(ckpt: HFCheckpoint, shardings=None) -> dict:
     return params
 
 
-def load_hf(path, *, max_len: int | None = None, dtype: str = 'float32',
-            param_dtype: str | None = None, mesh=None, rules=None):
+def load_hf(
+    path,
+    *,
+    max_len: int | None = None,
+    dtype: str = 'float32',
+    param_dtype: str | None = None,
+    mesh=None,
+    rules=None,
+):
     """(TransformerLM, params, family) from a local HF folder.
 
     Args:
@@ -399,19 +506,22 @@ def load_hf(path, *, max_len: int | None = None, dtype: str = 'float32',
 # Export
 # ----------------------------------------------------------------------------------------
 
+
 def _host(x) -> np.ndarray:
     """One leaf on the host (gathering its shards if needed)."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
         x = multihost_utils.process_allgather(x, tiled=True)
     return np.asarray(x)
 
 
-def _export_tensors(lm: TransformerLM, params) -> Iterator[tuple[str, Callable[[], np.ndarray],
-                                                               tuple, np.dtype]]:
+def _export_tensors(
+    lm: TransformerLM, params
+) -> Iterator[tuple[str, Callable[[], np.ndarray], tuple, np.dtype]]:
     """(hf name, producer of its array, shape, dtype) in checkpoint order."""
     cfg = lm.config
-    fold = cfg.tie_embeddings and cfg.embed_input_scale   # Gemma-style: untie on export
+    fold = cfg.tie_embeddings and cfg.embed_input_scale  # Gemma-style: untie on export
     export_cfg = dataclasses.replace(cfg, tie_embeddings=cfg.tie_embeddings and not fold)
     entries = _entries(export_cfg)
     dt = np.dtype(lm.abstract_params()['embed'].dtype)
@@ -419,19 +529,27 @@ def _export_tensors(lm: TransformerLM, params) -> Iterator[tuple[str, Callable[[
         leaf_path = e.path
 
         def make(e=e, leaf_path=leaf_path):
-            if leaf_path == ('lm_head',) and fold:   # the unscaled table, [V, D] as HF keeps it
+            if leaf_path == ('lm_head',) and fold:  # the unscaled table, [V, D] as HF keeps it
                 return np.ascontiguousarray(_host(params['embed']))
             x = _host(_get(params, leaf_path))
             if leaf_path == ('embed',) and fold:
                 # The forward pass computes embed[tok] * sqrt(d) in the compute dtype; doing
                 # the same product here keeps the exported model's inputs bit-identical.
-                x = (x.astype(cfg.dtype) * np.asarray(cfg.d_model ** 0.5, cfg.dtype)).astype(x.dtype)
+                x = (x.astype(cfg.dtype) * np.asarray(cfg.d_model**0.5, cfg.dtype)).astype(x.dtype)
             return np.ascontiguousarray(e.to_hf(x))
+
         yield e.hf_name, make, e.hf_shape, dt
 
 
-def save_hf(path, lm: TransformerLM, params, family: str = 'llama', *,
-            max_shard_bytes: int = 2 << 30, tokenizer_json: str | None = None) -> Path:
+def save_hf(
+    path,
+    lm: TransformerLM,
+    params,
+    family: str = 'llama',
+    *,
+    max_shard_bytes: int = 2 << 30,
+    tokenizer_json: str | None = None,
+) -> Path:
     """Writes ``lm``/``params`` as an HF ``family`` folder (config.json + safetensors).
 
     Tensors are written one at a time (each gathered to the host, written, dropped), into
@@ -454,28 +572,36 @@ def save_hf(path, lm: TransformerLM, params, family: str = 'llama', *,
             size = 0
         shards[-1].append(it)
         size += nbytes
-    names = ([SINGLE] if len(shards) == 1 else
-             [f'model-{i + 1:05d}-of-{len(shards):05d}.safetensors' for i in range(len(shards))])
+    names = (
+        [SINGLE]
+        if len(shards) == 1
+        else [f'model-{i + 1:05d}-of-{len(shards):05d}.safetensors' for i in range(len(shards))]
+    )
     weight_map, total = {}, 0
     for fname, group in zip(names, shards):
         header, off = {'__metadata__': {'format': 'pt'}}, 0
         for name, _, shape, dt in group:
             n = math.prod(shape) * dt.itemsize
-            header[name] = {'dtype': ST_NAMES[dt], 'shape': list(shape),
-                            'data_offsets': [off, off + n]}
+            header[name] = {
+                'dtype': ST_NAMES[dt],
+                'shape': list(shape),
+                'data_offsets': [off, off + n],
+            }
             off += n
             weight_map[name] = fname
         total += off
         write_file(root / fname, header, [(name, make) for name, make, _, _ in group])
     if len(shards) > 1:
-        (root / INDEX).write_text(json.dumps(
-            {'metadata': {'total_size': total}, 'weight_map': weight_map}, indent=2))
+        (root / INDEX).write_text(
+            json.dumps({'metadata': {'total_size': total}, 'weight_map': weight_map}, indent=2)
+        )
     elif (root / INDEX).exists():
         (root / INDEX).unlink()
     (root / 'config.json').write_text(json.dumps(cfg_json, indent=2))
     if tokenizer_json is not None:
-        (root / 'tokenizer.json').write_text(Path(tokenizer_json).read_text(encoding='utf-8'),
-                                             encoding='utf-8')
+        (root / 'tokenizer.json').write_text(
+            Path(tokenizer_json).read_text(encoding='utf-8'), encoding='utf-8'
+        )
     return root
 
 
@@ -483,8 +609,10 @@ def save_hf(path, lm: TransformerLM, params, family: str = 'llama', *,
 # Memory estimates
 # ----------------------------------------------------------------------------------------
 
-def estimate_bytes(cfg: TransformerConfig, batch: int = 1, mesh_shape: dict | None = None,
-                   rules=None) -> dict[str, int]:
+
+def estimate_bytes(
+    cfg: TransformerConfig, batch: int = 1, mesh_shape: dict | None = None, rules=None
+) -> dict[str, int]:
     """Per-device bytes of parameters and KV cache under ``rules`` on a mesh of
     ``mesh_shape`` (``{'data': n, 'model': m}``; None: one device).
 
@@ -499,18 +627,28 @@ def estimate_bytes(cfg: TransformerConfig, batch: int = 1, mesh_shape: dict | No
         spec = shd.logical_to_spec(logical, rules, shape, mesh_shape)
         n = 1
         for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-            div = 1 if axis is None else int(np.prod([mesh_shape[a] for a in (
-                axis if isinstance(axis, tuple) else (axis,))]))
+            div = (
+                1
+                if axis is None
+                else int(
+                    np.prod([mesh_shape[a] for a in (axis if isinstance(axis, tuple) else (axis,))])
+                )
+            )
             n *= -(-dim // div)
         return n * itemsize
 
-    p_item = np.dtype(ml_dtypes.bfloat16 if cfg.param_dtype == 'bfloat16' else cfg.param_dtype).itemsize
-    params = sum(per_device(a.shape, names, p_item) for a, names in zip(
-        jax.tree.leaves(lm.abstract_params()),
-        jax.tree.leaves(lm.param_logical_axes(), is_leaf=lambda x: isinstance(x, tuple))))
+    p_item = np.dtype(
+        ml_dtypes.bfloat16 if cfg.param_dtype == 'bfloat16' else cfg.param_dtype
+    ).itemsize
+    params = sum(
+        per_device(a.shape, names, p_item)
+        for a, names in zip(
+            jax.tree.leaves(lm.abstract_params()),
+            jax.tree.leaves(lm.param_logical_axes(), is_leaf=lambda x: isinstance(x, tuple)),
+        )
+    )
     cache = jax.eval_shape(lambda: lm.init_cache(batch))
-    kv = sum(per_device(a.shape, names, a.dtype.itemsize)
-             for a, names in shd.per_field_axes(cache))
+    kv = sum(per_device(a.shape, names, a.dtype.itemsize) for a, names in shd.per_field_axes(cache))
     return {'params': int(params), 'kv_cache': int(kv), 'total': int(params + kv)}
 
 
@@ -518,9 +656,11 @@ def estimate_bytes(cfg: TransformerConfig, batch: int = 1, mesh_shape: dict | No
 # Model + tokenizer
 # ----------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class HFModel:
     """A loaded folder: functional LM, parameters, tokenizer and family."""
+
     path: Path
     family: str
     lm: TransformerLM
@@ -532,9 +672,17 @@ class HFModel:
         return int(sum(math.prod(x.shape) for x in jax.tree.leaves(self.params)))
 
 
-def load_hf_model(path, *, tokenizer: str | os.PathLike | None = None, pad_vocab: bool = False,
-                  max_len: int | None = None, dtype: str = 'float32',
-                  param_dtype: str | None = None, mesh=None, rules=None) -> HFModel:
+def load_hf_model(
+    path,
+    *,
+    tokenizer: str | os.PathLike | None = None,
+    pad_vocab: bool = False,
+    max_len: int | None = None,
+    dtype: str = 'float32',
+    param_dtype: str | None = None,
+    mesh=None,
+    rules=None,
+) -> HFModel:
     """Model and tokenizer of a folder (``tokenizer.json`` beside ``config.json`` unless
     ``tokenizer`` names another file or folder).
 
@@ -543,15 +691,18 @@ def load_hf_model(path, *, tokenizer: str | os.PathLike | None = None, pad_vocab
     vocabulary up; `specjax.tokenizers.hf`). Checked before any tensor is read.
     """
     from specjax.tokenizers.hf import load_hf_tokenizer  # pylint: disable=import-outside-toplevel
+
     ckpt = read_checkpoint(path, max_len=max_len, dtype=dtype, param_dtype=param_dtype)
     tok_path = Path(tokenizer) if tokenizer is not None else ckpt.path / 'tokenizer.json'
     tok = load_hf_tokenizer(tok_path, name=ckpt.path.name)
     rows = ckpt.config.vocab_size
     if tok.vocab_size != rows and not (pad_vocab and tok.vocab_size < rows):
         hint = ' (pad_vocab=True pads a smaller tokenizer)' if tok.vocab_size < rows else ''
-        raise _fail(f'hf checkpoint {ckpt.path}: tokenizer {tok_path} has {tok.vocab_size} ids '
-                    f'but vocab_size (embedding rows of model.embed_tokens.weight) is {rows}; '
-                    f'allowed: equal{hint}')
+        raise _fail(
+            f'hf checkpoint {ckpt.path}: tokenizer {tok_path} has {tok.vocab_size} ids '
+            f'but vocab_size (embedding rows of model.embed_tokens.weight) is {rows}; '
+            f'allowed: equal{hint}'
+        )
     if tok.vocab_size < rows:
         tok = load_hf_tokenizer(tok_path, pad_to=rows, name=ckpt.path.name)
     lm = ckpt.lm

@@ -29,6 +29,7 @@ materialised like any model's.
 engine feeds drafters chains: prefill, catch-up, one token per draft step). A token-tree
 block (a verifier's) is outside this model's contract.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,6 +48,7 @@ NEG = -1e9
 class HistoryCache:
     """tokens: i32[B, S] the row's history (slot ``s`` committed iff ``s < length``);
     length: i32[B]."""
+
     tokens: jax.Array
     length: jax.Array
 
@@ -67,8 +69,9 @@ class HistoryCache:
         return HistoryCache(tokens=('batch', 'cache_length'), length=('batch',))
 
 
-def lookup_predictions(seq: jax.Array, ends: jax.Array, max_ngram: int,
-                       min_ngram: int = 1) -> jax.Array:
+def lookup_predictions(
+    seq: jax.Array, ends: jax.Array, max_ngram: int, min_ngram: int = 1
+) -> jax.Array:
     """The n-gram prediction after each query position.
 
     Args:
@@ -83,19 +86,18 @@ def lookup_predictions(seq: jax.Array, ends: jax.Array, max_ngram: int,
     """
     b, length = seq.shape
     ends = ends.astype(jnp.int32)
-    j = jnp.arange(length, dtype=jnp.int32)[None, None, :]               # candidate ends
-    before = j < ends[:, :, None]                                       # j + 1 <= ends
+    j = jnp.arange(length, dtype=jnp.int32)[None, None, :]  # candidate ends
+    before = j < ends[:, :, None]  # j + 1 <= ends
     eq = None
-    best = jnp.full(ends.shape, -1, jnp.int32)     # match end of the longest n so far
+    best = jnp.full(ends.shape, -1, jnp.int32)  # match end of the longest n so far
     for n in range(1, max_ngram + 1):
-        i = n - 1                                  # compare seq[ends - i] with seq[j - i]
-        shifted = jnp.pad(seq, ((0, 0), (i, 0)))[:, :length]            # [B, L]: seq[j - i]
+        i = n - 1  # compare seq[ends - i] with seq[j - i]
+        shifted = jnp.pad(seq, ((0, 0), (i, 0)))[:, :length]  # [B, L]: seq[j - i]
         query = jnp.take_along_axis(seq, jnp.maximum(ends - i, 0), axis=1)  # [B, T]
-        e = ((query[:, :, None] == shifted[:, None, :])
-             & (j >= i) & (ends >= i)[:, :, None])
+        e = (query[:, :, None] == shifted[:, None, :]) & (j >= i) & (ends >= i)[:, :, None]
         eq = e if eq is None else eq & e
         if n >= min_ngram:
-            recent = jnp.max(jnp.where(eq & before, j, -1), axis=-1)    # [B, T]
+            recent = jnp.max(jnp.where(eq & before, j, -1), axis=-1)  # [B, T]
             best = jnp.where(recent >= 0, recent, best)  # a longer match overrides
     at = jnp.where(best >= 0, best + 1, ends)
     return jnp.take_along_axis(seq, jnp.clip(at, 0, length - 1), axis=1)
@@ -110,6 +112,7 @@ class PromptLookupLM:
       max_len: the history's default capacity (slots per row).
       max_ngram / min_ngram: suffix lengths matched, longest first (1 <= min <= max).
     """
+
     vocab_size: int
     max_len: int
     max_ngram: int = 3
@@ -121,8 +124,10 @@ class PromptLookupLM:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f'PromptLookupLM.{field}: got {v!r}; allowed: an integer >= 1')
         if self.min_ngram > self.max_ngram:
-            raise ValueError(f'PromptLookupLM.min_ngram: got {self.min_ngram} > max_ngram='
-                             f'{self.max_ngram}; allowed: 1 <= min_ngram <= max_ngram')
+            raise ValueError(
+                f'PromptLookupLM.min_ngram: got {self.min_ngram} > max_ngram='
+                f'{self.max_ngram}; allowed: 1 <= min_ngram <= max_ngram'
+            )
 
     # -- state ----------------------------------------------------------------------------
     def init_params(self, rng=None) -> dict:
@@ -133,10 +138,13 @@ class PromptLookupLM:
     def init_cache(self, batch: int, capacity: int | None = None) -> HistoryCache:
         capacity = self.max_len if capacity is None else int(capacity)
         if not 1 <= capacity <= self.max_len:
-            raise ValueError(f'PromptLookupLM.init_cache: capacity={capacity} (allowed: '
-                             f'1 <= capacity <= max_len={self.max_len})')
-        return HistoryCache(tokens=jnp.zeros((batch, capacity), jnp.int32),
-                            length=jnp.zeros((batch,), jnp.int32))
+            raise ValueError(
+                f'PromptLookupLM.init_cache: capacity={capacity} (allowed: '
+                f'1 <= capacity <= max_len={self.max_len})'
+            )
+        return HistoryCache(
+            tokens=jnp.zeros((batch, capacity), jnp.int32), length=jnp.zeros((batch,), jnp.int32)
+        )
 
     def advance(self, cache: HistoryCache, n) -> HistoryCache:
         """``length += n``, capped at capacity."""
@@ -153,14 +161,14 @@ class PromptLookupLM:
         write), then ``length += n``."""
         src = jnp.asarray(src, jnp.int32)
         if src.ndim != 2 or src.shape[0] != cache.batch:
-            raise ValueError(f'compact(src): expected i32[{cache.batch}, K], got shape '
-                             f'{src.shape}')
+            raise ValueError(f'compact(src): expected i32[{cache.batch}, K], got shape {src.shape}')
         base = cache.length[:, None]
         rows = jnp.arange(cache.batch)[:, None]
         moved = cache.tokens.at[rows, base + src].get(mode='clip')
         dst = base + jnp.arange(src.shape[1])[None, :]
-        return self.advance(cache.replace(
-            tokens=cache.tokens.at[rows, dst].set(moved, mode='drop')), n)
+        return self.advance(
+            cache.replace(tokens=cache.tokens.at[rows, dst].set(moved, mode='drop')), n
+        )
 
     # -- compute --------------------------------------------------------------------------
     def forward(self, params, cache: HistoryCache, tokens, positions, block_mask):
@@ -172,11 +180,11 @@ class PromptLookupLM:
           they are exact even where the block overflows the capacity (its writes are
           dropped, as in models/cache.py).
         """
-        del params, positions, block_mask   # no weights; the block is a chain
+        del params, positions, block_mask  # no weights; the block is a chain
         b, t = tokens.shape
         s = cache.tokens.shape[1]
         rows = jnp.arange(b)[:, None]
-        slots = cache.length[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]   # [B, T]
+        slots = cache.length[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
         # The history extended by T slots: the block always fits (length <= S).
         seq = jnp.concatenate([cache.tokens, jnp.zeros((b, t), jnp.int32)], axis=1)
         seq = seq.at[rows, slots].set(tokens.astype(jnp.int32), mode='drop')
@@ -189,7 +197,11 @@ class PromptLookupLM:
         """Logits f32[B, T, V] after each token of whole sequences (as `forward` from an
         empty history): what evaluation code that scores a drafter on text reads."""
         b, t = tokens.shape
-        logits, _ = self.forward(params, self.init_cache(b, t), tokens,
-                                 jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)),
-                                 jnp.ones((b, t, t), bool))
+        logits, _ = self.forward(
+            params,
+            self.init_cache(b, t),
+            tokens,
+            jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)),
+            jnp.ones((b, t, t), bool),
+        )
         return logits

@@ -11,6 +11,7 @@ The drafters are `SubsetVocabLM`s in the verifier's token ids (its tokenizer, id
 maps). The deployment that puts them beside the verifier is
 `specjax.engine.deployment.from_smollm2`.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,9 @@ def drafter_path(name_or_path) -> Path:
     return DRAFTER_DIR / f'{name_or_path}.npz'
 
 
-def save_drafter(path, lm: SubsetVocabLM, params, info: dict[str, Any],
-                 dtype: str | None = None) -> Path:
+def save_drafter(
+    path, lm: SubsetVocabLM, params, info: dict[str, Any], dtype: str | None = None
+) -> Path:
     """Writes ``path`` (.npz: parameters, floats cast to ``dtype`` if given) and its
     ``.json`` (config + ``info``), each atomically."""
     path = Path(path)
@@ -54,7 +56,7 @@ def save_drafter(path, lm: SubsetVocabLM, params, info: dict[str, Any],
         a = np.asarray(v)
         if dtype is not None and a.dtype.kind == 'f':
             a = a.astype(ml_dtypes.bfloat16 if dtype == 'bfloat16' else dtype)
-        if a.dtype == ml_dtypes.bfloat16:   # npz has no bf16: stored as its raw bits
+        if a.dtype == ml_dtypes.bfloat16:  # npz has no bf16: stored as its raw bits
             a = a.view(np.uint16)
             flat['bf16:' + '/'.join(str(getattr(k, 'key', k)) for k in kp)] = a
         else:
@@ -78,9 +80,11 @@ def load_drafter(name_or_path, dtype: str = 'float32'):
     path = drafter_path(name_or_path)
     jpath = path.with_suffix('.json')
     if not path.is_file() or not jpath.is_file():
-        raise ConfigError(f'drafter {path}: missing (and/or {jpath.name}); allowed: a drafter '
-                          f'written by experiments/train_drafters.py, or a shipped name '
-                          f'{list(DISTILLED)}')
+        raise ConfigError(
+            f'drafter {path}: missing (and/or {jpath.name}); allowed: a drafter '
+            f'written by experiments/train_drafters.py, or a shipped name '
+            f'{list(DISTILLED)}'
+        )
     try:
         info = json.loads(jpath.read_text())
         cfg = TransformerConfig.from_dict(dict(info['config'], dtype=dtype, param_dtype=dtype))
@@ -106,8 +110,7 @@ def load_drafter(name_or_path, dtype: str = 'float32'):
     want = jax.tree.map(lambda s: s.shape, lm.abstract_params())
     got = jax.tree.map(lambda a: a.shape, params)
     if want != got:
-        raise ConfigError(f'drafter {path}: parameters do not match its config '
-                          f'{info["config"]}')
+        raise ConfigError(f'drafter {path}: parameters do not match its config {info["config"]}')
     return lm, params, info
 
 
@@ -122,14 +125,22 @@ def export_hf(path, lm: SubsetVocabLM, params) -> Path:
     the first id outside the subset, which the verifier then rejects.
     """
     import dataclasses  # pylint: disable=import-outside-toplevel
+
     from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
     from specjax.models.hf import save_hf  # pylint: disable=import-outside-toplevel
-    cfg = dataclasses.replace(lm.config, vocab_size=lm.verifier_vocab, tie_embeddings=False,
-                              embed_input_scale=False, dtype='float32', param_dtype='float32')
+
+    cfg = dataclasses.replace(
+        lm.config,
+        vocab_size=lm.verifier_vocab,
+        tie_embeddings=False,
+        embed_input_scale=False,
+        dtype='float32',
+        param_dtype='float32',
+    )
     inner = jax.tree.map(lambda a: np.asarray(a, np.float32), params['inner'])
-    table = inner['embed'][np.asarray(params['to_inner'])]              # [V, d]
+    table = inner['embed'][np.asarray(params['to_inner'])]  # [V, d]
     head = inner['embed'] if lm.config.tie_embeddings else inner['lm_head'].T
-    full_head = head[np.asarray(params['to_inner'])]                    # [V, d]
+    full_head = head[np.asarray(params['to_inner'])]  # [V, d]
     out = {k: v for k, v in inner.items() if k not in ('embed', 'lm_head')}
     out['embed'] = table
     out['lm_head'] = np.ascontiguousarray(full_head.T)

@@ -8,6 +8,7 @@ bfloat16, the dtype of most real checkpoints, and its slices do not compose with
 transposes a layout change needs. Every problem is one `ConfigError` line naming the file
 and the tensor.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,12 @@ from specjax.errors import ConfigError
 
 __all__ = ['ST_DTYPES', 'ST_NAMES', 'TensorInfo', 'TensorMaps', 'read_header', 'write_file']
 
-ST_DTYPES = {'F32': np.dtype(np.float32), 'F16': np.dtype(np.float16),
-              'BF16': np.dtype(ml_dtypes.bfloat16), 'F64': np.dtype(np.float64)}
+ST_DTYPES = {
+    'F32': np.dtype(np.float32),
+    'F16': np.dtype(np.float16),
+    'BF16': np.dtype(ml_dtypes.bfloat16),
+    'F64': np.dtype(np.float64),
+}
 ST_NAMES = {v: k for k, v in ST_DTYPES.items()}
 
 
@@ -41,7 +46,7 @@ class TensorInfo:
     file: Path
     dtype: np.dtype
     shape: tuple[int, ...]
-    start: int           # absolute byte offset in the file
+    start: int  # absolute byte offset in the file
     end: int
 
 
@@ -67,14 +72,20 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             shape = tuple(int(s) for s in rec['shape'])
             a, b = (int(x) for x in rec['data_offsets'])
         except (KeyError, TypeError, ValueError):
-            raise _fail(f'{path}: tensor {name}: unsupported dtype or malformed header entry '
-                        f'{rec!r} (allowed dtypes: {", ".join(ST_DTYPES)})') from None
+            raise _fail(
+                f'{path}: tensor {name}: unsupported dtype or malformed header entry '
+                f'{rec!r} (allowed dtypes: {", ".join(ST_DTYPES)})'
+            ) from None
         if b - a != dtype.itemsize * math.prod(shape):
-            raise _fail(f'{path}: tensor {name}: header size {b - a} bytes does not match '
-                        f'shape {list(shape)} of {rec["dtype"]}')
+            raise _fail(
+                f'{path}: tensor {name}: header size {b - a} bytes does not match '
+                f'shape {list(shape)} of {rec["dtype"]}'
+            )
         if 8 + n + b > size:
-            raise _fail(f'{path}: truncated safetensors file: tensor {name} needs bytes up to '
-                        f'{8 + n + b}, the file has {size}')
+            raise _fail(
+                f'{path}: truncated safetensors file: tensor {name} needs bytes up to '
+                f'{8 + n + b}, the file has {size}'
+            )
         out[name] = TensorInfo(path, dtype, shape, 8 + n + a, 8 + n + b)
     return out
 
@@ -115,14 +126,14 @@ class TensorMaps:
         self._open.clear()
 
 
-
-def write_file(path: Path, header: dict[str, Any],
-               tensors: Sequence[tuple[str, Callable[[], np.ndarray]]]) -> None:
+def write_file(
+    path: Path, header: dict[str, Any], tensors: Sequence[tuple[str, Callable[[], np.ndarray]]]
+) -> None:
     """Writes one safetensors file atomically: ``header`` (names -> dtype, shape,
     data_offsets, in file order) and each tensor produced, written and dropped in turn."""
     path = Path(path)
     blob = json.dumps(header, separators=(',', ':')).encode()
-    blob += b' ' * (-len(blob) % 8)                       # 8-byte alignment of the data
+    blob += b' ' * (-len(blob) % 8)  # 8-byte alignment of the data
     tmp = path.with_name(path.name + '.tmp')
     with open(tmp, 'wb') as fh:
         fh.write(struct.pack('<Q', len(blob)))
@@ -131,8 +142,10 @@ def write_file(path: Path, header: dict[str, Any],
             arr = make()
             rec = header[name]
             if list(arr.shape) != list(rec['shape']):
-                raise _fail(f'safetensors export: tensor {name} has shape {list(arr.shape)}, '
-                            f'expected {list(rec["shape"])}')
+                raise _fail(
+                    f'safetensors export: tensor {name} has shape {list(arr.shape)}, '
+                    f'expected {list(rec["shape"])}'
+                )
             dt = ST_DTYPES[rec['dtype']]
             fh.write(arr.astype(dt.newbyteorder('<'), copy=False).tobytes())
             del arr

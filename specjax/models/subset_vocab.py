@@ -21,6 +21,7 @@ Parameters: ``inner`` (the transformer's), ``to_inner`` i32[V] (verifier id -> i
 and ``keep`` i32[K] (inner id -> verifier id). The maps travel as arrays, so one compiled
 program serves every subset of the same size.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,17 +60,22 @@ class SubsetVocabLM:
       config: the inner transformer's config; ``config.vocab_size`` = K + 1.
       verifier_vocab: V, the verifier's vocabulary (this LM's ``vocab_size``).
     """
+
     config: TransformerConfig
     verifier_vocab: int
     inner: TransformerLM = dataclasses.field(init=False, compare=False, hash=False, repr=False)
 
     def __post_init__(self):
         if self.config.vocab_size < 2:
-            raise ValueError(f'SubsetVocabLM.config.vocab_size={self.config.vocab_size}: '
-                             f'must be K + 1 >= 2 (K kept tokens and the "other" row)')
+            raise ValueError(
+                f'SubsetVocabLM.config.vocab_size={self.config.vocab_size}: '
+                f'must be K + 1 >= 2 (K kept tokens and the "other" row)'
+            )
         if not self.config.vocab_size - 1 <= self.verifier_vocab:
-            raise ValueError(f'SubsetVocabLM: K={self.config.vocab_size - 1} kept tokens exceed '
-                             f'the verifier vocabulary {self.verifier_vocab}')
+            raise ValueError(
+                f'SubsetVocabLM: K={self.config.vocab_size - 1} kept tokens exceed '
+                f'the verifier vocabulary {self.verifier_vocab}'
+            )
         object.__setattr__(self, 'inner', TransformerLM(self.config))
 
     @property
@@ -89,8 +95,10 @@ class SubsetVocabLM:
         """``to_inner`` / ``keep`` arrays for the kept verifier ids ``keep`` (int[K])."""
         keep = np.asarray(keep, np.int64)
         if keep.shape != (self.n_kept,) or len(np.unique(keep)) != self.n_kept:
-            raise ValueError(f'SubsetVocabLM.maps: keep must hold {self.n_kept} distinct ids '
-                             f'(got shape {keep.shape})')
+            raise ValueError(
+                f'SubsetVocabLM.maps: keep must hold {self.n_kept} distinct ids '
+                f'(got shape {keep.shape})'
+            )
         if keep.min() < 0 or keep.max() >= self.verifier_vocab:
             raise ValueError(f'SubsetVocabLM.maps: keep ids must lie in [0, {self.verifier_vocab})')
         to_inner = np.full((self.verifier_vocab,), self.n_kept, np.int32)
@@ -101,9 +109,11 @@ class SubsetVocabLM:
         return {'inner': self.inner.init_params(rng), **self.maps(keep)}
 
     def abstract_params(self) -> dict:
-        return {'inner': self.inner.abstract_params(),
-                'to_inner': jax.ShapeDtypeStruct((self.verifier_vocab,), jnp.int32),
-                'keep': jax.ShapeDtypeStruct((self.n_kept,), jnp.int32)}
+        return {
+            'inner': self.inner.abstract_params(),
+            'to_inner': jax.ShapeDtypeStruct((self.verifier_vocab,), jnp.int32),
+            'keep': jax.ShapeDtypeStruct((self.n_kept,), jnp.int32),
+        }
 
     def param_logical_axes(self) -> dict:
         return {'inner': self.inner.param_logical_axes(), 'to_inner': (None,), 'keep': (None,)}
@@ -126,12 +136,13 @@ class SubsetVocabLM:
         """Inner logits f32[..., K + 1] -> verifier-space logits f32[..., V]."""
         lead = inner_logits.shape[:-1]
         out = jnp.full(lead + (self.verifier_vocab,), NEG_LOGIT, jnp.float32)
-        return out.at[..., params['keep']].set(inner_logits[..., :self.n_kept].astype(jnp.float32))
+        return out.at[..., params['keep']].set(inner_logits[..., : self.n_kept].astype(jnp.float32))
 
     def forward(self, params, cache, tokens, positions, block_mask) -> tuple[jax.Array, Any]:
         inner_tokens = params['to_inner'][tokens]
-        logits, cache = self.inner.forward(params['inner'], cache, inner_tokens, positions,
-                                           block_mask)
+        logits, cache = self.inner.forward(
+            params['inner'], cache, inner_tokens, positions, block_mask
+        )
         return self.scatter(params, logits), cache
 
     def inner_logits_full(self, params, tokens) -> jax.Array:

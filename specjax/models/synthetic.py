@@ -6,6 +6,7 @@ run end to end on it and its output compared with the exactly computed target
 distribution (the χ² suite; `specjax.testing.sequence_distribution`). Researchers use it to
 study a rule in isolation.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,6 +20,7 @@ from flax import struct
 @struct.dataclass
 class LengthCache:
     """A cache with no keys/values: a table LM only needs the token it is given."""
+
     length: jax.Array  # i32[B]
 
 
@@ -30,6 +32,7 @@ class BigramLM:
         vocab_size: V.
         max_len: nominal context capacity (the table has no context limit; kept for the API).
     """
+
     vocab_size: int
     max_len: int = 1 << 20
 

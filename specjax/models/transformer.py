@@ -11,6 +11,7 @@ a cache. ``Transformer.__call__`` takes the cache arrays, writes the block's key
 at slots ``[length, length + T)`` and returns the updated arrays (``length`` is the
 caller's to move).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,23 +43,23 @@ def _dtype_name(value, field: str) -> str:
 class TransformerConfig:
     """Static hyperparameters of the transformer (hashable, JSON-friendly)."""
 
-    vocab_size: int = 256       # number of token ids
-    d_model: int = 128          # residual stream width
-    n_layers: int = 2           # transformer blocks
-    n_heads: int = 4            # query heads; head_dim = d_model // n_heads (even)
-    n_kv_heads: int = 4         # key/value heads (GQA); divides n_heads
-    d_ff: int = 512             # SwiGLU hidden width
-    max_len: int = 512          # context length (positions; the largest KV-cache capacity)
+    vocab_size: int = 256  # number of token ids
+    d_model: int = 128  # residual stream width
+    n_layers: int = 2  # transformer blocks
+    n_heads: int = 4  # query heads; head_dim = d_model // n_heads (even)
+    n_kv_heads: int = 4  # key/value heads (GQA); divides n_heads
+    d_ff: int = 512  # SwiGLU hidden width
+    max_len: int = 512  # context length (positions; the largest KV-cache capacity)
     rope_theta: float = 10_000.0  # rotary base
     tie_embeddings: bool = False  # output projection = embedding matrix transposed
-    dtype: str = 'float32'        # compute dtype (logits are always f32)
+    dtype: str = 'float32'  # compute dtype (logits are always f32)
     param_dtype: str = 'float32'  # storage dtype of parameters
     # Fields for imported Hugging Face families (specjax.models.hf). `to_dict` omits them
     # at their defaults, so zoo manifests and recipe hashes written before them are unchanged.
-    norm_eps: float = 1e-6        # RMSNorm epsilon
-    rope_scaling: tuple = ()      # () or sorted (key, value) pairs, e.g. (('factor', 8.0),
+    norm_eps: float = 1e-6  # RMSNorm epsilon
+    rope_scaling: tuple = ()  # () or sorted (key, value) pairs, e.g. (('factor', 8.0),
     #                               ('rope_type', 'linear')); types: 'linear', 'llama3'
-    qkv_bias: bool = False        # biases on the q/k/v projections (Qwen2)
+    qkv_bias: bool = False  # biases on the q/k/v projections (Qwen2)
     embed_input_scale: bool = True  # tied only: inputs times sqrt(d_model) (Gemma-style);
     #                                 HF Llama / Qwen2 / Mistral do not scale
 
@@ -69,22 +70,29 @@ class TransformerConfig:
             ok = ok and (hi is None or v <= hi)
             if not ok:
                 rng = f'[{lo}, {hi}]' if hi is not None else f'>= {lo}'
-                raise ValueError(f'TransformerConfig.{field}={v!r}: must be an integer {rng}{extra}')
+                raise ValueError(
+                    f'TransformerConfig.{field}={v!r}: must be an integer {rng}{extra}'
+                )
 
         for f in ('vocab_size', 'd_model', 'n_layers', 'n_heads', 'd_ff', 'max_len'):
             check_int(f, 1)
         check_int('n_kv_heads', 1, self.n_heads, f' dividing n_heads={self.n_heads}')
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f'TransformerConfig.n_kv_heads={self.n_kv_heads}: must divide '
-                             f'n_heads={self.n_heads} (allowed: a divisor of {self.n_heads})')
+            raise ValueError(
+                f'TransformerConfig.n_kv_heads={self.n_kv_heads}: must divide '
+                f'n_heads={self.n_heads} (allowed: a divisor of {self.n_heads})'
+            )
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
-            raise ValueError(f'TransformerConfig.n_heads={self.n_heads}: d_model={self.d_model} '
-                             f'must split into n_heads heads of even size (rotary pairs)')
+            raise ValueError(
+                f'TransformerConfig.n_heads={self.n_heads}: d_model={self.d_model} '
+                f'must split into n_heads heads of even size (rotary pairs)'
+            )
         if not (isinstance(self.rope_theta, (int, float)) and self.rope_theta > 0):
             raise ValueError(f'TransformerConfig.rope_theta={self.rope_theta!r}: must be > 0')
         if not isinstance(self.tie_embeddings, bool):
-            raise ValueError(f'TransformerConfig.tie_embeddings={self.tie_embeddings!r}: '
-                             f'must be True or False')
+            raise ValueError(
+                f'TransformerConfig.tie_embeddings={self.tie_embeddings!r}: must be True or False'
+            )
         object.__setattr__(self, 'dtype', _dtype_name(self.dtype, 'dtype'))
         object.__setattr__(self, 'param_dtype', _dtype_name(self.param_dtype, 'param_dtype'))
         object.__setattr__(self, 'rope_theta', float(self.rope_theta))
@@ -94,7 +102,9 @@ class TransformerConfig:
         object.__setattr__(self, 'rope_scaling', _rope_scaling(self.rope_scaling))
         for f in ('qkv_bias', 'embed_input_scale'):
             if not isinstance(getattr(self, f), bool):
-                raise ValueError(f'TransformerConfig.{f}={getattr(self, f)!r}: must be True or False')
+                raise ValueError(
+                    f'TransformerConfig.{f}={getattr(self, f)!r}: must be True or False'
+                )
 
     @property
     def head_dim(self) -> int:
@@ -114,15 +124,18 @@ class TransformerConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f'TransformerConfig: unknown fields {unknown} (allowed: {sorted(known)})')
+            raise ValueError(
+                f'TransformerConfig: unknown fields {unknown} (allowed: {sorted(known)})'
+            )
         return cls(**d)
 
 
 _LATER_FIELDS = ('norm_eps', 'rope_scaling', 'qkv_bias', 'embed_input_scale')
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
-_ROPE_TYPES = {'linear': ('factor',),
-               'llama3': ('factor', 'low_freq_factor', 'high_freq_factor',
-                          'original_max_position_embeddings')}
+_ROPE_TYPES = {
+    'linear': ('factor',),
+    'llama3': ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings'),
+}
 
 
 def _rope_scaling(value) -> tuple:
@@ -132,18 +145,22 @@ def _rope_scaling(value) -> tuple:
     try:
         items = dict(value.items() if hasattr(value, 'items') else value)
     except (TypeError, ValueError):
-        raise ValueError(f'TransformerConfig.rope_scaling={value!r}: must be a mapping or '
-                         f'(key, value) pairs') from None
+        raise ValueError(
+            f'TransformerConfig.rope_scaling={value!r}: must be a mapping or (key, value) pairs'
+        ) from None
     kind = items.get('rope_type', items.get('type'))
     items.pop('type', None)
     items['rope_type'] = kind
     if kind not in _ROPE_TYPES:
-        raise ValueError(f'TransformerConfig.rope_scaling: rope_type={kind!r} is not supported '
-                         f'(allowed: {sorted(_ROPE_TYPES)})')
+        raise ValueError(
+            f'TransformerConfig.rope_scaling: rope_type={kind!r} is not supported '
+            f'(allowed: {sorted(_ROPE_TYPES)})'
+        )
     missing = [k for k in _ROPE_TYPES[kind] if not isinstance(items.get(k), (int, float))]
     if missing:
-        raise ValueError(f'TransformerConfig.rope_scaling: rope_type={kind!r} needs numbers '
-                         f'for {missing}')
+        raise ValueError(
+            f'TransformerConfig.rope_scaling: rope_type={kind!r} needs numbers for {missing}'
+        )
     keep = ('rope_type',) + _ROPE_TYPES[kind]
     return tuple(sorted((k, items[k] if k == 'rope_type' else float(items[k])) for k in keep))
 
@@ -159,8 +176,15 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: tuple = ()) -> np.ndarra
     elif s.get('rope_type') == 'llama3':
         # Long wavelengths are divided by `factor`, short ones kept, the band between
         # interpolated (transformers' _compute_llama3_parameters).
-        factor, lo, hi, old = (float(s[k]) for k in (
-            'factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings'))
+        factor, lo, hi, old = (
+            float(s[k])
+            for k in (
+                'factor',
+                'low_freq_factor',
+                'high_freq_factor',
+                'original_max_position_embeddings',
+            )
+        )
         wavelen = 2 * np.pi / inv
         smooth = (old / wavelen - lo) / (hi - lo)
         scaled = np.where(wavelen > old / lo, inv / factor, inv)
@@ -203,7 +227,9 @@ def _fan_in_std(fan_in: int, scale: float = 1.0) -> float:
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, cfg: TransformerConfig, *, rngs: nnx.Rngs, eps: float | None = None):
+    def __init__(
+        self, dim: int, cfg: TransformerConfig, *, rngs: nnx.Rngs, eps: float | None = None
+    ):
         self.eps = cfg.norm_eps if eps is None else eps
         self.scale = _param(rngs, (dim,), ('embed',), None, cfg.param_dtype)
 
@@ -228,8 +254,9 @@ CACHE_CHUNK = 128  # slots per block of the blocked cache read (`cache_attention
 CACHE_MIN_BLOCKS = 4  # caches of fewer blocks are read whole
 
 
-def cache_attention(q, cache_k, cache_v, length, dt, chunk: int | None = None,
-                    min_blocks: int | None = None):
+def cache_attention(
+    q, cache_k, cache_v, length, dt, chunk: int | None = None, min_blocks: int | None = None
+):
     """Attention of ``q: [B, KV, Q, hd]`` over the committed slots of one layer's cache
     (keys ``cache_k: [B, KV, hd, S]``, values ``cache_v: [B, KV, S, hd]``).
 
@@ -272,12 +299,16 @@ def cache_attention(q, cache_k, cache_v, length, dt, chunk: int | None = None,
         e = jnp.where(valid, jnp.exp(s - m_new[..., None]), 0.0)
         r = jnp.exp(m - m_new)
         z = z * r + jnp.sum(e, axis=-1)
-        o = o * r[..., None] + jnp.einsum('bkqs,bksh->bkqh', e.astype(dt), v_blk,
-                                          preferred_element_type=jnp.float32)
+        o = o * r[..., None] + jnp.einsum(
+            'bkqs,bksh->bkqh', e.astype(dt), v_blk, preferred_element_type=jnp.float32
+        )
         return m_new, z, o
 
-    init = (jnp.full((B, KV, Q), _NEG, jnp.float32), jnp.zeros((B, KV, Q), jnp.float32),
-            jnp.zeros((B, KV, Q, hd), jnp.float32))
+    init = (
+        jnp.full((B, KV, Q), _NEG, jnp.float32),
+        jnp.zeros((B, KV, Q), jnp.float32),
+        jnp.zeros((B, KV, Q, hd), jnp.float32),
+    )
     if whole:
         return block(0, 0, *init)
     # Blocks that hold a committed slot of some row; the last block's start is clamped
@@ -286,6 +317,7 @@ def cache_attention(q, cache_k, cache_v, length, dt, chunk: int | None = None,
 
     def body(i, mzo):
         return block(jnp.minimum(i * c, S - c), i * c, *mzo)
+
     return jax.lax.fori_loop(0, n, body, init)
 
 
@@ -301,8 +333,9 @@ class Attention(nnx.Module):
         self.wq = _param(rngs, (d, h, hd), ('embed', 'heads', 'head_dim'), std_in, pd)
         self.wk = _param(rngs, (d, kv, hd), ('embed', 'kv_heads', 'head_dim'), std_in, pd)
         self.wv = _param(rngs, (d, kv, hd), ('embed', 'kv_heads', 'head_dim'), std_in, pd)
-        self.wo = _param(rngs, (h, hd, d), ('heads', 'head_dim', 'embed'),
-                         _fan_in_std(h * hd, out_scale), pd)
+        self.wo = _param(
+            rngs, (h, hd, d), ('heads', 'head_dim', 'embed'), _fan_in_std(h * hd, out_scale), pd
+        )
         if cfg.qkv_bias:  # zero-initialised (init_std 0)
             self.bq = _param(rngs, (h, hd), ('heads', 'head_dim'), 0.0, pd)
             self.bk = _param(rngs, (kv, hd), ('kv_heads', 'head_dim'), 0.0, pd)
@@ -326,7 +359,7 @@ class Attention(nnx.Module):
         if cfg.qkv_bias:
             q, k, v = (y + b[...].astype(dt) for y, b in ((q, self.bq), (k, self.bk), (v, self.bv)))
         q = with_logical_constraint(q, ('batch', 'length', 'heads', 'head_dim'))
-        q = rotary(q, positions, cfg.rope_theta, cfg.rope_scaling) * jnp.asarray(hd ** -0.5, dt)
+        q = rotary(q, positions, cfg.rope_theta, cfg.rope_scaling) * jnp.asarray(hd**-0.5, dt)
         k = rotary(k, positions, cfg.rope_theta, cfg.rope_scaling)
         qg = q.reshape(B, T, kv, g, hd)
 
@@ -336,11 +369,11 @@ class Attention(nnx.Module):
         s_blk = jnp.where(block_mask[:, None, None, :, :], s_blk, _NEG)
         if cache is None:
             probs = jax.nn.softmax(s_blk, axis=-1).astype(dt)
-            out = jnp.einsum('bkgts,bskh->bkgth', probs, v)                  # [B, KV, G, T, hd]
+            out = jnp.einsum('bkgts,bskh->bkgth', probs, v)  # [B, KV, G, T, hd]
             new_cache = None
         else:
             cache_k, cache_v, length = cache
-            kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)   # [B, KV, T, hd]
+            kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, KV, T, hd]
             # Write first, then read the *updated* arrays: the old buffers die at the
             # write, so XLA updates the cache in place instead of copying it every step.
             cache_k = write_keys(cache_k, kt, length)
@@ -353,14 +386,16 @@ class Attention(nnx.Module):
             # Softmax over [committed slots, block tokens] without concatenating them: the
             # cache's (max, sum, unnormalised output) merged with the block's, normalised
             # on the (smaller) outputs.
-            m = jnp.maximum(m_c, jnp.max(s_blk, axis=-1))                  # [B, KV, G, T]
+            m = jnp.maximum(m_c, jnp.max(s_blk, axis=-1))  # [B, KV, G, T]
             e_b = jnp.exp(s_blk - m[..., None])
             scale_c = jnp.exp(m_c - m)
             z = z_c * scale_c + jnp.sum(e_b, axis=-1)
-            o_b = jnp.einsum('bkgts,bksh->bkgth', e_b.astype(dt), vt,
-                             preferred_element_type=jnp.float32)
-            out = ((o_c.reshape(B, kv, g, T, hd) * scale_c[..., None] + o_b)
-                   / z[..., None]).astype(dt)
+            o_b = jnp.einsum(
+                'bkgts,bksh->bkgth', e_b.astype(dt), vt, preferred_element_type=jnp.float32
+            )
+            out = ((o_c.reshape(B, kv, g, T, hd) * scale_c[..., None] + o_b) / z[..., None]).astype(
+                dt
+            )
             new_cache = (cache_k, cache_v)
         # The output projection: the heads' outputs ([B, KV, G, T, hd], as the attention
         # made them) transposed to [B, T, H·hd] and contracted with wo as stored ([H·hd,
@@ -380,8 +415,9 @@ class MLP(nnx.Module):
         d, f, pd = cfg.d_model, cfg.d_ff, cfg.param_dtype
         self.w_gate = _param(rngs, (d, f), ('embed', 'mlp'), _fan_in_std(d), pd)
         self.w_up = _param(rngs, (d, f), ('embed', 'mlp'), _fan_in_std(d), pd)
-        self.w_down = _param(rngs, (f, d), ('mlp', 'embed'),
-                             _fan_in_std(f, 1.0 / (2 * cfg.n_layers)), pd)
+        self.w_down = _param(
+            rngs, (f, d), ('mlp', 'embed'), _fan_in_std(f, 1.0 / (2 * cfg.n_layers)), pd
+        )
 
     def __call__(self, x):
         dt = jnp.dtype(self.dtype)
@@ -413,15 +449,21 @@ class Transformer(nnx.Module):
         self.cfg = cfg
         # Untied: unit-variance rows (the first RMSNorm fixes the scale). Tied (Gemma-style):
         # rows of norm ~1 so the output logits start O(1); inputs are rescaled by sqrt(d).
-        std = cfg.d_model ** -0.5 if cfg.tie_embeddings else 1.0
-        self.embed = _param(rngs, (cfg.vocab_size, cfg.d_model), ('vocab', 'embed'), std,
-                            cfg.param_dtype)
+        std = cfg.d_model**-0.5 if cfg.tie_embeddings else 1.0
+        self.embed = _param(
+            rngs, (cfg.vocab_size, cfg.d_model), ('vocab', 'embed'), std, cfg.param_dtype
+        )
         for i in range(cfg.n_layers):
             setattr(self, f'layer_{i}', Block(cfg, rngs=rngs))
         self.final_norm = RMSNorm(cfg.d_model, cfg, rngs=rngs)
         if not cfg.tie_embeddings:
-            self.lm_head = _param(rngs, (cfg.d_model, cfg.vocab_size), ('embed', 'vocab'),
-                                  _fan_in_std(cfg.d_model), cfg.param_dtype)
+            self.lm_head = _param(
+                rngs,
+                (cfg.d_model, cfg.vocab_size),
+                ('embed', 'vocab'),
+                _fan_in_std(cfg.d_model),
+                cfg.param_dtype,
+            )
 
     def __call__(self, tokens, positions, block_mask, cache_k=None, cache_v=None, length=None):
         """Args:
@@ -438,7 +480,7 @@ class Transformer(nnx.Module):
         table = self.embed[...]
         x = jnp.take(table, tokens, axis=0).astype(dt)
         if cfg.tie_embeddings and cfg.embed_input_scale:
-            x = x * jnp.asarray(cfg.d_model ** 0.5, dt)
+            x = x * jnp.asarray(cfg.d_model**0.5, dt)
         x = with_logical_constraint(x, ('batch', 'length', 'embed'))
         new_k, new_v = [], []
         for i in range(cfg.n_layers):

@@ -21,6 +21,7 @@ loaded models (the models layer never imports the engine), and `specjax.evaluati
 measures them (held-out loss, unigram baseline, acceptance in verifier space, decode speed:
 what the training script records and the tests re-measure).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,8 +39,15 @@ from specjax.models.api import TransformerLM, count_params
 from specjax.models.transformer import TransformerConfig
 from specjax.tokenizers import Tokenizer, load_tokenizer
 
-__all__ = ['ZOO_FORMAT', 'DRAFTER_ORDER', 'Zoo', 'ZooModel', 'load_zoo', 'default_zoo_path',
-           'file_sha256']
+__all__ = [
+    'ZOO_FORMAT',
+    'DRAFTER_ORDER',
+    'Zoo',
+    'ZooModel',
+    'load_zoo',
+    'default_zoo_path',
+    'file_sha256',
+]
 
 ZOO_FORMAT = 'specjax-zoo/1'
 MANIFEST = 'manifest.json'
@@ -84,6 +92,7 @@ def file_sha256(path: str | os.PathLike) -> str:
 # Loaded objects
 # ----------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ZooModel:
     """One loaded model.
@@ -98,6 +107,7 @@ class ZooModel:
       cost: c_i = its parameter count / the verifier's (1.0 for the verifier).
       n_params: parameter count. record: its manifest record (read-only use).
     """
+
     name: str
     role: str
     lm: TransformerLM
@@ -116,14 +126,17 @@ class ZooModel:
         return self.domains[0] if len(self.domains) == 1 else 'mixed'
 
     def __repr__(self) -> str:
-        return (f'ZooModel({self.name!r}, role={self.role}, n_params={self.n_params}, '
-                f'tokenizer={self.tokenizer_name!r}, domains={self.domains}, '
-                f'temperature={self.temperature}, cost={self.cost:.4f})')
+        return (
+            f'ZooModel({self.name!r}, role={self.role}, n_params={self.n_params}, '
+            f'tokenizer={self.tokenizer_name!r}, domains={self.domains}, '
+            f'temperature={self.temperature}, cost={self.cost:.4f})'
+        )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Zoo:
     """A verified zoo: ``verifier`` and ``drafters`` (in ``drafter_order``)."""
+
     path: Path
     manifest: Mapping[str, Any]
     verifier: ZooModel
@@ -138,9 +151,12 @@ class Zoo:
         for d in self.drafters:
             if d.name == name:
                 return d
-        raise ConfigError(f'zoo drafter: got {name!r}; allowed: one of '
-                          f'{", ".join(map(repr, self.names))}', field='drafter', value=name,
-                          allowed=self.names)
+        raise ConfigError(
+            f'zoo drafter: got {name!r}; allowed: one of {", ".join(map(repr, self.names))}',
+            field='drafter',
+            value=name,
+            allowed=self.names,
+        )
 
     def model(self, name: str) -> ZooModel:
         return self.verifier if name == VERIFIER else self.drafter(name)
@@ -149,6 +165,7 @@ class Zoo:
 # ----------------------------------------------------------------------------------------
 # Loading
 # ----------------------------------------------------------------------------------------
+
 
 def read_manifest(path=None) -> tuple[Path, dict]:
     """(zoo directory, parsed manifest), checking its format and top-level structure."""
@@ -165,12 +182,15 @@ def read_manifest(path=None) -> tuple[Path, dict]:
     if not isinstance(manifest, dict):
         raise ConfigError(f'zoo manifest {mpath}: corrupt, expected a JSON object')
     if manifest.get('format') != ZOO_FORMAT:
-        raise ConfigError(f'zoo manifest {mpath}: format {manifest.get("format")!r}, '
-                          f'expected {ZOO_FORMAT!r}')
+        raise ConfigError(
+            f'zoo manifest {mpath}: format {manifest.get("format")!r}, expected {ZOO_FORMAT!r}'
+        )
     for key, kind in (('models', dict), ('tokenizers', dict), ('drafter_order', list)):
         if not isinstance(manifest.get(key), kind):
-            raise ConfigError(f'zoo manifest {mpath}: missing or malformed {key!r} '
-                              f'(expected a JSON {"object" if kind is dict else "list"})')
+            raise ConfigError(
+                f'zoo manifest {mpath}: missing or malformed {key!r} '
+                f'(expected a JSON {"object" if kind is dict else "list"})'
+            )
     _check_manifest(mpath, manifest)
     return root, manifest
 
@@ -181,11 +201,16 @@ _SHA256_HEX = frozenset('0123456789abcdef')
 def _check_manifest(mpath: Path, manifest: dict) -> None:
     """Every field `load_zoo` reads, checked before any file is: one `ConfigError` naming
     the manifest, the field (``models.code.temperature``), the value and what is allowed."""
+
     def bad(field, value, allowed):
         text = repr(value)
         text = text if len(text) <= 80 else text[:77] + '...'
-        raise ConfigError(f'zoo manifest {mpath}: {field}: got {text}, allowed: {allowed}',
-                          field=field, value=value, allowed=allowed)
+        raise ConfigError(
+            f'zoo manifest {mpath}: {field}: got {text}, allowed: {allowed}',
+            field=field,
+            value=value,
+            allowed=allowed,
+        )
 
     def is_int(x):
         return isinstance(x, int) and not isinstance(x, bool)
@@ -217,15 +242,22 @@ def _check_manifest(mpath: Path, manifest: dict) -> None:
         if role not in ('verifier', 'drafter'):
             bad(f'{field}.role', role, "'verifier' or 'drafter'")
         if (role == 'verifier') != (name == VERIFIER):
-            bad(f'{field}.role', role, f"'verifier' for the model named {VERIFIER!r} only, "
-                f"'drafter' for every other")
+            bad(
+                f'{field}.role',
+                role,
+                f"'verifier' for the model named {VERIFIER!r} only, 'drafter' for every other",
+            )
         if rec.get('tokenizer') not in tokenizers:
-            bad(f'{field}.tokenizer', rec.get('tokenizer'),
-                f'a key of tokenizers: {", ".join(map(repr, tokenizers)) or "(none)"}')
+            bad(
+                f'{field}.tokenizer',
+                rec.get('tokenizer'),
+                f'a key of tokenizers: {", ".join(map(repr, tokenizers)) or "(none)"}',
+            )
         if not isinstance(rec.get('config', {}), dict):
             bad(f'{field}.config', rec.get('config'), 'a JSON object of TransformerConfig fields')
-        if 'params_sha256' in rec and not (rec['params_sha256'] is None
-                                           or is_sha(rec['params_sha256'])):
+        if 'params_sha256' in rec and not (
+            rec['params_sha256'] is None or is_sha(rec['params_sha256'])
+        ):
             bad(f'{field}.params_sha256', rec['params_sha256'], '64 lowercase hex digits')
         n = rec.get('n_params')
         if n is not None and not (is_int(n) and n >= 1):
@@ -233,16 +265,19 @@ def _check_manifest(mpath: Path, manifest: dict) -> None:
         domains = rec.get('domains', [])
         if not (isinstance(domains, list) and all(isinstance(d, str) for d in domains)):
             bad(f'{field}.domains', domains, 'a list of domain names')
-        for key, allowed in (('temperature', 'a finite number >= 0 (or absent: 1.0)'),
-                             ('cost', 'a finite number >= 0 (or absent: its parameter '
-                                      'count over the verifier\'s)')):
+        for key, allowed in (
+            ('temperature', 'a finite number >= 0 (or absent: 1.0)'),
+            ('cost', 'a finite number >= 0 (or absent: its parameter count over the verifier\'s)'),
+        ):
             if key in rec and not (is_number(rec[key]) and rec[key] >= 0):
                 bad(f'{field}.{key}', rec[key], allowed)
     if VERIFIER not in models:
         raise ConfigError(f'zoo manifest {mpath}: no model {VERIFIER!r} with role "verifier"')
     drafters = [n for n, r in models.items() if r['role'] == 'drafter']
-    allowed = (f'a list of distinct drafter names, each a model with role "drafter": '
-               f'{", ".join(map(repr, drafters)) or "(none)"}')
+    allowed = (
+        f'a list of distinct drafter names, each a model with role "drafter": '
+        f'{", ".join(map(repr, drafters)) or "(none)"}'
+    )
     for key, required in (('drafter_order', True), ('extra_drafters', False)):
         names = manifest.get(key, [])
         if key not in manifest and not required:
@@ -269,19 +304,28 @@ def _verified_file(root: Path, rec: Mapping[str, Any], what: str) -> Path:
         raise ConfigError(f'zoo file {path}: missing ({what}; {_REBUILD})')
     got = file_sha256(path)
     if got != sha:
-        raise ConfigError(f'zoo file {path}: sha256 mismatch, corrupt or modified ({what}: '
-                          f'file {got[:12]}…, manifest {sha[:12]}…)')
+        raise ConfigError(
+            f'zoo file {path}: sha256 mismatch, corrupt or modified ({what}: '
+            f'file {got[:12]}…, manifest {sha[:12]}…)'
+        )
     return path
 
 
-def _load_model(root: Path, manifest: dict, name: str, tokenizers: dict[str, Tokenizer],
-                verifier_params: int | None) -> ZooModel:
+def _load_model(
+    root: Path,
+    manifest: dict,
+    name: str,
+    tokenizers: dict[str, Tokenizer],
+    verifier_params: int | None,
+) -> ZooModel:
     mpath = root / MANIFEST
     rec = manifest['models'][name]
     tok_name = rec.get('tokenizer')
     if tok_name not in manifest['tokenizers']:
-        raise ConfigError(f'zoo manifest {mpath}: model {name!r} names tokenizer {tok_name!r}; '
-                          f'known: {", ".join(map(repr, manifest["tokenizers"]))}')
+        raise ConfigError(
+            f'zoo manifest {mpath}: model {name!r} names tokenizer {tok_name!r}; '
+            f'known: {", ".join(map(repr, manifest["tokenizers"]))}'
+        )
     if tok_name not in tokenizers:
         trec = manifest['tokenizers'][tok_name]
         tpath = _verified_file(root, trec, f'tokenizer {tok_name!r}')
@@ -290,8 +334,10 @@ def _load_model(root: Path, manifest: dict, name: str, tokenizers: dict[str, Tok
         except ValueError as e:
             raise ConfigError(f'zoo file {tpath}: corrupt tokenizer ({_line(e)})') from None
         if trec.get('vocab_size') not in (None, tok.vocab_size):
-            raise ConfigError(f'zoo file {tpath}: vocabulary size {tok.vocab_size}, the manifest '
-                              f'says {trec.get("vocab_size")}')
+            raise ConfigError(
+                f'zoo file {tpath}: vocabulary size {tok.vocab_size}, the manifest '
+                f'says {trec.get("vocab_size")}'
+            )
         tokenizers[tok_name] = tok
     tok = tokenizers[tok_name]
     try:
@@ -299,30 +345,42 @@ def _load_model(root: Path, manifest: dict, name: str, tokenizers: dict[str, Tok
     except (TypeError, ValueError) as e:
         raise ConfigError(f'zoo model {name!r}: bad config in {mpath} ({_line(e)})') from None
     if config.vocab_size != tok.vocab_size:
-        raise ConfigError(f'zoo model {name!r}: vocabulary mismatch, model vocab_size '
-                          f'{config.vocab_size} != tokenizer {tok_name!r} vocab_size '
-                          f'{tok.vocab_size}')
+        raise ConfigError(
+            f'zoo model {name!r}: vocabulary mismatch, model vocab_size '
+            f'{config.vocab_size} != tokenizer {tok_name!r} vocab_size '
+            f'{tok.vocab_size}'
+        )
     lm = TransformerLM(config)
     ppath = _verified_file(root, rec, f'model {name!r} parameters')
     try:
-        params = checkpoints.load_params_file(str(ppath), lm.abstract_params(),
-                                              expected_sha256=rec.get('params_sha256'))
+        params = checkpoints.load_params_file(
+            str(ppath), lm.abstract_params(), expected_sha256=rec.get('params_sha256')
+        )
     except ValueError as e:
         raise ConfigError(f'zoo model {name!r}: {_line(e)}') from None
     n = count_params(params)
     if rec.get('n_params') not in (None, n):
-        raise ConfigError(f'zoo model {name!r}: {n} parameters, the manifest says '
-                          f'{rec.get("n_params")}')
+        raise ConfigError(
+            f'zoo model {name!r}: {n} parameters, the manifest says {rec.get("n_params")}'
+        )
     role = rec['role']
     cost = 1.0 if role == 'verifier' else float(rec.get('cost', n / verifier_params))
-    return ZooModel(name=name, role=role, lm=lm, params=params, tokenizer=tok,
-                    tokenizer_name=tok_name, domains=tuple(rec.get('domains') or ()),
-                    temperature=float(rec.get('temperature', 1.0)), cost=cost, n_params=n,
-                    record=rec)
+    return ZooModel(
+        name=name,
+        role=role,
+        lm=lm,
+        params=params,
+        tokenizer=tok,
+        tokenizer_name=tok_name,
+        domains=tuple(rec.get('domains') or ()),
+        temperature=float(rec.get('temperature', 1.0)),
+        cost=cost,
+        n_params=n,
+        record=rec,
+    )
 
 
-def load_zoo(path: str | os.PathLike | None = None,
-             names: Sequence[str] | None = None) -> Zoo:
+def load_zoo(path: str | os.PathLike | None = None, names: Sequence[str] | None = None) -> Zoo:
     """Loads and verifies the zoo.
 
     Args:
@@ -349,13 +407,15 @@ def load_zoo(path: str | os.PathLike | None = None,
     known = [VERIFIER] + loadable
     for n in wanted:
         if n not in loadable:
-            raise ConfigError(f'zoo model: got {n!r}; allowed: one of '
-                              f'{", ".join(map(repr, known))}', field='model', value=n,
-                              allowed=known)
+            raise ConfigError(
+                f'zoo model: got {n!r}; allowed: one of {", ".join(map(repr, known))}',
+                field='model',
+                value=n,
+                allowed=known,
+            )
     if len(set(wanted)) != len(wanted):
         raise ConfigError(f'zoo model names: got {list(names)}; allowed: distinct names')
     tokenizers: dict[str, Tokenizer] = {}
     verifier = _load_model(root, manifest, VERIFIER, tokenizers, None)
-    drafters = tuple(_load_model(root, manifest, n, tokenizers, verifier.n_params)
-                     for n in wanted)
+    drafters = tuple(_load_model(root, manifest, n, tokenizers, verifier.n_params) for n in wanted)
     return Zoo(path=root, manifest=manifest, verifier=verifier, drafters=drafters)

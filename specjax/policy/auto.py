@@ -31,6 +31,7 @@ Every choice is a set verified by a lossless rule (rule 1 for one drafter, the t
 or the coupled rule for several), so `auto` is lossless like every policy: the choice
 depends only on past rounds, which is a predictable (stopping-time-like) choice.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -53,8 +54,16 @@ class AutoRouter:
       gammas: each drafter's own γ_i when it runs alone (None or a None entry: `gamma`).
     """
 
-    def __init__(self, costs, gamma: int, seed: int = 0, explore: float = 0.15,
-                 max_set: int = 2, prior_weight: float = 8.0, gammas=None):
+    def __init__(
+        self,
+        costs,
+        gamma: int,
+        seed: int = 0,
+        explore: float = 0.15,
+        max_set: int = 2,
+        prior_weight: float = 8.0,
+        gammas=None,
+    ):
         self.costs = np.asarray(costs, np.float64)
         self.k = len(self.costs)
         self.gamma = int(gamma)
@@ -89,8 +98,11 @@ class AutoRouter:
     def choose(self, plan: int, step: int) -> tuple[int, ...]:
         """The drafter set (indices, priority order) for this plan's step."""
         al = self.alpha(plan)
-        cands = [c for n in range(1, min(self.max_set, self.k) + 1)
-                 for c in itertools.combinations(range(self.k), n)]
+        cands = [
+            c
+            for n in range(1, min(self.max_set, self.k) + 1)
+            for c in itertools.combinations(range(self.k), n)
+        ]
         best = min(cands, key=lambda c: (self.expected_cost_per_token(al, c), len(c), c))
         rng = np.random.default_rng([self.seed, plan, step, 0x617574])
         if self.k > len(best) and rng.random() < self.explore:

@@ -19,8 +19,7 @@ import dataclasses
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from specjax.field_report import (ACCEPTANCE_FLOOR, DEPTH_CEILING,
-                                  TRUNCATION_OVERHEAD_RATIO)
+from specjax.field_report import ACCEPTANCE_FLOOR, DEPTH_CEILING, TRUNCATION_OVERHEAD_RATIO
 
 ACCEPTANCE_OUT_OF_RANGE = "acceptance_out_of_range"
 ACCEPTANCE_BELOW_FLOOR = "acceptance_below_floor"
@@ -57,17 +56,17 @@ def _acceptance_in_range(name: str, value: float) -> None:
     # NaN fails the comparison, so it counts as outside [0, 1].
     if not (0.0 <= value <= 1.0):
         raise SpeculativePrefixCollapseError(
-                f"{name}={value!r} is outside the allowed range [0, 1]", ACCEPTANCE_OUT_OF_RANGE
+            f"{name}={value!r} is outside the allowed range [0, 1]", ACCEPTANCE_OUT_OF_RANGE
         )
 
 
 def should_truncate_and_repropose(
-        shared_prefix_acceptance: float,
-        mean_truncation_depth: float,
-        independent_branch_acceptance: float,
-        truncation_overhead_ratio: float = TRUNCATION_OVERHEAD_RATIO,
-        acceptance_floor: float = ACCEPTANCE_FLOOR,
-        depth_ceiling: float = DEPTH_CEILING,
+    shared_prefix_acceptance: float,
+    mean_truncation_depth: float,
+    independent_branch_acceptance: float,
+    truncation_overhead_ratio: float = TRUNCATION_OVERHEAD_RATIO,
+    acceptance_floor: float = ACCEPTANCE_FLOOR,
+    depth_ceiling: float = DEPTH_CEILING,
 ) -> bool:
     """Whether this batch's branches should keep sharing a prefix (truncate-and-repropose).
 
@@ -103,20 +102,20 @@ def should_truncate_and_repropose(
     _acceptance_in_range("independent_branch_acceptance", independent)
     if shared < acceptance_floor:
         raise SpeculativePrefixCollapseError(
-                f"shared-prefix acceptance {shared!r} is below the floor {acceptance_floor!r}; "
-                "the prefix is doing negative work",
-                ACCEPTANCE_BELOW_FLOOR,
+            f"shared-prefix acceptance {shared!r} is below the floor {acceptance_floor!r}; "
+            "the prefix is doing negative work",
+            ACCEPTANCE_BELOW_FLOOR,
         )
     if not depth >= 0.0:
         raise ValueError(
-                f"mean_truncation_depth={depth!r} is not allowed; allowed: a number ≥ 0 "
-                "(draft tokens discarded per truncation; 0 when nothing was truncated)."
+            f"mean_truncation_depth={depth!r} is not allowed; allowed: a number ≥ 0 "
+            "(draft tokens discarded per truncation; 0 when nothing was truncated)."
         )
     if depth > depth_ceiling:
         raise SpeculativePrefixCollapseError(
-                f"mean truncation depth {depth!r} tokens is above the ceiling {depth_ceiling!r}; "
-                "truncation thrash exceeds the cost of independent branches",
-                TRUNCATION_THRASH,
+            f"mean truncation depth {depth!r} tokens is above the ceiling {depth_ceiling!r}; "
+            "truncation thrash exceeds the cost of independent branches",
+            TRUNCATION_THRASH,
         )
     marginal_gain = shared - independent
     return marginal_gain > truncation_overhead_ratio + _GAIN_TIE_TOLERANCE
@@ -141,20 +140,27 @@ class BoundaryThresholds:
 
     def __post_init__(self):
         import math  # pylint: disable=import-outside-toplevel
+
         from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
-        for name, lo, hi in (("truncation_overhead_ratio", -1.0, 1.0),
-                             ("acceptance_floor", 0.0, 1.0), ("depth_ceiling", 0.0, math.inf)):
+
+        for name, lo, hi in (
+            ("truncation_overhead_ratio", -1.0, 1.0),
+            ("acceptance_floor", 0.0, 1.0),
+            ("depth_ceiling", 0.0, math.inf),
+        ):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
-                    math.isfinite(v) or v == math.inf) or not lo <= v <= hi:
-                raise ConfigError.invalid(f"boundary.{name}", v,
-                                          f"a number in [{lo}, {hi}]")
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float))
+                or not (math.isfinite(v) or v == math.inf)
+                or not lo <= v <= hi
+            ):
+                raise ConfigError.invalid(f"boundary.{name}", v, f"a number in [{lo}, {hi}]")
             object.__setattr__(self, name, float(v))
 
     def kwargs(self) -> dict[str, float]:
         """The keyword arguments of `should_truncate_and_repropose`."""
         return dataclasses.asdict(self)
-
 
 
 class BoundaryStats(NamedTuple):
@@ -233,22 +239,22 @@ def _read_stats(stats: Any) -> BoundaryStats:
             return BoundaryStats(*(stats[f] for f in BoundaryStats._fields))
         except KeyError as missing:
             raise ValueError(
-                    f"boundary statistics {dict(stats)!r} lack key {missing}; required keys: "
-                    f"{', '.join(BoundaryStats._fields)}"
+                f"boundary statistics {dict(stats)!r} lack key {missing}; required keys: "
+                f"{', '.join(BoundaryStats._fields)}"
             ) from None
     if all(hasattr(stats, a) for a in BoundaryStats._fields):
         return BoundaryStats(*(getattr(stats, f) for f in BoundaryStats._fields))
     if all(hasattr(stats, a) for a in _BRANCH_ATTRS):
         return BoundaryStats(*(getattr(stats, a) for a in _BRANCH_ATTRS))
     raise ValueError(
-            f"cannot read boundary statistics from {stats!r}; give a BoundaryStats, a mapping "
-            f"with keys {', '.join(BoundaryStats._fields)}, or an object with attributes "
-            f"{', '.join(_BRANCH_ATTRS)}"
+        f"cannot read boundary statistics from {stats!r}; give a BoundaryStats, a mapping "
+        f"with keys {', '.join(BoundaryStats._fields)}, or an object with attributes "
+        f"{', '.join(_BRANCH_ATTRS)}"
     )
 
 
 def _decide(
-        branch_id: Hashable, stats: BoundaryStats, thresholds: Mapping[str, float]
+    branch_id: Hashable, stats: BoundaryStats, thresholds: Mapping[str, float]
 ) -> tuple[BoundaryDecision, SpeculativePrefixCollapseError | None]:
     try:
         decision = should_truncate_and_repropose(*stats, **thresholds)
@@ -258,12 +264,12 @@ def _decide(
 
 
 def evaluate_boundary(
-        stats_per_branch: Mapping[Hashable, Any] | Sequence[Any],
-        *,
-        log: CollapseLog | None = None,
-        truncation_overhead_ratio: float = TRUNCATION_OVERHEAD_RATIO,
-        acceptance_floor: float = ACCEPTANCE_FLOOR,
-        depth_ceiling: float = DEPTH_CEILING,
+    stats_per_branch: Mapping[Hashable, Any] | Sequence[Any],
+    *,
+    log: CollapseLog | None = None,
+    truncation_overhead_ratio: float = TRUNCATION_OVERHEAD_RATIO,
+    acceptance_floor: float = ACCEPTANCE_FLOOR,
+    depth_ceiling: float = DEPTH_CEILING,
 ) -> list[BoundaryDecision]:
     """Evaluates the boundary for every branch of one batch; a collapse becomes a record.
 
@@ -279,14 +285,14 @@ def evaluate_boundary(
         One `BoundaryDecision` per branch, in input order.
     """
     thresholds = dict(
-            truncation_overhead_ratio=truncation_overhead_ratio,
-            acceptance_floor=acceptance_floor,
-            depth_ceiling=depth_ceiling,
+        truncation_overhead_ratio=truncation_overhead_ratio,
+        acceptance_floor=acceptance_floor,
+        depth_ceiling=depth_ceiling,
     )
     items: Iterable[tuple[Hashable, Any]] = (
-            stats_per_branch.items()
-            if isinstance(stats_per_branch, Mapping)
-            else enumerate(stats_per_branch)
+        stats_per_branch.items()
+        if isinstance(stats_per_branch, Mapping)
+        else enumerate(stats_per_branch)
     )
     decisions = []
     for branch_id, stats in items:
@@ -312,15 +318,15 @@ class Consensus(Protocol):
 
 
 def execute_parallel_plan(
-        branches: Sequence[Branch],
-        verifier: Any,
-        consensus: Consensus,
-        *,
-        log: CollapseLog | None = None,
-        truncation_overhead_ratio: float = TRUNCATION_OVERHEAD_RATIO,
-        acceptance_floor: float = ACCEPTANCE_FLOOR,
-        depth_ceiling: float = DEPTH_CEILING,
-        on_decisions: Callable[[list[BoundaryDecision]], None] | None = None,
+    branches: Sequence[Branch],
+    verifier: Any,
+    consensus: Consensus,
+    *,
+    log: CollapseLog | None = None,
+    truncation_overhead_ratio: float = TRUNCATION_OVERHEAD_RATIO,
+    acceptance_floor: float = ACCEPTANCE_FLOOR,
+    depth_ceiling: float = DEPTH_CEILING,
+    on_decisions: Callable[[list[BoundaryDecision]], None] | None = None,
 ):
     """The seed's plan step: branches that pass the boundary commit, else fallback.
 
@@ -348,9 +354,9 @@ def execute_parallel_plan(
         Whatever `consensus.fallback` or `consensus.commit` returns.
     """
     thresholds = dict(
-            truncation_overhead_ratio=truncation_overhead_ratio,
-            acceptance_floor=acceptance_floor,
-            depth_ceiling=depth_ceiling,
+        truncation_overhead_ratio=truncation_overhead_ratio,
+        acceptance_floor=acceptance_floor,
+        depth_ceiling=depth_ceiling,
     )
     records = []
     passing = []
@@ -370,8 +376,9 @@ def execute_parallel_plan(
     return consensus.commit(passing, verifier=verifier)
 
 
-def replay_step_decisions(branch_records: Sequence[Mapping[str, Any]],
-                          thresholds: "BoundaryThresholds | None" = None) -> dict:
+def replay_step_decisions(
+    branch_records: Sequence[Mapping[str, Any]], thresholds: "BoundaryThresholds | None" = None
+) -> dict:
     """Re-decides recorded steps with `execute_parallel_plan`'s rule under `thresholds`.
 
     The branch statistics a step decision reads (`s`, `i`, `d`: already raw or
@@ -398,25 +405,29 @@ def replay_step_decisions(branch_records: Sequence[Mapping[str, Any]],
         steps[key] = steps.get(key, False) or ok
     n = len(steps)
     fb = sum(not v for v in steps.values())
-    out = {"steps": n, "fallbacks": fb, "fallback_rate": fb / n if n else float("nan"),
-           "branches": len(branch_records)}
+    out = {
+        "steps": n,
+        "fallbacks": fb,
+        "fallback_rate": fb / n if n else float("nan"),
+        "branches": len(branch_records),
+    }
     for k in ("true", "false") + REASONS:
         out[k] = counts[k]
     return out
 
 
 __all__ = [
-        "ACCEPTANCE_BELOW_FLOOR",
-        "ACCEPTANCE_OUT_OF_RANGE",
-        "REASONS",
-        "TRUNCATION_THRASH",
-        "BoundaryDecision",
-        "BoundaryThresholds",
-        "BoundaryStats",
-        "CollapseLog",
-        "SpeculativePrefixCollapseError",
-        "evaluate_boundary",
-        "replay_step_decisions",
-        "execute_parallel_plan",
-        "should_truncate_and_repropose",
+    "ACCEPTANCE_BELOW_FLOOR",
+    "ACCEPTANCE_OUT_OF_RANGE",
+    "REASONS",
+    "TRUNCATION_THRASH",
+    "BoundaryDecision",
+    "BoundaryThresholds",
+    "BoundaryStats",
+    "CollapseLog",
+    "SpeculativePrefixCollapseError",
+    "evaluate_boundary",
+    "replay_step_decisions",
+    "execute_parallel_plan",
+    "should_truncate_and_repropose",
 ]

@@ -75,8 +75,8 @@ def vote_weight(accepted, proposed, rejected, agreement_weighted: bool) -> float
     rejected = _count("rejected", rejected)
     if accepted + rejected > proposed:
         raise ValueError(
-                f"vote_weight: accepted ({accepted!r}) + rejected ({rejected!r}) exceeds proposed "
-                f"({proposed!r}); allowed: accepted + rejected ≤ proposed."
+            f"vote_weight: accepted ({accepted!r}) + rejected ({rejected!r}) exceeds proposed "
+            f"({proposed!r}); allowed: accepted + rejected ≤ proposed."
         )
     denominator = (accepted + rejected) if agreement_weighted else proposed
     if denominator == 0:
@@ -105,10 +105,10 @@ class ConsensusDecision:
 
 
 def decide(
-        candidates: Sequence[str],
-        weights: Sequence[float],
-        agreement: Agreement = exact_match,
-        threshold: float = 0.5,
+    candidates: Sequence[str],
+    weights: Sequence[float],
+    agreement: Agreement = exact_match,
+    threshold: float = 0.5,
 ) -> ConsensusDecision:
     """Weighted plurality vote over the branches' candidate steps.
 
@@ -128,8 +128,8 @@ def decide(
         raise ValueError("decide: candidates is empty; allowed: one candidate per branch, B ≥ 1.")
     if len(candidates) != len(weights):
         raise ValueError(
-                f"decide: {len(candidates)} candidates but {len(weights)} weights; allowed: one "
-                "weight per candidate."
+            f"decide: {len(candidates)} candidates but {len(weights)} weights; allowed: one "
+            "weight per candidate."
         )
     for b, w in enumerate(weights):
         if not 0.0 <= w <= 1.0:  # NaN fails too.
@@ -139,23 +139,24 @@ def decide(
         raise ValueError(f"decide: threshold={threshold!r} is not allowed; allowed: (0, 1].")
     n = len(candidates)
     supports = tuple(
-            math.fsum(w for cand_b, w in zip(candidates, weights) if agreement(cand_b, c)) / n
-            for c in candidates
+        math.fsum(w for cand_b, w in zip(candidates, weights) if agreement(cand_b, c)) / n
+        for c in candidates
     )
     # Key (support, −index): ties go to the lowest branch index.
     plurality = max(range(n), key=lambda i: (supports[i], -i))
     support = supports[plurality]
     fallback = support < threshold
     return ConsensusDecision(
-            committed=None if fallback else candidates[plurality],
-            support=support,
-            plurality_index=plurality,
-            fallback=fallback,
-            supports=supports,
+        committed=None if fallback else candidates[plurality],
+        support=support,
+        plurality_index=plurality,
+        fallback=fallback,
+        supports=supports,
     )
 
 
 # ---------------------------------------------------------------------------- the step decision
+
 
 def branch_statistics(c, row: int, n_set: int, gamma: int, agreement_weighted: bool) -> dict:
     """A branch's step statistics from its row's counters (SPEC §5).
@@ -168,8 +169,10 @@ def branch_statistics(c, row: int, n_set: int, gamma: int, agreement_weighted: b
     truncation count against the branch); agreement-weighted: accepted / (accepted +
     rejected), i.e. positions after a chain's cut are not counted.
     """
+
     def ratio(a, b):
         return float(a) / float(b) if b else float("nan")
+
     own_acc = c.own_accepted_at[row].sum()
     own_reach = c.own_reached_at[row].sum()
     proposed = c.proposed[row].sum()
@@ -185,15 +188,26 @@ def branch_statistics(c, row: int, n_set: int, gamma: int, agreement_weighted: b
     tr = int(c.truncations[row])
     depth = float(c.discarded[row]) / tr if tr else 0.0
     pick = (lambda wtd, raw: wtd) if agreement_weighted else (lambda wtd, raw: raw)
-    return {"s": pick(s_w, s_r), "i": pick(i_w, i_r), "w": pick(w_w, w_r), "d": depth,
-            "s_weighted": s_w, "s_raw": s_r, "i_weighted": i_w, "i_raw": i_r,
-            "w_weighted": w_w, "w_raw": w_r, "truncations": tr,
-            "pruned": int(c.pruned[row])}
+    return {
+        "s": pick(s_w, s_r),
+        "i": pick(i_w, i_r),
+        "w": pick(w_w, w_r),
+        "d": depth,
+        "s_weighted": s_w,
+        "s_raw": s_r,
+        "i_weighted": i_w,
+        "i_raw": i_r,
+        "w_weighted": w_w,
+        "w_raw": w_r,
+        "truncations": tr,
+        "pruned": int(c.pruned[row]),
+    }
 
 
 @dataclasses.dataclass
 class BranchOutcome:
     """One branch of one step, as `execute_parallel_plan` reads it (SPEC §5–6)."""
+
     index: int
     candidate: str
     weight: float
@@ -215,22 +229,30 @@ class SeedConsensus:
         self.agreement = agreement
 
     def commit(self, branches: Sequence[BranchOutcome], verifier=None) -> BranchOutcome:
-        totals = [sum(o.weight for o in branches if self.agreement(o.candidate, b.candidate))
-                  for b in branches]
+        totals = [
+            sum(o.weight for o in branches if self.agreement(o.candidate, b.candidate))
+            for b in branches
+        ]
         return branches[max(range(len(branches)), key=lambda i: (totals[i], -i))]
 
     def fallback(self, branches, verifier=None) -> None:
         return None
 
 
-def seed_step_decision(outcomes: Sequence[BranchOutcome], thresholds, log=None,
-                       agreement=exact_match) -> tuple[BranchOutcome | None, list]:
+def seed_step_decision(
+    outcomes: Sequence[BranchOutcome], thresholds, log=None, agreement=exact_match
+) -> tuple[BranchOutcome | None, list]:
     """The seed's step decision over one plan's branches: (the committed branch or None for
     fallback, the per-branch `BoundaryDecision` records)."""
     records = []
     chosen = boundary_lib.execute_parallel_plan(
-        outcomes, None, SeedConsensus(agreement), log=log, on_decisions=records.extend,
-        **thresholds.kwargs())
+        outcomes,
+        None,
+        SeedConsensus(agreement),
+        log=log,
+        on_decisions=records.extend,
+        **thresholds.kwargs(),
+    )
     return chosen, records
 
 
@@ -259,9 +281,14 @@ class StepDecision:
     verdicts: dict
 
 
-def decide_step(outcomes: Sequence[BranchOutcome], rule: str,
-                thresholds: boundary_lib.BoundaryThresholds, quorum_threshold: float = 0.5,
-                agreement: Agreement = exact_match, log=None) -> StepDecision:
+def decide_step(
+    outcomes: Sequence[BranchOutcome],
+    rule: str,
+    thresholds: boundary_lib.BoundaryThresholds,
+    quorum_threshold: float = 0.5,
+    agreement: Agreement = exact_match,
+    log=None,
+) -> StepDecision:
     """The step decision over one plan's branches (SPEC §5–6).
 
     Args:
@@ -279,15 +306,22 @@ def decide_step(outcomes: Sequence[BranchOutcome], rule: str,
         support and each checked branch's boundary verdict.
     """
     if rule not in CONSENSUS_RULES:
-        raise ValueError(f"decide_step: rule={rule!r} is not allowed; allowed: "
-                         f"{list(CONSENSUS_RULES)}.")
+        raise ValueError(
+            f"decide_step: rule={rule!r} is not allowed; allowed: {list(CONSENSUS_RULES)}."
+        )
     chosen, records = seed_step_decision(outcomes, thresholds, log, agreement)
-    vote = decide([o.candidate for o in outcomes], [o.weight for o in outcomes], agreement,
-                  quorum_threshold)
+    vote = decide(
+        [o.candidate for o in outcomes], [o.weight for o in outcomes], agreement, quorum_threshold
+    )
     seed_commit = None if chosen is None else chosen.index
     quorum_commit = None if vote.fallback else vote.plurality_index
     return StepDecision(
-            committed=seed_commit if rule == "seed" else quorum_commit,
-            seed_commit=seed_commit, quorum_commit=quorum_commit, quorum_support=vote.support,
-            verdicts={o.index: rec.reason if rec.reason else bool(rec.decision)
-                      for rec, o in zip(records, outcomes)})
+        committed=seed_commit if rule == "seed" else quorum_commit,
+        seed_commit=seed_commit,
+        quorum_commit=quorum_commit,
+        quorum_support=vote.support,
+        verdicts={
+            o.index: rec.reason if rec.reason else bool(rec.decision)
+            for rec, o in zip(records, outcomes)
+        },
+    )

@@ -13,6 +13,7 @@ Glossary (used the same way in code, configs, metrics, plots and the README):
   plan — a prompt and its `plan_steps` steps; step — text up to a step delimiter, committed
   by consensus (or fallback); round — one verifier call plus the drafting that fed it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,17 +26,17 @@ from specjax.policy import boundary as boundary_lib
 #: Per-plan additive counters: name -> trailing shape given (K, γ).
 _FIELDS = {
     # committed text and time
-    "tokens": lambda k, g: (),            # committed tokens
-    "seconds": lambda k, g: (),           # measured wall clock, calls split evenly over rows
-    "steps": lambda k, g: (),             # plan steps run
-    "fallbacks": lambda k, g: (),         # steps committed by fallback (verifier alone)
+    "tokens": lambda k, g: (),  # committed tokens
+    "seconds": lambda k, g: (),  # measured wall clock, calls split evenly over rows
+    "steps": lambda k, g: (),  # plan steps run
+    "fallbacks": lambda k, g: (),  # steps committed by fallback (verifier alone)
     # the itemised cost (SPEC §7; `specjax.metrics.itemised_cost` prices these)
-    "verifier_calls": lambda k, g: (),    # verifier forward calls of rounds and fallbacks
-    "verifier_tokens": lambda k, g: (),   # drafts scored by those calls (γ·S per round)
-    "verifier_prefills": lambda k, g: (), # verifier prompt prefills
+    "verifier_calls": lambda k, g: (),  # verifier forward calls of rounds and fallbacks
+    "verifier_tokens": lambda k, g: (),  # drafts scored by those calls (γ·S per round)
+    "verifier_prefills": lambda k, g: (),  # verifier prompt prefills
     "drafter_tokens": lambda k, g: (k,),  # tokens drafted (γ per round taken part in)
     "drafter_prefills": lambda k, g: (k,),
-    "kl_passes": lambda k, g: (k,),       # drafter forward passes of the KL check
+    "kl_passes": lambda k, g: (k,),  # drafter forward passes of the KL check
     "consensus_rounds": lambda k, g: (),
     # acceptance (engine counters, summed over the rows a plan ran)
     "rounds": lambda k, g: (),
@@ -58,10 +59,25 @@ _FIELDS = {
 }
 COUNTER_FIELDS = tuple(_FIELDS)
 #: Engine counters (`specjax.engine.decode.Counters`) copied into the plan counters.
-ENGINE_FIELDS = ("rounds", "from_draft", "reached", "multi_rounds", "multi_from_draft",
-                 "multi_reached", "truncations", "discarded", "pruned", "pruned_discarded",
-                 "proposed", "accepted", "rejected", "own_accepted_at", "own_reached_at",
-                 "match_at", "match_reached_at")
+ENGINE_FIELDS = (
+    "rounds",
+    "from_draft",
+    "reached",
+    "multi_rounds",
+    "multi_from_draft",
+    "multi_reached",
+    "truncations",
+    "discarded",
+    "pruned",
+    "pruned_discarded",
+    "proposed",
+    "accepted",
+    "rejected",
+    "own_accepted_at",
+    "own_reached_at",
+    "match_at",
+    "match_reached_at",
+)
 
 
 @dataclasses.dataclass
@@ -83,6 +99,7 @@ class RunStats:
       collapses: every `SpeculativePrefixCollapseError` of the step decisions, by reason.
       routes: per step, per plan, the drafter set an adaptive policy chose.
     """
+
     k: int
     gamma: int
     n_plans: int = 1
@@ -98,9 +115,13 @@ class RunStats:
 
     def __post_init__(self):
         if self.counts is None:
-            self.counts = {n: np.zeros((self.n_plans,) + f(self.k, self.gamma),
-                                       np.float64 if n == "seconds" else np.int64)
-                           for n, f in _FIELDS.items()}
+            self.counts = {
+                n: np.zeros(
+                    (self.n_plans,) + f(self.k, self.gamma),
+                    np.float64 if n == "seconds" else np.int64,
+                )
+                for n, f in _FIELDS.items()
+            }
 
     # Pooled views (sums over plans), named as the counters.
     def __getattr__(self, name):
@@ -118,7 +139,7 @@ class RunStats:
         for name in ENGINE_FIELDS:
             x = np.asarray(getattr(counters, name)[row])
             want = self.counts[name].shape[1:]
-            if x.shape != want:   # per-position counters of a call with a shorter window
+            if x.shape != want:  # per-position counters of a call with a shorter window
                 x = np.pad(x, [(0, w - n) for n, w in zip(x.shape, want)])
             self.counts[name][plan] += x
 

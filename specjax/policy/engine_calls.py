@@ -9,6 +9,7 @@ row. Inside `shared_calls` (or after `enable_shared_calls`) identical stateless
 computations of different policies (the KL check on a prefix) are computed once, and their
 measured seconds are charged to every caller.
 """
+
 from __future__ import annotations
 
 import collections
@@ -34,6 +35,7 @@ _TAG_PLANS, _TAG_FALLBACK = 0x706C616E, 0x66616C6C
 
 # ---------------------------------------------------------------------------- keys
 
+
 @jax.jit
 def _fold_keys(seed, plan, step, branch, tag):
     def one(p, s, b, t):
@@ -41,22 +43,35 @@ def _fold_keys(seed, plan, step, branch, tag):
         k = jax.random.fold_in(k, s)
         kb = jax.random.fold_in(jax.random.fold_in(k, t), b)
         return jnp.where((b < 0) & (t == 0), jax.random.key_data(k), jax.random.key_data(kb))
+
     return jax.vmap(one)(plan, step, branch, tag)
 
 
-def plan_keys(seed: int, plans: Sequence[int], step: int, branches: Sequence[int] | None = None,
-              fallback: bool = False) -> np.ndarray:
+def plan_keys(
+    seed: int,
+    plans: Sequence[int],
+    step: int,
+    branches: Sequence[int] | None = None,
+    fallback: bool = False,
+) -> np.ndarray:
     """u32[R, 2] key data: the key of (plan, step), folded with a branch index (≥ 0) or the
     fallback tag; branch −1 without the fallback tag is the plan's own key."""
     n = len(plans)
     b = np.full(n, -1) if branches is None else np.asarray(branches)
     tag = np.full(n, _TAG_FALLBACK if fallback else 0)
-    return np.asarray(_fold_keys(jnp.int32(seed), jnp.asarray(plans, jnp.int32),
-                                 jnp.full((n,), step, jnp.int32), jnp.asarray(b, jnp.int32),
-                                 jnp.asarray(tag, jnp.uint32)))
+    return np.asarray(
+        _fold_keys(
+            jnp.int32(seed),
+            jnp.asarray(plans, jnp.int32),
+            jnp.full((n,), step, jnp.int32),
+            jnp.asarray(b, jnp.int32),
+            jnp.asarray(tag, jnp.uint32),
+        )
+    )
 
 
 # ---------------------------------------------------------------------------- shared calls
+
 
 class _CallMemo:
     """Identical engine calls of different policies in one process, computed once.
@@ -130,21 +145,29 @@ def memoized(key_parts, refs, compute):
 
 # ---------------------------------------------------------------------------- engine rows
 
+
 @dataclasses.dataclass
 class CarriedRows:
     """Results of a step's rows run from the plans' carried state (`run_carried`)."""
-    tokens: list            # per row: committed verifier tokens of the step
-    counters: Any           # numpy counters over all K drafters, one row per row
-    seconds: np.ndarray     # f64[R] each row's share of its call's measured seconds
-    calls: list             # `plan_state.CallState` per distinct set
-    where: list             # per row: (index into calls, row in that call)
-    prefills: list          # per row: drafters prefilled for its plan before the call
+
+    tokens: list  # per row: committed verifier tokens of the step
+    counters: Any  # numpy counters over all K drafters, one row per row
+    seconds: np.ndarray  # f64[R] each row's share of its call's measured seconds
+    calls: list  # `plan_state.CallState` per distinct set
+    where: list  # per row: (index into calls, row in that call)
+    prefills: list  # per row: drafters prefilled for its plan before the call
     drafts_per_round: list  # per row: drafts its verifier block scores per round (Σ γ_i)
 
 
-def run_carried(states, dep: Deployment, cfg: PlanConfig, rule: str,
-                sets: Sequence[tuple[int, ...]], plans: Sequence[int],
-                keys: np.ndarray) -> CarriedRows:
+def run_carried(
+    states,
+    dep: Deployment,
+    cfg: PlanConfig,
+    rule: str,
+    sets: Sequence[tuple[int, ...]],
+    plans: Sequence[int],
+    keys: np.ndarray,
+) -> CarriedRows:
     """Rows (plan, drafter set, key) continued from the plans' carried state
     (`specjax.policy.plan_state.PlanStates`), one engine call per distinct set (as `run_rows`).
 
@@ -159,13 +182,18 @@ def run_carried(states, dep: Deployment, cfg: PlanConfig, rule: str,
     for u in dict.fromkeys(sets):
         rows = [i for i in range(n) if sets[i] == u]
         sub = dep.subset([dep.names[j] for j in u])
-        if len(u) > 1:   # chains of one block share its width: the config's γ
+        if len(u) > 1:  # chains of one block share its width: the config's γ
             sub = sub.with_gammas([None] * len(u))
-        set_rule = (("coupled" if rule.startswith("coupled") else "rejection")
-                    if len(u) == 1 else rule)
-        ecfg = EngineConfig(gamma=cfg.gamma, rule=set_rule,
-                            verifier_temperature=cfg.verifier_temperature, n_slots=len(u),
-                            max_new_tokens=cfg.max_step_tokens)
+        set_rule = (
+            ("coupled" if rule.startswith("coupled") else "rejection") if len(u) == 1 else rule
+        )
+        ecfg = EngineConfig(
+            gamma=cfg.gamma,
+            rule=set_rule,
+            verifier_temperature=cfg.verifier_temperature,
+            n_slots=len(u),
+            max_new_tokens=cfg.max_step_tokens,
+        )
         drafts_per_round = sum(drafter_gammas(cfg.gamma, [d.gamma for d in sub.drafters]))
         done = states.ensure(u, [plans[i] for i in rows])
         for i in rows:
@@ -173,29 +201,57 @@ def run_carried(states, dep: Deployment, cfg: PlanConfig, rule: str,
         padded = pow2_rows(rows)
         call_plans = [plans[i] for i in padded]
         state = states.gather(call_plans, list(u))
-        res = speculative_generate(ecfg, sub.verifier, sub.v_params, sub.drafters, sub.d_data,
-                                   None, None, keys[np.asarray(padded)],
-                                   stop_table=dep.stop_table, state=state, return_state=True)
+        res = speculative_generate(
+            ecfg,
+            sub.verifier,
+            sub.v_params,
+            sub.drafters,
+            sub.d_data,
+            None,
+            None,
+            keys[np.asarray(padded)],
+            stop_table=dep.stop_table,
+            state=state,
+            return_state=True,
+        )
         new = [res.new_tokens(r) for r in range(len(padded))]
-        calls.append(CallState(state=res.state, drafters=tuple(u), plans=call_plans,
-                               new_tokens=new, dsynced=np.asarray(res.state.dsynced)))
+        calls.append(
+            CallState(
+                state=res.state,
+                drafters=tuple(u),
+                plans=call_plans,
+                new_tokens=new,
+                dsynced=np.asarray(res.state.dsynced),
+            )
+        )
         c = _expand_counters(jax.tree.map(np.asarray, res.counters), list(u), k)
         if counters is None:
             counters = jax.tree.map(lambda x: np.zeros((n,) + x.shape[1:], x.dtype), c)
         secs = float(res.seconds) + states.take_seconds()
         for j, i in enumerate(rows):
             tokens[i] = new[j]
-            seconds[i] = secs / len(rows)   # padding copies are charged too
+            seconds[i] = secs / len(rows)  # padding copies are charged too
             where[i] = (len(calls) - 1, j)
             block[i] = drafts_per_round
             counters = _set_row(counters, c, i, j)
-    return CarriedRows(tokens=tokens, counters=counters, seconds=seconds, calls=calls,
-                       where=where, prefills=prefills,
-                       drafts_per_round=block)
+    return CarriedRows(
+        tokens=tokens,
+        counters=counters,
+        seconds=seconds,
+        calls=calls,
+        where=where,
+        prefills=prefills,
+        drafts_per_round=block,
+    )
 
 
-def commit_carried(states, res: CarriedRows, plan_of_row: Sequence[int],
-                   committed: dict[int, int | None], final: dict[int, list]) -> None:
+def commit_carried(
+    states,
+    res: CarriedRows,
+    plan_of_row: Sequence[int],
+    committed: dict[int, int | None],
+    final: dict[int, list],
+) -> None:
     """Carries each plan's state past its step: the verifier from its committed row
     (`committed[p]`, None when it fell back: its verifier state is already the fallback's),
     and every drafter of the plan from a row whose step equals the committed tokens
@@ -216,8 +272,9 @@ def commit_carried(states, res: CarriedRows, plan_of_row: Sequence[int],
         states.commit(call, v_rows, d_rows)
 
 
-def autoregressive_carried(states, dep: Deployment, cfg: PlanConfig, plans: Sequence[int],
-                           keys: np.ndarray):
+def autoregressive_carried(
+    states, dep: Deployment, cfg: PlanConfig, plans: Sequence[int], keys: np.ndarray
+):
     """The verifier alone continues `plans` from their carried state, in a batch of every
     plan's row (the others inactive), so the compiled program never changes; returns
     (plan → new tokens, seconds)."""
@@ -226,11 +283,19 @@ def autoregressive_carried(states, dep: Deployment, cfg: PlanConfig, plans: Sequ
     active = np.zeros((n_rows,), bool)
     for j, p in enumerate(plans):
         row_keys[p], active[p] = keys[j], True
-    res = autoregressive_generate(dep.verifier, dep.v_params, None, row_keys,
-                                  temperature=cfg.verifier_temperature,
-                                  max_new_tokens=cfg.max_step_tokens,
-                                  stop_table=dep.stop_table, coupled=cfg.coupled,
-                                  active=active, state=states.v, return_state=True)
+    res = autoregressive_generate(
+        dep.verifier,
+        dep.v_params,
+        None,
+        row_keys,
+        temperature=cfg.verifier_temperature,
+        max_new_tokens=cfg.max_step_tokens,
+        stop_table=dep.stop_table,
+        coupled=cfg.coupled,
+        active=active,
+        state=states.v,
+        return_state=True,
+    )
     new = {p: res.new_tokens(p) for p in plans}
     states.commit_verifier(res.state, plans, new)
     return new, float(res.seconds) + states.take_seconds()
@@ -261,6 +326,15 @@ def _expand_counters(c, index, k):
         out = np.zeros((x.shape[0], k) + x.shape[2:], x.dtype)
         out[:, index] = x
         return out
-    per_drafter = ("proposed", "accepted", "rejected", "own_accepted_at", "own_reached_at",
-                   "match_at", "match_reached_at", "catchups")
+
+    per_drafter = (
+        "proposed",
+        "accepted",
+        "rejected",
+        "own_accepted_at",
+        "own_reached_at",
+        "match_at",
+        "match_reached_at",
+        "catchups",
+    )
     return c.replace(**{f: widen(getattr(c, f)) for f in per_drafter})

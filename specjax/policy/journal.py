@@ -72,10 +72,10 @@ class CommittedStep:
 
     def to_json(self) -> str:
         record = {
-                "plan_id": self.plan_id,
-                "step_index": self.step_index,
-                "text": self.text,
-                "meta": self.meta,
+            "plan_id": self.plan_id,
+            "step_index": self.step_index,
+            "text": self.text,
+            "meta": self.meta,
         }
         return json.dumps(record, ensure_ascii=False, sort_keys=True, default=_json_default)
 
@@ -141,8 +141,8 @@ class PlanJournal:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise JournalLockedError(
-                    f"plan journal {self.path} is already open in another PlanJournal; close it "
-                    "first (one writer per journal)."
+                f"plan journal {self.path} is already open in another PlanJournal; close it "
+                "first (one writer per journal)."
             ) from None
 
     def _load(self) -> None:
@@ -161,16 +161,16 @@ class PlanJournal:
             try:
                 record = json.loads(line)
                 entry = CommittedStep(
-                        plan_id=record["plan_id"],
-                        step_index=record["step_index"],
-                        text=record["text"],
-                        meta=record.get("meta", {}),
+                    plan_id=record["plan_id"],
+                    step_index=record["step_index"],
+                    text=record["text"],
+                    meta=record.get("meta", {}),
                 )
                 _validate_key(entry.plan_id, entry.step_index)
             except (ValueError, KeyError, TypeError) as exc:
                 raise JournalCorruptError(
-                        f"{self.path}:{line_no}: unreadable journal line ({exc}); only a torn final "
-                        "line is recovered automatically."
+                    f"{self.path}:{line_no}: unreadable journal line ({exc}); only a torn final "
+                    "line is recovered automatically."
                 ) from None
             expected = self._next.get(entry.plan_id, 0)
             seen = self._steps.get((entry.plan_id, entry.step_index))
@@ -180,10 +180,12 @@ class PlanJournal:
                 self.skipped_duplicate_lines += 1
                 continue
             if entry.step_index != expected:
-                what = "appears twice" if entry.step_index < expected else f"precedes step {expected}"
+                what = (
+                    "appears twice" if entry.step_index < expected else f"precedes step {expected}"
+                )
                 raise JournalCorruptError(
-                        f"{self.path}:{line_no}: step {entry.step_index} of plan {entry.plan_id!r} "
-                        f"{what}."
+                    f"{self.path}:{line_no}: step {entry.step_index} of plan {entry.plan_id!r} "
+                    f"{what}."
                 )
             self._index(entry)
 
@@ -210,7 +212,7 @@ class PlanJournal:
     # ---------------------------------------------------------------- commit
 
     def commit(
-            self, plan_id: PlanId, step_index: int, text: str, meta: dict[str, Any] | None = None
+        self, plan_id: PlanId, step_index: int, text: str, meta: dict[str, Any] | None = None
     ) -> bool:
         """Appends a committed step, exactly once.
 
@@ -242,14 +244,14 @@ class PlanJournal:
                 # as the write (the caller never saw it succeed); any other repeat is a no-op.
                 return reconciled is existing
             raise JournalConflictError(
-                    f"step {step_index} of plan {plan_id!r} is already committed as "
-                    f"{_preview(existing.text)}; refusing to commit {_preview(text)} over it."
+                f"step {step_index} of plan {plan_id!r} is already committed as "
+                f"{_preview(existing.text)}; refusing to commit {_preview(text)} over it."
             )
         expected = self.next_step(plan_id)
         if step_index != expected:
             raise JournalOrderError(
-                    f"step {step_index} of plan {plan_id!r} cannot be committed before step "
-                    f"{expected}; steps are committed in order."
+                f"step {step_index} of plan {plan_id!r} cannot be committed before step "
+                f"{expected}; steps are committed in order."
             )
         entry = CommittedStep(plan_id, step_index, text, dict(meta or {}))
         try:
@@ -262,8 +264,8 @@ class PlanJournal:
         if written != len(line):
             # A short write (disk full) left a torn line: reconciled before the next use.
             raise OSError(
-                    f"short write to plan journal {self.path} ({written} of {len(line)} bytes); "
-                    "the torn line is removed before the journal is used again (or reopened)."
+                f"short write to plan journal {self.path} ({written} of {len(line)} bytes); "
+                "the torn line is removed before the journal is used again (or reopened)."
             )
         if self._fsync:
             os.fsync(self._fd)
@@ -295,9 +297,10 @@ class PlanJournal:
             return entry
         if not line.startswith(data):
             raise JournalCorruptError(
-                    f"{self.path}: after a failed commit at byte {offset}, the file holds "
-                    f"{len(data)} bytes that are not the line being written; reopen it to "
-                    "recover what is readable.")
+                f"{self.path}: after a failed commit at byte {offset}, the file holds "
+                f"{len(data)} bytes that are not the line being written; reopen it to "
+                "recover what is readable."
+            )
         if data:  # A part of the line: remove it, durably, before anything is appended.
             os.ftruncate(self._fd, offset)
             if self._fsync:
@@ -351,10 +354,10 @@ class PlanJournal:
 
 
 def run_step_exactly_once(
-        journal: PlanJournal,
-        plan_id: PlanId,
-        step_index: int,
-        produce: Callable[[], tuple[str, dict[str, Any]]],
+    journal: PlanJournal,
+    plan_id: PlanId,
+    step_index: int,
+    produce: Callable[[], tuple[str, dict[str, Any]]],
 ) -> CommittedStep:
     """Produces and commits one plan step, unless it is already journaled.
 

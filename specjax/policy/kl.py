@@ -48,9 +48,7 @@ def _kl_one(q_i: jax.Array, q_j: jax.Array, eps) -> jax.Array:
 # One pair over positions: f32[T, V], f32[T, V] → f32[T].
 _kl_positions = jax.vmap(_kl_one, in_axes=(0, 0, None))
 # Every ordered pair: over j (inner), then i (outer): f32[K, T, V] × 2 → f32[K, K, T].
-_kl_pairs = jax.vmap(
-        jax.vmap(_kl_positions, in_axes=(None, 0, None)), in_axes=(0, None, None)
-)
+_kl_pairs = jax.vmap(jax.vmap(_kl_positions, in_axes=(None, 0, None)), in_axes=(0, None, None))
 
 
 @jax.jit
@@ -102,8 +100,9 @@ def _kl_common_one(q_i, q_j, m_i, m_j, eps):
 
 # Over positions, then every ordered pair: f32[K, T, V], bool[K, V] → f32[K, K, T] twice.
 _kl_common_pos = jax.vmap(_kl_common_one, in_axes=(0, 0, None, None, None))
-_kl_common_pairs = jax.vmap(jax.vmap(_kl_common_pos, in_axes=(None, 0, None, 0, None)),
-                            in_axes=(0, None, 0, None, None))
+_kl_common_pairs = jax.vmap(
+    jax.vmap(_kl_common_pos, in_axes=(None, 0, None, 0, None)), in_axes=(0, None, 0, None, None)
+)
 
 
 @jax.jit
@@ -135,8 +134,9 @@ def pairwise_kl_common(q: jax.Array, support: jax.Array, eps: float = 1e-6):
     chex.assert_rank(support, 2)
     chex.assert_equal(support.shape, (q.shape[0], q.shape[2]))
     if not (np.isfinite(eps) and eps > 0):
-        raise ValueError(f"pairwise_kl_common: eps={eps!r} is not allowed; allowed: a finite "
-                         "float > 0.")
+        raise ValueError(
+            f"pairwise_kl_common: eps={eps!r} is not allowed; allowed: a finite float > 0."
+        )
     kl, outside = _pairwise_kl_common(q, jnp.asarray(support, bool), jnp.float32(float(eps)))
     chex.assert_shape(kl, (q.shape[0], q.shape[0], q.shape[1]))
     return kl, outside
@@ -153,8 +153,8 @@ def _pair_mask(kl: jax.Array, active) -> jax.Array:
             active = active[None, None, :]
         elif active.shape != (k, k, t):
             raise ValueError(
-                    f"active has shape {active.shape}; allowed: ({t},) (positions) or "
-                    f"({k}, {k}, {t}) (pairs × positions)."
+                f"active has shape {active.shape}; allowed: ({t},) (positions) or "
+                f"({k}, {k}, {t}) (pairs × positions)."
             )
         mask = mask & active
     return mask
@@ -192,9 +192,9 @@ def kl_max_matrix(kl: jax.Array, active=None) -> jax.Array:
 
 
 def kl_groups(
-        kl_max: jax.Array | np.ndarray,
-        ceiling: float | None,
-        priority: Sequence[int] | None = None,
+    kl_max: jax.Array | np.ndarray,
+    ceiling: float | None,
+    priority: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """Greedy grouping of drafters that may share a prefix under the KL ceiling.
 
@@ -220,15 +220,15 @@ def kl_groups(
     order = list(range(k)) if priority is None else [int(i) for i in priority]
     if sorted(order) != list(range(k)):
         raise ValueError(
-                f"kl_groups: priority={list(priority)!r} is not allowed; allowed: a permutation "
-                f"of range({k})."
+            f"kl_groups: priority={list(priority)!r} is not allowed; allowed: a permutation "
+            f"of range({k})."
         )
     if ceiling is None:
         return [order] if order else []
     if not (np.isfinite(ceiling) and ceiling > 0):
         raise ValueError(
-                f"kl_groups: ceiling={ceiling!r} is not allowed; allowed: None or a finite "
-                "float > 0 (nats)."
+            f"kl_groups: ceiling={ceiling!r} is not allowed; allowed: None or a finite "
+            "float > 0 (nats)."
         )
     symmetric = np.maximum(matrix, matrix.T)
     groups: list[list[int]] = []

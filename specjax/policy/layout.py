@@ -5,6 +5,7 @@ splits a set whose pairwise KL on the shared prefix exceeds the ceiling, and the
 boundary of the previous batch sends a set to independent branches. Branches are the sets,
 repeated in turn up to the minimum branch count; switch 2 picks the verification rule.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,12 @@ from specjax.policy.kl import kl_groups
 from specjax.policy.switches import Policy
 
 
-def sharing_sets(dep: Deployment, policy: Policy, kl_pair: np.ndarray | None,
-                 split: set[tuple[int, ...]] = frozenset()) -> list[list[int]]:
+def sharing_sets(
+    dep: Deployment,
+    policy: Policy,
+    kl_pair: np.ndarray | None,
+    split: set[tuple[int, ...]] = frozenset(),
+) -> list[list[int]]:
     """The drafter sets that share a prefix (indices in priority order).
 
     Args:
@@ -59,7 +64,7 @@ def branch_slots(branches) -> np.ndarray:
     s_max = max(len(b) for b in branches)
     out = np.full((len(branches), s_max), -1, np.int32)
     for i, b in enumerate(branches):
-        out[i, :len(b)] = b
+        out[i, : len(b)] = b
     return out
 
 

@@ -21,6 +21,7 @@ Example:
     ...                 "agreement_weighted_consensus": True, "kl_ceiling": 0.5})
     'all_on_kl0.5'
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -33,14 +34,19 @@ ROUTERS = ("auto", "oracle")
 #: A single-drafter baseline's name is this prefix and the drafter's name.
 SINGLE_PREFIX = "single:"
 #: The ablation of the four switches, in display order: none, all, each removed, each added.
-ABLATION_NAMES = (("naive", "all_on") + tuple(f"all_on_minus_{s}" for s in SWITCHES)
-                  + tuple(f"naive_plus_{s}" for s in SWITCHES))
+ABLATION_NAMES = (
+    ("naive", "all_on")
+    + tuple(f"all_on_minus_{s}" for s in SWITCHES)
+    + tuple(f"naive_plus_{s}" for s in SWITCHES)
+)
 #: Every policy of the field report's table, in display order (the ablation and the routers).
 FIELD_REPORT_NAMES = ABLATION_NAMES + ROUTERS
 #: The accepted forms, for error messages.
-ALLOWED = ("a policy name (naive, all_on, all_on_minus_<switch>, naive_plus_<switch>, "
-           "p1t0a1k0, any of them with the KL switch on ending in _kl<nats>; auto, oracle; "
-           "single:<drafter>) or a dict of the four switches")
+ALLOWED = (
+    "a policy name (naive, all_on, all_on_minus_<switch>, naive_plus_<switch>, "
+    "p1t0a1k0, any of them with the KL switch on ending in _kl<nats>; auto, oracle; "
+    "single:<drafter>) or a dict of the four switches"
+)
 
 
 def parse(value: Any) -> Policy | str:
@@ -57,7 +63,7 @@ def parse(value: Any) -> Policy | str:
         if name in ROUTERS:
             return name
         if name.startswith(SINGLE_PREFIX):
-            if not name[len(SINGLE_PREFIX):]:
+            if not name[len(SINGLE_PREFIX) :]:
                 raise ConfigError.invalid("policy", value, ALLOWED)
             return name
     try:
@@ -89,7 +95,7 @@ def single_name(drafter: str) -> str:
 def single_drafter(value: Any) -> str | None:
     """The drafter a ``single:<drafter>`` name runs alone; None for any other policy."""
     if isinstance(value, str) and value.strip().startswith(SINGLE_PREFIX):
-        return value.strip()[len(SINGLE_PREFIX):]
+        return value.strip()[len(SINGLE_PREFIX) :]
     return None
 
 
@@ -128,4 +134,3 @@ def is_policy_dict(value: Any) -> bool:
     """Whether `value` is a dict of the four switches (a grid's or a row's spelled-out
     policy)."""
     return isinstance(value, dict) and all(s in value for s in SWITCHES)
-

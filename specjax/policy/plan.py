@@ -36,6 +36,7 @@ State: every plan's verifier and drafter caches are carried from step to step
 one drafter prefill per plan and drafter at its first use, catch-up passes for a drafter
 that missed committed tokens.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -48,9 +49,15 @@ from specjax.gammas import widest_gamma
 from specjax.policy import boundary as boundary_lib
 from specjax.policy.consensus import BranchOutcome, branch_statistics, decide_step, exact_match
 from specjax.policy.counters import RunStats
-from specjax.policy.engine_calls import (autoregressive_carried, commit_carried, digest,
-                                         drafter_temperatures, memoized, plan_keys,
-                                         run_carried)
+from specjax.policy.engine_calls import (
+    autoregressive_carried,
+    commit_carried,
+    digest,
+    drafter_temperatures,
+    memoized,
+    plan_keys,
+    run_carried,
+)
 from specjax.policy.journal import PlanJournal
 from specjax.policy.kl import pairwise_kl_common
 from specjax.policy.layout import StepRows, branch_layout
@@ -58,15 +65,22 @@ from specjax.policy.plan_config import PlanConfig
 from specjax.policy.plan_state import PlanStates
 from specjax.policy.switches import Policy
 
-
 # ---------------------------------------------------------------------------- the run
 
-def run_plans(dep: Deployment, cfg: PlanConfig, prompts: Sequence[str], *,
-              policy: Policy | None = None, single: int | Sequence[int] | None = None,
-              router=None, journal: PlanJournal | None = None,
-              plan_ids: Sequence[str] | None = None,
-              agreement: Callable[[str, str], bool] = exact_match,
-              fail_hook: Callable[[int, int], None] | None = None) -> tuple[list[str], RunStats]:
+
+def run_plans(
+    dep: Deployment,
+    cfg: PlanConfig,
+    prompts: Sequence[str],
+    *,
+    policy: Policy | None = None,
+    single: int | Sequence[int] | None = None,
+    router=None,
+    journal: PlanJournal | None = None,
+    plan_ids: Sequence[str] | None = None,
+    agreement: Callable[[str, str], bool] = exact_match,
+    fail_hook: Callable[[int, int], None] | None = None,
+) -> tuple[list[str], RunStats]:
     """Executes every plan for `cfg.plan_steps` steps.
 
     One of: `policy` (parallel branches + the step decision), `single` (a drafter index,
@@ -98,26 +112,38 @@ def run_plans(dep: Deployment, cfg: PlanConfig, prompts: Sequence[str], *,
     if left > 0:
         # Every plan's state is carried from step to step (specjax.policy.plan_state): the
         # verifier prefills each prompt once; a step costs its own tokens.
-        states = PlanStates(dep, texts, hist, steps=left, gamma=gamma,
-                            max_step_tokens=cfg.max_step_tokens, bucket=cfg.bucket)
+        states = PlanStates(
+            dep,
+            texts,
+            hist,
+            steps=left,
+            gamma=gamma,
+            max_step_tokens=cfg.max_step_tokens,
+            bucket=cfg.bucket,
+        )
         secs = states.take_seconds()
         for i in range(n_plans):
             stats.add("verifier_prefills", i, 1)
             stats.add("seconds", i, secs / n_plans)
     for step in range(cfg.plan_steps):
-        todo = [i for i, pid in enumerate(plan_ids)
-                if journal is None or journal.get(pid, step) is None]
+        todo = [
+            i for i, pid in enumerate(plan_ids) if journal is None or journal.get(pid, step) is None
+        ]
         if not todo:
             continue
         if policy is None and single is None and router is None:
             new, meta = _autoregressive_step(dep, cfg, states, todo, step, stats)
         elif policy is None:
-            sets = ([(single[i],) for i in todo] if single is not None
-                    else [router.choose(i, step) for i in todo])
+            sets = (
+                [(single[i],) for i in todo]
+                if single is not None
+                else [router.choose(i, step) for i in todo]
+            )
             new, meta = _routed_step(dep, cfg, states, todo, step, stats, sets, router)
         else:
-            new, meta = _policy_step(dep, cfg, states, todo, step, stats, policy, split.sets,
-                                     agreement)
+            new, meta = _policy_step(
+                dep, cfg, states, todo, step, stats, policy, split.sets, agreement
+            )
         for j, i in enumerate(todo):
             if fail_hook is not None:
                 fail_hook(step, j)
@@ -128,8 +154,12 @@ def run_plans(dep: Deployment, cfg: PlanConfig, prompts: Sequence[str], *,
             stats.add("steps", i, 1)
         # Acting on the boundary is part of switch 2 (per-position attribution with
         # truncation); the naive deployment keeps its shared block whatever the boundary says.
-        acts = (policy is not None and cfg.boundary and policy.truncate_and_attribute
-                and stats.decisions)
+        acts = (
+            policy is not None
+            and cfg.boundary
+            and policy.truncate_and_attribute
+            and stats.decisions
+        )
         split.after_batch(stats.decisions[-1] if acts else [])
     return texts, stats
 
@@ -187,6 +217,7 @@ class _SplitSets:
 
 # ---------------------------------------------------------------------------- the steps
 
+
 def _autoregressive_step(dep, cfg, states, todo, step, stats):
     keys = plan_keys(cfg.seed, todo, step)
     new, secs = autoregressive_carried(states, dep, cfg, todo, keys)
@@ -209,7 +240,7 @@ def _charge_rows(stats, cfg, plan, rows, res):
         stats.add("verifier_tokens", plan, rounds[rows.index(r)] * res.drafts_per_round[r])
         stats.add_engine(counters, r, plan)
         stats.add("drafter_tokens", plan, counters.proposed[r])
-        pre = np.asarray(counters.catchups[r]).copy()   # the engine's catch-up forwards
+        pre = np.asarray(counters.catchups[r]).copy()  # the engine's catch-up forwards
         pre[list(res.prefills[r])] += 1
         stats.add("drafter_prefills", plan, pre)
         stats.add("seconds", plan, res.seconds[r])
@@ -221,10 +252,15 @@ def _routed_step(dep, cfg, states, todo, step, stats, sets, router):
         keys = plan_keys(cfg.seed, todo, step)
     else:
         keys = plan_keys(cfg.seed, todo, step, branches=[0] * len(todo))
-    rule = ("coupled" if cfg.coupled else "token_tree")
+    rule = "coupled" if cfg.coupled else "token_tree"
     res = run_carried(states, dep, cfg, rule, [tuple(s) for s in sets], list(todo), keys)
-    commit_carried(states, res, list(todo), {i: j for j, i in enumerate(todo)},
-                   {i: res.tokens[j] for j, i in enumerate(todo)})
+    commit_carried(
+        states,
+        res,
+        list(todo),
+        {i: j for j, i in enumerate(todo)},
+        {i: res.tokens[j] for j, i in enumerate(todo)},
+    )
     _charge_carry(stats, states, todo)
     out, meta = [], []
     for j, i in enumerate(todo):
@@ -246,8 +282,7 @@ def _policy_step(dep, cfg, states, todo, step, stats, policy, split, agreement):
     the plans that fell back and the carried state past the step."""
     kl_pair = _kl_on_prefix(dep, cfg, [states.hist[i] for i in todo], stats)  # every policy
     n_groups = len(dict.fromkeys(dep.groups))
-    sets, branches, rule = branch_layout(dep, policy, kl_pair, split,
-                                         cfg.n_branches or n_groups)
+    sets, branches, rule = branch_layout(dep, policy, kl_pair, split, cfg.n_branches or n_groups)
     if cfg.coupled:
         rule = "coupled" if policy.truncate_and_attribute else "coupled_block"
     n_p = len(todo)
@@ -257,15 +292,18 @@ def _policy_step(dep, cfg, states, todo, step, stats, policy, split, agreement):
     stats.decisions.append(_boundary_decisions(cfg, policy, sets, rows, res.counters, n_p))
     out, meta = [None] * n_p, [None] * n_p
     for p in range(n_p):
-        out[p], meta[p] = _decide_plan(dep, cfg, policy, stats, step, p, todo[p], rows, res,
-                                       agreement)
+        out[p], meta[p] = _decide_plan(
+            dep, cfg, policy, stats, step, p, todo[p], rows, res, agreement
+        )
     fallback = [p for p in range(n_p) if out[p] is None]
     if fallback:
         _fallback_step(dep, cfg, states, todo, fallback, step, stats, out)
-    committed = {todo[p]: None if p in fallback else rows.row(p, meta[p]["branch"])
-                 for p in range(n_p)}
-    commit_carried(states, res, [todo[p] for p in rows.plans], committed,
-                   {todo[p]: out[p] for p in range(n_p)})
+    committed = {
+        todo[p]: None if p in fallback else rows.row(p, meta[p]["branch"]) for p in range(n_p)
+    }
+    commit_carried(
+        states, res, [todo[p] for p in rows.plans], committed, {todo[p]: out[p] for p in range(n_p)}
+    )
     _charge_carry(stats, states, todo)
     return out, meta
 
@@ -276,12 +314,13 @@ def _boundary_decisions(cfg, policy, sets, rows: StepRows, c, n_p: int) -> list:
     for s in sets:
         if len(s) < 2:
             continue
-        set_rows = sorted({rows.row(p, b) for p in range(n_p)
-                           for b, bs in enumerate(rows.branches) if bs == s})
-        per_set[tuple(s)] = _batch_stats(c, set_rows, cfg.gamma,
-                                         policy.agreement_weighted_consensus)
-    return (boundary_lib.evaluate_boundary(per_set, **cfg.thresholds.kwargs())
-            if per_set else [])
+        set_rows = sorted(
+            {rows.row(p, b) for p in range(n_p) for b, bs in enumerate(rows.branches) if bs == s}
+        )
+        per_set[tuple(s)] = _batch_stats(
+            c, set_rows, cfg.gamma, policy.agreement_weighted_consensus
+        )
+    return boundary_lib.evaluate_boundary(per_set, **cfg.thresholds.kwargs()) if per_set else []
 
 
 def _decide_plan(dep, cfg, policy, stats, step, p, plan, rows: StepRows, res, agreement):
@@ -296,26 +335,46 @@ def _decide_plan(dep, cfg, policy, stats, step, p, plan, rows: StepRows, res, ag
     outcomes, cands = [], []
     for b in range(n_b):
         r = rows.row(p, b)
-        st = branch_statistics(res.counters, r, len(branches[b]), cfg.gamma,
-                               policy.agreement_weighted_consensus)
+        st = branch_statistics(
+            res.counters, r, len(branches[b]), cfg.gamma, policy.agreement_weighted_consensus
+        )
         cand = dep.decode(res.tokens[r])
         cands.append(cand)
         outcomes.append(BranchOutcome(b, cand, st["w"], st["s"], st["d"], st["i"]))
-        stats.branch_records.append(dict(
-            step=step, plan=plan, branch=b, drafters=[dep.names[j] for j in branches[b]],
-            candidate=cands.index(cand), **{x: _r(y) for x, y in st.items()}))
-    decision = decide_step(outcomes, cfg.consensus, cfg.thresholds, cfg.consensus_threshold,
-                           agreement, stats.collapses)
+        stats.branch_records.append(
+            dict(
+                step=step,
+                plan=plan,
+                branch=b,
+                drafters=[dep.names[j] for j in branches[b]],
+                candidate=cands.index(cand),
+                **{x: _r(y) for x, y in st.items()},
+            )
+        )
+    decision = decide_step(
+        outcomes, cfg.consensus, cfg.thresholds, cfg.consensus_threshold, agreement, stats.collapses
+    )
     for b, verdict in decision.verdicts.items():
         stats.branch_records[-n_b + b]["decision"] = verdict
     commit = decision.committed
-    stats.step_records.append(dict(
-        step=step, plan=plan, seed_commit=decision.seed_commit,
-        quorum_commit=decision.quorum_commit, quorum_support=_r(decision.quorum_support),
-        committed=commit, candidates=len(set(cands))))
-    meta = {"consensus": cfg.consensus, "fallback": commit is None, "branch": commit,
-            "quorum_support": _r(decision.quorum_support),
-            "weights": [_r(o.weight) for o in outcomes]}
+    stats.step_records.append(
+        dict(
+            step=step,
+            plan=plan,
+            seed_commit=decision.seed_commit,
+            quorum_commit=decision.quorum_commit,
+            quorum_support=_r(decision.quorum_support),
+            committed=commit,
+            candidates=len(set(cands)),
+        )
+    )
+    meta = {
+        "consensus": cfg.consensus,
+        "fallback": commit is None,
+        "branch": commit,
+        "quorum_support": _r(decision.quorum_support),
+        "weights": [_r(o.weight) for o in outcomes],
+    }
     if commit is None:
         return None, meta
     tokens = list(res.tokens[rows.row(p, commit)])
@@ -357,10 +416,16 @@ def _r(x):
 def _batch_stats(c, rows, gamma, agreement_weighted):
     """Boundary inputs of one sharing set over one batch (SPEC §6), pooled over its rows."""
     rows = np.asarray(rows)
-    mr, mf, mrounds = (c.multi_reached[rows].sum(), c.multi_from_draft[rows].sum(),
-                       c.multi_rounds[rows].sum())
-    oa, orr, prop = (c.own_accepted_at[rows].sum(), c.own_reached_at[rows].sum(),
-                     c.proposed[rows].sum())
+    mr, mf, mrounds = (
+        c.multi_reached[rows].sum(),
+        c.multi_from_draft[rows].sum(),
+        c.multi_rounds[rows].sum(),
+    )
+    oa, orr, prop = (
+        c.own_accepted_at[rows].sum(),
+        c.own_reached_at[rows].sum(),
+        c.proposed[rows].sum(),
+    )
     if agreement_weighted:
         shared, indep = (mf / mr if mr else float("nan")), (oa / orr if orr else float("nan"))
     else:
@@ -381,6 +446,7 @@ def _kl_on_prefix(dep, cfg, v, stats, width: int = 0):
     if len(dep.drafters) < 2:
         return None
     from specjax.engine.prefill import pad_prompts  # pylint: disable=import-outside-toplevel
+
     arr, lens = pad_prompts(v)
     width = _bucket(max(arr.shape[1], width), cfg.bucket)
     arr = np.pad(arr, ((0, 0), (0, width - arr.shape[1])))
@@ -390,10 +456,15 @@ def _kl_on_prefix(dep, cfg, v, stats, width: int = 0):
         q, ok = prefix_distributions(dep, arr, lens, last)
         support = jnp.stack([jnp.asarray(dd.from_verifier) >= 0 for dd in dep.d_data])
         kl, outside = pairwise_kl_common(q, support)
-        return np.asarray(kl)[:, :, ok], np.asarray(outside)[:, :, ok]   # [K, K, N]
+        return np.asarray(kl)[:, :, ok], np.asarray(outside)[:, :, ok]  # [K, K, N]
 
-    key = ("kl", tuple(id(dd.params) for dd in dep.d_data), drafter_temperatures(dep), last,
-           digest(arr, lens))
+    key = (
+        "kl",
+        tuple(id(dd.params) for dd in dep.d_data),
+        drafter_temperatures(dep),
+        last,
+        digest(arr, lens),
+    )
     kl, outside = memoized(key, tuple(dd.params for dd in dep.d_data), compute)
     pair = kl.mean(-1)
     off = ~np.eye(len(pair), dtype=bool)

@@ -3,6 +3,7 @@
 `specjax.policy.plan.run_plans` reads it; the engine calls (`specjax.policy.engine_calls`)
 and the carried state (`specjax.policy.plan_state`) take their γ, budget and bucket from it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,6 +43,7 @@ class PlanConfig:
       bucket: prompts are padded to a multiple of this (no retrace per step).
       seed: PRNG seed.
     """
+
     gamma: int = 4
     verifier_temperature: float = 0.0
     plan_steps: int = 4
@@ -59,27 +61,38 @@ class PlanConfig:
     seed: int = 0
 
     def __post_init__(self):
-        EngineConfig(gamma=self.gamma, verifier_temperature=self.verifier_temperature,
-                     max_new_tokens=self.max_step_tokens)
+        EngineConfig(
+            gamma=self.gamma,
+            verifier_temperature=self.verifier_temperature,
+            max_new_tokens=self.max_step_tokens,
+        )
+
         def bad(field, allowed):
             raise ConfigError.invalid(field, getattr(self, field), allowed)
-        if isinstance(self.plan_steps, bool) or not (isinstance(self.plan_steps, int)
-                                                     and self.plan_steps >= 1):
+
+        if isinstance(self.plan_steps, bool) or not (
+            isinstance(self.plan_steps, int) and self.plan_steps >= 1
+        ):
             bad("plan_steps", "an integer ≥ 1")
         if self.consensus not in CONSENSUS_RULES:
             bad("consensus", list(CONSENSUS_RULES))
-        if not (isinstance(self.consensus_threshold, (int, float))
-                and 0 < self.consensus_threshold <= 1):
+        if not (
+            isinstance(self.consensus_threshold, (int, float)) and 0 < self.consensus_threshold <= 1
+        ):
             bad("consensus_threshold", "a number in (0, 1]")
         if not isinstance(self.thresholds, boundary_lib.BoundaryThresholds):
             bad("thresholds", "a BoundaryThresholds")
         if self.rule not in (None, "coupled"):
             bad("rule", "None or 'coupled'")
-        if self.n_branches is not None and not (isinstance(self.n_branches, int)
-                                                and self.n_branches >= 1):
+        if self.n_branches is not None and not (
+            isinstance(self.n_branches, int) and self.n_branches >= 1
+        ):
             bad("n_branches", "None or an integer ≥ 1")
-        if not (isinstance(self.consensus_cost, (int, float)) and np.isfinite(
-                self.consensus_cost) and self.consensus_cost >= 0):
+        if not (
+            isinstance(self.consensus_cost, (int, float))
+            and np.isfinite(self.consensus_cost)
+            and self.consensus_cost >= 0
+        ):
             bad("consensus_cost", "a finite number ≥ 0")
         if not (isinstance(self.bucket, int) and self.bucket >= 1):
             bad("bucket", "an integer ≥ 1")

@@ -19,6 +19,7 @@ Costs (SPEC §7): one verifier prefill per plan (its prompt), one drafter prefil
 and drafter at its first use, and one catch-up pass per γ + 1 committed tokens a drafter
 missed (counted with the drafter prefills, priced c_i like them).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,13 +41,14 @@ __all__ = ['PlanStates', 'CallState']
 
 @dataclasses.dataclass
 class _DrafterRows:
-    cache: Any          # the drafter's cache, rows = plans
-    logits: jax.Array   # f32[P, Vd] after its cached tokens
-    synced: jax.Array   # i32[P] committed verifier tokens in its cache
+    cache: Any  # the drafter's cache, rows = plans
+    logits: jax.Array  # f32[P, Vd] after its cached tokens
+    synced: jax.Array  # i32[P] committed verifier tokens in its cache
 
 
-jax.tree_util.register_dataclass(_DrafterRows, data_fields=["cache", "logits", "synced"],
-                                 meta_fields=[])
+jax.tree_util.register_dataclass(
+    _DrafterRows, data_fields=["cache", "logits", "synced"], meta_fields=[]
+)
 
 
 @dataclasses.dataclass
@@ -54,11 +56,12 @@ class CallState:
     """What a call left behind: its `EngineState` (rows = the call's padded rows), the
     drafters of the call (indices into the deployment, in the state's order), the plan of
     each row, and each row's new verifier tokens."""
+
     state: EngineState
     drafters: tuple
     plans: list
     new_tokens: list
-    dsynced: np.ndarray   # i32[K_call, R] on the host
+    dsynced: np.ndarray  # i32[K_call, R] on the host
 
 
 def _take(x, idx):
@@ -68,12 +71,18 @@ def _take(x, idx):
 @jax.jit
 def _gather(v: EngineState, ds: tuple, idx):
     take = functools.partial(_take, idx=idx)
-    return EngineState(tokens=take(v.tokens), length=take(v.length),
-                       vcache=jax.tree.map(take, v.vcache),
-                       dcaches=tuple(jax.tree.map(take, d.cache) for d in ds),
-                       dsynced=(jnp.stack([take(d.synced) for d in ds]) if ds
-                                else jnp.zeros((0, idx.shape[0]), jnp.int32)),
-                       dlogits=tuple(take(d.logits) for d in ds))
+    return EngineState(
+        tokens=take(v.tokens),
+        length=take(v.length),
+        vcache=jax.tree.map(take, v.vcache),
+        dcaches=tuple(jax.tree.map(take, d.cache) for d in ds),
+        dsynced=(
+            jnp.stack([take(d.synced) for d in ds])
+            if ds
+            else jnp.zeros((0, idx.shape[0]), jnp.int32)
+        ),
+        dlogits=tuple(take(d.logits) for d in ds),
+    )
 
 
 def _put(dst, src, dst_idx, src_idx):
@@ -83,24 +92,33 @@ def _put(dst, src, dst_idx, src_idx):
 
 @jax.jit
 def _commit(v: EngineState, ds: tuple, call: EngineState, v_dst, v_src, d_dst, d_src):
-    put = lambda dst_i, src_i: (lambda a, b: _put(a, b, dst_i, src_i))
-    v = v.replace(tokens=put(v_dst, v_src)(v.tokens, call.tokens),
-                  length=put(v_dst, v_src)(v.length, call.length),
-                  vcache=jax.tree.map(put(v_dst, v_src), v.vcache, call.vcache))
+    put = lambda dst_i, src_i: lambda a, b: _put(a, b, dst_i, src_i)
+    v = v.replace(
+        tokens=put(v_dst, v_src)(v.tokens, call.tokens),
+        length=put(v_dst, v_src)(v.length, call.length),
+        vcache=jax.tree.map(put(v_dst, v_src), v.vcache, call.vcache),
+    )
     out = []
     for k, d in enumerate(ds):
         f = put(d_dst[k], d_src[k])
-        out.append(_DrafterRows(cache=jax.tree.map(f, d.cache, call.dcaches[k]),
-                                logits=f(d.logits, call.dlogits[k]),
-                                synced=f(d.synced, call.dsynced[k])))
+        out.append(
+            _DrafterRows(
+                cache=jax.tree.map(f, d.cache, call.dcaches[k]),
+                logits=f(d.logits, call.dlogits[k]),
+                synced=f(d.synced, call.dsynced[k]),
+            )
+        )
     return v, tuple(out)
 
 
 @jax.jit
 def _put_drafter(d: _DrafterRows, cache, logits, synced, dst, src):
     f = lambda a, b: _put(a, b, dst, src)
-    return _DrafterRows(cache=jax.tree.map(f, d.cache, cache), logits=f(d.logits, logits),
-                        synced=f(d.synced, synced))
+    return _DrafterRows(
+        cache=jax.tree.map(f, d.cache, cache),
+        logits=f(d.logits, logits),
+        synced=f(d.synced, synced),
+    )
 
 
 def _bucket(n: int, b: int) -> int:
@@ -131,8 +149,17 @@ class PlanStates:
         charged to a plan (`take_seconds`).
     """
 
-    def __init__(self, dep: Deployment, texts: Sequence[str], histories: Sequence[Sequence[int]],
-                 *, steps: int, gamma: int, max_step_tokens: int, bucket: int):
+    def __init__(
+        self,
+        dep: Deployment,
+        texts: Sequence[str],
+        histories: Sequence[Sequence[int]],
+        *,
+        steps: int,
+        gamma: int,
+        max_step_tokens: int,
+        bucket: int,
+    ):
         self.dep = dep
         self.texts0 = list(texts)
         self.hist = [list(map(int, h)) for h in histories]
@@ -147,22 +174,36 @@ class PlanStates:
         self.buf_len = self.width + grow + self.gamma + 1
         need = self.width + grow + k * self.gamma
         if need > dep.verifier.max_len:
-            raise ConfigError(f"verifier context: {steps} steps of ≤ {max_step_tokens} tokens "
-                              f"after a {self.width}-token prompt need {need} positions; "
-                              f"allowed: ≤ max_len = {dep.verifier.max_len} (fewer or shorter "
-                              "steps, or shorter prompts)")
+            raise ConfigError(
+                f"verifier context: {steps} steps of ≤ {max_step_tokens} tokens "
+                f"after a {self.width}-token prompt need {need} positions; "
+                f"allowed: ≤ max_len = {dep.verifier.max_len} (fewer or shorter "
+                "steps, or shorter prompts)"
+            )
         self.v_cap = min(self.buf_len + (k - 1) * self.gamma, dep.verifier.max_len)
         # Ragged prefill groups (if any) at the plan's bucket: few distinct programs.
-        cache, _, secs = prefill(dep.verifier, dep.v_params, self.hist, capacity=self.v_cap,
-                                 width=self.width, cached=np.maximum(n0 - 1, 0),
-                                 bucket=int(bucket))
+        cache, _, secs = prefill(
+            dep.verifier,
+            dep.v_params,
+            self.hist,
+            capacity=self.v_cap,
+            width=self.width,
+            cached=np.maximum(n0 - 1, 0),
+            bucket=int(bucket),
+        )
         tokens = np.zeros((p, self.buf_len), np.int32)
         for i, h in enumerate(self.hist):
-            tokens[i, :len(h)] = h
-        self.v = EngineState(tokens=jnp.asarray(tokens), length=jnp.asarray(n0), vcache=cache,
-                             dcaches=(), dsynced=jnp.zeros((0, p), jnp.int32), dlogits=())
+            tokens[i, : len(h)] = h
+        self.v = EngineState(
+            tokens=jnp.asarray(tokens),
+            length=jnp.asarray(n0),
+            vcache=cache,
+            dcaches=(),
+            dsynced=jnp.zeros((0, p), jnp.int32),
+            dlogits=(),
+        )
         self.d: dict[int, _DrafterRows] = {}
-        self.synced: dict[int, np.ndarray] = {}   # host copy; −1: not prefilled yet
+        self.synced: dict[int, np.ndarray] = {}  # host copy; −1: not prefilled yet
         self.d_width: dict[int, int] = {}
         self._d_cap: dict[int, int] = {}
         self._n0 = n0
@@ -194,14 +235,29 @@ class PlanStates:
             rows = pow2_rows(need)
             prompts = [enc(self.texts0[p]) for p in rows]
             cap = self._d_cap[j]
-            cache, logits, secs = prefill(spec.lm, data.params, prompts, capacity=cap,
-                                          width=self.d_width[j], bucket=self.bucket)
+            cache, logits, secs = prefill(
+                spec.lm,
+                data.params,
+                prompts,
+                capacity=cap,
+                width=self.d_width[j],
+                bucket=self.bucket,
+            )
             n_v = self._n0[np.asarray(rows)]
             dst = np.full((len(rows),), self.n_plans, np.int32)
-            dst[:len(need)] = need
-            self.d[j], put = run_program(_put_drafter, {}, (
-                self.d[j], cache, logits, jnp.asarray(n_v), jnp.asarray(dst),
-                jnp.arange(len(rows), dtype=jnp.int32)))
+            dst[: len(need)] = need
+            self.d[j], put = run_program(
+                _put_drafter,
+                {},
+                (
+                    self.d[j],
+                    cache,
+                    logits,
+                    jnp.asarray(n_v),
+                    jnp.asarray(dst),
+                    jnp.arange(len(rows), dtype=jnp.int32),
+                ),
+            )
             self.seconds += secs + put
             self.synced[j][need] = self._n0[need]
             out[j] = need
@@ -215,24 +271,30 @@ class PlanStates:
         m = int(data.retok.shape[1])
         need = self.d_width[j] + consume_width(m, self.gamma + 1) + self.gamma
         if need > spec.lm.max_len:
-            raise ConfigError(f"drafter {spec.name!r} context: its prompts need {need} "
-                              f"positions; allowed: ≤ max_len = {spec.lm.max_len}")
+            raise ConfigError(
+                f"drafter {spec.name!r} context: its prompts need {need} "
+                f"positions; allowed: ≤ max_len = {spec.lm.max_len}"
+            )
         # Its prompt, ≤ m pieces of every verifier token the run commits, its kept drafts.
-        cap = int(min(spec.lm.max_len,
-                      self.d_width[j] + (self.buf_len - self.width) * m + self.gamma))
+        cap = int(
+            min(spec.lm.max_len, self.d_width[j] + (self.buf_len - self.width) * m + self.gamma)
+        )
         self._d_cap[j] = cap
         p = self.n_plans
         cache = spec.lm.init_cache(p, cap)
-        self.d[j] = _DrafterRows(cache=cache,
-                                 logits=jnp.zeros((p, spec.lm.vocab_size), jnp.float32),
-                                 synced=jnp.zeros((p,), jnp.int32))
+        self.d[j] = _DrafterRows(
+            cache=cache,
+            logits=jnp.zeros((p, spec.lm.vocab_size), jnp.float32),
+            synced=jnp.zeros((p,), jnp.int32),
+        )
         self.synced[j] = np.full((p,), -1, np.int64)
 
     # ------------------------------------------------------------------ calls
     def gather(self, plans: Sequence[int], js: Sequence[int]) -> EngineState:
         """The state of rows `plans` (one per row) with drafters `js`, for one call."""
-        st, secs = run_program(_gather, {}, (self.v, tuple(self.d[j] for j in js),
-                                             jnp.asarray(plans, jnp.int32)))
+        st, secs = run_program(
+            _gather, {}, (self.v, tuple(self.d[j] for j in js), jnp.asarray(plans, jnp.int32))
+        )
         self.seconds += secs
         return st
 
@@ -253,9 +315,19 @@ class PlanStates:
             self.synced[j][p] = int(call.dsynced[k, r])
         if not v_rows and not d_rows:
             return
-        (v, ds), secs = run_program(_commit, {}, (
-            self.v, tuple(self.d[j] for j in call.drafters), call.state, jnp.asarray(v_dst),
-            jnp.asarray(v_src), jnp.asarray(d_dst), jnp.asarray(d_src)))
+        (v, ds), secs = run_program(
+            _commit,
+            {},
+            (
+                self.v,
+                tuple(self.d[j] for j in call.drafters),
+                call.state,
+                jnp.asarray(v_dst),
+                jnp.asarray(v_src),
+                jnp.asarray(d_dst),
+                jnp.asarray(d_src),
+            ),
+        )
         self.seconds += secs
         self.v = v
         for j, d in zip(call.drafters, ds):
@@ -263,8 +335,9 @@ class PlanStates:
         for p, r in v_rows.items():
             self.hist[p] = self.hist[p] + list(call.new_tokens[r])
 
-    def commit_verifier(self, state: EngineState, plans: Sequence[int],
-                        new_tokens: dict[int, list]) -> None:
+    def commit_verifier(
+        self, state: EngineState, plans: Sequence[int], new_tokens: dict[int, list]
+    ) -> None:
         """After a verifier-only call over every plan's row (inactive rows unchanged)."""
         self.v = state
         for p in plans:

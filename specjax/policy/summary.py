@@ -10,6 +10,7 @@ Two acceptances per drafter, never mixed up:
   * ``coupled_match_rate`` — under the coupled rule only: how often the drafter's Gumbel-max
     token equals the verifier's (≤ Σ min(p, q)); a different, smaller figure.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,15 @@ DEPTH_GRID = (1.5, 2.0, 2.5, 3.0, 4.0, 1e9)
 OVERHEAD_GRID = (-1.0, -0.05, 0.0, 0.05, 0.15)
 QUORUM_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 #: Per-plan counters kept in a row for the bootstrap.
-PLAN_FIELDS = ("tokens", "seconds", "steps", "fallbacks", "verifier_calls",
-               "multi_from_draft", "multi_reached")
+PLAN_FIELDS = (
+    "tokens",
+    "seconds",
+    "steps",
+    "fallbacks",
+    "verifier_calls",
+    "multi_from_draft",
+    "multi_reached",
+)
 
 
 def _f(x) -> float:
@@ -37,8 +45,12 @@ def _f(x) -> float:
     return x if math.isfinite(x) else float("nan")
 
 
-def plan_totals(counts: Mapping[str, np.ndarray], costs: Sequence[float],
-                seed_costs: Sequence[float] | None, consensus_cost: float) -> dict:
+def plan_totals(
+    counts: Mapping[str, np.ndarray],
+    costs: Sequence[float],
+    seed_costs: Sequence[float] | None,
+    consensus_cost: float,
+) -> dict:
     """Per-plan counts a bootstrap needs: the PLAN_FIELDS, each drafter's own-test counts,
     and the cost totals at the zoo's c_i and (if given) the seed's."""
     out = {f: np.asarray(counts[f]).tolist() for f in PLAN_FIELDS}
@@ -46,8 +58,9 @@ def plan_totals(counts: Mapping[str, np.ndarray], costs: Sequence[float],
     out["own_reached"] = np.asarray(counts["own_reached_at"]).sum(-1).tolist()
     out["cost"] = metrics.itemised_cost(counts, costs, consensus_cost)["total"].tolist()
     if seed_costs is not None:
-        out["cost_seed"] = metrics.itemised_cost(counts, seed_costs,
-                                                 consensus_cost)["total"].tolist()
+        out["cost_seed"] = metrics.itemised_cost(counts, seed_costs, consensus_cost)[
+            "total"
+        ].tolist()
     return out
 
 
@@ -55,9 +68,13 @@ def _quantiles(x) -> dict:
     x = np.asarray([v for v in x if isinstance(v, (int, float)) and math.isfinite(v)])
     if not len(x):
         return {}
-    return {"mean": _f(x.mean()), "p10": _f(np.quantile(x, 0.1)),
-            "p50": _f(np.quantile(x, 0.5)), "p90": _f(np.quantile(x, 0.9)),
-            "positive_over_overhead": _f(np.mean(x > 0))}
+    return {
+        "mean": _f(x.mean()),
+        "p10": _f(np.quantile(x, 0.1)),
+        "p50": _f(np.quantile(x, 0.5)),
+        "p90": _f(np.quantile(x, 0.9)),
+        "positive_over_overhead": _f(np.mean(x > 0)),
+    }
 
 
 def step_decision_figures(stats: RunStats, thresholds: boundary_lib.BoundaryThresholds) -> dict:
@@ -68,30 +85,53 @@ def step_decision_figures(stats: RunStats, thresholds: boundary_lib.BoundaryThre
         return {}
     base = boundary_lib.replay_step_decisions(recs, thresholds)
     n = max(base["branches"], 1)
-    out = {"branch_decisions": {k: base[k] / n for k in ("true", "false") + boundary_lib.REASONS},
-           "gain": _quantiles([r["s"] - r["i"] for r in recs
-                               if isinstance(r["s"], float) and isinstance(r["i"], float)]),
-           "fallback_rate_seed": base["fallback_rate"]}
+    out = {
+        "branch_decisions": {k: base[k] / n for k in ("true", "false") + boundary_lib.REASONS},
+        "gain": _quantiles(
+            [
+                r["s"] - r["i"]
+                for r in recs
+                if isinstance(r["s"], float) and isinstance(r["i"], float)
+            ]
+        ),
+        "fallback_rate_seed": base["fallback_rate"],
+    }
     kw = thresholds.kwargs()
-    sweeps = {"acceptance_floor": FLOOR_GRID, "depth_ceiling": DEPTH_GRID,
-              "truncation_overhead_ratio": OVERHEAD_GRID}
+    sweeps = {
+        "acceptance_floor": FLOOR_GRID,
+        "depth_ceiling": DEPTH_GRID,
+        "truncation_overhead_ratio": OVERHEAD_GRID,
+    }
     out["fallback_rate_by_threshold"] = {
-        name: {str(v): boundary_lib.replay_step_decisions(
-            recs, boundary_lib.BoundaryThresholds(**dict(kw, **{name: v})))["fallback_rate"]
-            for v in grid} for name, grid in sweeps.items()}
+        name: {
+            str(v): boundary_lib.replay_step_decisions(
+                recs, boundary_lib.BoundaryThresholds(**dict(kw, **{name: v}))
+            )["fallback_rate"]
+            for v in grid
+        }
+        for name, grid in sweeps.items()
+    }
     steps = stats.step_records
     sup = [s["quorum_support"] for s in steps]
-    out["fallback_rate_quorum_by_threshold"] = {
-        str(t): _f(np.mean(np.asarray(sup) < t)) for t in QUORUM_GRID} if sup else {}
+    out["fallback_rate_quorum_by_threshold"] = (
+        {str(t): _f(np.mean(np.asarray(sup) < t)) for t in QUORUM_GRID} if sup else {}
+    )
     return out
 
 
-def summarize(stats: RunStats, names: Sequence[str], costs: Sequence[float], *,
-              seed_costs: Sequence[float] | None = None, consensus_cost: float = 1.0,
-              consensus: str = "seed", consensus_threshold: float = 0.5,
-              thresholds: boundary_lib.BoundaryThresholds | None = None,
-              single: Mapping[str, Mapping] | None = None,
-              autoregressive: Mapping | None = None) -> dict:
+def summarize(
+    stats: RunStats,
+    names: Sequence[str],
+    costs: Sequence[float],
+    *,
+    seed_costs: Sequence[float] | None = None,
+    consensus_cost: float = 1.0,
+    consensus: str = "seed",
+    consensus_threshold: float = 0.5,
+    thresholds: boundary_lib.BoundaryThresholds | None = None,
+    single: Mapping[str, Mapping] | None = None,
+    autoregressive: Mapping | None = None,
+) -> dict:
     """The figures of one run; ratios to the baselines when their plan totals are given.
 
     Args:
@@ -112,19 +152,28 @@ def summarize(stats: RunStats, names: Sequence[str], costs: Sequence[float], *,
     out = {
         **_drafter_figures(c, names, stats.gamma),
         # Joint acceptance only where a prefix was shared (≥ 2 drafters in a block).
-        "joint_acceptance": (_f(metrics.joint_acceptance(int(c["multi_from_draft"].sum()),
-                                                         int(c["multi_reached"].sum())))
-                             if multi else None),
+        "joint_acceptance": (
+            _f(
+                metrics.joint_acceptance(
+                    int(c["multi_from_draft"].sum()), int(c["multi_reached"].sum())
+                )
+            )
+            if multi
+            else None
+        ),
         "shared_rounds": multi,
         "mean_accepted_length": _f(metrics.mean_accepted_length(tokens, stats.verifier_calls))
-        if stats.verifier_calls else float("nan"),
-        "mean_truncation_depth": _f(metrics.mean_truncation_depth(stats.discarded,
-                                                                  stats.truncations)),
-        "pruned_depth": _f(metrics.mean_truncation_depth(stats.pruned_discarded,
-                                                         stats.pruned)) if stats.pruned else None,
-        "consensus_fallback_rate": _f(metrics.consensus_fallback_rate(stats.fallbacks,
-                                                                      stats.steps))
-        if stats.steps else 0.0,
+        if stats.verifier_calls
+        else float("nan"),
+        "mean_truncation_depth": _f(
+            metrics.mean_truncation_depth(stats.discarded, stats.truncations)
+        ),
+        "pruned_depth": _f(metrics.mean_truncation_depth(stats.pruned_discarded, stats.pruned))
+        if stats.pruned
+        else None,
+        "consensus_fallback_rate": _f(metrics.consensus_fallback_rate(stats.fallbacks, stats.steps))
+        if stats.steps
+        else 0.0,
         "consensus": consensus,
         "kl_max": _f(max(stats.kl_max)) if stats.kl_max else None,
         "kl_mean": _f(np.mean(stats.kl_mean)) if stats.kl_mean else None,
@@ -150,8 +199,7 @@ def summarize(stats: RunStats, names: Sequence[str], costs: Sequence[float], *,
         sup = np.asarray([s["quorum_support"] for s in stats.step_records])
         out["fallback_rate_quorum"] = _f(np.mean(sup < consensus_threshold))
         out["consensus_support_mean"] = _f(sup.mean())
-    out["independent_branch_acceptance"] = _f(metrics.acceptance(own_acc.sum(),
-                                                                 own_reach.sum()))
+    out["independent_branch_acceptance"] = _f(metrics.acceptance(own_acc.sum(), own_reach.sum()))
     out["per_plan"] = plan_totals(c, costs, seed_costs, consensus_cost)
     out.update(_baseline_ratios(out, single, autoregressive, seed_costs is not None))
     return out
@@ -164,30 +212,54 @@ def _drafter_figures(c: Mapping[str, np.ndarray], names: Sequence[str], gamma: i
     match_acc, match_reach = c["match_at"].sum((0, 2)), c["match_reached_at"].sum((0, 2))
     proposed, accepted = c["proposed"].sum(0), c["accepted"].sum(0)
     return {
-        "per_drafter_alpha": {n: _f(metrics.acceptance(own_acc[i], own_reach[i]))
-                              for i, n in enumerate(names) if own_reach[i]},
-        "coupled_match_rate": {n: _f(metrics.acceptance(match_acc[i], match_reach[i]))
-                               for i, n in enumerate(names) if match_reach[i]},
-        "acceptance": {n: _f(metrics.acceptance(accepted[i], proposed[i]))
-                       for i, n in enumerate(names) if proposed[i]},
+        "per_drafter_alpha": {
+            n: _f(metrics.acceptance(own_acc[i], own_reach[i]))
+            for i, n in enumerate(names)
+            if own_reach[i]
+        },
+        "coupled_match_rate": {
+            n: _f(metrics.acceptance(match_acc[i], match_reach[i]))
+            for i, n in enumerate(names)
+            if match_reach[i]
+        },
+        "acceptance": {
+            n: _f(metrics.acceptance(accepted[i], proposed[i]))
+            for i, n in enumerate(names)
+            if proposed[i]
+        },
         "per_position_acceptance": {
-            n: [_f(x) for x in np.asarray(metrics.per_position_acceptance(
-                c["own_accepted_at"].sum(0)[i], c["own_reached_at"].sum(0)[i],
-                max(int(proposed[i]) // max(gamma, 1), 1))[0])]
-            for i, n in enumerate(names) if proposed[i]},
+            n: [
+                _f(x)
+                for x in np.asarray(
+                    metrics.per_position_acceptance(
+                        c["own_accepted_at"].sum(0)[i],
+                        c["own_reached_at"].sum(0)[i],
+                        max(int(proposed[i]) // max(gamma, 1), 1),
+                    )[0]
+                )
+            ]
+            for i, n in enumerate(names)
+            if proposed[i]
+        },
         "rejection_attribution": {n: int(c["rejected"].sum(0)[i]) for i, n in enumerate(names)},
         "drafter_tokens": {n: int(c["drafter_tokens"].sum(0)[i]) for i, n in enumerate(names)},
     }
 
 
-def _baseline_ratios(out: Mapping, single: Mapping[str, Mapping] | None,
-                     autoregressive: Mapping | None, at_seed_sizes: bool) -> dict:
+def _baseline_ratios(
+    out: Mapping,
+    single: Mapping[str, Mapping] | None,
+    autoregressive: Mapping | None,
+    at_seed_sizes: bool,
+) -> dict:
     """The run's throughput over the best single drafter's (cost model, wall clock, and the
     cost model at the field report's sizes) and over the verifier alone's."""
     ratios = {}
     if single:
+
         def rate(t, key):
             return metrics.ratio_of_sums(t["tokens"], t[key])
+
         best = max(single, key=lambda n: rate(single[n], "cost"))
         b = single[best]
         ratios["single_baseline_drafter"] = best
@@ -196,17 +268,22 @@ def _baseline_ratios(out: Mapping, single: Mapping[str, Mapping] | None,
         if at_seed_sizes:
             best_s = max(single, key=lambda n: rate(single[n], "cost_seed"))
             ratios["throughput_ratio_vs_single_at_seed_sizes"] = _f(
-                out["throughput_cost_seed"] / rate(single[best_s], "cost_seed"))
+                out["throughput_cost_seed"] / rate(single[best_s], "cost_seed")
+            )
     if autoregressive is not None:
         a = autoregressive
         ratios["throughput_ratio_vs_autoregressive"] = _f(
-            out["throughput_cost"] / metrics.ratio_of_sums(a["tokens"], a["cost"]))
+            out["throughput_cost"] / metrics.ratio_of_sums(a["tokens"], a["cost"])
+        )
         ratios["wallclock_ratio_vs_autoregressive"] = _f(
-            out["tokens_per_second"] / metrics.ratio_of_sums(a["tokens"], a["seconds"]))
+            out["tokens_per_second"] / metrics.ratio_of_sums(a["tokens"], a["seconds"])
+        )
     return ratios
 
 
 def leviathan(alpha: float, gamma: int, c: float) -> dict:
     """Leviathan's expected tokens per call and speedup for α, γ, c (SPEC §7 'theory')."""
-    return {"expected_tokens_per_call": _f(metrics.leviathan_expected_tokens(alpha, gamma)),
-            "speedup": _f(metrics.leviathan_speedup(alpha, gamma, c))}
+    return {
+        "expected_tokens_per_call": _f(metrics.leviathan_expected_tokens(alpha, gamma)),
+        "speedup": _f(metrics.leviathan_speedup(alpha, gamma, c)),
+    }

@@ -27,15 +27,14 @@ import numbers
 import re
 
 from specjax.errors import ConfigError
-
 from specjax.field_report import KL_CEILING  # nats, the field report's
 
 # Switch names in code order; the code letter is the first letter of each.
 SWITCHES = (
-        "prefix_partitioning",
-        "truncate_and_attribute",
-        "agreement_weighted_consensus",
-        "kl_ceiling",
+    "prefix_partitioning",
+    "truncate_and_attribute",
+    "agreement_weighted_consensus",
+    "kl_ceiling",
 )
 _CODE_LETTERS = ("p", "t", "a", "k")
 _CODE_RE = re.compile(r"^p([01])t([01])a([01])k([01])$")
@@ -74,9 +73,9 @@ class Policy:
             return
         # bool is an int subclass: True as a ceiling is almost certainly a mistake.
         if (
-                isinstance(ceiling, bool)
-                or not isinstance(ceiling, numbers.Real)
-                or not (math.isfinite(ceiling) and ceiling > 0)
+            isinstance(ceiling, bool)
+            or not isinstance(ceiling, numbers.Real)
+            or not (math.isfinite(ceiling) and ceiling > 0)
         ):
             raise ConfigError.invalid("policy.kl_ceiling", ceiling, _ALLOWED_CEILING)
         # Normalise ints (and numpy floats) so that equal policies hash equal.
@@ -96,7 +95,7 @@ class Policy:
 
     @classmethod
     def from_bits(
-            cls, bits: tuple[bool, bool, bool, bool], kl_ceiling: float = KL_CEILING
+        cls, bits: tuple[bool, bool, bool, bool], kl_ceiling: float = KL_CEILING
     ) -> Policy:
         """Builds a policy from four booleans in switch order (p, t, a, k)."""
         p, t, a, k = (bool(b) for b in bits)
@@ -132,10 +131,10 @@ class Policy:
     def bits(self) -> tuple[bool, bool, bool, bool]:
         """The four switches as booleans, in switch order (p, t, a, k)."""
         return (
-                self.prefix_partitioning,
-                self.truncate_and_attribute,
-                self.agreement_weighted_consensus,
-                self.kl_ceiling is not None,
+            self.prefix_partitioning,
+            self.truncate_and_attribute,
+            self.agreement_weighted_consensus,
+            self.kl_ceiling is not None,
         )
 
     @property
@@ -180,19 +179,17 @@ class Policy:
 def all_combinations(kl_ceiling: float = KL_CEILING) -> list[Policy]:
     """All 16 policies, in code order: ``p0t0a0k0`` (naive) first, ``p1t1a1k1`` last."""
     return [
-            Policy.from_bits(bits, kl_ceiling=kl_ceiling)
-            for bits in itertools.product((False, True), repeat=4)
+        Policy.from_bits(bits, kl_ceiling=kl_ceiling)
+        for bits in itertools.product((False, True), repeat=4)
     ]
 
 
-_ALLOWED_CEILING = (
-        f"None (off) or a finite float > 0, in nats (default when on: {KL_CEILING})"
-)
+_ALLOWED_CEILING = f"None (off) or a finite float > 0, in nats (default when on: {KL_CEILING})"
 _ALLOWED_NAMES = (
-        "'naive', 'all_on', 'all_on_minus_<switch>', 'naive_plus_<switch>' with "
-        f"<switch> one of {', '.join(SWITCHES)}, or a code 'p<0|1>t<0|1>a<0|1>k<0|1>' "
-        "(e.g. 'p1t1a0k1'); any of them with the KL switch on may end in '_kl<nats>' "
-        "(e.g. 'all_on_kl0.5')."
+    "'naive', 'all_on', 'all_on_minus_<switch>', 'naive_plus_<switch>' with "
+    f"<switch> one of {', '.join(SWITCHES)}, or a code 'p<0|1>t<0|1>a<0|1>k<0|1>' "
+    "(e.g. 'p1t1a0k1'); any of them with the KL switch on may end in '_kl<nats>' "
+    "(e.g. 'all_on_kl0.5')."
 )
 
 
@@ -203,11 +200,11 @@ def _bits_from_base(base: str) -> tuple[bool, bool, bool, bool] | None:
         return (True,) * 4
     for prefix, default in (("all_on_minus_", True), ("naive_plus_", False)):
         if base.startswith(prefix):
-            switch = base[len(prefix):]
+            switch = base[len(prefix) :]
             if switch not in SWITCHES:
                 return None
             return tuple(  # type: ignore[return-value]
-                    (not default) if s == switch else default for s in SWITCHES
+                (not default) if s == switch else default for s in SWITCHES
             )
     match = _CODE_RE.match(base)
     if match:

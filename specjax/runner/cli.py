@@ -17,8 +17,18 @@ from absl import flags
 
 from specjax.errors import ConfigError
 
-__all__ = ["PROG", "EXIT_USAGE", "ENV_VARS", "fail", "warn", "error_message", "parse_flags",
-           "check_environment", "config_error_in", "hold_logs"]
+__all__ = [
+    "PROG",
+    "EXIT_USAGE",
+    "ENV_VARS",
+    "fail",
+    "warn",
+    "error_message",
+    "parse_flags",
+    "check_environment",
+    "config_error_in",
+    "hold_logs",
+]
 
 PROG = "specjax"
 EXIT_USAGE = 2
@@ -53,13 +63,19 @@ def _path(value: str) -> bool | str:
 #: loads, since some are read when a module is imported: a bad value is named as itself,
 #: never blamed on ``--config``.
 ENV_VARS = {
-    "SPECJAX_MAX_PROGRAMS": (_max_programs, f"an integer in [1, {MAX_PROGRAMS_LIMIT}] "
-                             f"(compiled engine programs kept per process; unset: 128)"),
-    "SPECJAX_CHECKS": (lambda v: v.strip().lower() in _CHECKS_WORDS,
-                       "one of 0, 1, true, false, yes, no (value checks in the code paths; "
-                       "unset: off)"),
-    "SPECJAX_COMPILE_CACHE": (_compile_cache, "empty (no persistent compilation cache) or a "
-                              "directory that exists or can be created"),
+    "SPECJAX_MAX_PROGRAMS": (
+        _max_programs,
+        f"an integer in [1, {MAX_PROGRAMS_LIMIT}] "
+        f"(compiled engine programs kept per process; unset: 128)",
+    ),
+    "SPECJAX_CHECKS": (
+        lambda v: v.strip().lower() in _CHECKS_WORDS,
+        "one of 0, 1, true, false, yes, no (value checks in the code paths; unset: off)",
+    ),
+    "SPECJAX_COMPILE_CACHE": (
+        _compile_cache,
+        "empty (no persistent compilation cache) or a directory that exists or can be created",
+    ),
     "SPECJAX_ZOO": (_path, "empty (the shipped zoo) or the path of a zoo folder"),
 }
 
@@ -202,8 +218,13 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
             fail(root)
         given = config_flag_value(argv)
         if given is not None and "--config must have a value" in str(e):
-            fail(ConfigError.invalid("--config", given, "a config file whose get_config() "
-                                     "returns a ConfigDict (it returned None)"))
+            fail(
+                ConfigError.invalid(
+                    "--config",
+                    given,
+                    "a config file whose get_config() returns a ConfigDict (it returned None)",
+                )
+            )
         if not isinstance(root, flags.Error) and "config" in flags.FLAGS:
             fail(_config_load_error(root, argv))
         fail(e)
@@ -272,16 +293,22 @@ def _config_load_error(error: BaseException, argv: Sequence[str]) -> ConfigError
     else:
         what = f"loading it raised {type(error).__name__}: {' '.join(str(error).split())}{where}"
         allowed = "a config file whose get_config(arg) returns a ConfigDict"
-    return ConfigError(f"--config: got {given!r}, allowed: {allowed}; {what}",
-                       field="--config", value=given, allowed=allowed)
+    return ConfigError(
+        f"--config: got {given!r}, allowed: {allowed}; {what}",
+        field="--config",
+        value=given,
+        allowed=allowed,
+    )
 
 
 def _raised_loading_config(error: BaseException) -> bool:
     """Whether `error` passed through ml_collections' config-file loading."""
     import traceback  # pylint: disable=import-outside-toplevel
 
-    return any("config_flags" in f.filename and "ml_collections" in f.filename
-               for f in traceback.extract_tb(error.__traceback__))
+    return any(
+        "config_flags" in f.filename and "ml_collections" in f.filename
+        for f in traceback.extract_tb(error.__traceback__)
+    )
 
 
 def _where_in(error: BaseException, filename: str) -> str:
@@ -291,8 +318,11 @@ def _where_in(error: BaseException, filename: str) -> str:
 
     try:
         target = os.path.realpath(filename)
-        frames = [f for f in traceback.extract_tb(error.__traceback__)
-                  if os.path.realpath(f.filename) == target]
+        frames = [
+            f
+            for f in traceback.extract_tb(error.__traceback__)
+            if os.path.realpath(f.filename) == target
+        ]
     except (OSError, ValueError):
         return ""
     return f" ({filename}, line {frames[-1].lineno})" if frames else ""
@@ -304,8 +334,11 @@ def _chain(error: BaseException) -> list[BaseException]:
     chain = [error]
     while True:
         e = chain[-1]
-        nxt = e.__cause__ if e.__cause__ is not None else (
-            None if e.__suppress_context__ else e.__context__)
+        nxt = (
+            e.__cause__
+            if e.__cause__ is not None
+            else (None if e.__suppress_context__ else e.__context__)
+        )
         if nxt is None or nxt in chain:
             return chain
         chain.append(nxt)

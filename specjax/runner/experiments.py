@@ -7,6 +7,7 @@ returns the SPEC §7 figures, with ratios to the single-drafter baselines (each 
 the pairing alone, rule 1, one branch, no consensus) and to the verifier alone. Baselines
 are computed once per (pairing, γ, temperatures, seed) and kept in the workdir.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,17 +17,18 @@ import os
 from pathlib import Path
 
 from specjax.errors import ConfigError, user_path
+from specjax.field_report import FIELD_REPORT_COSTS
 from specjax.gammas import drafter_gammas
+from specjax.policy import names as policy_names
 from specjax.policy.auto import AutoRouter
 from specjax.policy.boundary import BoundaryThresholds
 from specjax.policy.engine_calls import enable_shared_calls
 from specjax.policy.plan import run_plans
 from specjax.policy.plan_config import PlanConfig
 from specjax.policy.summary import plan_totals, summarize
-from specjax.field_report import FIELD_REPORT_COSTS
-from specjax.policy import names as policy_names
 from specjax.policy.switches import Policy
 from specjax.runner.registry import register_experiment
+
 SYNTHETIC_PROMPTS = ["ab", "cda", "b", "dd", "acb", "c", "bad", "da"]
 
 
@@ -34,6 +36,7 @@ SYNTHETIC_PROMPTS = ["ab", "cda", "b", "dd", "acb", "c", "bad", "da"]
 def _zoo(path: str):
     """The zoo with every drafter it ships (the seed's, and extras such as `prose512`)."""
     from specjax.models.zoo import load_zoo, read_manifest  # pylint: disable=import-outside-toplevel
+
     _, manifest = read_manifest(path)
     extra = [n for n in manifest.get("extra_drafters", []) if n not in manifest["drafter_order"]]
     return load_zoo(path, names=list(manifest["drafter_order"]) + extra)
@@ -42,6 +45,7 @@ def _zoo(path: str):
 @functools.lru_cache(maxsize=16)
 def _zoo_deployment(path: str, names: tuple[str, ...]):
     from specjax.engine.deployment import from_zoo  # pylint: disable=import-outside-toplevel
+
     return from_zoo(_zoo(path), list(names))
 
 
@@ -54,6 +58,7 @@ def resolve_zoo_path(config) -> tuple[Path, str]:
     3. else the zoo shipped inside the package, ``specjax/zoo`` — ``"shipped"``.
     """
     from specjax.models import zoo as zoo_lib  # pylint: disable=import-outside-toplevel
+
     explicit = config.get("zoo_path")
     if explicit is not None:
         return user_path(str(explicit), "zoo_path", "a zoo folder").absolute(), "zoo_path"
@@ -71,42 +76,58 @@ def load_zoo_checked(config):
         folder, and what is wrong with it (missing, manifest, sha256, shapes, ...).
     """
     from specjax.models import zoo as zoo_lib  # pylint: disable=import-outside-toplevel
+
     path, source = resolve_zoo_path(config)
-    given = {"zoo_path": config.get("zoo_path"),
-             "SPECJAX_ZOO": os.environ.get("SPECJAX_ZOO")}.get(source, str(path))
+    given = {"zoo_path": config.get("zoo_path"), "SPECJAX_ZOO": os.environ.get("SPECJAX_ZOO")}.get(
+        source, str(path)
+    )
     try:
         zoo = _zoo(str(path))
         manifest_sha = zoo_lib.file_sha256(path / zoo_lib.MANIFEST)
     except ConfigError as e:
-        raise ConfigError(f"{source}: got {str(given)!r} (zoo folder {path}), allowed: a zoo "
-                          f"folder that loads and verifies; {e}", field=source, value=given,
-                          allowed="a zoo folder") from None
+        raise ConfigError(
+            f"{source}: got {str(given)!r} (zoo folder {path}), allowed: a zoo "
+            f"folder that loads and verifies; {e}",
+            field=source,
+            value=given,
+            allowed="a zoo folder",
+        ) from None
     except OSError as e:
-        raise ConfigError(f"{source}: got {str(given)!r} (zoo folder {path}), allowed: a "
-                          f"readable zoo folder; {e.strerror or e}", field=source,
-                          value=given, allowed="a zoo folder") from None
+        raise ConfigError(
+            f"{source}: got {str(given)!r} (zoo folder {path}), allowed: a "
+            f"readable zoo folder; {e.strerror or e}",
+            field=source,
+            value=given,
+            allowed="a zoo folder",
+        ) from None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
         # Whatever else a damaged zoo trips in the loaders: still one line naming it.
-        raise ConfigError(f"{source}: got {str(given)!r} (zoo folder {path}), allowed: a zoo "
-                          f"folder that loads and verifies; {type(e).__name__}: "
-                          f"{' '.join(str(e).split())[:300]}", field=source, value=given,
-                          allowed="a zoo folder") from None
-    return zoo, {"zoo": {"path": str(path), "source": source,
-                         "manifest_sha256": manifest_sha}}
+        raise ConfigError(
+            f"{source}: got {str(given)!r} (zoo folder {path}), allowed: a zoo "
+            f"folder that loads and verifies; {type(e).__name__}: "
+            f"{' '.join(str(e).split())[:300]}",
+            field=source,
+            value=given,
+            allowed="a zoo folder",
+        ) from None
+    return zoo, {"zoo": {"path": str(path), "source": source, "manifest_sha256": manifest_sha}}
 
 
 def load_deployment(config):
     """The full deployment the config names ('zoo' or 'synthetic')."""
     if config.deployment == "zoo":
         zoo = load_zoo_checked(config)[0]
-        return _zoo_deployment(str(resolve_zoo_path(config)[0]),
-                               tuple(zoo.manifest["drafter_order"]))
+        return _zoo_deployment(
+            str(resolve_zoo_path(config)[0]), tuple(zoo.manifest["drafter_order"])
+        )
     if config.deployment == "synthetic":
         from specjax import testing  # pylint: disable=import-outside-toplevel
+
         dep, _ = testing.make_deployment("random", seed=0, fourth=True)
         return dep
     if config.deployment == "hf":  # Hugging Face folders by local path (configs/real_models.py)
         from specjax.runner import hf_deployment  # pylint: disable=import-outside-toplevel
+
         return hf_deployment.load_hf_deployment(config)
     raise ConfigError.invalid("deployment", config.deployment, ["zoo", "synthetic", "hf"])
 
@@ -115,9 +136,10 @@ def plan_prompts(config) -> tuple[list[str], list[str]]:
     """(prompts, ids): `plans_per_domain` prompts of each domain, interleaved (mixed plans)."""
     n = int(config.plans_per_domain)
     if config.deployment == "synthetic":
-        prompts = (SYNTHETIC_PROMPTS * (3 * n // len(SYNTHETIC_PROMPTS) + 1))[:3 * n]
+        prompts = (SYNTHETIC_PROMPTS * (3 * n // len(SYNTHETIC_PROMPTS) + 1))[: 3 * n]
         return prompts, [f"s{i}" for i in range(len(prompts))]
     from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
+
     by_domain = {}
     for p in load_prompts():
         by_domain.setdefault(p["domain"], []).append(p)
@@ -142,6 +164,7 @@ def validate(config) -> dict | None:
       folder, where the folder came from, and the sha256 of its manifest; else None.
     """
     from specjax.runner import plans_validation  # pylint: disable=import-outside-toplevel
+
     return plans_validation.validate(config)
 
 
@@ -167,23 +190,31 @@ def _cell_deployment(config, cell):
 def plan_thresholds(config) -> BoundaryThresholds:
     """The decision boundary's thresholds, from the config's one `boundary` block."""
     b = config.get("boundary") or {}
-    return BoundaryThresholds(**{k: b[k] for k in ("truncation_overhead_ratio",
-                                                   "acceptance_floor", "depth_ceiling")
-                                 if k in b})
+    return BoundaryThresholds(
+        **{
+            k: b[k]
+            for k in ("truncation_overhead_ratio", "acceptance_floor", "depth_ceiling")
+            if k in b
+        }
+    )
 
 
 def _plan_config(config, cell) -> PlanConfig:
     rule = cell.get("rule")
-    return PlanConfig(gamma=int(cell.get("gamma", 4)),
-                      verifier_temperature=float(cell.get("verifier_temperature", 0.0)),
-                      plan_steps=config.plan_steps, max_step_tokens=config.max_step_tokens,
-                      consensus=config.get("consensus", "seed"),
-                      consensus_threshold=config.consensus_threshold,
-                      thresholds=plan_thresholds(config),
-                      rule=None if rule in (None, "default") else rule,
-                      consensus_cost=config.consensus_cost,
-                      share_verifier_call=bool(config.get("share_verifier_call", True)),
-                      seed=int(cell.get("seed", 0)), bucket=config.bucket)
+    return PlanConfig(
+        gamma=int(cell.get("gamma", 4)),
+        verifier_temperature=float(cell.get("verifier_temperature", 0.0)),
+        plan_steps=config.plan_steps,
+        max_step_tokens=config.max_step_tokens,
+        consensus=config.get("consensus", "seed"),
+        consensus_threshold=config.consensus_threshold,
+        thresholds=plan_thresholds(config),
+        rule=None if rule in (None, "default") else rule,
+        consensus_cost=config.consensus_cost,
+        share_verifier_call=bool(config.get("share_verifier_call", True)),
+        seed=int(cell.get("seed", 0)),
+        bucket=config.bucket,
+    )
 
 
 def _costs(dep):
@@ -195,13 +226,23 @@ def _costs(dep):
 def _baselines(config, cell, dep, pcfg, prompts, workdir: Path):
     """Per-plan totals of each single drafter and of the verifier alone (cached on disk)."""
     costs, seed_costs = _costs(dep)
-    key = json.dumps({"v": 3, "pairing": list(dep.names), "gamma": pcfg.gamma,
-                      "tv": pcfg.verifier_temperature, "rule": pcfg.rule,
-                      "td": [d.temperature for d in dep.drafters], "seed": pcfg.seed,
-                      "steps": pcfg.plan_steps, "max_step_tokens": pcfg.max_step_tokens,
-                      "costs": costs, "consensus_cost": pcfg.consensus_cost,
-                      "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()},
-                     sort_keys=True)
+    key = json.dumps(
+        {
+            "v": 3,
+            "pairing": list(dep.names),
+            "gamma": pcfg.gamma,
+            "tv": pcfg.verifier_temperature,
+            "rule": pcfg.rule,
+            "td": [d.temperature for d in dep.drafters],
+            "seed": pcfg.seed,
+            "steps": pcfg.plan_steps,
+            "max_step_tokens": pcfg.max_step_tokens,
+            "costs": costs,
+            "consensus_cost": pcfg.consensus_cost,
+            "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
+        },
+        sort_keys=True,
+    )
     path = workdir / "baselines" / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
     cached = _read_cached(path, json.loads(key))
     if cached is not None:
@@ -214,8 +255,12 @@ def _baselines(config, cell, dep, pcfg, prompts, workdir: Path):
         single[n]["per_drafter_alpha"] = summarize(st, dep.names, costs)["per_drafter_alpha"]
     ar_texts, ar_stats = run_plans(dep, pcfg, prompts)
     exact_ref = pcfg.verifier_temperature == 0 or pcfg.coupled
-    data = {"key": json.loads(key), "single": single, "autoregressive": totals(ar_stats),
-            "reference_texts": ar_texts if exact_ref else None}
+    data = {
+        "key": json.loads(key),
+        "single": single,
+        "autoregressive": totals(ar_stats),
+        "reference_texts": ar_texts if exact_ref else None,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
@@ -230,8 +275,12 @@ def _read_cached(path: Path, key: dict) -> dict | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
-    ok = isinstance(data, dict) and data.get("key") == key and isinstance(
-        data.get("single"), dict) and isinstance(data.get("autoregressive"), dict)
+    ok = (
+        isinstance(data, dict)
+        and data.get("key") == key
+        and isinstance(data.get("single"), dict)
+        and isinstance(data.get("autoregressive"), dict)
+    )
     return data if ok else None
 
 
@@ -240,15 +289,16 @@ def oracle_drafters(dep, domains) -> list[int]:
     out = []
     for d in domains:
         if d not in dep.names:
-            raise ConfigError(f"grid.policy: got 'oracle', but the pairing {list(dep.names)} has "
-                              f"no drafter for the domain {d!r}; allowed: a pairing with a "
-                              "drafter named after every plan domain")
+            raise ConfigError(
+                f"grid.policy: got 'oracle', but the pairing {list(dep.names)} has "
+                f"no drafter for the domain {d!r}; allowed: a pairing with a "
+                "drafter named after every plan domain"
+            )
         out.append(dep.names.index(d))
     return out
 
 
-@register_experiment("plans", validate=validate,
-                     finalize=lambda c, w, r: _finalize(c, w, r))
+@register_experiment("plans", validate=validate, finalize=lambda c, w, r: _finalize(c, w, r))
 def plans(config, cell: dict, workdir: Path) -> dict:
     """One cell: the plan prompts under the cell's policy, with baselines and SPEC §7 figures.
 
@@ -267,21 +317,35 @@ def plans(config, cell: dict, workdir: Path) -> dict:
     if isinstance(policy, Policy):
         texts, stats = run_plans(dep, pcfg, prompts, policy=policy)
     elif policy == "auto":
-        router = AutoRouter(costs, pcfg.gamma, seed=pcfg.seed,
-                            explore=float(config.get("auto_explore", 0.15)),
-                            gammas=[d.gamma for d in dep.drafters])
+        router = AutoRouter(
+            costs,
+            pcfg.gamma,
+            seed=pcfg.seed,
+            explore=float(config.get("auto_explore", 0.15)),
+            gammas=[d.gamma for d in dep.drafters],
+        )
         texts, stats = run_plans(dep, pcfg, prompts, router=router)
     elif policy == "oracle":
-        texts, stats = run_plans(dep, pcfg, prompts,
-                                 single=oracle_drafters(dep, plan_domains(config, ids)))
-    else:   # single:<drafter>
-        texts, stats = run_plans(dep, pcfg, prompts,
-                                 single=dep.names.index(policy_names.single_drafter(policy)))
+        texts, stats = run_plans(
+            dep, pcfg, prompts, single=oracle_drafters(dep, plan_domains(config, ids))
+        )
+    else:  # single:<drafter>
+        texts, stats = run_plans(
+            dep, pcfg, prompts, single=dep.names.index(policy_names.single_drafter(policy))
+        )
     name = policy_names.canonical_name(policy)
-    row = summarize(stats, dep.names, costs, seed_costs=seed_costs,
-                    consensus_cost=pcfg.consensus_cost, consensus=pcfg.consensus,
-                    consensus_threshold=pcfg.consensus_threshold, thresholds=pcfg.thresholds,
-                    single=base["single"], autoregressive=base["autoregressive"])
+    row = summarize(
+        stats,
+        dep.names,
+        costs,
+        seed_costs=seed_costs,
+        consensus_cost=pcfg.consensus_cost,
+        consensus=pcfg.consensus,
+        consensus_threshold=pcfg.consensus_threshold,
+        thresholds=pcfg.thresholds,
+        single=base["single"],
+        autoregressive=base["autoregressive"],
+    )
     ref = base.get("reference_texts")
     if ref is not None:
         # τ = 0: the target is a point mass (the greedy plan), so the exact TV distance is
@@ -303,8 +367,9 @@ def plans(config, cell: dict, workdir: Path) -> dict:
     row["baselines"] = {"single": base["single"], "autoregressive": base["autoregressive"]}
     row["drafter_costs"] = {d.name: d.cost for d in dep.drafters}
     row["drafter_temperatures"] = {d.name: d.temperature for d in dep.drafters}
-    row["drafter_gammas"] = dict(zip(dep.names, drafter_gammas(
-        pcfg.gamma, [d.gamma for d in dep.drafters])))
+    row["drafter_gammas"] = dict(
+        zip(dep.names, drafter_gammas(pcfg.gamma, [d.gamma for d in dep.drafters]))
+    )
     row["branch_records"] = stats.branch_records
     row["step_records"] = stats.step_records
     if stats.routes:
@@ -317,6 +382,7 @@ def plan_domains(config, ids) -> list[str]:
     if config.deployment == "synthetic":
         return ["d0"] * len(ids)
     from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
+
     dom = {p["id"]: p["domain"] for p in load_prompts()}
     return [dom[i] for i in ids]
 
@@ -324,5 +390,5 @@ def plan_domains(config, ids) -> list[str]:
 def _finalize(config, workdir: Path, results: list[dict]) -> None:
     if config.get("seed_table", False):
         from specjax.runner import seed_table  # pylint: disable=import-outside-toplevel
-        seed_table.write(config, Path(workdir), results)
 
+        seed_table.write(config, Path(workdir), results)

@@ -30,8 +30,17 @@ import ml_collections
 
 from specjax.errors import ConfigError
 
-__all__ = ["RESERVED_AXES", "MAX_CELLS", "grid_axes", "expand_grid", "cell_id",
-           "cell_params", "split_rows", "to_jsonable", "canonical_json"]
+__all__ = [
+    "RESERVED_AXES",
+    "MAX_CELLS",
+    "grid_axes",
+    "expand_grid",
+    "cell_id",
+    "cell_params",
+    "split_rows",
+    "to_jsonable",
+    "canonical_json",
+]
 
 # Keys the runner adds to every cell / result row; an axis may not use them.
 RESERVED_AXES = ("cell_id", "cell", "wall_time_s", "finished_at", "process_index")
@@ -49,14 +58,20 @@ def grid_axes(config: ml_collections.ConfigDict) -> dict[str, list]:
     """
     grid = config.get("grid") if hasattr(config, "get") else None
     if grid is None:
-        raise ConfigError.invalid("grid", None, "a ConfigDict of axis name -> non-empty list "
-                                  "of values (e.g. config.grid.gamma = [2, 4])")
+        raise ConfigError.invalid(
+            "grid",
+            None,
+            "a ConfigDict of axis name -> non-empty list "
+            "of values (e.g. config.grid.gamma = [2, 4])",
+        )
     if isinstance(grid, ml_collections.ConfigDict):
         try:
             # to_json keeps declaration order (ConfigDict iteration is sorted).
             axes = json.loads(grid.to_json())
         except (TypeError, ValueError) as e:
-            raise ConfigError.invalid("grid", _brief(grid), f"JSON-serialisable values ({e})") from e
+            raise ConfigError.invalid(
+                "grid", _brief(grid), f"JSON-serialisable values ({e})"
+            ) from e
     elif isinstance(grid, dict):
         try:
             axes = {str(k): to_jsonable(v, f"grid.{k}") for k, v in grid.items()}
@@ -69,8 +84,9 @@ def grid_axes(config: ml_collections.ConfigDict) -> dict[str, list]:
     for name, values in axes.items():
         field = f"grid.{name}"
         if name in RESERVED_AXES:
-            raise ConfigError.invalid("grid", name, f"an axis name other than the reserved "
-                                      f"{', '.join(RESERVED_AXES)}")
+            raise ConfigError.invalid(
+                "grid", name, f"an axis name other than the reserved {', '.join(RESERVED_AXES)}"
+            )
         if not isinstance(values, list):
             raise ConfigError.invalid(field, values, "a list of values (write [x] for one value)")
         if not values:
@@ -79,14 +95,17 @@ def grid_axes(config: ml_collections.ConfigDict) -> dict[str, list]:
         for v in values:
             key = canonical_json(v, field)
             if key in seen:
-                raise ConfigError.invalid(field, values, f"distinct values ({v!r} repeats "
-                                          f"{seen[key]!r})")
+                raise ConfigError.invalid(
+                    field, values, f"distinct values ({v!r} repeats {seen[key]!r})"
+                )
             seen[key] = v
     n = math.prod(len(v) for v in axes.values())
     if n > MAX_CELLS:
-        raise ConfigError.invalid("grid", {k: f"{len(v)} values" for k, v in axes.items()},
-                                  f"at most {MAX_CELLS} cells (the product of the axes' "
-                                  f"lengths; this grid has {n})")
+        raise ConfigError.invalid(
+            "grid",
+            {k: f"{len(v)} values" for k, v in axes.items()},
+            f"at most {MAX_CELLS} cells (the product of the axes' lengths; this grid has {n})",
+        )
     return axes
 
 
@@ -119,13 +138,19 @@ def split_rows(rows: list[dict], cells: list[dict]) -> tuple[list[dict], list[tu
     for r in rows:
         cid = r.get("cell_id") if isinstance(r, dict) else None
         if cid not in params:
-            why = ("it has no cell_id" if cid is None else
-                   f"cell_id {cid!r} is not a cell of the grid")
+            why = (
+                "it has no cell_id" if cid is None else f"cell_id {cid!r} is not a cell of the grid"
+            )
             outside.append((r, why))
             continue
         if "cell" in r and not _same(r["cell"], params[cid]):
-            outside.append((r, f"its cell {_brief_value(r['cell'])} is not the values of "
-                               f"cell {cid} {_brief_value(params[cid])}"))
+            outside.append(
+                (
+                    r,
+                    f"its cell {_brief_value(r['cell'])} is not the values of "
+                    f"cell {cid} {_brief_value(params[cid])}",
+                )
+            )
             continue
         inside.append(r)
     return inside, outside
@@ -140,7 +165,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def _brief_value(value: Any, limit: int = 60) -> str:
     text = json.dumps(value, sort_keys=True, default=str)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def cell_id(params: dict) -> str:
@@ -150,8 +175,12 @@ def cell_id(params: dict) -> str:
 
 def canonical_json(obj: Any, field: str = "grid") -> str:
     """Sorted-key, compact JSON with integral floats as integers; NaN/inf not allowed."""
-    return json.dumps(_canonical(to_jsonable(obj, field), field), sort_keys=True,
-                      separators=(",", ":"), allow_nan=False)
+    return json.dumps(
+        _canonical(to_jsonable(obj, field), field),
+        sort_keys=True,
+        separators=(",", ":"),
+        allow_nan=False,
+    )
 
 
 def to_jsonable(obj: Any, field: str = "value") -> Any:

@@ -14,6 +14,7 @@ whose tokenizer equals the verifier's, token-level-intersection maps (through to
 `specjax.tokenizers.hf`) otherwise.
 `memory_table` gives per-device estimates from the ``config.json`` files alone.
 """
+
 from __future__ import annotations
 
 import functools
@@ -35,43 +36,74 @@ def drafter_names(config) -> list[str]:
 def validate_hf(config) -> None:
     """Checks the hf fields (paths exist and hold a config.json) before anything loads."""
     from specjax import sharding as shd  # pylint: disable=import-outside-toplevel
+
     v = config.get('verifier')
-    check(isinstance(v, str) and (Path(v) / 'config.json').is_file(), 'verifier', v,
-          'a local Hugging Face folder holding config.json (pass --config.verifier=PATH)')
+    check(
+        isinstance(v, str) and (Path(v) / 'config.json').is_file(),
+        'verifier',
+        v,
+        'a local Hugging Face folder holding config.json (pass --config.verifier=PATH)',
+    )
     drafters = config.get('drafters') or {}
-    check(hasattr(drafters, 'items') and len(drafters) >= 1, 'drafters',
-          dict(drafters) if hasattr(drafters, 'items') else drafters,
-          'one or more named drafters (name -> {path, temperature, cost})')
+    check(
+        hasattr(drafters, 'items') and len(drafters) >= 1,
+        'drafters',
+        dict(drafters) if hasattr(drafters, 'items') else drafters,
+        'one or more named drafters (name -> {path, temperature, cost})',
+    )
     for name, d in drafters.items():
         check(hasattr(d, 'get'), f'drafters.{name}', d, 'a dict with path, temperature, cost')
         p = d.get('path')
-        check(isinstance(p, str) and (Path(p) / 'config.json').is_file(),
-              f'drafters.{name}.path', p, 'a local Hugging Face folder holding config.json '
-              f'(pass --config.drafters.{name}.path=PATH)')
+        check(
+            isinstance(p, str) and (Path(p) / 'config.json').is_file(),
+            f'drafters.{name}.path',
+            p,
+            'a local Hugging Face folder holding config.json '
+            f'(pass --config.drafters.{name}.path=PATH)',
+        )
         t = d.get('temperature', 1.0)
-        check(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
-              and t >= 0, f'drafters.{name}.temperature', t, 'a finite number >= 0')
+        check(
+            isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0,
+            f'drafters.{name}.temperature',
+            t,
+            'a finite number >= 0',
+        )
         c = d.get('cost')
-        check(c is None or (isinstance(c, (int, float)) and not isinstance(c, bool)
-                            and math.isfinite(c) and c >= 0), f'drafters.{name}.cost', c,
-              'None (the parameter count over the verifier\'s) or a finite number >= 0')
+        check(
+            c is None
+            or (
+                isinstance(c, (int, float))
+                and not isinstance(c, bool)
+                and math.isfinite(c)
+                and c >= 0
+            ),
+            f'drafters.{name}.cost',
+            c,
+            'None (the parameter count over the verifier\'s) or a finite number >= 0',
+        )
     bos = config.get('bos', True)
     check(isinstance(bos, bool), 'bos', bos, 'true or false')
     mesh = config.get('mesh') or {}
     check(hasattr(mesh, 'get'), 'mesh', mesh, 'a dict {data, model}')
     for axis in ('data', 'model'):
         n = mesh.get(axis, 1)
-        check(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 4096,
-              f'mesh.{axis}', n, 'an integer >= 1 and <= 4096')
+        check(
+            isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 4096,
+            f'mesh.{axis}',
+            n,
+            'an integer >= 1 and <= 4096',
+        )
     try:
         shd.resolve_rules(config.get('rules') or 'tp')
     except ValueError as e:
-        raise ConfigError.invalid('rules', config.get('rules'),
-                                  f'one of {sorted(shd.RULE_SETS)}') from e
+        raise ConfigError.invalid(
+            'rules', config.get('rules'), f'one of {sorted(shd.RULE_SETS)}'
+        ) from e
 
 
 def _mesh(config):
     from specjax import sharding as shd  # pylint: disable=import-outside-toplevel
+
     mesh = config.get('mesh') or {}
     data, model = int(mesh.get('data', 1)), int(mesh.get('model', 1))
     if data * model == 1:
@@ -84,24 +116,49 @@ def _mesh(config):
 
 def load_hf_deployment(config):
     """The deployment a ``deployment = 'hf'`` config describes (cached per config)."""
-    key = json.dumps({k: (config.get(k).to_dict() if hasattr(config.get(k), 'to_dict')
-                          else config.get(k))
-                      for k in ('verifier', 'drafters', 'mesh', 'rules', 'max_len', 'dtype',
-                                'pad_vocab', 'bos')}, sort_keys=True, default=str)
+    key = json.dumps(
+        {
+            k: (config.get(k).to_dict() if hasattr(config.get(k), 'to_dict') else config.get(k))
+            for k in (
+                'verifier',
+                'drafters',
+                'mesh',
+                'rules',
+                'max_len',
+                'dtype',
+                'pad_vocab',
+                'bos',
+            )
+        },
+        sort_keys=True,
+        default=str,
+    )
     return _load(key)
 
 
 @functools.lru_cache(maxsize=2)
 def _load(key: str):
     from specjax.models.hf import load_hf_model  # pylint: disable=import-outside-toplevel
+
     c = json.loads(key)
     from ml_collections import ConfigDict  # pylint: disable=import-outside-toplevel
+
     mesh = _mesh(ConfigDict(c))
-    kw = dict(max_len=c.get('max_len'), dtype=c.get('dtype') or 'float32',
-              pad_vocab=bool(c.get('pad_vocab')), mesh=mesh, rules=c.get('rules') or 'tp')
+    kw = dict(
+        max_len=c.get('max_len'),
+        dtype=c.get('dtype') or 'float32',
+        pad_vocab=bool(c.get('pad_vocab')),
+        mesh=mesh,
+        rules=c.get('rules') or 'tp',
+    )
     for row in memory_table(ConfigDict(c), batch=1):
-        logging.info('hf %s (%s): per device %.3f GiB params + %.3f GiB KV cache per row',
-                     row['model'], row['family'], row['params'] / 2**30, row['kv_cache'] / 2**30)
+        logging.info(
+            'hf %s (%s): per device %.3f GiB params + %.3f GiB KV cache per row',
+            row['model'],
+            row['family'],
+            row['params'] / 2**30,
+            row['kv_cache'] / 2**30,
+        )
     verifier = load_hf_model(c['verifier'], **kw)
     drafters = []
     for name, d in c['drafters'].items():
@@ -109,6 +166,7 @@ def _load(key: str):
         drafters.append((name, m, float(d.get('temperature', 1.0)), d.get('cost')))
     bos = c.get('bos')
     from specjax.engine.deployment import build_deployment  # pylint: disable=import-outside-toplevel
+
     return build_deployment(verifier, drafters, bos=True if bos is None else bool(bos))
 
 
@@ -116,16 +174,20 @@ def memory_table(config, batch: int = 1) -> list[dict]:
     """Per-device bytes (params, KV cache at ``max_len``) of each model of the config, on
     its mesh and rules, from the ``config.json`` files alone (no weights read)."""
     from specjax.models.hf import config_from_hf, estimate_bytes  # pylint: disable=import-outside-toplevel
+
     mesh = dict(config.get('mesh') or {})
     mesh_shape = {'data': int(mesh.get('data', 1)), 'model': int(mesh.get('model', 1))}
     rows = []
     models = [('verifier', config.verifier)] + [
-        (n, d['path']) for n, d in (config.get('drafters') or {}).items()]
+        (n, d['path']) for n, d in (config.get('drafters') or {}).items()
+    ]
     for name, path in models:
         hf_cfg = json.loads((Path(path) / 'config.json').read_text())
-        cfg, family = config_from_hf(hf_cfg, max_len=config.get('max_len'),
-                                     dtype=config.get('dtype') or 'float32')
-        est = estimate_bytes(cfg, batch=batch, mesh_shape=mesh_shape,
-                             rules=config.get('rules') or 'tp')
+        cfg, family = config_from_hf(
+            hf_cfg, max_len=config.get('max_len'), dtype=config.get('dtype') or 'float32'
+        )
+        est = estimate_bytes(
+            cfg, batch=batch, mesh_shape=mesh_shape, rules=config.get('rules') or 'tp'
+        )
         rows.append({'model': name, 'family': family, 'path': str(path), **est})
     return rows

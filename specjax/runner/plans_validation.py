@@ -18,6 +18,7 @@ In order:
    tokens, the drafts of a round) and each drafter's (its prompt, a round's catch-up block
    and drafts) — computed from the same deployment and prompts the cell uses.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -32,14 +33,27 @@ __all__ = ["LIMITS", "validate"]
 #: cell): plan steps, tokens per step, the prompt bucket, γ (grid.gamma, grid.drafter_gamma),
 #: plans per domain on the synthetic deployment (the zoo and Hugging Face deployments are
 #: bounded by the prompts shipped per domain), and the Hugging Face models' context.
-LIMITS = {"plan_steps": 256, "max_step_tokens": 4096, "bucket": 4096, "gamma": 64,
-          "synthetic_plans_per_domain": 64, "max_len": 1 << 20}
+LIMITS = {
+    "plan_steps": 256,
+    "max_step_tokens": 4096,
+    "bucket": 4096,
+    "gamma": 64,
+    "synthetic_plans_per_domain": 64,
+    "max_len": 1 << 20,
+}
 MAX_SEED = 2**31 - 1
-GRID_AXES = ("gamma", "verifier_temperature", "drafter_temperature", "drafter_gamma",
-             "policy", "rule", "pairing", "seed")
+GRID_AXES = (
+    "gamma",
+    "verifier_temperature",
+    "drafter_temperature",
+    "drafter_gamma",
+    "policy",
+    "rule",
+    "pairing",
+    "seed",
+)
 #: Fields the runner reads besides the experiment's (`specjax.runner.sweep`).
-RUNNER_FIELDS = ("experiment", "grid", "experiment_module", "report",
-                 "cells_across_processes")
+RUNNER_FIELDS = ("experiment", "grid", "experiment_module", "report", "cells_across_processes")
 #: Fields of a ``deployment = 'hf'`` config (`specjax.runner.hf_deployment`).
 HF_FIELDS = ("verifier", "drafters", "pad_vocab", "bos", "max_len", "dtype", "mesh", "rules")
 HF_DTYPES = ("float32", "bfloat16", "float16")
@@ -77,54 +91,82 @@ def _check_fields(config) -> None:
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{name}: no such field of the plans experiment{hint}; allowed: "
-                              f"{', '.join(known)}", field=name, value=config[name],
-                              allowed=known)
+            raise ConfigError(
+                f"{name}: no such field of the plans experiment{hint}; allowed: {', '.join(known)}",
+                field=name,
+                value=config[name],
+                allowed=known,
+            )
     boundary = config.get("boundary") or {}
     names = ("truncation_overhead_ratio", "acceptance_floor", "depth_ceiling")
-    for name in (boundary.keys() if hasattr(boundary, "keys") else []):
-        check(name in names, "boundary", name, f"the decision boundary's fields: "
-              f"{', '.join(names)}")
+    for name in boundary.keys() if hasattr(boundary, "keys") else []:
+        check(
+            name in names, "boundary", name, f"the decision boundary's fields: {', '.join(names)}"
+        )
 
 
 # ------------------------------------------------------------------------------ values
 
 
 def _check_values(config) -> None:
-    check(config.get("deployment") in ("zoo", "synthetic", "hf"), "deployment",
-          config.get("deployment"), ["zoo", "synthetic", "hf"])
+    check(
+        config.get("deployment") in ("zoo", "synthetic", "hf"),
+        "deployment",
+        config.get("deployment"),
+        ["zoo", "synthetic", "hf"],
+    )
     zoo_path = config.get("zoo_path")
-    check(zoo_path is None or (isinstance(zoo_path, str) and zoo_path.strip()), "zoo_path",
-          zoo_path, "None ($SPECJAX_ZOO, else the shipped zoo) or a folder path")
+    check(
+        zoo_path is None or (isinstance(zoo_path, str) and zoo_path.strip()),
+        "zoo_path",
+        zoo_path,
+        "None ($SPECJAX_ZOO, else the shipped zoo) or a folder path",
+    )
     for field in ("plan_steps", "max_step_tokens", "bucket"):
         value, hi = config.get(field), LIMITS[field]
-        check(_is_int(value) and 1 <= value <= hi, field, value,
-              f"an integer >= 1 and <= {hi}")
+        check(_is_int(value) and 1 <= value <= hi, field, value, f"an integer >= 1 and <= {hi}")
     value, hi = config.get("plans_per_domain"), _max_plans_per_domain(config)
-    check(_is_int(value) and 1 <= value <= hi, "plans_per_domain", value,
-          f"an integer >= 1 and <= {hi} ({_plans_limit_reason(config)})")
+    check(
+        _is_int(value) and 1 <= value <= hi,
+        "plans_per_domain",
+        value,
+        f"an integer >= 1 and <= {hi} ({_plans_limit_reason(config)})",
+    )
     value = config.get("consensus_threshold")
-    check(_is_number(value) and 0 < value <= 1, "consensus_threshold", value,
-          "a number in (0, 1]")
+    check(_is_number(value) and 0 < value <= 1, "consensus_threshold", value, "a number in (0, 1]")
     value = config.get("consensus_cost")
     check(_is_number(value) and value >= 0, "consensus_cost", value, "a finite number >= 0")
     for field in ("report", "seed_table"):
         value = config.get(field, False)
         check(isinstance(value, bool), field, value, "true or false")
-    check(config.get("consensus", "seed") in ("seed", "quorum"), "consensus",
-          config.get("consensus"), ["seed", "quorum"])
-    check(isinstance(config.get("share_verifier_call", True), bool), "share_verifier_call",
-          config.get("share_verifier_call"), "true or false")
+    check(
+        config.get("consensus", "seed") in ("seed", "quorum"),
+        "consensus",
+        config.get("consensus"),
+        ["seed", "quorum"],
+    )
+    check(
+        isinstance(config.get("share_verifier_call", True), bool),
+        "share_verifier_call",
+        config.get("share_verifier_call"),
+        "true or false",
+    )
     value = config.get("auto_explore", 0.15)
     check(_is_number(value) and 0 <= value <= 1, "auto_explore", value, "a number in [0, 1]")
     from specjax.runner.experiments import plan_thresholds  # pylint: disable=import-outside-toplevel
+
     plan_thresholds(config)  # names the boundary field and its allowed range
     if config.get("deployment") == "hf":
         value, hi = config.get("max_len"), LIMITS["max_len"]
-        check(value is None or (_is_int(value) and 1 <= value <= hi), "max_len", value,
-              f"None (each model's own context) or an integer >= 1 and <= {hi}")
-        check(config.get("dtype") in (None, *HF_DTYPES), "dtype", config.get("dtype"),
-              list(HF_DTYPES))
+        check(
+            value is None or (_is_int(value) and 1 <= value <= hi),
+            "max_len",
+            value,
+            f"None (each model's own context) or an integer >= 1 and <= {hi}",
+        )
+        check(
+            config.get("dtype") in (None, *HF_DTYPES), "dtype", config.get("dtype"), list(HF_DTYPES)
+        )
         for field in ("pad_vocab", "bos"):
             value = config.get(field, True)
             check(isinstance(value, bool), field, value, "true or false")
@@ -134,6 +176,7 @@ def _max_plans_per_domain(config) -> int:
     if config.get("deployment") == "synthetic":
         return LIMITS["synthetic_plans_per_domain"]
     from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
+
     counts: dict[str, int] = {}
     for p in load_prompts():
         counts[p["domain"]] = counts.get(p["domain"], 0) + 1
@@ -154,40 +197,63 @@ def _check_grid(config) -> None:
 
     axes = grid_lib.grid_axes(config)  # a list per axis, JSON values, distinct, bounded
     for axis in axes:
-        check(axis in GRID_AXES, f"grid.{axis}", axes[axis],
-              f"an axis the plans experiment reads: {', '.join(GRID_AXES)}")
+        check(
+            axis in GRID_AXES,
+            f"grid.{axis}",
+            axes[axis],
+            f"an axis the plans experiment reads: {', '.join(GRID_AXES)}",
+        )
     hi = LIMITS["gamma"]
     for g in axes.get("gamma", [4]):
         check(is_gamma(g, hi), "grid.gamma", g, f"integers >= 1 and <= {hi}")
     for t in axes.get("verifier_temperature", [0.0]):
         check(_is_number(t) and t >= 0, "grid.verifier_temperature", t, "finite numbers >= 0")
     for t in axes.get("drafter_temperature", [None]):
-        check(t is None or (_is_number(t) and t >= 0), "grid.drafter_temperature", t,
-              "None (each drafter's default) or finite numbers >= 0")
+        check(
+            t is None or (_is_number(t) and t >= 0),
+            "grid.drafter_temperature",
+            t,
+            "None (each drafter's default) or finite numbers >= 0",
+        )
     for g in axes.get("drafter_gamma", [None]):
-        check(g is None or (isinstance(g, list) and len(g) >= 1 and all(
-            x is None or is_gamma(x, hi) for x in g)), "grid.drafter_gamma", g,
-              f"None (every drafter at grid.gamma) or a list of one γ_i per drafter of the "
-              f"pairing (integers >= 1 and <= {hi}, or None for grid.gamma)")
+        check(
+            g is None
+            or (
+                isinstance(g, list) and len(g) >= 1 and all(x is None or is_gamma(x, hi) for x in g)
+            ),
+            "grid.drafter_gamma",
+            g,
+            f"None (every drafter at grid.gamma) or a list of one γ_i per drafter of the "
+            f"pairing (integers >= 1 and <= {hi}, or None for grid.gamma)",
+        )
     for seed in axes.get("seed", [0]):
-        check(_is_int(seed) and 0 <= seed <= MAX_SEED, "grid.seed", seed,
-              f"integers in [0, {MAX_SEED}]")
+        check(
+            _is_int(seed) and 0 <= seed <= MAX_SEED,
+            "grid.seed",
+            seed,
+            f"integers in [0, {MAX_SEED}]",
+        )
     for p in axes.get("policy", ["all_on"]):
         _policy(p)
     for r in axes.get("rule", [None]):
         check(r in (None, "coupled", "default"), "grid.rule", r, [None, "default", "coupled"])
     # Two values of an axis that are one run under two spellings would run it twice as two
     # cells (and count it twice): refused, naming both.
-    for axis, canon in (("policy", _policy), ("rule", lambda r: r or "default"),
-                        ("drafter_gamma", lambda g: None if g is None or all(
-                            x is None for x in g) else tuple(g))):
+    for axis, canon in (
+        ("policy", _policy),
+        ("rule", lambda r: r or "default"),
+        ("drafter_gamma", lambda g: None if g is None or all(x is None for x in g) else tuple(g)),
+    ):
         seen: dict = {}
         for v in axes.get(axis, []):
             key = canon(v)
             if key in seen:
                 raise ConfigError.invalid(
-                    f"grid.{axis}", axes[axis], f"distinct {axis} values ({v!r} is the same "
-                    f"{axis.replace('_', ' ')} as {seen[key]!r})")
+                    f"grid.{axis}",
+                    axes[axis],
+                    f"distinct {axis} values ({v!r} is the same "
+                    f"{axis.replace('_', ' ')} as {seen[key]!r})",
+                )
             seen[key] = v
 
 
@@ -195,6 +261,7 @@ def _policy(p) -> str:
     """The canonical name of the policy a grid value names (`specjax.policy.names`), or a
     ConfigError naming grid.policy."""
     from specjax.policy import names  # pylint: disable=import-outside-toplevel
+
     try:
         return names.canonical_name(p)
     except ConfigError:
@@ -208,13 +275,16 @@ def _check_deployment(config) -> tuple[dict | None, set[str]]:
     """(the run's inputs, the drafter names a pairing may use)."""
     if config.deployment == "zoo":
         from specjax.runner.experiments import load_zoo_checked  # pylint: disable=import-outside-toplevel
+
         zoo, inputs = load_zoo_checked(config)
         return inputs, set(zoo.names)
     if config.deployment == "hf":
         from specjax.runner import hf_deployment  # pylint: disable=import-outside-toplevel
+
         hf_deployment.validate_hf(config)
         return None, set(hf_deployment.drafter_names(config))
     from specjax.runner.experiments import load_deployment  # pylint: disable=import-outside-toplevel
+
     return None, set(load_deployment(config).names)
 
 
@@ -222,11 +292,14 @@ def _check_pairings(config, known: set[str]) -> None:
     for pairing in list(config.grid.get("pairing", [None])):
         if pairing is None:
             continue
-        check(isinstance(pairing, (list, tuple)), "grid.pairing", pairing,
-              "lists of drafter names")
+        check(isinstance(pairing, (list, tuple)), "grid.pairing", pairing, "lists of drafter names")
         names = list(pairing)
-        check(len(names) >= 1 and len(set(map(str, names))) == len(names), "grid.pairing",
-              pairing, "non-empty lists of distinct drafter names")
+        check(
+            len(names) >= 1 and len(set(map(str, names))) == len(names),
+            "grid.pairing",
+            pairing,
+            "non-empty lists of distinct drafter names",
+        )
         for n in names:
             check(n in known, "grid.pairing", n, sorted(known))
 
@@ -250,8 +323,9 @@ def _check_cells(config) -> None:
             _check_drafter_gamma(cell, names)
             dep = None
         else:
-            what = grid_lib.canonical_json({k: cell.get(k) for k in (
-                "pairing", "drafter_temperature", "drafter_gamma")})
+            what = grid_lib.canonical_json(
+                {k: cell.get(k) for k in ("pairing", "drafter_temperature", "drafter_gamma")}
+            )
             if what not in deps:  # the cell's deployment, as the cell builds it
                 deps[what] = ex._cell_deployment(config, cell)  # pylint: disable=protected-access
             dep = deps[what]
@@ -272,6 +346,7 @@ def _check_policy_drafters(policy, names: list[str], domains: list[str]) -> None
     """The drafters a router or a baseline needs are in the cell's pairing: `oracle` one
     named after every plan domain, ``single:<drafter>`` that drafter."""
     from specjax.policy import names as policy_names  # pylint: disable=import-outside-toplevel
+
     if policy == "oracle":
         missing = [d for d in domains if d not in names]
         if missing:
@@ -279,15 +354,20 @@ def _check_policy_drafters(policy, names: list[str], domains: list[str]) -> None
                 f"grid.policy: got 'oracle' with the pairing {names}, which has no drafter "
                 f"for the plan domain(s) {missing}; allowed: 'oracle' only with pairings "
                 f"holding a drafter named after every plan domain ({', '.join(domains)})",
-                field="grid.policy", value="oracle", allowed=domains)
+                field="grid.policy",
+                value="oracle",
+                allowed=domains,
+            )
     alone = policy_names.single_drafter(policy)
     if alone is not None and alone not in names:
-        raise ConfigError.invalid("grid.policy", policy,
-                                  f"single:<drafter> with a drafter of the pairing {names}")
+        raise ConfigError.invalid(
+            "grid.policy", policy, f"single:<drafter> with a drafter of the pairing {names}"
+        )
 
 
 def _hf_names(config) -> list[str]:
     from specjax.runner import hf_deployment  # pylint: disable=import-outside-toplevel
+
     return hf_deployment.drafter_names(config)
 
 
@@ -302,8 +382,10 @@ def _bucket(n: int, b: int) -> int:
 
 
 def _budget_fields(pcfg, gamma: int, k: int) -> str:
-    return (f"plan_steps={pcfg.plan_steps}, max_step_tokens={pcfg.max_step_tokens}, "
-            f"bucket={pcfg.bucket}, γ={gamma} with {k} drafter(s)")
+    return (
+        f"plan_steps={pcfg.plan_steps}, max_step_tokens={pcfg.max_step_tokens}, "
+        f"bucket={pcfg.bucket}, γ={gamma} with {k} drafter(s)"
+    )
 
 
 def _check_context(dep, prompts, pcfg, gamma: int, cell) -> None:
@@ -321,8 +403,11 @@ def _check_context(dep, prompts, pcfg, gamma: int, cell) -> None:
             f"verifier needs {need} positions (the longest prompt, {longest} tokens, rounded "
             f"up to {width}; {pcfg.plan_steps} × {pcfg.max_step_tokens} step tokens; {k} × "
             f"{gamma} drafts), allowed: at most its context, max_len = {dep.verifier.max_len} "
-            f"(fewer or shorter steps, a smaller bucket or γ)", field=fields, value=need,
-            allowed=dep.verifier.max_len)
+            f"(fewer or shorter steps, a smaller bucket or γ)",
+            field=fields,
+            value=need,
+            allowed=dep.verifier.max_len,
+        )
     for spec, data, enc in zip(dep.drafters, dep.d_data, dep.drafter_encode):
         longest = max(len(enc(p)) for p in prompts)
         width = _bucket(longest, pcfg.bucket)
@@ -334,8 +419,11 @@ def _check_context(dep, prompts, pcfg, gamma: int, cell) -> None:
                 f"{cell['cell_id']}): drafter {spec.name!r} needs {need} positions (its "
                 f"longest prompt, {longest} tokens, rounded up to {width}; a {block}-token "
                 f"catch-up block; {gamma} drafts), allowed: at most its context, max_len = "
-                f"{spec.lm.max_len} (a smaller bucket or γ)", field="bucket", value=need,
-                allowed=spec.lm.max_len)
+                f"{spec.lm.max_len} (a smaller bucket or γ)",
+                field="bucket",
+                value=need,
+                allowed=spec.lm.max_len,
+            )
 
 
 def _check_hf_context(config, names, pcfg, gamma: int, cell) -> None:
@@ -347,17 +435,24 @@ def _check_hf_context(config, names, pcfg, gamma: int, cell) -> None:
         from pathlib import Path  # pylint: disable=import-outside-toplevel
 
         from specjax.models.hf import config_from_hf  # pylint: disable=import-outside-toplevel
+
         path = Path(config.verifier) / "config.json"
         try:
             max_len = config_from_hf(json.loads(path.read_text()), where=str(path))[0].max_len
         except (OSError, ValueError, TypeError, KeyError) as e:
-            raise ConfigError.invalid("verifier", config.verifier,
-                                      f"a Hugging Face folder whose config.json reads "
-                                      f"({' '.join(str(e).split())[:200]})") from None
+            raise ConfigError.invalid(
+                "verifier",
+                config.verifier,
+                f"a Hugging Face folder whose config.json reads ({' '.join(str(e).split())[:200]})",
+            ) from None
     fields = "plan_steps / max_step_tokens / bucket / grid.gamma"
     need = pcfg.bucket + pcfg.plan_steps * pcfg.max_step_tokens + len(names) * gamma
     if need > max_len:
         raise ConfigError(
             f"{fields}: got {_budget_fields(pcfg, gamma, len(names))} (cell {cell['cell_id']}):"
             f" the verifier needs at least {need} positions, allowed: at most its context, "
-            f"max_len = {max_len}", field=fields, value=need, allowed=max_len)
+            f"max_len = {max_len}",
+            field=fields,
+            value=need,
+            allowed=max_len,
+        )

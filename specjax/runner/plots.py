@@ -49,9 +49,15 @@ def figure_acceptance_vs_gamma(rows: Sequence[Row]):
             if not pts:
                 continue
             xs = sorted(pts)
-            ax.errorbar(xs, [statistics.fmean(pts[x]) for x in xs],
-                        yerr=[sd(pts[x]) for x in xs], marker="o", capsize=3,
-                        color=colors[temp], label=temp)
+            ax.errorbar(
+                xs,
+                [statistics.fmean(pts[x]) for x in xs],
+                yerr=[sd(pts[x]) for x in xs],
+                marker="o",
+                capsize=3,
+                color=colors[temp],
+                label=temp,
+            )
         ax.set_title(f"drafter: {drafter}")
         ax.set_xlabel("γ (draft tokens per round)")
         ax.set_xticks(sorted({r["gamma"] for r in rows}))
@@ -69,8 +75,11 @@ def figure_joint_vs_per_drafter(rows: Sequence[Row]):
     A red ✕ marks the product of the pairing's α — what the joint acceptance collapses to
     when one shared block must pass every drafter (SPEC §4, switch 2 off).
     """
-    rows = [r for r in rows if r.get("pairing") is not None and _acceptance(r)
-            and is_number(r.get("joint_acceptance"))]
+    rows = [
+        r
+        for r in rows
+        if r.get("pairing") is not None and _acceptance(r) and is_number(r.get("joint_acceptance"))
+    ]
     if not rows:
         return None
     policies = unique(_policy(r) for r in rows) if has(rows, "policy") else [None]
@@ -78,8 +87,13 @@ def figure_joint_vs_per_drafter(rows: Sequence[Row]):
     colors = _colors(drafters)
     pairings = unique(label(r["pairing"]) for r in rows)
     cols = 4
-    fig, axs = _figure(len(policies), width=max(4.5, 1.3 * len(pairings) + 2), height=4.0,
-                       sharey=True, max_cols=cols)
+    fig, axs = _figure(
+        len(policies),
+        width=max(4.5, 1.3 * len(pairings) + 2),
+        height=4.0,
+        sharey=True,
+        max_cols=cols,
+    )
     for ax, policy in zip(axs, policies):
         group = [r for r in rows if policy is None or _policy(r) == policy]
         for i, pairing in enumerate(pairings):
@@ -94,34 +108,67 @@ def figure_joint_vs_per_drafter(rows: Sequence[Row]):
             for j, d in enumerate(members):
                 vals = numbers(_acceptance(r).get(d) for r in cells)
                 alphas.append(statistics.fmean(vals))
-                ax.bar(x0 + j * width, alphas[-1], width, yerr=sd(vals), capsize=2,
-                       color=colors[d], label=f"α {d}")
+                ax.bar(
+                    x0 + j * width,
+                    alphas[-1],
+                    width,
+                    yerr=sd(vals),
+                    capsize=2,
+                    color=colors[d],
+                    label=f"α {d}",
+                )
             joint = numbers(r["joint_acceptance"] for r in cells)
-            ax.bar(x0 + len(members) * width, statistics.fmean(joint), width, yerr=sd(joint),
-                   capsize=2, color="0.25", hatch="//", edgecolor="white", label="joint α")
+            ax.bar(
+                x0 + len(members) * width,
+                statistics.fmean(joint),
+                width,
+                yerr=sd(joint),
+                capsize=2,
+                color="0.25",
+                hatch="//",
+                edgecolor="white",
+                label="joint α",
+            )
             if len(members) > 1:
-                ax.plot([x0 + len(members) * width], [math.prod(alphas)], "x", color="red",
-                        markersize=9, markeredgewidth=2, label="product of α")
+                ax.plot(
+                    [x0 + len(members) * width],
+                    [math.prod(alphas)],
+                    "x",
+                    color="red",
+                    markersize=9,
+                    markeredgewidth=2,
+                    label="product of α",
+                )
         ax.set_xticks(range(len(pairings)))
         ax.set_xticklabels(pairings, rotation=15 if len(pairings) > 3 else 0, fontsize=8)
         ax.set_xlabel("tokenizer pairing (drafters sharing the prefix)")
         ax.set_ylim(0, 1.02)
         ax.grid(axis="y", alpha=0.3)
         ax.set_title(f"policy: {policy}" if policy is not None else "all cells")
-        _dedup_legend(ax, order=[f"α {d}" for d in drafters] + ["joint α", "product of α"],
-                      fontsize=8, loc="upper right")
+        _dedup_legend(
+            ax,
+            order=[f"α {d}" for d in drafters] + ["joint α", "product of α"],
+            fontsize=8,
+            loc="upper right",
+        )
     for ax in axs[::cols]:
         ax.set_ylabel("acceptance per position")
-    fig.suptitle("Joint vs per-drafter acceptance (α per position, each chain tested alone), "
-                 "per pairing")
+    fig.suptitle(
+        "Joint vs per-drafter acceptance (α per position, each chain tested alone), per pairing"
+    )
     return fig
 
 
 def figure_joint_vs_kl(rows: Sequence[Row]):
     """Scatter of joint acceptance against the max pairwise KL, each KL ceiling the rows ran
     with marked (`rows.kl_ceiling`; none when no row had switch 4 on)."""
-    rows = [r for r in rows if is_number(r.get("kl_max")) and math.isfinite(r["kl_max"])
-            and is_number(r.get("joint_acceptance"))]
+    rows = [
+        r
+        for r in rows
+        if is_number(r.get("kl_max"))
+        and math.isfinite(r["kl_max"])
+        and is_number(r.get("joint_acceptance"))
+    ]
     if not rows:
         return None
     fig, (ax,) = _figure(1, width=8.0, height=4.4)
@@ -129,16 +176,27 @@ def figure_joint_vs_kl(rows: Sequence[Row]):
     by_pairing = has(rows, "pairing")
     series = unique(_policy(r) for r in rows) if by_policy else ["cells"]
     colors = _colors(series)
-    shapes = dict(zip(unique(label(r.get("pairing")) for r in rows) if by_pairing else [],
-                      "osD^vP*Xph"))
+    shapes = dict(
+        zip(unique(label(r.get("pairing")) for r in rows) if by_pairing else [], "osD^vP*Xph")
+    )
     for s in series:
-        for shape_label, marker in (shapes.items() if by_pairing else [(None, "o")]):
-            pts = [r for r in rows if (not by_policy or _policy(r) == s)
-                   and (shape_label is None or label(r.get("pairing")) == shape_label)]
+        for shape_label, marker in shapes.items() if by_pairing else [(None, "o")]:
+            pts = [
+                r
+                for r in rows
+                if (not by_policy or _policy(r) == s)
+                and (shape_label is None or label(r.get("pairing")) == shape_label)
+            ]
             if pts:
-                ax.scatter([r["kl_max"] for r in pts], [r["joint_acceptance"] for r in pts],
-                           color=colors[s], marker=marker, alpha=0.8, edgecolor="black",
-                           linewidth=0.4)
+                ax.scatter(
+                    [r["kl_max"] for r in pts],
+                    [r["joint_acceptance"] for r in pts],
+                    color=colors[s],
+                    marker=marker,
+                    alpha=0.8,
+                    edgecolor="black",
+                    linewidth=0.4,
+                )
     ceilings = sorted(unique(c for c in map(rows_lib.kl_ceiling, rows) if c is not None))
     xmax = max([r["kl_max"] for r in rows] + ceilings) * 1.1
     for ceiling in ceilings:
@@ -151,8 +209,11 @@ def figure_joint_vs_kl(rows: Sequence[Row]):
     ax.set_title("Joint acceptance vs drafter divergence")
     ax.grid(alpha=0.3)
     handles = [_line("firebrick", "--", f"KL ceiling {c:g} nats") for c in ceilings]
-    handles += [_patch("firebrick", 0.07, "beyond it: drafters do\nnot share a prefix")
-                ] if ceilings else []
+    handles += (
+        [_patch("firebrick", 0.07, "beyond it: drafters do\nnot share a prefix")]
+        if ceilings
+        else []
+    )
     handles += [_handle(ax, "o", colors[s], f"policy {s}") for s in series] if by_policy else []
     handles += [_handle(ax, m, "white", f"pairing {p}") for p, m in shapes.items()]
     fig.legend(handles=handles, fontsize=8, loc="outside right upper")
@@ -162,9 +223,10 @@ def figure_joint_vs_kl(rows: Sequence[Row]):
 def figure_policy_costs(rows: Sequence[Row]):
     """Bars per policy: consensus-fallback rate; throughput ratios to the single drafter."""
     rows = [r for r in rows if r.get("policy") is not None]
-    ratio_keys = [k for k in ("throughput_ratio_vs_single", "wallclock_ratio_vs_single")
-                  if has(rows, k)]
-    panels = (["consensus_fallback_rate"] if has(rows, "consensus_fallback_rate") else [])
+    ratio_keys = [
+        k for k in ("throughput_ratio_vs_single", "wallclock_ratio_vs_single") if has(rows, k)
+    ]
+    panels = ["consensus_fallback_rate"] if has(rows, "consensus_fallback_rate") else []
     panels += ["ratios"] if ratio_keys else []
     if not rows or not panels:
         return None
@@ -179,15 +241,25 @@ def figure_policy_costs(rows: Sequence[Row]):
             ax.set_ylabel("consensus-fallback rate (fallback steps / plan steps)")
             ax.set_title("Consensus fallback")
         else:
-            names = {"throughput_ratio_vs_single": "cost model",
-                     "wallclock_ratio_vs_single": "wall clock"}
+            names = {
+                "throughput_ratio_vs_single": "cost model",
+                "wallclock_ratio_vs_single": "wall clock",
+            }
             width = 0.8 / len(ratio_keys)
             for j, key in enumerate(ratio_keys):
                 means, sds = _per_group(rows, policies, key)
-                ax.bar([x - 0.4 + width * (j + 0.5) for x in xs], means, width, yerr=sds,
-                       capsize=3, label=names[key], color=("tab:blue", "tab:cyan")[j])
-            ax.axhline(1.0, color="black", linestyle="--", linewidth=1,
-                       label="single-drafter baseline")
+                ax.bar(
+                    [x - 0.4 + width * (j + 0.5) for x in xs],
+                    means,
+                    width,
+                    yerr=sds,
+                    capsize=3,
+                    label=names[key],
+                    color=("tab:blue", "tab:cyan")[j],
+                )
+            ax.axhline(
+                1.0, color="black", linestyle="--", linewidth=1, label="single-drafter baseline"
+            )
             ax.set_ylabel("throughput / single-drafter throughput")
             ax.set_title("Throughput vs the best single drafter")
             ax.legend(fontsize=8)
@@ -209,15 +281,20 @@ def figure_decision_boundary(rows: Sequence[Row], config: dict | None = None):
     judged by the thresholds it ran with (`rows.thresholds`: a row without them, the
     config's `boundary` block), and each distinct floor and ceiling is drawn.
     """
-    rows = [r for r in rows if is_number(r.get("mean_truncation_depth"))
-            and is_number(r.get("shared_prefix_acceptance"))]
+    rows = [
+        r
+        for r in rows
+        if is_number(r.get("mean_truncation_depth"))
+        and is_number(r.get("shared_prefix_acceptance"))
+    ]
     if not rows:
         return None
     fig, (ax,) = _figure(1, width=8.6, height=4.6)
     limits = {id(r): rows_lib.thresholds(r, config) for r in rows}
     floors = sorted(unique(t.acceptance_floor for t in limits.values()))
-    depths = sorted(unique(t.depth_ceiling for t in limits.values()
-                           if math.isfinite(t.depth_ceiling)))
+    depths = sorted(
+        unique(t.depth_ceiling for t in limits.values() if math.isfinite(t.depth_ceiling))
+    )
     xmax = max([r["mean_truncation_depth"] for r in rows] + depths) * 1.15
     for floor in floors:
         ax.axhspan(0, floor, color="firebrick", alpha=0.08)
@@ -233,19 +310,31 @@ def figure_decision_boundary(rows: Sequence[Row], config: dict | None = None):
         indep = r.get("independent_branch_acceptance")
         if not is_number(indep):
             return "inside the boundary"
-        return ("truncate & re-propose" if shared - indep > t.truncation_overhead_ratio
-                else "independent branches")
+        return (
+            "truncate & re-propose"
+            if shared - indep > t.truncation_overhead_ratio
+            else "independent branches"
+        )
 
     decisions = unique(decision(r) for r in rows)
-    palette = {"collapse": "firebrick", "truncate & re-propose": "tab:green",
-               "independent branches": "tab:blue", "inside the boundary": "tab:green"}
+    palette = {
+        "collapse": "firebrick",
+        "truncate & re-propose": "tab:green",
+        "independent branches": "tab:blue",
+        "inside the boundary": "tab:green",
+    }
     by_policy = has(rows, "policy")
-    markers = dict(zip(unique(_policy(r) for r in rows) if by_policy else [],
-                       "osD^vP*Xph"))
+    markers = dict(zip(unique(_policy(r) for r in rows) if by_policy else [], "osD^vP*Xph"))
     for r in rows:
-        ax.scatter(r["mean_truncation_depth"], r["shared_prefix_acceptance"],
-                   color=palette[decision(r)], marker=markers.get(_policy(r), "o"),
-                   alpha=0.85, edgecolor="black", linewidth=0.4)
+        ax.scatter(
+            r["mean_truncation_depth"],
+            r["shared_prefix_acceptance"],
+            color=palette[decision(r)],
+            marker=markers.get(_policy(r), "o"),
+            alpha=0.85,
+            edgecolor="black",
+            linewidth=0.4,
+        )
     ax.set_xlim(0, xmax)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("mean truncation depth (draft tokens discarded per truncation)")
@@ -254,7 +343,9 @@ def figure_decision_boundary(rows: Sequence[Row], config: dict | None = None):
     ax.grid(alpha=0.3)
     handles = [_line("firebrick", "--", f"acceptance floor {f:g}") for f in floors]
     handles += [_line("firebrick", ":", f"depth ceiling {d:g}") for d in depths]
-    handles += [_patch("firebrick", 0.08, "collapse region (raises\nSpeculativePrefixCollapseError)")]
+    handles += [
+        _patch("firebrick", 0.08, "collapse region (raises\nSpeculativePrefixCollapseError)")
+    ]
     handles += [_handle(ax, "o", palette[d], f"decision: {d}") for d in decisions]
     handles += [_handle(ax, m, "white", f"policy {p}") for p, m in markers.items()]
     fig.legend(handles=handles, fontsize=8, loc="outside right upper")
@@ -281,8 +372,9 @@ def plot_policy_costs(rows: Sequence[Row], path: str | Path) -> bool:
     return _save(figure_policy_costs(rows), path)
 
 
-def plot_decision_boundary(rows: Sequence[Row], path: str | Path,
-                           config: dict | None = None) -> bool:
+def plot_decision_boundary(
+    rows: Sequence[Row], path: str | Path, config: dict | None = None
+) -> bool:
     """Saves `figure_decision_boundary` to `path`; False (nothing written) without one."""
     return _save(figure_decision_boundary(rows, config), path)
 
@@ -290,8 +382,11 @@ def plot_decision_boundary(rows: Sequence[Row], path: str | Path,
 # name -> (title in the report, function, whether it takes the run's config)
 PLOTS: dict[str, tuple[str, Callable[..., bool], bool]] = {
     "acceptance_vs_gamma": ("Acceptance vs γ per temperature", plot_acceptance_vs_gamma, False),
-    "joint_vs_per_drafter": ("Joint vs per-drafter acceptance per pairing",
-                             plot_joint_vs_per_drafter, False),
+    "joint_vs_per_drafter": (
+        "Joint vs per-drafter acceptance per pairing",
+        plot_joint_vs_per_drafter,
+        False,
+    ),
     "joint_vs_kl": ("Joint acceptance vs max pairwise KL", plot_joint_vs_kl, False),
     "policy_costs": ("Fallback rate and throughput per policy", plot_policy_costs, False),
     "decision_boundary": ("Decision boundary", plot_decision_boundary, True),
@@ -346,8 +441,16 @@ def _handle(ax, marker: str, color: Any, text: str):
     del ax
     from matplotlib.lines import Line2D  # pylint: disable=import-outside-toplevel
 
-    return Line2D([], [], marker=marker, linestyle="", markerfacecolor=color,
-                  markeredgecolor="black", markersize=7, label=text)
+    return Line2D(
+        [],
+        [],
+        marker=marker,
+        linestyle="",
+        markerfacecolor=color,
+        markeredgecolor="black",
+        markersize=7,
+        label=text,
+    )
 
 
 def _dedup_legend(ax, order: Sequence[str] = (), **kwargs) -> None:

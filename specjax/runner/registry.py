@@ -26,9 +26,9 @@ file), so that research code outside the package can be swept without editing sp
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import importlib.util
-import hashlib
 import sys
 import types
 from pathlib import Path
@@ -62,8 +62,9 @@ class Experiment:
 _REGISTRY: dict[str, Experiment] = {}
 
 
-def register_experiment(name: str, *, validate: ValidateFn | None = None,
-                        finalize: FinalizeFn | None = None) -> Callable[[RunFn], RunFn]:
+def register_experiment(
+    name: str, *, validate: ValidateFn | None = None, finalize: FinalizeFn | None = None
+) -> Callable[[RunFn], RunFn]:
     """Decorator registering `fn(config, cell, workdir) -> dict` under `name`.
 
     Registering the same function twice (a module imported under two names, or
@@ -80,7 +81,8 @@ def register_experiment(name: str, *, validate: ValidateFn | None = None,
         if old is not None and _origin(old.run) != _origin(fn):
             raise ValueError(
                 f"experiment {name!r} is already registered by {_origin(old.run)}; "
-                f"cannot register {_origin(fn)} under the same name")
+                f"cannot register {_origin(fn)} under the same name"
+            )
         _REGISTRY[name] = Experiment(name=name, run=fn, validate=validate, finalize=finalize)
         return fn
 
@@ -90,8 +92,7 @@ def register_experiment(name: str, *, validate: ValidateFn | None = None,
 def get_experiment(name: str) -> Experiment:
     """The experiment registered as `name`; ConfigError listing the known names if none."""
     if name not in _REGISTRY:
-        raise ConfigError.invalid("experiment", name, known_experiments() or
-                                  "(none registered)")
+        raise ConfigError.invalid("experiment", name, known_experiments() or "(none registered)")
     return _REGISTRY[name]
 
 
@@ -109,11 +110,15 @@ def import_experiment_module(spec: str) -> types.ModuleType:
       ConfigError: the module cannot be found (field ``experiment_module``).
     """
     if spec.endswith(".py") or "/" in spec or "\\" in spec:
-        path = user_path(spec, "experiment_module", "a dotted module name or the path of "
-                         "an existing .py file").resolve()
+        path = user_path(
+            spec, "experiment_module", "a dotted module name or the path of an existing .py file"
+        ).resolve()
         if not path.is_file():
-            raise ConfigError.invalid("experiment_module", spec, "a dotted module name or "
-                                      "the path of an existing .py file")
+            raise ConfigError.invalid(
+                "experiment_module",
+                spec,
+                "a dotted module name or the path of an existing .py file",
+            )
         # One module per file, named after its path, so that importing it twice (e.g.
         # once per sweep in a notebook) does not run its registrations twice.
         digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
@@ -137,9 +142,9 @@ def import_experiment_module(spec: str) -> types.ModuleType:
         return importlib.import_module(spec)
     except ModuleNotFoundError as e:
         if e.name is not None and (spec == e.name or spec.startswith(e.name + ".")):
-            raise ConfigError.invalid("experiment_module", spec,
-                                      "an importable module name or the path of a .py "
-                                      "file") from e
+            raise ConfigError.invalid(
+                "experiment_module", spec, "an importable module name or the path of a .py file"
+            ) from e
         raise _import_error(spec, e, None) from e
     except ConfigError:
         raise
@@ -161,9 +166,13 @@ def _import_error(spec: str, error: BaseException, filename: str | None) -> Conf
         if frames:
             where = f" ({frames[-1].filename}, line {frames[-1].lineno})"
     text = " ".join(str(error).split())
-    return ConfigError(f"experiment_module: got {spec!r}, allowed: a module that imports; "
-                       f"importing it raised {type(error).__name__}: {text}{where}",
-                       field="experiment_module", value=spec, allowed="a module that imports")
+    return ConfigError(
+        f"experiment_module: got {spec!r}, allowed: a module that imports; "
+        f"importing it raised {type(error).__name__}: {text}{where}",
+        field="experiment_module",
+        value=spec,
+        allowed="a module that imports",
+    )
 
 
 def _origin(fn: Callable) -> str:

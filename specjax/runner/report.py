@@ -48,8 +48,15 @@ REPORT_NAME = "report.md"
 PLOTS_DIR = "plots"
 
 # Grid axes shown first in the tables, in this order, then any other axis.
-AXES = ("gamma", "drafter_temperature", "drafter_gamma", "verifier_temperature", "pairing",
-        "policy", "seed")
+AXES = (
+    "gamma",
+    "drafter_temperature",
+    "drafter_gamma",
+    "verifier_temperature",
+    "pairing",
+    "policy",
+    "seed",
+)
 # SPEC §7 metric columns, in table order, with their table headers.
 METRICS = {
     "acceptance": "α per drafter",
@@ -67,9 +74,16 @@ METRICS = {
     "wall_time_s": "cell wall s",
 }
 # Columns averaged in the per-policy summary table.
-SUMMARY_METRICS = ("joint_acceptance", "consensus_fallback_rate", "mean_truncation_depth",
-                   "kl_max", "throughput_ratio_vs_single", "wallclock_ratio_vs_single",
-                   "tv_distance", "mean_accepted_length")
+SUMMARY_METRICS = (
+    "joint_acceptance",
+    "consensus_fallback_rate",
+    "mean_truncation_depth",
+    "kl_max",
+    "throughput_ratio_vs_single",
+    "wallclock_ratio_vs_single",
+    "tv_distance",
+    "mean_accepted_length",
+)
 
 
 # ----------------------------------------------------------------------------------
@@ -77,9 +91,12 @@ SUMMARY_METRICS = ("joint_acceptance", "consensus_fallback_rate", "mean_truncati
 # ----------------------------------------------------------------------------------
 
 
-def write_report(workdir: str | Path, results: Sequence[Row] | None = None,
-                 config: dict | None = None,
-                 outside: Sequence[tuple[Row, str]] = ()) -> Path:
+def write_report(
+    workdir: str | Path,
+    results: Sequence[Row] | None = None,
+    config: dict | None = None,
+    outside: Sequence[tuple[Row, str]] = (),
+) -> Path:
     """Writes ``workdir/report.md`` and the plots its results allow; returns the .md path.
 
     Args:
@@ -98,6 +115,7 @@ def write_report(workdir: str | Path, results: Sequence[Row] | None = None,
         results = results_lib.read_all_results(workdir)
         if isinstance(config.get("grid"), dict) and not outside:
             from specjax.runner import grid as grid_lib  # pylint: disable=import-outside-toplevel
+
             try:
                 results, outside = grid_lib.split_rows(results, grid_lib.expand_grid(config))
             except ValueError:  # a grid that does not expand: every row counts
@@ -129,32 +147,37 @@ def commit_report(workdir: str | Path, text: str, pngs: dict[str, bytes]) -> Pat
 
 def _plot_names() -> list[str]:
     from specjax.runner.plots import PLOTS  # pylint: disable=import-outside-toplevel
+
     return list(PLOTS)
 
 
-def render_report(results: Sequence[Row], config: dict, version: dict,
-                  outside: Sequence[tuple[Row, str]] = ()) -> tuple[str, dict[str, bytes]]:
+def render_report(
+    results: Sequence[Row], config: dict, version: dict, outside: Sequence[tuple[Row, str]] = ()
+) -> tuple[str, dict[str, bytes]]:
     """report.md's text and the PNG bytes of each plot its rows allow, in memory: nothing
     is written, so every output is built before any file is replaced."""
     import io  # pylint: disable=import-outside-toplevel
 
     written, pngs = [], {}
     from specjax.runner.plots import PLOTS  # pylint: disable=import-outside-toplevel
+
     for name, (title, fn, wants_config) in PLOTS.items():
         buf = io.BytesIO()
         kwargs = {"config": config} if wants_config else {}
         if fn(results, buf, **kwargs):
             pngs[name] = buf.getvalue()
             written.append((title, Path(PLOTS_DIR) / f"{name}.png"))
-    text = markdown_report(results, config=config, version=version, plots=written,
-                           outside=outside)
+    text = markdown_report(results, config=config, version=version, plots=written, outside=outside)
     return text, pngs
 
 
-def markdown_report(results: Sequence[Row], config: dict | None = None,
-                    version: dict | None = None,
-                    plots: Iterable[tuple[str, Path]] = (),
-                    outside: Sequence[tuple[Row, str]] = ()) -> str:
+def markdown_report(
+    results: Sequence[Row],
+    config: dict | None = None,
+    version: dict | None = None,
+    plots: Iterable[tuple[str, Path]] = (),
+    outside: Sequence[tuple[Row, str]] = (),
+) -> str:
     """The markdown text: header, per-policy means, every cell's metrics, the plots, and
     the rows outside the grid (listed, not counted)."""
     config, version = config or {}, version or {}
@@ -162,8 +185,11 @@ def markdown_report(results: Sequence[Row], config: dict | None = None,
     title = label(config.get("experiment") or "sweep")
     lines = [f"# {title}: {len(rows)} cells", ""]
     if outside:
-        lines += [f"{len(outside)} row(s) of {results_lib.RESULTS_NAME} are no cell of this "
-                  f"grid and are left out of every figure below (listed at the end).", ""]
+        lines += [
+            f"{len(outside)} row(s) of {results_lib.RESULTS_NAME} are no cell of this "
+            f"grid and are left out of every figure below (listed at the end).",
+            "",
+        ]
     meta = []
     if version.get("git_commit"):
         dirty = " (uncommitted changes)" if version.get("git_dirty") else ""
@@ -172,8 +198,7 @@ def markdown_report(results: Sequence[Row], config: dict | None = None,
         if version.get(key):
             meta.append(f"{key} {label(version[key])}")
     if version.get("device_count"):
-        meta.append(f"{label(version['device_count'])} × "
-                    f"{label(version.get('device_kind', '?'))}")
+        meta.append(f"{label(version['device_count'])} × {label(version.get('device_kind', '?'))}")
     if meta:
         lines += [", ".join(meta), ""]
     if not rows:
@@ -202,8 +227,12 @@ def markdown_report(results: Sequence[Row], config: dict | None = None,
     metrics = [m for m in METRICS if has(rows, m)]
     lines += ["## Every cell", ""]
     header = ["cell"] + varying + [METRICS[m] for m in metrics]
-    table = [[f"`{r.get('cell_id', '?')}`"] + [label(r.get(a)) for a in varying]
-             + [_fmt(r.get(m)) for m in metrics] for r in rows]
+    table = [
+        [f"`{r.get('cell_id', '?')}`"]
+        + [label(r.get(a)) for a in varying]
+        + [_fmt(r.get(m)) for m in metrics]
+        for r in rows
+    ]
     lines += _md_table(header, table) + [""]
 
     plots = list(plots)
@@ -218,8 +247,10 @@ def _outside_section(outside: Sequence[tuple[Row, str]]) -> list[str]:
     if not outside:
         return []
     lines = ["## Rows outside the grid (not counted)", ""]
-    table = [[f"`{label(r.get('cell_id', '?')) if isinstance(r, dict) else '?'}`", why]
-             for r, why in outside]
+    table = [
+        [f"`{label(r.get('cell_id', '?')) if isinstance(r, dict) else '?'}`", why]
+        for r, why in outside
+    ]
     return lines + _md_table(["cell", "why it is not a cell of this grid"], table) + [""]
 
 
@@ -230,8 +261,13 @@ def _outside_section(outside: Sequence[tuple[Row, str]]) -> list[str]:
 
 def _axes(rows: Sequence[Row], config: dict) -> list[str]:
     grid = config.get("grid")
-    names = list(grid) if isinstance(grid, dict) else unique(
-        k for r in rows for k in (r.get("cell") if isinstance(r.get("cell"), dict) else {}))
+    names = (
+        list(grid)
+        if isinstance(grid, dict)
+        else unique(
+            k for r in rows for k in (r.get("cell") if isinstance(r.get("cell"), dict) else {})
+        )
+    )
     return sorted(names, key=lambda a: (AXES.index(a) if a in AXES else len(AXES), names.index(a)))
 
 
@@ -244,8 +280,10 @@ def _group(rows: Sequence[Row], key: Callable[[Row], str]) -> list[tuple[str, li
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     esc = lambda s: " ".join(str(s).replace("|", "\\|").split())  # pylint: disable=unnecessary-lambda-assignment
-    lines = ["| " + " | ".join(esc(h) for h in header) + " |",
-             "|" + "|".join("---" for _ in header) + "|"]
+    lines = [
+        "| " + " | ".join(esc(h) for h in header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
     lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
     return lines
 

@@ -138,8 +138,7 @@ def read_results(path: str | os.PathLike) -> list[dict[str, Any]]:
     return _split(data, path, warn=True)[0]
 
 
-def _split(data: bytes, path: Path,
-           warn: bool) -> tuple[list[dict[str, Any]], list[bytes], int]:
+def _split(data: bytes, path: Path, warn: bool) -> tuple[list[dict[str, Any]], list[bytes], int]:
     """(records, their raw lines, number of torn lines)."""
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the file ends with a newline
@@ -147,8 +146,9 @@ def _split(data: bytes, path: Path,
     if tail:
         torn += 1
         if warn:
-            logging.warning("%s: skipping a torn final line (%d bytes, no newline)",
-                            path, len(tail))
+            logging.warning(
+                "%s: skipping a torn final line (%d bytes, no newline)", path, len(tail)
+            )
     for lineno, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
@@ -159,8 +159,12 @@ def _split(data: bytes, path: Path,
         if not isinstance(record, dict):
             torn += 1
             if warn:
-                logging.warning("%s:%d: skipping a line that is not a JSON object (a torn "
-                                "write): %.60r", path, lineno, raw)
+                logging.warning(
+                    "%s:%d: skipping a line that is not a JSON object (a torn write): %.60r",
+                    path,
+                    lineno,
+                    raw,
+                )
             continue
         records.append(record)
         good.append(raw)
@@ -178,8 +182,9 @@ def process_journals(workdir: str | os.PathLike) -> list[Path]:
     workdir = Path(workdir)
     if not workdir.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in workdir.iterdir()
-             if (m := _PROCESS_FILE_RE.match(p.name))]
+    found = [
+        (int(m.group(1)), p) for p in workdir.iterdir() if (m := _PROCESS_FILE_RE.match(p.name))
+    ]
     return [p for _, p in sorted(found)]
 
 

@@ -6,6 +6,7 @@ boundary's thresholds its cell ran with (``kl_ceiling``, ``thresholds``); a row 
 before rows did falls back to the ceiling its policy name parses to, and to the config's
 ``boundary`` block (else the field report's thresholds).
 """
+
 from __future__ import annotations
 
 import math
@@ -59,7 +60,7 @@ def thresholds(row: Row, config: dict | None = None) -> BoundaryThresholds:
     values = {k: as_float(given.get(k)) for k in fields}
     try:
         return BoundaryThresholds(**{k: v for k, v in values.items() if v is not None})
-    except ConfigError:   # a damaged row is displayed with the field report's thresholds
+    except ConfigError:  # a damaged row is displayed with the field report's thresholds
         return BoundaryThresholds()
 
 
@@ -86,8 +87,11 @@ def is_number(x: Any) -> bool:
 
 def numbers(values: Iterable[Any]) -> list[float]:
     """The numbers among `values` a plot can place (`is_number`), as floats."""
-    return [f for f in map(as_float, values) if f is not None and math.isfinite(f)
-            and abs(f) <= PLOT_LIMIT]
+    return [
+        f
+        for f in map(as_float, values)
+        if f is not None and math.isfinite(f) and abs(f) <= PLOT_LIMIT
+    ]
 
 
 def numeric(values: Iterable[Any]) -> list[float]:

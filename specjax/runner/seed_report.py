@@ -3,6 +3,7 @@
 Every sentence that explains a figure is conditional on what the figures show: a claim is
 stated only when the run's intervals support it, and otherwise the report says so.
 """
+
 from __future__ import annotations
 
 import math
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specjax.field_report import FIELD_REPORT_TABLE
+from specjax.field_report import DEPTH_CEILING, FIELD_REPORT_TABLE
 
 DRAFTERS = ("code", "prose", "reasoning")
 ROWS = ("naive", "all_on", "auto", "oracle")
@@ -41,12 +42,14 @@ def markdown(summary: dict) -> str:
     pol, st, seed = summary["policies"], summary["settings"], summary["seed"]
     naive, on = pol.get("naive", {}), pol.get("all_on", {})
     names = [n for n in DRAFTERS if f"alpha:{n}" in naive] or [
-        k.split(":", 1)[1] for k in naive if k.startswith("alpha:")]
+        k.split(":", 1)[1] for k in naive if k.startswith("alpha:")
+    ]
     bs = summary.get("best_single") or {}
     joint, fallback = seed["joint_acceptance"], seed["consensus_fallback_rate"]
     ratio = seed["throughput_ratio_vs_single"]
     lines = [
-        "# The seed's table, reproduced", "",
+        "# The seed's table, reproduced",
+        "",
         f"Deployment: {st.get('deployment')} · {st.get('plans')} mixed-domain plans "
         f"({st.get('plans_per_domain')} per domain) × {st.get('plan_steps')} steps of ≤ "
         f"{st.get('max_step_tokens')} tokens · seeds {st.get('seeds')} · verifier τ = "
@@ -54,17 +57,23 @@ def markdown(summary: dict) -> str:
         f"{st.get('drafter_temperatures')} · γ grid {st.get('gammas')} (each policy at its best "
         f"γ) · step decision `{st.get('consensus')}` · boundary {st.get('boundary')} · "
         f"branches {'share' if st.get('share_verifier_call') else 'do not share'} a verifier "
-        "call.", "",
+        "call.",
+        "",
         "Intervals are 95% bootstrap intervals over plans (a plan's seeds stay together). "
         "Per-drafter α is Leviathan's (each chain tested alone with rule 1's test, on the naive "
         "policy's rounds). Joint acceptance is shown only where ≥ 2 drafters shared a prefix. "
         f"The single-drafter baseline is the best single drafter: `{bs.get('drafter')}` at γ = "
-        f"{bs.get('gamma')}.", "",
+        f"{bs.get('gamma')}.",
+        "",
         "| quantity | seed, naive | measured, naive | seed, all on | measured, all on |",
         "| --- | --- | --- | --- | --- |",
-        "| per-drafter α (" + " / ".join(names) + ") | "
+        "| per-drafter α ("
+        + " / ".join(names)
+        + ") | "
         + " / ".join(f"{seed['per_drafter_acceptance'].get(n, float('nan')):.2f}" for n in names)
-        + " | " + " / ".join(_fmt(naive.get(f"alpha:{n}")) for n in names) + " | — | — |",
+        + " | "
+        + " / ".join(_fmt(naive.get(f"alpha:{n}")) for n in names)
+        + " | — | — |",
         f"| joint acceptance on shared prefixes | {joint['naive']:.2f} | "
         f"{_fmt(naive.get('joint_acceptance'))} | {joint['all_on']:.2f} | "
         f"{_fmt(on.get('joint_acceptance'))} |",
@@ -79,16 +88,22 @@ def markdown(summary: dict) -> str:
         f"| {_fmt(on.get('throughput_ratio_vs_single_at_seed_sizes'))} |",
         f"| same, wall clock on this machine | — | {_fmt(naive.get('wallclock_ratio_vs_single'))}"
         f" | — | {_fmt(on.get('wallclock_ratio_vs_single'))} |",
-        f"| γ (best of the grid) | — | {naive.get('gamma')} | — | {on.get('gamma')} |", ""]
+        f"| γ (best of the grid) | — | {naive.get('gamma')} | — | {on.get('gamma')} |",
+        "",
+    ]
     lines += ["## The seed's four claims, judged by this run", ""]
     for claim, c in summary.get("claims", {}).items():
         verdict = {True: "reproduced", False: "not reproduced", None: "undefined"}[c["holds"]]
         lines.append(f"- **{claim.replace('_', ' ')}** — {verdict}: {c['text']}.")
-    lines += ["", "## Every policy", "",
-              "| policy | γ | joint acc. | fallback (run's rule) | fallback (quorum) | "
-              "thr./single (zoo) | thr./single (seed sizes) | thr./single (wall) | "
-              "trunc. depth | KL max (common support) | TV from target |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [
+        "",
+        "## Every policy",
+        "",
+        "| policy | γ | joint acc. | fallback (run's rule) | fallback (quorum) | "
+        "thr./single (zoo) | thr./single (seed sizes) | thr./single (wall) | "
+        "trunc. depth | KL max (common support) | TV from target |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, f in pol.items():
         lines.append(
             f"| {name} | {f.get('gamma')} | {_fmt(f.get('joint_acceptance'))} | "
@@ -97,10 +112,19 @@ def markdown(summary: dict) -> str:
             f"{_fmt(f.get('throughput_ratio_vs_single'))} | "
             f"{_fmt(f.get('throughput_ratio_vs_single_at_seed_sizes'))} | "
             f"{_fmt(f.get('wallclock_ratio_vs_single'))} | {_fmt(f.get('mean_truncation_depth'))}"
-            f" | {_fmt(f.get('kl_max'))} | {_fmt(f.get('tv_distance'))} |")
-    lines += ["", "Throughput by γ (cost model, zoo sizes): " + "; ".join(
-        f"{n} " + ", ".join(f"γ={g}: {v:.2f}" for g, v in f.get("by_gamma", {}).items() if _ok(v))
-        for n, f in pol.items()) + ".", ""]
+            f" | {_fmt(f.get('kl_max'))} | {_fmt(f.get('tv_distance'))} |"
+        )
+    lines += [
+        "",
+        "Throughput by γ (cost model, zoo sizes): "
+        + "; ".join(
+            f"{n} "
+            + ", ".join(f"γ={g}: {v:.2f}" for g, v in f.get("by_gamma", {}).items() if _ok(v))
+            for n, f in pol.items()
+        )
+        + ".",
+        "",
+    ]
     lines += _effects(summary.get("effects", {}))
     lines += _decision(pol, st)
     lines += _why(summary)
@@ -110,41 +134,69 @@ def markdown(summary: dict) -> str:
 def _effects(effects) -> list[str]:
     if not effects:
         return []
-    out = ["## Which invariant matters (paired effects, 95% intervals)", "",
-           "| change | Δ throughput vs single | Δ fallback rate | Δ joint acceptance |",
-           "| --- | --- | --- | --- |"]
+    out = [
+        "## Which invariant matters (paired effects, 95% intervals)",
+        "",
+        "| change | Δ throughput vs single | Δ fallback rate | Δ joint acceptance |",
+        "| --- | --- | --- | --- |",
+    ]
     for label, e in effects.items():
         cells = []
-        for key, pct in (("throughput_ratio_vs_single", False), ("consensus_fallback_rate", True),
-                         ("joint_acceptance", False)):
+        for key, pct in (
+            ("throughput_ratio_vs_single", False),
+            ("consensus_fallback_rate", True),
+            ("joint_acceptance", False),
+        ):
             f = e.get(key)
             if not f:
                 cells.append("—")
                 continue
             v, (lo, hi) = f["value"], f["ci"]
-            body = (f"{100 * v:+.0f}% [{100 * lo:+.0f}, {100 * hi:+.0f}]" if pct
-                    else f"{v:+.2f} [{lo:+.2f}, {hi:+.2f}]") if _ok(v) else "—"
+            body = (
+                (
+                    f"{100 * v:+.0f}% [{100 * lo:+.0f}, {100 * hi:+.0f}]"
+                    if pct
+                    else f"{v:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+                )
+                if _ok(v)
+                else "—"
+            )
             bold = "**" if f["distinguishable"] else ""
             cells.append(f"{bold}{body}{bold}")
         out.append(f"| {label} | " + " | ".join(cells) + " |")
-    real = [f"{label} ({k.replace('_', ' ')})" for label, e in effects.items()
-            for k, f in e.items() if f["distinguishable"]]
-    out += ["", "Bold: the interval excludes zero. " + (
-        "Distinguishable from zero: " + "; ".join(real) + "." if real else
-        "No effect is distinguishable from zero at this sample size."), ""]
+    real = [
+        f"{label} ({k.replace('_', ' ')})"
+        for label, e in effects.items()
+        for k, f in e.items()
+        if f["distinguishable"]
+    ]
+    out += [
+        "",
+        "Bold: the interval excludes zero. "
+        + (
+            "Distinguishable from zero: " + "; ".join(real) + "."
+            if real
+            else "No effect is distinguishable from zero at this sample size."
+        ),
+        "",
+    ]
     return out
 
 
 def _decision(pol, st) -> list[str]:
-    out = ["## The step decision, explained", "",
-           "Share of branch decisions by `should_truncate_and_repropose` (True: the branch may "
-           "commit; collapse: the error's reason), the gain s_b − i_b, and the fallback rate "
-           "when one threshold moves (the others at the run's values), replayed from the "
-           "recorded branch statistics:", "",
-           "| policy | True | False | below floor | above depth ceiling | gain p10 / p50 / p90 "
-           "| fallback at floor 0 / 0.15 / 0.3 / 0.45 / 0.6 | at depth ceiling 1.5 / 2 / 2.5 / "
-           "3 / 4 / ∞ | at overhead −1 / −0.05 / 0 / 0.05 / 0.15 |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = [
+        "## The step decision, explained",
+        "",
+        "Share of branch decisions by `should_truncate_and_repropose` (True: the branch may "
+        "commit; collapse: the error's reason), the gain s_b − i_b, and the fallback rate "
+        "when one threshold moves (the others at the run's values), replayed from the "
+        "recorded branch statistics:",
+        "",
+        "| policy | True | False | below floor | above depth ceiling | gain p10 / p50 / p90 "
+        "| fallback at floor 0 / 0.15 / 0.3 / 0.45 / 0.6 | at depth ceiling 1.5 / 2 / 2.5 / "
+        "3 / 4 / ∞ | at overhead −1 / −0.05 / 0 / 0.05 / 0.15 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, f in pol.items():
         sd = f.get("step_decision") or {}
         bd = sd.get("branch_decisions")
@@ -155,13 +207,19 @@ def _decision(pol, st) -> list[str]:
 
         def row(key):
             return " / ".join(f"{100 * v:.0f}%" for v in by.get(key, {}).values() if _ok(v))
+
         out.append(
             f"| {name} | {100 * bd['true']:.0f}% | {100 * bd['false']:.0f}% | "
             f"{100 * bd['acceptance_below_floor']:.0f}% | {100 * bd['truncation_thrash']:.0f}% | "
-            + (f"{g.get('p10', float('nan')):+.2f} / {g.get('p50', float('nan')):+.2f} / "
-               f"{g.get('p90', float('nan')):+.2f}" if g else "—")
+            + (
+                f"{g.get('p10', float('nan')):+.2f} / {g.get('p50', float('nan')):+.2f} / "
+                f"{g.get('p90', float('nan')):+.2f}"
+                if g
+                else "—"
+            )
             + f" | {row('acceptance_floor')} | {row('depth_ceiling')} | "
-            f"{row('truncation_overhead_ratio')} |")
+            f"{row('truncation_overhead_ratio')} |"
+        )
     out.append("")
     return out
 
@@ -179,43 +237,63 @@ def _why(summary) -> list[str]:
         floor = bd.get("acceptance_below_floor", 0)
         depth = bd.get("truncation_thrash", 0)
         false = bd.get("false", 0)
-        main = max((floor, "shared-prefix acceptance below the floor"),
-                   (depth, "truncation depth above the ceiling"),
-                   (false, "a gain s_b − i_b not above the overhead"))
-        out.append(f"- {name}: falls back on {100 * fb:.0f}% of steps; the most common reason "
-                   f"a branch may not commit is {main[1]} ({100 * main[0]:.0f}% of branch "
-                   "decisions).")
+        main = max(
+            (floor, "shared-prefix acceptance below the floor"),
+            (depth, "truncation depth above the ceiling"),
+            (false, "a gain s_b − i_b not above the overhead"),
+        )
+        out.append(
+            f"- {name}: falls back on {100 * fb:.0f}% of steps; the most common reason "
+            f"a branch may not commit is {main[1]} ({100 * main[0]:.0f}% of branch "
+            "decisions)."
+        )
         by = (sd.get("fallback_rate_by_threshold") or {}).get("depth_ceiling", {})
         relaxed = by.get("1000000000.0")
         if _ok(relaxed) and relaxed < fb - 0.2:
-            depth = (f.get("thresholds") or st.get("boundary") or {}).get("depth_ceiling")
-            out.append(f"  Without the depth ceiling its fallback rate would be "
-                       f"{100 * relaxed:.0f}%: the {depth:g}-token ceiling decides it.")
+            st = summary.get("settings") or {}
+            depth = (f.get("thresholds") or st.get("boundary") or {}).get(
+                "depth_ceiling", DEPTH_CEILING
+            )
+            out.append(
+                f"  Without the depth ceiling its fallback rate would be "
+                f"{100 * relaxed:.0f}%: the {depth:g}-token ceiling decides it."
+            )
     if not out[2:]:
         out.append("- No policy falls back on most steps.")
-    single_only = [n for n, f in pol.items() if f.get("shared_rounds") == 0 and n not in (
-        "auto", "oracle")]
+    single_only = [
+        n for n, f in pol.items() if f.get("shared_rounds") == 0 and n not in ("auto", "oracle")
+    ]
     if single_only:
-        out.append("- Policies whose sharing sets all have one drafter (" + ", ".join(single_only)
-                   + "): a branch of one drafter has gain 0, so under the seed's rule it never "
-                   "decides True and every step falls back; the quorum column shows the "
-                   "alternative rule on the same steps.")
+        out.append(
+            "- Policies whose sharing sets all have one drafter ("
+            + ", ".join(single_only)
+            + "): a branch of one drafter has gain 0, so under the seed's rule it never "
+            "decides True and every step falls back; the quorum column shows the "
+            "alternative rule on the same steps."
+        )
     kl = [(n, f.get("kl_max")) for n, f in pol.items() if _ok(f.get("kl_max"))]
     ceiling = _kl_ceiling(pol)
     if kl and ceiling is not None:
         worst = max(v for _, v in kl)
-        out.append(f"- The largest pairwise KL on the common support is {worst:.2f} nats "
-                   + (f"(above the {ceiling:g}-nat ceiling, so switch 4 splits at least one "
-                      "pair)." if worst > ceiling else f"(below the {ceiling:g}-nat ceiling: "
-                      "switch 4 never splits a pair here, so its ablation can only change the "
-                      "KL pass's cost)."))
+        out.append(
+            f"- The largest pairwise KL on the common support is {worst:.2f} nats "
+            + (
+                f"(above the {ceiling:g}-nat ceiling, so switch 4 splits at least one pair)."
+                if worst > ceiling
+                else f"(below the {ceiling:g}-nat ceiling: "
+                "switch 4 never splits a pair here, so its ablation can only change the "
+                "KL pass's cost)."
+            )
+        )
     a, o = pol.get("auto"), pol.get("oracle")
     if a and o:
         av = (a.get("throughput_ratio_vs_single") or {}).get("value")
         ov = (o.get("throughput_ratio_vs_single") or {}).get("value")
         if _ok(av) and _ok(ov):
-            out.append(f"- `auto` reaches {av:.2f}× the best single drafter against the oracle "
-                       f"router's {ov:.2f}× (cost model, zoo sizes).")
+            out.append(
+                f"- `auto` reaches {av:.2f}× the best single drafter against the oracle "
+                f"router's {ov:.2f}× (cost model, zoo sizes)."
+            )
     out.append("")
     return out
 
@@ -241,6 +319,7 @@ def render(pol: dict) -> bytes:
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=import-outside-toplevel
     from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
+
     names = list(pol)
     x = np.arange(len(names))
 
@@ -249,8 +328,11 @@ def render(pol: dict) -> bytes:
         for n in names:
             f = pol[n].get(key) or {}
             val = f.get("value")
-            ci = f.get("ci") if isinstance(f.get("ci"), (list, tuple)) and len(
-                f.get("ci")) == 2 else (None, None)
+            ci = (
+                f.get("ci")
+                if isinstance(f.get("ci"), (list, tuple)) and len(f.get("ci")) == 2
+                else (None, None)
+            )
             v.append(val if _ok(val) else np.nan)
             # An interval need not hold its point (a percentile bootstrap of a ratio): the
             # bar's error reaches the interval's ends, never below zero length.
@@ -261,28 +343,35 @@ def render(pol: dict) -> bytes:
     fig = Figure(figsize=(13, 4.8))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 2)
-    for off, key, label in ((-0.2, "joint_acceptance", "joint acceptance"),
-                            (0.2, "consensus_fallback_rate", "consensus-fallback rate")):
+    for off, key, label in (
+        (-0.2, "joint_acceptance", "joint acceptance"),
+        (0.2, "consensus_fallback_rate", "consensus-fallback rate"),
+    ):
         v, err = vals(key)
         axes[0].bar(x + off, v, 0.4, yerr=err, capsize=2, label=label)
-    joint, ratio = (FIELD_REPORT_TABLE[k] for k in ("joint_acceptance",
-                                                     "throughput_ratio_vs_single"))
-    axes[0].axhline(joint["naive"], ls=":", c="C0", lw=1,
-                    label=f"seed naive joint {joint['naive']:g}")
-    axes[0].axhline(joint["all_on"], ls="--", c="C0", lw=1,
-                    label=f"seed all-on joint {joint['all_on']:g}")
+    joint, ratio = (
+        FIELD_REPORT_TABLE[k] for k in ("joint_acceptance", "throughput_ratio_vs_single")
+    )
+    axes[0].axhline(
+        joint["naive"], ls=":", c="C0", lw=1, label=f"seed naive joint {joint['naive']:g}"
+    )
+    axes[0].axhline(
+        joint["all_on"], ls="--", c="C0", lw=1, label=f"seed all-on joint {joint['all_on']:g}"
+    )
     axes[0].set_ylim(0, 1.4)
     axes[0].set_title("Acceptance and fallback per policy (95% CI)")
-    for off, key, label in ((-0.27, "throughput_ratio_vs_single", "cost model, zoo sizes"),
-                            (0.0, "throughput_ratio_vs_single_at_seed_sizes",
-                             "cost model, seed sizes"),
-                            (0.27, "wallclock_ratio_vs_single", "wall clock")):
+    for off, key, label in (
+        (-0.27, "throughput_ratio_vs_single", "cost model, zoo sizes"),
+        (0.0, "throughput_ratio_vs_single_at_seed_sizes", "cost model, seed sizes"),
+        (0.27, "wallclock_ratio_vs_single", "wall clock"),
+    ):
         v, err = vals(key)
         axes[1].bar(x + off, v, 0.27, yerr=err, capsize=2, label=label)
     axes[1].axhline(1.0, c="k", lw=0.8)
     axes[1].axhline(ratio["naive"], ls=":", c="C3", lw=1, label=f"seed naive {ratio['naive']:g}×")
-    axes[1].axhline(ratio["all_on"], ls="--", c="C3", lw=1,
-                    label=f"seed all-on {ratio['all_on']:g}×")
+    axes[1].axhline(
+        ratio["all_on"], ls="--", c="C3", lw=1, label=f"seed all-on {ratio['all_on']:g}×"
+    )
     axes[1].set_title("Throughput vs best single drafter (95% CI)")
     for ax in axes:
         ax.set_xticks(x)

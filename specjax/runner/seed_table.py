@@ -14,6 +14,7 @@ How the figures are formed (SPEC §7):
   * per-drafter α is Leviathan's (each chain tested alone, rule 1's test), measured on the
     naive policy's rounds, where every drafter drafts every plan.
 """
+
 from __future__ import annotations
 
 import collections
@@ -25,12 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from specjax import metrics
-from specjax.policy.summary import step_decision_figures
-from specjax.policy.counters import RunStats
 from specjax.field_report import FIELD_REPORT_COSTS, FIELD_REPORT_TABLE
 from specjax.policy import names as policy_names
+from specjax.policy.counters import RunStats
+from specjax.policy.summary import step_decision_figures
 from specjax.policy.switches import SWITCHES
 from specjax.runner import rows as rows_lib
+
 N_BOOT = 1000
 
 
@@ -40,7 +42,7 @@ def _fmt(x, pct=False, ci=None):
     body = f"{100 * x:.0f}%" if pct else f"{x:.2f}"
     if ci and all(v is not None and math.isfinite(v) for v in ci):
         lo, hi = ci
-        body += (f" [{100 * lo:.0f}, {100 * hi:.0f}]" if pct else f" [{lo:.2f}, {hi:.2f}]")
+        body += f" [{100 * lo:.0f}, {100 * hi:.0f}]" if pct else f" [{lo:.2f}, {hi:.2f}]"
     return body
 
 
@@ -62,11 +64,14 @@ class _Units:
         self.p = {k: _arr(rows, k) for k in rows[0]["per_plan"]}
         names = list(rows[0]["pairing"])
         self.names = names
-        self.single = {n: {k: _arr(rows, k, lambda r, n=n: r["baselines"]["single"][n])
-                           for k in ("tokens", "seconds", "cost") +
-                           (("cost_seed",) if "cost_seed" in rows[0]["baselines"]["single"][n]
-                            else ())}
-                       for n in names}
+        self.single = {
+            n: {
+                k: _arr(rows, k, lambda r, n=n: r["baselines"]["single"][n])
+                for k in ("tokens", "seconds", "cost")
+                + (("cost_seed",) if "cost_seed" in rows[0]["baselines"]["single"][n] else ())
+            }
+            for n in names
+        }
         self.gamma = rows[0].get("gamma")
 
     def rate(self, key, idx=None):
@@ -82,23 +87,35 @@ def _figures(u: _Units, best_single: dict, k: int) -> dict:
     p, names = u.p, u.names
 
     def alpha(i):
-        return lambda idx=None: metrics.ratio_of_sums(np.asarray(p["own_accepted"])[:, i],
-                                                      np.asarray(p["own_reached"])[:, i], idx)
+        return lambda idx=None: metrics.ratio_of_sums(
+            np.asarray(p["own_accepted"])[:, i], np.asarray(p["own_reached"])[:, i], idx
+        )
 
     stats = {
-        "joint_acceptance": (lambda idx=None: metrics.ratio_of_sums(
-            p["multi_from_draft"], p["multi_reached"], idx)) if p["multi_reached"].sum() else None,
+        "joint_acceptance": (
+            lambda idx=None: metrics.ratio_of_sums(p["multi_from_draft"], p["multi_reached"], idx)
+        )
+        if p["multi_reached"].sum()
+        else None,
         "consensus_fallback_rate": lambda idx=None: metrics.ratio_of_sums(
-            p["fallbacks"], p["steps"], idx),
-        "throughput_ratio_vs_single": lambda idx=None: _div(u.rate("cost", idx), _single_rate(
-            best_single["cost"][0], best_single["cost"][1], "cost", idx)),
-        "wallclock_ratio_vs_single": lambda idx=None: _div(u.rate("seconds", idx), _single_rate(
-            best_single["cost"][0], best_single["cost"][1], "seconds", idx)),
+            p["fallbacks"], p["steps"], idx
+        ),
+        "throughput_ratio_vs_single": lambda idx=None: _div(
+            u.rate("cost", idx),
+            _single_rate(best_single["cost"][0], best_single["cost"][1], "cost", idx),
+        ),
+        "wallclock_ratio_vs_single": lambda idx=None: _div(
+            u.rate("seconds", idx),
+            _single_rate(best_single["cost"][0], best_single["cost"][1], "seconds", idx),
+        ),
     }
     if "cost_seed" in p and best_single.get("cost_seed"):
-        stats["throughput_ratio_vs_single_at_seed_sizes"] = (
-            lambda idx=None: _div(u.rate("cost_seed", idx), _single_rate(
-                best_single["cost_seed"][0], best_single["cost_seed"][1], "cost_seed", idx)))
+        stats["throughput_ratio_vs_single_at_seed_sizes"] = lambda idx=None: _div(
+            u.rate("cost_seed", idx),
+            _single_rate(
+                best_single["cost_seed"][0], best_single["cost_seed"][1], "cost_seed", idx
+            ),
+        )
     for i, n in enumerate(names):
         if np.asarray(p["own_reached"])[:, i].sum():
             stats[f"alpha:{n}"] = alpha(i)
@@ -174,11 +191,13 @@ def build(config, results: list[dict]) -> dict | None:
     for k, (name, per_gamma) in enumerate(ordered):
         cands = {g: _Units(rows) for g, rows in per_gamma.items()}
         scored = {g: _figures(u, best_single, k) for g, u in cands.items()}
-        g_best = max(scored, key=lambda g: _nan_low(scored[g][0]["throughput_ratio_vs_single"]
-                                                    ["value"]))
+        g_best = max(
+            scored, key=lambda g: _nan_low(scored[g][0]["throughput_ratio_vs_single"]["value"])
+        )
         fig, fn = scored[g_best]
-        fig["by_gamma"] = {str(g): scored[g][0]["throughput_ratio_vs_single"]["value"]
-                           for g in sorted(scored)}
+        fig["by_gamma"] = {
+            str(g): scored[g][0]["throughput_ratio_vs_single"]["value"] for g in sorted(scored)
+        }
         recs = []
         for r in cands[g_best].rows:
             recs += [dict(b, seed=r.get("seed", 0)) for b in r.get("branch_records", [])]
@@ -193,15 +212,18 @@ def build(config, results: list[dict]) -> dict | None:
             # are left out, and why is in summary.json.
             fig["step_decision"] = {"not_replayable": " ".join(str(e).split())[:300]}
         sup = [s["quorum_support"] for s in st.step_records]
-        fig["fallback_rate_quorum"] = (float(np.mean(np.asarray(sup) < config.get(
-            "consensus_threshold", 0.5)))
-                                       if sup else None)
+        fig["fallback_rate_quorum"] = (
+            float(np.mean(np.asarray(sup) < config.get("consensus_threshold", 0.5)))
+            if sup
+            else None
+        )
         fig["kl_ceiling"] = rows_lib.kl_ceiling(cands[g_best].rows[0])
         fig["thresholds"] = thresholds.kwargs()
         fig["kl_max"] = _max(r.get("kl_max") for r in cands[g_best].rows)
         fig["kl_outside_mass"] = _max(r.get("kl_outside_mass") for r in cands[g_best].rows)
-        fig["mean_truncation_depth"] = _mean(r.get("mean_truncation_depth")
-                                             for r in cands[g_best].rows)
+        fig["mean_truncation_depth"] = _mean(
+            r.get("mean_truncation_depth") for r in cands[g_best].rows
+        )
         fig["tv_distance"] = _max(r.get("tv_distance") for r in cands[g_best].rows)
         fig["coupled_match_rate"] = cands[g_best].rows[0].get("coupled_match_rate")
         shared = sum(_numbers(r.get("shared_rounds", 0) for r in cands[g_best].rows))
@@ -212,26 +234,44 @@ def build(config, results: list[dict]) -> dict | None:
     seeds = sorted({r.get("seed", 0) for r in results})
     bs = best_single.get("cost")
     summary = {
-        "seed": FIELD_REPORT_TABLE, "seed_costs": FIELD_REPORT_COSTS, "policies": policies, "effects": effects,
+        "seed": FIELD_REPORT_TABLE,
+        "seed_costs": FIELD_REPORT_COSTS,
+        "policies": policies,
+        "effects": effects,
         "best_single": {"drafter": bs[1], "gamma": bs[0].gamma} if bs else None,
         "claims": _claims(policies),
-        "settings": {"seeds": seeds, "plans": len(results[0]["per_plan"]["tokens"]),
-                     **{k: config.get(k) for k in (
-                         "deployment", "plans_per_domain", "plan_steps", "max_step_tokens",
-                         "consensus", "consensus_threshold", "consensus_cost",
-                         "share_verifier_call")},
-                     "boundary": rows_lib.thresholds(results[0], config).kwargs(),
-                     "gammas": sorted({r.get("gamma") for r in results}),
-                     "verifier_temperature": results[0].get("verifier_temperature"),
-                     "rule": results[0].get("rule"),
-                     "drafter_temperatures": results[0].get("drafter_temperatures"),
-                     "drafter_costs": results[0].get("drafter_costs")},
+        "settings": {
+            "seeds": seeds,
+            "plans": len(results[0]["per_plan"]["tokens"]),
+            **{
+                k: config.get(k)
+                for k in (
+                    "deployment",
+                    "plans_per_domain",
+                    "plan_steps",
+                    "max_step_tokens",
+                    "consensus",
+                    "consensus_threshold",
+                    "consensus_cost",
+                    "share_verifier_call",
+                )
+            },
+            "boundary": rows_lib.thresholds(results[0], config).kwargs(),
+            "gammas": sorted({r.get("gamma") for r in results}),
+            "verifier_temperature": results[0].get("verifier_temperature"),
+            "rule": results[0].get("rule"),
+            "drafter_temperatures": results[0].get("drafter_temperatures"),
+            "drafter_costs": results[0].get("drafter_costs"),
+        },
     }
     from specjax.runner import seed_report  # pylint: disable=import-outside-toplevel
-    return {"summary": summary,
-            "summary_json": json.dumps(summary, indent=2, default=_json) + "\n",
-            "markdown": seed_report.markdown(summary),
-            "plot": seed_report.render(policies)}
+
+    return {
+        "summary": summary,
+        "summary_json": json.dumps(summary, indent=2, default=_json) + "\n",
+        "markdown": seed_report.markdown(summary),
+        "plot": seed_report.render(policies),
+    }
 
 
 def commit(workdir: Path, built: dict) -> None:
@@ -297,13 +337,19 @@ def _effects(policies, fns) -> dict:
         for key in ("throughput_ratio_vs_single", "consensus_fallback_rate", "joint_acceptance"):
             if fa.get(key) is None or fb.get(key) is None:
                 continue
+
             def d(idx=None, ka=fa[key], kb=fb[key]):
                 return ka(idx) - kb(idx)
+
             v = d()
             ci = metrics.bootstrap_ci(units, d, N_BOOT, seed=17)
-            eff[key] = {"value": v, "ci": ci,
-                        "distinguishable": bool(ci[0] > 0 or ci[1] < 0) if all(
-                            math.isfinite(c) for c in ci) else False}
+            eff[key] = {
+                "value": v,
+                "ci": ci,
+                "distinguishable": bool(ci[0] > 0 or ci[1] < 0)
+                if all(math.isfinite(c) for c in ci)
+                else False,
+            }
         out[label] = eff
     return out
 
@@ -325,35 +371,47 @@ def _claims(policies) -> dict:
     if not n or not a:
         return out
     alphas = [v["value"] for k, v in n.items() if k.startswith("alpha:") and v["value"]]
-    j_n, j_n_ci = _val(policies, "naive", "joint_acceptance"), _ci(policies, "naive",
-                                                                   "joint_acceptance")
+    j_n, j_n_ci = (
+        _val(policies, "naive", "joint_acceptance"),
+        _ci(policies, "naive", "joint_acceptance"),
+    )
     if j_n is not None and alphas:
         out["collapse"] = {
             "holds": bool(j_n_ci and j_n_ci[1] < min(alphas)),
             "text": f"naive joint acceptance {j_n:.2f} [{j_n_ci[0]:.2f}, {j_n_ci[1]:.2f}] vs "
-                    f"per-drafter α {' / '.join(f'{x:.2f}' for x in alphas)} (product "
-                    f"{float(np.prod(alphas)):.3f})"}
-    j_a, j_a_ci = _val(policies, "all_on", "joint_acceptance"), _ci(policies, "all_on",
-                                                                    "joint_acceptance")
+            f"per-drafter α {' / '.join(f'{x:.2f}' for x in alphas)} (product "
+            f"{float(np.prod(alphas)):.3f})",
+        }
+    j_a, j_a_ci = (
+        _val(policies, "all_on", "joint_acceptance"),
+        _ci(policies, "all_on", "joint_acceptance"),
+    )
     if j_a is None:
-        out["joint_recovery"] = {"holds": None, "text": "all-on shares no prefix (every "
-                                 "sharing set has one drafter): joint acceptance is undefined"}
+        out["joint_recovery"] = {
+            "holds": None,
+            "text": "all-on shares no prefix (every "
+            "sharing set has one drafter): joint acceptance is undefined",
+        }
     elif j_n is not None:
-        out["joint_recovery"] = {"holds": bool(j_a_ci[0] > j_n_ci[1]),
-                                 "text": f"all-on {j_a:.2f} [{j_a_ci[0]:.2f}, {j_a_ci[1]:.2f}] "
-                                         f"vs naive {j_n:.2f}"}
+        out["joint_recovery"] = {
+            "holds": bool(j_a_ci[0] > j_n_ci[1]),
+            "text": f"all-on {j_a:.2f} [{j_a_ci[0]:.2f}, {j_a_ci[1]:.2f}] vs naive {j_n:.2f}",
+        }
     f_n, f_a = (_val(policies, x, "consensus_fallback_rate") for x in ("naive", "all_on"))
     c_n, c_a = (_ci(policies, x, "consensus_fallback_rate") for x in ("naive", "all_on"))
     if f_n is not None and f_a is not None:
-        out["fallback_drop"] = {"holds": bool(c_a[1] < c_n[0]),
-                                "text": f"fallback naive {100 * f_n:.0f}% → all-on "
-                                        f"{100 * f_a:.0f}%"}
+        out["fallback_drop"] = {
+            "holds": bool(c_a[1] < c_n[0]),
+            "text": f"fallback naive {100 * f_n:.0f}% → all-on {100 * f_a:.0f}%",
+        }
     t_n, t_a = (_val(policies, x, "throughput_ratio_vs_single") for x in ("naive", "all_on"))
     c_ta = _ci(policies, "all_on", "throughput_ratio_vs_single")
     if t_n is not None and t_a is not None:
-        out["throughput"] = {"holds": bool(c_ta[0] > 1.0 and t_a > t_n),
-                             "text": f"throughput vs best single: naive {t_n:.2f}×, all-on "
-                                     f"{t_a:.2f}× [{c_ta[0]:.2f}, {c_ta[1]:.2f}]"}
+        out["throughput"] = {
+            "holds": bool(c_ta[0] > 1.0 and t_a > t_n),
+            "text": f"throughput vs best single: naive {t_n:.2f}×, all-on "
+            f"{t_a:.2f}× [{c_ta[0]:.2f}, {c_ta[1]:.2f}]",
+        }
     return out
 
 

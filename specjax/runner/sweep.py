@@ -111,13 +111,21 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Pl
         experiment, a bad grid, a config the experiment's validate hook rejects, or a
         workdir holding results of a config that differs outside ``grid``.
     """
-    check(isinstance(config, ml_collections.ConfigDict), "--config", type(config).__name__,
-          "a ConfigDict returned by the config file's get_config()")
+    check(
+        isinstance(config, ml_collections.ConfigDict),
+        "--config",
+        type(config).__name__,
+        "a ConfigDict returned by the config file's get_config()",
+    )
     workdir = _check_workdir(workdir)
     _check_outputs(workdir)
     name = config.get("experiment")
-    check(isinstance(name, str) and name, "experiment", name,
-          "the name of a registered experiment (config.experiment = '...')")
+    check(
+        isinstance(name, str) and name,
+        "experiment",
+        name,
+        "the name of a registered experiment (config.experiment = '...')",
+    )
     module = config.get("experiment_module")
     if module:
         check(isinstance(module, str), "experiment_module", module, "a string")
@@ -125,25 +133,41 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Pl
     # The project's experiments ("plans") register on import; lazily: it imports JAX.
     # pylint: disable-next=import-outside-toplevel,unused-import
     from specjax.runner import experiments  # noqa: F401
+
     experiment = registry.get_experiment(name)
-    check(config.get("cells_across_processes", "round_robin") in SPLIT_MODES,
-          "cells_across_processes", config.get("cells_across_processes"), SPLIT_MODES)
+    check(
+        config.get("cells_across_processes", "round_robin") in SPLIT_MODES,
+        "cells_across_processes",
+        config.get("cells_across_processes"),
+        SPLIT_MODES,
+    )
     cells = grid_lib.expand_grid(config)
-    check(INPUTS_KEY not in grid_lib.grid_axes(config), f"grid.{INPUTS_KEY}", INPUTS_KEY,
-          f"an axis name other than {INPUTS_KEY!r} (the runner's record of the inputs)")
+    check(
+        INPUTS_KEY not in grid_lib.grid_axes(config),
+        f"grid.{INPUTS_KEY}",
+        INPUTS_KEY,
+        f"an axis name other than {INPUTS_KEY!r} (the runner's record of the inputs)",
+    )
     inputs = experiment.validate(config) if experiment.validate is not None else None
     if inputs is not None and not isinstance(inputs, dict):
-        raise TypeError(f"experiment {name!r}: validate returned {type(inputs).__name__}; "
-                        f"expected None or a dict of JSON-serialisable inputs")
+        raise TypeError(
+            f"experiment {name!r}: validate returned {type(inputs).__name__}; "
+            f"expected None or a dict of JSON-serialisable inputs"
+        )
     inputs = grid_lib.to_jsonable(inputs or {}, f"inputs of experiment {name!r}")
     config_json = json.loads(config.to_json_best_effort())
     _check_resumable(workdir, config_json, inputs)
-    return Plan(config=config, workdir=workdir, experiment=experiment, cells=cells,
-                config_json=config_json, inputs=inputs)
+    return Plan(
+        config=config,
+        workdir=workdir,
+        experiment=experiment,
+        cells=cells,
+        config_json=config_json,
+        inputs=inputs,
+    )
 
 
-def execute(plan: Plan, *, progress: bool = True,
-            processes: Processes | None = None) -> list[dict]:
+def execute(plan: Plan, *, progress: bool = True, processes: Processes | None = None) -> list[dict]:
     """Runs the cells of `plan` not yet recorded; returns the recorded rows of its cells
     (rows of cells outside the grid stay in the journal, reported, never returned)."""
     procs = processes or Processes.from_jax()
@@ -151,8 +175,9 @@ def execute(plan: Plan, *, progress: bool = True,
     try:
         workdir.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # the workdir was checked in `prepare`; it changed since
-        raise ConfigError.invalid("--workdir", str(workdir),
-                                  f"a directory that can be created ({_os_reason(e)})") from None
+        raise ConfigError.invalid(
+            "--workdir", str(workdir), f"a directory that can be created ({_os_reason(e)})"
+        ) from None
     spmd = plan.config.get("cells_across_processes", "round_robin") == "all"
     own_journal = procs.count > 1 and not spmd
     journal = results_lib.results_path(workdir, procs.index if own_journal else None)
@@ -160,21 +185,26 @@ def execute(plan: Plan, *, progress: bool = True,
     with contextlib.ExitStack() as locks:
         # Process 0 holds the workdir's lock (that of results.jsonl, which it merges into);
         # every other process writing a journal holds that journal's.
-        for path in {results_lib.results_path(workdir) if procs.index == 0 else None,
-                     journal if records else None} - {None}:
+        for path in {
+            results_lib.results_path(workdir) if procs.index == 0 else None,
+            journal if records else None,
+        } - {None}:
             try:
                 locks.enter_context(results_lib.journal_lock(path))
             except BlockingIOError:
                 raise ConfigError(
                     f"--workdir: {workdir} is in use by another running sweep (lock on "
                     f"{path.name} held); wait for it or use another workdir",
-                    field="--workdir", value=str(workdir), allowed="a workdir not in use"
+                    field="--workdir",
+                    value=str(workdir),
+                    allowed="a workdir not in use",
                 ) from None
         return _execute_locked(plan, procs, journal, records, spmd, progress)
 
 
-def _execute_locked(plan: Plan, procs: Processes, journal: Path, records: bool,
-                    spmd: bool, progress: bool) -> list[dict]:
+def _execute_locked(
+    plan: Plan, procs: Processes, journal: Path, records: bool, spmd: bool, progress: bool
+) -> list[dict]:
     workdir, config, exp = plan.workdir, plan.config, plan.experiment
     if procs.index == 0:
         results_lib.atomic_write_json(workdir / CONFIG_NAME, plan.config_json)
@@ -184,15 +214,21 @@ def _execute_locked(plan: Plan, procs: Processes, journal: Path, records: bool,
     done = {r["cell_id"] for r in results_lib.read_all_results(workdir) if "cell_id" in r}
     procs.barrier("specjax_sweep_read")  # nobody appends before everyone has read
     todo = [c for c in plan.cells if c["cell_id"] not in done]
-    mine = todo if spmd or procs.count == 1 else todo[procs.index::procs.count]
+    mine = todo if spmd or procs.count == 1 else todo[procs.index :: procs.count]
     if done:
-        logging.info("%s: %d of %d cells already recorded; %d to run",
-                     workdir, len(plan.cells) - len(todo), len(plan.cells), len(todo))
+        logging.info(
+            "%s: %d of %d cells already recorded; %d to run",
+            workdir,
+            len(plan.cells) - len(todo),
+            len(plan.cells),
+            len(todo),
+        )
     if records:
         results_lib.repair(journal)
 
-    bar = _progress_bar(len(mine), f"{exp.name} p{procs.index}" if procs.count > 1 else exp.name,
-                        enabled=progress)
+    bar = _progress_bar(
+        len(mine), f"{exp.name} p{procs.index}" if procs.count > 1 else exp.name, enabled=progress
+    )
     try:
         for cell in mine:
             start = time.perf_counter()
@@ -213,9 +249,14 @@ def _execute_locked(plan: Plan, procs: Processes, journal: Path, records: bool,
         # another run) stay in the journal, but nothing counts them: they are reported.
         rows, outside = grid_lib.split_rows(rows, plan.cells)
         if outside:
-            logging.warning("%s: %d row(s) of %s are not cells of this grid (first: %s); "
-                            "the report and the summary leave them out", workdir,
-                            len(outside), results_lib.RESULTS_NAME, outside[0][1])
+            logging.warning(
+                "%s: %d row(s) of %s are not cells of this grid (first: %s); "
+                "the report and the summary leave them out",
+                workdir,
+                len(outside),
+                results_lib.RESULTS_NAME,
+                outside[0][1],
+            )
         if config.get("report", True):
             from specjax.runner import report  # pylint: disable=import-outside-toplevel
 
@@ -223,16 +264,20 @@ def _execute_locked(plan: Plan, procs: Processes, journal: Path, records: bool,
                 report.write_report(workdir, rows, plan.config_json, outside=outside)
             except Exception:  # pylint: disable=broad-except
                 # The results are safe; a plotting bug must not cost the finalize hook.
-                logging.exception("writing the report failed; fix and rebuild it with "
-                                  "python -m specjax.report --workdir=%s", workdir)
+                logging.exception(
+                    "writing the report failed; fix and rebuild it with "
+                    "python -m specjax.report --workdir=%s",
+                    workdir,
+                )
         if exp.finalize is not None:
             exp.finalize(config, workdir, rows)
     procs.barrier("specjax_sweep_finalized")
     return grid_lib.split_rows(results_lib.read_all_results(workdir), plan.cells)[0]
 
 
-def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
-        progress: bool = True) -> list[dict]:
+def run(
+    config: ml_collections.ConfigDict, workdir: str | os.PathLike, *, progress: bool = True
+) -> list[dict]:
     """`prepare` then `execute`: the whole sweep, resumable. Returns the rows of its cells."""
     return execute(prepare(config, workdir), progress=progress)
 
@@ -275,8 +320,7 @@ def _check_workdir(workdir: str | os.PathLike) -> Path:
     workdir) and removing it at once, since permission bits say nothing when running as
     root and nothing about /proc or /sys.
     """
-    check(workdir is not None and str(workdir).strip(), "--workdir", workdir,
-          "a directory path")
+    check(workdir is not None and str(workdir).strip(), "--workdir", workdir, "a directory path")
     path = user_path(workdir, "--workdir", "a directory path")
     existing = None
     try:
@@ -285,8 +329,11 @@ def _check_workdir(workdir: str | os.PathLike) -> Path:
                 if p.is_dir():
                     existing = p
                     break
-                allowed = ("a directory or a path to create, not an existing file" if p == path
-                           else f"a path that can be created ({p} is a file)")
+                allowed = (
+                    "a directory or a path to create, not an existing file"
+                    if p == path
+                    else f"a path that can be created ({p} is a file)"
+                )
                 raise ConfigError.invalid("--workdir", str(workdir), allowed)
         if existing is None:
             raise ConfigError.invalid("--workdir", str(workdir), "a path that can be created")
@@ -295,21 +342,33 @@ def _check_workdir(workdir: str | os.PathLike) -> Path:
     except ConfigError:
         raise
     except (OSError, ValueError) as e:
-        allowed = ("a directory path" if existing is None else "a writable directory"
-                   if existing == path else
-                   f"a directory that can be created ({existing} is not writable)")
-        raise ConfigError.invalid("--workdir", str(workdir),
-                                  f"{allowed}: {_os_reason(e)}") from None
+        allowed = (
+            "a directory path"
+            if existing is None
+            else "a writable directory"
+            if existing == path
+            else f"a directory that can be created ({existing} is not writable)"
+        )
+        raise ConfigError.invalid(
+            "--workdir", str(workdir), f"{allowed}: {_os_reason(e)}"
+        ) from None
     return path
 
 
 # What a sweep writes in its workdir (the runner, the report, the shipped experiments'
 # finalize hooks): each, when it exists already, must be of its kind, or the sweep would
 # fail writing it after its cells ran.
-OUTPUTS = {CONFIG_NAME: "file", VERSION_NAME: "file", results_lib.RESULTS_NAME: "file",
-           f".{results_lib.RESULTS_NAME}.lock": "file", "report.md": "file",
-           "plots": "directory", "summary.json": "file", "seed_report.md": "file",
-           "baselines": "directory"}
+OUTPUTS = {
+    CONFIG_NAME: "file",
+    VERSION_NAME: "file",
+    results_lib.RESULTS_NAME: "file",
+    f".{results_lib.RESULTS_NAME}.lock": "file",
+    "report.md": "file",
+    "plots": "directory",
+    "summary.json": "file",
+    "seed_report.md": "file",
+    "baselines": "directory",
+}
 
 
 def _check_outputs(workdir: Path) -> None:
@@ -340,14 +399,18 @@ def _check_resumable(workdir: Path, config_json: dict, inputs: dict | None = Non
     try:
         rows = results_lib.read_all_results(workdir)
     except OSError as e:
-        raise ConfigError.invalid("--workdir", str(workdir),
-                                  f"a run directory whose {results_lib.RESULTS_NAME} is "
-                                  f"readable ({_os_reason(e)})") from None
+        raise ConfigError.invalid(
+            "--workdir",
+            str(workdir),
+            f"a run directory whose {results_lib.RESULTS_NAME} is readable ({_os_reason(e)})",
+        ) from None
     if not rows:
         return
     old_path = workdir / CONFIG_NAME
-    way_out = (f"restore {CONFIG_NAME}, or use a new workdir (or move "
-               f"{results_lib.RESULTS_NAME} away to start over)")
+    way_out = (
+        f"restore {CONFIG_NAME}, or use a new workdir (or move "
+        f"{results_lib.RESULTS_NAME} away to start over)"
+    )
     try:
         old = json.loads(old_path.read_text(encoding="utf-8"))
         problem = None if isinstance(old, dict) else "not a JSON object"
@@ -359,16 +422,23 @@ def _check_resumable(workdir: Path, config_json: dict, inputs: dict | None = Non
         raise ConfigError(
             f"--workdir: {workdir} holds {len(rows)} result(s) but its {CONFIG_NAME} is "
             f"{problem}, so they cannot be attributed to a config; {way_out}",
-            field="--workdir", value=str(workdir),
-            allowed=f"a workdir whose results have their {CONFIG_NAME}")
-    differ = _diff_paths({k: v for k, v in old.items() if k not in RESUME_IGNORED},
-                         {k: v for k, v in config_json.items() if k not in RESUME_IGNORED})
+            field="--workdir",
+            value=str(workdir),
+            allowed=f"a workdir whose results have their {CONFIG_NAME}",
+        )
+    differ = _diff_paths(
+        {k: v for k, v in old.items() if k not in RESUME_IGNORED},
+        {k: v for k, v in config_json.items() if k not in RESUME_IGNORED},
+    )
     if differ:
         shown = ", ".join(differ[:8]) + (", ..." if len(differ) > 8 else "")
         raise ConfigError(
             f"--workdir: {workdir} holds results of a different config (differs in "
             f"{shown}); use a new workdir, or the same values to resume",
-            field="--workdir", value=str(workdir), allowed="a workdir of the same config")
+            field="--workdir",
+            value=str(workdir),
+            allowed="a workdir of the same config",
+        )
     recorded = [r.get(INPUTS_KEY) for r in rows if INPUTS_KEY in r]
     other = [r for r in recorded if r != (inputs or {})]
     if other:
@@ -378,12 +448,15 @@ def _check_resumable(workdir: Path, config_json: dict, inputs: dict | None = Non
             f"--workdir: {workdir} holds results computed from other inputs (differ in "
             f"{shown}: recorded {_brief(other[0])}, now {_brief(inputs)}); use a new "
             f"workdir, or the same inputs to resume",
-            field="--workdir", value=str(workdir), allowed="a workdir of the same inputs")
+            field="--workdir",
+            value=str(workdir),
+            allowed="a workdir of the same inputs",
+        )
 
 
 def _brief(obj: Any, limit: int = 160) -> str:
     text = json.dumps(obj, sort_keys=True)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _diff_paths(a: Any, b: Any, prefix: str = "") -> list[str]:
@@ -399,11 +472,14 @@ def _diff_paths(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [] if a == b else [prefix or "(root)"]
 
 
-def _record(name: str, cell: dict, metrics: Any, wall: float, index: int,
-            inputs: dict | None = None) -> dict:
+def _record(
+    name: str, cell: dict, metrics: Any, wall: float, index: int, inputs: dict | None = None
+) -> dict:
     if not isinstance(metrics, dict):
-        raise TypeError(f"experiment {name!r} returned {type(metrics).__name__}; expected a "
-                        f"dict of JSON-serialisable metrics")
+        raise TypeError(
+            f"experiment {name!r} returned {type(metrics).__name__}; expected a "
+            f"dict of JSON-serialisable metrics"
+        )
     clash = sorted(set(metrics) & {*grid_lib.RESERVED_AXES, *([INPUTS_KEY] if inputs else [])})
     if clash:
         raise ValueError(f"experiment {name!r} returned the runner's own keys {clash}")
@@ -432,8 +508,16 @@ def _write_version(workdir: Path, inputs: dict | None = None) -> None:
     if isinstance(old, dict):
         # Keep the versions a resumed sweep ran under before, when they differ.
         previous = old.pop("previous", [])
-        keys = ("specjax", "jax", "jaxlib", "git_commit", "git_dirty", "backend",
-                "device_count", INPUTS_KEY)
+        keys = (
+            "specjax",
+            "jax",
+            "jaxlib",
+            "git_commit",
+            "git_dirty",
+            "backend",
+            "device_count",
+            INPUTS_KEY,
+        )
         if any(old.get(k) != info.get(k) for k in keys):
             previous.append(old)
         if previous:
@@ -444,8 +528,9 @@ def _write_version(workdir: Path, inputs: dict | None = None) -> None:
 def _git_info(root: Path) -> dict[str, Any]:
     def git(*args: str) -> str | None:
         try:
-            out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
-                                 timeout=10, check=True)
+            out = subprocess.run(
+                ["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=True
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return out.stdout.strip()
@@ -460,10 +545,16 @@ def _git_info(root: Path) -> dict[str, Any]:
 def _progress_bar(total: int, desc: str, enabled: bool):
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
-    return tqdm(total=total, desc=desc, unit="cell", file=sys.stderr, disable=not enabled,
-                dynamic_ncols=True, smoothing=0.1,
-                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, "
-                           "{rate_fmt}{postfix}]")
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="cell",
+        file=sys.stderr,
+        disable=not enabled,
+        dynamic_ncols=True,
+        smoothing=0.1,
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]",
+    )
 
 
 def _now() -> str:

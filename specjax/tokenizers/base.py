@@ -122,8 +122,11 @@ class Tokenizer(abc.ABC):
         cached = getattr(self, "_fingerprint_cache", None)
         if cached is None:
             payload = json.dumps(
-                self._fingerprint_payload(), sort_keys=True, ensure_ascii=True,
-                separators=(",", ":"))
+                self._fingerprint_payload(),
+                sort_keys=True,
+                ensure_ascii=True,
+                separators=(",", ":"),
+            )
             cached = hashlib.sha256(payload.encode("ascii")).hexdigest()
             self._fingerprint_cache = cached
         return cached
@@ -146,8 +149,10 @@ class Tokenizer(abc.ABC):
         obj = read_tokenizer_json(path)
         kind = obj.get("kind")
         if kind != cls.kind:
-            raise ValueError(f"{path}: holds a tokenizer of kind {kind!r}, not a "
-                             f"{cls.__name__} (kind {cls.kind!r})")
+            raise ValueError(
+                f"{path}: holds a tokenizer of kind {kind!r}, not a "
+                f"{cls.__name__} (kind {cls.kind!r})"
+            )
         check_format_version(obj, path)
         return cls.from_json(obj, source=str(path))
 
@@ -156,12 +161,15 @@ class Tokenizer(abc.ABC):
         if not 0 <= token_id < self.vocab_size:
             raise ValueError(
                 f"token id {token_id} out of range [0, {self.vocab_size}) "
-                f"for tokenizer {self.name!r}")
+                f"for tokenizer {self.name!r}"
+            )
         return token_id
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(name={self.name!r}, "
-                f"vocab_size={self.vocab_size}, fingerprint={self.fingerprint()[:12]})")
+        return (
+            f"{type(self).__name__}(name={self.name!r}, "
+            f"vocab_size={self.vocab_size}, fingerprint={self.fingerprint()[:12]})"
+        )
 
 
 def split_special(data: bytes, specials: Sequence[bytes]) -> list[tuple[bytes, bool]]:
@@ -180,12 +188,13 @@ def split_special(data: bytes, specials: Sequence[bytes]) -> list[tuple[bytes, b
     if not specials or not data:
         return [(data, False)] if data else []
     pattern = re.compile(
-        b"|".join(re.escape(s) for s in sorted(set(specials), key=len, reverse=True)))
+        b"|".join(re.escape(s) for s in sorted(set(specials), key=len, reverse=True))
+    )
     out: list[tuple[bytes, bool]] = []
     pos = 0
     for m in pattern.finditer(data):
         if m.start() > pos:
-            out.append((data[pos:m.start()], False))
+            out.append((data[pos : m.start()], False))
         out.append((m.group(0), True))
         pos = m.end()
     if pos < len(data):
@@ -223,4 +232,5 @@ def check_format_version(obj: dict[str, Any], path: str | os.PathLike[str]) -> N
     if version != FORMAT_VERSION:
         raise ValueError(
             f"{path}: tokenizer format_version {version} unsupported (this code reads "
-            f"{FORMAT_VERSION})")
+            f"{FORMAT_VERSION})"
+        )

@@ -32,8 +32,11 @@ def byte_to_unicode() -> dict[int, str]:
     Printable Latin-1 bytes map to themselves; the other 68 bytes are shifted to
     code points 256.. so that no symbol is whitespace or a control character.
     """
-    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-            + list(range(ord("®"), ord("ÿ") + 1)))
+    keep = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     table: dict[int, str] = {}
     extra = 0
     for b in range(256):
@@ -84,7 +87,8 @@ class BPETokenizer(Tokenizer):
             if tok.lstrip or tok.rstrip or tok.normalized:
                 raise ValueError(
                     f"BPE tokenizer {name!r}: added token {tok.content!r} strips whitespace "
-                    "or is normalized, which breaks exact round trips")
+                    "or is normalized, which breaks exact round trips"
+                )
         self._specials = {tok.content: tid for tid, tok in added.items()}
         vocab = hf.get_vocab(with_added_tokens=True)
         size = hf.get_vocab_size(with_added_tokens=True)
@@ -101,7 +105,8 @@ class BPETokenizer(Tokenizer):
             except KeyError:
                 raise ValueError(
                     f"BPE tokenizer {name!r}: token {token!r} (id {tid}) is not spelled "
-                    "in the byte-level alphabet") from None
+                    "in the byte-level alphabet"
+                ) from None
         self._bytes = table
 
     # ------------------------------------------------------------------ interface
@@ -142,7 +147,7 @@ class BPETokenizer(Tokenizer):
         pos = 0
         for m in _ESCAPED_RUN.finditer(text):
             if m.start() > pos:
-                out.extend(self.encode(text[pos:m.start()]))
+                out.extend(self.encode(text[pos : m.start()]))
             raw = bytes(ord(c) - 0xDC00 for c in m.group(0))
             symbols = "".join(to_unicode[b] for b in raw)
             out.extend(t.id for t in self._hf.model.tokenize(symbols))
@@ -199,8 +204,13 @@ def new_byte_level_bpe() -> tokenizers.Tokenizer:
     return hf
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: Sequence[str] = (),
-              name: str = "bpe", min_frequency: int = 0) -> BPETokenizer:
+def train_bpe(
+    texts: Iterable[str],
+    vocab_size: int,
+    special_tokens: Sequence[str] = (),
+    name: str = "bpe",
+    min_frequency: int = 0,
+) -> BPETokenizer:
     """Trains a byte-level BPE tokenizer, deterministically.
 
     The same texts, size and specials always give the same vocabulary and merges (the
@@ -228,7 +238,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: Sequence[st
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet) + len(specials):
         raise ValueError(
-            f"vocab_size {vocab_size} < 256 byte symbols + {len(specials)} special tokens")
+            f"vocab_size {vocab_size} < 256 byte symbols + {len(specials)} special tokens"
+        )
     hf = new_byte_level_bpe()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

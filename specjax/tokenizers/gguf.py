@@ -20,6 +20,7 @@ does.
 Every problem (no tokenizer in the metadata, an unsupported model or pre-tokenizer, a
 template that fails) raises one `ConfigError` line naming the file and the field.
 """
+
 from __future__ import annotations
 
 from specjax.errors import ConfigError
@@ -27,19 +28,30 @@ from specjax.errors import ConfigError
 __all__ = ['PRE_TOKENIZERS', 'tokenizer_spec', 'tokenizer_from_metadata', 'render_chat']
 
 # The pre-tokenizers of llama.cpp's ``tokenizer.ggml.pre`` names, in HF tokenizers' terms.
-_GPT2_SPLIT = {'type': 'ByteLevel', 'add_prefix_space': False, 'trim_offsets': True,
-               'use_regex': True}
-_BYTES_ONLY = {'type': 'ByteLevel', 'add_prefix_space': False, 'trim_offsets': False,
-               'use_regex': False}
-_LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}"
-              r"\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}"
-             r"\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT2_SPLIT = {
+    'type': 'ByteLevel',
+    'add_prefix_space': False,
+    'trim_offsets': True,
+    'use_regex': True,
+}
+_BYTES_ONLY = {
+    'type': 'ByteLevel',
+    'add_prefix_space': False,
+    'trim_offsets': False,
+    'use_regex': False,
+}
+_LLAMA3_RE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}"
+    r"\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_RE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}"
+    r"\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def _split(regex: str) -> dict:
-    return {'type': 'Split', 'pattern': {'Regex': regex}, 'behavior': 'Isolated',
-            'invert': False}
+    return {'type': 'Split', 'pattern': {'Regex': regex}, 'behavior': 'Isolated', 'invert': False}
 
 
 #: ``tokenizer.ggml.pre`` -> HF pre-tokenizer (byte-level BPE vocabularies).
@@ -47,8 +59,10 @@ PRE_TOKENIZERS = {
     'default': _GPT2_SPLIT,
     'gpt-2': _GPT2_SPLIT,
     'gpt2': _GPT2_SPLIT,
-    'smollm': {'type': 'Sequence', 'pretokenizers': [
-        {'type': 'Digits', 'individual_digits': True}, _GPT2_SPLIT]},
+    'smollm': {
+        'type': 'Sequence',
+        'pretokenizers': [{'type': 'Digits', 'individual_digits': True}, _GPT2_SPLIT],
+    },
     'llama-bpe': {'type': 'Sequence', 'pretokenizers': [_split(_LLAMA3_RE), _BYTES_ONLY]},
     'llama3': {'type': 'Sequence', 'pretokenizers': [_split(_LLAMA3_RE), _BYTES_ONLY]},
     'qwen2': {'type': 'Sequence', 'pretokenizers': [_split(_QWEN2_RE), _BYTES_ONLY]},
@@ -65,66 +79,122 @@ def tokenizer_spec(meta: dict, where: str) -> dict:
     tokens = meta.get('tokenizer.ggml.tokens')
     if model is None or tokens is None:
         missing = 'tokenizer.ggml.model' if model is None else 'tokenizer.ggml.tokens'
-        raise _fail(f'{where}: metadata {missing} is missing (no tokenizer in the file; '
-                    f'allowed: a file with tokenizer.ggml.model and tokenizer.ggml.tokens)')
+        raise _fail(
+            f'{where}: metadata {missing} is missing (no tokenizer in the file; '
+            f'allowed: a file with tokenizer.ggml.model and tokenizer.ggml.tokens)'
+        )
     tokens = [str(t) for t in tokens]
     types = list(meta.get('tokenizer.ggml.token_type') or [1] * len(tokens))
     if len(types) != len(tokens):
-        raise _fail(f'{where}: metadata tokenizer.ggml.token_type has {len(types)} entries '
-                    f'for {len(tokens)} tokens (allowed: one per token)')
-    added = [{'id': i, 'content': t, 'single_word': False, 'lstrip': False, 'rstrip': False,
-              'normalized': False, 'special': types[i] == 3}
-             for i, t in enumerate(tokens) if types[i] in (3, 4)]
+        raise _fail(
+            f'{where}: metadata tokenizer.ggml.token_type has {len(types)} entries '
+            f'for {len(tokens)} tokens (allowed: one per token)'
+        )
+    added = [
+        {
+            'id': i,
+            'content': t,
+            'single_word': False,
+            'lstrip': False,
+            'rstrip': False,
+            'normalized': False,
+            'special': types[i] == 3,
+        }
+        for i, t in enumerate(tokens)
+        if types[i] in (3, 4)
+    ]
     if model == 'gpt2':
         merges = meta.get('tokenizer.ggml.merges')
         if merges is None:
-            raise _fail(f'{where}: metadata tokenizer.ggml.merges is missing (a gpt2 BPE '
-                        f'vocabulary needs its merges)')
+            raise _fail(
+                f'{where}: metadata tokenizer.ggml.merges is missing (a gpt2 BPE '
+                f'vocabulary needs its merges)'
+            )
         pre = meta.get('tokenizer.ggml.pre', 'default')
         if pre not in PRE_TOKENIZERS:
-            raise _fail(f'{where}: metadata tokenizer.ggml.pre={pre!r} is not supported '
-                        f'(allowed: {", ".join(map(repr, PRE_TOKENIZERS))})')
+            raise _fail(
+                f'{where}: metadata tokenizer.ggml.pre={pre!r} is not supported '
+                f'(allowed: {", ".join(map(repr, PRE_TOKENIZERS))})'
+            )
         return {
-            'version': '1.0', 'truncation': None, 'padding': None, 'added_tokens': added,
-            'normalizer': None, 'pre_tokenizer': PRE_TOKENIZERS[pre],
+            'version': '1.0',
+            'truncation': None,
+            'padding': None,
+            'added_tokens': added,
+            'normalizer': None,
+            'pre_tokenizer': PRE_TOKENIZERS[pre],
             'post_processor': _bos_processor(meta, tokens, default=False),
-            'decoder': {'type': 'ByteLevel', 'add_prefix_space': True, 'trim_offsets': True,
-                        'use_regex': True},
-            'model': {'type': 'BPE', 'dropout': None, 'unk_token': None,
-                      'continuing_subword_prefix': None, 'end_of_word_suffix': None,
-                      'fuse_unk': False, 'byte_fallback': False, 'ignore_merges': False,
-                      'vocab': {t: i for i, t in enumerate(tokens)},
-                      'merges': [str(m) for m in merges]}}
+            'decoder': {
+                'type': 'ByteLevel',
+                'add_prefix_space': True,
+                'trim_offsets': True,
+                'use_regex': True,
+            },
+            'model': {
+                'type': 'BPE',
+                'dropout': None,
+                'unk_token': None,
+                'continuing_subword_prefix': None,
+                'end_of_word_suffix': None,
+                'fuse_unk': False,
+                'byte_fallback': False,
+                'ignore_merges': False,
+                'vocab': {t: i for i, t in enumerate(tokens)},
+                'merges': [str(m) for m in merges],
+            },
+        }
     if model == 'llama':
         scores = meta.get('tokenizer.ggml.scores')
         if scores is None or len(scores) != len(tokens):
-            raise _fail(f'{where}: metadata tokenizer.ggml.scores is missing or not one per '
-                        f'token (a SentencePiece vocabulary needs its scores)')
+            raise _fail(
+                f'{where}: metadata tokenizer.ggml.scores is missing or not one per '
+                f'token (a SentencePiece vocabulary needs its scores)'
+            )
         unk = int(meta.get('tokenizer.ggml.unknown_token_id', 0))
         if not 0 <= unk < len(tokens):
-            raise _fail(f'{where}: metadata tokenizer.ggml.unknown_token_id={unk} is not a '
-                        f'token id (allowed: 0..{len(tokens) - 1})')
+            raise _fail(
+                f'{where}: metadata tokenizer.ggml.unknown_token_id={unk} is not a '
+                f'token id (allowed: 0..{len(tokens) - 1})'
+            )
         space = [{'type': 'Replace', 'pattern': {'String': ' '}, 'content': '▁'}]
         if meta.get('tokenizer.ggml.add_space_prefix', True):
             space.insert(0, {'type': 'Prepend', 'prepend': '▁'})
         return {
-            'version': '1.0', 'truncation': None, 'padding': None, 'added_tokens': added,
+            'version': '1.0',
+            'truncation': None,
+            'padding': None,
+            'added_tokens': added,
             # llama.cpp prepends a space to every text fragment (after each special token
             # too) and spells spaces as ▁: HF's "legacy" Llama normalizer, per fragment.
             'normalizer': {'type': 'Sequence', 'normalizers': space},
             'pre_tokenizer': None,
             'post_processor': _bos_processor(meta, tokens, default=True),
-            'decoder': {'type': 'Sequence', 'decoders': [
-                {'type': 'Replace', 'pattern': {'String': '▁'}, 'content': ' '},
-                {'type': 'ByteFallback'}, {'type': 'Fuse'},
-                {'type': 'Strip', 'content': ' ', 'start': 1, 'stop': 0}]},
-            'model': {'type': 'BPE', 'dropout': None, 'unk_token': tokens[unk],
-                      'continuing_subword_prefix': None, 'end_of_word_suffix': None,
-                      'fuse_unk': True, 'byte_fallback': True, 'ignore_merges': False,
-                      'vocab': {t: i for i, t in enumerate(tokens)},
-                      'merges': _spm_merges(tokens, scores, types)}}
-    raise _fail(f"{where}: metadata tokenizer.ggml.model={model!r} is not supported "
-                f"(allowed: 'gpt2', 'llama')")
+            'decoder': {
+                'type': 'Sequence',
+                'decoders': [
+                    {'type': 'Replace', 'pattern': {'String': '▁'}, 'content': ' '},
+                    {'type': 'ByteFallback'},
+                    {'type': 'Fuse'},
+                    {'type': 'Strip', 'content': ' ', 'start': 1, 'stop': 0},
+                ],
+            },
+            'model': {
+                'type': 'BPE',
+                'dropout': None,
+                'unk_token': tokens[unk],
+                'continuing_subword_prefix': None,
+                'end_of_word_suffix': None,
+                'fuse_unk': True,
+                'byte_fallback': True,
+                'ignore_merges': False,
+                'vocab': {t: i for i, t in enumerate(tokens)},
+                'merges': _spm_merges(tokens, scores, types),
+            },
+        }
+    raise _fail(
+        f"{where}: metadata tokenizer.ggml.model={model!r} is not supported "
+        f"(allowed: 'gpt2', 'llama')"
+    )
 
 
 def _spm_merges(tokens: list[str], scores, types: list[int]) -> list[list[str]]:
@@ -157,23 +227,33 @@ def _bos_processor(meta: dict, tokens: list[str], default: bool) -> dict | None:
     (``tokenizer.ggml.add_bos_token``; default: SentencePiece files yes, BPE files no), so
     `HFTokenizer.prompt_prefix` is the BOS the model was trained with."""
     bos = meta.get('tokenizer.ggml.bos_token_id')
-    if not meta.get('tokenizer.ggml.add_bos_token', default) or bos is None \
-            or not 0 <= int(bos) < len(tokens):
+    if (
+        not meta.get('tokenizer.ggml.add_bos_token', default)
+        or bos is None
+        or not 0 <= int(bos) < len(tokens)
+    ):
         return None
     t = tokens[int(bos)]
-    return {'type': 'TemplateProcessing',
-            'single': [{'SpecialToken': {'id': t, 'type_id': 0}},
-                       {'Sequence': {'id': 'A', 'type_id': 0}}],
-            'pair': [{'SpecialToken': {'id': t, 'type_id': 0}},
-                     {'Sequence': {'id': 'A', 'type_id': 0}},
-                     {'Sequence': {'id': 'B', 'type_id': 1}}],
-            'special_tokens': {t: {'id': t, 'ids': [int(bos)], 'tokens': [t]}}}
+    return {
+        'type': 'TemplateProcessing',
+        'single': [
+            {'SpecialToken': {'id': t, 'type_id': 0}},
+            {'Sequence': {'id': 'A', 'type_id': 0}},
+        ],
+        'pair': [
+            {'SpecialToken': {'id': t, 'type_id': 0}},
+            {'Sequence': {'id': 'A', 'type_id': 0}},
+            {'Sequence': {'id': 'B', 'type_id': 1}},
+        ],
+        'special_tokens': {t: {'id': t, 'ids': [int(bos)], 'tokens': [t]}},
+    }
 
 
 def tokenizer_from_metadata(meta: dict, where: str, name: str, pad_to: int | None = None):
     """The `HFTokenizer` of a GGUF file's metadata (`where` names the file in errors;
     `pad_to`: as `HFTokenizer`'s, the model's embedding rows)."""
     from specjax.tokenizers.hf import HFTokenizer  # pylint: disable=import-outside-toplevel
+
     spec = tokenizer_spec(meta, where)
     try:
         return HFTokenizer(spec, name=name, pad_to=pad_to)
@@ -181,8 +261,9 @@ def tokenizer_from_metadata(meta: dict, where: str, name: str, pad_to: int | Non
         raise _fail(f'{where}: {e}') from None
 
 
-def render_chat(template: str, messages: list[dict], *, add_generation_prompt: bool = True,
-                **extra) -> str:
+def render_chat(
+    template: str, messages: list[dict], *, add_generation_prompt: bool = True, **extra
+) -> str:
     """Renders a chat template (Jinja, as in HF ``tokenizer_config.json``) the way
     transformers does: sandboxed, ``trim_blocks`` and ``lstrip_blocks``, loop controls
     (``break`` / ``continue``), ``raise_exception``, ``strftime_now`` and a ``tojson``
@@ -199,20 +280,23 @@ def render_chat(template: str, messages: list[dict], *, add_generation_prompt: b
         raise _fail(f'chat template: {message}')
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
 
     def strftime_now(fmt):
         return datetime.datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=['jinja2.ext.loopcontrols'])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=['jinja2.ext.loopcontrols']
+    )
     env.filters['tojson'] = tojson
     env.globals['raise_exception'] = raise_exception
     env.globals['strftime_now'] = strftime_now
     try:
         return env.from_string(template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **extra)
+            messages=messages, add_generation_prompt=add_generation_prompt, **extra
+        )
     except ConfigError:
         raise
     except Exception as e:  # jinja2 syntax / undefined errors

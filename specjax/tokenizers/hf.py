@@ -82,13 +82,15 @@ def _style(spec: dict) -> tuple[str, str]:
             if d.get("type") == "Metaspace":
                 return "sentencepiece", d.get("replacement", "▁")
             if d.get("type") == "Replace" and "▁" in (
-                    str(d.get("content")) + str((d.get("pattern") or {}).get("String"))):
+                str(d.get("content")) + str((d.get("pattern") or {}).get("String"))
+            ):
                 return "sentencepiece", "▁"
     return "plain", ""
 
 
-def token_string_bytes(token: str, style: str, space: str = "▁",
-                       byte_fallback: bool = False) -> bytes:
+def token_string_bytes(
+    token: str, style: str, space: str = "▁", byte_fallback: bool = False
+) -> bytes:
     """The bytes a vocabulary entry stands for, under the tokenizer's convention.
 
     Args:
@@ -120,8 +122,10 @@ def _exact_spec(spec: dict, name: str) -> dict:
     spec = copy.deepcopy(spec)
     lossy = _types(spec.get("normalizer")) & _LOSSY_NORMALIZERS
     if lossy:
-        raise ConfigError(f"tokenizer {name}: normalizer {sorted(lossy)[0]} loses information; "
-                          "allowed: tokenizers whose text can be recovered exactly")
+        raise ConfigError(
+            f"tokenizer {name}: normalizer {sorted(lossy)[0]} loses information; "
+            "allowed: tokenizers whose text can be recovered exactly"
+        )
 
     def strip(node):
         if node is None:
@@ -168,8 +172,10 @@ class HFTokenizer(Tokenizer):
         where = f"tokenizer {name}"
         model = spec.get("model") or {}
         if model.get("type") not in ("BPE", "Unigram", "WordLevel"):
-            raise ConfigError(f"{where}: model type {model.get('type')!r} is not supported "
-                              "(allowed: 'BPE', 'Unigram', 'WordLevel')")
+            raise ConfigError(
+                f"{where}: model type {model.get('type')!r} is not supported "
+                "(allowed: 'BPE', 'Unigram', 'WordLevel')"
+            )
         try:
             self._hf = tokenizers.Tokenizer.from_str(json.dumps(spec))
             self._exact = tokenizers.Tokenizer.from_str(json.dumps(_exact_spec(spec, name)))
@@ -187,8 +193,9 @@ class HFTokenizer(Tokenizer):
         self.n_tokenizer_ids = n_ids
         size = n_ids if pad_to is None else int(pad_to)
         if size < n_ids:
-            raise ConfigError(f"{where}: pad_to={pad_to} is below its {n_ids} ids "
-                              f"(allowed: pad_to >= {n_ids})")
+            raise ConfigError(
+                f"{where}: pad_to={pad_to} is below its {n_ids} ids (allowed: pad_to >= {n_ids})"
+            )
         table = [b""] * size
         for token, tid in vocab.items():
             if tid in added:
@@ -236,7 +243,7 @@ class HFTokenizer(Tokenizer):
         specials = set(self._specials.values())
         prefix = []
         for i in with_special:
-            if i not in specials or with_special[len(prefix):len(prefix) + len(plain)] == plain:
+            if i not in specials or with_special[len(prefix) : len(prefix) + len(plain)] == plain:
                 break
             prefix.append(i)
         return tuple(prefix)
@@ -244,9 +251,11 @@ class HFTokenizer(Tokenizer):
     def _check(self, ids: list[int], data: bytes) -> list[int]:
         got = b"".join(self._bytes[i] for i in ids)
         if got != data:
-            raise ValueError(f"tokenizer {self.name}: cannot spell {data[:40]!r} exactly "
-                             f"(got {got[:40]!r}); its vocabulary lacks a piece and has no "
-                             "byte fallback")
+            raise ValueError(
+                f"tokenizer {self.name}: cannot spell {data[:40]!r} exactly "
+                f"(got {got[:40]!r}); its vocabulary lacks a piece and has no "
+                "byte fallback"
+            )
         return ids
 
     def encode(self, text: str) -> list[int]:
@@ -264,17 +273,20 @@ class HFTokenizer(Tokenizer):
         pos = 0
         for m in _ESCAPED_RUN.finditer(text):
             if m.start() > pos:
-                out.extend(self.encode(text[pos:m.start()]))
+                out.extend(self.encode(text[pos : m.start()]))
             raw = bytes(ord(c) - 0xDC00 for c in m.group(0))
             if self.style == "byte_level":
                 to_unicode = byte_to_unicode()
-                out.extend(t.id for t in self._exact.model.tokenize(
-                    "".join(to_unicode[b] for b in raw)))
+                out.extend(
+                    t.id for t in self._exact.model.tokenize("".join(to_unicode[b] for b in raw))
+                )
             elif self.byte_fallback:
                 out.extend(self._byte_ids[b] for b in raw)
             else:
-                raise ValueError(f"tokenizer {self.name}: cannot spell the bytes {raw!r} "
-                                 "(not UTF-8, and no byte fallback)")
+                raise ValueError(
+                    f"tokenizer {self.name}: cannot spell the bytes {raw!r} "
+                    "(not UTF-8, and no byte fallback)"
+                )
             pos = m.end()
         if pos < len(text):
             out.extend(self.encode(text[pos:]))
@@ -288,13 +300,20 @@ class HFTokenizer(Tokenizer):
 
     def _fingerprint_payload(self) -> dict[str, Any]:
         spec = json.dumps(self._spec, sort_keys=True, ensure_ascii=True)
-        return {"kind": self.kind, "tokens": [b.hex() for b in self._bytes],
-                "special_ids": sorted(self._specials.values()),
-                "spec_sha256": hashlib.sha256(spec.encode("ascii")).hexdigest()}
+        return {
+            "kind": self.kind,
+            "tokens": [b.hex() for b in self._bytes],
+            "special_ids": sorted(self._specials.values()),
+            "spec_sha256": hashlib.sha256(spec.encode("ascii")).hexdigest(),
+        }
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "vocab_size": self.vocab_size,
-                "tokenizer": self._spec}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "vocab_size": self.vocab_size,
+            "tokenizer": self._spec,
+        }
 
     @classmethod
     def from_json(cls, obj: dict[str, Any], source: str = "<json>") -> HFTokenizer:
@@ -304,8 +323,9 @@ class HFTokenizer(Tokenizer):
         return cls(spec, name=str(obj.get("name", "hf")), pad_to=obj.get("vocab_size"))
 
 
-def load_hf_tokenizer(path: str | os.PathLike[str], pad_to: int | None = None,
-                      name: str | None = None) -> HFTokenizer:
+def load_hf_tokenizer(
+    path: str | os.PathLike[str], pad_to: int | None = None, name: str | None = None
+) -> HFTokenizer:
     """An `HFTokenizer` from a ``tokenizer.json`` file or a folder holding one.
 
     Raises:

@@ -16,9 +16,11 @@ from specjax.tokenizers.hf import HFTokenizer
 __all__ = ["KINDS", "load_tokenizer"]
 
 #: ``kind`` (as written to JSON) -> the class that reads it.
-KINDS: dict[str, type[Tokenizer]] = {ByteTokenizer.kind: ByteTokenizer,
-                                     BPETokenizer.kind: BPETokenizer,
-                                     HFTokenizer.kind: HFTokenizer}
+KINDS: dict[str, type[Tokenizer]] = {
+    ByteTokenizer.kind: ByteTokenizer,
+    BPETokenizer.kind: BPETokenizer,
+    HFTokenizer.kind: HFTokenizer,
+}
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
@@ -40,6 +42,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
     kind = obj.get("kind")
     if kind not in KINDS:
         raise ValueError(
-            f"{path}: unknown tokenizer kind {kind!r} (expected one of {sorted(KINDS)})")
+            f"{path}: unknown tokenizer kind {kind!r} (expected one of {sorted(KINDS)})"
+        )
     check_format_version(obj, path)
     return KINDS[kind].from_json(obj, source=str(path))

@@ -79,6 +79,6 @@ def retokenization_table(src: Tokenizer, dst: Tokenizer) -> tuple[np.ndarray, np
     ids = np.zeros((src.vocab_size, width), dtype=np.int32)
     lengths = np.zeros((src.vocab_size,), dtype=np.int32)
     for i, r in enumerate(rows):
-        ids[i, :len(r)] = r
+        ids[i, : len(r)] = r
         lengths[i] = len(r)
     return ids, lengths

@@ -5,6 +5,7 @@ probabilities is here. `q` must be the distribution the drafter *actually* sampl
 after temperature, top-k/top-p and the vocabulary-intersection mask — or losslessness is
 lost (a peer library's bug); `sampling_probs` is therefore used both to sample and to verify.
 """
+
 from __future__ import annotations
 
 import jax
@@ -16,8 +17,14 @@ from specjax.verify.streams import argmax_first, categorical_data, key_data
 _NEG_INF = -jnp.inf
 
 
-def sampling_probs(logits: jax.Array, temperature, *, top_k: int = 0, top_p: float = 1.0,
-                                      mask: jax.Array | None = None) -> jax.Array:
+def sampling_probs(
+    logits: jax.Array,
+    temperature,
+    *,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    mask: jax.Array | None = None,
+) -> jax.Array:
     """The exact distribution sampled from at `temperature` (0 = greedy one-hot).
 
     Args:
@@ -87,8 +94,9 @@ def accept_test(u: jax.Array, p_x: jax.Array, q_x: jax.Array) -> jax.Array:
     return u * q_x < p_x
 
 
-def to_verifier_space(q_drafter: jax.Array, drafter_to_verifier: jax.Array,
-                                            verifier_vocab: int) -> jax.Array:
+def to_verifier_space(
+    q_drafter: jax.Array, drafter_to_verifier: jax.Array, verifier_vocab: int
+) -> jax.Array:
     """Scatter a drafter distribution f32[..., Vd] onto verifier ids (rule 3, TLI).
 
     `drafter_to_verifier`: i32[Vd], the verifier id with identical bytes or -1. Mass on

@@ -29,6 +29,7 @@ Rules:
         block is cut at the first position where *any* active chain mismatched, for every
         drafter. Still exact (every committed token is the verifier's Gumbel-max sample).
 """
+
 from __future__ import annotations
 
 import chex
@@ -37,8 +38,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax import debug
-from specjax.verify.streams import gumbel_data, key_data, split_data, uniform_data
 from specjax.verify.distributions import accept_test, gumbel_argmax, residual, sample
+from specjax.verify.streams import gumbel_data, key_data, split_data, uniform_data
 
 RULES = ("rejection", "token_tree", "shared_block", "coupled", "coupled_block")
 COUPLED_RULES = ("coupled", "coupled_block")
@@ -73,6 +74,7 @@ class Verdict:
             tokens (the coupled match, ≤ Σ min(p, q) per position); other rules: the same
             as `own_first_rejection`.
     """
+
     n: jax.Array
     tokens: jax.Array
     path_slot: jax.Array
@@ -150,9 +152,11 @@ def shared_block(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     own_first = first[primary] == cut
     cut_c = jnp.minimum(cut, gamma - 1)
     p_cut = p_before[primary, cut_c]
-    dist = jnp.where(cut == gamma, p_nodes[primary, gamma - 1],
-                                      jnp.where(own_first & others_later,
-                                                          residual(p_cut, q[primary, cut_c]), p_cut))
+    dist = jnp.where(
+        cut == gamma,
+        p_nodes[primary, gamma - 1],
+        jnp.where(own_first & others_later, residual(p_cut, q[primary, cut_c]), p_cut),
+    )
     final = sample(k_tok, dist)
     idx = jnp.arange(gamma + 1)
     tokens = jnp.where(idx < cut, jnp.pad(drafts[primary], (0, 1)), 0)
@@ -160,14 +164,18 @@ def shared_block(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     rejected = (active & (first == cut) & (cut < gamma)).astype(jnp.int32)
     first = first.astype(jnp.int32)
     return Verdict(
-            n=cut.astype(jnp.int32), tokens=tokens.astype(jnp.int32),
-            path_slot=jnp.full((gamma,), primary, jnp.int32),
-            accepted=jnp.where(active, jnp.minimum(first, cut), 0).astype(jnp.int32),
-            rejected=rejected, matched=jnp.where(active, _matched(drafts, tokens, cut), 0),
-            own_first_rejection=first,
-            reached=jnp.minimum(cut + 1, gamma).astype(jnp.int32),
-            cut_at=_block_cut(active, cut, gamma), pruned_at=jnp.full((s,), gamma, jnp.int32),
-            match_lead=first)
+        n=cut.astype(jnp.int32),
+        tokens=tokens.astype(jnp.int32),
+        path_slot=jnp.full((gamma,), primary, jnp.int32),
+        accepted=jnp.where(active, jnp.minimum(first, cut), 0).astype(jnp.int32),
+        rejected=rejected,
+        matched=jnp.where(active, _matched(drafts, tokens, cut), 0),
+        own_first_rejection=first,
+        reached=jnp.minimum(cut + 1, gamma).astype(jnp.int32),
+        cut_at=_block_cut(active, cut, gamma),
+        pruned_at=jnp.full((s,), gamma, jnp.int32),
+        match_lead=first,
+    )
 
 
 def _block_cut(active, cut, gamma):
@@ -178,8 +186,10 @@ def _block_cut(active, cut, gamma):
 def rejection(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     """Rule 1 (Leviathan et al. 2023; Chen et al. 2023) for a single chain (S = 1)."""
     if q.shape[0] != 1:
-        raise ValueError(f"rule 'rejection' verifies one chain per row; got {q.shape[0]} slots "
-                                          "(use 'token_tree' or 'shared_block' for several drafters)")
+        raise ValueError(
+            f"rule 'rejection' verifies one chain per row; got {q.shape[0]} slots "
+            "(use 'token_tree' or 'shared_block' for several drafters)"
+        )
     return shared_block(key, p_root, p_nodes, q, drafts, active)
 
 
@@ -199,7 +209,7 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     # Gumbel noise of every depth's sample (keys split from k_tok) drawn at once.
     k_u, k_own, k_tok = split_data(key_data(key), 3)
     u = uniform_data(k_u, (gamma, s))
-    tok_noise = gumbel_data(split_data(k_tok, gamma + 1), (v,))       # f32[γ+1, V]
+    tok_noise = gumbel_data(split_data(k_tok, gamma + 1), (v,))  # f32[γ+1, V]
     p_before = _p_before(p_root, p_nodes)
 
     def depth(carry, d):
@@ -219,7 +229,8 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
             return (r, found | hit, jnp.where(hit, k, slot), rej_k), None
 
         (r, found, slot, rej), _ = jax.lax.scan(
-                child, (r0, jnp.array(False), jnp.int32(0), rej), jnp.arange(s), unroll=True)
+            child, (r0, jnp.array(False), jnp.int32(0), rej), jnp.arange(s), unroll=True
+        )
         x = drafts[slot, d]
         stop_here = ~done & ~found
         final = gumbel_argmax(r, tok_noise[d])
@@ -236,27 +247,54 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
         alive = new_alive
         n = n + (found & ~done).astype(jnp.int32)
         cur = jnp.where(found & ~done, slot, cur)
-        return (done | stop_here, n, cur, alive, tokens, path_slot, acc, rej, cut_at,
-                pruned_at), None
+        return (
+            done | stop_here,
+            n,
+            cur,
+            alive,
+            tokens,
+            path_slot,
+            acc,
+            rej,
+            cut_at,
+            pruned_at,
+        ), None
 
-    init = (jnp.array(False), jnp.int32(0), jnp.argmax(active).astype(jnp.int32), active,
-                    jnp.zeros((gamma + 1,), jnp.int32), jnp.zeros((gamma,), jnp.int32),
-                    jnp.zeros((s,), jnp.int32), jnp.zeros((s,), jnp.int32),
-                    jnp.full((s,), gamma, jnp.int32), jnp.full((s,), gamma, jnp.int32))
+    init = (
+        jnp.array(False),
+        jnp.int32(0),
+        jnp.argmax(active).astype(jnp.int32),
+        active,
+        jnp.zeros((gamma + 1,), jnp.int32),
+        jnp.zeros((gamma,), jnp.int32),
+        jnp.zeros((s,), jnp.int32),
+        jnp.zeros((s,), jnp.int32),
+        jnp.full((s,), gamma, jnp.int32),
+        jnp.full((s,), gamma, jnp.int32),
+    )
     # Both loops unrolled (S and γ are small and static): a rolled loop costs XLA:CPU
     # copies of its state and a few thunks per trip, every round.
     (done, n, cur, _, tokens, path_slot, acc, rej, cut_at, pruned_at), _ = jax.lax.scan(
-            depth, init, jnp.arange(gamma), unroll=True)
+        depth, init, jnp.arange(gamma), unroll=True
+    )
     bonus = gumbel_argmax(p_nodes[cur, gamma - 1], tok_noise[gamma])
     tokens = tokens.at[gamma].set(jnp.where(done, 0, bonus))
-    first = _own_tests(uniform_data(k_own, (s, gamma)), p_before, q, drafts,
-                       active).astype(jnp.int32)
-    return Verdict(n=n, tokens=tokens, path_slot=path_slot, accepted=acc, rejected=rej,
-                   matched=jnp.where(active, _matched(drafts, tokens, n), 0),
-                   own_first_rejection=first,
-                   reached=jnp.minimum(n + 1, gamma).astype(jnp.int32),
-                   cut_at=jnp.where(active, cut_at, gamma), pruned_at=jnp.where(
-                       active, pruned_at, gamma), match_lead=first)
+    first = _own_tests(uniform_data(k_own, (s, gamma)), p_before, q, drafts, active).astype(
+        jnp.int32
+    )
+    return Verdict(
+        n=n,
+        tokens=tokens,
+        path_slot=path_slot,
+        accepted=acc,
+        rejected=rej,
+        matched=jnp.where(active, _matched(drafts, tokens, n), 0),
+        own_first_rejection=first,
+        reached=jnp.minimum(n + 1, gamma).astype(jnp.int32),
+        cut_at=jnp.where(active, cut_at, gamma),
+        pruned_at=jnp.where(active, pruned_at, gamma),
+        match_lead=first,
+    )
 
 
 def coupled(gumbel, p_root, p_nodes, q, drafts, active, key=None) -> Verdict:
@@ -283,7 +321,7 @@ def _coupled(gumbel, p_root, p_nodes, q, drafts, active, key, shared_block: bool
     _check(p_root, p_nodes, q, drafts, active)
     s, gamma, _ = q.shape
     p_before = _p_before(p_root, p_nodes)
-    target = gumbel_argmax(p_before, gumbel[None, :gamma])          # i32[S, γ]
+    target = gumbel_argmax(p_before, gumbel[None, :gamma])  # i32[S, γ]
     lead = jnp.where(active, _leading(drafts == target), -1)
     if shared_block:
         # The primary chain, cut at the earliest mismatch of any active chain.
@@ -292,8 +330,11 @@ def _coupled(gumbel, p_root, p_nodes, q, drafts, active, key, shared_block: bool
     else:
         best = jnp.argmax(lead)
         n = jnp.maximum(lead[best], 0).astype(jnp.int32)
-    final = jnp.where(n < gamma, target[best, jnp.minimum(n, gamma - 1)],
-                      gumbel_argmax(p_nodes[best, gamma - 1], gumbel[gamma]))
+    final = jnp.where(
+        n < gamma,
+        target[best, jnp.minimum(n, gamma - 1)],
+        gumbel_argmax(p_nodes[best, gamma - 1], gumbel[gamma]),
+    )
     idx = jnp.arange(gamma + 1)
     tokens = jnp.where(idx < n, jnp.pad(drafts[best], (0, 1)), 0)
     tokens = jnp.where(idx == n, final, tokens).astype(jnp.int32)
@@ -302,17 +343,23 @@ def _coupled(gumbel, p_root, p_nodes, q, drafts, active, key, shared_block: bool
     if key is None:
         own = match
     else:
-        own = _own_tests(uniform_data(key_data(key), (s, gamma)), p_before, q, drafts,
-                         active).astype(jnp.int32)
+        own = _own_tests(
+            uniform_data(key_data(key), (s, gamma)), p_before, q, drafts, active
+        ).astype(jnp.int32)
     if shared_block:
         cut_at = _block_cut(active, n, gamma)
     else:  # each chain cut at its own mismatch
         cut_at = jnp.where(active & (lead0 < gamma), lead0, gamma).astype(jnp.int32)
-    return Verdict(n=n, tokens=tokens, path_slot=jnp.full((gamma,), best, jnp.int32),
-                   accepted=jnp.minimum(lead0, n).astype(jnp.int32),
-                   rejected=(active & (lead0 < gamma) & (lead0 <= n)).astype(jnp.int32),
-                   matched=jnp.where(active, _matched(drafts, tokens, n), 0),
-                   own_first_rejection=own,
-                   reached=jnp.minimum(n + 1, gamma).astype(jnp.int32),
-                   cut_at=cut_at, pruned_at=jnp.full((s,), gamma, jnp.int32),
-                   match_lead=match)
+    return Verdict(
+        n=n,
+        tokens=tokens,
+        path_slot=jnp.full((gamma,), best, jnp.int32),
+        accepted=jnp.minimum(lead0, n).astype(jnp.int32),
+        rejected=(active & (lead0 < gamma) & (lead0 <= n)).astype(jnp.int32),
+        matched=jnp.where(active, _matched(drafts, tokens, n), 0),
+        own_first_rejection=own,
+        reached=jnp.minimum(n + 1, gamma).astype(jnp.int32),
+        cut_at=cut_at,
+        pruned_at=jnp.full((s,), gamma, jnp.int32),
+        match_lead=match,
+    )

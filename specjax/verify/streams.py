@@ -24,6 +24,7 @@ draw was a loop of ~15 thunks (most of them copies of the loop state) per trip, 
 thunks per round; unrolled, a whole chain of folds and the draw after it is one fusion.
 Under a non-default PRNG configuration they fall back to `jax.random` itself.
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,10 +35,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ['STREAM_DRAFT', 'STREAM_VERIFY', 'STREAM_NOISE', 'STREAM_BONUS', 'stream_tag',
-           'row_keys_for', 'fold_keys', 'gumbel_noise', 'sample_rows', 'threefry2x32',
-           'key_data', 'fold_data', 'split_data', 'bits_data', 'uniform_data', 'gumbel_data',
-           'categorical_data', 'sample_rows_u', 'argmax_first']
+__all__ = [
+    'STREAM_DRAFT',
+    'STREAM_VERIFY',
+    'STREAM_NOISE',
+    'STREAM_BONUS',
+    'stream_tag',
+    'row_keys_for',
+    'fold_keys',
+    'gumbel_noise',
+    'sample_rows',
+    'threefry2x32',
+    'key_data',
+    'fold_data',
+    'split_data',
+    'bits_data',
+    'uniform_data',
+    'gumbel_data',
+    'categorical_data',
+    'sample_rows_u',
+    'argmax_first',
+]
 
 # Stream tags folded into a row key (stable: changing one changes every sampled output).
 STREAM_DRAFT, STREAM_VERIFY, STREAM_NOISE, STREAM_BONUS = 1, 2, 3, 4
@@ -52,8 +70,9 @@ def stream_tag(tag) -> int:
     raise TypeError(f'stream tag: got {tag!r}; allowed: an int or a str')
 
 
-def row_keys_for(seed: int, batch: int, share: int = 1,
-                 stream: Sequence[int | str] | int | str = ()) -> np.ndarray:
+def row_keys_for(
+    seed: int, batch: int, share: int = 1, stream: Sequence[int | str] | int | str = ()
+) -> np.ndarray:
     """Key data u32[B, 2]: row b gets key(seed) ⊕ stream tags ⊕ (b // share).
 
     `share` rows share noise (rule 'coupled' relies on it). ``stream=()`` gives the keys
@@ -61,8 +80,11 @@ def row_keys_for(seed: int, batch: int, share: int = 1,
     streams, e.g. ``stream=('step', 3)`` or ``stream=('fallback', 3)``.
     """
     tags = (stream,) if isinstance(stream, (int, str, np.integer)) else tuple(stream)
-    return np.asarray(jax.device_get(_row_keys(int(seed), int(batch), int(share),
-                                               tuple(stream_tag(t) for t in tags))))
+    return np.asarray(
+        jax.device_get(
+            _row_keys(int(seed), int(batch), int(share), tuple(stream_tag(t) for t in tags))
+        )
+    )
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
@@ -71,7 +93,8 @@ def _row_keys(seed: int, batch: int, share: int, tags: tuple):
     for t in tags:
         base = jax.random.fold_in(base, np.uint32(t))
     return jax.vmap(lambda i: jax.random.key_data(jax.random.fold_in(base, i)))(
-        jnp.arange(batch) // share)
+        jnp.arange(batch) // share
+    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -101,9 +124,11 @@ def threefry2x32(k1, k2, x1, x2):
 def _exact() -> bool:
     """Whether the unrolled hash reproduces `jax.random` under the current configuration
     (read at trace time): threefry keys, partitionable bits, low-range Gumbel."""
-    return (jax.config.jax_default_prng_impl == 'threefry2x32'
-            and jax.config.jax_threefry_partitionable
-            and not jax.config.jax_high_dynamic_range_gumbel)
+    return (
+        jax.config.jax_default_prng_impl == 'threefry2x32'
+        and jax.config.jax_threefry_partitionable
+        and not jax.config.jax_high_dynamic_range_gumbel
+    )
 
 
 def key_data(keys) -> jax.Array:
@@ -135,12 +160,13 @@ def fold_data(kd, *folds) -> jax.Array:
             shape = jnp.broadcast_shapes(kd.shape[:-1], f.shape)
             kd_b = jnp.broadcast_to(kd, shape + (2,)).reshape(-1, 2)
             f_b = jnp.broadcast_to(f, shape).reshape(-1)
-            kd = jax.vmap(lambda k, x: jax.random.key_data(
-                jax.random.fold_in(_wrap(k), x)))(kd_b, f_b).reshape(shape + (2,))
+            kd = jax.vmap(lambda k, x: jax.random.key_data(jax.random.fold_in(_wrap(k), x)))(
+                kd_b, f_b
+            ).reshape(shape + (2,))
         return kd
     k1, k2 = kd[..., 0], kd[..., 1]
     for f in folds:
-        f = jnp.asarray(f, dtype=jnp.uint32)     # as jax.random.fold_in converts it
+        f = jnp.asarray(f, dtype=jnp.uint32)  # as jax.random.fold_in converts it
         # threefry_seed(uint32 d) = (d >> 32, d) = (0, d), hashed as one block of two words.
         k1, k2 = threefry2x32(k1, k2, jnp.zeros_like(f), f)
     return jnp.stack(jnp.broadcast_arrays(k1, k2), axis=-1)
@@ -216,8 +242,9 @@ def categorical_data(kd, logits) -> jax.Array:
     Gumbel noise covers the whole of `logits`, as jax's does."""
     kd = key_data(kd)
     if kd.shape != (2,):
-        raise ValueError(f'categorical_data: key data of shape {kd.shape}; allowed: (2,) '
-                         '(vmap over keys)')
+        raise ValueError(
+            f'categorical_data: key data of shape {kd.shape}; allowed: (2,) (vmap over keys)'
+        )
     return argmax_first(gumbel_data(kd, logits.shape) + logits)
 
 
@@ -225,14 +252,17 @@ def categorical_data(kd, logits) -> jax.Array:
 # The engine's streams
 # ----------------------------------------------------------------------------------------
 
+
 def fold_keys(row_keys: jax.Array, *folds) -> jax.Array:
     """Per-row keys (typed) from key data u32[B, 2], folded with per-row (array) or shared
     (int) values in order."""
     folds = tuple(jnp.asarray(f) for f in folds)
     for f in folds:
         if f.ndim > 1 or (f.ndim == 1 and f.shape[0] != row_keys.shape[0]):
-            raise ValueError(f'fold_keys: a fold of shape {f.shape}; allowed: a scalar or '
-                             f'one value per row ({row_keys.shape[0]})')
+            raise ValueError(
+                f'fold_keys: a fold of shape {f.shape}; allowed: a scalar or '
+                f'one value per row ({row_keys.shape[0]})'
+            )
     return jax.random.wrap_key_data(fold_data(row_keys, *folds))
 
 
