@@ -75,6 +75,20 @@ def _fail(msg: str) -> ConfigError:
 
 def tokenizer_spec(meta: dict, where: str) -> dict:
     """A ``tokenizer.json`` (HF tokenizers) rebuilt from ``tokenizer.ggml.*`` metadata."""
+    model, tokens, types = _vocabulary(meta, where)
+    added = _added_tokens(tokens, types)
+    if model == 'gpt2':
+        return _gpt2_spec(meta, where, tokens, added)
+    if model == 'llama':
+        return _llama_spec(meta, where, tokens, types, added)
+    raise _fail(
+        f"{where}: metadata tokenizer.ggml.model={model!r} is not supported "
+        f"(allowed: 'gpt2', 'llama')"
+    )
+
+
+def _vocabulary(meta: dict, where: str) -> tuple[str, list[str], list[int]]:
+    """The metadata's tokenizer model, its tokens and one token type per token, checked."""
     model = meta.get('tokenizer.ggml.model')
     tokens = meta.get('tokenizer.ggml.tokens')
     if model is None or tokens is None:
@@ -90,7 +104,12 @@ def tokenizer_spec(meta: dict, where: str) -> dict:
             f'{where}: metadata tokenizer.ggml.token_type has {len(types)} entries '
             f'for {len(tokens)} tokens (allowed: one per token)'
         )
-    added = [
+    return model, tokens, types
+
+
+def _added_tokens(tokens: list[str], types: list[int]) -> list[dict]:
+    """The ``added_tokens`` entries: control tokens (type 3, special) and user-defined (4)."""
+    return [
         {
             'id': i,
             'content': t,
@@ -103,98 +122,102 @@ def tokenizer_spec(meta: dict, where: str) -> dict:
         for i, t in enumerate(tokens)
         if types[i] in (3, 4)
     ]
-    if model == 'gpt2':
-        merges = meta.get('tokenizer.ggml.merges')
-        if merges is None:
-            raise _fail(
-                f'{where}: metadata tokenizer.ggml.merges is missing (a gpt2 BPE '
-                f'vocabulary needs its merges)'
-            )
-        pre = meta.get('tokenizer.ggml.pre', 'default')
-        if pre not in PRE_TOKENIZERS:
-            raise _fail(
-                f'{where}: metadata tokenizer.ggml.pre={pre!r} is not supported '
-                f'(allowed: {", ".join(map(repr, PRE_TOKENIZERS))})'
-            )
-        return {
-            'version': '1.0',
-            'truncation': None,
-            'padding': None,
-            'added_tokens': added,
-            'normalizer': None,
-            'pre_tokenizer': PRE_TOKENIZERS[pre],
-            'post_processor': _bos_processor(meta, tokens, default=False),
-            'decoder': {
-                'type': 'ByteLevel',
-                'add_prefix_space': True,
-                'trim_offsets': True,
-                'use_regex': True,
-            },
-            'model': {
-                'type': 'BPE',
-                'dropout': None,
-                'unk_token': None,
-                'continuing_subword_prefix': None,
-                'end_of_word_suffix': None,
-                'fuse_unk': False,
-                'byte_fallback': False,
-                'ignore_merges': False,
-                'vocab': {t: i for i, t in enumerate(tokens)},
-                'merges': [str(m) for m in merges],
-            },
-        }
-    if model == 'llama':
-        scores = meta.get('tokenizer.ggml.scores')
-        if scores is None or len(scores) != len(tokens):
-            raise _fail(
-                f'{where}: metadata tokenizer.ggml.scores is missing or not one per '
-                f'token (a SentencePiece vocabulary needs its scores)'
-            )
-        unk = int(meta.get('tokenizer.ggml.unknown_token_id', 0))
-        if not 0 <= unk < len(tokens):
-            raise _fail(
-                f'{where}: metadata tokenizer.ggml.unknown_token_id={unk} is not a '
-                f'token id (allowed: 0..{len(tokens) - 1})'
-            )
-        space = [{'type': 'Replace', 'pattern': {'String': ' '}, 'content': '▁'}]
-        if meta.get('tokenizer.ggml.add_space_prefix', True):
-            space.insert(0, {'type': 'Prepend', 'prepend': '▁'})
-        return {
-            'version': '1.0',
-            'truncation': None,
-            'padding': None,
-            'added_tokens': added,
-            # llama.cpp prepends a space to every text fragment (after each special token
-            # too) and spells spaces as ▁: HF's "legacy" Llama normalizer, per fragment.
-            'normalizer': {'type': 'Sequence', 'normalizers': space},
-            'pre_tokenizer': None,
-            'post_processor': _bos_processor(meta, tokens, default=True),
-            'decoder': {
-                'type': 'Sequence',
-                'decoders': [
-                    {'type': 'Replace', 'pattern': {'String': '▁'}, 'content': ' '},
-                    {'type': 'ByteFallback'},
-                    {'type': 'Fuse'},
-                    {'type': 'Strip', 'content': ' ', 'start': 1, 'stop': 0},
-                ],
-            },
-            'model': {
-                'type': 'BPE',
-                'dropout': None,
-                'unk_token': tokens[unk],
-                'continuing_subword_prefix': None,
-                'end_of_word_suffix': None,
-                'fuse_unk': True,
-                'byte_fallback': True,
-                'ignore_merges': False,
-                'vocab': {t: i for i, t in enumerate(tokens)},
-                'merges': _spm_merges(tokens, scores, types),
-            },
-        }
-    raise _fail(
-        f"{where}: metadata tokenizer.ggml.model={model!r} is not supported "
-        f"(allowed: 'gpt2', 'llama')"
-    )
+
+
+def _gpt2_spec(meta: dict, where: str, tokens: list[str], added: list[dict]) -> dict:
+    """The ``tokenizer.json`` of a ``gpt2`` (byte-level BPE) vocabulary."""
+    merges = meta.get('tokenizer.ggml.merges')
+    if merges is None:
+        raise _fail(
+            f'{where}: metadata tokenizer.ggml.merges is missing (a gpt2 BPE '
+            f'vocabulary needs its merges)'
+        )
+    pre = meta.get('tokenizer.ggml.pre', 'default')
+    if pre not in PRE_TOKENIZERS:
+        raise _fail(
+            f'{where}: metadata tokenizer.ggml.pre={pre!r} is not supported '
+            f'(allowed: {", ".join(map(repr, PRE_TOKENIZERS))})'
+        )
+    return {
+        'version': '1.0',
+        'truncation': None,
+        'padding': None,
+        'added_tokens': added,
+        'normalizer': None,
+        'pre_tokenizer': PRE_TOKENIZERS[pre],
+        'post_processor': _bos_processor(meta, tokens, default=False),
+        'decoder': {
+            'type': 'ByteLevel',
+            'add_prefix_space': True,
+            'trim_offsets': True,
+            'use_regex': True,
+        },
+        'model': {
+            'type': 'BPE',
+            'dropout': None,
+            'unk_token': None,
+            'continuing_subword_prefix': None,
+            'end_of_word_suffix': None,
+            'fuse_unk': False,
+            'byte_fallback': False,
+            'ignore_merges': False,
+            'vocab': {t: i for i, t in enumerate(tokens)},
+            'merges': [str(m) for m in merges],
+        },
+    }
+
+
+def _llama_spec(
+    meta: dict, where: str, tokens: list[str], types: list[int], added: list[dict]
+) -> dict:
+    """The ``tokenizer.json`` of a ``llama`` (SentencePiece BPE) vocabulary."""
+    scores = meta.get('tokenizer.ggml.scores')
+    if scores is None or len(scores) != len(tokens):
+        raise _fail(
+            f'{where}: metadata tokenizer.ggml.scores is missing or not one per '
+            f'token (a SentencePiece vocabulary needs its scores)'
+        )
+    unk = int(meta.get('tokenizer.ggml.unknown_token_id', 0))
+    if not 0 <= unk < len(tokens):
+        raise _fail(
+            f'{where}: metadata tokenizer.ggml.unknown_token_id={unk} is not a '
+            f'token id (allowed: 0..{len(tokens) - 1})'
+        )
+    space = [{'type': 'Replace', 'pattern': {'String': ' '}, 'content': '▁'}]
+    if meta.get('tokenizer.ggml.add_space_prefix', True):
+        space.insert(0, {'type': 'Prepend', 'prepend': '▁'})
+    return {
+        'version': '1.0',
+        'truncation': None,
+        'padding': None,
+        'added_tokens': added,
+        # llama.cpp prepends a space to every text fragment (after each special token
+        # too) and spells spaces as ▁: HF's "legacy" Llama normalizer, per fragment.
+        'normalizer': {'type': 'Sequence', 'normalizers': space},
+        'pre_tokenizer': None,
+        'post_processor': _bos_processor(meta, tokens, default=True),
+        'decoder': {
+            'type': 'Sequence',
+            'decoders': [
+                {'type': 'Replace', 'pattern': {'String': '▁'}, 'content': ' '},
+                {'type': 'ByteFallback'},
+                {'type': 'Fuse'},
+                {'type': 'Strip', 'content': ' ', 'start': 1, 'stop': 0},
+            ],
+        },
+        'model': {
+            'type': 'BPE',
+            'dropout': None,
+            'unk_token': tokens[unk],
+            'continuing_subword_prefix': None,
+            'end_of_word_suffix': None,
+            'fuse_unk': True,
+            'byte_fallback': True,
+            'ignore_merges': False,
+            'vocab': {t: i for i, t in enumerate(tokens)},
+            'merges': _spm_merges(tokens, scores, types),
+        },
+    }
 
 
 def _spm_merges(tokens: list[str], scores, types: list[int]) -> list[list[str]]:
