@@ -443,32 +443,8 @@ def speculative_generate(
         b = prompt.shape[0]
     else:
         b = int(state.tokens.shape[0])
-    if np.shape(row_keys)[0] != b:
-        raise ConfigError(f"row_keys: got {np.shape(row_keys)[0]} rows; allowed: one per row ({b})")
-    slots = check_slots(cfg, slots, b, k)
-    check_vocab_maps(drafters, d_data)
-    check_finite("verifier", v_params)
-    for spec, data in zip(drafters, d_data):
-        check_finite(f"drafter {spec.name!r}", data.params)
-    if stop_table is None:
-        stop_table = np.zeros((verifier.vocab_size,), bool)
-    temps = tuple(np.float32(d.temperature) for d in drafters)
-    host = dict(
-        slots=slots,
-        stop_table=np.asarray(stop_table, bool),
-        v_temperature=np.float32(cfg.verifier_temperature),
-        temps=temps,
-        max_new=np.int32(cfg.max_new_tokens),
-        row_keys=np.asarray(row_keys),
-    )
-    # The compiled program depends on neither the verifier's temperature nor the token
-    # budget (inputs); the budget's shapes are in `shapes.buf_len`.
-    statics = dict(
-        cfg=dataclasses.replace(cfg, verifier_temperature=1.0, max_new_tokens=1),
-        verifier=verifier,
-        drafters=tuple(d.static for d in drafters),
-        return_state=return_state,
-    )
+    host = _host_inputs(cfg, verifier, v_params, drafters, d_data, b, row_keys, slots, stop_table)
+    statics = _spec_statics(cfg, verifier, drafters, return_state)
     if fresh:
         if (
             drafter_prompts is None
@@ -492,21 +468,9 @@ def speculative_generate(
         if state is not None:
             raise ConfigError("state: give prompts=None to continue a state, or no state")
         host.update(prompt=prompt, prompt_len=plen, d_prompts=d_arr, d_prompt_len=d_len)
-        dev = jax.device_put(host)
-        d_data = tuple(data.replace(temperature=t) for data, t in zip(d_data, dev['temps']))
-        args = (
-            v_params,
-            d_data,
-            dev['slots'],
-            dev['stop_table'],
-            dev['v_temperature'],
-            dev['max_new'],
-            dev['prompt'],
-            dev['prompt_len'],
-            dev['d_prompts'],
-            dev['d_prompt_len'],
-            dev['row_keys'],
-        )
+        dev, head = _device_inputs(host, v_params, d_data)
+        tail = ('prompt', 'prompt_len', 'd_prompts', 'd_prompt_len', 'row_keys')
+        args = head + tuple(dev[name] for name in tail)
         fn, statics['shapes'] = _spec_from_prompts, shapes
     else:
         if len(state.dcaches) != k:
@@ -515,20 +479,53 @@ def speculative_generate(
                 f"one per drafter of this call ({k}); continue a verifier-only "
                 "state with autoregressive_generate"
             )
-        dev = jax.device_put(host)
-        d_data = tuple(data.replace(temperature=t) for data, t in zip(d_data, dev['temps']))
-        args = (
-            v_params,
-            d_data,
-            dev['slots'],
-            dev['stop_table'],
-            dev['v_temperature'],
-            dev['max_new'],
-            state,
-            dev['row_keys'],
-        )
+        dev, head = _device_inputs(host, v_params, d_data)
+        args = head + (state, dev['row_keys'])
         fn = _spec_from_state
     return _run(fn, statics, args, counters=True)
+
+
+def _host_inputs(
+    cfg: EngineConfig, verifier, v_params, drafters, d_data, b: int, row_keys, slots, stop_table
+) -> dict:
+    """A speculative call's per-row inputs on the host, checked (keys, slots, maps, weights)."""
+    if np.shape(row_keys)[0] != b:
+        raise ConfigError(f"row_keys: got {np.shape(row_keys)[0]} rows; allowed: one per row ({b})")
+    slots = check_slots(cfg, slots, b, len(drafters))
+    check_vocab_maps(drafters, d_data)
+    check_finite("verifier", v_params)
+    for spec, data in zip(drafters, d_data):
+        check_finite(f"drafter {spec.name!r}", data.params)
+    if stop_table is None:
+        stop_table = np.zeros((verifier.vocab_size,), bool)
+    return dict(
+        slots=slots,
+        stop_table=np.asarray(stop_table, bool),
+        v_temperature=np.float32(cfg.verifier_temperature),
+        temps=tuple(np.float32(d.temperature) for d in drafters),
+        max_new=np.int32(cfg.max_new_tokens),
+        row_keys=np.asarray(row_keys),
+    )
+
+
+def _spec_statics(cfg: EngineConfig, verifier, drafters, return_state: bool) -> dict:
+    """The static arguments of a speculative program (the call's shapes are added later)."""
+    # The compiled program depends on neither the verifier's temperature nor the token
+    # budget (inputs); the budget's shapes are in `shapes.buf_len`.
+    return dict(
+        cfg=dataclasses.replace(cfg, verifier_temperature=1.0, max_new_tokens=1),
+        verifier=verifier,
+        drafters=tuple(d.static for d in drafters),
+        return_state=return_state,
+    )
+
+
+def _device_inputs(host: dict, v_params, d_data) -> tuple[dict, tuple]:
+    """The host inputs on the device (one transfer) and the arguments both programs open with."""
+    dev = jax.device_put(host)
+    d_data = tuple(data.replace(temperature=t) for data, t in zip(d_data, dev['temps']))
+    head = (v_params, d_data, dev['slots'], dev['stop_table'], dev['v_temperature'], dev['max_new'])
+    return dev, head
 
 
 def _prompt_shapes(
