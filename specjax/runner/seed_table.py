@@ -180,58 +180,12 @@ def build(config, results: list[dict]) -> dict | None:
     if not results:
         return None
     groups = _group(results)
-    by_gamma = {g: _Units(rows) for g, rows in next(iter(groups.values())).items()}
-    # Baselines of every γ are the same in every policy's rows: take them from any policy.
-    for pol in groups.values():
-        for g, rows in pol.items():
-            by_gamma.setdefault(g, _Units(rows))
-    best_single = _best_single(by_gamma)
+    best_single = _best_single(_baselines(groups))
     policies, fns = {}, {}
     ordered = sorted(groups.items(), key=lambda x: policy_names.order_key(x[0]))
     for k, (name, per_gamma) in enumerate(ordered):
-        cands = {g: _Units(rows) for g, rows in per_gamma.items()}
-        scored = {g: _figures(u, best_single, k) for g, u in cands.items()}
-        g_best = max(
-            scored, key=lambda g: _nan_low(scored[g][0]["throughput_ratio_vs_single"]["value"])
-        )
-        fig, fn = scored[g_best]
-        fig["by_gamma"] = {
-            str(g): scored[g][0]["throughput_ratio_vs_single"]["value"] for g in sorted(scored)
-        }
-        recs = []
-        for r in cands[g_best].rows:
-            recs += [dict(b, seed=r.get("seed", 0)) for b in r.get("branch_records", [])]
-        st = RunStats(k=1, gamma=1)
-        st.branch_records = recs
-        st.step_records = [s for r in cands[g_best].rows for s in r.get("step_records", [])]
-        thresholds = rows_lib.thresholds(cands[g_best].rows[0], config)
-        try:
-            fig["step_decision"] = step_decision_figures(st, thresholds)
-        except (ValueError, TypeError, KeyError) as e:
-            # Records the boundary cannot replay (a non-finite s_b or d_b): the figures
-            # are left out, and why is in summary.json.
-            fig["step_decision"] = {"not_replayable": " ".join(str(e).split())[:300]}
-        sup = [s["quorum_support"] for s in st.step_records]
-        fig["fallback_rate_quorum"] = (
-            float(np.mean(np.asarray(sup) < config.get("consensus_threshold", 0.5)))
-            if sup
-            else None
-        )
-        fig["kl_ceiling"] = rows_lib.kl_ceiling(cands[g_best].rows[0])
-        fig["thresholds"] = thresholds.kwargs()
-        fig["kl_max"] = _max(r.get("kl_max") for r in cands[g_best].rows)
-        fig["kl_outside_mass"] = _max(r.get("kl_outside_mass") for r in cands[g_best].rows)
-        fig["mean_truncation_depth"] = _mean(
-            r.get("mean_truncation_depth") for r in cands[g_best].rows
-        )
-        fig["tv_distance"] = _max(r.get("tv_distance") for r in cands[g_best].rows)
-        fig["coupled_match_rate"] = cands[g_best].rows[0].get("coupled_match_rate")
-        shared = sum(_numbers(r.get("shared_rounds", 0) for r in cands[g_best].rows))
-        fig["shared_rounds"] = int(shared) if math.isfinite(shared) else shared
-        policies[name] = fig
-        fns[name] = (fn, len(cands[g_best].p["tokens"]))
+        policies[name], fns[name] = _policy_figures(config, per_gamma, best_single, k)
     effects = _effects(policies, fns)
-    seeds = sorted({r.get("seed", 0) for r in results})
     bs = best_single.get("cost")
     summary = {
         "seed": FIELD_REPORT_TABLE,
@@ -240,29 +194,7 @@ def build(config, results: list[dict]) -> dict | None:
         "effects": effects,
         "best_single": {"drafter": bs[1], "gamma": bs[0].gamma} if bs else None,
         "claims": _claims(policies),
-        "settings": {
-            "seeds": seeds,
-            "plans": len(results[0]["per_plan"]["tokens"]),
-            **{
-                k: config.get(k)
-                for k in (
-                    "deployment",
-                    "plans_per_domain",
-                    "plan_steps",
-                    "max_step_tokens",
-                    "consensus",
-                    "consensus_threshold",
-                    "consensus_cost",
-                    "share_verifier_call",
-                )
-            },
-            "boundary": rows_lib.thresholds(results[0], config).kwargs(),
-            "gammas": sorted({r.get("gamma") for r in results}),
-            "verifier_temperature": results[0].get("verifier_temperature"),
-            "rule": results[0].get("rule"),
-            "drafter_temperatures": results[0].get("drafter_temperatures"),
-            "drafter_costs": results[0].get("drafter_costs"),
-        },
+        "settings": _settings(config, results),
     }
     from specjax.runner import seed_report  # pylint: disable=import-outside-toplevel
 
@@ -271,6 +203,97 @@ def build(config, results: list[dict]) -> dict | None:
         "summary_json": json.dumps(summary, indent=2, default=_json) + "\n",
         "markdown": seed_report.markdown(summary),
         "plot": seed_report.render(policies),
+    }
+
+
+def _baselines(groups: dict) -> dict:
+    """γ -> the single-drafter baselines' units (the same in every policy's rows)."""
+    by_gamma = {g: _Units(rows) for g, rows in next(iter(groups.values())).items()}
+    # Baselines of every γ are the same in every policy's rows: take them from any policy.
+    for pol in groups.values():
+        for g, rows in pol.items():
+            by_gamma.setdefault(g, _Units(rows))
+    return by_gamma
+
+
+def _policy_figures(config, per_gamma: dict, best_single: dict, k: int) -> tuple[dict, tuple]:
+    """A policy's figures at its best γ, and (its per-plan figures, plans) for the effects."""
+    cands = {g: _Units(rows) for g, rows in per_gamma.items()}
+    scored = {g: _figures(u, best_single, k) for g, u in cands.items()}
+    g_best = max(
+        scored, key=lambda g: _nan_low(scored[g][0]["throughput_ratio_vs_single"]["value"])
+    )
+    fig, fn = scored[g_best]
+    fig["by_gamma"] = {
+        str(g): scored[g][0]["throughput_ratio_vs_single"]["value"] for g in sorted(scored)
+    }
+    fig.update(_decision_figures(config, cands[g_best].rows))
+    fig.update(_row_figures(cands[g_best].rows))
+    return fig, (fn, len(cands[g_best].p["tokens"]))
+
+
+def _decision_figures(config, rows: list[dict]) -> dict:
+    """The step decisions replayed, the quorum's fallback rate and the thresholds of rows."""
+    recs = []
+    for r in rows:
+        recs += [dict(b, seed=r.get("seed", 0)) for b in r.get("branch_records", [])]
+    st = RunStats(k=1, gamma=1)
+    st.branch_records = recs
+    st.step_records = [s for r in rows for s in r.get("step_records", [])]
+    thresholds = rows_lib.thresholds(rows[0], config)
+    fig = {}
+    try:
+        fig["step_decision"] = step_decision_figures(st, thresholds)
+    except (ValueError, TypeError, KeyError) as e:
+        # Records the boundary cannot replay (a non-finite s_b or d_b): the figures
+        # are left out, and why is in summary.json.
+        fig["step_decision"] = {"not_replayable": " ".join(str(e).split())[:300]}
+    sup = [s["quorum_support"] for s in st.step_records]
+    fig["fallback_rate_quorum"] = (
+        float(np.mean(np.asarray(sup) < config.get("consensus_threshold", 0.5))) if sup else None
+    )
+    fig["kl_ceiling"] = rows_lib.kl_ceiling(rows[0])
+    fig["thresholds"] = thresholds.kwargs()
+    return fig
+
+
+def _row_figures(rows: list[dict]) -> dict:
+    """The rows' worst KL and TV, mean truncation depth, coupled match rate, shared rounds."""
+    shared = sum(_numbers(r.get("shared_rounds", 0) for r in rows))
+    return {
+        "kl_max": _max(r.get("kl_max") for r in rows),
+        "kl_outside_mass": _max(r.get("kl_outside_mass") for r in rows),
+        "mean_truncation_depth": _mean(r.get("mean_truncation_depth") for r in rows),
+        "tv_distance": _max(r.get("tv_distance") for r in rows),
+        "coupled_match_rate": rows[0].get("coupled_match_rate"),
+        "shared_rounds": int(shared) if math.isfinite(shared) else shared,
+    }
+
+
+def _settings(config, results: list[dict]) -> dict:
+    """The run's settings that the seed table reports next to its figures."""
+    return {
+        "seeds": sorted({r.get("seed", 0) for r in results}),
+        "plans": len(results[0]["per_plan"]["tokens"]),
+        **{
+            k: config.get(k)
+            for k in (
+                "deployment",
+                "plans_per_domain",
+                "plan_steps",
+                "max_step_tokens",
+                "consensus",
+                "consensus_threshold",
+                "consensus_cost",
+                "share_verifier_call",
+            )
+        },
+        "boundary": rows_lib.thresholds(results[0], config).kwargs(),
+        "gammas": sorted({r.get("gamma") for r in results}),
+        "verifier_temperature": results[0].get("verifier_temperature"),
+        "rule": results[0].get("rule"),
+        "drafter_temperatures": results[0].get("drafter_temperatures"),
+        "drafter_costs": results[0].get("drafter_costs"),
     }
 
 
