@@ -39,15 +39,22 @@ def _fmt(f, pct=False):
 
 
 def markdown(summary: dict) -> str:
-    pol, st, seed = summary["policies"], summary["settings"], summary["seed"]
-    naive, on = pol.get("naive", {}), pol.get("all_on", {})
-    names = [n for n in DRAFTERS if f"alpha:{n}" in naive] or [
-        k.split(":", 1)[1] for k in naive if k.startswith("alpha:")
-    ]
+    """seed_report.md: the seed's table next to the run's, the claims, every policy, why."""
+    pol, st = summary["policies"], summary["settings"]
+    lines = (
+        _intro(summary) + _seed_comparison(summary) + _claim_verdicts(summary) + _every_policy(pol)
+    )
+    lines += _effects(summary.get("effects", {}))
+    lines += _decision(pol, st)
+    lines += _why(summary)
+    return "\n".join(lines) + "\n"
+
+
+def _intro(summary: dict) -> list[str]:
+    """The title, the run's settings and how the figures are measured."""
+    st = summary["settings"]
     bs = summary.get("best_single") or {}
-    joint, fallback = seed["joint_acceptance"], seed["consensus_fallback_rate"]
-    ratio = seed["throughput_ratio_vs_single"]
-    lines = [
+    return [
         "# The seed's table, reproduced",
         "",
         f"Deployment: {st.get('deployment')} · {st.get('plans')} mixed-domain plans "
@@ -65,6 +72,19 @@ def markdown(summary: dict) -> str:
         f"The single-drafter baseline is the best single drafter: `{bs.get('drafter')}` at γ = "
         f"{bs.get('gamma')}.",
         "",
+    ]
+
+
+def _seed_comparison(summary: dict) -> list[str]:
+    """The seed's figures next to the measured ones, for the naive and all-on policies."""
+    pol, seed = summary["policies"], summary["seed"]
+    naive, on = pol.get("naive", {}), pol.get("all_on", {})
+    names = [n for n in DRAFTERS if f"alpha:{n}" in naive] or [
+        k.split(":", 1)[1] for k in naive if k.startswith("alpha:")
+    ]
+    joint, fallback = seed["joint_acceptance"], seed["consensus_fallback_rate"]
+    ratio = seed["throughput_ratio_vs_single"]
+    return [
         "| quantity | seed, naive | measured, naive | seed, all on | measured, all on |",
         "| --- | --- | --- | --- | --- |",
         "| per-drafter α ("
@@ -91,11 +111,20 @@ def markdown(summary: dict) -> str:
         f"| γ (best of the grid) | — | {naive.get('gamma')} | — | {on.get('gamma')} |",
         "",
     ]
-    lines += ["## The seed's four claims, judged by this run", ""]
+
+
+def _claim_verdicts(summary: dict) -> list[str]:
+    """The seed's claims, each with the run's verdict."""
+    lines = ["## The seed's four claims, judged by this run", ""]
     for claim, c in summary.get("claims", {}).items():
         verdict = {True: "reproduced", False: "not reproduced", None: "undefined"}[c["holds"]]
         lines.append(f"- **{claim.replace('_', ' ')}** — {verdict}: {c['text']}.")
-    lines += [
+    return lines
+
+
+def _every_policy(pol: dict) -> list[str]:
+    """One table row per policy, and each policy's throughput at every γ of the grid."""
+    lines = [
         "",
         "## Every policy",
         "",
@@ -114,7 +143,7 @@ def markdown(summary: dict) -> str:
             f"{_fmt(f.get('wallclock_ratio_vs_single'))} | {_fmt(f.get('mean_truncation_depth'))}"
             f" | {_fmt(f.get('kl_max'))} | {_fmt(f.get('tv_distance'))} |"
         )
-    lines += [
+    return lines + [
         "",
         "Throughput by γ (cost model, zoo sizes): "
         + "; ".join(
@@ -125,10 +154,6 @@ def markdown(summary: dict) -> str:
         + ".",
         "",
     ]
-    lines += _effects(summary.get("effects", {}))
-    lines += _decision(pol, st)
-    lines += _why(summary)
-    return "\n".join(lines) + "\n"
 
 
 def _effects(effects) -> list[str]:
