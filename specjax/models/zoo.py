@@ -201,79 +201,103 @@ _SHA256_HEX = frozenset('0123456789abcdef')
 def _check_manifest(mpath: Path, manifest: dict) -> None:
     """Every field `load_zoo` reads, checked before any file is: one `ConfigError` naming
     the manifest, the field (``models.code.temperature``), the value and what is allowed."""
-
-    def bad(field, value, allowed):
-        text = repr(value)
-        text = text if len(text) <= 80 else text[:77] + '...'
-        raise ConfigError(
-            f'zoo manifest {mpath}: {field}: got {text}, allowed: {allowed}',
-            field=field,
-            value=value,
-            allowed=allowed,
-        )
-
-    def is_int(x):
-        return isinstance(x, int) and not isinstance(x, bool)
-
-    def is_number(x):
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-    def is_sha(x):
-        return isinstance(x, str) and len(x) == 64 and set(x) <= _SHA256_HEX
-
-    def file_record(field, rec):
-        if not isinstance(rec, dict):
-            bad(field, rec, 'a JSON object')
-        if not (isinstance(rec.get('file'), str) and rec['file'].strip()):
-            bad(f'{field}.file', rec.get('file'), 'a file path relative to the zoo folder')
-        if not is_sha(rec.get('sha256')):
-            bad(f'{field}.sha256', rec.get('sha256'), '64 lowercase hex digits')
-
     tokenizers, models = manifest['tokenizers'], manifest['models']
     for name, rec in tokenizers.items():
-        file_record(f'tokenizers.{name}', rec)
+        _check_file_record(mpath, f'tokenizers.{name}', rec)
         v = rec.get('vocab_size')
-        if v is not None and not (is_int(v) and v >= 1):
-            bad(f'tokenizers.{name}.vocab_size', v, 'an integer >= 1 (or absent)')
+        if v is not None and not (_is_int(v) and v >= 1):
+            raise _bad(mpath, f'tokenizers.{name}.vocab_size', v, 'an integer >= 1 (or absent)')
     for name, rec in models.items():
-        field = f'models.{name}'
-        file_record(field, rec)
-        role = rec.get('role')
-        if role not in ('verifier', 'drafter'):
-            bad(f'{field}.role', role, "'verifier' or 'drafter'")
-        if (role == 'verifier') != (name == VERIFIER):
-            bad(
-                f'{field}.role',
-                role,
-                f"'verifier' for the model named {VERIFIER!r} only, 'drafter' for every other",
-            )
-        if rec.get('tokenizer') not in tokenizers:
-            bad(
-                f'{field}.tokenizer',
-                rec.get('tokenizer'),
-                f'a key of tokenizers: {", ".join(map(repr, tokenizers)) or "(none)"}',
-            )
-        if not isinstance(rec.get('config', {}), dict):
-            bad(f'{field}.config', rec.get('config'), 'a JSON object of TransformerConfig fields')
-        if 'params_sha256' in rec and not (
-            rec['params_sha256'] is None or is_sha(rec['params_sha256'])
-        ):
-            bad(f'{field}.params_sha256', rec['params_sha256'], '64 lowercase hex digits')
-        n = rec.get('n_params')
-        if n is not None and not (is_int(n) and n >= 1):
-            bad(f'{field}.n_params', n, 'an integer >= 1 (or absent)')
-        domains = rec.get('domains', [])
-        if not (isinstance(domains, list) and all(isinstance(d, str) for d in domains)):
-            bad(f'{field}.domains', domains, 'a list of domain names')
-        for key, allowed in (
-            ('temperature', 'a finite number >= 0 (or absent: 1.0)'),
-            ('cost', 'a finite number >= 0 (or absent: its parameter count over the verifier\'s)'),
-        ):
-            if key in rec and not (is_number(rec[key]) and rec[key] >= 0):
-                bad(f'{field}.{key}', rec[key], allowed)
+        _check_model(mpath, name, rec, tokenizers)
     if VERIFIER not in models:
         raise ConfigError(f'zoo manifest {mpath}: no model {VERIFIER!r} with role "verifier"')
-    drafters = [n for n, r in models.items() if r['role'] == 'drafter']
+    _check_drafter_lists(mpath, manifest, [n for n, r in models.items() if r['role'] == 'drafter'])
+
+
+def _bad(mpath: Path, field: str, value, allowed: str) -> ConfigError:
+    """The error for one manifest field: the manifest, the field, the value, what is allowed."""
+    text = repr(value)
+    text = text if len(text) <= 80 else text[:77] + '...'
+    return ConfigError(
+        f'zoo manifest {mpath}: {field}: got {text}, allowed: {allowed}',
+        field=field,
+        value=value,
+        allowed=allowed,
+    )
+
+
+def _is_int(x) -> bool:
+    """An int that is not a bool."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    """A finite int or float that is not a bool."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _is_sha(x) -> bool:
+    """A SHA-256 digest in 64 lowercase hex digits."""
+    return isinstance(x, str) and len(x) == 64 and set(x) <= _SHA256_HEX
+
+
+def _check_file_record(mpath: Path, field: str, rec) -> None:
+    """A manifest entry naming a file: a JSON object with a file path and its sha256."""
+    if not isinstance(rec, dict):
+        raise _bad(mpath, field, rec, 'a JSON object')
+    if not (isinstance(rec.get('file'), str) and rec['file'].strip()):
+        raise _bad(
+            mpath, f'{field}.file', rec.get('file'), 'a file path relative to the zoo folder'
+        )
+    if not _is_sha(rec.get('sha256')):
+        raise _bad(mpath, f'{field}.sha256', rec.get('sha256'), '64 lowercase hex digits')
+
+
+def _check_model(mpath: Path, name: str, rec, tokenizers: dict) -> None:
+    """One ``models`` entry: its file, role, tokenizer, config, digests, size, domains, τ, cost."""
+    field = f'models.{name}'
+    _check_file_record(mpath, field, rec)
+    role = rec.get('role')
+    if role not in ('verifier', 'drafter'):
+        raise _bad(mpath, f'{field}.role', role, "'verifier' or 'drafter'")
+    if (role == 'verifier') != (name == VERIFIER):
+        raise _bad(
+            mpath,
+            f'{field}.role',
+            role,
+            f"'verifier' for the model named {VERIFIER!r} only, 'drafter' for every other",
+        )
+    if rec.get('tokenizer') not in tokenizers:
+        raise _bad(
+            mpath,
+            f'{field}.tokenizer',
+            rec.get('tokenizer'),
+            f'a key of tokenizers: {", ".join(map(repr, tokenizers)) or "(none)"}',
+        )
+    if not isinstance(rec.get('config', {}), dict):
+        raise _bad(
+            mpath, f'{field}.config', rec.get('config'), 'a JSON object of TransformerConfig fields'
+        )
+    if 'params_sha256' in rec and not (
+        rec['params_sha256'] is None or _is_sha(rec['params_sha256'])
+    ):
+        raise _bad(mpath, f'{field}.params_sha256', rec['params_sha256'], '64 lowercase hex digits')
+    n = rec.get('n_params')
+    if n is not None and not (_is_int(n) and n >= 1):
+        raise _bad(mpath, f'{field}.n_params', n, 'an integer >= 1 (or absent)')
+    domains = rec.get('domains', [])
+    if not (isinstance(domains, list) and all(isinstance(d, str) for d in domains)):
+        raise _bad(mpath, f'{field}.domains', domains, 'a list of domain names')
+    for key, allowed in (
+        ('temperature', 'a finite number >= 0 (or absent: 1.0)'),
+        ('cost', 'a finite number >= 0 (or absent: its parameter count over the verifier\'s)'),
+    ):
+        if key in rec and not (_is_number(rec[key]) and rec[key] >= 0):
+            raise _bad(mpath, f'{field}.{key}', rec[key], allowed)
+
+
+def _check_drafter_lists(mpath: Path, manifest: dict, drafters: list[str]) -> None:
+    """``drafter_order`` (required, non-empty) and ``extra_drafters``: distinct drafter names."""
     allowed = (
         f'a list of distinct drafter names, each a model with role "drafter": '
         f'{", ".join(map(repr, drafters)) or "(none)"}'
@@ -283,12 +307,12 @@ def _check_manifest(mpath: Path, manifest: dict) -> None:
         if key not in manifest and not required:
             continue
         if not isinstance(names, list) or (required and not names):
-            bad(key, names, ('a non-empty ' if required else 'a ') + allowed[2:])
+            raise _bad(mpath, key, names, ('a non-empty ' if required else 'a ') + allowed[2:])
         if len(set(map(repr, names))) != len(names):
-            bad(key, names, allowed)
+            raise _bad(mpath, key, names, allowed)
         for n in names:
             if not isinstance(n, str) or n not in drafters:
-                bad(key, n, allowed)
+                raise _bad(mpath, key, n, allowed)
 
 
 def _line(e: BaseException) -> str:
