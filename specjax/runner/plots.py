@@ -98,65 +98,74 @@ def figure_joint_vs_per_drafter(rows: Sequence[Row]):
         group = [r for r in rows if policy is None or _policy(r) == policy]
         for i, pairing in enumerate(pairings):
             cells = [r for r in group if label(r["pairing"]) == pairing]
-            if not cells:
-                continue
-            members = unique(d for r in cells for d in _acceptance(r))
-            n = len(members) + 1
-            width = 0.8 / n
-            x0 = i - 0.4 + width / 2
-            alphas = []
-            for j, d in enumerate(members):
-                vals = numbers(_acceptance(r).get(d) for r in cells)
-                alphas.append(statistics.fmean(vals))
-                ax.bar(
-                    x0 + j * width,
-                    alphas[-1],
-                    width,
-                    yerr=sd(vals),
-                    capsize=2,
-                    color=colors[d],
-                    label=f"α {d}",
-                )
-            joint = numbers(r["joint_acceptance"] for r in cells)
-            ax.bar(
-                x0 + len(members) * width,
-                statistics.fmean(joint),
-                width,
-                yerr=sd(joint),
-                capsize=2,
-                color="0.25",
-                hatch="//",
-                edgecolor="white",
-                label="joint α",
-            )
-            if len(members) > 1:
-                ax.plot(
-                    [x0 + len(members) * width],
-                    [math.prod(alphas)],
-                    "x",
-                    color="red",
-                    markersize=9,
-                    markeredgewidth=2,
-                    label="product of α",
-                )
-        ax.set_xticks(range(len(pairings)))
-        ax.set_xticklabels(pairings, rotation=15 if len(pairings) > 3 else 0, fontsize=8)
-        ax.set_xlabel("tokenizer pairing (drafters sharing the prefix)")
-        ax.set_ylim(0, 1.02)
-        ax.grid(axis="y", alpha=0.3)
-        ax.set_title(f"policy: {policy}" if policy is not None else "all cells")
-        _dedup_legend(
-            ax,
-            order=[f"α {d}" for d in drafters] + ["joint α", "product of α"],
-            fontsize=8,
-            loc="upper right",
-        )
+            if cells:
+                _pairing_bars(ax, i, cells, colors)
+        _pairing_axes(ax, policy, pairings, drafters)
     for ax in axs[::cols]:
         ax.set_ylabel("acceptance per position")
     fig.suptitle(
         "Joint vs per-drafter acceptance (α per position, each chain tested alone), per pairing"
     )
     return fig
+
+
+def _pairing_bars(ax, i: int, cells: Sequence[Row], colors: dict[str, Any]) -> None:
+    """Pairing i's bars: each member's α, the joint α, and the product of the α (✕)."""
+    members = unique(d for r in cells for d in _acceptance(r))
+    n = len(members) + 1
+    width = 0.8 / n
+    x0 = i - 0.4 + width / 2
+    alphas = []
+    for j, d in enumerate(members):
+        vals = numbers(_acceptance(r).get(d) for r in cells)
+        alphas.append(statistics.fmean(vals))
+        ax.bar(
+            x0 + j * width,
+            alphas[-1],
+            width,
+            yerr=sd(vals),
+            capsize=2,
+            color=colors[d],
+            label=f"α {d}",
+        )
+    joint = numbers(r["joint_acceptance"] for r in cells)
+    ax.bar(
+        x0 + len(members) * width,
+        statistics.fmean(joint),
+        width,
+        yerr=sd(joint),
+        capsize=2,
+        color="0.25",
+        hatch="//",
+        edgecolor="white",
+        label="joint α",
+    )
+    if len(members) > 1:
+        ax.plot(
+            [x0 + len(members) * width],
+            [math.prod(alphas)],
+            "x",
+            color="red",
+            markersize=9,
+            markeredgewidth=2,
+            label="product of α",
+        )
+
+
+def _pairing_axes(ax, policy: str | None, pairings: Sequence[str], drafters: Sequence[str]) -> None:
+    """A policy panel's ticks (one per pairing), limits, grid, title and legend."""
+    ax.set_xticks(range(len(pairings)))
+    ax.set_xticklabels(pairings, rotation=15 if len(pairings) > 3 else 0, fontsize=8)
+    ax.set_xlabel("tokenizer pairing (drafters sharing the prefix)")
+    ax.set_ylim(0, 1.02)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(f"policy: {policy}" if policy is not None else "all cells")
+    _dedup_legend(
+        ax,
+        order=[f"α {d}" for d in drafters] + ["joint α", "product of α"],
+        fontsize=8,
+        loc="upper right",
+    )
 
 
 def figure_joint_vs_kl(rows: Sequence[Row]):
