@@ -513,17 +513,16 @@ def _span(values, digits: int = 2) -> str:
     )
 
 
-def render_page(result: dict) -> list[str]:
-    """docs/results/engine_speed.md's body (below the provenance header), every figure the
-    run's own."""
-    per_batch = result["per_batch"]
+def _line(label, values) -> str:
+    """A table row: its label, then one cell per value."""
+    return f"| {label} | " + " | ".join(values) + " |"
+
+
+def _batch_lines(result: dict) -> list[str]:
+    """The page's opening sentence and the per-batch table's AR, prefill, floor and peer rows."""
+    per_batch, rows = result["per_batch"], result["rows"]
     batches = [r["batch"] for r in per_batch]
-    rows, names = result["rows"], list(dict.fromkeys(r["drafter"] for r in result["rows"]))
-    gammas = list(dict.fromkeys(r["gamma"] for r in rows))
-
-    def line(label, values):
-        return f"| {label} | " + " | ".join(values) + " |"
-
+    names = list(dict.fromkeys(r["drafter"] for r in rows))
     lines = [
         f"Drafter(s) {', '.join(names)}, rule 1, τ = {result['verifier_temperature']:g}, "
         f"{result['new_tokens']} new tokens per row; AR and speculative runs alternating, "
@@ -534,31 +533,40 @@ def render_page(result: dict) -> list[str]:
         "",
         "| | " + " | ".join(f"batch {b}" for b in batches) + " |",
         "| --- |" + " --- |" * len(batches),
-        line("AR tok/s, prefill included", [f"{r['ar_tokens_per_s']:,.0f}" for r in per_batch]),
-        line(
+        _line("AR tok/s, prefill included", [f"{r['ar_tokens_per_s']:,.0f}" for r in per_batch]),
+        _line(
             "prefill of the batch's prompts, ms", [f"{1e3 * r['t_prefill']:.1f}" for r in per_batch]
         ),
-        line(
+        _line(
             "AR decode tok/s / matmul floor tok/s",
             [
                 f"{r['ar_decode_tokens_per_s']:,.0f} / {r['floor_tokens_per_s']:,.0f}"
                 for r in per_batch
             ],
         ),
-        line("decode time ÷ floor time", [f"{r['decode_over_floor']:.2f}" for r in per_batch]),
+        _line("decode time ÷ floor time", [f"{r['decode_over_floor']:.2f}" for r in per_batch]),
     ]
     if all("peer_tokens_per_s" in r for r in per_batch):
         peer = result["peer"]
         lines += [
-            line(
+            _line(
                 f"transformers (PyTorch eager, {peer['threads']} threads), plain generation tok/s",
                 [f"{r['peer_tokens_per_s']:,.0f}" for r in per_batch],
             ),
-            line("AR ÷ transformers", [f"{r['ar_over_peer']:.2f}" for r in per_batch]),
+            _line("AR ÷ transformers", [f"{r['ar_over_peer']:.2f}" for r in per_batch]),
         ]
+    return lines
+
+
+def _speedup_lines(rows: list[dict], batches: list[int]) -> list[str]:
+    """The per-batch table's speculative ÷ AR rows (a drafter each, γ in turn) and the spans of
+    T_score ÷ T_step and measured ÷ hardware-aware."""
+    names = list(dict.fromkeys(r["drafter"] for r in rows))
+    gammas = list(dict.fromkeys(r["gamma"] for r in rows))
+    lines = []
     for name in names:
         lines.append(
-            line(
+            _line(
                 f"speculative ÷ AR ({name}), γ = " + " / ".join(map(str, gammas)),
                 [
                     " / ".join(
@@ -572,14 +580,14 @@ def render_page(result: dict) -> list[str]:
         )
     if rows:
         lines += [
-            line(
+            _line(
                 "T_score ÷ T_step",
                 [
                     _span([r["t_score_over_t_step"] for r in rows if r["batch"] == b])
                     for b in batches
                 ],
             ),
-            line(
+            _line(
                 "measured ÷ hardware-aware prediction",
                 [
                     _span([r["measured_over_hardware_aware"] for r in rows if r["batch"] == b])
@@ -587,44 +595,64 @@ def render_page(result: dict) -> list[str]:
                 ],
             ),
         ]
-        lines += [
-            "",
-            "Per drafter × γ × batch:",
-            "",
-            "| drafter | γ | B | AR tok/s | spec tok/s | α | tokens / round | c | "
-            "T_score ÷ T_step | Leviathan | hardware-aware | spec ÷ AR | "
-            "measured ÷ hardware-aware |",
-            "|---" * 13 + "|",
-        ]
-        lines += [
-            f"| {r['drafter']} | {r['gamma']} | {r['batch']} | "
-            f"{r['ar_tokens_per_s']:,.0f} | {r['spec_tokens_per_s']:,.0f} | "
-            f"{r['alpha']:.3f} | {r['tokens_per_round']:.2f} | {r['c']:.3f} | "
-            f"{r['t_score_over_t_step']:.2f} | {r['leviathan_speedup']:.2f} | "
-            f"{r['hardware_aware_speedup']:.2f} | {r['measured_speedup']:.2f} | "
-            f"{r['measured_over_hardware_aware']:.2f} |"
-            for r in rows
-        ]
+    return lines
+
+
+def _rows_table(rows: list[dict]) -> list[str]:
+    """The table of every drafter × γ × batch row."""
+    return [
+        "",
+        "Per drafter × γ × batch:",
+        "",
+        "| drafter | γ | B | AR tok/s | spec tok/s | α | tokens / round | c | "
+        "T_score ÷ T_step | Leviathan | hardware-aware | spec ÷ AR | "
+        "measured ÷ hardware-aware |",
+        "|---" * 13 + "|",
+    ] + [
+        f"| {r['drafter']} | {r['gamma']} | {r['batch']} | "
+        f"{r['ar_tokens_per_s']:,.0f} | {r['spec_tokens_per_s']:,.0f} | "
+        f"{r['alpha']:.3f} | {r['tokens_per_round']:.2f} | {r['c']:.3f} | "
+        f"{r['t_score_over_t_step']:.2f} | {r['leviathan_speedup']:.2f} | "
+        f"{r['hardware_aware_speedup']:.2f} | {r['measured_speedup']:.2f} | "
+        f"{r['measured_over_hardware_aware']:.2f} |"
+        for r in rows
+    ]
+
+
+def _same_weights_table(sw: dict) -> list[str]:
+    """specjax against transformers' assisted generation on the zoo's weights (`specjax.peer`)."""
+    lines = [
+        "",
+        f"Against transformers' assisted generation on the zoo's own weights "
+        f"exported to HF format (`specjax.peer`, drafter {sw['drafter']}, "
+        f"γ = {sw['gamma']}, batch 1, {sw['prompts']} prompts × {sw['new_tokens']} "
+        "tokens):",
+        "",
+        "| mode | specjax tok/s | α | transformers tok/s | α | specjax ÷ transformers "
+        "| identical outputs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, r in sw["rows"].items():
+        s, p = r["specjax"], r["transformers"]
+        lines.append(
+            f"| {label} | {s['tokens_per_s']:,.1f} | {s['acceptance']:.3f} | "
+            f"{p['tokens_per_s']:,.1f} | {p['acceptance']:.3f} | "
+            f"{r['ratio_tokens_per_s']:.2f} | {r.get('same_outputs', '—')} |"
+        )
+    return lines
+
+
+def render_page(result: dict) -> list[str]:
+    """docs/results/engine_speed.md's body (below the provenance header), every figure the
+    run's own."""
+    rows = result["rows"]
+    batches = [r["batch"] for r in result["per_batch"]]
+    lines = _batch_lines(result) + _speedup_lines(rows, batches)
+    if rows:
+        lines += _rows_table(rows)
     sw = result.get("same_weights")
     if sw:
-        lines += [
-            "",
-            f"Against transformers' assisted generation on the zoo's own weights "
-            f"exported to HF format (`specjax.peer`, drafter {sw['drafter']}, "
-            f"γ = {sw['gamma']}, batch 1, {sw['prompts']} prompts × {sw['new_tokens']} "
-            "tokens):",
-            "",
-            "| mode | specjax tok/s | α | transformers tok/s | α | specjax ÷ transformers "
-            "| identical outputs |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for label, r in sw["rows"].items():
-            s, p = r["specjax"], r["transformers"]
-            lines.append(
-                f"| {label} | {s['tokens_per_s']:,.1f} | {s['acceptance']:.3f} | "
-                f"{p['tokens_per_s']:,.1f} | {p['acceptance']:.3f} | "
-                f"{r['ratio_tokens_per_s']:.2f} | {r.get('same_outputs', '—')} |"
-            )
+        lines += _same_weights_table(sw)
     return lines
 
 

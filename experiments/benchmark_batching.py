@@ -157,6 +157,60 @@ def _static(dep, cfg, spec: bool, v, d, budgets, keys, batch: int, bucket: int, 
     return out, seconds, time.perf_counter() - t0
 
 
+def _timed(run, repeats: int) -> list:
+    """`run`'s results over `repeats` runs (at least one), after a discarded warm-up."""
+    run()  # warm-up (and compilation)
+    return [run() for _ in range(max(1, repeats))]
+
+
+def _static_entry(s_runs, n_prompts: int, batch: int) -> tuple[dict, list]:
+    """Static batching's entry (medians of the runs) and its tokens per prompt."""
+    s_tokens = s_runs[0][0]
+    s_sec = statistics.median(r[1] for r in s_runs)
+    s_wall = statistics.median(r[2] for r in s_runs)
+    useful = int(sum(len(t) for t in s_tokens))
+    static = dict(
+        useful_tokens=useful,
+        seconds=s_sec,
+        wall_seconds=s_wall,
+        tokens_per_s=useful / s_sec,
+        wall_tokens_per_s=useful / s_wall,
+        batches=-(-n_prompts // batch),
+    )
+    return static, s_tokens
+
+
+def _continuous_entry(c: int, runs, static: dict, s_tokens, spec: bool) -> dict:
+    """Continuous batching's entry at chunk size `c` (medians of the runs), against static."""
+    res = runs[0]
+    sec = statistics.median(r.seconds for r in runs)
+    refill = statistics.median(r.refill_seconds for r in runs)
+    wall = statistics.median(r.wall_seconds for r in runs)
+    got = int(res.committed.sum())
+    entry = dict(
+        chunk=c,
+        useful_tokens=got,
+        seconds=sec,
+        wall_seconds=wall,
+        refill_seconds=refill,
+        refill_share=refill / sec,
+        tokens_per_s=got / sec,
+        wall_tokens_per_s=got / wall,
+        speedup=(got / sec) / static["tokens_per_s"],
+        wall_speedup=(got / wall) / static["wall_tokens_per_s"],
+        chunks=res.chunks,
+        refills=res.refills,
+        programs=res.programs,
+        same_tokens=int(sum(a == b for a, b in zip(res.tokens, s_tokens))),
+    )
+    if spec:
+        entry.update(
+            acceptance=float(res.accepted.sum() / max(res.proposed.sum(), 1)),
+            tokens_per_round=float(res.committed.sum() / max(res.rounds.sum(), 1)),
+        )
+    return entry
+
+
 def measure(
     zoo,
     *,
@@ -204,23 +258,10 @@ def measure(
         max_new_tokens=int(budgets.max()),
     )
 
-    def timed(run):
-        run()  # warm-up (and compilation)
-        return [run() for _ in range(max(1, repeats))]
-
-    s_runs = timed(lambda: _static(dep, cfg, spec, v, d, budgets, keys, batch, bucket, stop_table))
-    s_tokens = s_runs[0][0]
-    s_sec = statistics.median(r[1] for r in s_runs)
-    s_wall = statistics.median(r[2] for r in s_runs)
-    useful = int(sum(len(t) for t in s_tokens))
-    static = dict(
-        useful_tokens=useful,
-        seconds=s_sec,
-        wall_seconds=s_wall,
-        tokens_per_s=useful / s_sec,
-        wall_tokens_per_s=useful / s_wall,
-        batches=-(-n_prompts // batch),
+    s_runs = _timed(
+        lambda: _static(dep, cfg, spec, v, d, budgets, keys, batch, bucket, stop_table), repeats
     )
+    static, s_tokens = _static_entry(s_runs, n_prompts, batch)
     conts = []
     for c in chunks:
         kw = dict(
@@ -228,36 +269,11 @@ def measure(
         )
         if spec:
             kw.update(drafters=dep.drafters, d_data=dep.d_data, drafter_prompts=d)
-        runs = timed(
-            lambda kw=kw: continuous_generate(cfg, dep.verifier, dep.v_params, v, keys, **kw)
+        runs = _timed(
+            lambda kw=kw: continuous_generate(cfg, dep.verifier, dep.v_params, v, keys, **kw),
+            repeats,
         )
-        res = runs[0]
-        sec = statistics.median(r.seconds for r in runs)
-        refill = statistics.median(r.refill_seconds for r in runs)
-        wall = statistics.median(r.wall_seconds for r in runs)
-        got = int(res.committed.sum())
-        entry = dict(
-            chunk=c,
-            useful_tokens=got,
-            seconds=sec,
-            wall_seconds=wall,
-            refill_seconds=refill,
-            refill_share=refill / sec,
-            tokens_per_s=got / sec,
-            wall_tokens_per_s=got / wall,
-            speedup=(got / sec) / static["tokens_per_s"],
-            wall_speedup=(got / wall) / static["wall_tokens_per_s"],
-            chunks=res.chunks,
-            refills=res.refills,
-            programs=res.programs,
-            same_tokens=int(sum(a == b for a, b in zip(res.tokens, s_tokens))),
-        )
-        if spec:
-            entry.update(
-                acceptance=float(res.accepted.sum() / max(res.proposed.sum(), 1)),
-                tokens_per_round=float(res.committed.sum() / max(res.rounds.sum(), 1)),
-            )
-        conts.append(entry)
+        conts.append(_continuous_entry(c, runs, static, s_tokens, spec))
     return dict(
         mode="spec" if spec else "ar",
         drafter=drafter,

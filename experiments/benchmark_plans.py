@@ -82,38 +82,22 @@ def _run(dep, pcfg, prompts, which, costs, best):
     return time.perf_counter() - t0, stats
 
 
-def measure(
-    zoo=None, *, plans_per_domain=2, plan_steps=4, max_step_tokens=32, gamma=4, repeats=2, runs=RUNS
-) -> dict:
-    """Wall clock, engine seconds and modelled cost of each run (see the module docstring)."""
-    from specjax import metrics  # pylint: disable=import-outside-toplevel
+def _plan_prompts(plans_per_domain: int) -> list[str]:
+    """The first `plans_per_domain` plan prompts of every domain, domains sorted."""
     from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
-    from specjax.engine.deployment import from_zoo  # pylint: disable=import-outside-toplevel
-    from specjax.metrics import COST_ITEMS  # pylint: disable=import-outside-toplevel
-    from specjax.models.zoo import load_zoo  # pylint: disable=import-outside-toplevel
-    from specjax.policy.plan_config import PlanConfig  # pylint: disable=import-outside-toplevel
 
-    zoo = load_zoo(zoo) if zoo is None or isinstance(zoo, (str, os.PathLike)) else zoo
-    dep = from_zoo(zoo)
-    costs = [d.cost for d in dep.drafters]
     by_domain = {}
     for p in load_prompts():
         by_domain.setdefault(p["domain"], []).append(p["prompt"])
-    prompts = [t for dom in sorted(by_domain) for t in by_domain[dom][:plans_per_domain]]
-    pcfg = PlanConfig(
-        gamma=gamma,
-        verifier_temperature=1.0,
-        plan_steps=plan_steps,
-        max_step_tokens=max_step_tokens,
-        rule="coupled",
-    )
-    best = int(np.argmin([c for c in costs]))  # the cheapest drafter of the zoo: code
-    # The machine's prices, measured at the runs' shapes and in the runs' time window (each
-    # forward timed once after every timed run, medians; this machine's speed drifts): a
-    # drafter token is T_draft / T_step verifier calls, a scored draft
-    # (T_score − T_step) / (γ · T_step).
+    return [t for dom in sorted(by_domain) for t in by_domain[dom][:plans_per_domain]]
+
+
+def _price_timers(dep, pcfg, prompts) -> dict:
+    """Forward timers at the runs' shapes: T_step ("step"), T_score ("score"), and T_draft of
+    each drafter (by index)."""
     from specjax.timing import forward_timer  # pylint: disable=import-outside-toplevel
 
+    plan_steps, max_step_tokens, gamma = pcfg.plan_steps, pcfg.max_step_tokens, pcfg.gamma
     rows = 1 << max(len(prompts) - 1, 0).bit_length()
     width = max(len(dep.encode(t)) for t in prompts)
     cap = width + plan_steps * max_step_tokens + len(dep.drafters) * gamma + 1
@@ -124,40 +108,53 @@ def measure(
     }
     for k, (d, dd) in enumerate(zip(dep.drafters, dep.d_data)):
         timers[k] = forward_timer(d.lm, dd.params, rows, 1, ctx, min(d.lm.max_len, cap))
-    prices = {k: [] for k in timers}
-    out = {}
-    for which in runs:
-        walls, engines = [], []
-        stats = None
-        for i in range(repeats + 1):  # the first run compiles
-            wall, stats = _run(dep, pcfg, prompts, which, costs, best)
-            if i:
-                walls.append(wall)
-                engines.append(float(stats.counts["seconds"].sum()))
-                for k, run in timers.items():
-                    prices[k].append(run())
-            else:  # compilation excluded, but every program's first execution included
-                first_engine = float(stats.counts["seconds"].sum())
-        counts = {n: stats.counts[n].sum(0) for n in COST_ITEMS}
-        items = metrics.itemised_cost(counts, costs, pcfg.consensus_cost)
-        out[which] = dict(
-            wall_s=statistics.median(walls),
-            engine_s=statistics.median(engines),
-            first_engine_s=first_engine,
-            tokens=int(stats.counts["tokens"].sum()),
-            cost=float(items["total"]),
-            items={n: float(items[n]) for n in COST_ITEMS},
-            counts={n: np.asarray(counts[n]).tolist() for n in COST_ITEMS},
-        )
-        print(
-            f"{which:9s} wall {out[which]['wall_s']:7.3f} s  engine "
-            f"{out[which]['engine_s']:7.3f} s  cost {out[which]['cost']:8.1f}  tokens "
-            f"{out[which]['tokens']}",
-            flush=True,
-        )
-    t_step, t_score = (statistics.median(prices[k]) for k in ("step", "score"))
-    score_cost = max(t_score / t_step - 1.0, 0.0) / gamma
-    c_measured = [statistics.median(prices[k]) / t_step for k in range(len(dep.drafters))]
+    return timers
+
+
+def _measure_run(dep, pcfg, prompts, which, repeats, timers, prices) -> dict:
+    """One run, warm: wall and engine seconds (medians), first-run engine seconds, tokens and
+    modelled cost; each forward timed after every timed run (into `prices`). Printed."""
+    from specjax import metrics  # pylint: disable=import-outside-toplevel
+    from specjax.metrics import COST_ITEMS  # pylint: disable=import-outside-toplevel
+
+    costs = [d.cost for d in dep.drafters]
+    best = int(np.argmin([c for c in costs]))  # the cheapest drafter of the zoo: code
+    walls, engines = [], []
+    stats = None
+    for i in range(repeats + 1):  # the first run compiles
+        wall, stats = _run(dep, pcfg, prompts, which, costs, best)
+        if i:
+            walls.append(wall)
+            engines.append(float(stats.counts["seconds"].sum()))
+            for k, run in timers.items():
+                prices[k].append(run())
+        else:  # compilation excluded, but every program's first execution included
+            first_engine = float(stats.counts["seconds"].sum())
+    counts = {n: stats.counts[n].sum(0) for n in COST_ITEMS}
+    items = metrics.itemised_cost(counts, costs, pcfg.consensus_cost)
+    row = dict(
+        wall_s=statistics.median(walls),
+        engine_s=statistics.median(engines),
+        first_engine_s=first_engine,
+        tokens=int(stats.counts["tokens"].sum()),
+        cost=float(items["total"]),
+        items={n: float(items[n]) for n in COST_ITEMS},
+        counts={n: np.asarray(counts[n]).tolist() for n in COST_ITEMS},
+    )
+    print(
+        f"{which:9s} wall {row['wall_s']:7.3f} s  engine "
+        f"{row['engine_s']:7.3f} s  cost {row['cost']:8.1f}  tokens "
+        f"{row['tokens']}",
+        flush=True,
+    )
+    return row
+
+
+def _predict(out: dict, c_measured, score_cost: float, consensus_cost) -> float:
+    """Adds each run's predictions (seed prices and the machine's, scaled by the verifier
+    alone's seconds per cost unit) and engine ms per verifier call; returns the seed unit."""
+    from specjax import metrics  # pylint: disable=import-outside-toplevel
+
     unit = out["verifier"]["wall_s"] / out["verifier"]["cost"]
     for r in out.values():
         r["predicted_s"] = r["cost"] * unit
@@ -168,7 +165,7 @@ def measure(
             metrics.itemised_cost(
                 {n: np.asarray(v) for n, v in r["counts"].items()},
                 c_measured,
-                pcfg.consensus_cost,
+                consensus_cost,
                 score_cost=score_cost,
             )["total"]
         )
@@ -179,6 +176,41 @@ def measure(
     for r in out.values():
         calls = r["counts"]["verifier_calls"]
         r["engine_ms_per_verifier_call"] = 1e3 * r["engine_s"] / max(calls, 1)
+    return unit
+
+
+def measure(
+    zoo=None, *, plans_per_domain=2, plan_steps=4, max_step_tokens=32, gamma=4, repeats=2, runs=RUNS
+) -> dict:
+    """Wall clock, engine seconds and modelled cost of each run (see the module docstring)."""
+    from specjax.engine.deployment import from_zoo  # pylint: disable=import-outside-toplevel
+    from specjax.models.zoo import load_zoo  # pylint: disable=import-outside-toplevel
+    from specjax.policy.plan_config import PlanConfig  # pylint: disable=import-outside-toplevel
+
+    zoo = load_zoo(zoo) if zoo is None or isinstance(zoo, (str, os.PathLike)) else zoo
+    dep = from_zoo(zoo)
+    costs = [d.cost for d in dep.drafters]
+    prompts = _plan_prompts(plans_per_domain)
+    pcfg = PlanConfig(
+        gamma=gamma,
+        verifier_temperature=1.0,
+        plan_steps=plan_steps,
+        max_step_tokens=max_step_tokens,
+        rule="coupled",
+    )
+    # The machine's prices, measured at the runs' shapes and in the runs' time window (each
+    # forward timed once after every timed run, medians; this machine's speed drifts): a
+    # drafter token is T_draft / T_step verifier calls, a scored draft
+    # (T_score − T_step) / (γ · T_step).
+    timers = _price_timers(dep, pcfg, prompts)
+    prices = {k: [] for k in timers}
+    out = {
+        which: _measure_run(dep, pcfg, prompts, which, repeats, timers, prices) for which in runs
+    }
+    t_step, t_score = (statistics.median(prices[k]) for k in ("step", "score"))
+    score_cost = max(t_score / t_step - 1.0, 0.0) / gamma
+    c_measured = [statistics.median(prices[k]) / t_step for k in range(len(dep.drafters))]
+    unit = _predict(out, c_measured, score_cost, pcfg.consensus_cost)
     return {
         "runs": out,
         "seconds_per_cost_unit": unit,

@@ -170,26 +170,198 @@ def _drafter_files() -> dict:
     }
 
 
-def part_spec(result: dict, model, dep) -> None:
-    from specjax import metrics  # pylint: disable=import-outside-toplevel
+def _plan_texts() -> list[str]:
+    """--prompts_per_domain plan prompts, interleaved across the sorted domains."""
     from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
-    from specjax.engine.generate import (
-        autoregressive_generate,  # pylint: disable=import-outside-toplevel
-        row_keys_for,
-        speculative_generate,
-    )
-    from specjax.engine.spec import EngineConfig  # pylint: disable=import-outside-toplevel
 
     by_domain = {}
     for p in load_prompts():
         by_domain.setdefault(p["domain"], []).append(p["prompt"])
-    texts_all = [
+    return [
         t
         for i in range(FLAGS.prompts_per_domain)
         for d in sorted(by_domain)
         for t in by_domain[d][i : i + 1]
     ]
+
+
+def _forward_times(dep, batch: int, context: int, capacity: int) -> tuple:
+    """T_step, T_score(γ+1) per γ and T_draft per drafter (seconds, min of 3) at this shape."""
     v = dep.verifier
+    t_step = min(
+        forward_timer(v, dep.v_params, batch, 1, context, capacity, 16)() for _ in range(3)
+    )
+    t_score = {}
+    for g in [int(x) for x in FLAGS.gammas]:
+        t_score[g] = min(
+            forward_timer(v, dep.v_params, batch, g + 1, context, capacity, 16)() for _ in range(3)
+        )
+    t_draft = {}
+    for name in FLAGS.drafters:
+        sub = dep.subset([name])
+        t_draft[name] = min(
+            forward_timer(
+                sub.drafters[0].lm,
+                sub.d_data[0].params,
+                batch,
+                1,
+                context,
+                min(sub.drafters[0].lm.max_len, capacity),
+                16,
+            )()
+            for _ in range(3)
+        )
+    return t_step, t_score, t_draft
+
+
+def _spec_setups(dep, calls, tau: float) -> list[dict]:
+    """One setup per drafter × γ at verifier τ: its deployment, engine config, drafter
+    prompts, and empty lists for its runs."""
+    from specjax.engine.spec import EngineConfig  # pylint: disable=import-outside-toplevel
+
+    setups = []
+    for name in FLAGS.drafters:
+        sub = dep.subset([name])
+        if tau == 0.0 and FLAGS.greedy_drafters:
+            sub = sub.with_temperatures([0.0])
+        d_calls = [[[sub.drafter_encode[0](t) for t in c]] for c in calls]
+        for g in [int(x) for x in FLAGS.gammas]:
+            cfg = EngineConfig(
+                gamma=g,
+                rule="rejection",
+                verifier_temperature=tau,
+                max_new_tokens=FLAGS.new_tokens,
+            )
+            setups.append(
+                dict(
+                    name=name,
+                    gamma=g,
+                    sub=sub,
+                    cfg=cfg,
+                    d_calls=d_calls,
+                    tps=[],
+                    ratio=[],
+                    counters=[],
+                )
+            )
+    return setups
+
+
+def _run_ar(dep, v_calls, tau: float) -> float:
+    """Tokens/s of autoregressive decoding over every call."""
+    from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
+        autoregressive_generate,
+        row_keys_for,
+    )
+
+    n = s = 0.0
+    for vc in v_calls:
+        r = autoregressive_generate(
+            dep.verifier,
+            dep.v_params,
+            vc,
+            row_keys_for(0, len(vc)),
+            temperature=tau,
+            max_new_tokens=FLAGS.new_tokens,
+            bucket=64,
+        )
+        n += float((r.length - r.start).sum())
+        s += r.seconds
+    return n / s
+
+
+def _run_spec(dep, v_calls, d: dict) -> tuple:
+    """Tokens/s of one setup's speculative decoding over every call, and its counters."""
+    from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
+        row_keys_for,
+        speculative_generate,
+    )
+
+    n = s = 0.0
+    counters = []
+    for vc, dc in zip(v_calls, d["d_calls"]):
+        r = speculative_generate(
+            d["cfg"],
+            dep.verifier,
+            dep.v_params,
+            d["sub"].drafters,
+            d["sub"].d_data,
+            vc,
+            dc,
+            row_keys_for(0, len(vc)),
+            bucket=64,
+        )
+        n += float((r.length - r.start).sum())
+        s += r.seconds
+        counters.append(r.counters)
+    return n / s, counters
+
+
+def _paired_runs(dep, v_calls, setups, tau: float) -> list[float]:
+    """AR and every setup's speculative runs alternating (the first round discarded); fills
+    each setup's runs and returns AR's tokens/s per repeat."""
+    ar = []
+    for i in range(FLAGS.repeats + 1):
+        a = _run_ar(dep, v_calls, tau)
+        if i:
+            ar.append(a)
+        for d in setups:
+            tps, counters = _run_spec(dep, v_calls, d)
+            if i:
+                d["tps"].append(tps)
+                d["ratio"].append(tps / a)
+            d["counters"] = counters
+    return ar
+
+
+def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t_score) -> dict:
+    """One setup's result row (α, tokens per round, c, predictions, measured speed-up); printed."""
+    from specjax import metrics  # pylint: disable=import-outside-toplevel
+
+    acc = sum(float(c.own_accepted_at.sum()) for c in d["counters"])
+    reach = sum(float(c.own_reached_at.sum()) for c in d["counters"])
+    alpha = acc / max(reach, 1.0)
+    per_round = sum(float(c.committed.sum()) for c in d["counters"]) / max(
+        sum(float(c.rounds.sum()) for c in d["counters"]), 1.0
+    )
+    g, td, ts = d["gamma"], t_draft[d["name"]], t_score[d["gamma"]]
+    hw = float(metrics.hardware_aware_speedup(per_round, t_step, td, ts, g))
+    measured = statistics.median(d["ratio"])
+    row = dict(
+        drafter=d["name"],
+        gamma=g,
+        batch=batch,
+        tau=tau,
+        drafter_tau=float(d["sub"].drafters[0].temperature),
+        ar_tokens_per_s=ar_tps,
+        spec_tokens_per_s=statistics.median(d["tps"]),
+        alpha=alpha,
+        tokens_per_round=per_round,
+        c=td / t_step,
+        t_step=t_step,
+        t_draft=td,
+        t_score=ts,
+        t_score_over_t_step=ts / t_step,
+        leviathan_speedup=float(metrics.leviathan_speedup(alpha, g, td / t_step)),
+        hardware_aware_speedup=hw,
+        measured_speedup=measured,
+        measured_over_hardware_aware=measured / hw,
+        spec_runs=d["tps"],
+        load_average=list(os.getloadavg()),
+    )
+    print(
+        f"  {d['name']:9} γ={g}: spec {row['spec_tokens_per_s']:6.1f} tok/s, "
+        f"x{measured:.2f} AR (hw-aware {hw:.2f}, meas/hw {measured / hw:.2f}); "
+        f"α {alpha:.2f}, tok/round {per_round:.2f}, c {td / t_step:.3f}, "
+        f"T_score/T_step {ts / t_step:.2f}",
+        flush=True,
+    )
+    return row
+
+
+def part_spec(result: dict, model, dep) -> None:
+    """Speculative vs AR per batch × verifier τ × drafter × γ, with the forward times."""
+    texts_all = _plan_texts()
     rows, per_batch = [], []
     for batch in [int(b) for b in FLAGS.batches]:
         texts = (texts_all * batch)[: max(batch, len(texts_all))]
@@ -198,104 +370,10 @@ def part_spec(result: dict, model, dep) -> None:
         width = max(len(p) for c in v_calls for p in c)
         capacity = -(-width // 64) * 64 + FLAGS.new_tokens + 16
         context = int(np.mean([len(p) for c in v_calls for p in c])) + FLAGS.new_tokens // 2
-        t_step = min(
-            forward_timer(v, dep.v_params, batch, 1, context, capacity, 16)() for _ in range(3)
-        )
-        t_score = {}
-        for g in [int(x) for x in FLAGS.gammas]:
-            t_score[g] = min(
-                forward_timer(v, dep.v_params, batch, g + 1, context, capacity, 16)()
-                for _ in range(3)
-            )
-        t_draft = {}
-        for name in FLAGS.drafters:
-            sub = dep.subset([name])
-            t_draft[name] = min(
-                forward_timer(
-                    sub.drafters[0].lm,
-                    sub.d_data[0].params,
-                    batch,
-                    1,
-                    context,
-                    min(sub.drafters[0].lm.max_len, capacity),
-                    16,
-                )()
-                for _ in range(3)
-            )
+        t_step, t_score, t_draft = _forward_times(dep, batch, context, capacity)
         for tau in [float(t) for t in FLAGS.taus]:
-            setups = []
-            for name in FLAGS.drafters:
-                sub = dep.subset([name])
-                if tau == 0.0 and FLAGS.greedy_drafters:
-                    sub = sub.with_temperatures([0.0])
-                d_calls = [[[sub.drafter_encode[0](t) for t in c]] for c in calls]
-                for g in [int(x) for x in FLAGS.gammas]:
-                    cfg = EngineConfig(
-                        gamma=g,
-                        rule="rejection",
-                        verifier_temperature=tau,
-                        max_new_tokens=FLAGS.new_tokens,
-                    )
-                    setups.append(
-                        dict(
-                            name=name,
-                            gamma=g,
-                            sub=sub,
-                            cfg=cfg,
-                            d_calls=d_calls,
-                            tps=[],
-                            ratio=[],
-                            counters=[],
-                        )
-                    )
-
-            def run_ar():
-                n = s = 0.0
-                for vc in v_calls:
-                    r = autoregressive_generate(
-                        v,
-                        dep.v_params,
-                        vc,
-                        row_keys_for(0, len(vc)),
-                        temperature=tau,
-                        max_new_tokens=FLAGS.new_tokens,
-                        bucket=64,
-                    )
-                    n += float((r.length - r.start).sum())
-                    s += r.seconds
-                return n / s
-
-            def run_spec(d):
-                n = s = 0.0
-                counters = []
-                for vc, dc in zip(v_calls, d["d_calls"]):
-                    r = speculative_generate(
-                        d["cfg"],
-                        v,
-                        dep.v_params,
-                        d["sub"].drafters,
-                        d["sub"].d_data,
-                        vc,
-                        dc,
-                        row_keys_for(0, len(vc)),
-                        bucket=64,
-                    )
-                    n += float((r.length - r.start).sum())
-                    s += r.seconds
-                    counters.append(r.counters)
-                return n / s, counters
-
-            ar = []
-            for i in range(FLAGS.repeats + 1):
-                a = run_ar()
-                if i:
-                    ar.append(a)
-                for d in setups:
-                    tps, counters = run_spec(d)
-                    if i:
-                        d["tps"].append(tps)
-                        d["ratio"].append(tps / a)
-                    d["counters"] = counters
+            setups = _spec_setups(dep, calls, tau)
+            ar = _paired_runs(dep, v_calls, setups, tau)
             ar_tps = statistics.median(ar)
             per_batch.append(
                 dict(
@@ -313,75 +391,21 @@ def part_spec(result: dict, model, dep) -> None:
                 flush=True,
             )
             for d in setups:
-                acc = sum(float(c.own_accepted_at.sum()) for c in d["counters"])
-                reach = sum(float(c.own_reached_at.sum()) for c in d["counters"])
-                alpha = acc / max(reach, 1.0)
-                per_round = sum(float(c.committed.sum()) for c in d["counters"]) / max(
-                    sum(float(c.rounds.sum()) for c in d["counters"]), 1.0
-                )
-                g, td, ts = d["gamma"], t_draft[d["name"]], t_score[d["gamma"]]
-                hw = float(metrics.hardware_aware_speedup(per_round, t_step, td, ts, g))
-                measured = statistics.median(d["ratio"])
-                row = dict(
-                    drafter=d["name"],
-                    gamma=g,
-                    batch=batch,
-                    tau=tau,
-                    drafter_tau=float(d["sub"].drafters[0].temperature),
-                    ar_tokens_per_s=ar_tps,
-                    spec_tokens_per_s=statistics.median(d["tps"]),
-                    alpha=alpha,
-                    tokens_per_round=per_round,
-                    c=td / t_step,
-                    t_step=t_step,
-                    t_draft=td,
-                    t_score=ts,
-                    t_score_over_t_step=ts / t_step,
-                    leviathan_speedup=float(metrics.leviathan_speedup(alpha, g, td / t_step)),
-                    hardware_aware_speedup=hw,
-                    measured_speedup=measured,
-                    measured_over_hardware_aware=measured / hw,
-                    spec_runs=d["tps"],
-                    load_average=list(os.getloadavg()),
-                )
-                rows.append(row)
-                print(
-                    f"  {d['name']:9} γ={g}: spec {row['spec_tokens_per_s']:6.1f} tok/s, "
-                    f"x{measured:.2f} AR (hw-aware {hw:.2f}, meas/hw {measured / hw:.2f}); "
-                    f"α {alpha:.2f}, tok/round {per_round:.2f}, c {td / t_step:.3f}, "
-                    f"T_score/T_step {ts / t_step:.2f}",
-                    flush=True,
-                )
+                rows.append(_spec_row(d, batch, tau, ar_tps, t_step, t_draft, t_score))
     result["spec"] = rows
     result["ar"] = per_batch
     del model
 
 
-def part_peer(result: dict, model, dep) -> None:
-    """transformers on the same weights: plain, prompt lookup, assisted (code drafter)."""
-    try:
-        import torch  # pylint: disable=import-outside-toplevel
-        import transformers  # pylint: disable=import-outside-toplevel
-    except ImportError as e:
-        print(f"peer skipped: {e}")
-        return
-    from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
-    from specjax.engine.generate import autoregressive_generate, row_keys_for  # pylint: disable=import-outside-toplevel
-    from specjax.models.gguf import smollm2_path  # pylint: disable=import-outside-toplevel
-    from specjax.models.real_zoo import export_hf  # pylint: disable=import-outside-toplevel
+def _greedy_identity(dep, target, ids, n_new: int) -> list[bool]:
+    """Per prompt: specjax's AR at τ = 0 gives transformers' greedy tokens for n_new tokens."""
+    import torch  # pylint: disable=import-outside-toplevel
 
-    torch.set_num_threads(os.cpu_count() or 1)
-    p = smollm2_path()
-    target = transformers.AutoModelForCausalLM.from_pretrained(
-        str(p.parent), gguf_file=p.name, dtype=torch.float32
-    ).eval()
-    prompts = {}
-    for q in load_prompts():
-        prompts.setdefault(q["domain"], q["prompt"])
-    texts = [prompts[d] for d in sorted(prompts)]
-    ids = [dep.encode(t) for t in texts]
-    n_new = FLAGS.new_tokens
-    # Greedy identity (64 tokens, 3 prompts): specjax's AR at τ = 0 vs transformers.
+    from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
+        autoregressive_generate,
+        row_keys_for,
+    )
+
     same = []
     for row in ids:
         r = autoregressive_generate(
@@ -405,44 +429,86 @@ def part_peer(result: dict, model, dep) -> None:
             )
         theirs = out[0, len(row) :].tolist()
         same.append(ours == theirs[: len(ours)] and len(ours) == n_new)
-    print(f"greedy identical to transformers for {n_new} tokens: {same}", flush=True)
+    return same
 
-    def timed(**kw):
-        tps = []
-        for i in range(FLAGS.repeats + 1):
-            n = s = 0.0
-            for row in ids:
-                t = time.perf_counter()
-                with torch.no_grad():
-                    out = target.generate(
-                        torch.tensor([row]),
-                        max_new_tokens=n_new,
-                        do_sample=False,
-                        min_new_tokens=n_new,
-                        eos_token_id=None,
-                        pad_token_id=0,
-                        **kw,
-                    )
-                s += time.perf_counter() - t
-                n += out.shape[1] - len(row)
-            if i:
-                tps.append(n / s)
-        return statistics.median(tps)
 
-    peer = {"greedy_identical": same, "plain": timed()}
-    for g in (2, 4, 8):
-        peer[f"prompt_lookup_{g}"] = timed(prompt_lookup_num_tokens=g)
+def _timed_generate(target, ids, n_new: int, **kw) -> float:
+    """Median tokens/s of transformers' greedy `generate` over the prompts (first run discarded)."""
+    import torch  # pylint: disable=import-outside-toplevel
+
+    tps = []
+    for i in range(FLAGS.repeats + 1):
+        n = s = 0.0
+        for row in ids:
+            t = time.perf_counter()
+            with torch.no_grad():
+                out = target.generate(
+                    torch.tensor([row]),
+                    max_new_tokens=n_new,
+                    do_sample=False,
+                    min_new_tokens=n_new,
+                    eos_token_id=None,
+                    pad_token_id=0,
+                    **kw,
+                )
+            s += time.perf_counter() - t
+            n += out.shape[1] - len(row)
+        if i:
+            tps.append(n / s)
+    return statistics.median(tps)
+
+
+def _assisted_rows(dep, target, ids, n_new: int) -> dict:
+    """Assisted generation with the code drafter exported to an HF folder, per γ."""
+    import torch  # pylint: disable=import-outside-toplevel
+    import transformers  # pylint: disable=import-outside-toplevel
+
+    from specjax.models.real_zoo import export_hf  # pylint: disable=import-outside-toplevel
+
     drafter_dir = Path(FLAGS.out) / "hf_code_drafter"
+    sub = dep.subset(["code"])
+    export_hf(drafter_dir, sub.drafters[0].lm, sub.d_data[0].params)
+    assistant = transformers.AutoModelForCausalLM.from_pretrained(
+        str(drafter_dir), dtype=torch.float32
+    ).eval()
+    rows = {}
+    for g in (2, 4, 8):
+        assistant.generation_config.num_assistant_tokens = g
+        assistant.generation_config.num_assistant_tokens_schedule = "constant"
+        rows[f"assisted_{g}"] = _timed_generate(target, ids, n_new, assistant_model=assistant)
+    return rows
+
+
+def part_peer(result: dict, model, dep) -> None:
+    """transformers on the same weights: plain, prompt lookup, assisted (code drafter)."""
+    try:
+        import torch  # pylint: disable=import-outside-toplevel
+        import transformers  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        print(f"peer skipped: {e}")
+        return
+    from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
+    from specjax.models.gguf import smollm2_path  # pylint: disable=import-outside-toplevel
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    p = smollm2_path()
+    target = transformers.AutoModelForCausalLM.from_pretrained(
+        str(p.parent), gguf_file=p.name, dtype=torch.float32
+    ).eval()
+    prompts = {}
+    for q in load_prompts():
+        prompts.setdefault(q["domain"], q["prompt"])
+    texts = [prompts[d] for d in sorted(prompts)]
+    ids = [dep.encode(t) for t in texts]
+    n_new = FLAGS.new_tokens
+    # Greedy identity (64 tokens, 3 prompts): specjax's AR at τ = 0 vs transformers.
+    same = _greedy_identity(dep, target, ids, n_new)
+    print(f"greedy identical to transformers for {n_new} tokens: {same}", flush=True)
+    peer = {"greedy_identical": same, "plain": _timed_generate(target, ids, n_new)}
+    for g in (2, 4, 8):
+        peer[f"prompt_lookup_{g}"] = _timed_generate(target, ids, n_new, prompt_lookup_num_tokens=g)
     if "code" in dep.names:
-        sub = dep.subset(["code"])
-        export_hf(drafter_dir, sub.drafters[0].lm, sub.d_data[0].params)
-        assistant = transformers.AutoModelForCausalLM.from_pretrained(
-            str(drafter_dir), dtype=torch.float32
-        ).eval()
-        for g in (2, 4, 8):
-            assistant.generation_config.num_assistant_tokens = g
-            assistant.generation_config.num_assistant_tokens_schedule = "constant"
-            peer[f"assisted_{g}"] = timed(assistant_model=assistant)
+        peer.update(_assisted_rows(dep, target, ids, n_new))
     print(
         "peer (transformers, same weights, f32, B=1, greedy): "
         + ", ".join(f"{k} {v:.1f} tok/s" for k, v in peer.items() if k != "greedy_identical"),

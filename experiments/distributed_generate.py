@@ -25,11 +25,13 @@ computed on its local devices) to ``--out`` as JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
 
-def main(argv=None) -> int:
+def _parse_args(argv):
+    """The command line (argparse: every process of a pod runs the same one)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--coordinator", default=None, help="host:port of process 0 (None: auto)")
     ap.add_argument("--num_processes", type=int, default=None)
@@ -50,9 +52,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--max_new_tokens", type=int, default=8)
     ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
-    t0 = time.time()
+
+def _initialize(args) -> None:
+    """Joins this process to the others (CPU devices and gloo collectives when
+    --local_devices is set)."""
     import jax  # pylint: disable=import-outside-toplevel
 
     if args.local_devices:
@@ -65,6 +70,80 @@ def main(argv=None) -> int:
         process_id=args.process_id,
         initialization_timeout=60,
     )
+
+
+@dataclasses.dataclass
+class _Job:
+    """What every generate call shares: the config, the prompts, the keys and the sharded
+    deployment."""
+
+    cfg: object
+    prompts: list
+    d_prompts: list
+    keys: object
+    sdep: object
+    max_new_tokens: int
+
+    def speculative(self, d, temperature):
+        """Tokens and accepted counts of `speculative_generate` on deployment `d` with every
+        drafter at `temperature` (processes start together on the sharded deployment)."""
+        import jax  # pylint: disable=import-outside-toplevel
+        from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+        from specjax.engine import generate as gen  # pylint: disable=import-outside-toplevel
+
+        d = d.with_temperatures([temperature] * len(d.drafters))
+        if jax.process_count() > 1 and d.v_params is self.sdep.v_params:
+            multihost_utils.sync_global_devices(f"generate tau={temperature}")
+        spec = gen.speculative_generate(
+            self.cfg,
+            d.verifier,
+            d.v_params,
+            d.drafters,
+            d.d_data,
+            self.prompts,
+            self.d_prompts,
+            self.keys,
+        )
+        return spec.tokens.tolist(), spec.counters.accepted.tolist()
+
+    def autoregressive(self, d):
+        """Tokens of `autoregressive_generate` (τ = 1) on deployment `d`."""
+        from specjax.engine import generate as gen  # pylint: disable=import-outside-toplevel
+
+        return gen.autoregressive_generate(
+            d.verifier,
+            d.v_params,
+            self.prompts,
+            self.keys,
+            temperature=1.0,
+            max_new_tokens=self.max_new_tokens,
+        ).tokens.tolist()
+
+
+def _header(args, mesh, sdep) -> dict:
+    """The output's description of this process, the mesh and how the parameters are spread."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    return {
+        "process": jax.process_index(),
+        "processes": jax.process_count(),
+        "devices": jax.device_count(),
+        "local_devices": jax.local_device_count(),
+        "mesh": dict(mesh.shape),
+        "rules": args.rules,
+        "sharded_over_processes": len(
+            {dev.process_index for dev in sdep.v_params["embed"].sharding.device_set}
+        ),
+        "local_param_fraction": _local_fraction(sdep.v_params),
+    }
+
+
+def main(argv=None) -> int:
+    args = _parse_args(argv)
+    t0 = time.time()
+    _initialize(args)
+    import jax  # pylint: disable=import-outside-toplevel
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
 
     # No persistent compilation cache: a process that found its programs cached would reach
@@ -78,15 +157,10 @@ def main(argv=None) -> int:
     prov = provenance.provenance()
     dep = _deployment()
     texts = ["def f(x):", "In the beginning", "1 + 2 =", "the", "x", "print(", "And", "ok"]
-    prompts = [dep.encode(t) for t in texts]
-    d_prompts = [[enc(t) for t in texts] for enc in dep.drafter_encode]
-    keys = gen.row_keys_for(0, len(texts))
     n = jax.device_count()
     mesh = shd.make_mesh(n // args.model_axis, args.model_axis)
     sdep = shd.shard_deployment(dep, mesh, args.rules)
-
     timings = {"start": round(time.time() - t0, 2)}
-
     cfg = EngineConfig(
         gamma=args.gamma,
         rule="token_tree",
@@ -94,59 +168,29 @@ def main(argv=None) -> int:
         n_slots=2,
         max_new_tokens=args.max_new_tokens,
     )
-
-    def run(d, temperature):
-        d = d.with_temperatures([temperature] * len(d.drafters))
-        if jax.process_count() > 1 and d.v_params is sdep.v_params:
-            multihost_utils.sync_global_devices(f"generate tau={temperature}")
-        spec = gen.speculative_generate(
-            cfg, d.verifier, d.v_params, d.drafters, d.d_data, prompts, d_prompts, keys
-        )
-        return spec.tokens.tolist(), spec.counters.accepted.tolist()
-
-    out = {
-        "process": jax.process_index(),
-        "processes": jax.process_count(),
-        "devices": n,
-        "local_devices": jax.local_device_count(),
-        "mesh": dict(mesh.shape),
-        "rules": args.rules,
-        "sharded_over_processes": len(
-            {dev.process_index for dev in sdep.v_params["embed"].sharding.device_set}
-        ),
-        "local_param_fraction": _local_fraction(sdep.v_params),
-        "sweep": {},
-        "timings": timings,
-    }
-    temps = [float(t) for t in args.temperatures.split(",")]
-    for t in temps:  # the tiny sweep
-        out["sweep"][str(t)] = run(sdep, t)
-        timings[f"sharded_tau{t}"] = round(time.time() - t0, 2)
-    multihost_utils.sync_global_devices("autoregressive")
-    ar = gen.autoregressive_generate(
-        sdep.verifier,
-        sdep.v_params,
-        prompts,
-        keys,
-        temperature=1.0,
+    job = _Job(
+        cfg=cfg,
+        prompts=[dep.encode(t) for t in texts],
+        d_prompts=[[enc(t) for t in texts] for enc in dep.drafter_encode],
+        keys=gen.row_keys_for(0, len(texts)),
+        sdep=sdep,
         max_new_tokens=args.max_new_tokens,
     )
-    out["autoregressive"] = ar.tokens.tolist()
+    out = {**_header(args, mesh, sdep), "sweep": {}, "timings": timings}
+    temps = [float(t) for t in args.temperatures.split(",")]
+    for t in temps:  # the tiny sweep
+        out["sweep"][str(t)] = job.speculative(sdep, t)
+        timings[f"sharded_tau{t}"] = round(time.time() - t0, 2)
+    multihost_utils.sync_global_devices("autoregressive")
+    out["autoregressive"] = job.autoregressive(sdep)
     timings["sharded_autoregressive"] = round(time.time() - t0, 2)
     if jax.process_index() == 0:
         # The reference: the same deployment unsharded, on this process's first device.
         with jax.default_device(jax.local_devices()[0]):
             ref = _deployment()
             out["reference"] = {
-                "spec": run(ref, temps[0]),
-                "autoregressive": gen.autoregressive_generate(
-                    ref.verifier,
-                    ref.v_params,
-                    prompts,
-                    keys,
-                    temperature=1.0,
-                    max_new_tokens=args.max_new_tokens,
-                ).tokens.tolist(),
+                "spec": job.speculative(ref, temps[0]),
+                "autoregressive": job.autoregressive(ref),
             }
         timings["reference"] = round(time.time() - t0, 2)
     out["seconds"] = round(time.time() - t0, 2)

@@ -394,13 +394,8 @@ def end_to_end(loaded, pkgs, batch, gamma, t_step, t_score, t_draft) -> list:
 # ----------------------------------------------------------------------------------------
 
 
-def main(argv):
-    del argv
-    prov = provenance.provenance()
-    pkgs = ["specjax"]
-    if FLAGS.compare_with:
-        sys.path.insert(0, FLAGS.compare_with)
-        pkgs = ["specjax_old", "specjax"]
+def _load_packages(pkgs: list[str]) -> dict:
+    """Per package: its modules, the zoo's full deployment, and the plan prompts' texts."""
     loaded = {}
     for pkg in pkgs:
         mods = _load(pkg)
@@ -408,131 +403,187 @@ def main(argv):
         full = mods["dep"].from_zoo(zoo)
         texts_all = [p["prompt"] for p in mods["data"].load_prompts()]
         loaded[pkg] = (mods, full, texts_all)
+    return loaded
+
+
+def _compile_scratch(case: Case, pkg: str, fn) -> None:
+    """The full round again under each --compiler_options set and each --set_attr setting."""
+    for oname, opts in _OPTION_SETS.items():
+        if oname in FLAGS.compiler_options:
+            case.compile(f"full+{oname}", fn, opts)
+    for setting in FLAGS.set_attr:  # e.g. models.transformer.X=3
+        path, value = setting.split("=")
+        mod_name, attr = path.rsplit(".", 1)
+        mod = importlib.import_module(f"{pkg}.{mod_name}")
+        old = getattr(mod, attr)
+        setattr(mod, attr, type(old)(value))
+        try:
+            case.compile(f"full[{attr}={value}]", fn)
+        finally:
+            setattr(mod, attr, old)
+
+
+def _compile_cases(loaded: dict, pkgs: list[str], batch: int, gamma: int) -> dict:
+    """Per package, its Case at (B, γ) with every loop variant compiled (HLO dumped if asked)."""
+    cases = {}
+    for pkg in pkgs:
+        mods, full, texts_all = loaded[pkg]
+        texts = (texts_all * (batch // len(texts_all) + 1))[:batch]
+        case = Case(mods, full, texts, batch, gamma)
+        vs = (
+            variants(mods)
+            if (FLAGS.ablate and pkg == "specjax")
+            else {"full": mods["decode"].speculative_round}
+        )
+        if FLAGS.variants:
+            vs = {k: v for k, v in vs.items() if k == "full" or k in FLAGS.variants}
+        for name, fn in vs.items():
+            exe = case.compile(name, fn)
+            if name == "full" and pkg == "specjax":
+                _compile_scratch(case, pkg, fn)
+            if FLAGS.hlo_dump:
+                Path(FLAGS.hlo_dump).mkdir(parents=True, exist_ok=True)
+                (Path(FLAGS.hlo_dump) / f"{pkg}_B{batch}_g{gamma}_{name}.hlo.txt").write_text(
+                    exe.as_text()
+                )
+        cases[pkg] = case
+    return cases
+
+
+def _forwards(loaded: dict, case: Case, batch: int, gamma: int) -> dict:
+    """T_step, T_score and T_draft timers at the case's shapes (the current package's models;
+    identical in both)."""
+    _, full, _ = loaded["specjax"]
+    d = case.dep.drafters[0]
+    return {
+        "T_step": Forward(full.verifier, full.v_params, batch, 1, case.context, case.capacity),
+        "T_score": Forward(
+            full.verifier, full.v_params, batch, gamma + 1, case.context, case.capacity
+        ),
+        "T_draft": Forward(
+            d.lm, case.dep.d_data[0].params, batch, 1, case.context, case.d_capacity
+        ),
+    }
+
+
+def _paired_times(fwd: dict, cases: dict) -> tuple:
+    """Every program once per repeat, in turn: (wall, CPU) per round by program, and the load
+    at each repeat's start."""
+    times = collections.defaultdict(list)
+    loads = []
+    for _ in range(FLAGS.repeats):
+        loads.append(os.getloadavg()[0])
+        for name, f in fwd.items():
+            times[("fwd", name)].append(f.run())
+        for pkg, c in cases.items():
+            for name in c.exes:
+                times[(pkg, name)].append(c.run(name))
+    return times, loads
+
+
+def _profile_thunks(case: Case, batch: int, gamma: int) -> None:
+    """One traced run of each of the case's programs under --profile_dir; prints its thunks."""
+    for name in case.exes:
+        pdir = f"{FLAGS.profile_dir}/B{batch}_g{gamma}_{name}"
+        with jax.profiler.trace(pdir):
+            case.run(name)
+        exe, iters, _ = case.exes[name]
+        print(f"  thunk profile of {name}:")
+        thunk_profile(pdir, exe.as_text(), iters)
+
+
+def _loop_row(case: Case, pkg: str, name: str, stats: tuple, fwd_s: dict, load: float) -> dict:
+    """One program's row: ms per round (best, median, CPU), the forwards, the overhead, its
+    HLO census; printed."""
+    exe, iters, comp_s = case.exes[name]
+    b_, m_, c_ = stats
+    t_step, t_score, t_draft = fwd_s["t_step"], fwd_s["t_score"], fwd_s["t_draft"]
+    forwards, fmed = fwd_s["forwards"], fwd_s["forwards_median"]
+    hlo = loop_census(exe.as_text()) if FLAGS.hlo else {}
+    row = dict(
+        package=pkg,
+        variant=name,
+        batch=case.batch,
+        gamma=case.gamma,
+        iterations=iters,
+        ms_per_round=1e3 * b_,
+        ms_per_round_median=1e3 * m_,
+        cpu_ms_per_round=1e3 * c_,
+        t_step_ms=1e3 * t_step,
+        t_score_ms=1e3 * t_score,
+        t_draft_ms=1e3 * t_draft,
+        forwards_ms=1e3 * forwards,
+        forwards_median_ms=1e3 * fmed,
+        overhead_ms=1e3 * (b_ - forwards),
+        overhead_median_ms=1e3 * (m_ - fmed),
+        load=load,
+        compile_s=comp_s,
+        hlo=hlo,
+    )
+    print(
+        f"  {pkg:11} {name:18} {iters:3d} rounds  {1e3 * b_:7.3f} ms/round "
+        f"(median {1e3 * m_:7.3f}, cpu {1e3 * c_:7.3f})  overhead "
+        f"{1e3 * (b_ - forwards):7.3f} (median {1e3 * (m_ - fmed):7.3f})"
+        f"  thunks {hlo.get('thunks', '-')} (+{hlo.get('nested_thunks', '-')} "
+        f"in {hlo.get('while', '-')} loops; {hlo.get('executed', '-')} run) "
+        f"fusions {hlo.get('fusion', '-')} copies {hlo.get('copy', '-')}",
+        flush=True,
+    )
+    if hlo and name == "full":
+        print(f"  {'':11} top ops: {hlo['top_ops']}", flush=True)
+    return row
+
+
+def _loop_rows(times: dict, loads: list, cases: dict, batch: int, gamma: int) -> tuple:
+    """The rows of every timed loop at (B, γ), after printing the forwards; also returns
+    (T_step, T_score, T_draft), the best of the forwards."""
+    best = {k: min(w for w, _ in v) for k, v in times.items()}
+    med = {k: statistics.median(w for w, _ in v) for k, v in times.items()}
+    cpu = {k: min(c for _, c in v) for k, v in times.items()}
+    t_step, t_score, t_draft = (best[("fwd", n)] for n in ("T_step", "T_score", "T_draft"))
+    forwards = t_score + gamma * t_draft
+    fmed = med[("fwd", "T_score")] + gamma * med[("fwd", "T_draft")]
+    print(
+        f"\nB={batch} γ={gamma}: T_step {1e3 * t_step:.3f} ms, T_score "
+        f"{1e3 * t_score:.3f} ms ({t_score / t_step:.2f}x), T_draft "
+        f"{1e3 * t_draft:.4f} ms; forwards/round {1e3 * forwards:.3f} ms "
+        f"(medians: T_step {1e3 * med[('fwd', 'T_step')]:.3f}, forwards "
+        f"{1e3 * fmed:.3f}); load {np.mean(loads):.2f} "
+        f"[{min(loads):.2f}, {max(loads):.2f}]",
+        flush=True,
+    )
+    fwd_s = dict(
+        t_step=t_step, t_score=t_score, t_draft=t_draft, forwards=forwards, forwards_median=fmed
+    )
+    rows = []
+    for pkg, name in times:
+        if pkg == "fwd":
+            continue
+        stats = (best[(pkg, name)], med[(pkg, name)], cpu[(pkg, name)])
+        rows.append(_loop_row(cases[pkg], pkg, name, stats, fwd_s, float(np.mean(loads))))
+    return rows, (t_step, t_score, t_draft)
+
+
+def main(argv):
+    del argv
+    prov = provenance.provenance()
+    pkgs = ["specjax"]
+    if FLAGS.compare_with:
+        sys.path.insert(0, FLAGS.compare_with)
+        pkgs = ["specjax_old", "specjax"]
+    loaded = _load_packages(pkgs)
     print(f"jax {jax.__version__} devices {jax.devices()} load {os.getloadavg()}", flush=True)
     results = []
     for batch in [int(b) for b in FLAGS.batches]:
         for gamma in [int(g) for g in FLAGS.gammas]:
-            cases = {}
-            for pkg in pkgs:
-                mods, full, texts_all = loaded[pkg]
-                texts = (texts_all * (batch // len(texts_all) + 1))[:batch]
-                case = Case(mods, full, texts, batch, gamma)
-                vs = (
-                    variants(mods)
-                    if (FLAGS.ablate and pkg == "specjax")
-                    else {"full": mods["decode"].speculative_round}
-                )
-                if FLAGS.variants:
-                    vs = {k: v for k, v in vs.items() if k == "full" or k in FLAGS.variants}
-                for name, fn in vs.items():
-                    exe = case.compile(name, fn)
-                    if name == "full" and pkg == "specjax":
-                        for oname, opts in _OPTION_SETS.items():
-                            if oname in FLAGS.compiler_options:
-                                case.compile(f"full+{oname}", fn, opts)
-                        for setting in FLAGS.set_attr:  # e.g. models.transformer.X=3
-                            path, value = setting.split("=")
-                            mod_name, attr = path.rsplit(".", 1)
-                            mod = importlib.import_module(f"{pkg}.{mod_name}")
-                            old = getattr(mod, attr)
-                            setattr(mod, attr, type(old)(value))
-                            try:
-                                case.compile(f"full[{attr}={value}]", fn)
-                            finally:
-                                setattr(mod, attr, old)
-                    if FLAGS.hlo_dump:
-                        Path(FLAGS.hlo_dump).mkdir(parents=True, exist_ok=True)
-                        (
-                            Path(FLAGS.hlo_dump) / f"{pkg}_B{batch}_g{gamma}_{name}.hlo.txt"
-                        ).write_text(exe.as_text())
-                cases[pkg] = case
-            # Forwards alone (the current package's models; identical in both).
-            mods, full, _ = loaded["specjax"]
-            case = cases["specjax"]
-            d = case.dep.drafters[0]
-            fwd = {
-                "T_step": Forward(
-                    full.verifier, full.v_params, batch, 1, case.context, case.capacity
-                ),
-                "T_score": Forward(
-                    full.verifier, full.v_params, batch, gamma + 1, case.context, case.capacity
-                ),
-                "T_draft": Forward(
-                    d.lm, case.dep.d_data[0].params, batch, 1, case.context, case.d_capacity
-                ),
-            }
+            cases = _compile_cases(loaded, pkgs, batch, gamma)
+            fwd = _forwards(loaded, cases["specjax"], batch, gamma)
             # Paired timing: every program once per repeat, in turn (min and median).
-            times = collections.defaultdict(list)
-            loads = []
-            for _ in range(FLAGS.repeats):
-                loads.append(os.getloadavg()[0])
-                for name, f in fwd.items():
-                    times[("fwd", name)].append(f.run())
-                for pkg, c in cases.items():
-                    for name in c.exes:
-                        times[(pkg, name)].append(c.run(name))
+            times, loads = _paired_times(fwd, cases)
             if FLAGS.profile_dir:
-                c = cases["specjax"]
-                for name in c.exes:
-                    pdir = f"{FLAGS.profile_dir}/B{batch}_g{gamma}_{name}"
-                    with jax.profiler.trace(pdir):
-                        c.run(name)
-                    exe, iters, _ = c.exes[name]
-                    print(f"  thunk profile of {name}:")
-                    thunk_profile(pdir, exe.as_text(), iters)
-            best = {k: min(w for w, _ in v) for k, v in times.items()}
-            med = {k: statistics.median(w for w, _ in v) for k, v in times.items()}
-            cpu = {k: min(c for _, c in v) for k, v in times.items()}
-            t_step, t_score, t_draft = (best[("fwd", n)] for n in ("T_step", "T_score", "T_draft"))
-            forwards = t_score + gamma * t_draft
-            fmed = med[("fwd", "T_score")] + gamma * med[("fwd", "T_draft")]
-            print(
-                f"\nB={batch} γ={gamma}: T_step {1e3 * t_step:.3f} ms, T_score "
-                f"{1e3 * t_score:.3f} ms ({t_score / t_step:.2f}x), T_draft "
-                f"{1e3 * t_draft:.4f} ms; forwards/round {1e3 * forwards:.3f} ms "
-                f"(medians: T_step {1e3 * med[('fwd', 'T_step')]:.3f}, forwards "
-                f"{1e3 * fmed:.3f}); load {np.mean(loads):.2f} "
-                f"[{min(loads):.2f}, {max(loads):.2f}]",
-                flush=True,
-            )
-            for pkg, name in times:
-                if pkg == "fwd":
-                    continue
-                exe, iters, comp_s = cases[pkg].exes[name]
-                b_, m_, c_ = best[(pkg, name)], med[(pkg, name)], cpu[(pkg, name)]
-                hlo = loop_census(exe.as_text()) if FLAGS.hlo else {}
-                row = dict(
-                    package=pkg,
-                    variant=name,
-                    batch=batch,
-                    gamma=gamma,
-                    iterations=iters,
-                    ms_per_round=1e3 * b_,
-                    ms_per_round_median=1e3 * m_,
-                    cpu_ms_per_round=1e3 * c_,
-                    t_step_ms=1e3 * t_step,
-                    t_score_ms=1e3 * t_score,
-                    t_draft_ms=1e3 * t_draft,
-                    forwards_ms=1e3 * forwards,
-                    forwards_median_ms=1e3 * fmed,
-                    overhead_ms=1e3 * (b_ - forwards),
-                    overhead_median_ms=1e3 * (m_ - fmed),
-                    load=float(np.mean(loads)),
-                    compile_s=comp_s,
-                    hlo=hlo,
-                )
-                results.append(row)
-                print(
-                    f"  {pkg:11} {name:18} {iters:3d} rounds  {1e3 * b_:7.3f} ms/round "
-                    f"(median {1e3 * m_:7.3f}, cpu {1e3 * c_:7.3f})  overhead "
-                    f"{1e3 * (b_ - forwards):7.3f} (median {1e3 * (m_ - fmed):7.3f})"
-                    f"  thunks {hlo.get('thunks', '-')} (+{hlo.get('nested_thunks', '-')} "
-                    f"in {hlo.get('while', '-')} loops; {hlo.get('executed', '-')} run) "
-                    f"fusions {hlo.get('fusion', '-')} copies {hlo.get('copy', '-')}",
-                    flush=True,
-                )
-                if hlo and name == "full":
-                    print(f"  {'':11} top ops: {hlo['top_ops']}", flush=True)
+                _profile_thunks(cases["specjax"], batch, gamma)
+            rows, (t_step, t_score, t_draft) = _loop_rows(times, loads, cases, batch, gamma)
+            results.extend(rows)
             if FLAGS.e2e:
                 results.extend(end_to_end(loaded, pkgs, batch, gamma, t_step, t_score, t_draft))
             if len(pkgs) == 2:

@@ -159,6 +159,117 @@ def _peer(target, assistant, prompts, gamma, tau, new_tokens, seed, tokenizers=N
     }
 
 
+def _pick_drafter(zoo, drafter: str):
+    """The drafter model (`auto`: the verifier-tokenizer drafter of best mean acceptance)."""
+    v = zoo.verifier
+    name = drafter
+    if name == "auto":
+        same = [m for m in zoo.drafters if m.tokenizer.fingerprint() == v.tokenizer.fingerprint()]
+        name = max(
+            same, key=lambda m: np.mean(list((m.record.get("acceptance") or {0: 0}).values()))
+        ).name
+    d = zoo.drafter(name)
+    if d.tokenizer.fingerprint() != v.tokenizer.fingerprint():
+        raise SystemExit(
+            f"drafter {name!r} has another tokenizer; transformers' "
+            "same-tokenizer assisted generation needs the verifier's"
+        )
+    return d
+
+
+def _export(out_dir: Path, name: str, m):
+    """Model `m` saved as a Hugging Face Llama folder under `out_dir`/hf and loaded back (f32)."""
+    import torch
+    import transformers
+
+    from specjax.models import hf
+
+    path = hf.save_hf(out_dir / "hf" / name, m.lm, m.params, family="llama")
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _prompt_texts(prompts_per_domain: int) -> list[str]:
+    """The first `prompts_per_domain` shipped plan prompts of every domain, domains sorted."""
+    from specjax.data import load_prompts
+
+    by_domain = {}
+    for p in load_prompts():
+        by_domain.setdefault(p["domain"], []).append(p["prompt"])
+    return [t for dom in sorted(by_domain) for t in by_domain[dom][:prompts_per_domain]]
+
+
+def _parity(models, export, prompt) -> dict:
+    """Max |Δlogit| between specjax and each exported model on one prompt, by name."""
+    import torch
+
+    parity = {}
+    for name, m in models:
+        toks = np.asarray(prompt)[None]
+        ours = np.asarray(m.lm.logits_full(m.params, jnp.asarray(toks, jnp.int32)))
+        with torch.no_grad():
+            theirs = export[name](torch.tensor(toks)).logits.numpy()
+        parity[name] = float(np.abs(ours - theirs).max())
+    return parity
+
+
+def _without_outputs(r: dict) -> dict:
+    """A side's figures, its generated tokens left out."""
+    return {k: v_ for k, v_ in r.items() if k != "outputs"}
+
+
+def _same_tokenizer_rows(zoo, drafter, export, prompts, d_prompts, gamma, new_tokens, seed):
+    """Greedy and sampled rows of specjax against transformers with the same-tokenizer drafter."""
+    rows = {}
+    for label, tau in (("greedy", 0.0), ("sampled", 1.0)):
+        s = _specjax(zoo, drafter, prompts, d_prompts, gamma, tau, new_tokens, seed)
+        p = _peer(export["verifier"], export[drafter], prompts, gamma, tau, new_tokens, seed)
+        row = {
+            "specjax": _without_outputs(s),
+            "transformers": _without_outputs(p),
+            "ratio_tokens_per_s": s["tokens_per_s"] / p["tokens_per_s"],
+            "ratio_plain": s["ar_tokens_per_s"] / p["plain_tokens_per_s"],
+        }
+        if tau == 0:
+            row["same_outputs"] = s["outputs"] == p["outputs"]
+        rows[label] = row
+    return rows
+
+
+def _cross_tokenizer_rows(
+    zoo, cross_drafter, target, out_dir, texts, prompts, gamma, new_tokens, seed
+):
+    """Greedy and sampled rows with a drafter of another tokenizer (transformers' errors kept)."""
+    import transformers
+
+    # transformers' different-tokenizer mode: candidates are re-tokenised through text
+    # (greedy) or through a vocabulary translation (sampling, "universal assisted
+    # generation"); specjax verifies through the token-level intersection (rule 3).
+    v = zoo.verifier
+    c = zoo.drafter(cross_drafter)
+    c_model = _export(out_dir, c.name, c)
+    toks = {
+        "tokenizer": transformers.PreTrainedTokenizerFast(tokenizer_object=v.tokenizer.hf),
+        "assistant_tokenizer": transformers.PreTrainedTokenizerFast(
+            tokenizer_object=c.tokenizer.hf
+        ),
+    }
+    c_prompts = [c.tokenizer.encode(t) for t in texts]
+    cross = {}
+    for label, tau in (("greedy", 0.0), ("sampled", 1.0)):
+        s = _specjax(zoo, c.name, prompts, c_prompts, gamma, tau, new_tokens, seed)
+        try:
+            p = _peer(target, c_model, prompts, gamma, tau, new_tokens, seed, tokenizers=toks)
+        except Exception as e:  # pylint: disable=broad-except
+            p = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        row = {"specjax": _without_outputs(s), "transformers": _without_outputs(p)}
+        if "tokens_per_s" in p:
+            row["ratio_tokens_per_s"] = s["tokens_per_s"] / p["tokens_per_s"]
+            if tau == 0:
+                row["same_outputs"] = s["outputs"] == p["outputs"]
+        cross[label] = row
+    return cross
+
+
 def run(
     zoo=None,
     out_dir="runs/benchmark_peer",
@@ -174,8 +285,6 @@ def run(
     import torch
     import transformers
 
-    from specjax.data import load_prompts
-    from specjax.models import hf
     from specjax.models.zoo import load_zoo
 
     out_dir = Path(out_dir)
@@ -183,95 +292,31 @@ def run(
     load_before = os.getloadavg()
     zoo = load_zoo(zoo) if zoo is None or isinstance(zoo, (str, os.PathLike)) else zoo
     v = zoo.verifier
-    name = drafter
-    if name == "auto":
-        same = [m for m in zoo.drafters if m.tokenizer.fingerprint() == v.tokenizer.fingerprint()]
-        name = max(
-            same, key=lambda m: np.mean(list((m.record.get("acceptance") or {0: 0}).values()))
-        ).name
-        drafter = name
-    d = zoo.drafter(name)
-    if d.tokenizer.fingerprint() != v.tokenizer.fingerprint():
-        raise SystemExit(
-            f"drafter {drafter!r} has another tokenizer; transformers' "
-            "same-tokenizer assisted generation needs the verifier's"
-        )
-    export = {}
-    for name, m in (("verifier", v), (drafter, d)):
-        path = hf.save_hf(out_dir / "hf" / name, m.lm, m.params, family="llama")
-        export[name] = transformers.AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32
-        ).eval()
+    d = _pick_drafter(zoo, drafter)
+    drafter = d.name
+    models = (("verifier", v), (drafter, d))
+    export = {name: _export(out_dir, name, m) for name, m in models}
     # Parity of the exported models (f32), on a prompt of each domain.
-    by_domain = {}
-    for p in load_prompts():
-        by_domain.setdefault(p["domain"], []).append(p["prompt"])
-    texts = [t for dom in sorted(by_domain) for t in by_domain[dom][:prompts_per_domain]]
+    texts = _prompt_texts(prompts_per_domain)
     prompts = [v.tokenizer.encode(t) for t in texts]
     d_prompts = [d.tokenizer.encode(t) for t in texts]
-    parity = {}
-    for name, m in (("verifier", v), (drafter, d)):
-        toks = np.asarray(prompts[0])[None]
-        ours = np.asarray(m.lm.logits_full(m.params, jnp.asarray(toks, jnp.int32)))
-        with torch.no_grad():
-            theirs = export[name](torch.tensor(toks)).logits.numpy()
-        parity[name] = float(np.abs(ours - theirs).max())
+    parity = _parity(models, export, prompts[0])
     torch.set_num_threads(os.cpu_count() or 1)
-    rows = {}
-    for label, tau in (("greedy", 0.0), ("sampled", 1.0)):
-        s = _specjax(zoo, drafter, prompts, d_prompts, gamma, tau, new_tokens, seed)
-        p = _peer(export["verifier"], export[drafter], prompts, gamma, tau, new_tokens, seed)
-        row = {
-            "specjax": {k: v_ for k, v_ in s.items() if k != "outputs"},
-            "transformers": {k: v_ for k, v_ in p.items() if k != "outputs"},
-            "ratio_tokens_per_s": s["tokens_per_s"] / p["tokens_per_s"],
-            "ratio_plain": s["ar_tokens_per_s"] / p["plain_tokens_per_s"],
-        }
-        if tau == 0:
-            row["same_outputs"] = s["outputs"] == p["outputs"]
-        rows[label] = row
+    rows = _same_tokenizer_rows(zoo, drafter, export, prompts, d_prompts, gamma, new_tokens, seed)
     cross = {}
     if cross_drafter:
-        # transformers' different-tokenizer mode: candidates are re-tokenised through text
-        # (greedy) or through a vocabulary translation (sampling, "universal assisted
-        # generation"); specjax verifies through the token-level intersection (rule 3).
-        c = zoo.drafter(cross_drafter)
-        path = hf.save_hf(out_dir / "hf" / c.name, c.lm, c.params, family="llama")
-        c_model = transformers.AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32
-        ).eval()
-        toks = {
-            "tokenizer": transformers.PreTrainedTokenizerFast(tokenizer_object=v.tokenizer.hf),
-            "assistant_tokenizer": transformers.PreTrainedTokenizerFast(
-                tokenizer_object=c.tokenizer.hf
-            ),
-        }
-        c_prompts = [c.tokenizer.encode(t) for t in texts]
-        for label, tau in (("greedy", 0.0), ("sampled", 1.0)):
-            s = _specjax(zoo, c.name, prompts, c_prompts, gamma, tau, new_tokens, seed)
-            try:
-                p = _peer(
-                    export["verifier"],
-                    c_model,
-                    prompts,
-                    gamma,
-                    tau,
-                    new_tokens,
-                    seed,
-                    tokenizers=toks,
-                )
-            except Exception as e:  # pylint: disable=broad-except
-                p = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-            row = {
-                "specjax": {k: v_ for k, v_ in s.items() if k != "outputs"},
-                "transformers": {k: v_ for k, v_ in p.items() if k != "outputs"},
-            }
-            if "tokens_per_s" in p:
-                row["ratio_tokens_per_s"] = s["tokens_per_s"] / p["tokens_per_s"]
-                if tau == 0:
-                    row["same_outputs"] = s["outputs"] == p["outputs"]
-            cross[label] = row
-    result = {
+        cross = _cross_tokenizer_rows(
+            zoo,
+            cross_drafter,
+            export["verifier"],
+            out_dir,
+            texts,
+            prompts,
+            gamma,
+            new_tokens,
+            seed,
+        )
+    return {
         "gamma": gamma,
         "batch": 1,
         "prompts": len(prompts),
@@ -287,7 +332,6 @@ def run(
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }
-    return result
 
 
 def print_result(result: dict) -> None:
