@@ -157,12 +157,31 @@ def command_line(argv: Iterable[str] | None = None) -> str:
     if not argv:
         return "python"
     script = argv[0]
+    module = _package_module(script)
+    if module:  # `python -m specjax.x` records the module's file as argv[0]
+        return shlex.join(["python", "-m", module, *argv[1:]])
     relative = os.path.relpath(script)
     if not relative.startswith(".."):
         script = relative
     if script.endswith(".py"):
         return shlex.join(["python", script, *argv[1:]])
     return shlex.join([script, *argv[1:]])
+
+
+def _package_module(script: str) -> str | None:
+    """``specjax.x.y`` when `script` is a module file of this package, else None."""
+    try:
+        path = Path(script).resolve()
+        package = Path(__file__).resolve().parent
+        rel = path.relative_to(package.parent)
+    except (OSError, ValueError):
+        return None
+    if rel.parts[0] != package.name or rel.suffix != ".py":
+        return None
+    parts = list(rel.with_suffix("").parts)
+    if parts[-1] == "__main__":
+        parts = parts[:-1]
+    return ".".join(parts)
 
 
 def utc_date(now: datetime.datetime | None = None) -> str:

@@ -90,9 +90,7 @@ def _write_docs_page(page, workdir: Path, version: dict, markdown: str) -> Path:
     page = Path(page)
     prov = provenance.provenance()
     argv = version.get("argv") or []
-    if argv and str(argv[0]).endswith(("specjax/main.py", "specjax\\main.py")):
-        argv = ["-m", "specjax.main", *argv[1:]]  # how `python -m specjax.main` records itself
-    run_cmd = provenance.command_line(["python", *argv]) if argv else "(not recorded)"
+    run_cmd = provenance.command_line(argv) if argv else "(not recorded)"
     run_commit = str(version.get("git_commit") or "?")[:7] + (
         "-dirty" if version.get("git_dirty") else ""
     )

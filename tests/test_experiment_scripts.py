@@ -98,6 +98,23 @@ def test_every_script_is_covered_and_importable_together():
         )
 
 
+def test_command_line_is_the_command_as_typed():
+    """A page names the command a reader can paste: scripts by path, package modules as
+    `python -m` (which records the module's file as argv[0])."""
+    import specjax
+    from specjax import provenance
+
+    pkg = Path(specjax.__file__).parent
+    assert provenance.command_line([str(pkg / "report.py"), "--workdir=runs/x"]) == (
+        "python -m specjax.report --workdir=runs/x"
+    )
+    assert provenance.command_line([str(pkg / "data" / "__main__.py")]) == "python -m specjax.data"
+    assert provenance.command_line(["experiments/benchmark.py", "--batches", "1,8"]) == (
+        "python experiments/benchmark.py --batches 1,8"
+    )
+    assert provenance.command_line(["experiments/x.py", "a b"]) == "python experiments/x.py 'a b'"
+
+
 @pytest.mark.slow
 def test_benchmark(tmp_path):
     args = [
