@@ -134,7 +134,8 @@ def machine() -> dict[str, Any]:
 
 def git_commit(root: str | os.PathLike = REPO_ROOT) -> str | None:
     """The short sha of HEAD, with ``-dirty`` when tracked files have uncommitted changes
-    (untracked files do not count); None outside a git checkout."""
+    (untracked files do not count, nor the results pages under docs/results/: `make docs`
+    rewrites them one after another); None outside a git checkout."""
 
     def git(*args):
         return subprocess.run(
@@ -143,7 +144,7 @@ def git_commit(root: str | os.PathLike = REPO_ROOT) -> str | None:
 
     try:
         sha = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/results")
     except (OSError, subprocess.CalledProcessError):
         return None
     return sha + ("-dirty" if dirty else "") if sha else None
