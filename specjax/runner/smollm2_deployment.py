@@ -84,7 +84,7 @@ def check_max_len(config) -> None:
       ConfigError: one line naming max_len.
     """
     dtype, max_len = settings(config)
-    meta = verifier(dtype, max_len, weights=False).metadata
+    meta = verifier(dtype, max_len, False).metadata  # positional: one cache entry
     arch = meta.get('general.architecture', 'llama')
     context = int(meta.get(f'{arch}.context_length') or max_len)
     check(
