@@ -139,7 +139,9 @@ def test_validation_reads_no_weights_and_names_the_inputs(monkeypatch):
     assert len(rec["reasoning_zoo"]["manifest_sha256"]) == 64
     # The outline spells prompts as a cell does: one user turn of the chat template.
     dep = sd.deployment("float32", 512, ("code", "prose", "reasoning", "lookup"), False)
-    text = dep.decode(dep.encode("def add(a, b):"))
+    ids = dep.encode("def add(a, b):")
+    assert ids[0] == sd.verifier("float32", 512, False).tokenizer.special_tokens["<|im_start|>"]
+    text = dep.decode(ids)
     assert text.startswith("<|im_start|>system\n") and "<|im_start|>user\ndef add(a, b):" in text
     assert text.endswith("<|im_start|>assistant\n")
     assert dep.names == ("code", "prose", "reasoning", "lookup")
