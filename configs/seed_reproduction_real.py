@@ -21,14 +21,15 @@ each plan's counts summed over the seeds (runner/seed_table.py); each policy at 
 of the grid.
 
 Sizes. ``runlocal``: 3 plans (one per domain) × 2 steps × ≤ 24 tokens, γ = 3, one seed
-(15 cells). The default: 4 plans per domain (12 plans) × 2 steps × ≤ 32 tokens, γ = 3,
-seeds 0 and 1 (30 cells), sized for ≤ 45 minutes on this 2-core CPU. Estimated, not run:
-the runlocal run's wall clock split into its fixed part (loading, compiling the programs,
-which the default shares: same γ, same drafter sets; the persistent compilation cache keeps
-them across runs) and its per-token part (cells and baselines), the per-token part scaled
-by the ratio of committed-token budgets (12 × 2 × 32 × 2 seeds against 3 × 2 × 24 × 1, i.e.
-×10.7, at a batch of 16 rows instead of 4, which costs a verifier step ~1.4× more on this
-CPU: docs/results/real_speed.md, T_step 26.5 ms at B = 1 and 56.9 ms at B = 8).
+(15 cells): 6 min 24 s on this 2-core CPU (2026-12-02, idle machine, compilation cache cold
+for its shapes; the cells' own seconds sum to 363 s, the first cell's 124 s: loading the
+verifier, the baselines and most compilation). The default: 4 plans per domain (12 plans) × 2 steps ×
+≤ 32 tokens, γ = 3, seeds 0 and 1 (30 cells), sized for ≤ 45 minutes. Estimated from that
+run, not run: its compute (a single-drafter cell, programs compiled, takes 2.5–3.3 s, a
+shared-block policy ~8 s; ~100 s in all with the baselines) scaled by the tokens per plan (×4/3), the rows per batch (4 → 16:
+×2–4, T_step at B = 8 is 2.1× B = 1's in docs/results/real_speed.md) and the seeds (×2):
+~800–1,100 s; plus compiling the same programs again at the default's shapes (~300 s) and
+loading (~45 s): ~20–25 minutes.
 """
 
 import ml_collections
