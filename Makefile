@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: reproduce test test-all lint format train-zoo train-drafters benchmark benchmark-real benchmark-device docs docs-seed clean-venv
+.PHONY: reproduce reproduce-real test test-all lint format train-zoo train-drafters benchmark benchmark-real benchmark-device docs docs-seed clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 
 reproduce: $(STAMP)
 	$(PY) -m specjax.main --config=configs/seed_reproduction.py:runlocal --workdir=runs/seed_reproduction
+
+# The seed's table on the real verifier, SmolLM2-135M-Instruct, and its drafters
+# (configs/seed_reproduction_real.py: its docstring gives the sizes and the time estimate).
+reproduce-real: $(STAMP)
+	$(PY) -m specjax.main --config=configs/seed_reproduction_real.py --workdir=runs/seed_reproduction_real
 
 test: lint
 	$(PY) -m pytest -q -n 2 --dist worksteal

@@ -58,10 +58,12 @@ _FALSE = {"false", "0", "no", "off"}
 def plans_defaults():
     """The fields every `plans` config shares (each config sets its own grid); the `plans`
     experiment (`specjax.runner.plans_validation`) accepts these fields and no others (besides
-    the runner's and the hf deployment's)."""
+    the runner's and the hf deployment's; the smollm2 deployment reads two of those, `dtype`
+    and `max_len`)."""
     c = ml_collections.ConfigDict()
     c.experiment = "plans"  # the registered experiment (specjax/runner/experiments.py)
-    c.deployment = "zoo"  # 'zoo' (shipped tiny models) or 'synthetic' (exact tables)
+    c.deployment = "zoo"  # 'zoo' (shipped tiny models), 'synthetic' (exact tables), 'hf'
+    #                       (Hugging Face folders) or 'smollm2' (the real verifier, SPEC §10)
     c.zoo_path = None  # zoo folder; None: $SPECJAX_ZOO, else the shipped specjax/zoo
     c.plans_per_domain = 24  # plan prompts per domain (code, prose, reasoning), mixed
     c.plan_steps = 4  # steps per plan

