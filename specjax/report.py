@@ -28,6 +28,13 @@ flags.DEFINE_string(
     "path (e.g. docs/results/seed_table.md), headed by this command, the run's "
     "command, their commits and dates, and the machine.",
 )
+flags.DEFINE_string(
+    "compare_with",
+    None,
+    "Another run of the seed table on the other kind of deployment (zoo vs a real verifier): "
+    "seed_report.md then opens with the seed's four claims judged on both, side by side "
+    "(specjax.runner.seed_compare). The other run is only read.",
+)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -50,6 +57,8 @@ def main(argv: Sequence[str]) -> None:
             )
         )
     logs.release()
+    if flags.FLAGS.compare_with:  # built before anything is written
+        built = _with_comparison(inputs, built, flags.FLAGS.compare_with)
     path, outside = inputs[0], inputs[4]
     if outside:
         from specjax.runner import results  # pylint: disable=import-outside-toplevel
@@ -78,6 +87,73 @@ def main(argv: Sequence[str]) -> None:
                 flags.FLAGS.docs_page, path, inputs[3], built["seed_table"]["markdown"]
             )
         )
+
+
+def _with_comparison(inputs, built: dict, other) -> dict:
+    """`built` with the seed table's markdown replaced by the side-by-side page (this run and
+    `other`, `seed_compare.build`) followed by this run's own table. One line on bad input."""
+    from specjax.runner import seed_compare  # pylint: disable=import-outside-toplevel
+
+    try:
+        check(
+            built["seed_table"] is not None,
+            "--compare_with",
+            other,
+            "only with a --workdir run of seed_table=True (the seed reproduction)",
+        )
+        o_path, o_rows, o_config, o_version = _read_run(other, "--compare_with")
+        theirs = seed_compare.side(o_rows, o_config, o_path, o_version)
+        check(
+            theirs is not None,
+            "--compare_with",
+            other,
+            "a run of the plans experiment (its results.jsonl has no plans rows)",
+        )
+        path, rows, config, version, _ = inputs
+        ours = seed_compare.side(rows, _run_config(config), path, version)
+        sides = seed_compare.pair(ours, theirs)
+        page = seed_compare.build(sides["zoo"], sides["real"], built["seed_table"]["markdown"])
+    except Exception as e:  # pylint: disable=broad-except
+        fail(
+            config_error_in(e)
+            or ConfigError.invalid(
+                "--compare_with", other, f"a run directory whose files read ({_where(e)})"
+            )
+        )
+    return dict(built, seed_table=dict(built["seed_table"], markdown=page))
+
+
+def _read_run(workdir, flag: str) -> tuple[Path, list, dict, dict]:
+    """(path, rows of its grid, config, version) of a run that is only read."""
+    import json  # pylint: disable=import-outside-toplevel
+
+    from specjax.runner import results  # pylint: disable=import-outside-toplevel
+
+    check(workdir and str(workdir).strip(), flag, workdir, "the directory of a run")
+    path = user_path(workdir, flag, "the directory of a run")
+    check(path.is_dir(), flag, workdir, "an existing run directory")
+    try:
+        rows = results.read_all_results(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError.invalid(
+            flag, workdir, f"a run directory with readable results ({_reason(e)})"
+        ) from None
+    check(rows, flag, workdir, f"a run directory with results ({results.RESULTS_NAME})")
+    docs = {}
+    for name in ("config.json", "version.json"):
+        try:
+            doc = json.loads((path / name).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            doc = {}
+        except (OSError, ValueError, RecursionError) as e:
+            raise ConfigError.invalid(
+                flag, str(path / name), f"a readable JSON object ({_reason(e)})"
+            ) from None
+        check(isinstance(doc, dict), flag, str(path / name), "a JSON object")
+        docs[name] = doc
+    config = _run_config(docs["config.json"])
+    rows, _ = _split_by_grid(path, rows, config)
+    return path, rows, config, docs["version.json"]
 
 
 def _write_docs_page(page, workdir: Path, version: dict, markdown: str) -> Path:

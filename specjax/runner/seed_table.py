@@ -9,7 +9,7 @@ How the figures are formed (SPEC §7):
     (`metrics.bootstrap_ci`), paired across policies (the same resampled plans), so an
     ablation effect has an interval of its own;
   * every policy is reported at its own best γ of the grid (the throughput ratio to the
-    best single drafter, cost model at zoo sizes, decides), and so is the single-drafter
+    best single drafter, cost model with the deployment's c_i, decides), and so is the single-drafter
     baseline; the γ sweep shows the rest;
   * per-drafter α is Leviathan's (each chain tested alone, rule 1's test), measured on the
     naive policy's rounds, where every drafter drafts every plan.
@@ -138,7 +138,7 @@ def _div(a: float, b: float) -> float:
 
 
 def _best_single(by_gamma: dict) -> dict:
-    """The best single drafter over the γ grid, by cost (zoo sizes) and by cost (seed sizes)."""
+    """The best single drafter over the γ grid, by cost (the deployment's c_i) and by cost (seed sizes)."""
     out = {}
     for key in ("cost", "cost_seed"):
         best, best_v = None, -math.inf
@@ -279,6 +279,8 @@ def _settings(config, results: list[dict]) -> dict:
             k: config.get(k)
             for k in (
                 "deployment",
+                "dtype",
+                "max_len",
                 "plans_per_domain",
                 "plan_steps",
                 "max_step_tokens",
@@ -357,7 +359,12 @@ def _effects(policies, fns) -> dict:
         fa, fb = fns[a][0], fns[b][0]
         units = fns[a][1]
         eff = {}
-        for key in ("throughput_ratio_vs_single", "consensus_fallback_rate", "joint_acceptance"):
+        for key in (
+            "throughput_ratio_vs_single",
+            "wallclock_ratio_vs_single",
+            "consensus_fallback_rate",
+            "joint_acceptance",
+        ):
             if fa.get(key) is None or fb.get(key) is None:
                 continue
 

@@ -1,0 +1,240 @@
+"""The side-by-side page (`runner.seed_compare`, `specjax.report --compare_with`).
+
+The fixture rows were written by the real code on deployment `synthetic` (regenerate with
+the command in tests/fixtures/seed_compare/README); the "real" side is the same rows under a
+config that names a real deployment, which only changes the labels and the primary
+throughput figure (wall clock). No model runs here.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from absl import flags
+from test_bad_inputs import assert_one_line_error, report_mod
+
+from specjax.runner import results, seed_compare
+
+FIXTURE = Path(__file__).parent / "fixtures" / "seed_compare"
+
+
+def _rows() -> list[dict]:
+    return [json.loads(line) for line in (FIXTURE / "results.jsonl").read_text().splitlines()]
+
+
+def _config(**over) -> dict:
+    return dict(json.loads((FIXTURE / "config.json").read_text()), **over)
+
+
+@pytest.fixture(autouse=True)
+def _few_resamples(monkeypatch):
+    """Intervals from 50 resamples: the tests check where figures come from, not widths."""
+    from specjax.runner import seed_table  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(seed_table, "N_BOOT", 50)
+
+
+REAL = {"deployment": "smollm2", "dtype": "bfloat16", "max_len": 96}
+
+
+def _sides(zoo_rows=None, real_rows=None):
+    z = seed_compare.side(zoo_rows or _rows(), _config(), "ZOO")
+    r = seed_compare.side(real_rows or _rows(), _config(**REAL), "REAL")
+    return seed_compare.pair(z, r)
+
+
+def _page(zoo_rows=None, real_rows=None) -> str:
+    s = _sides(zoo_rows, real_rows)
+    return seed_compare.build(s["zoo"], s["real"])
+
+
+def _line(page: str, start: str) -> str:
+    hits = [ln for ln in page.splitlines() if ln.startswith(start)]
+    assert hits, (start, page)
+    return hits[0]
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_page_has_three_columns_settings_and_labels():
+    page = _page()
+    assert page.startswith("# The seed's four claims on both deployments")
+    for claim in ("## Claim 1", "## Claim 2", "## Claim 3", "## Claim 4"):
+        assert claim in page
+    assert "| figure | zoo | real | seed | source |" in page
+    dep = _cells(_line(page, "| deployment |"))
+    assert dep[1:] == ["synthetic", "smollm2"]
+    assert _cells(_line(page, "| dtype |"))[2] == "bfloat16"
+    assert _cells(_line(page, "| max_len |"))[2] == "96"
+    prim = _cells(_line(page, "| primary throughput figure |"))
+    assert prim[1].startswith("cost model") and prim[2].startswith("wall clock")
+    assert "not measured" in _cells(_line(page, "| regime of the rounds |"))[2]
+    for key in ("plans", "steps per plan", "tokens per step (≤)", "seeds"):
+        assert "not run" not in _line(page, f"| {key} |")
+
+
+def test_figures_come_from_the_rows():
+    rows = _rows()
+    naive = [r for r in rows if r["policy"] == "naive"]
+    fb = sum(sum(r["per_plan"]["fallbacks"]) for r in naive)
+    st = sum(sum(r["per_plan"]["steps"]) for r in naive)
+    cells = _cells(_line(_page(), "| consensus-fallback rate, naive |"))
+    assert cells[1].startswith(f"{100 * fb / st:.0f}%")
+    assert "rows policy=naive" in cells[4] and "per_plan.fallbacks" in cells[4]
+    j = sum(sum(r["per_plan"]["multi_from_draft"]) for r in naive) / sum(
+        sum(r["per_plan"]["multi_reached"]) for r in naive
+    )
+    cells = _cells(_line(_page(), "| naive joint acceptance on shared prefixes |"))
+    assert cells[1].startswith(f"{j:.2f}") and cells[2].startswith(f"{j:.2f}")
+
+
+@pytest.mark.parametrize(
+    "figure,perturb",
+    [
+        ("| consensus-fallback rate, naive |", ("naive", "fallbacks")),
+        ("| naive joint acceptance on shared prefixes |", ("naive", "multi_from_draft")),
+        ("| primary throughput vs best single, all_on |", ("all_on", "seconds")),
+        ("| auto: primary throughput vs best single |", ("auto", "seconds")),
+    ],
+)
+def test_perturbing_a_row_moves_only_its_side(figure, perturb):
+    policy, key = perturb
+    before = _cells(_line(_page(), figure))
+    rows = _rows()
+    for r in rows:
+        if r["policy"] == policy:
+            x = r["per_plan"][key]
+            r["per_plan"][key] = [v * 0.5 if key == "seconds" else 0 for v in x]
+    after = _cells(_line(_page(real_rows=rows), figure))
+    assert after[1] == before[1]  # the zoo column read other rows
+    assert after[2] != before[2], (before, after)
+
+
+def test_step_breakdown_comes_from_branch_records():
+    rows = _rows()
+    page = _page()
+    section = page.split("### real", 1)[1]
+    naive = _cells(_line(section, "| naive |"))
+    n_steps = len(
+        {
+            (r.get("seed", 0), b["plan"], b["step"])
+            for r in rows
+            if r["policy"] == "naive"
+            for b in r["branch_records"]
+        }
+    )
+    assert naive[1] == str(n_steps)
+    for r in rows:  # every naive branch now decides True: every step commits
+        if r["policy"] == "naive":
+            for b in r["branch_records"]:
+                b["decision"] = True
+    section = _page(real_rows=rows).split("### real", 1)[1]
+    assert _cells(_line(section, "| naive |"))[2] == f"{n_steps} (100%)"
+    assert _cells(_line(_page(real_rows=rows).split("### zoo", 1)[1], "| naive |")) == _cells(
+        _line(page.split("### zoo", 1)[1], "| naive |")
+    )
+
+
+def test_prediction_parts_are_computed():
+    rows = _rows()
+    sides = _sides()
+    checks = {c["part"]: c for c in seed_compare.prediction_checks(sides["real"])}
+    assert set(checks) == {
+        "naive falls back ~100%",
+        "by construction: in a naive block s < i",
+        "all-on falls back while the 0.35-nat ceiling isolates drafters",
+        "only truncation commits",
+    }
+    fb = sides["real"]["summary"]["policies"]["naive"]["consensus_fallback_rate"]["value"]
+    assert checks["naive falls back ~100%"]["agree"] == (fb >= seed_compare.NEAR_ALL)
+    for r in rows:  # naive never falls back: the first part must now disagree
+        if r["policy"] == "naive":
+            r["per_plan"]["fallbacks"] = [0] * len(r["per_plan"]["fallbacks"])
+    s = _sides(real_rows=rows)
+    checks = {c["part"]: c for c in seed_compare.prediction_checks(s["real"])}
+    assert checks["naive falls back ~100%"]["agree"] is False
+    page = seed_compare.build(s["zoo"], s["real"])
+    assert "**naive falls back ~100%**" in page and "prediction is wrong" in page
+    assert "naive" in checks["only truncation commits"]["extra"]
+
+
+def test_a_missing_deployment_or_policy_reads_not_run():
+    real = seed_compare.side(_rows(), _config(**REAL), "REAL")
+    page = seed_compare.build(None, real)
+    assert _cells(_line(page, "| deployment |"))[1] == "not run"
+    assert "### zoo\n\nnot run" in page
+    page = seed_compare.build(seed_compare.side(_rows(), _config(), "Z"), None)
+    assert "not run (no real deployment's rows)" in page
+    assert seed_compare.build(None, None).count("not run") > 10
+    assert seed_compare.side([], _config()) is None
+    rows = [r for r in _rows() if r["policy"] != "auto"]
+    page = _page(real_rows=rows)
+    cells = _cells(_line(page, "| auto: primary throughput vs best single |"))
+    assert cells[2] == "not run" and cells[1] != "not run"
+
+
+def run_report(capsys, workdir: str, compare_with: str) -> tuple[int, list[str], str]:
+    """``python -m specjax.report --workdir=W --compare_with=C`` in-process."""
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS["workdir"].value = workdir
+    flags.FLAGS["compare_with"].value = compare_with
+    flags.FLAGS.mark_as_parsed()
+    try:
+        report_mod.main(["specjax"])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    finally:
+        flags.FLAGS["compare_with"].value = None
+        flags.FLAGS.unparse_flags()
+    out = capsys.readouterr()
+    return code, out.err.splitlines(), out.out
+
+
+def _run(tmp_path: Path, name: str, **over) -> Path:
+    run = tmp_path / name
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(_config(**over)))
+    for r in _rows():
+        results.append_result(run / results.RESULTS_NAME, r)
+    return run
+
+
+def test_report_compare_with_writes_one_seed_report(tmp_path, capsys):
+    zoo = _run(tmp_path, "zoo")
+    real = _run(tmp_path, "real", **REAL)
+    zoo_before = sorted(p.name for p in zoo.iterdir())
+    code, err, _ = run_report(capsys, str(real), str(zoo))
+    assert code == 0, err
+    text = (real / "seed_report.md").read_text()
+    assert text.startswith("# The seed's four claims on both deployments")
+    assert "## This run's own table: The seed's table, reproduced" in text
+    assert sorted(p.name for p in zoo.iterdir()) == zoo_before  # the other run is only read
+
+
+@pytest.mark.parametrize("which", ["missing", "same_kind", "not_plans"])
+def test_report_compare_with_bad_input_is_one_line(tmp_path, capsys, which):
+    real = _run(tmp_path, "real", **REAL)
+    if which == "missing":
+        other = tmp_path / "nope"
+    elif which == "same_kind":
+        other = _run(tmp_path, "real2", **REAL)
+    else:
+        other = tmp_path / "toy"
+        other.mkdir()
+        results.append_result(other / results.RESULTS_NAME, {"cell_id": "x", "value": 1})
+    before = (real / "results.jsonl").read_text()
+    code, err, out = run_report(capsys, str(real), str(other))
+    assert_one_line_error(code, err, out, "--compare_with")
+    assert not (real / "seed_report.md").exists()
+    assert (real / "results.jsonl").read_text() == before
+
+
+def test_page_is_deterministic():
+    rows = _rows()
+    assert _page(copy.deepcopy(rows)) == _page(copy.deepcopy(rows))
