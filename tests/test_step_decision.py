@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import zlib
 
 import numpy as np
@@ -27,7 +28,9 @@ from specjax.policy.consensus import BranchOutcome, SeedConsensus
 from specjax.policy.layout import branch_slots
 from specjax.policy.plan import run_plans
 from specjax.policy.plan_config import PlanConfig
+from specjax.policy.summary import summarize
 from specjax.policy.switches import Policy
+from specjax.prices import measure_prices
 from specjax.testing import sequence_distribution
 
 N = 100_000
@@ -122,6 +125,45 @@ def test_itemised_cost_by_hand():
         metrics.itemised_cost(counts, [0.05, -1.0])
     with pytest.raises(ValueError, match="drafters"):
         metrics.itemised_cost(counts, [0.05])
+
+
+def test_predicted_seconds_are_counts_times_prices(deployment):
+    """`predicted_seconds` = Σ priced forwards × machine prices, exactly (per plan too); the
+    forwards are counted by shape as the engine runs them; bad prices are one-line errors."""
+    dep, _ = deployment
+    cfg = PlanConfig(gamma=3, verifier_temperature=1.0, plan_steps=2, max_step_tokens=5, bucket=16)
+    _, st = run_plans(dep, cfg, ["ab", "c", "dd"], single=1)
+    keys = sorted(st.priced)
+    prices = {k: 1e-3 * (i + 1) ** 2 for i, k in enumerate(keys)}
+    row = summarize(st, dep.names, [d.cost for d in dep.drafters], prices=prices)
+    by_hand = sum(float(st.priced[k].sum()) * prices[k] for k in keys)
+    assert row["predicted_seconds"] == pytest.approx(by_hand, rel=1e-12)
+    assert sum(row["per_plan"]["predicted_seconds"]) == pytest.approx(by_hand, rel=1e-12)
+    assert row["predicted_over_wall"] == pytest.approx(by_hand / st.counts["seconds"].sum())
+    # Drafter 1 alone, γ = 3: per round one consume forward and γ − 1 one-token forwards.
+    name = dep.names[1]
+    one = [k for k in keys if k.startswith(f"draft:{name}:1x")]
+    consume = [k for k in keys if k.startswith(f"draft:{name}:2x")]
+    assert len(one) == len(consume) == 1
+    assert st.priced[one[0]].sum() == pytest.approx(2 * st.priced[consume[0]].sum())
+    verify = [k for k in keys if k.startswith("verify:verifier:4x")]  # 1 + γ
+    assert verify and st.priced[verify[0]].sum() >= st.rounds / 4  # ≥ one trip per 4 rows
+    assert {k.split(":")[1] for k in keys} == {"verifier", name}  # nobody else ran
+    bad = [
+        ({**prices, keys[0]: -1.0}, "got -1.0, allowed: a finite number of seconds"),
+        ({**prices, keys[0]: float("nan")}, "got nan"),
+        ({**prices, "verify:verifier:0x1@8": 1.0}, "price key: got 'verify:verifier:0x1@8'"),
+        ({k: v for k, v in prices.items() if k != keys[0]}, "no price for"),
+    ]
+    for table, message in bad:
+        with pytest.raises(ValueError, match=re.escape(message)) as err:
+            summarize(st, dep.names, [d.cost for d in dep.drafters], prices=table)
+        assert "\n" not in str(err.value)
+    measured = measure_prices(dep, keys[:2], reps=2, repeats=1)  # warm loops, cached
+    assert set(measured) == set(keys[:2]) and all(v >= 0 for v in measured.values())
+    assert measure_prices(dep, keys[:2]) == measured
+    with pytest.raises(ValueError, match="drafter 'nobody' is not in the deployment"):
+        measure_prices(dep, ["draft:nobody:1x1@8"])
 
 
 def test_autoregressive_costs_one_call_per_token_plus_prefills(deployment):

@@ -27,6 +27,7 @@ from specjax.policy.plan import run_plans
 from specjax.policy.plan_config import PlanConfig
 from specjax.policy.summary import plan_totals, summarize
 from specjax.policy.switches import Policy
+from specjax.prices import measure_prices
 from specjax.runner.registry import register_experiment
 
 SYNTHETIC_PROMPTS = ["ab", "cda", "b", "dd", "acb", "c", "bad", "da"]
@@ -348,6 +349,9 @@ def plans(config, cell: dict, workdir: Path) -> dict:
             dep, pcfg, prompts, single=dep.names.index(policy_names.single_drafter(policy))
         )
     name = policy_names.canonical_name(policy)
+    # Machine prices of every forward shape the cell ran, measured now, in this process
+    # (cached per process: a shape measured for an earlier cell is not measured again).
+    prices = measure_prices(dep, stats.priced) if config.get("machine_prices", True) else None
     row = summarize(
         stats,
         dep.names,
@@ -359,7 +363,10 @@ def plans(config, cell: dict, workdir: Path) -> dict:
         thresholds=pcfg.thresholds,
         single=base["single"],
         autoregressive=base["autoregressive"],
+        prices=prices,
     )
+    if prices is not None:
+        row["machine_prices"] = prices  # price key → seconds of one forward (specjax.prices)
     ref = base.get("reference_texts")
     if ref is not None:
         # τ = 0: the target is a point mass (the greedy plan), so the exact TV distance is
