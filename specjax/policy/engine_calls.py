@@ -267,8 +267,16 @@ def run_carried(
             )
         )
         c = _expand_counters(jax.tree.map(np.asarray, res.counters), list(u), k)
-        if counters is None:
-            counters = jax.tree.map(lambda x: np.zeros((n,) + x.shape[1:], x.dtype), c)
+        if counters is None:  # per-position counters sized for the widest window
+            counters = jax.tree.map(
+                lambda x: np.zeros(
+                    (n,) + x.shape[1:-1] + (max(x.shape[-1], states.gamma),)
+                    if x.ndim >= 3
+                    else (n,) + x.shape[1:],
+                    x.dtype,
+                ),
+                c,
+            )
         secs = float(res.seconds) + states.take_seconds()
         fwd = call_forwards(states, sub, len(u), cfg.gamma, len(padded), int(c.rounds.max()))
         for j_d, need in done.items():  # drafter prefills before the call
@@ -373,7 +381,10 @@ def drafter_temperatures(dep) -> tuple:
 
 def _set_row(dst, src, i, j):
     for f in dataclasses.fields(dst):
-        getattr(dst, f.name)[i] = getattr(src, f.name)[j]
+        d, x = getattr(dst, f.name), getattr(src, f.name)[j]
+        if x.shape != d.shape[1:]:  # a call with a shorter window: zeros beyond it
+            x = np.pad(x, [(0, w - m) for m, w in zip(x.shape, d.shape[1:])])
+        d[i] = x
     return dst
 
 

@@ -123,6 +123,8 @@ def run_plans(
             max_step_tokens=cfg.max_step_tokens,
             bucket=cfg.bucket,
         )
+        if router is not None and hasattr(router, "start"):
+            router.start(states)  # e.g. `auto` measures its machine prices here
         secs = states.take_seconds()
         pre = price_key("verify", "verifier", states.width, n_plans, states.v_cap)
         for i in range(n_plans):
@@ -260,7 +262,11 @@ def _routed_step(dep, cfg, states, todo, step, stats, sets, router):
     else:
         keys = plan_keys(cfg.seed, todo, step, branches=[0] * len(todo))
     rule = "coupled" if cfg.coupled else "token_tree"
-    res = run_carried(states, dep, cfg, rule, [tuple(s) for s in sets], list(todo), keys)
+    gammas = None
+    if router is not None and hasattr(router, "gamma_for"):
+        gammas = [router.gamma_for(i) for i in todo]  # a lone drafter's γ (None: its own)
+        stats.gamma_routes.append({i: g for i, g in zip(todo, gammas) if g is not None})
+    res = run_carried(states, dep, cfg, rule, [tuple(s) for s in sets], list(todo), keys, gammas)
     commit_carried(
         states,
         res,
