@@ -295,6 +295,9 @@ def test_auto_chooses_a_lone_drafters_gamma_and_prices():
         with pytest.raises(ConfigError, match="auto gamma candidates: got") as err:
             AutoRouter([0.1, 0.1], gamma=4, gamma_candidates=bad)
         assert "\n" not in str(err.value) and "allowed" in str(err.value)
+    short = AutoRouter([0.1], gamma=2, measure=lambda keys: {})
+    with pytest.raises(ValueError, match="auto machine prices: got no price for 'draft:d0:"):
+        short.start(States)
     neg = AutoRouter([0.1], gamma=2, measure=lambda keys: {k: -1.0 for k in keys})
     with pytest.raises(ValueError, match=r"auto machine prices\[.*got -1.0, allowed"):
         neg.start(States)

@@ -59,6 +59,7 @@ import itertools
 import numpy as np
 
 from specjax import metrics
+from specjax.engine.decode import consume_width
 from specjax.errors import ConfigError
 from specjax.gammas import check_gamma, drafter_gammas, widest_gamma
 
@@ -152,8 +153,6 @@ class AutoRouter:
         called by `run_plans` before the first step. A no-op without `measure`."""
         if self.measure is None:
             return
-        from specjax.engine.decode import consume_width  # pylint: disable=import-outside-toplevel
-
         parts = {}
         for members, g in self.options():
             keys = [
@@ -170,6 +169,12 @@ class AutoRouter:
             parts[(members, g)] = keys
         self.prices = dict(self.measure(sorted({k for ks in parts.values() for k, _ in ks})))
         self.prices = metrics.check_prices(self.prices, "auto machine prices")
+        missing = sorted({k for ks in parts.values() for k, _ in ks} - set(self.prices))
+        if missing:
+            raise ValueError(
+                f"auto machine prices: got no price for {missing[0]!r}, allowed: a price for "
+                "every forward of every option"
+            )
         self._round_seconds = {o: sum(n * self.prices[k] for k, n in ks) for o, ks in parts.items()}
 
     def expected_cost_per_token(self, alphas: np.ndarray, members, gamma: int | None = None):
