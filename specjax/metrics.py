@@ -17,6 +17,7 @@ The KL max/mean per pair lives in `specjax.policy.kl` (`kl_summary`).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -297,6 +298,91 @@ def itemised_cost(
         else:
             out[item] = x
     out["total"] = sum(out[i] for i in COST_ITEMS)
+    return out
+
+
+# ---------------------------------------------------------------- machine prices
+
+#: Kinds of priced forward passes (`price_key`): the verifier's and a drafter's.
+PRICE_KINDS = ("verify", "draft")
+_PRICE_KEY = re.compile(r"^(verify|draft):(.+):([1-9][0-9]*)x([1-9][0-9]*)@([1-9][0-9]*)$")
+
+
+def price_key(kind: str, model: str, width: int, rows: int, capacity: int) -> str:
+    """The name of one priced forward pass: ``kind:model:WIDTHxROWS@CAPACITY`` — a forward
+    of `width` tokens per row over `rows` padded rows into a cache of `capacity` slots, by
+    the verifier (``kind='verify'``, model ``'verifier'``) or drafter `model` (``'draft'``)."""
+    key = f"{kind}:{model}:{int(width)}x{int(rows)}@{int(capacity)}"
+    parse_price_key(key)
+    return key
+
+
+def parse_price_key(key: str) -> tuple[str, str, int, int, int]:
+    """(kind, model, width, rows, capacity) of a `price_key`; ValueError if malformed."""
+    m = _PRICE_KEY.match(str(key))
+    if m is None:
+        raise ValueError(
+            f"price key: got {key!r}, allowed: 'verify|draft:<model>:<width>x<rows>@<capacity>'"
+            " with positive integers"
+        )
+    return m.group(1), m.group(2), int(m.group(3)), int(m.group(4)), int(m.group(5))
+
+
+def check_prices(prices: Mapping[str, float], field: str = "prices") -> dict[str, float]:
+    """`prices` (price key → seconds of one forward) checked: every key a `price_key`,
+    every price a finite number ≥ 0; a one-line ValueError names the first bad entry."""
+    out = {}
+    for key, price in dict(prices).items():
+        parse_price_key(key)
+        ok = isinstance(price, (int, float, np.floating, np.integer)) and not isinstance(
+            price, bool
+        )
+        if not ok or not (math.isfinite(float(price)) and float(price) >= 0):
+            raise ValueError(
+                f"{field}[{key!r}]: got {price!r}, allowed: a finite number of seconds ≥ 0"
+            )
+        out[str(key)] = float(price)
+    return out
+
+
+def itemised_seconds(
+    priced: Mapping[str, Any], prices: Mapping[str, float]
+) -> dict[str, np.ndarray]:
+    """Predicted wall-clock seconds of a run: Σ counts × machine prices, itemised.
+
+    The machine prices' counterpart of `itemised_cost`: where that prices work in verifier
+    calls by the cost model, this prices the same run's forward passes at the seconds this
+    machine measured for each shape (`specjax.prices.measure_prices`), so that predicted ÷
+    wall checks the cost model against the clock (SPEC §10).
+
+    Args:
+      priced: price key (`price_key`) → how many such forwards the run made (an array
+        whose first axis may be the plan; fractional where a call's forwards are shared
+        evenly among its rows, as its seconds are).
+      prices: price key → seconds of one such forward (finite, ≥ 0); every key of
+        `priced` must have one.
+
+    Returns:
+      ``'verify'`` and ``'draft'`` (seconds of the verifier's and the drafters' forwards)
+      and ``'total'``, each shaped like the counts.
+    """
+    prices = check_prices(prices)
+    shape = None
+    out = {k: 0.0 for k in PRICE_KINDS}
+    for key, counts in priced.items():
+        kind = parse_price_key(key)[0]
+        x = np.asarray(counts, np.float64)
+        if np.any(x < 0) or not np.all(np.isfinite(x)):
+            raise ValueError(f"itemised_seconds: priced[{key!r}] has negative or non-finite counts")
+        if key not in prices:
+            raise ValueError(
+                f"itemised_seconds: no price for {key!r}; allowed: a prices table with every "
+                f"priced key ({len(priced)} keys, {len(prices)} prices)"
+            )
+        shape = x.shape if shape is None else shape
+        out[kind] = out[kind] + x * prices[key]
+    out = {k: np.broadcast_to(np.asarray(v, np.float64), shape or ()) for k, v in out.items()}
+    out["total"] = sum(out[k] for k in PRICE_KINDS)
     return out
 
 

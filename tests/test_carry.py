@@ -139,6 +139,34 @@ def test_the_program_cache_is_bounded(monkeypatch):
     assert gen.compiled_programs() - before == 3 and gen.cached_programs() == 2
 
 
+def test_a_programs_first_execution_is_never_timed(monkeypatch):
+    """`run_program` runs a freshly compiled executable once, untimed, before its first
+    timed execution (the first-execution effect), once per executable; a donating program
+    is warmed on copies of its arguments, so the timed run still gets live buffers."""
+    from specjax.engine import programs as gen
+
+    monkeypatch.setattr(gen, "_WARM", True)
+    calls = []
+
+    def count(x):
+        calls.append(1)
+        return x
+
+    @jax.jit
+    def f(x):
+        return jax.pure_callback(count, jax.ShapeDtypeStruct(x.shape, x.dtype), x) + 1
+
+    warmed = gen.warmed_programs()
+    x = jnp.arange(3.0)
+    out, secs = gen.run_program(f, {}, (x,))
+    assert len(calls) == 2 and gen.warmed_programs() == warmed + 1 and secs >= 0
+    gen.run_program(f, {}, (x,))
+    assert len(calls) == 3  # warm already: timed once, no second warm-up
+    g = jax.jit(lambda x: x * 2, donate_argnums=0)
+    out, _ = gen.run_program(g, {}, (jnp.arange(4.0),))
+    assert out.tolist() == [0.0, 2.0, 4.0, 6.0] and gen.warmed_programs() == warmed + 2
+
+
 def test_program_memory_is_released_under_mapping_pressure(monkeypatch):
     """Executables an evicted program leaves in JAX's in-memory caches are freed when the
     process nears its memory-mapping limit (XLA:CPU code lives in mappings; a sweep that

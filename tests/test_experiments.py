@@ -27,10 +27,12 @@ CONFIGS = [
         ("grid.policy=[wholesale]", "policy"),
         ("no_such_field=3", "no_such_field"),
         ("plans_per_domain=0", "plans_per_domain"),
+        ("auto_gammas=[0]", "auto_gammas"),
+        ("machine_prices=3", "machine_prices"),
     ],
 )
 def test_bad_override_is_one_line_and_writes_nothing(tmp_path, config, override, field):
-    if config != CONFIGS[0] and override.startswith(("grid.policy", "plans")):
+    if config != CONFIGS[0] and override.startswith(("grid.policy", "plans", "auto", "machine")):
         pytest.skip("one config suffices for this field")
     workdir = tmp_path / "run"
     proc = specjax(f"--config={config}:runlocal,{override}", f"--workdir={workdir}")

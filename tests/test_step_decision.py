@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import zlib
 
 import numpy as np
@@ -21,13 +22,16 @@ from specjax import execute_parallel_plan, metrics
 from specjax import testing as suite
 from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
+from specjax.errors import ConfigError
 from specjax.policy.auto import AutoRouter
 from specjax.policy.boundary import BoundaryThresholds, replay_step_decisions
 from specjax.policy.consensus import BranchOutcome, SeedConsensus
 from specjax.policy.layout import branch_slots
 from specjax.policy.plan import run_plans
 from specjax.policy.plan_config import PlanConfig
+from specjax.policy.summary import summarize
 from specjax.policy.switches import Policy
+from specjax.prices import measure_prices
 from specjax.testing import sequence_distribution
 
 N = 100_000
@@ -124,6 +128,45 @@ def test_itemised_cost_by_hand():
         metrics.itemised_cost(counts, [0.05])
 
 
+def test_predicted_seconds_are_counts_times_prices(deployment):
+    """`predicted_seconds` = Σ priced forwards × machine prices, exactly (per plan too); the
+    forwards are counted by shape as the engine runs them; bad prices are one-line errors."""
+    dep, _ = deployment
+    cfg = PlanConfig(gamma=3, verifier_temperature=1.0, plan_steps=2, max_step_tokens=5, bucket=16)
+    _, st = run_plans(dep, cfg, ["ab", "c", "dd"], single=1)
+    keys = sorted(st.priced)
+    prices = {k: 1e-3 * (i + 1) ** 2 for i, k in enumerate(keys)}
+    row = summarize(st, dep.names, [d.cost for d in dep.drafters], prices=prices)
+    by_hand = sum(float(st.priced[k].sum()) * prices[k] for k in keys)
+    assert row["predicted_seconds"] == pytest.approx(by_hand, rel=1e-12)
+    assert sum(row["per_plan"]["predicted_seconds"]) == pytest.approx(by_hand, rel=1e-12)
+    assert row["predicted_over_wall"] == pytest.approx(by_hand / st.counts["seconds"].sum())
+    # Drafter 1 alone, γ = 3: per round one consume forward and γ − 1 one-token forwards.
+    name = dep.names[1]
+    one = [k for k in keys if k.startswith(f"draft:{name}:1x")]
+    consume = [k for k in keys if k.startswith(f"draft:{name}:2x")]
+    assert len(one) == len(consume) == 1
+    assert st.priced[one[0]].sum() == pytest.approx(2 * st.priced[consume[0]].sum())
+    verify = [k for k in keys if k.startswith("verify:verifier:4x")]  # 1 + γ
+    assert verify and st.priced[verify[0]].sum() >= st.rounds / 4  # ≥ one trip per 4 rows
+    assert {k.split(":")[1] for k in keys} == {"verifier", name}  # nobody else ran
+    bad = [
+        ({**prices, keys[0]: -1.0}, "got -1.0, allowed: a finite number of seconds"),
+        ({**prices, keys[0]: float("nan")}, "got nan"),
+        ({**prices, "verify:verifier:0x1@8": 1.0}, "price key: got 'verify:verifier:0x1@8'"),
+        ({k: v for k, v in prices.items() if k != keys[0]}, "no price for"),
+    ]
+    for table, message in bad:
+        with pytest.raises(ValueError, match=re.escape(message)) as err:
+            summarize(st, dep.names, [d.cost for d in dep.drafters], prices=table)
+        assert "\n" not in str(err.value)
+    measured = measure_prices(dep, keys[:2], reps=2, repeats=1)  # warm loops, cached
+    assert set(measured) == set(keys[:2]) and all(v >= 0 for v in measured.values())
+    assert measure_prices(dep, keys[:2]) == measured
+    with pytest.raises(ValueError, match="drafter 'nobody' is not in the deployment"):
+        measure_prices(dep, ["draft:nobody:1x1@8"])
+
+
 def test_autoregressive_costs_one_call_per_token_plus_prefills(deployment):
     dep, _ = deployment
     cfg = PlanConfig(gamma=2, verifier_temperature=0.0, plan_steps=2, max_step_tokens=5, bucket=16)
@@ -198,34 +241,100 @@ def test_auto_prices_a_lone_drafter_at_its_own_gamma():
         AutoRouter([0.1, 0.1], gamma=4, gammas=[0, 2])
 
 
-@pytest.mark.slow  # 10 engine runs of 100k rows; `make test-all`
+def test_auto_chooses_a_lone_drafters_gamma_and_prices():
+    """γ choice (a lone drafter at each candidate, a pair at the config's γ), machine prices
+    when measured, and one-line errors for bad candidates and prices."""
+
+    class C:
+        own_accepted_at = np.array([[[95, 0, 0, 0], [30, 0, 0, 0]]])
+        own_reached_at = np.array([[[100, 0, 0, 0], [100, 0, 0, 0]]])
+
+    r = AutoRouter([0.01, 0.01], gamma=4, seed=0, explore=0.0, gamma_candidates=[1, 2])
+    assert r.options() == [((0,), 1), ((0,), 2), ((0,), 4), ((1,), 1), ((1,), 2), ((1,), 4)] + [
+        ((0, 1), 4)
+    ]
+    r.observe(0, 0, (0, 1), C, 0)
+    al = r.alpha(0)
+    assert r.choose(0, 1) == (0,) and r.gamma_for(0) is None  # α ≈ 0.9: its own γ = 4
+    # By the cost model, a lone drafter's window is the cheapest per token of the options.
+    costs = {g: r.expected_cost_per_token(al, (0,), g) for g in (1, 2, 4)}
+    assert costs[4] < costs[2] < costs[1]
+
+    class States:  # what `start` reads of the carried state
+        v_cap, dep = 64, None
+
+        @staticmethod
+        def d_capacity(j):
+            return 32
+
+    class Dep:
+        d_data = [type("D", (), {"retok": np.zeros((8, 1))})()] * 2
+
+    States.dep = Dep
+    seen = []
+
+    def measure(keys):  # a verifier whose wide blocks are dear: γ = 1 wins on the clock
+        seen.extend(keys)
+        out = {}
+        for k in keys:
+            kind, _, width, rows, _ = metrics.parse_price_key(k)
+            assert rows == 1
+            out[k] = (1.0 if width <= 2 else 10.0 * width) if kind == "verify" else 0.0
+        return out
+
+    p = AutoRouter(
+        [0.01, 0.01], gamma=4, seed=0, explore=0.0, gamma_candidates=[1, 2], measure=measure
+    )
+    p.start(States)
+    p.observe(0, 0, (0, 1), C, 0)
+    assert p.choose(0, 1) == (0,) and p.gamma_for(0) == 1 and p.prices and seen
+    assert p.expected_cost_per_token(al, (0,), 1) == pytest.approx(
+        1.0 / float(metrics.leviathan_expected_tokens(al[0], 1))
+    )
+    for bad, field in (([0], "auto gamma candidates"), ([5], "auto gamma candidates"), (3, "")):
+        with pytest.raises(ConfigError, match="auto gamma candidates: got") as err:
+            AutoRouter([0.1, 0.1], gamma=4, gamma_candidates=bad)
+        assert "\n" not in str(err.value) and "allowed" in str(err.value)
+    short = AutoRouter([0.1], gamma=2, measure=lambda keys: {})
+    with pytest.raises(ValueError, match="auto machine prices: got no price for 'draft:d0:"):
+        short.start(States)
+    neg = AutoRouter([0.1], gamma=2, measure=lambda keys: {k: -1.0 for k in keys})
+    with pytest.raises(ValueError, match=r"auto machine prices\[.*got -1.0, allowed"):
+        neg.start(States)
+
+
+@pytest.mark.slow  # 13 engine runs of 100k rows; `make test-all`
 def test_every_set_auto_can_choose_is_lossless(deployment):
     """χ²: the token tree over every pair (auto's two-drafter sets) and rule 1 for every
-    single drafter; the all-drafter tree of the first step is covered by test_policy."""
+    single drafter, at the shared γ and at other γ a lone drafter may be given
+    (`gamma_candidates`: another compiled window); the all-drafter tree of the first step
+    is covered by test_policy."""
     dep, setup = deployment
     exact = sequence_distribution(setup.v_table, 1.0, START, LENGTH)
     prompts = [[START]] * N
     dprompts = [[p] * N for p in (enc("a") for enc in dep.drafter_encode)]
-    sets = [(i,) for i in range(4)] + list(itertools.combinations(range(4), 2))
+    sets = [((i,), 2) for i in range(4)] + [(c, 2) for c in itertools.combinations(range(4), 2)]
+    sets += [((0,), 1), ((2,), 3), ((3,), 4)]  # lone drafters at other windows
     pvalues = {}
-    for s in sets:
+    for s, g in sets:
         rule = "rejection" if len(s) == 1 else "token_tree"
         slots = np.tile(branch_slots([list(s)]), (N, 1))
         cfg = EngineConfig(
             gamma=2, rule=rule, verifier_temperature=1.0, n_slots=len(s), max_new_tokens=LENGTH
         )
+        drafters = dep.with_gammas([g if (i,) == s and g != 2 else None for i in range(4)])
         res = speculative_generate(
             cfg,
             dep.verifier,
             dep.v_params,
-            dep.drafters,
+            drafters.drafters,
             dep.d_data,
             prompts,
             dprompts,
-            row_keys_for(zlib.crc32(f"auto{s}".encode()), N),
+            row_keys_for(zlib.crc32(f"auto{s}{'' if g == 2 else g}".encode()), N),
             slots=slots,
         )
-        pvalues[s] = chi2_pvalue(res.tokens[:, 1 : 1 + LENGTH], exact)
+        pvalues[(s, g)] = chi2_pvalue(res.tokens[:, 1 : 1 + LENGTH], exact)
     print({str(k): f"{v:.3g}" for k, v in pvalues.items()})
     bad = {k: v for k, v in pvalues.items() if v < ALPHA}
     assert not bad, f"χ² rejects losslessness (p < {ALPHA}) for {bad}"
@@ -249,5 +358,18 @@ def test_auto_and_oracle_commit_the_verifiers_plan(deployment, tau, rule):
     texts, st = run_plans(dep, cfg, prompts, router=router)
     assert texts == ref
     assert st.fallbacks == 0 and len(st.routes) == 3
+    # Machine prices that make wide blocks dear: auto runs lone drafters at γ = 1 or 2
+    # (other compiled windows), and still commits the verifier's plan.
+    dear = AutoRouter(
+        [d.cost for d in dep.drafters],
+        cfg.gamma,
+        explore=0.5,
+        gamma_candidates=[1, 2],
+        names=dep.names,
+        measure=lambda keys: {k: float(metrics.parse_price_key(k)[2] ** 2) for k in keys},
+    )
+    texts, st = run_plans(dep, cfg, prompts, router=dear)
+    assert texts == ref and st.fallbacks == 0
+    assert any(g in (1, 2) for r in st.gamma_routes for g in r.values())
     texts, _ = run_plans(dep, cfg, prompts, single=[0, 1, 2, 3])
     assert texts == ref

@@ -76,6 +76,8 @@ def plans_defaults():
     c.boundary.truncation_overhead_ratio = TRUNCATION_OVERHEAD_RATIO  # s_b − i_b must exceed it
     c.share_verifier_call = True  # cost model: a plan's branches share one verifier call
     c.auto_explore = 0.15  # policy 'auto': chance a step re-measures a dropped drafter
+    c.auto_gammas = ()  # policy 'auto': γ a lone drafter may run at; () = 2, 4, 6, 8 ≤ widest γ
+    c.machine_prices = True  # measure this machine's seconds per forward: predicted ÷ wall
     c.consensus_cost = 1.0  # modelled cost of a consensus round (verifier calls)
     c.bucket = 64  # prompt widths rounded up to a multiple (no retrace)
     c.report = True  # write report.md and plots/ after the cells

@@ -98,6 +98,11 @@ class RunStats:
         run's consensus rule, and the quorum vote's support.
       collapses: every `SpeculativePrefixCollapseError` of the step decisions, by reason.
       routes: per step, per plan, the drafter set an adaptive policy chose.
+      priced: price key (`specjax.metrics.price_key`: a forward's kind, model, width, padded
+        rows and cache) → f64[P] forwards of that shape the plan's calls ran, a call's
+        shared evenly among its rows as its seconds are; `metrics.itemised_seconds` prices
+        them at the machine's measured seconds (rows written before it: absent).
+      gamma_routes: per step, per plan, the γ an adaptive policy ran a lone drafter at.
     """
 
     k: int
@@ -112,6 +117,8 @@ class RunStats:
     step_records: list = dataclasses.field(default_factory=list)
     collapses: Any = dataclasses.field(default_factory=boundary_lib.CollapseLog)
     routes: list = dataclasses.field(default_factory=list)
+    priced: dict = dataclasses.field(default_factory=dict)
+    gamma_routes: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         if self.counts is None:
@@ -133,6 +140,13 @@ class RunStats:
 
     def add(self, name: str, plan: int, value) -> None:
         self.counts[name][plan] += value
+
+    def add_priced(self, plan: int, items) -> None:
+        """Adds forwards by price key (key → count) to plan `plan` (see `priced`)."""
+        for key, n in items.items():
+            if key not in self.priced:
+                self.priced[key] = np.zeros((self.n_plans,), np.float64)
+            self.priced[key][plan] += n
 
     def add_engine(self, counters, row: int, plan: int) -> None:
         """Adds one engine row's counters (numpy arrays, K drafters) to plan `plan`."""

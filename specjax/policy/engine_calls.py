@@ -22,10 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.engine.decode import consume_width
 from specjax.engine.deployment import Deployment
 from specjax.engine.generate import autoregressive_generate, speculative_generate
 from specjax.engine.spec import EngineConfig
-from specjax.gammas import drafter_gammas
+from specjax.gammas import check_gamma, drafter_gammas
+from specjax.metrics import price_key
 from specjax.policy.plan_config import PlanConfig
 from specjax.policy.plan_state import CallState, pow2_rows
 
@@ -157,6 +159,29 @@ class CarriedRows:
     where: list  # per row: (index into calls, row in that call)
     prefills: list  # per row: drafters prefilled for its plan before the call
     drafts_per_round: list  # per row: drafts its verifier block scores per round (Σ γ_i)
+    priced: list = None  # per row: price key → its share of its call's forwards
+
+
+def call_forwards(states, sub, n_slots: int, gamma: int, rows: int, iterations: int) -> dict:
+    """Price key → forwards of one speculative call (`speculative_round`, `iterations`
+    loop trips over `rows` padded rows): per trip one verifier forward over the block
+    (1 + the drafts of every chain) and, per drafter, one forward consuming committed
+    tokens plus γ_i − 1 one-token drafting forwards."""
+    gammas = [d.static.own_gamma(gamma) for d in sub.drafters]
+    widest = max(gammas)
+    out = {price_key("verify", "verifier", 1 + n_slots * widest, rows, states.v_cap): iterations}
+    width = 2 if (len(sub.drafters) == 1 and n_slots == 1) else widest + 1
+    for spec, data, g in zip(sub.drafters, sub.d_data, gammas):
+        j = states.dep.index(spec.name)
+        cap = states.d_capacity(j)
+        w = consume_width(int(data.retok.shape[1]), min(width, widest + 1))
+        for key, n in (
+            (price_key("draft", spec.name, w, rows, cap), iterations),
+            (price_key("draft", spec.name, 1, rows, cap), iterations * (g - 1)),
+        ):
+            if n:
+                out[key] = out.get(key, 0) + n
+    return out
 
 
 def run_carried(
@@ -167,23 +192,40 @@ def run_carried(
     sets: Sequence[tuple[int, ...]],
     plans: Sequence[int],
     keys: np.ndarray,
+    gammas: Sequence[int | None] | None = None,
 ) -> CarriedRows:
     """Rows (plan, drafter set, key) continued from the plans' carried state
     (`specjax.policy.plan_state.PlanStates`), one engine call per distinct set (as `run_rows`).
 
     `plans[i]` is row i's plan (an index into the run's plans). A drafter that has not run
     for a plan is prefilled first; one behind the plan's text catches up inside the call.
+    `gammas[i]` (optional, lone drafters only; None: its own γ_i) is the γ row i's drafter
+    drafts: rows of one set at different γ are different calls (one program per (drafter,
+    γ, padded rows)); it is bounded by the carried state's window (`states.gamma`).
     """
     k = len(dep.drafters)
     n = len(sets)
+    gammas = [None] * n if gammas is None else list(gammas)
+    if len(gammas) != n:
+        raise ValueError(f"run_carried: gammas has {len(gammas)} entries for {n} rows")
+    for i, g in enumerate(gammas):
+        if g is not None:
+            check_gamma(g, "row gamma", states.gamma)
+            if len(sets[i]) != 1:
+                raise ValueError(
+                    f"row gamma: got {g!r} for the set {tuple(sets[i])!r}, allowed: a γ for a "
+                    "lone drafter only (drafters sharing a block draft the config's γ)"
+                )
     tokens, seconds = [None] * n, np.zeros(n)
-    where, prefills = [None] * n, [()] * n
+    where, prefills, priced = [None] * n, [()] * n, [{} for _ in range(n)]
     counters, calls, block = None, [], [0] * n
-    for u in dict.fromkeys(sets):
-        rows = [i for i in range(n) if sets[i] == u]
+    for u, g_row in dict.fromkeys(zip(sets, gammas)):
+        rows = [i for i in range(n) if sets[i] == u and gammas[i] == g_row]
         sub = dep.subset([dep.names[j] for j in u])
         if len(u) > 1:  # chains of one block share its width: the config's γ
             sub = sub.with_gammas([None] * len(u))
+        elif g_row is not None:
+            sub = sub.with_gammas([g_row])
         set_rule = (
             ("coupled" if rule.startswith("coupled") else "rejection") if len(u) == 1 else rule
         )
@@ -225,12 +267,31 @@ def run_carried(
             )
         )
         c = _expand_counters(jax.tree.map(np.asarray, res.counters), list(u), k)
-        if counters is None:
-            counters = jax.tree.map(lambda x: np.zeros((n,) + x.shape[1:], x.dtype), c)
+        if counters is None:  # per-position counters sized for the widest window
+            counters = jax.tree.map(
+                lambda x: np.zeros(
+                    (n,) + x.shape[1:-1] + (max(x.shape[-1], states.gamma),)
+                    if x.ndim >= 3
+                    else (n,) + x.shape[1:],
+                    x.dtype,
+                ),
+                c,
+            )
         secs = float(res.seconds) + states.take_seconds()
+        fwd = call_forwards(states, sub, len(u), cfg.gamma, len(padded), int(c.rounds.max()))
+        for j_d, need in done.items():  # drafter prefills before the call
+            key = price_key(
+                "draft",
+                dep.names[j_d],
+                states.d_width[j_d],
+                len(pow2_rows(need)),
+                states.d_capacity(j_d),
+            )
+            fwd[key] = fwd.get(key, 0) + 1
         for j, i in enumerate(rows):
             tokens[i] = new[j]
             seconds[i] = secs / len(rows)  # padding copies are charged too
+            priced[i] = {key: x / len(rows) for key, x in fwd.items()}
             where[i] = (len(calls) - 1, j)
             block[i] = drafts_per_round
             counters = _set_row(counters, c, i, j)
@@ -242,6 +303,7 @@ def run_carried(
         where=where,
         prefills=prefills,
         drafts_per_round=block,
+        priced=priced,
     )
 
 
@@ -301,6 +363,14 @@ def autoregressive_carried(
     return new, float(res.seconds) + states.take_seconds()
 
 
+def autoregressive_forwards(states, new: dict) -> dict:
+    """Price key → forwards of an `autoregressive_carried` call: one one-token verifier
+    forward over every plan's row per token of its longest step."""
+    trips = max((len(t) for t in new.values()), default=0)
+    key = price_key("verify", "verifier", 1, states.n_plans, states.v_cap)
+    return {key: trips} if trips else {}
+
+
 def drafter_temperatures(dep) -> tuple:
     out = []
     for spec, data in zip(dep.drafters, dep.d_data):
@@ -311,7 +381,10 @@ def drafter_temperatures(dep) -> tuple:
 
 def _set_row(dst, src, i, j):
     for f in dataclasses.fields(dst):
-        getattr(dst, f.name)[i] = getattr(src, f.name)[j]
+        d, x = getattr(dst, f.name), getattr(src, f.name)[j]
+        if x.shape != d.shape[1:]:  # a call with a shorter window: zeros beyond it
+            x = np.pad(x, [(0, w - m) for m, w in zip(x.shape, d.shape[1:])])
+        d[i] = x
     return dst
 
 

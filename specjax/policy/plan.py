@@ -46,11 +46,13 @@ import numpy as np
 
 from specjax.engine.deployment import Deployment, prefix_distributions
 from specjax.gammas import widest_gamma
+from specjax.metrics import price_key
 from specjax.policy import boundary as boundary_lib
 from specjax.policy.consensus import BranchOutcome, branch_statistics, decide_step, exact_match
 from specjax.policy.counters import RunStats
 from specjax.policy.engine_calls import (
     autoregressive_carried,
+    autoregressive_forwards,
     commit_carried,
     digest,
     drafter_temperatures,
@@ -121,10 +123,14 @@ def run_plans(
             max_step_tokens=cfg.max_step_tokens,
             bucket=cfg.bucket,
         )
+        if router is not None and hasattr(router, "start"):
+            router.start(states)  # e.g. `auto` measures its machine prices here
         secs = states.take_seconds()
+        pre = price_key("verify", "verifier", states.width, n_plans, states.v_cap)
         for i in range(n_plans):
             stats.add("verifier_prefills", i, 1)
             stats.add("seconds", i, secs / n_plans)
+            stats.add_priced(i, {pre: 1.0 / n_plans})
     for step in range(cfg.plan_steps):
         todo = [
             i for i, pid in enumerate(plan_ids) if journal is None or journal.get(pid, step) is None
@@ -221,11 +227,13 @@ class _SplitSets:
 def _autoregressive_step(dep, cfg, states, todo, step, stats):
     keys = plan_keys(cfg.seed, todo, step)
     new, secs = autoregressive_carried(states, dep, cfg, todo, keys)
+    fwd = autoregressive_forwards(states, new)
     for i in todo:
         n = len(new[i])
         stats.add("tokens", i, n)
         stats.add("verifier_calls", i, n)  # one verifier call per token
         stats.add("seconds", i, secs / len(todo))
+        stats.add_priced(i, {key: x / len(todo) for key, x in fwd.items()})
     return [new[i] for i in todo], [{"mode": "autoregressive"}] * len(todo)
 
 
@@ -244,6 +252,7 @@ def _charge_rows(stats, cfg, plan, rows, res):
         pre[list(res.prefills[r])] += 1
         stats.add("drafter_prefills", plan, pre)
         stats.add("seconds", plan, res.seconds[r])
+        stats.add_priced(plan, res.priced[r])
 
 
 def _routed_step(dep, cfg, states, todo, step, stats, sets, router):
@@ -253,7 +262,11 @@ def _routed_step(dep, cfg, states, todo, step, stats, sets, router):
     else:
         keys = plan_keys(cfg.seed, todo, step, branches=[0] * len(todo))
     rule = "coupled" if cfg.coupled else "token_tree"
-    res = run_carried(states, dep, cfg, rule, [tuple(s) for s in sets], list(todo), keys)
+    gammas = None
+    if router is not None and hasattr(router, "gamma_for"):
+        gammas = [router.gamma_for(i) for i in todo]  # a lone drafter's γ (None: its own)
+        stats.gamma_routes.append({i: g for i, g in zip(todo, gammas) if g is not None})
+    res = run_carried(states, dep, cfg, rule, [tuple(s) for s in sets], list(todo), keys, gammas)
     commit_carried(
         states,
         res,
@@ -391,6 +404,7 @@ def _fallback_step(dep, cfg, states, todo, fallback, step, stats, out) -> None:
     plans = [todo[p] for p in fallback]
     keys = plan_keys(cfg.seed, plans, step, fallback=not cfg.coupled)
     new, secs = autoregressive_carried(states, dep, cfg, plans, keys)
+    fwd = autoregressive_forwards(states, new)
     for p in fallback:
         plan = todo[p]
         out[p] = new[plan]
@@ -400,6 +414,7 @@ def _fallback_step(dep, cfg, states, todo, fallback, step, stats, out) -> None:
         stats.add("consensus_rounds", plan, 1)
         stats.add("fallbacks", plan, 1)
         stats.add("seconds", plan, secs / len(plans))
+        stats.add_priced(plan, {key: x / len(plans) for key, x in fwd.items()})
 
 
 def _charge_carry(stats, states, todo):

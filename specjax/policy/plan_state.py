@@ -215,6 +215,12 @@ class PlanStates:
     def n_plans(self) -> int:
         return len(self.hist)
 
+    def d_capacity(self, j: int) -> int:
+        """Drafter j's cache capacity (its carried rows are allocated on first use)."""
+        if j not in self._d_cap:
+            self._allocate(j)
+        return self._d_cap[j]
+
     def take_seconds(self) -> float:
         s, self.seconds = self.seconds, 0.0
         return s

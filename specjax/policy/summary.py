@@ -131,6 +131,7 @@ def summarize(
     thresholds: boundary_lib.BoundaryThresholds | None = None,
     single: Mapping[str, Mapping] | None = None,
     autoregressive: Mapping | None = None,
+    prices: Mapping[str, float] | None = None,
 ) -> dict:
     """The figures of one run; ratios to the baselines when their plan totals are given.
 
@@ -139,6 +140,10 @@ def summarize(
       names / costs / seed_costs: the drafters, their c_i, and c_i at the seed's sizes.
       single / autoregressive: `plan_totals` of the single-drafter baselines (by name) and
         of the verifier alone, over the same plans.
+      prices: machine prices (price key → seconds of one forward, `specjax.prices`) of
+        every key in `stats.priced`; when given, the row has ``predicted_seconds`` (Σ counts
+        × prices, `metrics.itemised_seconds`), its items, ``predicted_over_wall`` (÷ the
+        measured ``seconds``) and the per-plan predicted seconds.
     """
     thresholds = thresholds or boundary_lib.BoundaryThresholds()
     c = stats.counts
@@ -201,8 +206,29 @@ def summarize(
         out["consensus_support_mean"] = _f(sup.mean())
     out["independent_branch_acceptance"] = _f(metrics.acceptance(own_acc.sum(), own_reach.sum()))
     out["per_plan"] = plan_totals(c, costs, seed_costs, consensus_cost)
+    out.update(predicted_figures(stats, prices))
+    if "predicted_seconds" in out:
+        out["per_plan"]["predicted_seconds"] = out.pop("_predicted_per_plan")
     out.update(_baseline_ratios(out, single, autoregressive, seed_costs is not None))
     return out
+
+
+def predicted_figures(stats: RunStats, prices: Mapping[str, float] | None) -> dict:
+    """Predicted seconds (Σ priced counts × machine prices) and predicted ÷ wall; {} without
+    prices. The wall is the run's ``seconds`` counter: warm programs only
+    (`specjax.engine.programs.run_program`), no compilation."""
+    if prices is None:
+        return {}
+    pred = metrics.itemised_seconds(stats.priced, prices)
+    total = float(np.sum(pred["total"]))
+    seconds = float(stats.counts["seconds"].sum())
+    return {
+        "predicted_seconds": total,
+        "predicted_seconds_items": {k: _f(np.sum(v)) for k, v in pred.items() if k != "total"},
+        "predicted_over_wall": _f(total / seconds) if seconds else float("nan"),
+        "priced_forwards": {k: _f(v.sum()) for k, v in sorted(stats.priced.items())},
+        "_predicted_per_plan": np.broadcast_to(pred["total"], (stats.n_plans,)).tolist(),
+    }
 
 
 def _drafter_figures(c: Mapping[str, np.ndarray], names: Sequence[str], gamma: int) -> dict:

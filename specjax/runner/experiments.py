@@ -18,7 +18,7 @@ from pathlib import Path
 
 from specjax.errors import ConfigError, user_path
 from specjax.field_report import FIELD_REPORT_COSTS
-from specjax.gammas import drafter_gammas
+from specjax.gammas import drafter_gammas, widest_gamma
 from specjax.policy import names as policy_names
 from specjax.policy.auto import AutoRouter
 from specjax.policy.boundary import BoundaryThresholds
@@ -27,6 +27,7 @@ from specjax.policy.plan import run_plans
 from specjax.policy.plan_config import PlanConfig
 from specjax.policy.summary import plan_totals, summarize
 from specjax.policy.switches import Policy
+from specjax.prices import measure_prices
 from specjax.runner.registry import register_experiment
 
 SYNTHETIC_PROMPTS = ["ab", "cda", "b", "dd", "acb", "c", "bad", "da"]
@@ -242,7 +243,7 @@ def _baselines(config, cell, dep, pcfg, prompts, workdir: Path):
     costs, seed_costs = _costs(dep)
     key = json.dumps(
         {
-            "v": 3,
+            "v": 4,  # 4: timed with warm programs only (engine.programs.run_program)
             "pairing": list(dep.names),
             "gamma": pcfg.gamma,
             "tv": pcfg.verifier_temperature,
@@ -328,15 +329,21 @@ def plans(config, cell: dict, workdir: Path) -> dict:
     policy = policy_names.parse(cell.get("policy", "all_on"))
     costs, seed_costs = _costs(dep)
     base = _baselines(config, cell, dep, pcfg, prompts, Path(workdir))
+    with_prices = bool(config.get("machine_prices", True))
+    router = None
     if isinstance(policy, Policy):
         texts, stats = run_plans(dep, pcfg, prompts, policy=policy)
     elif policy == "auto":
+        own = [d.gamma for d in dep.drafters]
         router = AutoRouter(
             costs,
             pcfg.gamma,
             seed=pcfg.seed,
             explore=float(config.get("auto_explore", 0.15)),
-            gammas=[d.gamma for d in dep.drafters],
+            gammas=own,
+            gamma_candidates=auto_gamma_candidates(config, pcfg.gamma, own),
+            names=dep.names,
+            measure=(lambda keys: measure_prices(dep, keys)) if with_prices else None,
         )
         texts, stats = run_plans(dep, pcfg, prompts, router=router)
     elif policy == "oracle":
@@ -348,6 +355,9 @@ def plans(config, cell: dict, workdir: Path) -> dict:
             dep, pcfg, prompts, single=dep.names.index(policy_names.single_drafter(policy))
         )
     name = policy_names.canonical_name(policy)
+    # Machine prices of every forward shape the cell ran, measured now, in this process
+    # (cached per process: a shape measured for an earlier cell is not measured again).
+    prices = measure_prices(dep, stats.priced) if with_prices else None
     row = summarize(
         stats,
         dep.names,
@@ -359,7 +369,10 @@ def plans(config, cell: dict, workdir: Path) -> dict:
         thresholds=pcfg.thresholds,
         single=base["single"],
         autoregressive=base["autoregressive"],
+        prices=prices,
     )
+    if prices is not None:
+        row["machine_prices"] = prices  # price key → seconds of one forward (specjax.prices)
     ref = base.get("reference_texts")
     if ref is not None:
         # τ = 0: the target is a point mass (the greedy plan), so the exact TV distance is
@@ -388,7 +401,27 @@ def plans(config, cell: dict, workdir: Path) -> dict:
     row["step_records"] = stats.step_records
     if stats.routes:
         row["routes"] = stats.routes
+    if stats.gamma_routes:
+        row["gamma_routes"] = [{str(p): g for p, g in r.items()} for r in stats.gamma_routes]
+    if router is not None and router.prices is not None:
+        row["auto_machine_prices"] = router.prices  # what auto chose by (specjax.prices)
     return row
+
+
+#: The γ a lone drafter may run at under `auto` unless the config's `auto_gammas` says
+#: otherwise; those above the run's widest γ are left out (they would resize the state).
+AUTO_GAMMAS = (2, 4, 6, 8)
+
+
+def auto_gamma_candidates(config, gamma: int, own) -> tuple[int, ...]:
+    """`auto`'s γ candidates for a lone drafter: the config's ``auto_gammas`` (each must be
+    within [1, the run's widest γ]; a ConfigError names it otherwise), else `AUTO_GAMMAS`
+    up to the run's widest γ; each drafter's own γ_i is a candidate anyway."""
+    given = config.get("auto_gammas")
+    if given:
+        return tuple(given)
+    widest = widest_gamma(gamma, own)
+    return tuple(g for g in AUTO_GAMMAS if g <= widest)
 
 
 def plan_domains(config, ids) -> list[str]:

@@ -160,6 +160,15 @@ def _check_values(config) -> None:
     )
     value = config.get("auto_explore", 0.15)
     check(_is_number(value) and 0 <= value <= 1, "auto_explore", value, "a number in [0, 1]")
+    value = config.get("auto_gammas", ())
+    check(
+        isinstance(value, (tuple, list)) and all(is_gamma(g, LIMITS["gamma"]) for g in value),
+        "auto_gammas",
+        value,
+        f"a list of integers γ in [1, {LIMITS['gamma']}] (each ≤ the run's widest γ)",
+    )
+    value = config.get("machine_prices", True)
+    check(isinstance(value, bool), "machine_prices", value, "True or False")
     from specjax.runner.experiments import plan_thresholds  # pylint: disable=import-outside-toplevel
 
     plan_thresholds(config)  # names the boundary field and its allowed range

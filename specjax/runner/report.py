@@ -71,6 +71,7 @@ METRICS = {
     "tv_distance": "TV",
     "throughput_ratio_vs_single": "throughput ×single (cost)",
     "wallclock_ratio_vs_single": "throughput ×single (wall)",
+    "predicted_over_wall": "predicted ÷ wall",
     "wall_time_s": "cell wall s",
 }
 # Columns averaged in the per-policy summary table.
