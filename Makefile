@@ -46,9 +46,11 @@ benchmark: $(STAMP)
 	$(PY) experiments/benchmark.py --out runs/benchmark
 
 # Drafters distilled from SmolLM2-135M-Instruct (generate, train, evaluate, ship into
-# specjax/zoo_smollm2/); resumable, ~60 min on 2 cores.
+# specjax/zoo_smollm2/); resumable. ~90 min on 2 idle cores: generation ~25 min and training
+# ~15 min per domain. The shipped drafters' recipe (their .json 'made_by' says how their data
+# differed: the first 320 replies twice).
 train-drafters: $(STAMP)
-	$(PY) experiments/train_drafters.py --prompts=320 --new_tokens=128 --steps=250 --time_budget_s=900 --domains=code,prose
+	$(PY) experiments/train_drafters.py --prompts=640 --new_tokens=128 --steps=800 --time_budget_s=3000 --domains=code,prose
 
 # Speed on the real verifier (SmolLM2-135M-Instruct): docs/results/real_speed.md's command,
 # ~25 min on 2 cores, on an idle machine.
