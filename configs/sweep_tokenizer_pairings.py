@@ -17,8 +17,9 @@ Sizes (2-core CPU, shared):
 * default: 24 plans per domain × 4 steps × ≤ 32 tokens — not run here (over an hour).
 * ``published`` (`make sweeps`, docs/results/sweep_tokenizer_pairings.md): 2 plans per
   domain × 4 steps × ≤ 32 tokens (the whole grid): the seed reproduction's runlocal shapes, so
-  the programs it compiled are reused from the persistent cache; the page records the
-  run's time.
+  the programs it compiled are reused from the persistent cache. Measured 12 min (723 s;
+  2026-12-02) on this 2-core machine with other jobs running (load average ~5): most of it
+  compiling each new pairing's programs (a pairing's first cell 20–75 s, the others ~2 s).
 * ``real`` (`make sweeps-real`): SmolLM2-135M-Instruct with its drafters code and prose
   (distilled, the verifier's tokenizer), reasoning (own tokenizer) and lookup: every pair of
   the four, the triple code / prose / reasoning and the four together (8 pairings × 2
