@@ -461,6 +461,10 @@ def figure_kl_ceiling(rows: Sequence[Row]):
             if base:
                 ax.axhline(statistics.fmean(base), color=colors[fam], linestyle=":", linewidth=1.5)
         ax.set_xscale("log")
+        ceilings = [rows_lib.kl_ceiling(r) for r in on]
+        ax.set_xlim(min(ceilings) / 1.3, max(ceilings) * 1.3)
+        ax.set_xticks(sorted(set(ceilings)), [f"{c:g}" for c in sorted(set(ceilings))])
+        ax.minorticks_off()
         ax.set_xlabel("KL ceiling (nats)")
         if key == "largest_set":
             ax.set_ylabel("drafters in the largest sharing set")
@@ -473,7 +477,7 @@ def figure_kl_ceiling(rows: Sequence[Row]):
         ax.grid(alpha=0.3)
     handles = [_line(colors[f], "-", f"{f}, with the ceiling") for f in families]
     handles += [_line("gray", ":", "the same policy, ceiling off")] if off else []
-    fig.legend(handles=handles, fontsize=8, loc="outside right upper")
+    fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncols=len(handles))
     fig.suptitle("Which drafters share a prefix, and what it gives, vs the KL ceiling")
     return fig
 
