@@ -31,8 +31,8 @@ Sizes (2-core CPU, shared):
   the triple and naive's block: ~6–8 × ~20 s); the cells' compute ~16 × 4 s: ≈ 300–400 s.
   Measured 4.3 min (256 s, all 16 cells; 2026-12-02, load average 3–5 from other jobs; the
   persistent compilation cache shared with other runs, so some programs may have been in
-  it). At these sizes the code–prose KL on the prefix was 4.3 nats: no ceiling of the grid
-  lets two drafters share a prefix on the real deployment (with the ceiling off they do).
+  it). At these sizes no ceiling of the grid let two drafters share a prefix on the real
+  deployment (max pairwise KL 4.3 nats; code and prose share with the ceiling off).
 * ``runlocal`` (tests): 2 plans per domain × 2 steps, ceilings 0.1 and 3 on both policies.
 """
 
