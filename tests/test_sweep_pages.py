@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from test_cli import TOY, specjax
+from test_cli import REPO, TOY, specjax
 
 from specjax.runner import plots, report
 
@@ -123,3 +123,25 @@ def test_kl_ceiling_table_and_plot(tmp_path):
     one = [r for r in rows if r["kl_ceiling"] in (None, 1.0)]
     assert plots.figure_kl_ceiling(one[:1]) is None
     assert "Sharing sets" not in report.render_report(one[:1], {}, {})[0]
+
+
+def test_zoo_pairings_may_name_prompt_lookup():
+    """The pairing sweep's zoo grid (prompt lookup beside each drafter) validates; an
+    unknown name is still refused, naming the field and what is allowed."""
+    import importlib.util
+
+    import pytest
+
+    from specjax.errors import ConfigError
+    from specjax.runner import plans_validation
+
+    spec = importlib.util.spec_from_file_location(
+        "pairings", REPO / "configs" / "sweep_tokenizer_pairings.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config("runlocal")
+    assert ("code", "lookup") in [tuple(p) for p in config.grid.pairing]
+    plans_validation.validate(config)
+    with pytest.raises(ConfigError, match=r"grid.pairing: got 'nope', allowed: .*'lookup'"):
+        plans_validation.validate(module.get_config("runlocal,grid.pairing=[[code,nope]]"))
