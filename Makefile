@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: reproduce reproduce-real test test-all lint format train-zoo train-drafters benchmark benchmark-real benchmark-device docs docs-seed clean-venv
+.PHONY: reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters benchmark benchmark-real benchmark-device docs docs-seed clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,29 @@ reproduce: $(STAMP)
 # (configs/seed_reproduction_real.py: its docstring gives the sizes and the time estimate).
 reproduce-real: $(STAMP)
 	$(PY) -m specjax.main --config=configs/seed_reproduction_real.py --workdir=runs/seed_reproduction_real
+
+# The three sweeps on the zoo (γ × drafter τ, tokenizer pairings, the KL ceiling), each in a
+# fresh workdir at its published size, then its results page docs/results/sweep_<name>.md
+# (plots in docs/results/sweep_<name>/); configs/sweep_*.py give the sizes and times.
+sweeps: $(STAMP)
+	rm -rf runs/sweep_gamma_temperature runs/sweep_tokenizer_pairings runs/sweep_kl_ceiling
+	$(PY) -m specjax.main --config=configs/sweep_gamma_temperature.py:published --workdir=runs/sweep_gamma_temperature
+	$(PY) -m specjax.report --workdir=runs/sweep_gamma_temperature --docs_page=docs/results/sweep_gamma_temperature.md
+	$(PY) -m specjax.main --config=configs/sweep_tokenizer_pairings.py:published --workdir=runs/sweep_tokenizer_pairings
+	$(PY) -m specjax.report --workdir=runs/sweep_tokenizer_pairings --docs_page=docs/results/sweep_tokenizer_pairings.md
+	$(PY) -m specjax.main --config=configs/sweep_kl_ceiling.py:published --workdir=runs/sweep_kl_ceiling
+	$(PY) -m specjax.report --workdir=runs/sweep_kl_ceiling --docs_page=docs/results/sweep_kl_ceiling.md
+
+# The same three on the real verifier, SmolLM2-135M-Instruct, and its drafters (`:real`, each
+# sized for <= 12 min on 2 idle cores), pages docs/results/sweep_<name>_real.md.
+sweeps-real: $(STAMP)
+	rm -rf runs/sweep_gamma_temperature_real runs/sweep_tokenizer_pairings_real runs/sweep_kl_ceiling_real
+	$(PY) -m specjax.main --config=configs/sweep_gamma_temperature.py:real --workdir=runs/sweep_gamma_temperature_real
+	$(PY) -m specjax.report --workdir=runs/sweep_gamma_temperature_real --docs_page=docs/results/sweep_gamma_temperature_real.md
+	$(PY) -m specjax.main --config=configs/sweep_tokenizer_pairings.py:real --workdir=runs/sweep_tokenizer_pairings_real
+	$(PY) -m specjax.report --workdir=runs/sweep_tokenizer_pairings_real --docs_page=docs/results/sweep_tokenizer_pairings_real.md
+	$(PY) -m specjax.main --config=configs/sweep_kl_ceiling.py:real --workdir=runs/sweep_kl_ceiling_real
+	$(PY) -m specjax.report --workdir=runs/sweep_kl_ceiling_real --docs_page=docs/results/sweep_kl_ceiling_real.md
 
 test: lint
 	$(PY) -m pytest -q -n 2 --dist worksteal

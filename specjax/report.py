@@ -7,6 +7,12 @@ Writes ``report.md`` and ``plots/*.png`` in the workdir from ``results.jsonl`` (
 ``summary.json``, ``seed_report.md`` and ``plots/seed_policies.png``; see
 `specjax.runner.report` and `specjax.runner.seed_table`. Useful
 after changing the plotting code, or to look at a sweep that is still running.
+
+``--docs_page=docs/results/<name>.md`` also writes a results page headed by this command
+and the run's: the seed table for the seed reproduction, else the report's tables with its
+plots copied into ``docs/results/<name>/``:
+
+  python -m specjax.report --workdir=runs/sweep_kl_ceiling --docs_page=docs/results/sweep_kl_ceiling.md
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ if "workdir" not in flags.FLAGS:  # shared with specjax.main
 flags.DEFINE_string(
     "docs_page",
     None,
-    "Also write the seed table as a results page at this "
-    "path (e.g. docs/results/seed_table.md), headed by this command, the run's "
-    "command, their commits and dates, and the machine.",
+    "Also write a results page at this path, headed by this command, the run's command, "
+    "their commits and dates, and the machine: the seed table for the seed reproduction "
+    "(e.g. docs/results/seed_table.md), else the report's tables and plots (e.g. "
+    "docs/results/sweep_gamma_temperature.md; the plots copied into a folder of the "
+    "page's name beside it).",
 )
 flags.DEFINE_string(
     "compare_with",
@@ -42,6 +50,10 @@ def main(argv: Sequence[str]) -> None:
         fail(f"unexpected arguments: {' '.join(argv[1:])}")
     from specjax.runner import report  # pylint: disable=import-outside-toplevel
 
+    try:
+        page = _docs_page_path(flags.FLAGS.docs_page) if flags.FLAGS.docs_page else None
+    except ConfigError as e:
+        fail(e)
     # Every input is read and checked, and every output built in memory, before anything
     # is rewritten: a report is never rebuilt from unreadable inputs, nor half rebuilt.
     try:
@@ -75,18 +87,11 @@ def main(argv: Sequence[str]) -> None:
 
         seed_table.commit(path, built["seed_table"])
         print(built["seed_table"]["markdown"])
-    if flags.FLAGS.docs_page:
-        check(
-            built["seed_table"] is not None,
-            "--docs_page",
-            flags.FLAGS.docs_page,
-            "only for a run with seed_table=True (the seed reproduction)",
-        )
-        print(
-            _write_docs_page(
-                flags.FLAGS.docs_page, path, inputs[3], built["seed_table"]["markdown"]
-            )
-        )
+    if page is not None:
+        if built["seed_table"] is not None:
+            print(_write_docs_page(page, path, inputs[3], built["seed_table"]["markdown"]))
+        else:
+            print(write_sweep_page(page, path, inputs[1], inputs[2], inputs[3], built["report"][0]))
 
 
 def _with_comparison(inputs, built: dict, other) -> dict:
@@ -191,6 +196,93 @@ def _write_docs_page(page, workdir: Path, version: dict, markdown: str) -> Path:
     return provenance.write_page(
         page.stem, "The field report's table, reproduced", body + lines, prov, docs_dir=page.parent
     )
+
+
+def _docs_page_path(value) -> Path:
+    """--docs_page as a path: a Markdown file (``.md``) whose folder is not a file."""
+    check(str(value).strip(), "--docs_page", value, "a path ending in .md")
+    page = user_path(value, "--docs_page", "a path ending in .md")
+    check(page.suffix == ".md", "--docs_page", value, "a path ending in .md")
+    check(
+        not page.is_dir() and not page.parent.is_file(),
+        "--docs_page",
+        value,
+        "a path ending in .md, in a directory (not a file), that is not a directory",
+    )
+    return page
+
+
+def write_sweep_page(
+    page, workdir: Path, rows: list, config: dict, version: dict, markdown: str
+) -> Path:
+    """A sweep's results page: the provenance header (this command, its commit and date,
+    the machine and its load), a line naming the command that ran the cells (the run's
+    version.json), their commit, start and the time they took (from the rows), then the
+    report's tables and plots. The plots (``plots/x.png`` in the workdir) are copied into
+    the folder ``<page's stem>/`` beside the page and linked from it; PNGs there that the
+    report no longer draws are removed."""
+    import shutil  # pylint: disable=import-outside-toplevel
+
+    from specjax import provenance  # pylint: disable=import-outside-toplevel
+
+    page = Path(page)
+    prov = provenance.provenance()
+    argv = version.get("argv") or []
+    run_cmd = provenance.command_line(argv) if argv else "(not recorded)"
+    run_commit = str(version.get("git_commit") or "?")[:7] + (
+        "-dirty" if version.get("git_dirty") else ""
+    )
+    seconds = [r.get("wall_time_s") for r in rows if isinstance(r.get("wall_time_s"), (int, float))]
+    finished = sorted(str(r["finished_at"]) for r in rows if r.get("finished_at"))
+    took = f"; the cells' own seconds sum to {sum(seconds):.0f} s" if seconds else ""
+    span = _span_s(version.get("started_at"), finished[-1] if finished else None)
+    if span is not None:
+        took += f", {span / 60:.1f} min from the run's start to its last cell"
+    body = [
+        f"The {len(rows)} cells were run by `{run_cmd}` at commit `{run_commit}`, started "
+        f"{version.get('started_at', '(not recorded)')}{took}; the workdir was `{workdir}`. "
+        f"The tables and plots below are that run's report (`report.md`).",
+        "",
+    ]
+    folder = page.with_suffix("")
+    lines = markdown.splitlines()
+    copied = set()
+    for i, line in enumerate(lines):
+        while "](plots/" in line:
+            name = line.split("](plots/", 1)[1].split(")", 1)[0]
+            source = workdir / "plots" / name
+            check(source.is_file(), "--workdir", str(workdir), f"a run whose plots/{name} exists")
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, folder / name)
+            copied.add(name)
+            line = line.replace(f"](plots/{name})", f"]({folder.name}/{name})")
+        lines[i] = line
+    if folder.is_dir():
+        for stale in folder.glob("*.png"):
+            if stale.name not in copied:
+                stale.unlink()
+    title = lines[0][2:] if lines and lines[0].startswith("# ") else page.stem
+    if lines and lines[0].startswith("# "):
+        lines = lines[1:]
+    while lines and not lines[0].strip():
+        lines = lines[1:]
+    name = Path(str(next((a for a in argv if a.startswith("--config=")), "")).split("=", 1)[-1])
+    config_name = name.name.split(":", 1)[0] if name.name else page.stem
+    return provenance.write_page(
+        page.stem, f"{config_name}: {title}", body + lines, prov, docs_dir=page.parent
+    )
+
+
+def _span_s(start, end) -> float | None:
+    """Seconds between two ISO dates (None when either is missing or unreadable)."""
+    import datetime  # pylint: disable=import-outside-toplevel
+
+    try:
+        a = datetime.datetime.fromisoformat(str(start))
+        b = datetime.datetime.fromisoformat(str(end))
+    except ValueError:
+        return None
+    return (b - a).total_seconds() if start and end else None
 
 
 def _build(inputs) -> dict:

@@ -211,6 +211,7 @@ def test_report_rebuilds_from_results_without_rerunning(tmp_path):
             "joint_vs_kl",
             "policy_costs",
             "decision_boundary",
+            "policies_vs_gamma",
         )
     )
 

@@ -12,6 +12,7 @@ CONFIGS = [
     "configs/ablation_invariants.py",
     "configs/sweep_gamma_temperature.py",
     "configs/sweep_tokenizer_pairings.py",
+    "configs/sweep_kl_ceiling.py",
     "configs/seed_reproduction_real.py",
 ]
 

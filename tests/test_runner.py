@@ -483,7 +483,7 @@ def test_report_writes_markdown_and_every_plot(tmp_path):
     assert "code 0.6" in text and "code+prose+reasoning" in text
     from specjax.runner.plots import PLOTS
 
-    for name in PLOTS:
+    for name in set(PLOTS) - {"kl_ceiling"}:  # ≥ 2 ceilings: tests/test_sweep_pages.py
         assert _is_png(tmp_path / "plots" / f"{name}.png"), name
         assert f"(plots/{name}.png)" in text
 
@@ -520,7 +520,8 @@ def test_report_writes_non_finite_values_as_such_and_plots_finite_ones(tmp_path)
     assert "1e+308" in cells
     from specjax.runner.plots import PLOTS
 
-    assert sorted(p.stem for p in (tmp_path / "plots").iterdir()) == sorted(PLOTS)
+    drawn = sorted(p.stem for p in (tmp_path / "plots").iterdir())
+    assert drawn == sorted(set(PLOTS) - {"kl_ceiling"})  # the toy rows run one ceiling
 
 
 def test_split_rows_keeps_the_grid_and_names_the_rest():

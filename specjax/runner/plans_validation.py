@@ -326,10 +326,11 @@ def _policy(p) -> str:
 def _check_deployment(config) -> tuple[dict | None, set[str]]:
     """(the run's inputs, the drafter names a pairing may use)."""
     if config.deployment == "zoo":
+        from specjax.engine.deployment import LOOKUP  # pylint: disable=import-outside-toplevel
         from specjax.runner.experiments import load_zoo_checked  # pylint: disable=import-outside-toplevel
 
         zoo, inputs = load_zoo_checked(config)
-        return inputs, set(zoo.names)
+        return inputs, set(zoo.names) | {LOOKUP}  # from_zoo adds prompt lookup by name
     if config.deployment == "hf":
         from specjax.runner import hf_deployment  # pylint: disable=import-outside-toplevel
 

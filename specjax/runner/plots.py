@@ -361,6 +361,167 @@ def figure_decision_boundary(rows: Sequence[Row], config: dict | None = None):
     return fig
 
 
+#: Per-cell metrics the γ and KL-ceiling plots draw, each with its axis label.
+_CURVES = {
+    "joint_acceptance": ("joint acceptance (shared prefix)", (0, 1.02)),
+    "throughput_ratio_vs_single": ("throughput ÷ best single drafter (cost model)", None),
+    "consensus_fallback_rate": ("consensus-fallback rate", (0, 1.02)),
+}
+
+
+def figure_policies_vs_gamma(rows: Sequence[Row]):
+    """Joint acceptance, modelled throughput and fallback against γ: a panel per metric, a
+    line per policy (colour) and drafter temperature (line style); drawn when γ varies."""
+    rows = [r for r in rows if is_number(r.get("gamma")) and r.get("policy") is not None]
+    if len({r["gamma"] for r in rows}) < 2:
+        return None
+    keys = [k for k in _CURVES if any(is_number(r.get(k)) for r in rows)]
+    if not keys:
+        return None
+    policies = unique(_policy(r) for r in rows)
+    temps = unique(label(r.get("drafter_temperature")) for r in rows)
+    colors, styles = _colors(policies), dict(zip(temps, ["-", "--", ":", "-.", (0, (5, 1))] * 4))
+    fig, axs = _figure(len(keys), width=4.6, height=3.8)
+    for ax, key in zip(axs, keys):
+        for policy in policies:
+            for temp in temps:
+                pts: dict[float, list[float]] = {}
+                for r in rows:
+                    if _policy(r) == policy and label(r.get("drafter_temperature")) == temp:
+                        if is_number(r.get(key)):
+                            pts.setdefault(float(r["gamma"]), []).append(float(r[key]))
+                if not pts:
+                    continue
+                xs = sorted(pts)
+                ax.errorbar(
+                    xs,
+                    [statistics.fmean(pts[x]) for x in xs],
+                    yerr=[sd(pts[x]) for x in xs],
+                    marker="o",
+                    markersize=4,
+                    capsize=2,
+                    color=colors[policy],
+                    linestyle=styles[temp],
+                )
+        ylabel, ylim = _CURVES[key]
+        if ylim:
+            ax.set_ylim(*ylim)
+        elif key == "throughput_ratio_vs_single":
+            ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
+        ax.set_ylabel(ylabel)
+        ax.set_xlabel("γ (draft tokens per round)")
+        ax.set_xticks(sorted({r["gamma"] for r in rows}))
+        ax.grid(alpha=0.3)
+    handles = [_line(colors[p], "-", f"policy {p}") for p in policies]
+    handles += (
+        [_line("gray", styles[t], f"τ drafter = {t}") for t in temps] if len(temps) > 1 else []
+    )
+    fig.legend(handles=handles, fontsize=8, loc="outside right upper")
+    fig.suptitle("Policies vs γ (mean ± sd over the other axes)")
+    return fig
+
+
+def figure_kl_ceiling(rows: Sequence[Row]):
+    """Drawn when the rows ran with two or more KL ceilings. Against the ceiling each row
+    ran with (`rows.kl_ceiling`): the largest sharing
+    set a step ran (from the rows' ``branch_records``), joint acceptance, modelled
+    throughput and fallback; a line per policy family (the policy with its ceiling off,
+    `kl_family`), whose ceiling-off row is a dotted horizontal line."""
+    rows = [r for r in rows if r.get("policy") is not None]
+    on = [r for r in rows if rows_lib.kl_ceiling(r) is not None]
+    if len({rows_lib.kl_ceiling(r) for r in on}) < 2:
+        return None
+    families = unique(kl_family(r) for r in on)
+    off = [r for r in rows if rows_lib.kl_ceiling(r) is None and _policy(r) in families]
+    panels = ["largest_set"] if any(sharing_sets(r) for r in on) else []
+    panels += [k for k in _CURVES if any(is_number(r.get(k)) for r in on)]
+    if not panels:
+        return None
+    colors = _colors(families)
+    fig, axs = _figure(len(panels), width=4.4, height=3.8, max_cols=2)
+    for ax, key in zip(axs, panels):
+        value = (lambda r: largest_set(r)) if key == "largest_set" else (lambda r, k=key: r.get(k))
+        for fam in families:
+            pts: dict[float, list[float]] = {}
+            for r in on:
+                if kl_family(r) == fam and is_number(value(r)):
+                    pts.setdefault(rows_lib.kl_ceiling(r), []).append(float(value(r)))
+            if pts:
+                xs = sorted(pts)
+                ax.errorbar(
+                    xs,
+                    [statistics.fmean(pts[x]) for x in xs],
+                    yerr=[sd(pts[x]) for x in xs],
+                    marker="o",
+                    markersize=4,
+                    capsize=2,
+                    color=colors[fam],
+                )
+            base = numbers(value(r) for r in off if _policy(r) == fam)
+            if base:
+                ax.axhline(statistics.fmean(base), color=colors[fam], linestyle=":", linewidth=1.5)
+        ax.set_xscale("log")
+        ceilings = [rows_lib.kl_ceiling(r) for r in on]
+        ax.set_xlim(min(ceilings) / 1.3, max(ceilings) * 1.3)
+        ax.set_xticks(sorted(set(ceilings)), [f"{c:g}" for c in sorted(set(ceilings))])
+        ax.minorticks_off()
+        ax.set_xlabel("KL ceiling (nats)")
+        if key == "largest_set":
+            ax.set_ylabel("drafters in the largest sharing set")
+            ax.set_ylim(0, max([largest_set(r) or 0 for r in rows] + [1]) + 0.5)
+        else:
+            ylabel, ylim = _CURVES[key]
+            ax.set_ylabel(ylabel)
+            if ylim:
+                ax.set_ylim(*ylim)
+        ax.grid(alpha=0.3)
+    handles = [_line(colors[f], "-", f"{f}, with the ceiling") for f in families]
+    handles += [_line("gray", ":", "the same policy, ceiling off")] if off else []
+    fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncols=len(handles))
+    fig.suptitle("Which drafters share a prefix, and what it gives, vs the KL ceiling")
+    return fig
+
+
+def kl_family(r: Row) -> str:
+    """The row's policy with the KL ceiling switched off (``all_on_kl0.5`` → its family
+    ``all_on_minus_kl_ceiling``); a router's or a baseline's name as it is."""
+    import dataclasses  # pylint: disable=import-outside-toplevel
+
+    try:
+        policy = policy_names.parse(r.get("policy"))
+    except ValueError:
+        return _policy(r)
+    if isinstance(policy, str):
+        return policy
+    return policy_names.canonical_name(dataclasses.replace(policy, kl_ceiling=None))
+
+
+def sharing_sets(r: Row) -> dict[str, float]:
+    """The sharing sets the row's steps ran (its ``branch_records``: each branch's
+    drafters), each with the share of plan steps that ran it: ``{"code+prose": 1.0, ...}``,
+    largest first."""
+    records = r.get("branch_records")
+    if not isinstance(records, list):
+        return {}
+    steps, seen = set(), {}
+    for b in records:
+        if not isinstance(b, dict) or not isinstance(b.get("drafters"), list):
+            continue
+        key = (b.get("step"), b.get("plan"))
+        steps.add(key)
+        seen.setdefault("+".join(map(str, b["drafters"])), set()).add(key)
+    if not steps:
+        return {}
+    order = sorted(seen, key=lambda s: (-(s.count("+") + 1), -len(seen[s]), s))
+    return {s: len(seen[s]) / len(steps) for s in order}
+
+
+def largest_set(r: Row) -> int | None:
+    """The most drafters a sharing set of the row's steps held (None: no branch_records)."""
+    sets = sharing_sets(r)
+    return max(s.count("+") + 1 for s in sets) if sets else None
+
+
 def plot_acceptance_vs_gamma(rows: Sequence[Row], path: str | Path) -> bool:
     """Saves `figure_acceptance_vs_gamma` to `path`; False (nothing written) without one."""
     return _save(figure_acceptance_vs_gamma(rows), path)
@@ -388,6 +549,16 @@ def plot_decision_boundary(
     return _save(figure_decision_boundary(rows, config), path)
 
 
+def plot_policies_vs_gamma(rows: Sequence[Row], path: str | Path) -> bool:
+    """Saves `figure_policies_vs_gamma` to `path`; False (nothing written) without one."""
+    return _save(figure_policies_vs_gamma(rows), path)
+
+
+def plot_kl_ceiling(rows: Sequence[Row], path: str | Path) -> bool:
+    """Saves `figure_kl_ceiling` to `path`; False (nothing written) without one."""
+    return _save(figure_kl_ceiling(rows), path)
+
+
 # name -> (title in the report, function, whether it takes the run's config)
 PLOTS: dict[str, tuple[str, Callable[..., bool], bool]] = {
     "acceptance_vs_gamma": ("Acceptance vs γ per temperature", plot_acceptance_vs_gamma, False),
@@ -399,6 +570,16 @@ PLOTS: dict[str, tuple[str, Callable[..., bool], bool]] = {
     "joint_vs_kl": ("Joint acceptance vs max pairwise KL", plot_joint_vs_kl, False),
     "policy_costs": ("Fallback rate and throughput per policy", plot_policy_costs, False),
     "decision_boundary": ("Decision boundary", plot_decision_boundary, True),
+    "policies_vs_gamma": (
+        "Joint acceptance, throughput and fallback vs γ per policy",
+        plot_policies_vs_gamma,
+        False,
+    ),
+    "kl_ceiling": (
+        "Sharing sets, joint acceptance, throughput and fallback vs the KL ceiling",
+        plot_kl_ceiling,
+        False,
+    ),
 }
 
 

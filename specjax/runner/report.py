@@ -14,7 +14,14 @@ policy_costs.png                policy and consensus_fallback_rate and/or
                                 throughput_ratio_vs_single / wallclock_ratio_vs_single
 decision_boundary.png           mean_truncation_depth, shared_prefix_acceptance
                                 (+ independent_branch_acceptance, policy)
+policies_vs_gamma.png           gamma (≥ 2 values), policy, joint_acceptance and/or
+                                throughput_ratio_vs_single / consensus_fallback_rate
+kl_ceiling.png                  policies with ≥ 2 KL ceilings (kl_ceiling), and
+                                branch_records and/or those metrics
 ==============================  ===========================================================
+
+Where the rows ran with more than one KL ceiling (off counts as one) and record their
+branches' drafters, a "Sharing sets" table lists per policy the sets its steps ran.
 
 Where several cells share a point (other axes, seeds) the plots show the mean and, as
 error bars, the standard deviation over those cells. A value that is not a finite number
@@ -225,6 +232,8 @@ def markdown_report(
                 table.append(cells)
             lines += _md_table(header, table) + [""]
 
+    lines += _sharing_sets_section(rows, varying)
+
     metrics = [m for m in METRICS if has(rows, m)]
     lines += ["## Every cell", ""]
     header = ["cell"] + varying + [METRICS[m] for m in metrics]
@@ -242,6 +251,66 @@ def markdown_report(
         for plot_title, path in plots:
             lines += [f"### {plot_title}", "", f"![{plot_title}]({path.as_posix()})", ""]
     return "\n".join(lines + _outside_section(outside))
+
+
+def _sharing_sets_section(rows: Sequence[Row], varying: Sequence[str]) -> list[str]:
+    """Per policy (and pairing, where it varies): the KL ceiling it ran with, the KL it
+    measured, the sharing sets its steps ran (each with the share of plan steps that ran
+    it, mean over cells) and the largest, beside joint acceptance, fallback and modelled
+    throughput. Only where the rows ran with more than one ceiling (off counts as one) and
+    record their branches' drafters."""
+    from specjax.runner import plots  # pylint: disable=import-outside-toplevel
+    from specjax.runner import rows as rows_lib  # pylint: disable=import-outside-toplevel
+
+    ceilings = {rows_lib.kl_ceiling(r) for r in rows if r.get("policy") is not None}
+    if len(ceilings) < 2 or not any(plots.sharing_sets(r) for r in rows):
+        return []
+    by_pairing = "pairing" in varying
+    header = (["pairing"] if by_pairing else []) + [
+        "policy",
+        "KL ceiling",
+        "cells",
+        METRICS["kl_max"],
+        "sharing sets run (share of plan steps)",
+        "largest set",
+        METRICS["joint_acceptance"],
+        METRICS["consensus_fallback_rate"],
+        METRICS["throughput_ratio_vs_single"],
+    ]
+    groups = _group(
+        rows,
+        lambda r: _key(
+            [label(r.get("pairing")) if by_pairing else "", policy_names.label(r.get("policy"))]
+        ),
+    )
+    table = []
+    for _, group in groups:
+        shares: dict[str, list[float]] = {}
+        for r in group:
+            for name, share in plots.sharing_sets(r).items():
+                shares.setdefault(name, []).append(share)
+        sets = ", ".join(f"{n} {mean(v) * len(v) / len(group):.0%}" for n, v in shares.items())
+        largest = [n for n in map(plots.largest_set, group) if n is not None]
+        ceiling = rows_lib.kl_ceiling(group[0])
+        cells = [label(group[0].get("pairing"))] if by_pairing else []
+        cells += [
+            policy_names.label(group[0].get("policy")),
+            "off" if ceiling is None else f"{ceiling:g}",
+            str(len(group)),
+        ]
+        for m in ("kl_max",):
+            vals = numeric(r.get(m) for r in group)
+            cells.append(_fmt(mean(vals)) if vals else "–")
+        cells += [sets or "–", str(max(largest)) if largest else "–"]
+        for m in ("joint_acceptance", "consensus_fallback_rate", "throughput_ratio_vs_single"):
+            vals = numeric(r.get(m) for r in group)
+            cells.append(_fmt(mean(vals)) if vals else "–")
+        table.append(cells)
+    intro = (
+        "Which drafters shared a prefix: each branch's drafters as the rows record them "
+        "(`branch_records`), after the KL ceiling and the decision boundary split the sets."
+    )
+    return ["## Sharing sets, per policy", "", intro, ""] + _md_table(header, table) + [""]
 
 
 def _outside_section(outside: Sequence[tuple[Row, str]]) -> list[str]:
