@@ -28,12 +28,7 @@ CONFIG_LAYER = "config files' API"
 CONFIG_THIRD_PARTY = {"ml_collections"}
 #: Cycles that exist today in code owned elsewhere, each with why it is still there. The
 #: test fails when one of them is gone (delete its entry then), or when any other appears.
-KNOWN_CYCLES = {
-    frozenset(
-        {"specjax.runner.experiments", "specjax.runner.plans_validation"}
-    ): "validate() delegates to plans_validation, which calls back into experiments for "
-    "the zoo, the deployment and the thresholds (both imports inside functions)",
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_bad_inputs import _snapshot, assert_one_line_error, run_main
+from bad_inputs_harness import _snapshot, assert_one_line_error, run_main
 
 from specjax.models import gguf
 

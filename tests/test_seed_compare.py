@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from absl import flags
-from test_bad_inputs import assert_one_line_error, report_mod
+from bad_inputs_harness import assert_one_line_error, report_mod
 
 from specjax.runner import results, seed_compare
 

@@ -114,7 +114,7 @@ def _check_fields(config) -> None:
 
 
 def _check_values(config) -> None:
-    from specjax.runner.experiments import DEPLOYMENTS  # pylint: disable=import-outside-toplevel
+    from specjax.runner.plans_setup import DEPLOYMENTS  # pylint: disable=import-outside-toplevel
 
     check(
         config.get("deployment") in DEPLOYMENTS,
@@ -169,7 +169,7 @@ def _check_values(config) -> None:
     )
     value = config.get("machine_prices", True)
     check(isinstance(value, bool), "machine_prices", value, "True or False")
-    from specjax.runner.experiments import plan_thresholds  # pylint: disable=import-outside-toplevel
+    from specjax.runner.plans_setup import plan_thresholds  # pylint: disable=import-outside-toplevel
 
     plan_thresholds(config)  # names the boundary field and its allowed range
     if config.get("deployment") == "hf":
@@ -327,7 +327,7 @@ def _check_deployment(config) -> tuple[dict | None, set[str]]:
     """(the run's inputs, the drafter names a pairing may use)."""
     if config.deployment == "zoo":
         from specjax.engine.deployment import LOOKUP  # pylint: disable=import-outside-toplevel
-        from specjax.runner.experiments import load_zoo_checked  # pylint: disable=import-outside-toplevel
+        from specjax.runner.plans_setup import load_zoo_checked  # pylint: disable=import-outside-toplevel
 
         zoo, inputs = load_zoo_checked(config)
         return inputs, set(zoo.names) | {LOOKUP}  # from_zoo adds prompt lookup by name
@@ -343,7 +343,7 @@ def _check_deployment(config) -> tuple[dict | None, set[str]]:
         # The names first: a bad pairing is named whether or not the wheel is installed.
         _check_pairings(config, set(SMOLLM2_DRAFTERS))
         return smollm2_deployment.validate_smollm2(config), set(SMOLLM2_DRAFTERS)
-    from specjax.runner.experiments import load_deployment  # pylint: disable=import-outside-toplevel
+    from specjax.runner.plans_setup import load_deployment  # pylint: disable=import-outside-toplevel
 
     return None, set(load_deployment(config).names)
 
@@ -369,18 +369,18 @@ def _check_pairings(config, known: set[str]) -> None:
 
 def _check_cells(config) -> None:
     """Every cell's plan config, drafters, oracle domains and context budget."""
-    from specjax.runner import experiments as ex  # pylint: disable=import-outside-toplevel
     from specjax.runner import grid as grid_lib  # pylint: disable=import-outside-toplevel
+    from specjax.runner import plans_setup  # pylint: disable=import-outside-toplevel
 
     if config.deployment == "smollm2":
         from specjax.runner import smollm2_deployment  # pylint: disable=import-outside-toplevel
 
         smollm2_deployment.check_max_len(config)  # before the cells' budgets use it
-    prompts, ids = ex.plan_prompts(config)
-    domains = sorted(set(ex.plan_domains(config, ids)))
+    prompts, ids = plans_setup.plan_prompts(config)
+    domains = sorted(set(plans_setup.plan_domains(config, ids)))
     seen, deps = set(), {}
     for cell in grid_lib.expand_grid(config):
-        pcfg = ex._plan_config(config, cell)  # pylint: disable=protected-access
+        pcfg = plans_setup.plan_config(config, cell)
         pairing = cell.get("pairing")
         if config.deployment == "hf":
             names = list(pairing or _hf_names(config))
@@ -391,7 +391,7 @@ def _check_cells(config) -> None:
                 {k: cell.get(k) for k in ("pairing", "drafter_temperature", "drafter_gamma")}
             )
             if what not in deps:  # the cell's deployment, as the cell builds it (no weights)
-                deps[what] = ex._cell_deployment(config, cell, weights=False)  # pylint: disable=protected-access
+                deps[what] = plans_setup.cell_deployment(config, cell, weights=False)
             dep = deps[what]
             names = list(dep.names)
         _check_policy_drafters(cell.get("policy"), names, domains)
