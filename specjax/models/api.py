@@ -32,8 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax import sharding as shd
 from specjax.models.cache import Cache, advance, compact, init_cache, rollback
-from specjax.models.transformer import Transformer, TransformerConfig, scale_noise
+from specjax.models.transformer import Transformer, TransformerConfig, fuse_params, scale_noise
 
 __all__ = [
     'LM',
@@ -192,6 +193,25 @@ class TransformerLM:
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         logits, _, _ = self._module(params)(tokens, positions, causal_block_mask(B, T))
         return logits
+
+
+def fuse_projections(lm: TransformerLM, params, mesh=None, rules=None):
+    """``(lm', params')``: the same model in the fused projection layout
+    (``TransformerConfig.fused_projections``: q/k/v in one product, gate/up in one), the
+    same logits up to the products' rounding. ``mesh`` / ``rules``: place each fused leaf
+    on its shards (``specjax.sharding``: the fused q/k/v table splits over KV heads)."""
+    new = TransformerLM(dataclasses.replace(lm.config, fused_projections=True))
+    place = None
+    if mesh is not None:
+        sh = shd.param_shardings(new, mesh, rules)
+
+        def place(path, x):
+            leaf = sh
+            for k in path:
+                leaf = leaf[k]
+            return jax.device_put(x, leaf)
+
+    return new, fuse_params(lm.config, params, place)
 
 
 @functools.partial(jax.jit, static_argnums=0)

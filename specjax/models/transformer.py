@@ -62,6 +62,8 @@ class TransformerConfig:
     qkv_bias: bool = False  # biases on the q/k/v projections (Qwen2)
     embed_input_scale: bool = True  # tied only: inputs times sqrt(d_model) (Gemma-style);
     #                                 HF Llama / Qwen2 / Mistral do not scale
+    fused_projections: bool = False  # q/k/v in one product (wqkv [D, KV, G+2, hd]) and
+    #                                  gate/up in one (w_gate_up [D, 2, F]); same function
 
     def __post_init__(self):
         def check_int(field, lo, hi=None, extra=''):
@@ -100,7 +102,7 @@ class TransformerConfig:
             raise ValueError(f'TransformerConfig.norm_eps={self.norm_eps!r}: must be in (0, 1)')
         object.__setattr__(self, 'norm_eps', float(self.norm_eps))
         object.__setattr__(self, 'rope_scaling', _rope_scaling(self.rope_scaling))
-        for f in ('qkv_bias', 'embed_input_scale'):
+        for f in ('qkv_bias', 'embed_input_scale', 'fused_projections'):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(
                     f'TransformerConfig.{f}={getattr(self, f)!r}: must be True or False'
@@ -130,7 +132,7 @@ class TransformerConfig:
         return cls(**d)
 
 
-_LATER_FIELDS = ('norm_eps', 'rope_scaling', 'qkv_bias', 'embed_input_scale')
+_LATER_FIELDS = ('norm_eps', 'rope_scaling', 'qkv_bias', 'embed_input_scale', 'fused_projections')
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
 _ROPE_TYPES = {
     'linear': ('factor',),
@@ -330,13 +332,21 @@ class Attention(nnx.Module):
         pd = cfg.param_dtype
         out_scale = 1.0 / (2 * cfg.n_layers)  # residual branches start small
         std_in = _fan_in_std(d)
-        self.wq = _param(rngs, (d, h, hd), ('embed', 'heads', 'head_dim'), std_in, pd)
-        self.wk = _param(rngs, (d, kv, hd), ('embed', 'kv_heads', 'head_dim'), std_in, pd)
-        self.wv = _param(rngs, (d, kv, hd), ('embed', 'kv_heads', 'head_dim'), std_in, pd)
+        if cfg.fused_projections:  # per KV head: its G query heads, then its key, its value
+            g = h // kv
+            self.wqkv = _param(
+                rngs, (d, kv, g + 2, hd), ('embed', 'kv_heads', None, 'head_dim'), std_in, pd
+            )
+        else:
+            self.wq = _param(rngs, (d, h, hd), ('embed', 'heads', 'head_dim'), std_in, pd)
+            self.wk = _param(rngs, (d, kv, hd), ('embed', 'kv_heads', 'head_dim'), std_in, pd)
+            self.wv = _param(rngs, (d, kv, hd), ('embed', 'kv_heads', 'head_dim'), std_in, pd)
         self.wo = _param(
             rngs, (h, hd, d), ('heads', 'head_dim', 'embed'), _fan_in_std(h * hd, out_scale), pd
         )
-        if cfg.qkv_bias:  # zero-initialised (init_std 0)
+        if cfg.qkv_bias and cfg.fused_projections:  # zero-initialised (init_std 0)
+            self.bqkv = _param(rngs, (kv, h // kv + 2, hd), ('kv_heads', None, 'head_dim'), 0.0, pd)
+        elif cfg.qkv_bias:
             self.bq = _param(rngs, (h, hd), ('heads', 'head_dim'), 0.0, pd)
             self.bk = _param(rngs, (kv, hd), ('kv_heads', 'head_dim'), 0.0, pd)
             self.bv = _param(rngs, (kv, hd), ('kv_heads', 'head_dim'), 0.0, pd)
@@ -353,11 +363,20 @@ class Attention(nnx.Module):
         dt = jnp.dtype(cfg.dtype)
         B, T, _ = x.shape
         kv, g, hd = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
-        q = jnp.einsum('btd,dnh->btnh', x, self.wq[...].astype(dt))
-        k = jnp.einsum('btd,dnh->btnh', x, self.wk[...].astype(dt))
-        v = jnp.einsum('btd,dnh->btnh', x, self.wv[...].astype(dt))
-        if cfg.qkv_bias:
-            q, k, v = (y + b[...].astype(dt) for y, b in ((q, self.bq), (k, self.bk), (v, self.bv)))
+        if cfg.fused_projections:  # one product reads the three weights
+            qkv = jnp.einsum('btd,dkjh->btkjh', x, self.wqkv[...].astype(dt))
+            if cfg.qkv_bias:
+                qkv = qkv + self.bqkv[...].astype(dt)
+            q = qkv[:, :, :, :g].reshape(B, T, cfg.n_heads, hd)  # head k·G + j, as qg reads
+            k, v = qkv[:, :, :, g], qkv[:, :, :, g + 1]
+        else:
+            q = jnp.einsum('btd,dnh->btnh', x, self.wq[...].astype(dt))
+            k = jnp.einsum('btd,dnh->btnh', x, self.wk[...].astype(dt))
+            v = jnp.einsum('btd,dnh->btnh', x, self.wv[...].astype(dt))
+            if cfg.qkv_bias:
+                q, k, v = (
+                    y + b[...].astype(dt) for y, b in ((q, self.bq), (k, self.bk), (v, self.bv))
+                )
         q = with_logical_constraint(q, ('batch', 'length', 'heads', 'head_dim'))
         q = rotary(q, positions, cfg.rope_theta, cfg.rope_scaling) * jnp.asarray(hd**-0.5, dt)
         k = rotary(k, positions, cfg.rope_theta, cfg.rope_scaling)
@@ -412,17 +431,25 @@ class Attention(nnx.Module):
 class MLP(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         self.dtype = cfg.dtype
+        self.fused = cfg.fused_projections
         d, f, pd = cfg.d_model, cfg.d_ff, cfg.param_dtype
-        self.w_gate = _param(rngs, (d, f), ('embed', 'mlp'), _fan_in_std(d), pd)
-        self.w_up = _param(rngs, (d, f), ('embed', 'mlp'), _fan_in_std(d), pd)
+        if self.fused:
+            self.w_gate_up = _param(rngs, (d, 2, f), ('embed', None, 'mlp'), _fan_in_std(d), pd)
+        else:
+            self.w_gate = _param(rngs, (d, f), ('embed', 'mlp'), _fan_in_std(d), pd)
+            self.w_up = _param(rngs, (d, f), ('embed', 'mlp'), _fan_in_std(d), pd)
         self.w_down = _param(
             rngs, (f, d), ('mlp', 'embed'), _fan_in_std(f, 1.0 / (2 * cfg.n_layers)), pd
         )
 
     def __call__(self, x):
         dt = jnp.dtype(self.dtype)
-        gate = x @ self.w_gate[...].astype(dt)
-        up = x @ self.w_up[...].astype(dt)
+        if self.fused:  # one product reads both weights
+            gu = jnp.einsum('btd,dcf->btcf', x, self.w_gate_up[...].astype(dt))
+            gate, up = gu[:, :, 0], gu[:, :, 1]
+        else:
+            gate = x @ self.w_gate[...].astype(dt)
+            up = x @ self.w_up[...].astype(dt)
         h = with_logical_constraint(jax.nn.silu(gate) * up, ('batch', 'length', 'mlp'))
         return h @ self.w_down[...].astype(dt)
 
@@ -497,3 +524,109 @@ class Transformer(nnx.Module):
         logits = jnp.einsum('btd,dv->btv', x, head.astype(dt), preferred_element_type=jnp.float32)
         logits = with_logical_constraint(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
         return logits, cache_k, cache_v
+
+
+# ----------------------------------------------------------------------------------------
+# The fused projection layout (``fused_projections``): the same function, fewer products
+# ----------------------------------------------------------------------------------------
+
+#: Separate-layout leaves and the fused leaf that holds them, per block.
+_FUSED_LEAVES = {
+    ('attn', 'wq'): ('attn', 'wqkv'),
+    ('attn', 'wk'): ('attn', 'wqkv'),
+    ('attn', 'wv'): ('attn', 'wqkv'),
+    ('attn', 'bq'): ('attn', 'bqkv'),
+    ('attn', 'bk'): ('attn', 'bqkv'),
+    ('attn', 'bv'): ('attn', 'bqkv'),
+    ('mlp', 'w_gate'): ('mlp', 'w_gate_up'),
+    ('mlp', 'w_up'): ('mlp', 'w_gate_up'),
+}
+
+
+def fuse_params(cfg: TransformerConfig, params: dict, place=None) -> dict:
+    """Parameters of ``cfg`` (separate q/k/v and gate/up) in the fused layout of
+    ``dataclasses.replace(cfg, fused_projections=True)``.
+
+    A decode step on a memory-bound machine reads every weight once either way; fused, a
+    block makes 4 matrix products instead of 7 (on the 2-core CPU of docs/results/
+    real_speed.md, one product per weight read costs a fixed overhead that fusing saves).
+    Head order is kept: query head ``k·G + j`` is ``wqkv[:, k, j]``, KV head k's key and
+    value ``wqkv[:, k, G]`` and ``wqkv[:, k, G + 1]``; ``w_gate_up[:, 0]`` is the gate.
+
+    Args:
+      cfg: the separate layout's config (``fused_projections=False``).
+      params: its parameters (nested dicts, ``layer_{i}`` blocks).
+      place: optional ``place(path, array) -> array`` for each new leaf (e.g. a
+        ``jax.device_put`` to its sharding); the separate leaves are dropped layer by
+        layer, so at most one block is held twice.
+    """
+    if cfg.fused_projections:
+        raise ValueError('fuse_params: cfg.fused_projections=True already (allowed: False)')
+    kv, g, hd, d = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim, cfg.d_model
+    place = place or (lambda path, x: x)
+    out = dict(params)
+    for i in range(cfg.n_layers):
+        name = f'layer_{i}'
+        block = {k: dict(v) if isinstance(v, dict) else v for k, v in out[name].items()}
+        a, m = block['attn'], block['mlp']
+        wq, wk, wv = a.pop('wq'), a.pop('wk'), a.pop('wv')
+        a['wqkv'] = place(
+            (name, 'attn', 'wqkv'),
+            jnp.concatenate(
+                [jnp.reshape(wq, (d, kv, g, hd)), wk[:, :, None], wv[:, :, None]], axis=2
+            ),
+        )
+        if cfg.qkv_bias:
+            bq, bk, bv = a.pop('bq'), a.pop('bk'), a.pop('bv')
+            a['bqkv'] = place(
+                (name, 'attn', 'bqkv'),
+                jnp.concatenate([jnp.reshape(bq, (kv, g, hd)), bk[:, None], bv[:, None]], 1),
+            )
+        m['w_gate_up'] = place(
+            (name, 'mlp', 'w_gate_up'), jnp.stack([m.pop('w_gate'), m.pop('w_up')], axis=1)
+        )
+        out[name] = block
+        del wq, wk, wv
+    return out
+
+
+def separate_leaf(cfg: TransformerConfig, params: dict, path: tuple):
+    """The separate layout's leaf at ``path`` (e.g. ``('layer_3', 'attn', 'wk')``) read
+    from ``params`` in ``cfg``'s layout (a slice of the fused leaf where ``cfg`` is fused)."""
+    node = params
+    key = tuple(path[1:]) if len(path) == 3 else None
+    if not cfg.fused_projections or key not in _FUSED_LEAVES:
+        for p in path:
+            node = node[p]
+        return node
+    kv, g, hd = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
+    fused = params[path[0]][_FUSED_LEAVES[key][0]][_FUSED_LEAVES[key][1]]
+    part = key[1]
+    if part == 'wq':
+        return fused[:, :, :g].reshape(fused.shape[0], kv * g, hd)
+    if part in ('wk', 'wv'):
+        return fused[:, :, g if part == 'wk' else g + 1]
+    if part == 'bq':
+        return fused[:, :g].reshape(kv * g, hd)
+    if part in ('bk', 'bv'):
+        return fused[:, g if part == 'bk' else g + 1]
+    return fused[:, 0 if part == 'w_gate' else 1]
+
+
+def unfuse_params(cfg: TransformerConfig, params: dict) -> dict:
+    """The inverse of `fuse_params`: ``cfg`` is the fused config; returns the separate
+    layout's parameters."""
+    if not cfg.fused_projections:
+        raise ValueError('unfuse_params: cfg.fused_projections=False (allowed: True)')
+    out = dict(params)
+    for i in range(cfg.n_layers):
+        name = f'layer_{i}'
+        block = {k: dict(v) if isinstance(v, dict) else v for k, v in out[name].items()}
+        for (mod, leaf), (_, fused) in _FUSED_LEAVES.items():
+            if fused in params[name][mod]:
+                block[mod][leaf] = separate_leaf(cfg, params, (name, mod, leaf))
+        block['attn'].pop('wqkv', None)
+        block['attn'].pop('bqkv', None)
+        block['mlp'].pop('w_gate_up', None)
+        out[name] = block
+    return out

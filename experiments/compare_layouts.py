@@ -1,0 +1,155 @@
+r"""The real verifier's forward in two parameter layouts, timed alternating in one process.
+
+  python experiments/compare_layouts.py                      # separate vs fused, f32
+  python experiments/compare_layouts.py --layouts float32,float32:fused,bfloat16:fused \
+      --batches 1,8 --ks 1,2,4,6
+
+A layout is ``dtype[:token+token]``; tokens: ``tied`` (keep the file's tied head; default
+unties it, as the deployment does) and ``fused`` (q/k/v in one product and gate/up in one:
+`specjax.models.api.fuse_projections`). Every layout is loaded first; then each round
+times every (layout, batch, k) once, in a fixed interleaved order, so load changes hit
+every layout alike. Reported: per (layout, batch, k) the median seconds per forward over
+the rounds, T_score(k) / T_step, and each layout's time over the first layout's, with
+the median of the per-round paired ratios (a layout and the first one timed back to back).
+The logits of every layout are checked equal to the first's (max |Δ| printed).
+
+Writes ``layouts.json`` under --out, and with ``--write_docs`` docs/results/layouts.md
+(command, commit, date, machine and load on top).
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from specjax import provenance
+from specjax.errors import ConfigError
+from specjax.timing import forward_timer
+
+FLAGS = flags.FLAGS
+TOKENS = ("tied", "fused")
+
+
+def define_flags():
+    flags.DEFINE_list("layouts", ["float32", "float32:fused"], "dtype[:tied+fused] each")
+    flags.DEFINE_list("batches", ["1"], "batch sizes")
+    flags.DEFINE_list("ks", ["1", "2", "4", "6"], "forward widths (1 = T_step)")
+    flags.DEFINE_integer("rounds", 7, "interleaved rounds")
+    flags.DEFINE_integer("reps", 32, "forwards per timed loop")
+    flags.DEFINE_integer("context", 100, "cached tokens each forward attends over")
+    provenance.define_common_flags(out="runs/layouts", page="layouts")
+
+
+def parse_layout(spec: str) -> tuple[str, set]:
+    dt, _, rest = spec.partition(":")
+    tokens = {t for t in rest.split("+") if t}
+    if dt not in ("float32", "bfloat16") or tokens - set(TOKENS):
+        raise ConfigError(
+            f"--layouts: {spec!r} is not allowed; allowed: float32 or bfloat16, optionally "
+            f"':' and '+'-joined tokens from {list(TOKENS)} (e.g. float32:fused)"
+        )
+    return dt, tokens
+
+
+def _ints(name: str, values, lo: int = 1) -> list[int]:
+    try:
+        out = [int(v) for v in values]
+    except ValueError:
+        out = []
+    if not out or min(out) < lo:
+        raise ConfigError(f"--{name}={','.join(values)}: allowed: integers >= {lo}")
+    return out
+
+
+def main(argv):
+    del argv
+    from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
+
+    layouts = [(s, *parse_layout(s)) for s in FLAGS.layouts]
+    batches, ks = _ints("batches", FLAGS.batches), sorted(set(_ints("ks", FLAGS.ks)) | {1})
+    prov = provenance.provenance()
+    models, timers = {}, {}
+    for spec, dt, tokens in layouts:
+        m = smollm2(
+            max_len=512,
+            dtype=dt,
+            untie_head="tied" not in tokens,
+            fuse_projections="fused" in tokens,
+        )
+        models[spec] = m
+        for b in batches:
+            for k in ks:
+                timers[spec, b, k] = forward_timer(
+                    m.lm, m.params, b, k, FLAGS.context, FLAGS.context + 16, FLAGS.reps
+                )
+        print(f"{spec}: loaded and compiled", flush=True)
+    ref = layouts[0][0]
+    toks = jnp.asarray(np.arange(1, 33, dtype=np.int32)[None] + 100)
+    logits = {s: models[s].lm.logits_full(models[s].params, toks) for s, _, _ in layouts}
+    diffs = {s: float(jnp.abs(logits[s] - logits[ref]).max()) for s in logits}
+    times = {key: [] for key in timers}
+    for r in range(FLAGS.rounds):
+        for b in batches:
+            for k in ks:
+                for spec, _, _ in layouts:
+                    times[spec, b, k].append(timers[spec, b, k]())
+    rows = []
+    for spec, _, _ in layouts:
+        for b in batches:
+            step = statistics.median(times[spec, b, 1])
+            for k in ks:
+                t = times[spec, b, k]
+                paired = [x / y for x, y in zip(t, times[ref, b, k])]
+                rows.append(
+                    {
+                        "layout": spec,
+                        "batch": b,
+                        "k": k,
+                        "ms": 1e3 * statistics.median(t),
+                        "min_ms": 1e3 * min(t),
+                        "score_over_step": statistics.median(t) / step,
+                        "over_first": statistics.median(paired),
+                        "max_abs_logit_diff": diffs[spec],
+                    }
+                )
+    out = Path(FLAGS.out)
+    header = (
+        "| layout | B | k | ms (median) | ms (min) | T_score(k) / T_step | ÷ "
+        f"{ref} (paired median) | max abs logit Δ |\n|---|---|---|---|---|---|---|---|\n"
+    )
+    table = header + "".join(
+        f"| {r['layout']} | {r['batch']} | {r['k']} | {r['ms']:.2f} | {r['min_ms']:.2f} | "
+        f"{r['score_over_step']:.2f} | {r['over_first']:.3f} | {r['max_abs_logit_diff']:.1e} |\n"
+        for r in rows
+    )
+    print(table)
+    print(
+        f"load average {prov['machine'].get('load_average')} at the start, "
+        f"{provenance.load_average()} at the end"
+    )
+    print(f"wrote {provenance.write_json(out / 'layouts.json', {'rows': rows}, prov)}")
+    if FLAGS.write_docs:
+        body = [
+            f"Each round times every (layout, B, k) once, interleaved; {FLAGS.rounds} rounds of "
+            f"{FLAGS.reps} forwards over {FLAGS.context} cached tokens "
+            "(`experiments/compare_layouts.py`'s docstring).",
+            "",
+            table,
+        ]
+        page = provenance.write_page(
+            "layouts",
+            "The real verifier's forward by parameter layout",
+            body,
+            prov,
+            FLAGS.docs_dir,
+        )
+        print(f"wrote {page}")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
