@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters benchmark benchmark-real benchmark-device docs docs-seed clean-venv
+.PHONY: reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters benchmark benchmark-real benchmark-device docs docs-seed docs-seed-real clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -107,6 +107,16 @@ docs-seed: $(STAMP)
 	rm -rf runs/docs_seed_table
 	$(PY) -m specjax.main --config=configs/seed_reproduction.py:runlocal --workdir=runs/docs_seed_table
 	$(PY) -m specjax.report --workdir=runs/docs_seed_table --docs_page=docs/results/seed_table.md
+
+# The seed's four claims on the real verifier beside the zoo (docs/results/seed_report_real.md):
+# `make reproduce-real`'s run (~30 min), then the side-by-side page against `make docs-seed`'s
+# zoo run; and the routers' run (auto, the domain router, each drafter alone, with prompt
+# lookup: docs/results/routing_real.md, ~15 min). On an idle machine: wall clock is the result.
+docs-seed-real: $(STAMP)
+	$(PY) -m specjax.main --config=configs/seed_reproduction_real.py --workdir=runs/seed_reproduction_real
+	$(PY) -m specjax.report --workdir=runs/seed_reproduction_real --compare_with=runs/docs_seed_table --docs_page=docs/results/seed_report_real.md
+	$(PY) -m specjax.main --config=configs/seed_reproduction_real.py:routing --workdir=runs/seed_reproduction_real_routing
+	$(PY) -m specjax.report --workdir=runs/seed_reproduction_real_routing --docs_page=docs/results/routing_real.md
 
 clean-venv:
 	rm -rf $(VENV)

@@ -15,6 +15,9 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
+
+from specjax import metrics
 from specjax.errors import ConfigError
 from specjax.field_report import FIELD_REPORT_COSTS
 from specjax.gammas import drafter_gammas, widest_gamma
@@ -79,6 +82,30 @@ def _costs(dep):
     costs = [d.cost for d in dep.drafters]
     seed = [FIELD_REPORT_COSTS.get(n) for n in dep.names]
     return costs, (None if any(c is None for c in seed) else seed)
+
+
+def _regime(dep, priced: dict, gamma: int) -> dict | None:
+    """T_score(γ+1) and T_step of the verifier at the padded rows and cache of the cell's
+    most frequent verifier call (its rounds), measured now like every machine price: the
+    ratio says whether the cell's rounds were memory-bound (≈ 1) or compute-bound."""
+    calls = {}
+    for key, n in priced.items():
+        kind, _, width, rows, cap = metrics.parse_price_key(key)
+        if kind == "verify" and width > 1:
+            calls[(rows, cap)] = calls.get((rows, cap), 0.0) + float(np.sum(n))
+    if not calls:
+        return None
+    rows, cap = max(calls, key=calls.get)
+    step = metrics.price_key("verify", "verifier", 1, rows, cap)
+    score = metrics.price_key("verify", "verifier", gamma + 1, rows, cap)
+    got = measure_prices(dep, [step, score])
+    return {
+        "rows": rows,
+        "capacity": cap,
+        "gamma": gamma,
+        "t_step": got[step],
+        "t_score": got[score],
+    }
 
 
 def _baselines(config, cell, dep, pcfg, prompts, workdir: Path):
@@ -216,6 +243,7 @@ def plans(config, cell: dict, workdir: Path) -> dict:
     )
     if prices is not None:
         row["machine_prices"] = prices  # price key → seconds of one forward (specjax.prices)
+        row["regime"] = _regime(dep, stats.priced, pcfg.gamma)
     ref = base.get("reference_texts")
     if ref is not None:
         # τ = 0: the target is a point mass (the greedy plan), so the exact TV distance is

@@ -28,6 +28,7 @@ from specjax.policy import names as policy_names
 from specjax.runner.seed_compare_claims import _claim1, _claim2, _claim3, _claim4
 from specjax.runner.seed_compare_figures import (
     _PRIMARY,
+    MEMORY_BOUND_RATIO,
     SIDES,
     SOURCES,
     _fmt,
@@ -40,6 +41,7 @@ from specjax.runner.seed_compare_figures import (
     figure,
     kind,
     pair,
+    regime_ratio,
     side,
 )
 
@@ -66,7 +68,6 @@ __all__ = [
 NEAR_ALL = 0.95
 #: T_score(γ+1) / T_step at or below this reads as memory-bound (scoring γ+1 tokens costs
 #: about one decode step, Leviathan's regime); above it, compute-bound.
-MEMORY_BOUND_RATIO = 1.5
 #: The held-out prediction for the real deployment, as the issue history states it.
 PREDICTION = (
     "naive falls back ~100% by construction (in a naive block s < i); all-on falls back "
@@ -134,22 +135,19 @@ def _verifier(s: dict) -> str:
 
 
 def regime(s: dict | None) -> str:
-    """Which regime the rounds ran in, from T_score / T_step when the rows carry them."""
+    """Which regime the rounds ran in, from T_score / T_step when the rows carry them
+    (`seed_compare_figures.regime_ratio`)."""
     if s is None:
         return "not run"
-    ratios = []
-    for row in s["rows"]:
-        prices = row.get("prices") if isinstance(row.get("prices"), dict) else row
-        ts, tt = prices.get("t_score"), prices.get("t_step")
-        if _ok(ts) and _ok(tt) and tt > 0:
-            ratios.append(ts / tt)
-    if not ratios:
-        return "not measured (the rows carry no T_score / T_step)"
-    x = sum(ratios) / len(ratios)
+    got = regime_ratio(s["rows"])
+    if got is None:
+        return "not measured (the rows carry no T_score / T_step or machine prices)"
+    x, n, batches = got
     which = "memory-bound" if x <= MEMORY_BOUND_RATIO else "compute-bound"
+    at = f" at {', '.join(map(str, batches))} padded rows" if batches else ""
     return (
-        f"{which}: T_score(γ+1) / T_step = {x:.2f} (mean of {len(ratios)} rows' t_score / "
-        f"t_step; memory-bound read as ≤ {MEMORY_BOUND_RATIO:g})"
+        f"{which}: T_score(γ+1) / T_step = {x:.2f}{at} (mean over {n} rows' "
+        f"`regime` or machine prices; memory-bound read as ≤ {MEMORY_BOUND_RATIO:g})"
     )
 
 
@@ -199,6 +197,12 @@ def _settings_table(sides: dict) -> list[str]:
             "best single drafter (by cost model)",
             lambda s: "{drafter} at γ = {gamma}".format(
                 **(s["summary"].get("best_single") or {"drafter": "—", "gamma": "—"})
+            ),
+        ),
+        (
+            "best single drafter (by wall clock)",
+            lambda s: "{drafter} at γ = {gamma}".format(
+                **(s["summary"].get("best_single_wall") or {"drafter": "—", "gamma": "—"})
             ),
         ),
         ("primary throughput figure", lambda s: _PRIMARY[s["primary"]][1]),
