@@ -221,6 +221,32 @@ def test_benchmark_real(tmp_path):
 
 
 @pytest.mark.slow
+def test_compare_layouts(tmp_path):
+    _needs_smollm2()
+    args = [
+        f"--out={tmp_path}",
+        "--layouts=float32,float32:fused",
+        "--batches=1",
+        "--ks=2",
+        "--rounds=1",
+        "--reps=2",
+        "--write_docs",
+        f"--docs_dir={tmp_path}",
+    ]
+    command = run_script("compare_layouts.py", *args, timeout=1200)
+    out = read_json(tmp_path / "layouts.json", command)
+    assert [(r["layout"], r["k"]) for r in out["rows"]] == [
+        ("float32", 1),
+        ("float32", 2),
+        ("float32:fused", 1),
+        ("float32:fused", 2),
+    ]
+    assert max(r["max_abs_logit_diff"] for r in out["rows"]) < 1e-3
+    body = read_page(tmp_path / "layouts.md", command)
+    assert "| float32:fused | 1 | 2 |" in body
+
+
+@pytest.mark.slow
 def test_cache_read(tmp_path):
     args = [
         f"--out={tmp_path}",

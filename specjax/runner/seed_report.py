@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from specjax.field_report import DEPTH_CEILING, FIELD_REPORT_TABLE
+from specjax.policy import names as policy_names
 
 DRAFTERS = ("code", "prose", "reasoning")
 #: Deployments on which wall clock is the primary throughput figure (SPEC §10: a real
@@ -304,8 +305,14 @@ def _why(summary) -> list[str]:
             )
     if not out[2:]:
         out.append("- No policy falls back on most steps.")
+    # Policies run through the seed's step decision with one-drafter sets only; `single:<d>`
+    # policies (like the routers) make no step decision, so they never fall back.
     single_only = [
-        n for n, f in pol.items() if f.get("shared_rounds") == 0 and n not in ("auto", "oracle")
+        n
+        for n, f in pol.items()
+        if f.get("shared_rounds") == 0
+        and not policy_names.is_router(n)
+        and policy_names.single_drafter(n) is None
     ]
     if single_only:
         out.append(
