@@ -66,7 +66,11 @@ AXES = (
 )
 # SPEC §7 metric columns, in table order, with their table headers.
 METRICS = {
-    "acceptance": "α per drafter",
+    # Leviathan's α (each chain tested alone, rule 1's test) and, beside it, what each
+    # drafter's proposals got committed: in a naive shared block every chain is cut at the
+    # first rejection of any chain, so accepted ÷ proposed is the same for every drafter.
+    "per_drafter_alpha": "α per drafter",
+    "acceptance": "accepted ÷ proposed per drafter",
     "joint_acceptance": "joint α",
     "shared_prefix_acceptance": "shared-prefix α",
     "independent_branch_acceptance": "independent α",
