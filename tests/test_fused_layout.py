@@ -19,12 +19,8 @@ import pytest
 from specjax import sharding as shd
 from specjax.models import hf
 from specjax.models.api import TransformerLM, causal_block_mask, fuse_projections
-from specjax.models.transformer import (
-    TransformerConfig,
-    fuse_params,
-    separate_leaf,
-    unfuse_params,
-)
+from specjax.models.fused import fuse_params, separate_leaf, unfuse_params
+from specjax.models.transformer import TransformerConfig
 
 ATOL = 1e-6
 

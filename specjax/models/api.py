@@ -34,7 +34,8 @@ from flax import nnx
 
 from specjax import sharding as shd
 from specjax.models.cache import Cache, advance, compact, init_cache, rollback
-from specjax.models.transformer import Transformer, TransformerConfig, fuse_params, scale_noise
+from specjax.models.fused import fuse_params
+from specjax.models.transformer import Transformer, TransformerConfig, scale_noise
 
 __all__ = [
     'LM',

@@ -53,8 +53,9 @@ import numpy as np
 from specjax import sharding as shd
 from specjax.errors import ConfigError
 from specjax.models.api import TransformerLM
+from specjax.models.fused import separate_leaf
 from specjax.models.safetensors_io import ST_NAMES, TensorInfo, TensorMaps, read_header, write_file
-from specjax.models.transformer import TransformerConfig, separate_leaf
+from specjax.models.transformer import TransformerConfig
 
 __all__ = [
     'FAMILIES',
