@@ -38,7 +38,7 @@ Sizes (2-core CPU, shared):
 
 import ml_collections
 
-from specjax.configs.common import parse_config_arg, plans_defaults
+from specjax.configs.common import parse_config_arg, plans_defaults, real_sweep
 from specjax.policy.names import canonical_name
 
 #: The issue's ceilings, in nats.
@@ -70,12 +70,7 @@ def published(c: ml_collections.ConfigDict) -> None:
 
 def real(c: ml_collections.ConfigDict) -> None:
     """The real verifier, SmolLM2-135M-Instruct (`make sweeps-real`)."""
-    c.deployment = "smollm2"  # runner/smollm2_deployment.py
-    c.dtype = "float32"
-    c.max_len = 512
-    c.plans_per_domain = 1
-    c.plan_steps = 1
-    c.max_step_tokens = 16
+    real_sweep(c)  # smollm2, 1 plan per domain × 1 step × ≤ 16 tokens
     c.grid.gamma = [3]
 
 

@@ -258,3 +258,15 @@ def _unknown_field(key: str, raw: str, node: Any, parent: str) -> ConfigError:
     return ConfigError(
         f"{key}={raw}: {where}{hint}; fields here: {allowed}", field=key, value=raw, allowed=names
     )
+
+
+def real_sweep(c) -> None:
+    """The sweeps' ``real`` size (`make sweeps-real`): the real verifier, SmolLM2-135M-Instruct
+    with its drafters (runner/smollm2_deployment.py), one plan per domain, one step of ≤ 16
+    tokens; each sweep config sets its own grid on top."""
+    c.deployment = "smollm2"
+    c.dtype = "float32"
+    c.max_len = 512
+    c.plans_per_domain = 1
+    c.plan_steps = 1
+    c.max_step_tokens = 16
