@@ -45,6 +45,10 @@ def _src(*figs) -> str:
     return "; ".join(parts) or "—"
 
 
+def _throughput_title(z, r) -> str:
+    return f"Figures (primary throughput: zoo {_primary_label(z)}, real {_primary_label(r)})"
+
+
 def _primary_label(s: dict | None) -> str:
     return "not run" if s is None else _PRIMARY[s["primary"]][1]
 
@@ -179,14 +183,7 @@ def _claim2(z, r) -> list[str]:
         )
     )
     out = ["## Claim 2: truncate-and-attribute is the invariant that matters", ""]
-    out += _table(
-        "Figures (primary throughput: zoo "
-        + _primary_label(z)
-        + ", real "
-        + _primary_label(r)
-        + ")",
-        rows,
-    )
+    out += _table(_throughput_title(z, r), rows)
     out += [_para_truncation(z, r), ""]
     return out
 
@@ -256,14 +253,7 @@ def _claim3(z, r) -> list[str]:
             )
         )
     out = ["## Claim 3: the seed's recovery (naive → all on)", ""]
-    out += _table(
-        "Figures (primary throughput: zoo "
-        + _primary_label(z)
-        + ", real "
-        + _primary_label(r)
-        + ")",
-        rows,
-    )
+    out += _table(_throughput_title(z, r), rows)
     out += [_para_recovery(z, r, verdicts), ""]
     return out
 
@@ -356,14 +346,7 @@ def _claim4(z, r) -> list[str]:
         )
     )
     out = ["## Claim 4: routing (`auto`) vs the best single drafter", ""]
-    out += _table(
-        "Figures (primary throughput: zoo "
-        + _primary_label(z)
-        + ", real "
-        + _primary_label(r)
-        + ")",
-        rows,
-    )
+    out += _table(_throughput_title(z, r), rows)
     out += [_para_auto(z, r), ""]
     return out
 
