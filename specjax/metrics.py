@@ -303,15 +303,21 @@ def itemised_cost(
 
 # ---------------------------------------------------------------- machine prices
 
-#: Kinds of priced forward passes (`price_key`): the verifier's and a drafter's.
-PRICE_KINDS = ("verify", "draft")
-_PRICE_KEY = re.compile(r"^(verify|draft):(.+):([1-9][0-9]*)x([1-9][0-9]*)@([1-9][0-9]*)$")
+#: What a price key prices: a verifier or a drafter forward; the rest of one loop trip of
+#: an engine call (sampling, the rule, the commit: `round`); a state program (`state`:
+#: gathering, committing and placing the carried state of plan steps).
+PRICE_KINDS = ("verify", "draft", "round", "state")
+_PRICE_KEY = re.compile(
+    r"^(verify|draft|round|state):(.+):([1-9][0-9]*)x([1-9][0-9]*)@([1-9][0-9]*)$"
+)
 
 
 def price_key(kind: str, model: str, width: int, rows: int, capacity: int) -> str:
-    """The name of one priced forward pass: ``kind:model:WIDTHxROWS@CAPACITY`` — a forward
+    """The name of one priced unit of work: ``kind:model:WIDTHxROWS@CAPACITY`` — a forward
     of `width` tokens per row over `rows` padded rows into a cache of `capacity` slots, by
-    the verifier (``kind='verify'``, model ``'verifier'``) or drafter `model` (``'draft'``)."""
+    the verifier (``kind='verify'``, model ``'verifier'``) or drafter `model` (``'draft'``);
+    for ``'round'`` the rest of one loop trip of the program `model` names (its block
+    width), for ``'state'`` one run of the state program `model` names (`specjax.prices`)."""
     key = f"{kind}:{model}:{int(width)}x{int(rows)}@{int(capacity)}"
     parse_price_key(key)
     return key
@@ -322,7 +328,8 @@ def parse_price_key(key: str) -> tuple[str, str, int, int, int]:
     m = _PRICE_KEY.match(str(key))
     if m is None:
         raise ValueError(
-            f"price key: got {key!r}, allowed: 'verify|draft:<model>:<width>x<rows>@<capacity>'"
+            f"price key: got {key!r}, allowed: '{'|'.join(PRICE_KINDS)}:<model>:"
+            "<width>x<rows>@<capacity>'"
             " with positive integers"
         )
     return m.group(1), m.group(2), int(m.group(3)), int(m.group(4)), int(m.group(5))
@@ -363,8 +370,9 @@ def itemised_seconds(
         `priced` must have one.
 
     Returns:
-      ``'verify'`` and ``'draft'`` (seconds of the verifier's and the drafters' forwards)
-      and ``'total'``, each shaped like the counts.
+      ``'verify'`` and ``'draft'`` (seconds of the verifier's and the drafters' forwards),
+      ``'round'`` (the rest of the engine calls' loop trips), ``'state'`` (the state
+      programs) and ``'total'``, each shaped like the counts.
     """
     prices = check_prices(prices)
     shape = None

@@ -17,17 +17,22 @@ window (the runner measures a cell's keys right before the cell is priced, and t
 parameters, key), and recorded in the result row (``machine_prices``), so the predicted
 figure is traceable.
 
-What a price does not contain: the work of a round beyond the forwards (sampling, the
-verification rule, the loop's bookkeeping), the programs that gather and commit the carried
-state, prefill groups (priced as one forward at the widest group's width) and host Python
-(the step decision, a consensus round). Predicted ÷ wall below 1 is that share of the wall.
+The rest of a timed program is priced too (`specjax.price_programs`): a ``round`` key is
+one loop trip of an engine call without its forwards (sampling, the rule, the counters and
+the commit, timed by the engine's own round with free models), a ``state`` key one run of a
+carried-state program (gather, commit, place a prefill). Their templates are registered by
+the programs as they run, so a run prices exactly the programs it ran.
+
+What the prices do not contain: the catch-up of a drafter at the start of a call, prefill
+groups (priced as one forward at the widest group's width), the loop's exit test, and host
+Python (the step decision, a consensus round: never in a row's ``seconds`` either).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from specjax import metrics
+from specjax import metrics, price_programs
 from specjax.timing import forward_timer
 
 #: (id(params), price key) → (params kept alive, seconds).
@@ -56,6 +61,15 @@ def measure_prices(dep, keys: Iterable[str], *, reps: int = 8, repeats: int = 3)
     out = {}
     for key in dict.fromkeys(keys):
         kind, name, width, rows, cap = metrics.parse_price_key(key)
+        if kind in ("round", "state"):
+            # The key's shapes and statics name the work (free models, zeros of the
+            # arrays' shapes): one price per key and process.
+            hit = _CACHE.get((None, key))
+            if hit is None:
+                hit = (None, price_programs.time_key(key, repeats))
+                _CACHE[(None, key)] = hit
+            out[key] = float(hit[1])
+            continue
         lm, params = _model(dep, kind, name)
         ck = (id(params), key)
         hit = _CACHE.get(ck)

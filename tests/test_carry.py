@@ -198,3 +198,48 @@ def test_program_memory_is_released_under_mapping_pressure(monkeypatch):
     freed = grow(range(11, 19))
     assert gen._RELEASES[0] - releases == 8 and gen.cached_programs() == 1
     assert freed < kept / 2, (kept, freed)
+
+
+def test_padded_count_is_small_and_bounded():
+    got = {n: plan_state.padded_count(n) for n in (1, 2, 3, 4, 5, 8, 9, 12, 13, 36)}
+    assert got == {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 8: 8, 9: 12, 12: 12, 13: 16, 36: 36}
+    assert plan_state.padded_rows([7, 3, 5]) == [7, 3, 5, 7]
+
+
+@pytest.mark.parametrize("coupled", [True, False])
+def test_a_fallback_of_some_plans_runs_their_rows_only_and_commits_the_same_tokens(dep, coupled):
+    """The verifier alone on a subset of plans (a fallback) gathers their rows into a call
+    of `padded_count` rows: the tokens it commits and the carried state it leaves are the
+    ones the whole-batch call (every plan's row) gives those plans."""
+    from specjax.policy.engine_calls import autoregressive_carried
+
+    texts = ["def f(x):", "In the beginning", "1 + 2 =", "x"]
+    cfg = PlanConfig(
+        gamma=2, verifier_temperature=1.0, plan_steps=1, max_step_tokens=6, bucket=16,
+        rule="coupled" if coupled else None,
+    )  # fmt: skip
+
+    def states():
+        return plan_state.PlanStates(
+            dep, texts, [dep.encode(t) for t in texts], steps=1, gamma=2, max_step_tokens=6,
+            bucket=16,
+        )  # fmt: skip
+
+    keys = plan_keys(0, [0, 1, 2, 3], 0, fallback=not coupled)
+    whole = states()
+    new_all, _, priced_all = autoregressive_carried(whole, dep, cfg, [0, 1, 2, 3], keys)
+    some = states()
+    new, secs, priced = autoregressive_carried(some, dep, cfg, [2, 0], keys[[2, 0]])
+    assert new == {2: new_all[2], 0: new_all[0]} and secs > 0
+    for p in range(4):
+        want = whole.hist[p] if p in (0, 2) else [*dep.encode(texts[p])]
+        assert some.hist[p] == want
+    np.testing.assert_array_equal(np.asarray(some.v.length), [len(h) for h in some.hist])
+    # Priced as a 2-row loop (its forwards and the rest of its trips) and its state programs.
+    rows = {k.split(":")[0]: k.split(":")[2].split("@")[0] for k in priced}
+    assert rows["verify"] == "1x2" and rows["round"] == "1x2"
+    assert {k.split(":")[1].split(".")[0] for k in priced if k.startswith("state:")} == {
+        "gather",
+        "commit",
+    }
+    assert any(k.startswith("verify:verifier:1x4@") for k in priced_all)

@@ -149,7 +149,21 @@ def test_predicted_seconds_are_counts_times_prices(deployment):
     assert st.priced[one[0]].sum() == pytest.approx(2 * st.priced[consume[0]].sum())
     verify = [k for k in keys if k.startswith("verify:verifier:4x")]  # 1 + γ
     assert verify and st.priced[verify[0]].sum() >= st.rounds / 4  # ≥ one trip per 4 rows
-    assert {k.split(":")[1] for k in keys} == {"verifier", name}  # nobody else ran
+    forwards = [k for k in keys if metrics.parse_price_key(k)[0] in ("verify", "draft")]
+    assert {k.split(":")[1] for k in forwards} == {"verifier", name}  # nobody else ran
+    # The rest of every loop trip: one round key per distinct call, one count per trip of
+    # the forwards' loop; the state programs (gather, commit, place a prefill) by run.
+    rounds = [k for k in keys if k.startswith("round:")]
+    spec_rounds = [k for k in rounds if f".{name}3." in k]
+    assert spec_rounds and all(metrics.parse_price_key(k)[2] == 4 for k in spec_rounds)
+    assert sum(st.priced[k].sum() for k in spec_rounds) == pytest.approx(
+        sum(st.priced[k].sum() for k in verify)
+    )
+    states = [k for k in keys if k.startswith("state:")]
+    assert {k.split(":")[1].split(".")[0] for k in states} >= {"gather", "commit"}
+    assert set(keys) == set(forwards) | set(rounds) | set(states)
+    timed = measure_prices(dep, spec_rounds[:1] + states[:1], repeats=1)
+    assert all(np.isfinite(v) and v > 0 for v in timed.values())
     bad = [
         ({**prices, keys[0]: -1.0}, "got -1.0, allowed: a finite number of seconds"),
         ({**prices, keys[0]: float("nan")}, "got nan"),

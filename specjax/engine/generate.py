@@ -195,6 +195,29 @@ def _outputs(state: DecodeState, return_state: bool):
     return out
 
 
+def decode_state(cfg, drafters, carry: EngineState, row_keys, max_new, catchups=None):
+    """The loop state a speculative call starts from: `carry`'s rows with fresh counters,
+    each row's start at its length, and rows without budget already done."""
+    b = carry.tokens.shape[0]
+    gamma = widest_chain(cfg.gamma, drafters)
+    counters = Counters.zeros(b, len(drafters), gamma)
+    if catchups is not None:
+        counters = counters.replace(catchups=catchups)
+    state = DecodeState(
+        tokens=carry.tokens,
+        length=carry.length,
+        start=carry.length,
+        done=jnp.zeros((b,), bool),
+        row_keys=row_keys,
+        vcache=carry.vcache,
+        dcaches=carry.dcaches,
+        dsynced=carry.dsynced,
+        dlogits=carry.dlogits,
+        counters=counters,
+    )
+    return state.replace(done=round_budget(cfg, state, max_new, gamma) <= 0)
+
+
 def _spec_loop(
     cfg,
     verifier,
@@ -210,25 +233,7 @@ def _spec_loop(
     return_state,
     catchups=None,
 ):
-    b = carry.tokens.shape[0]
-    k = len(drafters)
-    gamma = widest_chain(cfg.gamma, drafters)
-    counters = Counters.zeros(b, k, gamma)
-    if catchups is not None:
-        counters = counters.replace(catchups=catchups)
-    state = DecodeState(
-        tokens=carry.tokens,
-        length=carry.length,
-        start=carry.length,
-        done=jnp.zeros((b,), bool),
-        row_keys=row_keys,
-        vcache=carry.vcache,
-        dcaches=carry.dcaches,
-        dsynced=carry.dsynced,
-        dlogits=carry.dlogits,
-        counters=counters,
-    )
-    state = state.replace(done=round_budget(cfg, state, max_new, gamma) <= 0)
+    state = decode_state(cfg, drafters, carry, row_keys, max_new, catchups)
     body = functools.partial(
         speculative_round,
         cfg,
@@ -594,6 +599,41 @@ def _run(fn, statics: dict, args: tuple, counters: bool) -> GenerateResult:
 _AR_STATICS = ("verifier", "coupled", "top_k", "top_p", "return_state")
 
 
+def ar_step(
+    verifier,
+    v_params,
+    row_keys,
+    stop_table,
+    temperature,
+    max_new,
+    start,
+    c,
+    *,
+    coupled,
+    top_k,
+    top_p,
+):
+    """One step of the autoregressive loop: c = (tokens, length, done, cache) → the same,
+    one token sampled and written for every live row."""
+    tokens, length, done, cache = c
+    b, buf_len = tokens.shape
+    root = jnp.take_along_axis(tokens, (length - 1)[:, None], axis=1)
+    logits, cache = verifier.forward(
+        v_params, cache, root, (length - 1)[:, None], causal_block_mask(b, 1)
+    )
+    p = sampling_probs(logits[:, 0], temperature, top_k=top_k, top_p=top_p)
+    if coupled:
+        tok = gumbel_argmax(p, gumbel_noise(row_keys, length, 0, p.shape[-1])[:, 0])
+    else:
+        tok = sample_rows(fold_keys(row_keys, STREAM_VERIFY, length), p)
+    live = ~done
+    tokens = jax.vmap(lambda r, t, i, w: jnp.where(w, r.at[i].set(t), r))(tokens, tok, length, live)
+    cache = verifier.advance(cache, live.astype(jnp.int32))
+    new_len = length + live
+    done = done | (new_len - start >= max_new) | (new_len >= buf_len - 1) | (live & stop_table[tok])
+    return tokens, new_len, done, cache
+
+
 def ar_loop(
     verifier,
     v_params,
@@ -608,34 +648,21 @@ def ar_loop(
     top_p,
     return_state,
 ):
-    b, buf_len = carry.tokens.shape
+    buf_len = carry.tokens.shape[1]
     start = carry.length
-
-    def body(c):
-        tokens, length, done, cache = c
-        root = jnp.take_along_axis(tokens, (length - 1)[:, None], axis=1)
-        logits, cache = verifier.forward(
-            v_params, cache, root, (length - 1)[:, None], causal_block_mask(b, 1)
-        )
-        p = sampling_probs(logits[:, 0], temperature, top_k=top_k, top_p=top_p)
-        if coupled:
-            tok = gumbel_argmax(p, gumbel_noise(row_keys, length, 0, p.shape[-1])[:, 0])
-        else:
-            tok = sample_rows(fold_keys(row_keys, STREAM_VERIFY, length), p)
-        live = ~done
-        tokens = jax.vmap(lambda r, t, i, w: jnp.where(w, r.at[i].set(t), r))(
-            tokens, tok, length, live
-        )
-        cache = verifier.advance(cache, live.astype(jnp.int32))
-        new_len = length + live
-        done = (
-            done
-            | (new_len - start >= max_new)
-            | (new_len >= buf_len - 1)
-            | (live & stop_table[tok])
-        )
-        return tokens, new_len, done, cache
-
+    body = functools.partial(
+        ar_step,
+        verifier,
+        v_params,
+        row_keys,
+        stop_table,
+        temperature,
+        max_new,
+        start,
+        coupled=coupled,
+        top_k=top_k,
+        top_p=top_p,
+    )
     done = ~active | (carry.length >= buf_len - 1)
     tokens, length, _, vcache = jax.lax.while_loop(
         lambda c: ~jnp.all(c[2]), body, (carry.tokens, carry.length, done, carry.vcache)

@@ -2,10 +2,12 @@
 
 The plan runner (`specjax.policy.plan`) lays a step out as rows (plan, drafter set, key);
 this module runs them from the plans' carried state (`specjax.policy.plan_state`): `run_carried`
-makes one engine call per distinct drafter set, with only that set's drafters, padded to a
-power-of-two row count (few compiled programs); `commit_carried` carries each plan's state
+makes one engine call per distinct drafter set, with only that set's drafters, padded to
+1, 2, 4 or a multiple of 4 rows (few compiled programs, little padding:
+`plan_state.padded_count`); `commit_carried` carries each plan's state
 past the step; `autoregressive_carried` runs the verifier alone in a batch of every plan's
-row. Inside `shared_calls` (or after `enable_shared_calls`) identical stateless
+row. Each call's work is counted by price key (`specjax.prices`): its forwards, its loop
+trips' remaining work and its state programs. Inside `shared_calls` (or after `enable_shared_calls`) identical stateless
 computations of different policies (the KL check on a prefix) are computed once, and their
 measured seconds are charged to every caller.
 """
@@ -29,7 +31,8 @@ from specjax.engine.spec import EngineConfig
 from specjax.gammas import check_gamma, drafter_gammas
 from specjax.metrics import price_key
 from specjax.policy.plan_config import PlanConfig
-from specjax.policy.plan_state import CallState, pow2_rows
+from specjax.policy.plan_state import CallState, padded_rows
+from specjax.price_programs import register_ar_round, register_round
 
 #: fold_in tags of the plan streams.
 _TAG_PLANS, _TAG_FALLBACK = 0x706C616E, 0x66616C6C
@@ -240,9 +243,20 @@ def run_carried(
         done = states.ensure(u, [plans[i] for i in rows])
         for i in rows:
             prefills[i] = tuple(j for j in u if plans[i] in done.get(j, ()))
-        padded = pow2_rows(rows)
+        padded = padded_rows(rows)
         call_plans = [plans[i] for i in padded]
         state = states.gather(call_plans, list(u))
+        round_key = register_round(
+            ecfg,
+            sub.verifier,
+            sub.v_params,
+            sub.drafters,
+            sub.d_data,
+            state,
+            keys[np.asarray(padded)],
+            dep.stop_table,
+            states.v_cap,
+        )
         res = speculative_generate(
             ecfg,
             sub.verifier,
@@ -277,14 +291,19 @@ def run_carried(
                 ),
                 c,
             )
-        secs = float(res.seconds) + states.take_seconds()
-        fwd = call_forwards(states, sub, len(u), cfg.gamma, len(padded), int(c.rounds.max()))
+        state_secs, state_priced = states.take_charges()
+        secs = float(res.seconds) + state_secs
+        trips = int(c.rounds.max())
+        fwd = call_forwards(states, sub, len(u), cfg.gamma, len(padded), trips)
+        fwd[round_key] = trips
+        for key, x in state_priced.items():
+            fwd[key] = fwd.get(key, 0) + x
         for j_d, need in done.items():  # drafter prefills before the call
             key = price_key(
                 "draft",
                 dep.names[j_d],
                 states.d_width[j_d],
-                len(pow2_rows(need)),
+                len(padded_rows(need)),
                 states.d_capacity(j_d),
             )
             fwd[key] = fwd.get(key, 0) + 1
@@ -337,14 +356,33 @@ def commit_carried(
 def autoregressive_carried(
     states, dep: Deployment, cfg: PlanConfig, plans: Sequence[int], keys: np.ndarray
 ):
-    """The verifier alone continues `plans` from their carried state, in a batch of every
-    plan's row (the others inactive), so the compiled program never changes; returns
-    (plan → new tokens, seconds)."""
-    n_rows = states.n_plans
-    row_keys = np.zeros((n_rows,) + keys.shape[1:], keys.dtype)
-    active = np.zeros((n_rows,), bool)
-    for j, p in enumerate(plans):
-        row_keys[p], active[p] = keys[j], True
+    """The verifier alone continues `plans` from their carried state; returns (plan → new
+    tokens, seconds, price key → units of the work).
+
+    Every plan (the baseline): one call over the carried batch, as it is. Some plans (a
+    fallback): their rows gathered into a call of `padded_count` rows, run, and committed
+    back — a fallback of one plan costs a one-row loop, not one over every plan's row."""
+    plans = list(plans)
+    if sorted(plans) == list(range(states.n_plans)):
+        rows = states.n_plans
+        row_keys = np.zeros((rows,) + keys.shape[1:], keys.dtype)
+        for j, p in enumerate(plans):
+            row_keys[p] = keys[j]
+        state, call_rows = states.v, None
+    else:
+        call_rows = padded_rows(plans)
+        rows = len(call_rows)
+        row_keys = np.asarray(keys)[[plans.index(p) for p in call_rows]]
+        state = states.gather(call_rows, [])
+    round_key = register_ar_round(
+        dep.verifier,
+        dep.v_params,
+        state,
+        row_keys,
+        dep.stop_table,
+        states.v_cap,
+        coupled=cfg.coupled,
+    )
     res = autoregressive_generate(
         dep.verifier,
         dep.v_params,
@@ -354,21 +392,30 @@ def autoregressive_carried(
         max_new_tokens=cfg.max_step_tokens,
         stop_table=dep.stop_table,
         coupled=cfg.coupled,
-        active=active,
-        state=states.v,
+        state=state,
         return_state=True,
     )
-    new = {p: res.new_tokens(p) for p in plans}
-    states.commit_verifier(res.state, plans, new)
-    return new, float(res.seconds) + states.take_seconds()
-
-
-def autoregressive_forwards(states, new: dict) -> dict:
-    """Price key → forwards of an `autoregressive_carried` call: one one-token verifier
-    forward over every plan's row per token of its longest step."""
+    if call_rows is None:
+        new = {p: res.new_tokens(p) for p in plans}
+        states.commit_verifier(res.state, plans, new)
+    else:
+        new = {p: res.new_tokens(j) for j, p in enumerate(plans)}
+        call = CallState(
+            state=res.state,
+            drafters=(),
+            plans=call_rows,
+            new_tokens=[res.new_tokens(j) for j in range(rows)],
+            dsynced=np.zeros((0, rows), np.int32),
+        )
+        states.commit(call, {p: j for j, p in enumerate(plans)}, {})
+    state_secs, priced = states.take_charges()
+    # One trip per token of the longest step: a one-token verifier forward over the call's
+    # rows and the rest of the step (sampling over the vocabulary, the commit).
     trips = max((len(t) for t in new.values()), default=0)
-    key = price_key("verify", "verifier", 1, states.n_plans, states.v_cap)
-    return {key: trips} if trips else {}
+    if trips:
+        priced[price_key("verify", "verifier", 1, rows, states.v_cap)] = trips
+        priced[round_key] = trips
+    return new, float(res.seconds) + state_secs, priced
 
 
 def drafter_temperatures(dep) -> tuple:

@@ -52,7 +52,6 @@ from specjax.policy.consensus import BranchOutcome, branch_statistics, decide_st
 from specjax.policy.counters import RunStats
 from specjax.policy.engine_calls import (
     autoregressive_carried,
-    autoregressive_forwards,
     commit_carried,
     digest,
     drafter_temperatures,
@@ -125,12 +124,12 @@ def run_plans(
         )
         if router is not None and hasattr(router, "start"):
             router.start(states)  # e.g. `auto` measures its machine prices here
-        secs = states.take_seconds()
-        pre = price_key("verify", "verifier", states.width, n_plans, states.v_cap)
+        secs, priced = states.take_charges()
+        priced[price_key("verify", "verifier", states.width, n_plans, states.v_cap)] = 1
         for i in range(n_plans):
             stats.add("verifier_prefills", i, 1)
             stats.add("seconds", i, secs / n_plans)
-            stats.add_priced(i, {pre: 1.0 / n_plans})
+            stats.add_priced(i, {key: x / n_plans for key, x in priced.items()})
     for step in range(cfg.plan_steps):
         todo = [
             i for i, pid in enumerate(plan_ids) if journal is None or journal.get(pid, step) is None
@@ -226,8 +225,7 @@ class _SplitSets:
 
 def _autoregressive_step(dep, cfg, states, todo, step, stats):
     keys = plan_keys(cfg.seed, todo, step)
-    new, secs = autoregressive_carried(states, dep, cfg, todo, keys)
-    fwd = autoregressive_forwards(states, new)
+    new, secs, fwd = autoregressive_carried(states, dep, cfg, todo, keys)
     for i in todo:
         n = len(new[i])
         stats.add("tokens", i, n)
@@ -397,14 +395,13 @@ def _decide_plan(dep, cfg, policy, stats, step, p, plan, rows: StepRows, res, ag
 
 def _fallback_step(dep, cfg, states, todo, fallback, step, stats, out) -> None:
     """The verifier generates the step alone for the plans (indices into `todo`) that fell
-    back, from their carried state, in a batch of every plan's row; fills `out`. Under the
+    back, from their carried state, in a call of their rows only; fills `out`. Under the
     coupled rule it uses the plan's noise, so the fallback commits the very step the
     branches produced (the output stays the verifier's own sample whatever the decision);
     otherwise the plan's fallback stream."""
     plans = [todo[p] for p in fallback]
     keys = plan_keys(cfg.seed, plans, step, fallback=not cfg.coupled)
-    new, secs = autoregressive_carried(states, dep, cfg, plans, keys)
-    fwd = autoregressive_forwards(states, new)
+    new, secs, fwd = autoregressive_carried(states, dep, cfg, plans, keys)
     for p in fallback:
         plan = todo[p]
         out[p] = new[plan]
@@ -418,10 +415,12 @@ def _fallback_step(dep, cfg, states, todo, fallback, step, stats, out) -> None:
 
 
 def _charge_carry(stats, states, todo):
-    """The seconds of carrying the step's state (commit programs), split over its plans."""
-    secs = states.take_seconds()
+    """The seconds and the price keys of carrying the step's state (commit programs),
+    split over its plans."""
+    secs, priced = states.take_charges()
     for i in todo:
         stats.add("seconds", i, secs / len(todo))
+        stats.add_priced(i, {key: x / len(todo) for key, x in priced.items()})
 
 
 def _r(x):
