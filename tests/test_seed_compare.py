@@ -291,3 +291,10 @@ def test_real_primary_figure_follows_the_measured_regime(ratio, primary):
     assert s["primary"] == primary
     assert seed_compare.regime(s).startswith("memory-bound" if ratio < 1.5 else "compute-bound")
     assert "at 16 padded rows" in seed_compare.regime(s)
+    # The run's own table (seed_report) names the same primary figure, for the same reason.
+    own = s["markdown"]
+    if primary == "wall":
+        assert "Primary throughput figure: wall clock on this machine (the rounds were " in own
+    else:
+        assert "Primary throughput figure: the cost model (this deployment's c_i): the " in own
+        assert f"compute-bound on this machine (T_score(γ+1) / T_step = {ratio:.2f}" in own

@@ -31,6 +31,7 @@ from specjax.policy import names as policy_names
 from specjax.policy.counters import RunStats
 from specjax.policy.summary import step_decision_figures
 from specjax.policy.switches import SWITCHES
+from specjax.runner import regime
 from specjax.runner import rows as rows_lib
 
 N_BOOT = 1000
@@ -347,6 +348,7 @@ def _settings(config, results: list[dict]) -> dict:
         "rule": results[0].get("rule"),
         "drafter_temperatures": results[0].get("drafter_temperatures"),
         "drafter_costs": results[0].get("drafter_costs"),
+        "regime": regime.regime_ratio(results),  # (T_score(γ+1)/T_step, rows, padded rows)
     }
 
 

@@ -1,0 +1,74 @@
+"""Which throughput figure is primary for a run: wall clock where its verifier is a real
+model and its rounds were measured memory-bound, else the cost model (SPEC §10)."""
+
+from __future__ import annotations
+
+import math
+
+from specjax import metrics
+
+__all__ = ["WALL_CLOCK_PRIMARY", "MEMORY_BOUND_RATIO", "regime_ratio", "primary_figure"]
+
+#: Deployments whose verifier is a pretrained model: wall clock is their primary throughput
+#: figure where their rounds are memory-bound (elsewhere the cost model is).
+WALL_CLOCK_PRIMARY = ("smollm2", "hf")
+#: T_score(γ+1) / T_step at or below which a run's rounds are read as memory-bound: wall
+#: clock is then the real deployment's primary throughput figure (else the cost model, the
+#: wall clock its check: SPEC §10).
+MEMORY_BOUND_RATIO = 1.5
+
+
+def _ok(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def regime_ratio(rows: list[dict]) -> tuple[float, int, list[int]] | None:
+    """(mean T_score(γ+1) / T_step, rows it is the mean of, padded row counts) over the
+    rows that carry it: a row's ``regime`` (measured by the runner at the padded rows of
+    its rounds), else a same-shape pair among its ``machine_prices``; None when no row does."""
+    ratios, batches = [], set()
+    for row in rows:
+        reg = row.get("regime") if isinstance(row.get("regime"), dict) else row
+        ts, tt = reg.get("t_score"), reg.get("t_step")
+        if _ok(ts) and _ok(tt) and tt > 0:
+            ratios.append(ts / tt)
+            if isinstance(reg.get("rows"), int):
+                batches.add(reg["rows"])
+            continue
+        got = _machine_ratio(row)
+        if got is not None:
+            ratios.append(got[0])
+            batches.add(got[1])
+    if not ratios:
+        return None
+    return sum(ratios) / len(ratios), len(ratios), sorted(batches)
+
+
+def _machine_ratio(row: dict) -> tuple[float, int] | None:
+    """(T_score(γ+1) / T_step, padded rows) from a row's measured machine prices: the
+    verifier's (γ+1)-token and one-token forwards at the same padded rows and cache, the
+    widest batch that has both; None when the row has no such pair."""
+    prices, gamma = row.get("machine_prices"), row.get("gamma")
+    if not isinstance(prices, dict) or not isinstance(gamma, int):
+        return None
+    by = {}
+    for key, sec in prices.items():
+        try:
+            kind_, _, width, rows, cap = metrics.parse_price_key(key)
+        except ValueError:
+            continue
+        if kind_ == "verify" and width in (1, gamma + 1) and _ok(sec):
+            by.setdefault((rows, cap), {})[width] = sec
+    pairs = [(rc, w) for rc, w in by.items() if 1 in w and gamma + 1 in w and w[1] > 0]
+    if not pairs:
+        return None
+    (rows, _), w = max(pairs, key=lambda p: p[0][0])
+    return w[gamma + 1] / w[1], rows
+
+
+def primary_figure(deployment, measured) -> str:
+    """'wall' or 'cost': wall clock for a real verifier whose rounds were not measured
+    compute-bound (`measured`: `regime_ratio`'s result or None), else the cost model."""
+    if deployment not in WALL_CLOCK_PRIMARY:
+        return "cost"
+    return "wall" if measured is None or measured[0] <= MEMORY_BOUND_RATIO else "cost"
