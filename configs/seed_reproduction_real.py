@@ -21,16 +21,12 @@ thresholds, under the coupled rule at verifier τ = 1; 95% bootstrap intervals o
 each plan's counts summed over the seeds (runner/seed_table.py); each policy at its best γ
 of the grid.
 
-Sizes. ``runlocal``: 3 plans (one per domain) × 2 steps × ≤ 24 tokens, γ = 3, one seed
-(15 cells): 6 min 24 s on this 2-core CPU (2026-12-02, idle machine, compilation cache cold
-for its shapes; the cells' own seconds sum to 363 s, the first cell's 124 s: loading the
-verifier, the baselines and most compilation). The default: 4 plans per domain (12 plans) × 2 steps ×
-≤ 32 tokens, γ = 3, seeds 0 and 1 (30 cells), sized for ≤ 45 minutes. Estimated from that
-run, not run: its compute (a single-drafter cell, programs compiled, takes 2.5–3.3 s, a
-shared-block policy ~8 s; ~100 s in all with the baselines) scaled by the tokens per plan (×4/3), the rows per batch (4 → 16:
-×2–4, T_step at B = 8 is 2.1× B = 1's in docs/results/real_speed.md) and the seeds (×2):
-~800–1,100 s; plus compiling the same programs again at the default's shapes (~300 s) and
-loading (~45 s): ~20–25 minutes.
+Sizes, measured on this 2-core CPU (2026-12-02, an otherwise idle Intel Xeon, compilation
+cache cold for the run's shapes). ``runlocal``: 3 plans (one per domain) × 2 steps × ≤ 24
+tokens, γ = 3, one seed (15 cells): 5 min 38 s. The default: 4 plans per domain (12 plans) ×
+2 steps × ≤ 32 tokens, γ = 3, seeds 0 and 1 (30 cells): 21 min, sized for ≤ 45 minutes; the
+``routing`` variant (12 cells) ~12 min. Both include timing every program's machine prices
+(`specjax.prices`) in the run's own process.
 """
 
 import ml_collections
