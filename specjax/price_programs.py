@@ -17,8 +17,9 @@ its timed programs do is priced here, with the engine's own code:
 The callers register a template when they run a program (`register_round`,
 `register_ar_round`, `register_state`), which returns the work's price key; `time_key`
 times a registered key. A template keeps the call's shapes and its integer arrays
-(lengths, token buffers, row indices), never its floating-point arrays: zeros of their
-shape and sharding are timed, since none of this work depends on the values.
+(lengths, token buffers, row indices) and its small arrays (temperatures), never its
+floating-point arrays: zeros of their shape and sharding are timed, since none of this work
+depends on the values, and no template keeps a model's weights alive.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ __all__ = [
 
 #: Largest integer array a template keeps by value (larger ones are timed as zeros).
 _KEEP_INTS = 1 << 20
+#: Arrays of any dtype up to this size are kept by value too (temperatures, scalars).
+_KEEP_SMALL = 4096
 #: price key → a function that builds a timer (each call of the timer: seconds per unit).
 _TEMPLATES: dict[str, Callable[[], Callable[[], float]]] = {}
 
@@ -92,9 +95,10 @@ def _sharding(x):
 def _snap(x):
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         return x
-    if jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == bool:
-        if int(np.prod(x.shape)) <= _KEEP_INTS:
-            return (np.asarray(x), _sharding(x))
+    n = int(np.prod(x.shape))
+    exact = jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == bool
+    if n <= _KEEP_SMALL or (exact and n <= _KEEP_INTS):
+        return (np.asarray(x), _sharding(x))
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_sharding(x))
 
 
@@ -213,7 +217,10 @@ def register_round(
     key = price_key("round", f"{cfg.rule}.{names}.{sig}", 1 + cfg.n_slots * gamma, rows, capacity)
     if key in _TEMPLATES:
         return key
+    # Shapes and integer arrays only: a template never keeps a model's weights alive (the
+    # free models read none of them; zeros of their shapes are timed).
     snap, keys_np = _snap_tree(state), np.asarray(row_keys)
+    v_snap, d_snap = _snap_tree(v_params), _snap_tree(tuple(d_data))
     stop = (
         np.zeros((verifier.vocab_size,), bool)
         if stop_table is None
@@ -221,6 +228,7 @@ def register_round(
     )
 
     def make():
+        v_params, d_data = _rebuild(v_snap), _rebuild(d_snap)
         peak = _peak(stop)
         free_v = FreeLM(verifier, peak)
         free_d = []
@@ -290,6 +298,7 @@ def register_ar_round(
     if key in _TEMPLATES:
         return key
     snap = _snap_tree(state.replace(dcaches=(), dlogits=(), dsynced=state.dsynced[:0]))
+    v_snap = _snap_tree(v_params)
     keys_np = np.asarray(row_keys)
     stop = (
         np.zeros((verifier.vocab_size,), bool)
@@ -311,7 +320,7 @@ def register_ar_round(
             )
         )
         args = (
-            v_params,
+            _rebuild(v_snap),
             _rebuild(snap),
             jnp.asarray(keys_np),
             jnp.asarray(stop),
