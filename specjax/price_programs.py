@@ -35,8 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.engine import generate as gen
-from specjax.engine.decode import speculative_round
-from specjax.engine.generate import ar_step, decode_state
+from specjax.engine.generate import ar_step, decode_state, round_body
 from specjax.engine.programs import compile_program
 from specjax.engine.spec import widest_chain
 from specjax.metrics import price_key
@@ -46,7 +45,6 @@ __all__ = [
     "register_round",
     "register_ar_round",
     "register_state",
-    "registered",
     "time_key",
 ]
 
@@ -100,6 +98,10 @@ def _snap(x):
     if n <= _KEEP_SMALL or (exact and n <= _KEEP_INTS):
         return (np.asarray(x), _sharding(x))
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_sharding(x))
+
+
+def _snap_tree(tree):
+    return jax.tree.map(_snap, tree)
 
 
 def _is_kept(x) -> bool:
@@ -156,11 +158,6 @@ def _timer(fn, args: tuple, per: int):
     return run
 
 
-def registered(key: str) -> bool:
-    """Whether `key` has a template in this process."""
-    return key in _TEMPLATES
-
-
 def time_key(key: str, repeats: int = 3) -> float:
     """Seconds of one unit of the registered work `key` (the minimum over `repeats`)."""
     make = _TEMPLATES.get(key)
@@ -183,17 +180,8 @@ def _round_loop(
     verifier, drafters, reps,
 ):  # fmt: skip
     state = decode_state(cfg, drafters, carry, row_keys, max_new)
-    body = functools.partial(
-        speculative_round,
-        cfg,
-        verifier,
-        drafters,
-        v_params,
-        d_data,
-        slots,
-        stop_table,
-        v_temperature=v_temperature,
-        max_new=max_new,
+    body = round_body(
+        cfg, verifier, drafters, v_params, d_data, slots, stop_table, v_temperature, max_new
     )
     # Every trip runs every row (a row the budget ended is live again): the program's
     # work does not depend on it, and nothing is left for the loop to skip.
@@ -251,10 +239,6 @@ def register_round(
 
     _TEMPLATES[key] = make
     return key
-
-
-def _snap_tree(tree):
-    return jax.tree.map(_snap, tree)
 
 
 # ----------------------------------------------------------------------------------------

@@ -234,7 +234,18 @@ def _spec_loop(
     catchups=None,
 ):
     state = decode_state(cfg, drafters, carry, row_keys, max_new, catchups)
-    body = functools.partial(
+    body = round_body(
+        cfg, verifier, drafters, v_params, d_data, slots, stop_table, v_temperature, max_new
+    )
+    state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+    return _outputs(state, return_state)
+
+
+def round_body(
+    cfg, verifier, drafters, v_params, d_data, slots, stop_table, v_temperature, max_new
+):
+    """The loop body of a speculative call: DecodeState → DecodeState, one round."""
+    return functools.partial(
         speculative_round,
         cfg,
         verifier,
@@ -246,8 +257,6 @@ def _spec_loop(
         v_temperature=v_temperature,
         max_new=max_new,
     )
-    state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-    return _outputs(state, return_state)
 
 
 @functools.partial(

@@ -4,12 +4,13 @@ The plan runner (`specjax.policy.plan`) lays a step out as rows (plan, drafter s
 this module runs them from the plans' carried state (`specjax.policy.plan_state`): `run_carried`
 makes one engine call per distinct drafter set, with only that set's drafters, padded to
 1, 2, 4 or a multiple of 4 rows (few compiled programs, little padding:
-`plan_state.padded_count`); `commit_carried` carries each plan's state
-past the step; `autoregressive_carried` runs the verifier alone in a batch of every plan's
-row. Each call's work is counted by price key (`specjax.prices`): its forwards, its loop
-trips' remaining work and its state programs. Inside `shared_calls` (or after `enable_shared_calls`) identical stateless
-computations of different policies (the KL check on a prefix) are computed once, and their
-measured seconds are charged to every caller.
+`plan_state.padded_count`); `commit_carried` carries each plan's state past the step;
+`autoregressive_carried` runs the verifier alone over every plan's row (the baseline) or
+over the rows of the plans that fell back. Each call's work is counted by price key
+(`specjax.prices`): its forwards, the rest of its loop trips and its state programs. Inside
+`shared_calls` (or after `enable_shared_calls`) identical stateless computations of
+different policies (the KL check on a prefix) are computed once, and their measured
+seconds are charged to every caller.
 """
 
 from __future__ import annotations
