@@ -42,9 +42,10 @@ from absl import app, flags
 
 from specjax import provenance
 from specjax.data import load_prompts
+from specjax.engine.autoregressive import autoregressive_generate
 from specjax.engine.batching import continuous_generate
 from specjax.engine.deployment import from_zoo
-from specjax.engine.generate import autoregressive_generate, row_keys_for, speculative_generate
+from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
 from specjax.models.zoo import load_zoo
 

@@ -249,8 +249,10 @@ def _spec_setups(dep, calls, tau: float) -> list[dict]:
 
 def _run_ar(dep, v_calls, tau: float) -> float:
     """Tokens/s of autoregressive decoding over every call."""
-    from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
+    from specjax.engine.autoregressive import (  # pylint: disable=import-outside-toplevel
         autoregressive_generate,
+    )
+    from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
         row_keys_for,
     )
 
@@ -401,8 +403,10 @@ def _greedy_identity(dep, target, ids, n_new: int) -> list[bool]:
     """Per prompt: specjax's AR at τ = 0 gives transformers' greedy tokens for n_new tokens."""
     import torch  # pylint: disable=import-outside-toplevel
 
-    from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
+    from specjax.engine.autoregressive import (  # pylint: disable=import-outside-toplevel
         autoregressive_generate,
+    )
+    from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
         row_keys_for,
     )
 

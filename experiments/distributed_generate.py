@@ -109,9 +109,11 @@ class _Job:
 
     def autoregressive(self, d):
         """Tokens of `autoregressive_generate` (τ = 1) on deployment `d`."""
-        from specjax.engine import generate as gen  # pylint: disable=import-outside-toplevel
+        from specjax.engine.autoregressive import (  # pylint: disable=import-outside-toplevel
+            autoregressive_generate,
+        )
 
-        return gen.autoregressive_generate(
+        return autoregressive_generate(
             d.verifier,
             d.v_params,
             self.prompts,

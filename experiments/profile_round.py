@@ -126,12 +126,22 @@ def _round_budget(decode):
     return getattr(decode, "round_budget", None) or decode._budget  # pylint: disable=protected-access
 
 
+def _ar_module(pkg: str):
+    """The module of `autoregressive_generate` (`engine.autoregressive`; `engine.generate`
+    before the baseline left it), so an older package compares too."""
+    try:
+        return importlib.import_module(f"{pkg}.engine.autoregressive")
+    except ModuleNotFoundError:
+        return importlib.import_module(f"{pkg}.engine.generate")
+
+
 def _load(pkg: str):
     m = lambda name: importlib.import_module(f"{pkg}.{name}")
     return dict(
         zoo=m("models.zoo"),
         dep=m("engine.deployment"),
         gen=m("engine.generate"),
+        ar=_ar_module(pkg),
         decode=m("engine.decode"),
         spec=m("engine.spec"),
         data=m("data"),
@@ -338,8 +348,8 @@ def end_to_end(loaded, pkgs, batch, gamma, t_step, t_score, t_draft) -> list:
                 bucket=FLAGS.bucket,
             )
         )
-        runs[(pkg, "ar")] = lambda gen=gen, dep=dep, v=v_prompts, k=keys: (
-            gen.autoregressive_generate(
+        runs[(pkg, "ar")] = lambda ar_mod=mods["ar"], dep=dep, v=v_prompts, k=keys: (
+            ar_mod.autoregressive_generate(
                 dep.verifier,
                 dep.v_params,
                 v,

@@ -42,8 +42,9 @@ __all__ = ["run", "print_result"]
 
 
 def _specjax(zoo, drafter, prompts, d_prompts, gamma, tau, new_tokens, seed):
+    from specjax.engine.autoregressive import autoregressive_generate
     from specjax.engine.deployment import from_zoo
-    from specjax.engine.generate import autoregressive_generate, row_keys_for, speculative_generate
+    from specjax.engine.generate import row_keys_for, speculative_generate
     from specjax.engine.spec import EngineConfig
 
     dep = from_zoo(zoo, [drafter], temperatures=[tau])  # greedy drafts at τ = 0, like HF

@@ -4,7 +4,7 @@ A run's forwards are priced by shape (`specjax.timing.forward_timer`). The rest 
 its timed programs do is priced here, with the engine's own code:
 
 * ``round`` keys: one loop trip of a speculative call (`engine.decode.speculative_round`)
-  or of the autoregressive loop (`engine.generate.ar_step`) with every model made free: a
+  or of the autoregressive loop (`engine.autoregressive.ar_step`) with every model made free: a
   `FreeLM` returns constant logits (a peak on one token that stops no row) and the cache
   it was given, while the cache bookkeeping (advance, rollback, compaction along the
   accepted path) stays the model's own. What a trip then costs is the round without its
@@ -35,7 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.engine import generate as gen
-from specjax.engine.generate import ar_step, decode_state, round_body
+from specjax.engine.autoregressive import ar_step
+from specjax.engine.generate import decode_state, round_body
 from specjax.engine.programs import compile_program
 from specjax.engine.spec import widest_chain
 from specjax.metrics import price_key
@@ -273,7 +274,7 @@ def register_ar_round(
     verifier, v_params, state, row_keys, stop_table, capacity: int, *, coupled, top_k=0, top_p=1.0
 ) -> str:
     """The ``round`` price key of one step of the autoregressive loop continuing `state`
-    (`engine.generate.autoregressive_generate`; `capacity`: the verifier cache's), its
+    (`engine.autoregressive.autoregressive_generate`; `capacity`: the verifier cache's), its
     template registered on first sight."""
     rows = int(state.tokens.shape[0])
     statics = (bool(coupled), int(top_k), float(top_p), verifier)

@@ -19,6 +19,7 @@ import pytest
 
 from specjax import testing as suite
 from specjax.engine import generate as gen
+from specjax.engine.autoregressive import autoregressive_generate
 from specjax.engine.batching import continuous_generate, refill_sizes
 from specjax.engine.decode import EngineState
 from specjax.engine.spec import DrafterSpec, EngineConfig, cross_vocab_maps
@@ -93,7 +94,7 @@ def _reference(
     for b in sorted(set(budgets)):
         kw["reserve"] = top - b
         if drafters is None:
-            res = gen.autoregressive_generate(
+            res = autoregressive_generate(
                 verifier,
                 v_params,
                 [prompts[i] for i in rows],
@@ -393,7 +394,7 @@ def test_catch_up_forwards_are_the_engines_count():
         reserve=15,
         return_state=True,
     )
-    ar = gen.autoregressive_generate(
+    ar = autoregressive_generate(
         setup.verifier,
         setup.v_params,
         None,

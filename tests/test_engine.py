@@ -12,6 +12,7 @@ import pytest
 from specjax import testing as suite
 from specjax.engine import generate as gen
 from specjax.engine import prefill as pre
+from specjax.engine.autoregressive import autoregressive_generate
 from specjax.engine.deployment import from_zoo
 from specjax.engine.spec import DrafterSpec, EngineConfig, cross_vocab_maps
 from specjax.errors import ConfigError
@@ -154,7 +155,7 @@ def test_greedy_equality_on_the_zoo():
     v = [dep.encode(t) for t in texts]
     d = [[enc(t) for t in texts] for enc in dep.drafter_encode]
     keys = gen.row_keys_for(0, len(v))
-    ref = gen.autoregressive_generate(
+    ref = autoregressive_generate(
         dep.verifier, dep.v_params, v, keys, temperature=0.0, max_new_tokens=24, bucket=64
     )
     for rule, s in (("shared_block", 3), ("token_tree", 3), ("rejection", 1)):
@@ -194,7 +195,7 @@ def test_one_transfer_each_way_per_call(monkeypatch):
     )
     _run(setup, cfg, n=8)  # compiles; parameters checked finite (memoised)
     ar_kw = dict(temperature=1.0, max_new_tokens=6)
-    gen.autoregressive_generate(
+    autoregressive_generate(
         setup.verifier, setup.v_params, [[1]] * 8, gen.row_keys_for(0, 8), **ar_kw
     )
     calls = {"put": 0, "get": 0}
@@ -219,7 +220,7 @@ def test_one_transfer_each_way_per_call(monkeypatch):
             cfg, setup.verifier, setup.v_params, setup.drafters, setup.d_data, prompts, dp, keys
         )
         assert calls == {"put": 1, "get": 1}
-        gen.autoregressive_generate(setup.verifier, setup.v_params, [[1]] * 8, keys, **ar_kw)
+        autoregressive_generate(setup.verifier, setup.v_params, [[1]] * 8, keys, **ar_kw)
         assert calls == {"put": 2, "get": 2}
     assert (res.length - res.start == 6).all() and res.seconds > 0
 
@@ -257,7 +258,7 @@ def test_carried_caches_continue_exactly(rule, s, temp):
         assert part.new_tokens(i) + rest.new_tokens(i) == whole.new_tokens(i), (rule, i)
     # A fallback in between (the verifier alone continues the state, the drafters'
     # caches fall behind and catch up), then speculative again: still the same text.
-    ar = gen.autoregressive_generate(
+    ar = autoregressive_generate(
         v,
         vp,
         None,
@@ -298,11 +299,11 @@ def test_autoregressive_continues_exactly():
     prompts = [[1, 2, 3], [4]]
     keys = gen.row_keys_for(7, 2)
     kw = dict(temperature=1.0)
-    whole = gen.autoregressive_generate(v, vp, prompts, keys, max_new_tokens=10, **kw)
-    part = gen.autoregressive_generate(
+    whole = autoregressive_generate(v, vp, prompts, keys, max_new_tokens=10, **kw)
+    part = autoregressive_generate(
         v, vp, prompts, keys, max_new_tokens=4, reserve=6, return_state=True, **kw
     )
-    rest = gen.autoregressive_generate(v, vp, None, keys, max_new_tokens=6, state=part.state, **kw)
+    rest = autoregressive_generate(v, vp, None, keys, max_new_tokens=6, state=part.state, **kw)
     for i in range(2):
         assert part.new_tokens(i) + rest.new_tokens(i) == whole.new_tokens(i)
 
@@ -317,7 +318,7 @@ def test_capacity_follows_the_call():
         cfg, v, vp, specs[:1], data[:1], prompts, [prompts], keys, return_state=True
     )
     assert res.state.vcache.max_len < 32 and res.state.dcaches[0].max_len < 32
-    ref = gen.autoregressive_generate(v, vp, prompts, keys, temperature=0.0, max_new_tokens=6)
+    ref = autoregressive_generate(v, vp, prompts, keys, temperature=0.0, max_new_tokens=6)
     for i in range(2):
         assert res.new_tokens(i) == ref.new_tokens(i)
 
@@ -361,7 +362,7 @@ def test_per_drafter_gamma_is_lossless(rule):
     p = chi2_pvalue(res.tokens[:, 1 : 1 + LENGTH], exact)
     assert p >= ALPHA, f"χ² rejects per-drafter γ under {rule!r}: p = {p}"
     if rule == "coupled":  # drafter-invariant: the verifier's own Gumbel-max sample
-        ar = gen.autoregressive_generate(
+        ar = autoregressive_generate(
             setup.verifier,
             setup.v_params,
             [[START]] * n,
@@ -463,7 +464,7 @@ def test_ragged_prefill_is_the_padded_one(monkeypatch):
     keys = gen.row_keys_for(5, len(prompts))
 
     def ar():
-        res = gen.autoregressive_generate(v, vp, prompts, keys, temperature=0.0, max_new_tokens=5)
+        res = autoregressive_generate(v, vp, prompts, keys, temperature=0.0, max_new_tokens=5)
         return [res.new_tokens(i) for i in range(8)]
 
     cfg = EngineConfig(gamma=3, rule="rejection", verifier_temperature=0.0, max_new_tokens=5)

@@ -25,6 +25,7 @@ import hf_fixtures as F  # noqa: E402
 
 from specjax import sharding as shd  # noqa: E402
 from specjax.engine import generate as gen  # noqa: E402
+from specjax.engine.autoregressive import autoregressive_generate  # noqa: E402
 from specjax.errors import ConfigError  # noqa: E402
 from specjax.models import hf  # noqa: E402
 from specjax.models.api import TransformerLM, advance, causal_block_mask  # noqa: E402
@@ -152,7 +153,7 @@ def test_greedy_generation_identical(folders, name):
     path, model = folders[name]
     lm, params, _ = hf.load_hf(path, max_len=48)
     prompts = [[5, 17, 3, 9], [40, 2, 77, 1]]
-    res = gen.autoregressive_generate(
+    res = autoregressive_generate(
         lm, params, prompts, gen.row_keys_for(0, 2), temperature=0.0, max_new_tokens=12
     )
     with torch.no_grad():

@@ -30,8 +30,9 @@ from test_verify import ALPHA, LENGTH, START, N, chi2_pvalue
 
 from specjax import testing as suite
 from specjax.engine import programs
+from specjax.engine.autoregressive import autoregressive_generate
 from specjax.engine.deployment import LOOKUP, assemble, from_zoo, prompt_lookup_drafter
-from specjax.engine.generate import autoregressive_generate, row_keys_for, speculative_generate
+from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import DrafterSpec, EngineConfig, identity_maps
 from specjax.models.api import causal_block_mask, count_params
 from specjax.models.ngram import NEG, PromptLookupLM, lookup_predictions

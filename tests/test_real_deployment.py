@@ -106,9 +106,11 @@ def smol():
 
 @pytest.mark.slow
 def test_greedy_equality_on_smollm2_with_every_drafter_kind(smol, tmp_path):
+    from specjax.engine.autoregressive import (  # pylint: disable=import-outside-toplevel
+        autoregressive_generate,
+    )
     from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
-    from specjax.engine.generate import (
-        autoregressive_generate,  # pylint: disable=import-outside-toplevel
+    from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
         row_keys_for,
         speculative_generate,
     )

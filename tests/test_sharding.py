@@ -104,6 +104,7 @@ def _engine_setup():
 @pytest.fixture(scope="module")
 def engine_case():
     from specjax.engine import generate as gen
+    from specjax.engine.autoregressive import autoregressive_generate
     from specjax.engine.spec import EngineConfig
 
     dep = _engine_setup()
@@ -119,7 +120,7 @@ def engine_case():
         spec = gen.speculative_generate(
             cfg, dep.verifier, dep.v_params, dep.drafters, dep.d_data, prompts, d_prompts, keys
         )
-        ar = gen.autoregressive_generate(
+        ar = autoregressive_generate(
             dep.verifier, dep.v_params, prompts, keys, temperature=1.0, max_new_tokens=10
         )
         return spec, ar

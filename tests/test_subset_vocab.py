@@ -31,7 +31,8 @@ from test_verify import ALPHA, LENGTH, START, N, chi2_pvalue
 
 from specjax import testing as suite
 from specjax.engine import programs
-from specjax.engine.generate import autoregressive_generate, row_keys_for, speculative_generate
+from specjax.engine.autoregressive import autoregressive_generate
+from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import DrafterSpec, EngineConfig, identity_maps
 from specjax.models import cache as cache_mod
 from specjax.models.api import TransformerLM, causal_block_mask

@@ -26,7 +26,8 @@ from lossless_reference import reference_law
 from scipy import stats
 
 from specjax import testing as suite
-from specjax.engine.generate import autoregressive_generate, row_keys_for, speculative_generate
+from specjax.engine.autoregressive import autoregressive_generate
+from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
 
 N = 100_000

@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.engine.autoregressive import ar_loop
 from specjax.engine.decode import (
     Counters,
     DecodeState,
@@ -63,7 +64,6 @@ from specjax.engine.decode import (
 )
 from specjax.engine.generate import (
     CallShapes,
-    ar_loop,
     check_drafters,
     check_slots,
     check_vocab_maps,

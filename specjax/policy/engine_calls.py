@@ -25,9 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.engine.autoregressive import autoregressive_generate
 from specjax.engine.decode import consume_width
 from specjax.engine.deployment import Deployment
-from specjax.engine.generate import autoregressive_generate, speculative_generate
+from specjax.engine.generate import speculative_generate
 from specjax.engine.spec import EngineConfig
 from specjax.gammas import check_gamma, drafter_gammas
 from specjax.metrics import price_key
