@@ -54,26 +54,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.engine.autoregressive import ar_loop
+from specjax.engine.batching_queue import Queue, Rows, Tally, check_queue, pad_rows
 from specjax.engine.decode import (
     Counters,
     DecodeState,
     EngineState,
-    consume_width,
     round_budget,
     speculative_round,
 )
 from specjax.engine.generate import (
     CallShapes,
-    check_drafters,
-    check_slots,
-    check_vocab_maps,
-    drafter_capacity,
-    verifier_capacity,
 )
 from specjax.engine.prefill import prefill_cache
 from specjax.engine.programs import check_finite, compile_program, run_program
 from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig, widest_chain
-from specjax.errors import ConfigError
 from specjax.verify.rules import COUPLED_RULES
 
 __all__ = ['ContinuousResult', 'continuous_generate', 'refill_sizes']
@@ -285,71 +279,6 @@ def _ar_chunk(
 
 
 # ----------------------------------------------------------------------------------------
-# Validation (host, numpy only, before any work)
-# ----------------------------------------------------------------------------------------
-
-
-def _positive_int(field: str, value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigError(f"{field}: got {value!r}; allowed: an integer ≥ 1 ({what})")
-    return int(value)
-
-
-def _budgets(max_new_tokens, n: int) -> np.ndarray:
-    if isinstance(max_new_tokens, (int, np.integer)) and not isinstance(max_new_tokens, bool):
-        _positive_int("max_new_tokens", max_new_tokens, "new tokens per prompt")
-        return np.full((n,), int(max_new_tokens), np.int64)
-    values = list(max_new_tokens)
-    if len(values) != n:
-        raise ConfigError(
-            f"max_new_tokens: got {len(values)} budgets for {n} prompts; "
-            "allowed: one integer, or one per prompt"
-        )
-    for i, v in enumerate(values):
-        _positive_int(f"max_new_tokens[{i}]", v, "new tokens for that prompt")
-    return np.asarray(values, np.int64)
-
-
-def _lengths(field: str, prompts, n: int) -> np.ndarray:
-    if len(prompts) != n:
-        raise ConfigError(f"{field}: got {len(prompts)} prompts; allowed: one per prompt ({n})")
-    lens = np.array([len(p) for p in prompts], np.int64)
-    if (lens < 1).any():
-        i = int(np.argmin(lens))
-        raise ConfigError(f"{field}[{i}]: got an empty prompt; allowed: ≥ 1 token")
-    return lens
-
-
-def _fits(field: str, model: str, lens, extra, max_len: int, what: str) -> None:
-    """Every prompt's length + `extra` (its budget and a block) within `max_len`."""
-    need = lens + extra
-    if (need > max_len).any():
-        i = int(np.argmax(need > max_len))
-        raise ConfigError(
-            f"{field}[{i}]: got {int(lens[i])} tokens, needing {int(need[i])} "
-            f"positions with {what}; allowed: ≤ {model} max_len = {max_len}"
-        )
-
-
-def _width(lens, bucket: int, max_len: int) -> int:
-    """Padded prompt width: the longest, rounded up to `bucket`, within the context."""
-    longest = int(lens.max())
-    return max(longest, min(-(-longest // bucket) * bucket, max_len))
-
-
-def _pad(prompts, ids, width: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Prompts `ids` right-padded into (i32[rows, width], i32[rows]); spare rows hold a
-    one-token dummy prompt."""
-    arr = np.zeros((rows, width), np.int32)
-    lens = np.ones((rows,), np.int32)
-    for j, i in enumerate(ids):
-        p = prompts[i]
-        arr[j, : len(p)] = p
-        lens[j] = len(p)
-    return arr, lens
-
-
-# ----------------------------------------------------------------------------------------
 # The serve loop
 # ----------------------------------------------------------------------------------------
 
@@ -403,7 +332,7 @@ def continuous_generate(
     Returns:
       ContinuousResult.
     """
-    q = _check_queue(
+    q = check_queue(
         cfg,
         verifier,
         prompts,
@@ -426,161 +355,9 @@ def continuous_generate(
         program = _spec_chunk_program(cfg, verifier, v_params, q)
     else:
         program = _ar_chunk_program(cfg, verifier, v_params, q)
-    rows = _Rows.idle(q)
+    rows = Rows.idle(q)
     state = _compile_all(q, refill, program, rows)
     return _serve(q, refill, program, rows, state)
-
-
-# ----------------------------------------------------------------------------------------
-# The call's checked inputs and its fixed shapes
-# ----------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _Queue:
-    """A call's checked inputs (N prompts, K drafters; K = 0 for the verifier alone) and
-    the shapes fixed for the whole call.
-
-    `plens` / `budgets` i32[N]: prompt lengths and budgets; `windows`: each drafter's γ_k
-    (`gamma` their max, 0 alone); `slots` i32[N, S] (None alone); `width` / `d_widths`:
-    the padded prompt widths of the verifier and of each drafter; `shapes`: the token
-    buffer and cache capacities."""
-
-    prompts: Sequence[Sequence[int]]
-    plens: np.ndarray
-    budgets: np.ndarray
-    row_keys: np.ndarray
-    stop_table: np.ndarray
-    batch: int
-    chunk: int
-    spec: bool
-    drafters: tuple
-    d_data: tuple
-    drafter_prompts: Any
-    slots: Any
-    windows: list
-    gamma: int
-    width: int = 0
-    d_widths: list = dataclasses.field(default_factory=list)
-    shapes: CallShapes | None = None
-
-    @property
-    def n(self) -> int:
-        return len(self.prompts)
-
-
-def _check_queue(
-    cfg: EngineConfig,
-    verifier,
-    prompts,
-    row_keys,
-    batch,
-    chunk,
-    max_new_tokens,
-    drafters,
-    d_data,
-    drafter_prompts,
-    slots,
-    stop_table,
-    bucket,
-) -> _Queue:
-    """`continuous_generate`'s inputs checked (host, numpy only, before any work), with the
-    call's fixed shapes."""
-    batch = _positive_int("batch", batch, "rows served at once")
-    chunk = _positive_int("chunk", chunk, "rounds per row per chunk")
-    bucket = _positive_int("bucket", bucket, "prompt widths are rounded up to a multiple")
-    n = len(prompts)
-    if n < 1:
-        raise ConfigError("prompts: got an empty queue; allowed: ≥ 1 prompt")
-    plens = _lengths("prompts", prompts, n)
-    budgets = _budgets(cfg.max_new_tokens if max_new_tokens is None else max_new_tokens, n)
-    row_keys = np.asarray(row_keys)
-    if row_keys.ndim < 1 or row_keys.shape[0] != n:
-        raise ConfigError(
-            f"row_keys: got shape {row_keys.shape}; allowed: one key per prompt ({n} rows)"
-        )
-    if stop_table is None:
-        stop_table = np.zeros((verifier.vocab_size,), bool)
-    stop_table = np.asarray(stop_table, bool)
-    if stop_table.shape != (verifier.vocab_size,):
-        raise ConfigError(
-            f"stop_table: got shape {stop_table.shape}; allowed: "
-            f"({verifier.vocab_size},), one flag per verifier token"
-        )
-    q = _Queue(
-        prompts=prompts,
-        plens=plens,
-        budgets=budgets,
-        row_keys=row_keys,
-        stop_table=stop_table,
-        batch=batch,
-        chunk=chunk,
-        spec=drafters is not None,
-        drafters=tuple(drafters or ()),
-        d_data=(),
-        drafter_prompts=drafter_prompts,
-        slots=None,
-        windows=[],
-        gamma=0,
-    )
-    d_lens = _check_queue_drafters(cfg, q, d_data, slots) if q.spec else []
-    block = cfg.n_slots * q.gamma if q.spec else 1
-    _fits(
-        "prompts",
-        "the verifier's",
-        plens,
-        budgets + block,
-        verifier.max_len,
-        f"its max_new_tokens and a block of {block}",
-    )
-    _set_shapes(cfg, verifier, q, d_lens, bucket)
-    return q
-
-
-def _check_queue_drafters(cfg: EngineConfig, q: _Queue, d_data, slots) -> list[np.ndarray]:
-    """A speculative call's drafters, their arrays, slots and prompts checked and stored
-    in `q`; returns each drafter's prompt lengths (i64[N])."""
-    k, n = len(q.drafters), q.n
-    if k < 1:
-        raise ConfigError(
-            "drafters: got none; allowed: ≥ 1 drafter, or None for the verifier alone"
-        )
-    q.d_data = tuple(d_data or ())
-    q.windows = check_drafters(cfg, q.drafters)
-    if len(q.d_data) != k:
-        raise ConfigError(f"d_data: got {len(q.d_data)} entries; allowed: one per drafter ({k})")
-    q.gamma = max(q.windows)
-    q.slots = check_slots(cfg, slots, n, k)
-    if q.drafter_prompts is None or len(q.drafter_prompts) != k:
-        raise ConfigError(f"drafter_prompts: need {k} lists of {n} prompts (one per drafter)")
-    check_vocab_maps(q.drafters, q.d_data)
-    d_lens = [_lengths(f"drafter_prompts[{i}]", dp, n) for i, dp in enumerate(q.drafter_prompts)]
-    for i, (d, data, lens, g) in enumerate(zip(q.drafters, q.d_data, d_lens, q.windows)):
-        m = int(data.retok.shape[1])
-        _fits(
-            f"drafter_prompts[{i}]",
-            f"drafter {d.name!r}",
-            lens,
-            consume_width(m, g + 1) + g,
-            d.lm.max_len,
-            "one consume block",
-        )
-    return d_lens
-
-
-def _set_shapes(cfg: EngineConfig, verifier, q: _Queue, d_lens, bucket: int) -> None:
-    """The shapes fixed for the whole call: prompt widths, token buffer, cache capacities
-    (from the longest prompt and the largest budget)."""
-    q.width = _width(q.plens, bucket, verifier.max_len)
-    block = q.gamma + 1 if q.spec else 1
-    buf_len = q.width + int(q.budgets.max()) + block
-    v_cap = verifier_capacity(verifier, buf_len, q.gamma, cfg.n_slots if q.spec else 1)
-    q.d_widths = [_width(lens, bucket, d.lm.max_len) for d, lens in zip(q.drafters, d_lens)]
-    d_caps = tuple(
-        drafter_capacity(d.lm, int(data.retok.shape[1]), w, q.width, buf_len, g)
-        for d, data, w, g in zip(q.drafters, q.d_data, q.d_widths, q.windows)
-    )
-    q.shapes = CallShapes(buf_len=buf_len, v_cap=v_cap, d_caps=d_caps)
 
 
 # ----------------------------------------------------------------------------------------
@@ -598,7 +375,7 @@ class _Program:
     args: Callable
 
 
-def _refill_program(verifier, v_params, q: _Queue) -> _Program:
+def _refill_program(verifier, v_params, q: Queue) -> _Program:
     """The refill: prompts `ids` prefilled into batch rows `rows`, padded to `size` rows;
     ``args(state, rows, ids, size)``."""
     statics = dict(verifier=verifier, drafter_lms=tuple(d.lm for d in q.drafters), shapes=q.shapes)
@@ -607,9 +384,9 @@ def _refill_program(verifier, v_params, q: _Queue) -> _Program:
     def args(state, rows, ids, size):
         idx = np.full((size,), q.batch, np.int32)  # ≥ B: a padding row, dropped
         idx[: len(rows)] = rows
-        arr, lens = _pad(q.prompts, ids, q.width, size)
+        arr, lens = pad_rows(q.prompts, ids, q.width, size)
         d_arr, d_len = (
-            zip(*[_pad(dp, ids, w, size) for dp, w in zip(q.drafter_prompts, q.d_widths)])
+            zip(*[pad_rows(dp, ids, w, size) for dp, w in zip(q.drafter_prompts, q.d_widths)])
             if q.spec
             else ((), ())
         )
@@ -636,7 +413,7 @@ def _refill_program(verifier, v_params, q: _Queue) -> _Program:
     return _Program(_refill, statics, args)
 
 
-def _spec_chunk_program(cfg: EngineConfig, verifier, v_params, q: _Queue) -> _Program:
+def _spec_chunk_program(cfg: EngineConfig, verifier, v_params, q: Queue) -> _Program:
     """A chunk of speculative rounds; ``args(state, keys, row_slots, max_new, live)``."""
     cfg_static = dataclasses.replace(cfg, verifier_temperature=1.0, max_new_tokens=1)
     statics = dict(cfg=cfg_static, verifier=verifier, drafters=tuple(d.static for d in q.drafters))
@@ -668,7 +445,7 @@ def _spec_chunk_program(cfg: EngineConfig, verifier, v_params, q: _Queue) -> _Pr
     return _Program(_spec_chunk, statics, args)
 
 
-def _ar_chunk_program(cfg: EngineConfig, verifier, v_params, q: _Queue) -> _Program:
+def _ar_chunk_program(cfg: EngineConfig, verifier, v_params, q: Queue) -> _Program:
     """A chunk of the verifier alone; ``args(state, keys, row_slots, max_new, live)``."""
     statics = dict(
         verifier=verifier,
@@ -703,47 +480,7 @@ def _ar_chunk_program(cfg: EngineConfig, verifier, v_params, q: _Queue) -> _Prog
 # ----------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class _Rows:
-    """Host mirrors of the B rows: which prompt each serves (-1: idle), where its prompt
-    ends (`start`), its length, its key and its slots."""
-
-    prompt: np.ndarray
-    start: np.ndarray
-    length: np.ndarray
-    keys: np.ndarray
-    slots: np.ndarray
-
-    @classmethod
-    def idle(cls, q: _Queue) -> "_Rows":
-        """B idle rows (keys and slots those of the first prompt, as placeholders)."""
-        keys = np.zeros((q.batch,) + q.row_keys.shape[1:], q.row_keys.dtype)
-        keys[:] = q.row_keys[0]
-        slots = np.tile(q.slots[0], (q.batch, 1)) if q.spec else np.zeros((q.batch, 1), np.int32)
-        return cls(
-            prompt=np.full((q.batch,), -1, np.int64),
-            start=np.ones((q.batch,), np.int64),
-            length=np.ones((q.batch,), np.int64),
-            keys=keys,
-            slots=slots,
-        )
-
-    def assign(self, q: _Queue, rows, ids) -> None:
-        """Rows `rows` now serve prompts `ids` (just prefilled)."""
-        self.prompt[rows] = ids
-        self.start[rows] = q.plens[ids]
-        self.length[rows] = q.plens[ids]
-        self.keys[rows] = q.row_keys[ids]
-        if q.spec:
-            self.slots[rows] = q.slots[ids]
-
-    def budget_left(self, q: _Queue, live) -> np.ndarray:
-        """i32[B] tokens each live row may still commit (0 for an idle row)."""
-        left = np.where(live, q.budgets[np.maximum(self.prompt, 0)] - (self.length - self.start), 0)
-        return left.astype(np.int32)
-
-
-def _compile_all(q: _Queue, refill: _Program, program: _Program, rows: _Rows):
+def _compile_all(q: Queue, refill: _Program, program: _Program, rows: Rows):
     """Every program of the call compiled before the clock starts (a refill pads its rows
     to one of `refill_sizes(batch)`); returns a blank batch state of the call's shapes."""
     args = refill.args(None, [], [], q.batch)
@@ -760,33 +497,7 @@ def _compile_all(q: _Queue, refill: _Program, program: _Program, rows: _Rows):
     return state
 
 
-@dataclasses.dataclass
-class _Tally:
-    """Per prompt, its tokens once finished and its counters summed over chunks; per
-    call, programs run and their seconds."""
-
-    out: list
-    rounds: np.ndarray
-    from_draft: np.ndarray
-    proposed: np.ndarray
-    accepted: np.ndarray
-    seconds: float = 0.0
-    refill_seconds: float = 0.0
-    chunks: int = 0
-    refills: int = 0
-
-    @classmethod
-    def zeros(cls, n: int, k: int) -> "_Tally":
-        return cls(
-            out=[None] * n,
-            rounds=np.zeros((n,), np.int64),
-            from_draft=np.zeros((n,), np.int64),
-            proposed=np.zeros((n, k), np.int64),
-            accepted=np.zeros((n, k), np.int64),
-        )
-
-
-def _refill_free_rows(q: _Queue, refill: _Program, rows: _Rows, tally: _Tally, state, nxt: int):
+def _refill_free_rows(q: Queue, refill: _Program, rows: Rows, tally: Tally, state, nxt: int):
     """Idle rows get the next pending prompts (one refill program); returns (state, the
     next pending prompt)."""
     free = np.nonzero(rows.prompt < 0)[0]
@@ -807,7 +518,7 @@ def _refill_free_rows(q: _Queue, refill: _Program, rows: _Rows, tally: _Tally, s
     return state, nxt + take
 
 
-def _finish_rows(q: _Queue, rows: _Rows, tally: _Tally, live, tokens, c) -> None:
+def _finish_rows(q: Queue, rows: Rows, tally: Tally, live, tokens, c) -> None:
     """After a chunk: each live row's counters added to its prompt's; a row whose prompt
     reached its budget or a stop token hands its tokens over and goes idle."""
     for r in np.nonzero(live)[0]:
@@ -823,9 +534,9 @@ def _finish_rows(q: _Queue, rows: _Rows, tally: _Tally, live, tokens, c) -> None
             rows.prompt[r] = -1
 
 
-def _serve(q: _Queue, refill: _Program, program: _Program, rows: _Rows, state) -> ContinuousResult:
+def _serve(q: Queue, refill: _Program, program: _Program, rows: Rows, state) -> ContinuousResult:
     """Refill and chunk until every prompt is served (the module docstring)."""
-    tally = _Tally.zeros(q.n, len(q.drafters))
+    tally = Tally.zeros(q.n, len(q.drafters))
     nxt = 0
     t0 = time.perf_counter()
     while True:
