@@ -21,8 +21,8 @@ from specjax import testing as suite
 from specjax.engine import generate as gen
 from specjax.engine.autoregressive import autoregressive_generate
 from specjax.engine.batching import continuous_generate, refill_sizes
-from specjax.engine.decode import EngineState
 from specjax.engine.spec import DrafterSpec, EngineConfig, cross_vocab_maps
+from specjax.engine.state import EngineState
 from specjax.errors import ConfigError
 from specjax.models.synthetic import BigramLM
 

@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.engine.decode import EngineState
 from specjax.engine.generate import CallShapes, GenerateResult, _run, verifier_capacity
 from specjax.engine.prefill import check_context, pad_prompts, prefill_cache, prefill_groups
 from specjax.engine.programs import check_finite
 from specjax.engine.spec import EngineConfig
+from specjax.engine.state import EngineState
 from specjax.errors import ConfigError
 from specjax.models.api import causal_block_mask
 from specjax.verify.distributions import gumbel_argmax, sampling_probs

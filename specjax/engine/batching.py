@@ -55,19 +55,14 @@ import numpy as np
 
 from specjax.engine.autoregressive import ar_loop
 from specjax.engine.batching_queue import Queue, Rows, Tally, check_queue, pad_rows
-from specjax.engine.decode import (
-    Counters,
-    DecodeState,
-    EngineState,
-    round_budget,
-    speculative_round,
-)
+from specjax.engine.decode import round_budget, speculative_round
 from specjax.engine.generate import (
     CallShapes,
 )
 from specjax.engine.prefill import prefill_cache
 from specjax.engine.programs import check_finite, compile_program, run_program
 from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig, widest_chain
+from specjax.engine.state import Counters, DecodeState, EngineState
 from specjax.verify.rules import COUPLED_RULES
 
 __all__ = ['ContinuousResult', 'continuous_generate', 'refill_sizes']

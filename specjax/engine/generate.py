@@ -38,15 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.engine.decode import (
-    Counters,
-    DecodeState,
-    EngineState,
-    consume,
-    consume_width,
-    round_budget,
-    speculative_round,
-)
+from specjax.engine.decode import consume, consume_width, round_budget, speculative_round
 from specjax.engine.prefill import (
     check_context,
     pad_prompts,
@@ -62,6 +54,7 @@ from specjax.engine.spec import (
     validate_drafter,
     widest_chain,
 )
+from specjax.engine.state import Counters, DecodeState, EngineState
 from specjax.errors import ConfigError
 from specjax.verify.streams import row_keys_for
 

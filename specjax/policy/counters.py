@@ -58,7 +58,7 @@ _FIELDS = {
     "match_reached_at": lambda k, g: (k, g),
 }
 COUNTER_FIELDS = tuple(_FIELDS)
-#: Engine counters (`specjax.engine.decode.Counters`) copied into the plan counters.
+#: Engine counters (`specjax.engine.state.Counters`) copied into the plan counters.
 ENGINE_FIELDS = (
     "rounds",
     "from_draft",

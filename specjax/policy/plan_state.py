@@ -30,10 +30,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.engine.decode import EngineState, consume_width
+from specjax.engine.decode import consume_width
 from specjax.engine.deployment import Deployment
 from specjax.engine.prefill import prefill
 from specjax.engine.programs import run_program
+from specjax.engine.state import EngineState
 from specjax.errors import ConfigError
 from specjax.price_programs import register_state
 

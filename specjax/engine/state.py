@@ -1,0 +1,189 @@
+"""The engine's state: the loop state of a speculative call (`DecodeState`), what a later
+call continues from (`EngineState`: caches carried across plan steps and continuous-batching
+refills) and the per-row, per-drafter counters every round updates (`Counters`).
+`specjax.engine.decode` runs the rounds over them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+__all__ = ["Counters", "DecodeState", "EngineState"]
+
+
+@struct.dataclass
+class Counters:
+    """Per-row counters of SPEC §7, accumulated inside the graph (K = drafters).
+
+    Attributes:
+      rounds: i32[B] verifier calls (rounds) while the row was live.
+      committed: i32[B] tokens committed.
+      from_draft: i32[B] committed tokens that were drafts.
+      reached: i32[B] shared-block positions verification reached.
+      multi_rounds / multi_from_draft / multi_reached: the same over rounds in which ≥ 2
+        drafters extended the row's committed prefix (joint acceptance).
+      truncations: i32[B] chains cut at a rejection (their own, or in the naive shared block
+        the block's cut), summed over the row's chains and rounds.
+      discarded: i32[B] draft tokens those cuts discarded, the rejected one included
+        (mean truncation depth = discarded / truncations, SPEC §7).
+      pruned / pruned_discarded: i32[B] token-tree chains that left the path because a
+        sibling's token was accepted, and the draft tokens they dropped (`pruned_depth`).
+      proposed: i32[B, K] drafts proposed by each drafter (γ per round it took part in).
+      accepted / rejected: i32[B, K] drafts accepted / rejections, attributed per drafter.
+      own_accepted_at / own_reached_at: i32[B, K, γ] each drafter's chain tested alone
+        against p with Leviathan's rule, per position (per-drafter α and independent-branch
+        acceptance), under every rule.
+      match_at / match_reached_at: i32[B, K, γ] coupled rules: each drafter's chain against
+        the verifier's Gumbel-max tokens (`coupled_match_rate`); zero under other rules.
+      catchups: i32[B, K] forwards each drafter ran for the row before the first round of
+        a call that continues a state, to consume committed tokens it had not seen (a
+        fallback step, a step it sat out): the catch-up passes the cost model charges.
+    """
+
+    rounds: jax.Array
+    committed: jax.Array
+    from_draft: jax.Array
+    reached: jax.Array
+    multi_rounds: jax.Array
+    multi_from_draft: jax.Array
+    multi_reached: jax.Array
+    truncations: jax.Array
+    discarded: jax.Array
+    proposed: jax.Array
+    accepted: jax.Array
+    rejected: jax.Array
+    own_accepted_at: jax.Array
+    own_reached_at: jax.Array
+    pruned: jax.Array
+    pruned_discarded: jax.Array
+    match_at: jax.Array
+    match_reached_at: jax.Array
+    catchups: jax.Array
+
+    @classmethod
+    def zeros(cls, batch: int, n_drafters: int, gamma: int) -> "Counters":
+        z = lambda *s: jnp.zeros(s, jnp.int32)
+        return cls(
+            z(batch),
+            z(batch),
+            z(batch),
+            z(batch),
+            z(batch),
+            z(batch),
+            z(batch),
+            z(batch),
+            z(batch),
+            z(batch, n_drafters),
+            z(batch, n_drafters),
+            z(batch, n_drafters),
+            z(batch, n_drafters, gamma),
+            z(batch, n_drafters, gamma),
+            z(batch),
+            z(batch),
+            z(batch, n_drafters, gamma),
+            z(batch, n_drafters, gamma),
+            z(batch, n_drafters),
+        )
+
+
+@struct.dataclass
+class DecodeState:
+    """The loop state of `generate` (B rows, K drafters, buffer length L).
+
+    Attributes:
+      tokens: i32[B, L] prompt then committed verifier tokens.
+      length: i32[B] tokens in `tokens` (prompt included).
+      start: i32[B] the prompt length of each row.
+      done: bool[B].
+      row_keys: u32[B, 2]-like key data, one stream per row.
+      vcache: the verifier's cache; it holds tokens[:length-1] (the last is the next root).
+      dcaches: tuple of K drafter caches, each in its own token ids.
+      dsynced: i32[K, B] committed verifier tokens already in each drafter's cache.
+      dlogits: tuple of K f32[B, Vd] the drafter's logits after its cached tokens.
+      counters: Counters.
+    """
+
+    tokens: jax.Array
+    length: jax.Array
+    start: jax.Array
+    done: jax.Array
+    row_keys: jax.Array
+    vcache: Any
+    dcaches: tuple
+    dsynced: jax.Array
+    dlogits: tuple
+    counters: Counters
+
+    def carry(self) -> "EngineState":
+        return EngineState(
+            tokens=self.tokens,
+            length=self.length,
+            vcache=self.vcache,
+            dcaches=self.dcaches,
+            dsynced=self.dsynced,
+            dlogits=self.dlogits,
+        )
+
+
+@struct.dataclass
+class EngineState:
+    """What a later call needs to continue its rows (caches carried across plan steps).
+
+    Attributes:
+      tokens: i32[B, L] prompt then committed verifier tokens (L fixed by the first call).
+      length: i32[B] tokens in `tokens`.
+      vcache: the verifier's cache, holding tokens[:length-1].
+      dcaches / dlogits: per drafter (of the call that made it), its cache and its
+        logits after its cached tokens; empty for a verifier-only state.
+      dsynced: i32[K, B] committed verifier tokens already in each drafter's cache (a
+        drafter behind `length` catches up at the start of the next call).
+    """
+
+    tokens: jax.Array
+    length: jax.Array
+    vcache: Any
+    dcaches: tuple
+    dsynced: jax.Array
+    dlogits: tuple
+
+    def rows(self, idx) -> "EngineState":
+        """The state of rows `idx` (i32[B']), e.g. a plan's committed branch copied into
+        every branch row of the plan for its next step."""
+        idx = jnp.asarray(idx, jnp.int32)
+        take = lambda x: jnp.take(x, idx, axis=0)
+        return EngineState(
+            tokens=take(self.tokens),
+            length=take(self.length),
+            vcache=jax.tree.map(take, self.vcache),
+            dcaches=jax.tree.map(take, self.dcaches),
+            dsynced=jnp.take(self.dsynced, idx, axis=1),
+            dlogits=jax.tree.map(take, self.dlogits),
+        )
+
+    def set_rows(self, idx, other: "EngineState") -> "EngineState":
+        """This state with rows `idx` (i32[B']) replaced by the B' rows of `other`, e.g.
+        new prompts prefilled into the rows a continuous batch freed
+        (`specjax.engine.batching`); the inverse of `rows`.
+
+        `other` must have this state's shapes but its row count (token buffer length,
+        cache capacities, drafters). Indices ≥ B are dropped, so a refill padded to a
+        fixed row count writes only its real rows (a negative index counts from the end,
+        as in numpy). Jitted: one program per shape, in place when the caller donates the
+        state."""
+        return _set_rows(self, jnp.asarray(idx, jnp.int32), other)
+
+
+@jax.jit
+def _set_rows(state: EngineState, idx, other: EngineState) -> EngineState:
+    put = lambda x, y: x.at[idx].set(y.astype(x.dtype), mode='drop')
+    return EngineState(
+        tokens=put(state.tokens, other.tokens),
+        length=put(state.length, other.length),
+        vcache=jax.tree.map(put, state.vcache, other.vcache),
+        dcaches=jax.tree.map(put, state.dcaches, other.dcaches),
+        dsynced=state.dsynced.at[:, idx].set(other.dsynced, mode='drop'),
+        dlogits=jax.tree.map(put, state.dlogits, other.dlogits),
+    )
