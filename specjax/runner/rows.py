@@ -1,10 +1,10 @@
 """Reading result rows: the values a table or a plot takes from a row of ``results.jsonl``.
 
-Shared by the sweep report (`specjax.runner.report`) and its plots (`specjax.runner.plots`),
-which both import it (it imports neither). A row records the KL ceiling and the decision
-boundary's thresholds its cell ran with (``kl_ceiling``, ``thresholds``); a row written
-before rows did falls back to the ceiling its policy name parses to, and to the config's
-``boundary`` block (else the field report's thresholds).
+Shared by the sweep report (`specjax.runner.report`) and its plots (`specjax.runner.plots`,
+`specjax.runner.plots_kit`), which import it (it imports none of them). A row records the
+KL ceiling and the decision boundary's thresholds its cell ran with (``kl_ceiling``,
+``thresholds``); a row written before rows did falls back to the ceiling its policy name
+parses to, and to the config's ``boundary`` block (else the field report's thresholds).
 """
 
 from __future__ import annotations
