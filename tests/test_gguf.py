@@ -36,7 +36,10 @@ from gguf_fixtures import (
 )
 
 from specjax.models import gguf as G  # noqa: E402
-from specjax.models import hf  # noqa: E402
+from specjax.models import (
+    gguf_reader,  # noqa: E402
+    hf,  # noqa: E402
+)
 
 ATOL = 1e-4
 
@@ -101,7 +104,7 @@ def test_tensor_types_bit_exact(synthetic, case):
         rows_cols = tuple(int(s) for s in reversed(t.shape.tolist()))
         raw = np.fromfile(path, np.uint8, count=int(t.n_bytes), offset=int(t.data_offset))
         want = decode(raw, t.tensor_type, rows_cols)
-        got = G.dequantize(t)
+        got = gguf_reader.dequantize(t)
         assert got.dtype == np.float32 and got.shape == rows_cols, name
         np.testing.assert_array_equal(got, want, err_msg=f"{case} {name}")
     lm, params, fam = G.load_gguf(path)
@@ -221,7 +224,7 @@ def test_truncated_files(good_file, tmp_path):
 
 def test_unknown_tensor_types(good_file, tmp_path):
     # A ggml type outside TENSOR_TYPES (IQ4_NL: 32 weights in 18 bytes).
-    assert "IQ4_NL" not in G.TENSOR_TYPES
+    assert "IQ4_NL" not in gguf_reader.TENSOR_TYPES
     path = tmp_path / "iq4.gguf"
     payload = np.random.default_rng(0).integers(0, 255, (H * HD, D // 32 * 18), dtype=np.uint8)
     write_gguf(
