@@ -5,8 +5,10 @@ r"""The real verifier's forward in two parameter layouts, timed alternating in o
       --batches 1,8 --ks 1,2,4,6
 
 A layout is ``dtype[:token+token]``; tokens: ``tied`` (keep the file's tied head; default
-unties it, as the deployment does) and ``fused`` (q/k/v in one product and gate/up in one:
-`specjax.models.api.fuse_projections`). Every layout is loaded first; then each round
+unties it, as the deployment does), ``fused`` (q/k/v in one product and gate/up in one:
+`specjax.models.api.fuse_projections`) and ``einsum`` (the weight products traced as
+before `specjax.models.transformer.project`: an einsum in the compute dtype, no f32
+accumulation in half precision, a one-row product not padded). Every layout is loaded first; then each round
 times every (layout, batch, k) once, in a fixed interleaved order, so load changes hit
 every layout alike. Reported: per (layout, batch, k) the median seconds per forward over
 the rounds, T_score(k) / T_step, and each layout's time over the first layout's, with
@@ -19,6 +21,7 @@ Writes ``layouts.json`` under --out, and with ``--write_docs`` docs/results/layo
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from pathlib import Path
 
@@ -28,10 +31,11 @@ from absl import app, flags
 
 from specjax import provenance
 from specjax.errors import ConfigError
+from specjax.models import transformer
 from specjax.timing import forward_timer
 
 FLAGS = flags.FLAGS
-TOKENS = ("tied", "fused")
+TOKENS = ("tied", "fused", "einsum")
 
 
 def define_flags():
@@ -42,6 +46,9 @@ def define_flags():
     flags.DEFINE_integer("reps", 32, "forwards per timed loop")
     flags.DEFINE_integer("context", 100, "cached tokens each forward attends over")
     provenance.define_common_flags(out="runs/layouts", page="layouts")
+    flags.DEFINE_string(
+        "doc_name", "layouts", "name of the page --write_docs writes (<docs_dir>/<doc_name>.md)"
+    )
 
 
 def parse_layout(spec: str) -> tuple[str, set]:
@@ -65,6 +72,17 @@ def _ints(name: str, values, lo: int = 1) -> list[int]:
     return out
 
 
+@contextlib.contextmanager
+def traced_as(tokens: set):
+    """Traces inside with `transformer.PRODUCTS` off for an ``einsum`` layout."""
+    old = transformer.PRODUCTS
+    transformer.PRODUCTS = "flat" if "einsum" not in tokens else "einsum"
+    try:
+        yield
+    finally:
+        transformer.PRODUCTS = old
+
+
 def main(argv):
     del argv
     from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
@@ -81,15 +99,19 @@ def main(argv):
             fuse_projections="fused" in tokens,
         )
         models[spec] = m
-        for b in batches:
-            for k in ks:
-                timers[spec, b, k] = forward_timer(
-                    m.lm, m.params, b, k, FLAGS.context, FLAGS.context + 16, FLAGS.reps
-                )
+        with traced_as(tokens):
+            for b in batches:
+                for k in ks:
+                    timers[spec, b, k] = forward_timer(
+                        m.lm, m.params, b, k, FLAGS.context, FLAGS.context + 16, FLAGS.reps
+                    )
         print(f"{spec}: loaded and compiled", flush=True)
     ref = layouts[0][0]
     toks = jnp.asarray(np.arange(1, 33, dtype=np.int32)[None] + 100)
-    logits = {s: models[s].lm.logits_full(models[s].params, toks) for s, _, _ in layouts}
+    logits = {}
+    for s, _, tokens in layouts:
+        with traced_as(tokens):
+            logits[s] = models[s].lm.logits_full(models[s].params, toks)
     diffs = {s: float(jnp.abs(logits[s] - logits[ref]).max()) for s in logits}
     times = {key: [] for key in timers}
     for r in range(FLAGS.rounds):
@@ -141,7 +163,7 @@ def main(argv):
             table,
         ]
         page = provenance.write_page(
-            "layouts",
+            FLAGS.doc_name,
             "The real verifier's forward by parameter layout",
             body,
             prov,

@@ -389,3 +389,37 @@ def test_blocked_cache_read_in_the_model_equals_the_full_forward(
     for b in range(B):
         seq = jnp.concatenate([prefix[b, : int(n[b])], block[b]])[None]
         chex.assert_trees_all_close(logits[b], _full(lm, params, seq)[0, int(n[b]) :], **TOL)
+
+
+def test_weight_products_in_half_precision_pad_one_row_and_accumulate_in_f32(monkeypatch):
+    """`project`: a one-row bf16 product is the first row of the two-row product it is
+    padded to (rows are independent: the zero row changes nothing), every bf16 product is
+    the f32 product of its bf16 operands rounded once to bf16 (f32 accumulation), and f32
+    products are the einsum they replaced, bit for bit in shape and to f32 rounding."""
+    from specjax.models import transformer
+
+    rng = np.random.default_rng(0)
+    K, H, hd = 96, 3, 16
+    w = jnp.asarray(rng.standard_normal((K, H, hd)) * 0.1, jnp.bfloat16)
+    x2 = jnp.asarray(rng.standard_normal((1, 2, K)), jnp.bfloat16)
+    one = jax.jit(transformer.project, static_argnums=2)(x2[:, :1], w, jnp.bfloat16)
+    two = jax.jit(transformer.project, static_argnums=2)(x2, w, jnp.bfloat16)
+    assert one.shape == (1, 1, H, hd) and one.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(
+        np.asarray(one[:, 0], np.float32), np.asarray(two[:, 0], np.float32)
+    )
+    exact = jnp.einsum('btd,dnh->btnh', x2.astype(jnp.float32), w.astype(jnp.float32))
+    # One rounding of an f32 sum: within half a bf16 ulp (2^-8 relative) of the exact
+    # product, up to the f32 summation order.
+    np.testing.assert_allclose(
+        np.asarray(two, np.float32), np.asarray(exact), rtol=2**-8 + 1e-5, atol=1e-6
+    )
+    head = transformer.project(x2[:, :1], w.reshape(K, -1), jnp.bfloat16, out_dtype=jnp.float32)
+    assert head.dtype == jnp.float32 and head.shape == (1, 1, H * hd)
+    # f32: the flat product equals the einsum; the 'einsum' form traces the einsum itself.
+    x32, w32 = x2.astype(jnp.float32), w.astype(jnp.float32)
+    flat = transformer.project(x32, w32, jnp.float32)
+    monkeypatch.setattr(transformer, 'PRODUCTS', 'einsum')
+    ein = transformer.project(x32, w32, jnp.float32)
+    np.testing.assert_allclose(np.asarray(flat), np.asarray(exact), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(ein), np.asarray(flat), rtol=1e-5, atol=1e-6)

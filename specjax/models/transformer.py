@@ -195,6 +195,47 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: tuple = ()) -> np.ndarra
     return inv.astype(np.float32)
 
 
+PRODUCTS = 'flat'  # weight products: 'flat' (`project`) or 'einsum' (before it); trace time
+HALF_MIN_ROWS = 2  # a half-precision product of fewer rows is padded to this many
+
+
+def project(x: jax.Array, w: jax.Array, dt, out_dtype=None) -> jax.Array:
+    """A weight product: ``x: [B, T, *in]`` contracted over its trailing dims with the
+    leading dims of ``w: [*in, *out]``, giving ``[B, T, *out]`` in ``out_dtype`` (default
+    the compute dtype ``dt``).
+
+    It runs as one 2-D product ``[B·T, K] × [K, N]``; in half precision the operands are
+    ``dt`` and the product accumulates in f32 (``preferred_element_type``), rounded once
+    to the output dtype. On XLA:CPU that is the form its YNNPACK kernels take for bf16,
+    and they take it only from two rows up (one row falls back to a generic loop several
+    times slower than f32), so a one-row half-precision product (``B = T = 1``: a decode
+    step at batch 1) is padded with a zero row, dropped after (no value depends on it).
+    Measured on the 2-core Xeon with AVX-512 BF16 (docs/results/layouts.md): SmolLM2 in
+    bf16, one-token step 44 -> 35 ms and T_score(9) / T_step 1.36 -> 1.03 with the f32
+    accumulation and the pad; f32 is unchanged by them. On an accelerator the pad is free
+    (the matrix unit pads rows anyway). `PRODUCTS = 'einsum'` traces the products as
+    before (an einsum in ``dt``), for paired comparisons.
+    """
+    dt = jnp.dtype(dt)
+    out_dtype = dt if out_dtype is None else jnp.dtype(out_dtype)
+    n_in = x.ndim - 2
+    if PRODUCTS == 'einsum':
+        letters = 'abcdefgh'
+        ins, outs = letters[:n_in], letters[n_in : w.ndim]
+        spec = f'yz{ins},{ins}{outs}->yz{outs}'
+        y = jnp.einsum(spec, x.astype(dt), w.astype(dt), preferred_element_type=out_dtype)
+        return y.astype(out_dtype)
+    B, T = x.shape[:2]
+    rows, out_shape = B * T, w.shape[n_in:]
+    x2 = x.reshape(rows, -1).astype(dt)
+    w2 = w.reshape(x2.shape[1], -1).astype(dt)
+    half = dt != jnp.float32
+    if half and rows < HALF_MIN_ROWS:
+        x2 = jnp.pad(x2, ((0, HALF_MIN_ROWS - rows), (0, 0)))
+    y = jnp.dot(x2, w2, preferred_element_type=jnp.float32 if half else out_dtype)
+    return y[:rows].reshape(B, T, *out_shape).astype(out_dtype)
+
+
 _TRUNC_STD = 0.87962566103423978  # std of a standard normal truncated to [-2, 2]
 
 
@@ -364,15 +405,15 @@ class Attention(nnx.Module):
         B, T, _ = x.shape
         kv, g, hd = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
         if cfg.fused_projections:  # one product reads the three weights
-            qkv = jnp.einsum('btd,dkjh->btkjh', x, self.wqkv[...].astype(dt))
+            qkv = project(x, self.wqkv[...], dt)
             if cfg.qkv_bias:
                 qkv = qkv + self.bqkv[...].astype(dt)
             q = qkv[:, :, :, :g].reshape(B, T, cfg.n_heads, hd)  # head k·G + j, as qg reads
             k, v = qkv[:, :, :, g], qkv[:, :, :, g + 1]
         else:
-            q = jnp.einsum('btd,dnh->btnh', x, self.wq[...].astype(dt))
-            k = jnp.einsum('btd,dnh->btnh', x, self.wk[...].astype(dt))
-            v = jnp.einsum('btd,dnh->btnh', x, self.wv[...].astype(dt))
+            q = project(x, self.wq[...], dt)
+            k = project(x, self.wk[...], dt)
+            v = project(x, self.wv[...], dt)
             if cfg.qkv_bias:
                 q, k, v = (
                     y + b[...].astype(dt) for y, b in ((q, self.bq), (k, self.bk), (v, self.bv))
@@ -424,7 +465,7 @@ class Attention(nnx.Module):
         out = out.transpose(0, 3, 1, 2, 4).reshape(B, T, cfg.n_heads * hd)
         out = jax.lax.optimization_barrier(out)
         wo = self.wo[...].astype(dt).reshape(cfg.n_heads * hd, -1)
-        y = jnp.einsum('btf,fd->btd', out, wo)
+        y = project(out, wo, dt)
         return y, new_cache
 
 
@@ -445,13 +486,13 @@ class MLP(nnx.Module):
     def __call__(self, x):
         dt = jnp.dtype(self.dtype)
         if self.fused:  # one product reads both weights
-            gu = jnp.einsum('btd,dcf->btcf', x, self.w_gate_up[...].astype(dt))
+            gu = project(x, self.w_gate_up[...], dt)
             gate, up = gu[:, :, 0], gu[:, :, 1]
         else:
-            gate = x @ self.w_gate[...].astype(dt)
-            up = x @ self.w_up[...].astype(dt)
+            gate = project(x, self.w_gate[...], dt)
+            up = project(x, self.w_up[...], dt)
         h = with_logical_constraint(jax.nn.silu(gate) * up, ('batch', 'length', 'mlp'))
-        return h @ self.w_down[...].astype(dt)
+        return project(h, self.w_down[...], dt)
 
 
 class Block(nnx.Module):
@@ -521,6 +562,6 @@ class Transformer(nnx.Module):
             cache_k, cache_v = PerLayer(new_k), PerLayer(new_v)
         x = self.final_norm(x)
         head = table.T if cfg.tie_embeddings else self.lm_head[...]
-        logits = jnp.einsum('btd,dv->btv', x, head.astype(dt), preferred_element_type=jnp.float32)
+        logits = project(x, head, dt, out_dtype=jnp.float32)
         logits = with_logical_constraint(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
         return logits, cache_k, cache_v
