@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+import types
 from pathlib import Path
 
 import jax
@@ -62,6 +63,14 @@ def define_flags():
     flags.DEFINE_list("ks", [str(k) for k in range(1, 10)], "block widths k (ratio part)")
     flags.DEFINE_list("ratio_batches", ["1", "8"], "batch sizes (ratio part)")
     flags.DEFINE_string("dtype", "float32", "verifier dtype for the spec and peer parts")
+    flags.DEFINE_string(
+        "ar_reference",
+        "",
+        "another verifier dtype whose autoregressive decoding is timed in the same paired "
+        "rounds (spec part), e.g. float32 beside a bfloat16 run: the model's plain decoding "
+        "at the other precision (its own target numerics), which may be faster on this "
+        "machine; rows then also give spec / reference AR",
+    )
     flags.DEFINE_list("drafters", ["code", "prose", "lookup", "reasoning"], "drafters (spec part)")
     flags.DEFINE_list("gammas", ["2", "3", "4", "6", "8"], "γ values (spec part)")
     flags.DEFINE_list("batches", ["1", "8"], "batch sizes (spec part)")
@@ -299,21 +308,25 @@ def _run_spec(dep, v_calls, d: dict) -> tuple:
     return n / s, counters
 
 
-def _paired_runs(dep, v_calls, setups, tau: float) -> list[float]:
-    """AR and every setup's speculative runs alternating (the first round discarded); fills
-    each setup's runs and returns AR's tokens/s per repeat."""
-    ar = []
+def _paired_runs(dep, v_calls, setups, tau: float, ref=None) -> tuple[list[float], list[float]]:
+    """AR (and the reference dtype's AR, ``ref``) and every setup's speculative runs
+    alternating (the first round discarded); fills each setup's runs and returns AR's and
+    the reference AR's tokens/s per repeat."""
+    ar, ref_ar = [], []
     for i in range(FLAGS.repeats + 1):
         a = _run_ar(dep, v_calls, tau)
+        r = _run_ar(ref, v_calls, tau) if ref is not None else None
         if i:
             ar.append(a)
+            if r is not None:
+                ref_ar.append(r)
         for d in setups:
             tps, counters = _run_spec(dep, v_calls, d)
             if i:
                 d["tps"].append(tps)
                 d["ratio"].append(tps / a)
             d["counters"] = counters
-    return ar
+    return ar, ref_ar
 
 
 def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t_score) -> dict:
@@ -361,8 +374,9 @@ def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t
     return row
 
 
-def part_spec(result: dict, model, dep) -> None:
-    """Speculative vs AR per batch × verifier τ × drafter × γ, with the forward times."""
+def part_spec(result: dict, model, dep, ref=None) -> None:
+    """Speculative vs AR per batch × verifier τ × drafter × γ, with the forward times
+    (``ref``: the `--ar_reference` verifier, its AR timed in the same rounds)."""
     texts_all = _plan_texts()
     rows, per_batch = [], []
     for batch in [int(b) for b in FLAGS.batches]:
@@ -375,7 +389,7 @@ def part_spec(result: dict, model, dep) -> None:
         t_step, t_score, t_draft = _forward_times(dep, batch, context, capacity)
         for tau in [float(t) for t in FLAGS.taus]:
             setups = _spec_setups(dep, calls, tau)
-            ar = _paired_runs(dep, v_calls, setups, tau)
+            ar, ref_ar = _paired_runs(dep, v_calls, setups, tau, ref)
             ar_tps = statistics.median(ar)
             per_batch.append(
                 dict(
@@ -384,6 +398,8 @@ def part_spec(result: dict, model, dep) -> None:
                     ar_tokens_per_s=ar_tps,
                     t_step=t_step,
                     ar_runs=ar,
+                    reference_ar_runs=ref_ar,
+                    reference_dtype=FLAGS.ar_reference if ref_ar else None,
                     context=context,
                     capacity=capacity,
                 )
@@ -392,8 +408,18 @@ def part_spec(result: dict, model, dep) -> None:
                 f"B={batch} τ={tau}: AR {ar_tps:.1f} tok/s; T_step {1e3 * t_step:.2f} ms",
                 flush=True,
             )
+            if ref_ar:
+                print(
+                    f"  reference AR ({FLAGS.ar_reference}) {statistics.median(ref_ar):.1f} tok/s"
+                )
             for d in setups:
-                rows.append(_spec_row(d, batch, tau, ar_tps, t_step, t_draft, t_score))
+                row = _spec_row(d, batch, tau, ar_tps, t_step, t_draft, t_score)
+                if ref_ar:
+                    row["reference_ar_tokens_per_s"] = statistics.median(ref_ar)
+                    row["spec_over_reference_ar"] = statistics.median(
+                        [t / r for t, r in zip(d["tps"], ref_ar)]
+                    )
+                rows.append(row)
     result["spec"] = rows
     result["ar"] = per_batch
     del model
@@ -584,6 +610,24 @@ def render_markdown(r: dict) -> list[str]:
                 f"{x['t_score_over_t_step']:.2f} |"
             )
         lines.append("")
+        refs = [x for x in r["spec"] if "spec_over_reference_ar" in x]
+        if refs:
+            ref_dtype = next(a["reference_dtype"] for a in r["ar"] if a.get("reference_dtype"))
+            lines += [
+                f"Against plain decoding of the same model in {ref_dtype} (its own numerics), "
+                "timed in the same paired rounds (median of the per-round ratios):",
+                "",
+                f"| B | τ | drafter | γ | spec tok/s | AR ({ref_dtype}) tok/s | "
+                f"spec / AR ({ref_dtype}) |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            lines += [
+                f"| {x['batch']} | {x['tau']:g} | {x['drafter']} | {x['gamma']} | "
+                f"{x['spec_tokens_per_s']:.1f} | {x['reference_ar_tokens_per_s']:.1f} | "
+                f"{x['spec_over_reference_ar']:.2f} |"
+                for x in refs
+            ]
+            lines.append("")
     if r.get("peer"):
         p = r["peer"]
         lines += [
@@ -625,8 +669,12 @@ def main(argv):
         model = smollm2(max_len=2048, dtype=FLAGS.dtype, untie_head=True)
         names = list(dict.fromkeys(FLAGS.drafters + (["code"] if "peer" in FLAGS.parts else [])))
         dep = from_smollm2(names, dtype=FLAGS.dtype, drafters=_drafter_files(), verifier=model)
+        ref = None
+        if "spec" in FLAGS.parts and FLAGS.ar_reference and FLAGS.ar_reference != FLAGS.dtype:
+            r = smollm2(max_len=2048, dtype=FLAGS.ar_reference, untie_head=True)
+            ref = types.SimpleNamespace(verifier=r.lm, v_params=r.params)
         if "spec" in FLAGS.parts:
-            part_spec(result, model, dep)
+            part_spec(result, model, dep, ref)
         if "peer" in FLAGS.parts:
             part_peer(result, model, dep)
     path = provenance.write_json(Path(FLAGS.out) / "real_speed.json", result, prov)

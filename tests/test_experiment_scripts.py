@@ -208,6 +208,8 @@ def test_benchmark_real(tmp_path):
         "--taus=0.0",
         "--new_tokens=4",
         "--repeats=1",
+        "--dtype=bfloat16",
+        "--ar_reference=float32",
         "--write_docs",
         f"--docs_dir={tmp_path}",
         "--doc_name=tiny",
@@ -216,8 +218,11 @@ def test_benchmark_real(tmp_path):
     out = read_json(tmp_path / "real_speed.json", command)
     assert [r["dtype"] for r in out["ratio"]] == ["float32"]
     assert [(r["drafter"], r["gamma"]) for r in out["spec"]] == [("lookup", 2)]
+    assert out["spec"][0]["spec_over_reference_ar"] > 0
+    assert out["ar"][0]["reference_dtype"] == "float32"
     body = read_page(tmp_path / "tiny.md", command)
     assert "Stream bandwidth" in body and "| lookup (" in body
+    assert "spec / AR (float32)" in body
 
 
 @pytest.mark.slow
