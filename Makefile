@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters benchmark benchmark-real benchmark-device docs docs-seed docs-seed-real clean-venv
+.PHONY: reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters benchmark benchmark-real benchmark-real-bf16 benchmark-device docs docs-seed docs-seed-real clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +83,15 @@ benchmark-real: $(STAMP)
 		--drafters code,prose,lookup,reasoning --gammas 3,5 --batches 1 --taus 1.0,0.0 \
 		--repeats 2 --write_docs --out runs/benchmark_real
 
+# The speculative engine on the bf16 verifier, where scoring up to 9 tokens costs one step
+# on this CPU (docs/performance.md), against bf16 and f32 plain decoding in the same paired
+# rounds: docs/results/real_speed_bf16.md, ~30 min on 2 idle cores.
+benchmark-real-bf16: $(STAMP)
+	$(PY) experiments/benchmark_real.py --parts machine,ratio,spec --dtypes float32,bfloat16 \
+		--ratio_batches 1,8 --ks 1,2,4,6,9 --dtype bfloat16 --ar_reference float32 \
+		--drafters code,prose,lookup --gammas 3,5,8 --batches 1 --taus 1.0,0.0 --repeats 2 \
+		--write_docs --doc_name real_speed_bf16 --out runs/benchmark_real_bf16
+
 # The same benchmark on a GPU/TPU in under 5 minutes, with an interpreter that already has
 # jax for the accelerator (no venv bootstrap: accelerator hosts may have no network).
 benchmark-device:
@@ -98,6 +107,9 @@ docs: $(STAMP) docs-seed
 	$(PY) experiments/benchmark_plans.py --write_docs
 	$(PY) experiments/benchmark_batching.py --write_docs
 	$(MAKE) benchmark-real
+	$(MAKE) benchmark-real-bf16
+	$(PY) experiments/compare_layouts.py --layouts float32,bfloat16:einsum,bfloat16 --batches 1,8 \
+		--ks 1,2,3,5,9 --rounds 5 --reps 16 --write_docs --doc_name products --out runs/products
 	$(PY) experiments/benchmark_real.py --parts machine,spec --drafters code,prose,lookup \
 		--gammas 3 --batches 1,8 --taus 0.0,1.0 --repeats 2 --write_docs \
 		--doc_name real_speed_batch --out runs/benchmark_real_batch

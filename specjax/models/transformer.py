@@ -207,8 +207,8 @@ def project(x: jax.Array, w: jax.Array, dt, out_dtype=None) -> jax.Array:
     It runs as one 2-D product ``[B·T, K] × [K, N]``; in half precision the operands are
     ``dt`` and the product accumulates in f32 (``preferred_element_type``), rounded once
     to the output dtype. On XLA:CPU that is the form its YNNPACK kernels take for bf16,
-    and they take it only from two rows up (one row falls back to a generic loop several
-    times slower than f32), so a one-row half-precision product (``B = T = 1``: a decode
+    and they take it only from two rows up (one row takes another path, several times
+    slower than f32), so a one-row half-precision product (``B = T = 1``: a decode
     step at batch 1) is padded with a zero row, dropped after (no value depends on it).
     Measured on the 2-core Xeon with AVX-512 BF16 (docs/results/layouts.md): SmolLM2 in
     bf16, one-token step 44 -> 35 ms and T_score(9) / T_step 1.36 -> 1.03 with the f32
