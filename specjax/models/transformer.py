@@ -210,9 +210,9 @@ def project(x: jax.Array, w: jax.Array, dt, out_dtype=None) -> jax.Array:
     and they take it only from two rows up (one row takes another path, several times
     slower than f32), so a one-row half-precision product (``B = T = 1``: a decode
     step at batch 1) is padded with a zero row, dropped after (no value depends on it).
-    Measured on the 2-core Xeon with AVX-512 BF16 (docs/results/layouts.md): SmolLM2 in
-    bf16, one-token step 44 -> 35 ms and T_score(9) / T_step 1.36 -> 1.03 with the f32
-    accumulation and the pad; f32 is unchanged by them. On an accelerator the pad is free
+    Measured on the 2-core Xeon with AVX-512 BF16 (docs/results/products.md): SmolLM2 in
+    bf16, one-token step 42.3 -> 36.2 ms and T_score(9) / T_step 1.44 -> 1.01 at batch 1
+    with the f32 accumulation and the pad; f32 is unchanged by them. On an accelerator the pad is free
     (the matrix unit pads rows anyway). `PRODUCTS = 'einsum'` traces the products as
     before (an einsum in ``dt``), for paired comparisons.
     """
