@@ -4,6 +4,7 @@ r"""Speed on the real verifier: SmolLM2-135M-Instruct (GGUF, dequantized) on thi
   make benchmark-real                       # the published page's command, ~25 min on 2 cores
   python experiments/benchmark_real.py --parts ratio --dtypes float32,bfloat16
   python experiments/benchmark_real.py --parts spec --drafters code,lookup --gammas 2,4 --batches 1
+  python experiments/benchmark_real.py --parts spec --dtype bfloat16 --drafters lookup,lookup+code+prose
 
 Parts (``--parts``, in this order; one process, nothing timed concurrently):
   machine  CPU model, caches, load; stream bandwidth (a jitted sum over 1 GiB, best of 5).
@@ -13,7 +14,8 @@ Parts (``--parts``, in this order; one process, nothing timed concurrently):
            forward ÷ stream bandwidth) and the roofline projection of the same forwards on
            one TPU v5e chip and one H100 (bf16 weights; bytes and FLOPs counted from the
            model).
-  spec     per batch, verifier τ, drafter and γ: AR and speculative tokens/s (the engine's
+  spec     per batch, verifier τ, drafter (or '+'-joined drafters: one token tree of their
+           chains per row) and γ: AR and speculative tokens/s (the engine's
            compiled programs, compilation and the first run excluded, AR and speculative
            runs alternating, medians of paired ratios), α, tokens per round, c = T_draft /
            T_step, Leviathan's speed-up and the hardware-aware prediction
@@ -71,7 +73,19 @@ def define_flags():
         "at the other precision (its own target numerics), which may be faster on this "
         "machine; rows then also give spec / reference AR",
     )
-    flags.DEFINE_list("drafters", ["code", "prose", "lookup", "reasoning"], "drafters (spec part)")
+    flags.DEFINE_list(
+        "drafters",
+        ["code", "prose", "lookup", "reasoning"],
+        "drafters (spec part); names joined by '+' (e.g. lookup+code+prose) share each "
+        "row as one token tree: one chain per drafter, scored in one (S·γ+1)-token "
+        "forward and verified by --tree_rule",
+    )
+    flags.DEFINE_enum(
+        "tree_rule",
+        "token_tree",
+        ["token_tree", "coupled", "shared_block", "coupled_block"],
+        "verification rule of the '+' setups (one-drafter setups use rule 1, rejection)",
+    )
     flags.DEFINE_list("gammas", ["2", "3", "4", "6", "8"], "γ values (spec part)")
     flags.DEFINE_list("batches", ["1", "8"], "batch sizes (spec part)")
     flags.DEFINE_list("taus", ["1.0", "0.0"], "verifier temperatures (spec part)")
@@ -194,19 +208,33 @@ def _plan_texts() -> list[str]:
     ]
 
 
+def _members(entry: str) -> list[str]:
+    """The drafters of one --drafters entry ('lookup+code' -> ['lookup', 'code'])."""
+    return entry.split("+")
+
+
+def _drafter_names() -> list[str]:
+    """Every drafter any --drafters entry names, once, in order."""
+    return list(dict.fromkeys(n for e in FLAGS.drafters for n in _members(e)))
+
+
 def _forward_times(dep, batch: int, context: int, capacity: int) -> tuple:
-    """T_step, T_score(γ+1) per γ and T_draft per drafter (seconds, min of 3) at this shape."""
+    """T_step, T_score(k) per block width k = S·γ + 1 (S chains of γ: one per drafter of an
+    entry) and T_draft per drafter (seconds, min of 3) at this shape."""
     v = dep.verifier
     t_step = min(
         forward_timer(v, dep.v_params, batch, 1, context, capacity, 16)() for _ in range(3)
     )
+    widths = sorted(
+        {len(_members(e)) * int(g) + 1 for e in FLAGS.drafters for g in FLAGS.gammas}
+    )
     t_score = {}
-    for g in [int(x) for x in FLAGS.gammas]:
-        t_score[g] = min(
-            forward_timer(v, dep.v_params, batch, g + 1, context, capacity, 16)() for _ in range(3)
+    for k in widths:
+        t_score[k] = min(
+            forward_timer(v, dep.v_params, batch, k, context, capacity, 16)() for _ in range(3)
         )
     t_draft = {}
-    for name in FLAGS.drafters:
+    for name in _drafter_names():
         sub = dep.subset([name])
         t_draft[name] = min(
             forward_timer(
@@ -224,22 +252,25 @@ def _forward_times(dep, batch: int, context: int, capacity: int) -> tuple:
 
 
 def _spec_setups(dep, calls, tau: float) -> list[dict]:
-    """One setup per drafter × γ at verifier τ: its deployment, engine config, drafter
-    prompts, and empty lists for its runs."""
+    """One setup per --drafters entry × γ at verifier τ: its deployment (an entry's
+    drafters in its order: the tree's slots), engine config, drafter prompts, and empty
+    lists for its runs."""
     from specjax.engine.spec import EngineConfig  # pylint: disable=import-outside-toplevel
 
     setups = []
     for name in FLAGS.drafters:
-        sub = dep.subset([name])
+        members = _members(name)
+        sub = dep.subset(members)
         if tau == 0.0 and FLAGS.greedy_drafters:
-            sub = sub.with_temperatures([0.0])
-        d_calls = [[[sub.drafter_encode[0](t) for t in c]] for c in calls]
+            sub = sub.with_temperatures([0.0] * len(members))
+        d_calls = [[[enc(t) for t in c] for enc in sub.drafter_encode] for c in calls]
         for g in [int(x) for x in FLAGS.gammas]:
             cfg = EngineConfig(
                 gamma=g,
-                rule="rejection",
+                rule="rejection" if len(members) == 1 else FLAGS.tree_rule,
                 verifier_temperature=tau,
                 max_new_tokens=FLAGS.new_tokens,
+                n_slots=len(members),
             )
             setups.append(
                 dict(
@@ -336,14 +367,25 @@ def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t
     acc = sum(float(c.own_accepted_at.sum()) for c in d["counters"])
     reach = sum(float(c.own_reached_at.sum()) for c in d["counters"])
     alpha = acc / max(reach, 1.0)
+    by_k = [
+        sum(np.asarray(c.own_accepted_at).sum(axis=(0, 2)) for c in d["counters"]),
+        sum(np.asarray(c.own_reached_at).sum(axis=(0, 2)) for c in d["counters"]),
+    ]
     per_round = sum(float(c.committed.sum()) for c in d["counters"]) / max(
         sum(float(c.rounds.sum()) for c in d["counters"]), 1.0
     )
-    g, td, ts = d["gamma"], t_draft[d["name"]], t_score[d["gamma"]]
+    members = _members(d["name"])
+    g = d["gamma"]
+    # A tree's drafters draft one after another: γ · ΣT_draft, then one (S·γ+1)-token score.
+    td, ts = sum(t_draft[n] for n in members), t_score[len(members) * g + 1]
     hw = float(metrics.hardware_aware_speedup(per_round, t_step, td, ts, g))
     measured = statistics.median(d["ratio"])
+    # Leviathan's formula is for one chain; a tree's pooled α does not enter it.
+    lev = float(metrics.leviathan_speedup(alpha, g, td / t_step)) if len(members) == 1 else None
     row = dict(
         drafter=d["name"],
+        rule=d["cfg"].rule,
+        slots=len(members),
         gamma=g,
         batch=batch,
         tau=tau,
@@ -351,13 +393,16 @@ def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t
         ar_tokens_per_s=ar_tps,
         spec_tokens_per_s=statistics.median(d["tps"]),
         alpha=alpha,
+        alpha_by_drafter={
+            n: float(a) / max(float(r), 1.0) for n, a, r in zip(members, by_k[0], by_k[1])
+        },
         tokens_per_round=per_round,
         c=td / t_step,
         t_step=t_step,
         t_draft=td,
         t_score=ts,
         t_score_over_t_step=ts / t_step,
-        leviathan_speedup=float(metrics.leviathan_speedup(alpha, g, td / t_step)),
+        leviathan_speedup=lev,
         hardware_aware_speedup=hw,
         measured_speedup=measured,
         measured_over_hardware_aware=measured / hw,
@@ -591,18 +636,26 @@ def render_markdown(r: dict) -> list[str]:
         lines.append("")
     if r.get("spec"):
         lines += [
-            f"## Speculative vs autoregressive (rule 1, {r.get('new_tokens')} new tokens, "
+            f"## Speculative vs autoregressive ({r.get('new_tokens')} new tokens, "
             f"{r.get('prompts_per_domain')} plan prompt(s) per domain in the chat template, "
             f"medians of {r.get('repeats')} paired runs)",
+            "",
+            "One drafter: rule 1 (rejection). Drafters joined by `+`: one token tree per row, "
+            "a chain of γ from each drafter, scored in one (S·γ+1)-token forward (the "
+            "T_score column) and verified by the rule named beside it; α is then the "
+            "drafters' own α pooled (each chain tested alone), per drafter below the "
+            "table, and the hardware-aware prediction is E·T_step / (γ·ΣT_draft + "
+            "T_score(S·γ+1)).",
             "",
             "| B | τ | drafter (τ_i) | γ | AR tok/s | spec tok/s | spec / AR | hw-aware | "
             "measured / hw-aware | α | tokens / round | c | T_score / T_step |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for x in r["spec"]:
+            tree = f", {x['rule']}" if x.get("slots", 1) > 1 else ""
             lines.append(
                 f"| {x['batch']} | {x['tau']:g} | {x['drafter']} "
-                f"({x.get('drafter_tau', float('nan')):g}) | {x['gamma']} | "
+                f"({x.get('drafter_tau', float('nan')):g}{tree}) | {x['gamma']} | "
                 f"{x['ar_tokens_per_s']:.1f} | {x['spec_tokens_per_s']:.1f} | "
                 f"{x['measured_speedup']:.2f} | {x['hardware_aware_speedup']:.2f} | "
                 f"{x['measured_over_hardware_aware']:.2f} | {x['alpha']:.2f} | "
@@ -610,6 +663,15 @@ def render_markdown(r: dict) -> list[str]:
                 f"{x['t_score_over_t_step']:.2f} |"
             )
         lines.append("")
+        trees = [x for x in r["spec"] if x.get("slots", 1) > 1]
+        if trees:
+            lines += ["Per-drafter α in the trees (each chain tested alone):", ""]
+            lines += [
+                f"- B {x['batch']}, τ {x['tau']:g}, {x['drafter']}, γ {x['gamma']}: "
+                + ", ".join(f"{n} {a:.2f}" for n, a in x["alpha_by_drafter"].items())
+                for x in trees
+            ]
+            lines.append("")
         refs = [x for x in r["spec"] if "spec_over_reference_ar" in x]
         if refs:
             ref_dtype = next(a["reference_dtype"] for a in r["ar"] if a.get("reference_dtype"))
@@ -667,7 +729,7 @@ def main(argv):
         part_ratio(result, bw)
     if "spec" in FLAGS.parts or "peer" in FLAGS.parts:
         model = smollm2(max_len=2048, dtype=FLAGS.dtype, untie_head=True)
-        names = list(dict.fromkeys(FLAGS.drafters + (["code"] if "peer" in FLAGS.parts else [])))
+        names = list(dict.fromkeys(_drafter_names() + (["code"] if "peer" in FLAGS.parts else [])))
         dep = from_smollm2(names, dtype=FLAGS.dtype, drafters=_drafter_files(), verifier=model)
         ref = None
         if "spec" in FLAGS.parts and FLAGS.ar_reference and FLAGS.ar_reference != FLAGS.dtype:

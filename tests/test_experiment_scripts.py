@@ -202,7 +202,7 @@ def test_benchmark_real(tmp_path):
         "--dtypes=float32",
         "--ks=2",
         "--ratio_batches=1",
-        "--drafters=lookup",
+        "--drafters=lookup,lookup+code",
         "--gammas=2",
         "--batches=1",
         "--taus=0.0",
@@ -217,12 +217,18 @@ def test_benchmark_real(tmp_path):
     command = run_script("benchmark_real.py", *args, timeout=1200)
     out = read_json(tmp_path / "real_speed.json", command)
     assert [r["dtype"] for r in out["ratio"]] == ["float32"]
-    assert [(r["drafter"], r["gamma"]) for r in out["spec"]] == [("lookup", 2)]
+    assert [(r["drafter"], r["gamma"], r["slots"]) for r in out["spec"]] == [
+        ("lookup", 2, 1),
+        ("lookup+code", 2, 2),
+    ]
+    assert [r["rule"] for r in out["spec"]] == ["rejection", "token_tree"]
+    assert sorted(out["spec"][1]["alpha_by_drafter"]) == ["code", "lookup"]
     assert out["spec"][0]["spec_over_reference_ar"] > 0
     assert out["ar"][0]["reference_dtype"] == "float32"
     body = read_page(tmp_path / "tiny.md", command)
     assert "Stream bandwidth" in body and "| lookup (" in body
     assert "spec / AR (float32)" in body
+    assert "| lookup+code (0, token_tree) |" in body and "Per-drafter α in the trees" in body
 
 
 @pytest.mark.slow
