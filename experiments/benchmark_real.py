@@ -59,16 +59,22 @@ def define_flags():
     flags.DEFINE_list(
         "dtypes",
         ["float32:tied", "float32", "bfloat16"],
-        "verifier layouts for the ratio part: dtype, ':tied' keeps the file's tied "
-        "head (read as the table's transpose) instead of a [D, V] copy",
+        "verifier layouts for the ratio part: dtype[:token+token] (VERIFIER_TOKENS: "
+        "'tied' keeps the file's tied head, read as the table's transpose, instead of a "
+        "[D, V] copy; 'fused' q/k/v and gate/up tables; 'out_first' weights stored "
+        "[out, in])",
     )
     flags.DEFINE_list("ks", [str(k) for k in range(1, 10)], "block widths k (ratio part)")
     flags.DEFINE_list("ratio_batches", ["1", "8"], "batch sizes (ratio part)")
-    flags.DEFINE_string("dtype", "float32", "verifier dtype for the spec and peer parts")
+    flags.DEFINE_string(
+        "dtype",
+        "float32",
+        "verifier dtype[:token+token] for the spec and peer parts (tokens as --dtypes')",
+    )
     flags.DEFINE_string(
         "ar_reference",
         "",
-        "another verifier dtype whose autoregressive decoding is timed in the same paired "
+        "another verifier dtype[:tokens] whose autoregressive decoding is timed in the same paired "
         "rounds (spec part), e.g. float32 beside a bfloat16 run: the model's plain decoding "
         "at the other precision (its own target numerics), which may be faster on this "
         "machine; rows then also give spec / reference AR",
@@ -108,6 +114,47 @@ def define_flags():
 ACCELERATORS = {"TPU v5e (1 chip)": (819e9, 197e12), "H100 SXM": (3.35e12, 989e12)}
 
 
+#: Layout tokens of a verifier spec ``dtype[:token+token]``.
+VERIFIER_TOKENS = ("tied", "fused", "out_first")
+
+
+def parse_verifier(spec: str) -> tuple[str, set]:
+    """``'bfloat16:out_first'`` -> ``('bfloat16', {'out_first'})``; ValueError naming the
+    allowed values otherwise."""
+    dt, _, rest = spec.partition(":")
+    tokens = {t for t in rest.split("+") if t}
+    if dt not in ("float32", "bfloat16") or tokens - set(VERIFIER_TOKENS):
+        raise ValueError(
+            f"verifier {spec!r}: allowed: float32 or bfloat16, optionally ':' and "
+            f"'+'-joined tokens from {list(VERIFIER_TOKENS)} (e.g. bfloat16:out_first)"
+        )
+    return dt, tokens
+
+
+def load_verifier(spec: str, max_len: int):
+    """SmolLM2 in the layout ``spec`` names (`parse_verifier`)."""
+    from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
+
+    dt, tokens = parse_verifier(spec)
+    return smollm2(
+        max_len=max_len,
+        dtype=dt,
+        untie_head="tied" not in tokens,
+        fuse_projections="fused" in tokens,
+        out_first="out_first" in tokens,
+    )
+
+
+def _valid_verifiers(specs) -> bool:
+    for spec in [specs] if isinstance(specs, str) else specs:
+        if spec:
+            try:
+                parse_verifier(spec)
+            except ValueError as e:
+                raise flags.ValidationError(str(e)) from None
+    return True
+
+
 def stream_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
     """Bytes/s of a jitted f32 sum over a ``gib`` GiB array (a read-only stream)."""
     x = jnp.ones((int(gib * 2**30) // 4,), jnp.float32)
@@ -140,12 +187,9 @@ def roofline(cfg, n_params: int, k: int, batch: int, context: int) -> dict:
 
 
 def part_ratio(result: dict, bw: float) -> None:
-    from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
-
     rows = []
     for spec in FLAGS.dtypes:
-        dt, _, layout = spec.partition(":")
-        m = smollm2(max_len=512, dtype=dt, untie_head=layout != "tied")
+        m = load_verifier(spec, 512)
         n = sum(int(x.size) for x in jax.tree.leaves(m.params))
         wbytes = _weight_bytes(m.params, tied=m.lm.config.tie_embeddings)
         for batch in [int(b) for b in FLAGS.ratio_batches]:
@@ -225,9 +269,7 @@ def _forward_times(dep, batch: int, context: int, capacity: int) -> tuple:
     t_step = min(
         forward_timer(v, dep.v_params, batch, 1, context, capacity, 16)() for _ in range(3)
     )
-    widths = sorted(
-        {len(_members(e)) * int(g) + 1 for e in FLAGS.drafters for g in FLAGS.gammas}
-    )
+    widths = sorted({len(_members(e)) * int(g) + 1 for e in FLAGS.drafters for g in FLAGS.gammas})
     t_score = {}
     for k in widths:
         t_score[k] = min(
@@ -709,7 +751,6 @@ def render_markdown(r: dict) -> list[str]:
 def main(argv):
     del argv
     from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
-    from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
 
     prov = provenance.provenance()
     m = prov["machine"]
@@ -728,12 +769,13 @@ def main(argv):
     if "ratio" in FLAGS.parts:
         part_ratio(result, bw)
     if "spec" in FLAGS.parts or "peer" in FLAGS.parts:
-        model = smollm2(max_len=2048, dtype=FLAGS.dtype, untie_head=True)
+        model = load_verifier(FLAGS.dtype, 2048)
         names = list(dict.fromkeys(_drafter_names() + (["code"] if "peer" in FLAGS.parts else [])))
-        dep = from_smollm2(names, dtype=FLAGS.dtype, drafters=_drafter_files(), verifier=model)
+        dt = parse_verifier(FLAGS.dtype)[0]  # the distilled drafters' dtype
+        dep = from_smollm2(names, dtype=dt, drafters=_drafter_files(), verifier=model)
         ref = None
         if "spec" in FLAGS.parts and FLAGS.ar_reference and FLAGS.ar_reference != FLAGS.dtype:
-            r = smollm2(max_len=2048, dtype=FLAGS.ar_reference, untie_head=True)
+            r = load_verifier(FLAGS.ar_reference, 2048)
             ref = types.SimpleNamespace(verifier=r.lm, v_params=r.params)
         if "spec" in FLAGS.parts:
             part_spec(result, model, dep, ref)
@@ -754,4 +796,6 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
+    for _name in ("dtypes", "dtype", "ar_reference"):
+        flags.register_validator(_name, _valid_verifiers)
     app.run(main)

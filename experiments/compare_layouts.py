@@ -6,7 +6,9 @@ r"""The real verifier's forward in two parameter layouts, timed alternating in o
 
 A layout is ``dtype[:token+token]``; tokens: ``tied`` (keep the file's tied head; default
 unties it, as the deployment does), ``fused`` (q/k/v in one product and gate/up in one:
-`specjax.models.api.fuse_projections`) and ``einsum`` (the weight products traced as
+`specjax.models.api.fuse_projections`), ``out_first`` (projection weights stored
+``[out, in]``, the head ``[V, D]``: `specjax.models.api.order_weights`) and ``einsum``
+(the weight products traced as
 before `specjax.models.transformer.project`: an einsum in the compute dtype, no f32
 accumulation in half precision, a one-row product not padded). Every layout is loaded first; then each round
 times every (layout, batch, k) once, in a fixed interleaved order, so load changes hit
@@ -35,11 +37,15 @@ from specjax.models import transformer
 from specjax.timing import forward_timer
 
 FLAGS = flags.FLAGS
-TOKENS = ("tied", "fused", "einsum")
+TOKENS = ("tied", "fused", "out_first", "einsum")
 
 
 def define_flags():
-    flags.DEFINE_list("layouts", ["float32", "float32:fused"], "dtype[:tied+fused] each")
+    flags.DEFINE_list(
+        "layouts",
+        ["float32", "float32:fused"],
+        "dtype[:token+token] each (tokens: module docstring)",
+    )
     flags.DEFINE_list("batches", ["1"], "batch sizes")
     flags.DEFINE_list("ks", ["1", "2", "4", "6"], "forward widths (1 = T_step)")
     flags.DEFINE_integer("rounds", 7, "interleaved rounds")
@@ -97,6 +103,7 @@ def main(argv):
             dtype=dt,
             untie_head="tied" not in tokens,
             fuse_projections="fused" in tokens,
+            out_first="out_first" in tokens,
         )
         models[spec] = m
         with traced_as(tokens):

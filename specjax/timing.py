@@ -107,6 +107,11 @@ def matmul_floor(lm, params, batch: int, steps: int = 64) -> float:
     the sum of q, k and v, no cache, no sampling), in a jitted `lax.scan`."""
     cfg = lm.config
     g = cfg.n_heads // cfg.n_kv_heads
+    if cfg.fused_projections or cfg.out_first:
+        raise ValueError(
+            "matmul_floor: the default layout's parameters (allowed: fused_projections "
+            f"and out_first False; got {cfg.fused_projections}, {cfg.out_first})"
+        )
 
     @jax.jit
     def loop(params, tok):

@@ -208,7 +208,7 @@ def test_benchmark_real(tmp_path):
         "--taus=0.0",
         "--new_tokens=4",
         "--repeats=1",
-        "--dtype=bfloat16",
+        "--dtype=bfloat16:out_first",
         "--ar_reference=float32",
         "--write_docs",
         f"--docs_dir={tmp_path}",

@@ -196,3 +196,66 @@ def test_untied_head_layout_gives_identical_logits(smol):
         np.asarray(smol.lm.logits_full(smol.params, ids)),
         np.asarray(untied.lm.logits_full(untied.params, ids)),
     )
+
+
+@pytest.mark.slow
+def test_out_first_layout_on_smollm2_same_logits_and_greedy_speculation_equals_ar(smol):
+    """The ``[out, in]`` weight order (`out_first`) on the real file: f32 logits within the
+    parity bound of the default order's, and in bf16 (the layout the speed pages run)
+    greedy speculative decoding (prompt lookup, rule 1; and a lookup + reasoning token
+    tree) gives the bf16 verifier's own greedy tokens."""
+    from specjax.engine.autoregressive import (  # pylint: disable=import-outside-toplevel
+        autoregressive_generate,
+    )
+    from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
+    from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
+        row_keys_for,
+        speculative_generate,
+    )
+    from specjax.engine.spec import EngineConfig  # pylint: disable=import-outside-toplevel
+    from specjax.models import gguf  # pylint: disable=import-outside-toplevel
+
+    of32 = gguf.smollm2(max_len=64, untie_head=True, out_first=True)
+    assert of32.lm.config.out_first and of32.params['lm_head'].shape == (49152, 576)
+    ids = jnp.asarray([smol.tokenizer.encode(smol.chat('Name three colours.'))])
+    np.testing.assert_allclose(
+        np.asarray(of32.lm.logits_full(of32.params, ids)),
+        np.asarray(smol.lm.logits_full(smol.params, ids)),
+        rtol=0,
+        atol=1e-4,
+    )
+    del of32
+    dep = from_smollm2(['lookup', 'reasoning'], dtype='bfloat16', max_len=512, out_first=True)
+    texts = ['def add(a, b):\n    """Return a + b.\n', 'Q: What is 12 + 30?\n']
+    v_prompts = [dep.encode(t) for t in texts]
+    new = 24
+    ar = autoregressive_generate(
+        dep.verifier,
+        dep.v_params,
+        v_prompts,
+        row_keys_for(0, 2),
+        temperature=0.0,
+        max_new_tokens=new,
+        bucket=64,
+    )
+    for names, rule in [(['lookup'], 'rejection'), (['lookup', 'reasoning'], 'token_tree')]:
+        sub = dep.subset(names)
+        res = speculative_generate(
+            EngineConfig(
+                gamma=3, rule=rule, verifier_temperature=0.0, n_slots=len(names), max_new_tokens=new
+            ),
+            dep.verifier,
+            dep.v_params,
+            sub.drafters,
+            sub.d_data,
+            v_prompts,
+            [[e(t) for t in texts] for e in sub.drafter_encode],
+            row_keys_for(1, 2),
+            bucket=64,
+        )
+        for i, p in enumerate(v_prompts):
+            got = res.tokens[i, len(p) : res.length[i]][:new]
+            want = ar.tokens[i, len(p) : ar.length[i]][:new]
+            n = min(len(got), len(want))
+            assert n > 0
+            np.testing.assert_array_equal(got[:n], want[:n], err_msg=f'{names} {rule} row {i}')

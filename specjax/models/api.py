@@ -34,7 +34,7 @@ from flax import nnx
 
 from specjax import sharding as shd
 from specjax.models.cache import Cache, advance, compact, init_cache, rollback
-from specjax.models.fused import fuse_params
+from specjax.models.fused import fuse_params, order_params
 from specjax.models.transformer import Transformer, TransformerConfig, scale_noise
 
 __all__ = [
@@ -202,17 +202,32 @@ def fuse_projections(lm: TransformerLM, params, mesh=None, rules=None):
     same logits up to the products' rounding. ``mesh`` / ``rules``: place each fused leaf
     on its shards (``specjax.sharding``: the fused q/k/v table splits over KV heads)."""
     new = TransformerLM(dataclasses.replace(lm.config, fused_projections=True))
-    place = None
-    if mesh is not None:
-        sh = shd.param_shardings(new, mesh, rules)
+    return new, fuse_params(lm.config, params, _placer(new, mesh, rules))
 
-        def place(path, x):
-            leaf = sh
-            for k in path:
-                leaf = leaf[k]
-            return jax.device_put(x, leaf)
 
-    return new, fuse_params(lm.config, params, place)
+def order_weights(lm: TransformerLM, params, out_first: bool = True, mesh=None, rules=None):
+    """``(lm', params')``: the same model with its projection weights stored output dims
+    first (``out_first``, `TransformerConfig.out_first`: ``[out, in]``, products contract
+    the weights' last dims) or back in the default ``[in, out]`` order; the same logits
+    up to the products' rounding. ``mesh`` / ``rules``: as in `fuse_projections`."""
+    new = TransformerLM(dataclasses.replace(lm.config, out_first=bool(out_first)))
+    return new, order_params(lm.config, params, out_first, _placer(new, mesh, rules))
+
+
+def _placer(lm: TransformerLM, mesh, rules):
+    """``place(path, x)``: ``x`` put on its shards of ``lm``'s layout on ``mesh`` (None:
+    no mesh)."""
+    if mesh is None:
+        return None
+    sh = shd.param_shardings(lm, mesh, rules)
+
+    def place(path, x):
+        leaf = sh
+        for k in path:
+            leaf = leaf[k]
+        return jax.device_put(x, leaf)
+
+    return place
 
 
 @functools.partial(jax.jit, static_argnums=0)

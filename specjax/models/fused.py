@@ -1,8 +1,16 @@
-"""The fused projection layout (`TransformerConfig.fused_projections`): converting a model's
-parameters between separate q/k/v and gate/up tables and the fused ones, and reading a
-separate leaf back from the fused tables (HF export). The same function either way."""
+"""Parameter layouts of the transformer, and converting between them; the same function in
+every layout.
+
+* The fused projection layout (`TransformerConfig.fused_projections`): separate q/k/v and
+  gate/up tables or fused ones.
+* The weight order (`TransformerConfig.out_first`): projection weights stored ``[*in,
+  *out]`` (the default) or ``[*out, *in]``, as HF and GGUF keep them.
+
+`separate_leaf` reads any layout's leaf back as the default layout holds it (HF export)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax.numpy as jnp
 
@@ -19,6 +27,63 @@ _FUSED_LEAVES = {
     ('mlp', 'w_gate'): ('mlp', 'w_gate_up'),
     ('mlp', 'w_up'): ('mlp', 'w_gate_up'),
 }
+
+
+#: Projection leaves of a block and their input dims in the ``[*in, *out]`` order.
+_N_IN = {
+    ('attn', 'wq'): 1,
+    ('attn', 'wk'): 1,
+    ('attn', 'wv'): 1,
+    ('attn', 'wqkv'): 1,
+    ('attn', 'wo'): 2,
+    ('mlp', 'w_gate'): 1,
+    ('mlp', 'w_up'): 1,
+    ('mlp', 'w_gate_up'): 1,
+    ('mlp', 'w_down'): 1,
+}
+
+
+def _n_in(path: tuple) -> int:
+    """Input dims of the projection weight at ``path`` (0: not a projection weight)."""
+    if tuple(path) == ('lm_head',):
+        return 1
+    return _N_IN.get(tuple(path[1:]), 0) if len(path) == 3 else 0
+
+
+def _flip(x, n_in: int, out_first: bool):
+    """``[*in, *out]`` -> ``[*out, *in]`` (``out_first``), or back (``n_in`` input dims)."""
+    n_lead = n_in if out_first else x.ndim - n_in
+    return jnp.transpose(x, tuple(range(n_lead, x.ndim)) + tuple(range(n_lead)))
+
+
+def order_params(cfg: TransformerConfig, params: dict, out_first: bool, place=None) -> dict:
+    """Parameters of ``cfg`` in the weight order of ``dataclasses.replace(cfg,
+    out_first=out_first)``: every projection weight (q/k/v/o, gate/up/down, their fused
+    tables, an untied head) transposed between ``[*in, *out]`` and ``[*out, *in]``;
+    norms, biases and the embedding table unchanged.
+
+    Each output element is the same dot product over the same terms either way: only the
+    product's form changes (`specjax.models.transformer.project`). ``place``: as in
+    `fuse_params`; a block's old leaves are dropped as its new ones are made.
+    """
+    if bool(cfg.out_first) == bool(out_first):
+        raise ValueError(
+            f'order_params: cfg.out_first={cfg.out_first} already (allowed: {not out_first})'
+        )
+    place = place or (lambda path, x: x)
+    out = dict(params)
+    for i in range(cfg.n_layers):
+        name = f'layer_{i}'
+        block = {k: dict(v) if isinstance(v, dict) else v for k, v in out[name].items()}
+        for (mod, leaf), n_in in _N_IN.items():
+            if leaf in block.get(mod, {}):
+                block[mod][leaf] = place(
+                    (name, mod, leaf), _flip(block[mod][leaf], n_in, out_first)
+                )
+        out[name] = block
+    if 'lm_head' in out:
+        out['lm_head'] = place(('lm_head',), _flip(out['lm_head'], 1, out_first))
+    return out
 
 
 def fuse_params(cfg: TransformerConfig, params: dict, place=None) -> dict:
@@ -40,6 +105,12 @@ def fuse_params(cfg: TransformerConfig, params: dict, place=None) -> dict:
     """
     if cfg.fused_projections:
         raise ValueError('fuse_params: cfg.fused_projections=True already (allowed: False)')
+    if cfg.out_first:  # fuse in the [*in, *out] order, then store the result out first
+        in_first = dataclasses.replace(cfg, out_first=False)
+        fused = fuse_params(in_first, order_params(cfg, params, False))
+        return order_params(
+            dataclasses.replace(in_first, fused_projections=True), fused, True, place
+        )
     kv, g, hd, d = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim, cfg.d_model
     place = place or (lambda path, x: x)
     out = dict(params)
@@ -69,16 +140,21 @@ def fuse_params(cfg: TransformerConfig, params: dict, place=None) -> dict:
 
 
 def separate_leaf(cfg: TransformerConfig, params: dict, path: tuple):
-    """The separate layout's leaf at ``path`` (e.g. ``('layer_3', 'attn', 'wk')``) read
-    from ``params`` in ``cfg``'s layout (a slice of the fused leaf where ``cfg`` is fused)."""
-    node = params
+    """The default layout's leaf at ``path`` (e.g. ``('layer_3', 'attn', 'wk')``: separate,
+    ``[*in, *out]``) read from ``params`` in ``cfg``'s layout (a slice of the fused leaf
+    where ``cfg`` is fused, transposed back where ``cfg.out_first``)."""
     key = tuple(path[1:]) if len(path) == 3 else None
-    if not cfg.fused_projections or key not in _FUSED_LEAVES:
-        for p in path:
-            node = node[p]
+    fused_leaf = cfg.fused_projections and key in _FUSED_LEAVES
+    stored = (path[0],) + _FUSED_LEAVES[key] if fused_leaf else tuple(path)
+    node = params
+    for p in stored:
+        node = node[p]
+    if cfg.out_first and _n_in(stored):
+        node = _flip(node, _n_in(stored), False)
+    if not fused_leaf:
         return node
     kv, g, hd = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
-    fused = params[path[0]][_FUSED_LEAVES[key][0]][_FUSED_LEAVES[key][1]]
+    fused = node
     part = key[1]
     if part == 'wq':
         return fused[:, :, :g].reshape(fused.shape[0], kv * g, hd)
@@ -102,7 +178,9 @@ def unfuse_params(cfg: TransformerConfig, params: dict) -> dict:
         block = {k: dict(v) if isinstance(v, dict) else v for k, v in out[name].items()}
         for (mod, leaf), (_, fused) in _FUSED_LEAVES.items():
             if fused in params[name][mod]:
-                block[mod][leaf] = separate_leaf(cfg, params, (name, mod, leaf))
+                x = separate_leaf(cfg, params, (name, mod, leaf))  # [*in, *out]
+                n_in = _N_IN.get((mod, leaf), 0)
+                block[mod][leaf] = _flip(x, n_in, True) if cfg.out_first and n_in else x
         block['attn'].pop('wqkv', None)
         block['attn'].pop('bqkv', None)
         block['mlp'].pop('w_gate_up', None)

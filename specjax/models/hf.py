@@ -524,7 +524,10 @@ def _export_tensors(
     cfg = lm.config
     fold = cfg.tie_embeddings and cfg.embed_input_scale  # Gemma-style: untie on export
     export_cfg = dataclasses.replace(
-        cfg, tie_embeddings=cfg.tie_embeddings and not fold, fused_projections=False
+        cfg,
+        tie_embeddings=cfg.tie_embeddings and not fold,
+        fused_projections=False,
+        out_first=False,
     )
     entries = _entries(export_cfg)
     dt = np.dtype(lm.abstract_params()['embed'].dtype)
