@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters benchmark benchmark-real benchmark-real-bf16 benchmark-device docs docs-seed docs-seed-real clean-venv
+.PHONY: reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters benchmark benchmark-real benchmark-real-bf16 benchmark-real-trees benchmark-device docs docs-seed docs-seed-real clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -92,6 +92,16 @@ benchmark-real-bf16: $(STAMP)
 		--drafters code,prose,lookup --gammas 3,5,8 --batches 1 --taus 1.0,0.0 --repeats 2 \
 		--write_docs --doc_name real_speed_bf16 --out runs/benchmark_real_bf16
 
+# The bf16 verifier with its weights stored [out, in], one drafter or several in one token
+# tree per row ('+'), against f32 plain decoding in the same rounds (~40 min on 2 cores).
+benchmark-real-trees: $(STAMP)
+	$(PY) experiments/benchmark_real.py --parts machine,ratio,spec \
+		--dtypes float32,bfloat16,bfloat16:out_first --ratio_batches 1,8 --ks 1,2,4,7,10 \
+		--dtype bfloat16:out_first --ar_reference float32 \
+		--drafters code,lookup,lookup+code,lookup+code+prose --gammas 3,5 --batches 1 \
+		--taus 1.0,0.0 --repeats 2 --write_docs --doc_name real_speed_trees \
+		--out runs/benchmark_real_trees
+
 # The same benchmark on a GPU/TPU in under 5 minutes, with an interpreter that already has
 # jax for the accelerator (no venv bootstrap: accelerator hosts may have no network).
 benchmark-device:
@@ -108,6 +118,10 @@ docs: $(STAMP) docs-seed
 	$(PY) experiments/benchmark_batching.py --write_docs
 	$(MAKE) benchmark-real
 	$(MAKE) benchmark-real-bf16
+	$(MAKE) benchmark-real-trees
+	$(PY) experiments/compare_layouts.py --layouts float32,bfloat16,bfloat16:out_first \
+		--batches 1,8 --ks 1,2,4,9 --rounds 3 --reps 16 --write_docs --doc_name weight_order \
+		--out runs/weight_order
 	$(PY) experiments/compare_layouts.py --layouts float32,bfloat16:einsum,bfloat16 --batches 1,8 \
 		--ks 1,2,3,5,9 --rounds 5 --reps 16 --write_docs --doc_name products --out runs/products
 	$(PY) experiments/benchmark_real.py --parts machine,spec --drafters code,prose,lookup \
