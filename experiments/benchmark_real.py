@@ -580,11 +580,15 @@ def _assisted_rows(dep, target, ids, n_new: int) -> dict:
     import torch  # pylint: disable=import-outside-toplevel
     import transformers  # pylint: disable=import-outside-toplevel
 
-    from specjax.models.real_zoo import export_hf  # pylint: disable=import-outside-toplevel
+    from specjax.models.real_zoo import (  # pylint: disable=import-outside-toplevel
+        export_hf,
+        load_drafter,
+    )
 
+    del dep  # the deployment holds the drafter's inner model; HF gets the whole SubsetVocabLM
     drafter_dir = Path(FLAGS.out) / "hf_code_drafter"
-    sub = dep.subset(["code"])
-    export_hf(drafter_dir, sub.drafters[0].lm, sub.d_data[0].params)
+    lm, params, _ = load_drafter(_drafter_files().get("code", "code"))
+    export_hf(drafter_dir, lm, params)
     assistant = transformers.AutoModelForCausalLM.from_pretrained(
         str(drafter_dir), dtype=torch.float32
     ).eval()

@@ -14,6 +14,10 @@
    a subset drafter cut from the verifier itself (high acceptance, and rejections where
    the verifier's argmax lies outside the subset); another subset of the same size reuses
    the compiled program.
+
+Sections 2 and 3 run each drafter in both of its engine forms: the `SubsetVocabLM` with
+identity maps (drafting over the verifier's ids) and its inner model with
+`subset_vocab_maps` (drafting in its own K + 1 ids, as deployments run it).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from specjax import testing as suite
 from specjax.engine import programs
 from specjax.engine.autoregressive import autoregressive_generate
 from specjax.engine.generate import row_keys_for, speculative_generate
-from specjax.engine.spec import DrafterSpec, EngineConfig, identity_maps
+from specjax.engine.spec import DrafterSpec, EngineConfig, identity_maps, subset_vocab_maps
 from specjax.models import cache as cache_mod
 from specjax.models.api import TransformerLM, causal_block_mask
 from specjax.models.subset_vocab import NEG_LOGIT, SubsetVocabLM, most_frequent_ids
@@ -285,6 +289,33 @@ def test_the_other_row_is_never_proposed(model):
     assert from_bf16.dtype == np.float32  # bf16 inner logits scatter as f32
 
 
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 3, 1.0), (1.3, 0, 0.8), (0.0, 0, 1.0)]
+)
+def test_own_ids_form_has_the_same_q(model, full, temperature, top_k, top_p):
+    """`subset_vocab_maps`: the inner model's distribution over its own ids, masked where
+    `to_verifier` is -1 and moved into the verifier's ids, is the `SubsetVocabLM`'s; every
+    verifier id is one piece (its inner id or "other")."""
+    from specjax.verify.distributions import to_verifier_space
+
+    lm, params = model
+    inner_lm, data = subset_vocab_maps(lm, params)
+    assert inner_lm is lm.inner and not data.identity
+    to_v = np.asarray(data.to_verifier)
+    np.testing.assert_array_equal(to_v, np.concatenate([KEEP, [-1]]))
+    np.testing.assert_array_equal(np.asarray(data.from_verifier), np.asarray(params["to_inner"]))
+    np.testing.assert_array_equal(np.asarray(data.retok)[:, 0], np.asarray(params["to_inner"]))
+    assert (np.asarray(data.retok_len) == 1).all() and data.retok.shape == (V, 1)
+    _, logits_full, inner = full
+    want = sampling_probs(jnp.asarray(logits_full), temperature, top_k=top_k, top_p=top_p)
+    q_d = sampling_probs(
+        jnp.asarray(inner), temperature, top_k=top_k, top_p=top_p, mask=data.to_verifier >= 0
+    )
+    got = to_verifier_space(q_d, data.to_verifier, V)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert (np.asarray(q_d)[..., -1] == 0).all()  # "other" is never drawn
+
+
 def test_cache_helpers_delegate(model, fwd):
     lm, params = model
     c0 = lm.init_cache(B, C)
@@ -340,28 +371,47 @@ def _subset_drafter(keep, seed, sharpen):
     return lm, params
 
 
-def _chi2_drafters(setup, both):
+def engine_form(lm, params, form):
+    """(lm, DrafterData) of a subset drafter in the engine form `form` (module docstring)."""
+    if form == "own_ids":
+        return subset_vocab_maps(lm, params)
+    return lm, identity_maps(params, lm.vocab_size)
+
+
+FORMS = ("identity", "own_ids")
+
+
+def engine_prompt(data, prompt):
+    """A prompt of verifier ids in the ids the drafter with DrafterData `data` reads."""
+    if data.identity:
+        return list(prompt)
+    return [int(i) for i in np.asarray(data.retok)[np.asarray(prompt), 0]]
+
+
+def _chi2_drafters(setup, both, form):
     """[subset A (τ 1), the suite's model drafter d0, and subset B (τ 0: one-hot q) when
     `both`, else the suite's partial-vocabulary drafter d2 (cross-vocabulary)]."""
-    la, pa = _subset_drafter(KEEP_A, 1, 5.0)
+    la, da = engine_form(*_subset_drafter(KEEP_A, 1, 5.0), form)
     specs = [DrafterSpec("subsetA", la, temperature=1.0), setup.drafters[0]]
-    data = [identity_maps(pa, suite.V), setup.d_data[0]]
+    data = [da, setup.d_data[0]]
     if both:
-        lb, pb = _subset_drafter(KEEP_B, 2, 3.0)
+        lb, db = engine_form(*_subset_drafter(KEEP_B, 2, 3.0), form)
         specs.append(DrafterSpec("subsetB", lb, temperature=0.0))
-        data.append(identity_maps(pb, suite.V))
+        data.append(db)
     else:
         specs.append(setup.drafters[2])
         data.append(setup.d_data[2])
     return tuple(specs), tuple(data)
 
 
-def _chi2_run(rule, slots_n, seed, both=False, n=N):
+def _chi2_run(rule, slots_n, seed, both=False, n=N, form="identity"):
     setup = suite.make_setup("random", seed=41)
-    specs, data = _chi2_drafters(setup, both)
+    specs, data = _chi2_drafters(setup, both, form)
     prompts = [[START]] * n
     dp = suite.drafter_prompts([START])
-    d_prompts = [[dp[0]] * n, [dp[0]] * n, [dp[0] if both else dp[2]] * n]
+    # A subset drafter's prompt is in its engine form's ids (the own-ids form reads inner ids).
+    third = engine_prompt(data[2], dp[0]) if both else dp[2]
+    d_prompts = [[engine_prompt(data[0], dp[0])] * n, [dp[0]] * n, [third] * n]
     # Rule 1: every row verifies subset A's chain; otherwise each row's block holds the
     # three chains.
     slots = np.zeros((n, 1), np.int32) if slots_n == 1 else None
@@ -410,20 +460,30 @@ _FAST = ("rejection", "token_tree")
 _RULES_SLOTS = [(r, 1 if r == "rejection" else 3) for r in RULES]
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize(
     "rule,slots_n",
     [(r, s) if r in _FAST else pytest.param(r, s, marks=pytest.mark.slow) for r, s in _RULES_SLOTS],
 )
-def test_subset_drafter_is_lossless(rule, slots_n):
-    setup, res, seqs = _chi2_run(rule, slots_n, seed=zlib.crc32(f"subset/{rule}".encode()))
+def test_subset_drafter_is_lossless(rule, slots_n, form):
+    seed = zlib.crc32(f"subset/{rule}/{form}".encode())
+    setup, res, seqs = _chi2_run(rule, slots_n, seed=seed, form=form)
     _check_chi2(rule, setup, res, seqs, (0,))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("rule", [r for r in RULES if r != "rejection"])
-def test_two_subset_drafters_are_lossless(rule):
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize(
+    "rule",
+    [
+        r if r == "token_tree" else pytest.param(r, marks=pytest.mark.slow)
+        for r in RULES
+        if r != "rejection"
+    ],
+)
+def test_two_subset_drafters_are_lossless(rule, form):
     """Two subsets in one block: A sampled at τ 1, B greedy (a one-hot q on {1, 4})."""
-    setup, res, seqs = _chi2_run(rule, 3, seed=zlib.crc32(f"subset2/{rule}".encode()), both=True)
+    seed = zlib.crc32(f"subset2/{rule}/{form}".encode())
+    setup, res, seqs = _chi2_run(rule, 3, seed=seed, both=True, form=form)
     _check_chi2(rule, setup, res, seqs, (0, 2))
 
 
@@ -498,10 +558,19 @@ def greedy_reference(verifier, v_params, prompts, new=GREEDY_NEW):
 
 
 def check_greedy_equality(
-    verifier, v_params, d_lm, d_params, prompts, ar, temperature=0.0, new=GREEDY_NEW
+    verifier,
+    v_params,
+    d_lm,
+    d_params,
+    prompts,
+    ar,
+    temperature=0.0,
+    new=GREEDY_NEW,
+    form="identity",
 ):
-    """Speculative decoding at verifier τ = 0 (rule 1, γ = 3) with the drafter equals the
-    autoregressive result `ar`; returns the engine's counters."""
+    """Speculative decoding at verifier τ = 0 (rule 1, γ = 3) with the drafter (in engine
+    form `form`) equals the autoregressive result `ar`; returns the engine's counters."""
+    d_lm, d_data = engine_form(d_lm, d_params, form)
     n = len(prompts)
     cfg = EngineConfig(
         gamma=3, rule="rejection", verifier_temperature=0.0, n_slots=1, max_new_tokens=new
@@ -511,9 +580,9 @@ def check_greedy_equality(
         verifier,
         v_params,
         [DrafterSpec("subset", d_lm, temperature=temperature)],
-        [identity_maps(d_params, verifier.vocab_size)],
+        [d_data],
         prompts,
-        [prompts],
+        [[engine_prompt(d_data, p) for p in prompts]],
         row_keys_for(3, n),
         min_width=16,
         drafter_min_width=[16],
@@ -523,7 +592,8 @@ def check_greedy_equality(
     return spec.counters
 
 
-def test_greedy_equals_autoregressive_on_a_tiny_transformer():
+@pytest.mark.parametrize("form", FORMS)
+def test_greedy_equals_autoregressive_on_a_tiny_transformer(form):
     """The subset is nearly the K ids the verifier writes most (FR-Spec's choice), so many
     drafts are accepted and the rest (argmax outside the subset) rejected."""
     verifier, v_params = byte_verifier()
@@ -541,7 +611,14 @@ def test_greedy_equals_autoregressive_on_a_tiny_transformer():
         lm, params = subset_of(verifier, v_params, keep)
         before = programs.compiled_programs()
         c = check_greedy_equality(
-            verifier, v_params, lm, params, prompts, ar, temperature=0.0 if seed == 0 else 0.8
+            verifier,
+            v_params,
+            lm,
+            params,
+            prompts,
+            ar,
+            temperature=0.0 if seed == 0 else 0.8,
+            form=form,
         )
         if seed:
             assert programs.compiled_programs() == before, "a new subset retraced"

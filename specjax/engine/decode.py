@@ -142,6 +142,7 @@ def _draft(
     noise = gumbel[:, :gamma] if coupled else u[:, :gamma]  # draw j's: [B, γ_k(, V)]
 
     def sample_at(logits, z):
+        """(x in verifier ids, x in the drafter's ids, q in verifier ids) of one draw."""
         q_d = sampling_probs(
             logits,
             data.temperature,
@@ -149,17 +150,28 @@ def _draft(
             top_p=spec.top_p,
             mask=None if data.identity else mask,
         )
-        q_v = q_d if data.identity else to_verifier_space(q_d, data.to_verifier, v_vocab)
-        x = gumbel_argmax(q_v, z) if coupled else sample_rows_u(z, q_v)
-        return x, q_v
+        if data.identity:
+            x = gumbel_argmax(q_d, z) if coupled else sample_rows_u(z, q_d)
+            return x, x, q_d
+        q_v = to_verifier_space(q_d, data.to_verifier, v_vocab)
+        if coupled:
+            # The shared Gumbel noise is indexed by verifier ids (drafter-invariant
+            # coupling), so the draw is made there.
+            x = gumbel_argmax(q_v, z)
+            return x, data.from_verifier[x], q_v
+        # By inverse CDF over the drafter's own ids: P(x_d = i) = q_d(i), so its verifier
+        # id has law q_v (ids sharing one verifier id add up, as in to_verifier_space), and
+        # the draw's work is over the drafter's vocabulary, not the verifier's.
+        x_d = sample_rows_u(z, q_d)
+        return data.to_verifier[x_d], x_d, q_v
 
     def step(carry, z):
         cache, logits = carry
-        x, q_v = sample_at(logits, z)
+        x, x_d, q_v = sample_at(logits, z)
         new_logits, new_cache = spec.lm.forward(
             data.params,
             cache,
-            (x if data.identity else data.from_verifier[x])[:, None],
+            x_d[:, None],
             cache.length[:, None],
             causal_block_mask(b, 1),
         )
@@ -173,7 +185,7 @@ def _draft(
     (cache, logits), (xs, qs) = jax.lax.scan(
         step, (cache, logits), jnp.moveaxis(noise[:, : gamma - 1], 1, 0), unroll=True
     )
-    x_last, q_last = sample_at(logits, noise[:, gamma - 1])
+    x_last, _, q_last = sample_at(logits, noise[:, gamma - 1])
     xs = jnp.concatenate([xs, x_last[None]], 0)
     qs = jnp.concatenate([qs, q_last[None]], 0)
     return xs.T, jnp.swapaxes(qs, 0, 1), cache

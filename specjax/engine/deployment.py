@@ -255,23 +255,41 @@ def _prompt_encoder(tok, bos: bool):
     return lambda text: list(prefix) + tok.encode(text)
 
 
+def _in_ids(encode, table: np.ndarray):
+    """``encode`` followed by the id map ``table`` (verifier id -> drafter id)."""
+    return lambda text: [int(i) for i in table[np.asarray(encode(text), np.int64)]]
+
+
 def assemble(verifier_lm, v_params, v_tok, drafters, bos: bool = True) -> "Deployment":
     """A deployment from a verifier and drafters given as (name, lm, params, tokenizer,
-    temperature, cost): identity maps for drafters of the verifier's tokenizer, token-level-
-    intersection maps otherwise; groups are tokenizer fingerprints; text is spelt with the
+    temperature, cost): identity maps for drafters of the verifier's tokenizer (a
+    `SubsetVocabLM` among them drafts as its inner model in its own ids, through
+    `subset_vocab_maps`), token-level-intersection maps otherwise; groups are tokenizer fingerprints; text is spelt with the
     verifier's tokenizer and each drafter's own; ``stop_table`` marks the verifier tokens
     whose bytes hold a newline. With `bos`, each model's prompts start with the special
     ids its tokenizer's own pipeline puts first (a tokenizer's ``prompt_prefix``: Llama's
     ``<s>``; none for the zoo's tokenizers)."""
-    from specjax.engine.spec import cross_vocab_maps, identity_maps, validate_drafter  # pylint: disable=import-outside-toplevel
+    from specjax.engine.spec import (  # pylint: disable=import-outside-toplevel
+        cross_vocab_maps,
+        identity_maps,
+        subset_vocab_maps,
+        validate_drafter,
+    )
+    from specjax.models.subset_vocab import SubsetVocabLM  # pylint: disable=import-outside-toplevel
     from specjax.tokenizers import intersection_map, retokenization_table  # pylint: disable=import-outside-toplevel
 
     vocab = verifier_lm.vocab_size
     specs, data, groups, encoders = [], [], [], []
     for name, lm, params, tok, t, c in drafters:
+        same = tok.fingerprint() == v_tok.fingerprint()
+        subset = same and isinstance(lm, SubsetVocabLM)
+        if subset:  # it drafts in its own K + 1 ids (`subset_vocab_maps`)
+            lm, d = subset_vocab_maps(lm, params)
         spec = DrafterSpec(name=name, lm=lm, temperature=float(t), cost=float(c))
         validate_drafter(spec)
-        if tok.fingerprint() == v_tok.fingerprint():
+        if subset:
+            pass
+        elif same:
             d = identity_maps(params, vocab)
         else:
             to_v = intersection_map(tok, v_tok)
@@ -280,7 +298,10 @@ def assemble(verifier_lm, v_params, v_tok, drafters, bos: bool = True) -> "Deplo
         specs.append(spec)
         data.append(d)
         groups.append(tok.fingerprint())
-        encoders.append(_prompt_encoder(tok, bos))
+        enc = _prompt_encoder(tok, bos)
+        if subset:  # the inner model reads its own ids ("other" for the verifier's rest)
+            enc = _in_ids(enc, np.asarray(d.from_verifier))
+        encoders.append(enc)
     stop = np.array([b'\n' in b for b in v_tok.all_token_bytes()], bool)
     return Deployment(
         verifier=verifier_lm,

@@ -133,6 +133,30 @@ def cross_vocab_maps(
     )
 
 
+def subset_vocab_maps(lm, params) -> tuple[Any, DrafterData]:
+    """``(inner LM, DrafterData)``: a `SubsetVocabLM` (FR-Spec) drafting in its own ``K + 1``
+    ids, the verifier's ids its maps.
+
+    Its inner transformer is the drafter: ``to_verifier`` maps inner id i < K to the kept
+    verifier id ``keep[i]`` and the "other" row K to -1 (never proposed); every verifier token
+    is one piece, its inner id or "other" (``from_verifier`` = ``retok`` = ``to_inner``, so
+    each verifier id stays spellable, as with identity maps). The engine then draws each draft
+    from the drafter's own ``K + 1`` probabilities and scatters only ``q`` into the verifier's
+    ids, where identity maps would make every draft step work over the verifier's whole
+    vocabulary (49,152 ids for SmolLM2 against K = 4,096). The law of every draft and ``q``
+    are those of the `SubsetVocabLM` itself.
+    """
+    to_inner = jnp.asarray(params['to_inner'], jnp.int32)
+    keep = jnp.asarray(params['keep'], jnp.int32)
+    return lm.inner, DrafterData(
+        params=params['inner'],
+        to_verifier=jnp.concatenate([keep, jnp.full((1,), -1, jnp.int32)]),
+        from_verifier=to_inner,
+        retok=to_inner[:, None],
+        retok_len=jnp.ones(to_inner.shape, jnp.int32),
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """How a batch is decoded (static).

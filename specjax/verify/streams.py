@@ -278,7 +278,12 @@ def sample_rows_u(u: jax.Array, probs: jax.Array) -> jax.Array:
     """One token per row of ``probs: f32[..., V]`` given its uniform ``u: f32[...]``, by
     inverse CDF (see `sample_rows`)."""
     c = jnp.cumsum(probs.astype(jnp.float32), axis=-1)
-    x = jnp.sum(c <= (u * c[..., -1])[..., None], axis=-1)
+    total = c[..., -1:]
+    # ``c < total`` caps the draw at the first id where the running sum reaches its total,
+    # an id of positive probability: it only binds when ``u · total`` rounds up to the
+    # total (u within 2^-24 of 1), where an uncapped count would pick the last id, whose
+    # probability may be 0.
+    x = jnp.sum((c <= u[..., None] * total) & (c < total), axis=-1)
     return jnp.minimum(x, probs.shape[-1] - 1).astype(jnp.int32)
 
 
