@@ -14,8 +14,9 @@ a killed run resumes):
   train     one `SubsetVocabLM` per domain (`specjax.distill.train_drafter`):
             ``drafter_{domain}{tag}.npz`` + ``.json`` (recipe, coverage, loss, time).
   eval      each drafter's Leviathan α against the verifier on every domain's held-out
-            replies (`specjax.evaluation.acceptance_rates`), and its cost: one draft token
-            ÷ one verifier step, both timed in one process: ``eval{tag}.json``.
+            replies (`specjax.evaluation.acceptance_rates` on the joined text), and the
+            distilled drafters' α and top-1 agreement on the reply positions alone
+            (`specjax.distill.reply_alpha`): ``eval{tag}.json``.
   ship      copies the drafters in bf16 into specjax/zoo_smollm2/ with a manifest.
 
 ``--stage`` takes one stage, ``all`` or a comma-separated list. ``make train-drafters`` (the
@@ -164,6 +165,22 @@ def stage_eval(out: Path, model, prov: dict) -> None:
             f"held-out {d}: " + ", ".join(f"α({n}) {a:.3f}" for n, a in zip(names, alpha)),
             flush=True,
         )
+    # The distilled drafters on the replies alone (the positions a round meets; the
+    # stream above also counts the template and the prompts): α at τ 1 and top-1 agreement.
+    from specjax.models.real_zoo import load_drafter  # pylint: disable=import-outside-toplevel
+
+    res["reply_alpha"] = {}
+    for name, path in files.items():
+        lm, params, _ = load_drafter(path)
+        for d in FLAGS.domains:
+            held = distill.Generated.load(out / f"heldout_{d}.npz")
+            r = distill.reply_alpha(model, lm, params, held, temperature=1.0)
+            res["reply_alpha"].setdefault(d, {})[name] = r
+            print(
+                f"held-out {d} replies: {name} α {r['alpha']:.3f}, top-1 {r['top1']:.3f} "
+                f"({r['positions']} positions)",
+                flush=True,
+            )
     provenance.write_json(out / f"eval{FLAGS.tag}.json", res, prov)
 
 

@@ -40,7 +40,14 @@ from specjax.models.api import causal_block_mask
 from specjax.models.subset_vocab import SubsetVocabLM, most_frequent_ids
 from specjax.models.transformer import TransformerConfig
 
-__all__ = ['Generated', 'domain_prompts', 'generate', 'train_drafter', 'DrafterRecipe']
+__all__ = [
+    'Generated',
+    'domain_prompts',
+    'generate',
+    'train_drafter',
+    'DrafterRecipe',
+    'reply_alpha',
+]
 
 
 # ----------------------------------------------------------------------------------------
@@ -455,6 +462,53 @@ def train_drafter(
     hist['seconds'] = time.perf_counter() - t0
     params = {**params, 'inner': trainable}
     return lm, params, hist
+
+
+def reply_alpha(
+    verifier, lm, params, data: Generated, temperature: float = 1.0, bucket: int = 64
+) -> dict[str, float]:
+    """A verifier-tokenizer drafter's acceptance on ``data``'s reply positions only.
+
+    Each row (its own prompt, then the verifier's reply) is scored whole by both models;
+    only the positions that predict a generated token count — the positions a speculative
+    round meets — not the template and prompt, and no row sees another's text (what
+    `specjax.evaluation.acceptance_rates` on the joined text counts as well).
+
+    Returns:
+      ``alpha``: mean Σ_x min(p(x), q(x)) with p, q at ``temperature`` (Leviathan α);
+      ``top1``: the share of positions where the two argmaxes agree (α at τ = 0, teacher
+      forced); ``positions``: how many counted.
+    """
+    if temperature <= 0:
+        raise ValueError(f'reply_alpha: temperature={temperature} (allowed: > 0; top1 is τ 0)')
+    v_fn = jax.jit(verifier.lm.logits_full)
+    d_fn = jax.jit(lm.logits_full)
+
+    @jax.jit
+    def score(lv, ld, m):
+        p = jax.nn.softmax(lv.astype(jnp.float32) / temperature, -1)
+        q = jax.nn.softmax(ld.astype(jnp.float32) / temperature, -1)
+        a = jnp.minimum(p, q).sum(-1)
+        t1 = jnp.argmax(lv, -1) == jnp.argmax(ld, -1)
+        return jnp.sum(a * m), jnp.sum(t1 * m)
+
+    a_sum = t_sum = 0.0
+    n = 0
+    for r, seq in enumerate(data.sequences()):
+        P, L = int(data.prompt_len[r]), len(seq)
+        if L <= P:
+            continue
+        width = -(-L // bucket) * bucket
+        x = np.zeros((1, width), np.int32)
+        x[0, :L] = seq
+        m = np.zeros((1, width), np.float32)
+        m[0, P - 1 : L - 1] = 1.0  # position t predicts token t + 1: the reply's tokens
+        x = jnp.asarray(x)
+        a, t = score(v_fn(verifier.params, x), d_fn(params, x), jnp.asarray(m))
+        a_sum, t_sum, n = a_sum + float(a), t_sum + float(t), n + L - P
+    if n == 0:
+        raise ValueError('reply_alpha: data has no generated tokens')
+    return {'alpha': a_sum / n, 'top1': t_sum / n, 'positions': n}
 
 
 def heldout_text(model, prompts: Sequence[str], data: Generated) -> list[str]:

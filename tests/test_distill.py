@@ -429,3 +429,28 @@ def test_domain_prompts_code_train_split():
     text = "\n".join(train)
     for p in prompts:
         assert p.lstrip().startswith(("def ", "async def ")) and p in text, p
+
+
+def test_reply_alpha_counts_the_reply_positions_only(greedy, sampled):
+    model, _ = greedy
+    lm, params, _ = distill.train_drafter(sampled, model, _recipe(steps=5), log=_quiet)
+    got = distill.reply_alpha(model, lm, params, sampled, temperature=0.7, bucket=16)
+    # By hand: each row alone, its reply positions (p0 - 1 + j predicts generated token j).
+    a_sum = t_sum = 0.0
+    n = 0
+    for r, seq in enumerate(sampled.sequences()):
+        x = jnp.asarray(seq[None])
+        lv = np.asarray(model.lm.logits_full(model.params, x), np.float64)[0]
+        ld = np.asarray(lm.logits_full(params, x), np.float64)[0]
+        for t in range(int(sampled.prompt_len[r]) - 1, len(seq) - 1):
+            p = np.exp((lv[t] - lv[t].max()) / 0.7)
+            q = np.exp((ld[t] - ld[t].max()) / 0.7)
+            a_sum += np.minimum(p / p.sum(), q / q.sum()).sum()
+            t_sum += lv[t].argmax() == ld[t].argmax()
+            n += 1
+    assert got["positions"] == n == sampled.n_generated
+    assert got["alpha"] == pytest.approx(a_sum / n, abs=1e-5)
+    assert got["top1"] == pytest.approx(t_sum / n, abs=1e-9)
+    assert 0.0 < got["alpha"] < 1.0
+    with pytest.raises(ValueError, match="temperature=0"):
+        distill.reply_alpha(model, lm, params, sampled, temperature=0)

@@ -351,6 +351,9 @@ def test_train_drafters(tmp_path):
         assert (tmp_path / name).is_file(), name
     out = read_json(tmp_path / "eval.json", command)
     assert set(out["alpha"]) == {"code"} and "code" in out["alpha"]["code"]
+    reply = out["reply_alpha"]["code"]["code"]
+    assert 0.0 <= reply["alpha"] <= 1.0 and 0.0 <= reply["top1"] <= 1.0
+    assert reply["positions"] > 0
 
 
 @pytest.mark.slow
