@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters benchmark benchmark-real benchmark-real-bf16 benchmark-real-trees benchmark-device docs docs-seed docs-seed-real clean-venv
+.PHONY: reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters eval-drafters benchmark benchmark-real benchmark-real-bf16 benchmark-real-trees benchmark-device docs docs-seed docs-seed-real clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,12 @@ benchmark: $(STAMP)
 # differed: the first 320 replies twice).
 train-drafters: $(STAMP)
 	$(PY) experiments/train_drafters.py --prompts=640 --new_tokens=128 --steps=800 --time_budget_s=3000 --domains=code,prose
+
+# The shipped distilled drafters' held-out α on SmolLM2's replies to the plan prompts: on the
+# joined text and on the reply positions alone (distill.reply_alpha); ~10 min on 2 cores.
+eval-drafters: $(STAMP)
+	$(PY) experiments/train_drafters.py --stage=eval --domains=code,prose --new_tokens=128 \
+		--out=runs/drafters_shipped
 
 # Speed on the real verifier (SmolLM2-135M-Instruct): docs/results/real_speed.md's command,
 # ~25 min on 2 cores, on an idle machine.

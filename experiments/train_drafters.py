@@ -4,6 +4,8 @@ r"""Drafters distilled from SmolLM2-135M-Instruct (`make train-drafters`).
   python experiments/train_drafters.py --stage=generate --domains=code
   python experiments/train_drafters.py --stage=train --targets=hard --tag=hard
   python experiments/train_drafters.py --stage=generate,train,eval    # no shipping
+  python experiments/train_drafters.py --stage=eval --domains=code,prose \
+      --new_tokens=128 --out=runs/drafters_shipped     # the shipped drafters' held-out α
 
 Stages (each writes its files atomically under --out and is skipped when they exist, so
 a killed run resumes):
@@ -16,7 +18,8 @@ a killed run resumes):
   eval      each drafter's Leviathan α against the verifier on every domain's held-out
             replies (`specjax.evaluation.acceptance_rates` on the joined text), and the
             distilled drafters' α and top-1 agreement on the reply positions alone
-            (`specjax.distill.reply_alpha`): ``eval{tag}.json``.
+            (`specjax.distill.reply_alpha`): ``eval{tag}.json``. Without drafters under
+            --out it evaluates the shipped ones (writing the held-out replies it needs).
   ship      copies the drafters in bf16 into specjax/zoo_smollm2/ with a manifest.
 
 ``--stage`` takes one stage, ``all`` or a comma-separated list. ``make train-drafters`` (the
@@ -65,23 +68,32 @@ def _verifier():
     return smollm2(max_len=1024, dtype=FLAGS.dtype)
 
 
-def stage_generate(out: Path, model) -> None:
+def _heldout(out: Path, model, d: str):
+    """The verifier's replies to the shipped (held-out) plan prompts of domain ``d``:
+    ``heldout_{d}.npz``, written once."""
     from specjax import distill  # pylint: disable=import-outside-toplevel
     from specjax.data.shipped import load_prompts  # pylint: disable=import-outside-toplevel
 
+    path = out / f"heldout_{d}.npz"
+    if not path.exists():
+        prompts = [p["prompt"] for p in load_prompts([d])]
+        g = distill.generate(
+            model,
+            [model.chat(p) for p in prompts],
+            new_tokens=FLAGS.new_tokens,
+            batch=min(FLAGS.batch, len(prompts)),
+            temperature=FLAGS.temperature,
+            seed=1,
+        )
+        g.save(path)
+    return distill.Generated.load(path)
+
+
+def stage_generate(out: Path, model) -> None:
+    from specjax import distill  # pylint: disable=import-outside-toplevel
+
     for d in FLAGS.domains:
-        path = out / f"heldout_{d}.npz"
-        if not path.exists():
-            prompts = [p["prompt"] for p in load_prompts([d])]
-            g = distill.generate(
-                model,
-                [model.chat(p) for p in prompts],
-                new_tokens=FLAGS.new_tokens,
-                batch=min(FLAGS.batch, len(prompts)),
-                temperature=FLAGS.temperature,
-                seed=1,
-            )
-            g.save(path)
+        _heldout(out, model, d)
     for d in FLAGS.domains:
         path = out / f"gen_{d}.npz"
         if path.exists():
@@ -145,17 +157,20 @@ def stage_eval(out: Path, model, prov: dict) -> None:
     from specjax import distill  # pylint: disable=import-outside-toplevel
     from specjax.engine.deployment import LOOKUP, from_smollm2  # pylint: disable=import-outside-toplevel
     from specjax.evaluation import acceptance_rates  # pylint: disable=import-outside-toplevel
+    from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
 
     files = {
         d: str(out / f"drafter_{d}{FLAGS.tag}.npz")
-        for d in ("code", "prose")
+        for d in real_zoo.DISTILLED
         if (out / f"drafter_{d}{FLAGS.tag}.npz").exists()
     }
+    # No drafters trained under --out: the shipped ones are evaluated.
+    files = files or {d: str(real_zoo.drafter_path(d)) for d in real_zoo.DISTILLED}
     names = list(files) + ["reasoning", LOOKUP]
     dep = from_smollm2(names, verifier=model, drafters=files, chat=False)
     res = {"drafters": names, "alpha": {}, "load_average": list(os.getloadavg())}
     for d in FLAGS.domains:
-        held = distill.Generated.load(out / f"heldout_{d}.npz")
+        held = _heldout(out, model, d)
         # The domain's replies (template + prompt + reply) joined into one stream cut in
         # windows of 512 verifier tokens: one shape, so one compiled program per drafter.
         text = "".join(distill.heldout_text(model, None, held))
@@ -167,13 +182,11 @@ def stage_eval(out: Path, model, prov: dict) -> None:
         )
     # The distilled drafters on the replies alone (the positions a round meets; the
     # stream above also counts the template and the prompts): α at τ 1 and top-1 agreement.
-    from specjax.models.real_zoo import load_drafter  # pylint: disable=import-outside-toplevel
-
     res["reply_alpha"] = {}
     for name, path in files.items():
-        lm, params, _ = load_drafter(path)
+        lm, params, _ = real_zoo.load_drafter(path)
         for d in FLAGS.domains:
-            held = distill.Generated.load(out / f"heldout_{d}.npz")
+            held = _heldout(out, model, d)
             r = distill.reply_alpha(model, lm, params, held, temperature=1.0)
             res["reply_alpha"].setdefault(d, {})[name] = r
             print(
