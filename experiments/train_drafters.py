@@ -4,6 +4,8 @@ r"""Drafters distilled from SmolLM2-135M-Instruct (`make train-drafters`).
   python experiments/train_drafters.py --stage=generate --domains=code
   python experiments/train_drafters.py --stage=train --targets=hard --tag=hard
   python experiments/train_drafters.py --stage=generate,train,eval    # no shipping
+  python experiments/train_drafters.py --stage=generate,train,eval --domains=code \
+      --new_tokens=128 --init_from=shipped --steps=2400 --time_budget_s=3000 --tag=more
   python experiments/train_drafters.py --stage=eval --domains=code,prose \
       --new_tokens=128 --out=runs/drafters_shipped     # the shipped drafters' held-out α
 
@@ -60,6 +62,12 @@ def define_flags():
     flags.DEFINE_float("time_budget_s", 900, "training seconds per drafter at most")
     flags.DEFINE_string("tag", "", "suffix of the drafter files (e.g. a variant's name)")
     flags.DEFINE_string("dtype", "float32", "the verifier's dtype")
+    flags.DEFINE_string(
+        "init_from",
+        "",
+        "train: continue from existing drafters instead of fresh ones: 'shipped' (the "
+        "zoo's, per domain) or a folder holding drafter_{domain}.npz",
+    )
 
 
 def _verifier():
@@ -125,9 +133,22 @@ def stage_train(out: Path, model) -> None:
             continue
         data = distill.Generated.load(out / f"gen_{d}.npz")
         recipe = distill.DrafterRecipe(targets=FLAGS.targets, steps=FLAGS.steps)
+        init, prior = None, None
+        if FLAGS.init_from:
+            from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
+
+            src = d if FLAGS.init_from == "shipped" else Path(FLAGS.init_from) / f"drafter_{d}.npz"
+            lm0, params0, prior = real_zoo.load_drafter(src)
+            init = (lm0, params0)
         lm, params, hist = distill.train_drafter(
-            data, model, recipe, time_budget_s=FLAGS.time_budget_s
+            data, model, recipe, time_budget_s=FLAGS.time_budget_s, init=init
         )
+        if prior is not None:
+            hist["continued_from"] = {
+                "file": str(real_zoo.drafter_path(src)),
+                "recipe": prior.get("recipe"),
+                "made_by": prior.get("made_by"),
+            }
         import dataclasses  # pylint: disable=import-outside-toplevel
 
         from specjax.models.real_zoo import save_drafter  # pylint: disable=import-outside-toplevel

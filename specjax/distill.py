@@ -391,15 +391,31 @@ def train_drafter(
     *,
     seq: int | None = None,
     time_budget_s: float | None = None,
+    init=None,
     log=print,
 ):
     """Trains a `SubsetVocabLM` drafter on the verifier's generations.
 
+    ``init``: an existing drafter ``(lm, params)`` to continue from (its architecture and
+    kept subset; the recipe's architecture fields are then unused) instead of a fresh one.
+
     Returns (lm, params, history dict).
     """
-    lm, params, coverage = _initial_drafter(data, verifier, recipe)
+    if init is None:
+        lm, params, coverage = _initial_drafter(data, verifier, recipe)
+    else:
+        lm, params = init
+        V = verifier.lm.vocab_size
+        if not isinstance(lm, SubsetVocabLM) or lm.verifier_vocab != V:
+            raise ValueError(
+                f'train_drafter: init={type(lm).__name__} over '
+                f'{getattr(lm, "verifier_vocab", None)} ids (allowed: a SubsetVocabLM over '
+                f"the verifier's {V} ids)"
+            )
+        counts = np.bincount(np.concatenate(data.sequences()), minlength=V)
+        coverage = float(counts[np.asarray(params['keep'])].sum() / counts.sum())
     if seq is None:
-        seq = int(min(recipe.max_len, max(data.prompt_len) + data.tokens.shape[1]))
+        seq = int(min(lm.max_len, max(data.prompt_len) + data.tokens.shape[1]))
     toks, mask, tid, tlp = _windows(data, seq)
     to_inner = np.asarray(params['to_inner'])
     tid_inner = to_inner[tid]  # outside the subset -> the "other" row

@@ -454,3 +454,26 @@ def test_reply_alpha_counts_the_reply_positions_only(greedy, sampled):
     assert 0.0 < got["alpha"] < 1.0
     with pytest.raises(ValueError, match="temperature=0"):
         distill.reply_alpha(model, lm, params, sampled, temperature=0)
+
+
+def test_train_drafter_continues_from_a_drafter(greedy, sampled):
+    model, _ = greedy
+    lm, params, _ = distill.train_drafter(sampled, model, _recipe(steps=10), log=_quiet)
+    # A zero learning rate keeps the given drafter exactly, subset and all.
+    lm0, same, hist0 = distill.train_drafter(
+        sampled, model, _recipe(steps=1, learning_rate=0.0), init=(lm, params), log=_quiet
+    )
+    assert lm0 == lm and hist0["coverage"] <= 1.0
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(same)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # Continuing lowers the soft loss below where the given drafter stood.
+    lm1, more, _ = distill.train_drafter(
+        sampled, model, _recipe(steps=40), init=(lm, params), log=_quiet
+    )
+    np.testing.assert_array_equal(np.asarray(more["keep"]), np.asarray(params["keep"]))
+    before, after = _soft_loss(lm, params, sampled), _soft_loss(lm1, more, sampled)
+    print(f"\ncontinued: soft loss {before:.3f} -> {after:.3f}")
+    assert after < before - 0.05, (before, after)
+    other = SubsetVocabLM(lm.config, lm.verifier_vocab + 1)
+    with pytest.raises(ValueError, match="init=SubsetVocabLM over 257"):
+        distill.train_drafter(sampled, model, _recipe(steps=1), init=(other, params), log=_quiet)

@@ -354,6 +354,18 @@ def test_train_drafters(tmp_path):
     reply = out["reply_alpha"]["code"]["code"]
     assert 0.0 <= reply["alpha"] <= 1.0 and 0.0 <= reply["top1"] <= 1.0
     assert reply["positions"] > 0
+    # Training continued from the drafter just trained, into a tagged file.
+    run_script(
+        "train_drafters.py",
+        *args[:-1],
+        "--stage=train",
+        f"--out={tmp_path}",
+        f"--init_from={tmp_path}",
+        "--tag=more",
+        timeout=1800,
+    )
+    more = json.loads((tmp_path / "drafter_codemore.json").read_text())
+    assert more["history"]["continued_from"]["file"] == str(tmp_path / "drafter_code.npz")
 
 
 @pytest.mark.slow
