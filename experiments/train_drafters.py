@@ -235,13 +235,43 @@ def stage_ship(out: Path, model) -> None:
     del model
 
 
+def _check_inputs(out: Path, stages: list[str]) -> None:
+    """What the stages read and no earlier stage of this run writes, checked before the
+    verifier loads: a `ConfigError` naming the flag and the missing file."""
+    from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
+    from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
+
+    for d in FLAGS.domains:
+        trained = (out / f"drafter_{d}{FLAGS.tag}.npz").exists()
+        gen = out / f"gen_{d}.npz"
+        if "train" in stages and "generate" not in stages and not trained and not gen.exists():
+            raise ConfigError.invalid(
+                "--stage", ",".join(stages), f"train only where {gen} exists (add generate)"
+            )
+        if "train" in stages and FLAGS.init_from and not trained:
+            src = d if FLAGS.init_from == "shipped" else Path(FLAGS.init_from) / f"drafter_{d}.npz"
+            path = real_zoo.drafter_path(src)
+            if not path.is_file() or not path.with_suffix(".json").is_file():
+                raise ConfigError.invalid(
+                    "--init_from",
+                    FLAGS.init_from,
+                    f"'shipped' or a folder holding drafter_{d}.npz and .json ({path} is missing)",
+                )
+
+
 def main(argv):
     del argv
+    from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
+
     prov = provenance.provenance()
     out = Path(FLAGS.out)
+    stages = [s for s in STAGES if s in FLAGS.stage or "all" in FLAGS.stage]
+    try:
+        _check_inputs(out, stages)
+    except ConfigError as e:
+        raise SystemExit(f"train_drafters: error: {e}") from None
     out.mkdir(parents=True, exist_ok=True)
     model = _verifier()
-    stages = [s for s in STAGES if s in FLAGS.stage or "all" in FLAGS.stage]
     for s in stages:
         if s == "eval":
             stage_eval(out, model, prov)

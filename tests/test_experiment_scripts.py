@@ -386,3 +386,25 @@ def test_train_zoo(tmp_path):
     for rec in manifest["models"].values():
         assert rec["train"]["steps"] == 10 and set(rec["heldout"]) == {"code", "prose", "reasoning"}
     assert not (tmp_path / "work" / "ckpt").exists()
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--stage=train"], "--stage: got 'train'"),
+        (["--stage=generate,train", "--init_from=/nonexistent"], "--init_from: got '/nonexistent'"),
+    ],
+)
+def test_train_drafters_refuses_missing_inputs_in_one_line(tmp_path, args, flag):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "experiments/train_drafters.py", *args, "--domains=code", f"--out={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1
+    last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith("train_drafters: error: " + flag) and "Traceback" not in proc.stderr
+    assert not out.exists()  # nothing written before the error
