@@ -137,7 +137,7 @@ def stage_train(out: Path, model) -> None:
         if FLAGS.init_from:
             from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
 
-            src = d if FLAGS.init_from == "shipped" else Path(FLAGS.init_from) / f"drafter_{d}.npz"
+            src = _init_source(d)
             lm0, params0, prior = real_zoo.load_drafter(src)
             init = (lm0, params0)
         lm, params, hist = distill.train_drafter(
@@ -235,6 +235,11 @@ def stage_ship(out: Path, model) -> None:
     del model
 
 
+def _init_source(d: str):
+    """The drafter ``--init_from`` names for domain ``d``: a shipped name or a file."""
+    return d if FLAGS.init_from == "shipped" else Path(FLAGS.init_from) / f"drafter_{d}.npz"
+
+
 def _check_inputs(out: Path, stages: list[str]) -> None:
     """What the stages read and no earlier stage of this run writes, checked before the
     verifier loads: a `ConfigError` naming the flag and the missing file."""
@@ -249,7 +254,7 @@ def _check_inputs(out: Path, stages: list[str]) -> None:
                 "--stage", ",".join(stages), f"train only where {gen} exists (add generate)"
             )
         if "train" in stages and FLAGS.init_from and not trained:
-            src = d if FLAGS.init_from == "shipped" else Path(FLAGS.init_from) / f"drafter_{d}.npz"
+            src = _init_source(d)
             path = real_zoo.drafter_path(src)
             if not path.is_file() or not path.with_suffix(".json").is_file():
                 raise ConfigError.invalid(

@@ -354,15 +354,25 @@ def _pca_init(verifier_embed: np.ndarray, keep: np.ndarray, d: int, seed: int):
     return proj.astype(np.float32)
 
 
+def _token_counts(data: Generated, vocab: int) -> np.ndarray:
+    """f64[vocab]: how often each id occurs in ``data``'s sequences (prompts and replies)."""
+    return np.bincount(np.concatenate(data.sequences()), minlength=vocab).astype(np.float64)
+
+
+def _coverage(counts: np.ndarray, keep: np.ndarray) -> float:
+    """The share of the counted tokens that the kept ids cover."""
+    return float(counts[keep].sum() / counts.sum())
+
+
 def _initial_drafter(data: Generated, verifier, recipe: DrafterRecipe):
     """The untrained drafter: its vocabulary the verifier's `recipe.kept` most frequent ids
     in `data` (special tokens always), its embedding the PCA of the verifier's rows —
     (lm, params, the share of `data`'s tokens the subset covers)."""
     V = verifier.lm.vocab_size
-    counts = np.bincount(np.concatenate(data.sequences()), minlength=V).astype(np.float64)
+    counts = _token_counts(data, V)
     specials = tuple(int(i) for i in getattr(verifier.tokenizer, 'special_tokens', {}).values())
     keep = most_frequent_ids(counts, min(recipe.kept, V), always=specials)
-    coverage = float(counts[keep].sum() / counts.sum())
+    coverage = _coverage(counts, keep)
     cfg = TransformerConfig(
         vocab_size=len(keep) + 1,
         d_model=recipe.d_model,
@@ -412,8 +422,7 @@ def train_drafter(
                 f'{getattr(lm, "verifier_vocab", None)} ids (allowed: a SubsetVocabLM over '
                 f"the verifier's {V} ids)"
             )
-        counts = np.bincount(np.concatenate(data.sequences()), minlength=V)
-        coverage = float(counts[np.asarray(params['keep'])].sum() / counts.sum())
+        coverage = _coverage(_token_counts(data, V), np.asarray(params['keep']))
     if seq is None:
         seq = int(min(lm.max_len, max(data.prompt_len) + data.tokens.shape[1]))
     toks, mask, tid, tlp = _windows(data, seq)

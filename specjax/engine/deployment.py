@@ -264,8 +264,8 @@ def assemble(verifier_lm, v_params, v_tok, drafters, bos: bool = True) -> "Deplo
     """A deployment from a verifier and drafters given as (name, lm, params, tokenizer,
     temperature, cost): identity maps for drafters of the verifier's tokenizer (a
     `SubsetVocabLM` among them drafts as its inner model in its own ids, through
-    `subset_vocab_maps`), token-level-intersection maps otherwise; groups are tokenizer fingerprints; text is spelt with the
-    verifier's tokenizer and each drafter's own; ``stop_table`` marks the verifier tokens
+    `subset_vocab_maps`), token-level-intersection maps otherwise; groups are tokenizer
+    fingerprints; text is spelt with the verifier's tokenizer and each drafter's own; ``stop_table`` marks the verifier tokens
     whose bytes hold a newline. With `bos`, each model's prompts start with the special
     ids its tokenizer's own pipeline puts first (a tokenizer's ``prompt_prefix``: Llama's
     ``<s>``; none for the zoo's tokenizers)."""
@@ -287,11 +287,9 @@ def assemble(verifier_lm, v_params, v_tok, drafters, bos: bool = True) -> "Deplo
             lm, d = subset_vocab_maps(lm, params)
         spec = DrafterSpec(name=name, lm=lm, temperature=float(t), cost=float(c))
         validate_drafter(spec)
-        if subset:
-            pass
-        elif same:
+        if same and not subset:
             d = identity_maps(params, vocab)
-        else:
+        elif not same:
             to_v = intersection_map(tok, v_tok)
             retok, retok_len = retokenization_table(v_tok, tok)
             d = cross_vocab_maps(params, to_v, retok, retok_len, vocab)
