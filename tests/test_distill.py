@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_subset_vocab import (
+from test_subset_vocab_engine import (
     BYTE_CONFIG,
     GREEDY_KEPT,
     byte_verifier,
@@ -214,7 +214,7 @@ def test_generated_round_trip(tmp_path):
 
 def _recipe(**kw):
     """The drafter recipe for the byte verifier: its own shape (so the trained drafter is
-    the SubsetVocabLM of tests/test_subset_vocab.py's greedy test: one engine program)."""
+    the SubsetVocabLM of tests/test_subset_vocab_engine.py's greedy test: one engine program)."""
     c = BYTE_CONFIG
     base = {
         "d_model": c.d_model,
