@@ -104,7 +104,7 @@ benchmark-real-trees: $(STAMP)
 	$(PY) experiments/benchmark_real.py --parts machine,ratio,spec \
 		--dtypes float32,bfloat16,bfloat16:out_first --ratio_batches 1,8 --ks 1,2,4,7,10 \
 		--dtype bfloat16:out_first --ar_reference float32 \
-		--drafters code,lookup,lookup+code,lookup+code+prose --gammas 3,5 --batches 1 \
+		--drafters code,lookup,lookup+code,lookup+code+prose --gammas 3,4 --batches 1 \
 		--taus 1.0,0.0 --repeats 2 --write_docs --doc_name real_speed_trees \
 		--out runs/benchmark_real_trees
 
