@@ -32,16 +32,14 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 import types
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
 from specjax import provenance
+from specjax.hardware import ratio_tables, score_ratios, stream_bandwidth
 from specjax.timing import forward_timer
 
 FLAGS = flags.FLAGS
@@ -59,7 +57,7 @@ def define_flags():
     flags.DEFINE_list(
         "dtypes",
         ["float32:tied", "float32", "bfloat16"],
-        "verifier layouts for the ratio part: dtype[:token+token] (VERIFIER_TOKENS: "
+        "verifier layouts for the ratio part: dtype[:token+token] (gguf.LAYOUT_TOKENS: "
         "'tied' keeps the file's tied head, read as the table's transpose, instead of a "
         "[D, V] copy; 'fused' q/k/v and gate/up tables; 'out_first' weights stored "
         "[out, in])",
@@ -110,116 +108,38 @@ def define_flags():
     flags.DEFINE_string("drafter_dir", "", "folder of drafter_{code,prose}.npz (default: shipped)")
 
 
-# Roofline figures (vendor data sheets): HBM bandwidth (bytes/s) and dense bf16 FLOP/s.
-ACCELERATORS = {"TPU v5e (1 chip)": (819e9, 197e12), "H100 SXM": (3.35e12, 989e12)}
+def load_verifier(spec: str, max_len: int, field: str = "--dtype"):
+    """SmolLM2 in the layout ``spec`` names (`specjax.models.gguf.parse_layout`)."""
+    from specjax.models.gguf import smollm2_layout  # pylint: disable=import-outside-toplevel
+
+    return smollm2_layout(spec, max_len=max_len, field=field)
 
 
-#: Layout tokens of a verifier spec ``dtype[:token+token]``.
-VERIFIER_TOKENS = ("tied", "fused", "out_first")
+def _validator(name: str):
+    def valid(specs) -> bool:
+        from specjax.models.gguf import parse_layout  # pylint: disable=import-outside-toplevel
 
+        for spec in [specs] if isinstance(specs, str) else specs:
+            if spec:
+                try:
+                    parse_layout(spec, f"--{name}")
+                except ValueError as e:
+                    raise flags.ValidationError(str(e)) from None
+        return True
 
-def parse_verifier(spec: str) -> tuple[str, set]:
-    """``'bfloat16:out_first'`` -> ``('bfloat16', {'out_first'})``; ValueError naming the
-    allowed values otherwise."""
-    dt, _, rest = spec.partition(":")
-    tokens = {t for t in rest.split("+") if t}
-    if dt not in ("float32", "bfloat16") or tokens - set(VERIFIER_TOKENS):
-        raise ValueError(
-            f"verifier {spec!r}: allowed: float32 or bfloat16, optionally ':' and "
-            f"'+'-joined tokens from {list(VERIFIER_TOKENS)} (e.g. bfloat16:out_first)"
-        )
-    return dt, tokens
-
-
-def load_verifier(spec: str, max_len: int):
-    """SmolLM2 in the layout ``spec`` names (`parse_verifier`)."""
-    from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
-
-    dt, tokens = parse_verifier(spec)
-    return smollm2(
-        max_len=max_len,
-        dtype=dt,
-        untie_head="tied" not in tokens,
-        fuse_projections="fused" in tokens,
-        out_first="out_first" in tokens,
-    )
-
-
-def _valid_verifiers(specs) -> bool:
-    for spec in [specs] if isinstance(specs, str) else specs:
-        if spec:
-            try:
-                parse_verifier(spec)
-            except ValueError as e:
-                raise flags.ValidationError(str(e)) from None
-    return True
-
-
-def stream_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
-    """Bytes/s of a jitted f32 sum over a ``gib`` GiB array (a read-only stream)."""
-    x = jnp.ones((int(gib * 2**30) // 4,), jnp.float32)
-    f = jax.jit(jnp.sum)
-    f(x).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        f(x).block_until_ready()
-        best = min(best, time.perf_counter() - t)
-    return x.nbytes / best
-
-
-def _weight_bytes(params, tied: bool = True) -> int:
-    """Bytes of weights one forward reads: every array, less the input embedding table
-    when the head is its own array (a forward gathers a few of its rows)."""
-    total = int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)))
-    if not tied and "embed" in params:
-        total -= int(params["embed"].size * params["embed"].dtype.itemsize)
-    return total
-
-
-def roofline(cfg, n_params: int, k: int, batch: int, context: int) -> dict:
-    """Seconds of a k-token forward (batch rows, ``context`` cached tokens) on each
-    accelerator: max(bytes / bandwidth, FLOPs / peak), bf16 weights and cache."""
-    kv = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 2 * batch * (context + k)
-    byts = 2 * n_params + kv
-    flops = 2 * n_params * batch * k + 4 * cfg.n_layers * cfg.d_model * batch * k * context
-    return {name: max(byts / bw, flops / peak) for name, (bw, peak) in ACCELERATORS.items()}
+    return valid
 
 
 def part_ratio(result: dict, bw: float) -> None:
     rows = []
     for spec in FLAGS.dtypes:
-        m = load_verifier(spec, 512)
-        n = sum(int(x.size) for x in jax.tree.leaves(m.params))
-        wbytes = _weight_bytes(m.params, tied=m.lm.config.tie_embeddings)
-        for batch in [int(b) for b in FLAGS.ratio_batches]:
-            ks = sorted({1} | {int(k) for k in FLAGS.ks})
-            runs = {k: forward_timer(m.lm, m.params, batch, k, 100, 192, 16) for k in ks}
-            times = {k: [] for k in runs}
-            for _ in range(3):
-                for k, run in runs.items():
-                    times[k].append(run())
-            t1 = min(times[1])
-            roof = {k: roofline(m.lm.config, n, k, batch, 100) for k in runs}
-            row = {
-                "dtype": spec,
-                "batch": batch,
-                "weight_bytes": wbytes,
-                "floor_s": wbytes / bw,
-                "t_step": t1,
-                "t_score": {k: min(v) for k, v in times.items()},
-                "ratio": {k: min(v) / t1 for k, v in times.items()},
-                "roofline_ratio": {
-                    name: {k: roof[k][name] / roof[1][name] for k in runs} for name in ACCELERATORS
-                },
-                "roofline_t_step": {name: roof[1][name] for name in ACCELERATORS},
-                "load_average": list(os.getloadavg()),
-            }
+        m = load_verifier(spec, 512, "--dtypes")
+        for row in score_ratios(spec, m.lm, m.params, FLAGS.ratio_batches, FLAGS.ks, bw):
             rows.append(row)
             print(
-                f"{spec:13} B={batch}: T_step {1e3 * t1:7.2f} ms (floor {1e3 * wbytes / bw:6.2f} "
-                f"ms, {t1 * bw / wbytes:.2f}x); T_score(k)/T_step "
-                + " ".join(f"{k}:{row['ratio'][k]:.2f}" for k in runs),
+                f"{spec:13} B={row['batch']}: T_step {1e3 * row['t_step']:7.2f} ms (floor "
+                f"{1e3 * row['floor_s']:6.2f} ms, {row['t_step'] / row['floor_s']:.2f}x); "
+                "T_score(k)/T_step " + " ".join(f"{k}:{v:.2f}" for k, v in row["ratio"].items()),
                 flush=True,
             )
         del m
@@ -512,124 +432,28 @@ def part_spec(result: dict, model, dep, ref=None) -> None:
     del model
 
 
-def _greedy_identity(dep, target, ids, n_new: int) -> list[bool]:
-    """Per prompt: specjax's AR at τ = 0 gives transformers' greedy tokens for n_new tokens."""
-    import torch  # pylint: disable=import-outside-toplevel
-
-    from specjax.engine.autoregressive import (  # pylint: disable=import-outside-toplevel
-        autoregressive_generate,
-    )
-    from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
-        row_keys_for,
-    )
-
-    same = []
-    for row in ids:
-        r = autoregressive_generate(
-            dep.verifier,
-            dep.v_params,
-            [row],
-            row_keys_for(0, 1),
-            temperature=0.0,
-            max_new_tokens=n_new,
-            bucket=64,
-        )
-        ours = [int(x) for x in r.tokens[0, r.start[0] : r.length[0]]]
-        with torch.no_grad():
-            out = target.generate(
-                torch.tensor([row]),
-                max_new_tokens=n_new,
-                do_sample=False,
-                min_new_tokens=n_new,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-        theirs = out[0, len(row) :].tolist()
-        same.append(ours == theirs[: len(ours)] and len(ours) == n_new)
-    return same
-
-
-def _timed_generate(target, ids, n_new: int, **kw) -> float:
-    """Median tokens/s of transformers' greedy `generate` over the prompts (first run discarded)."""
-    import torch  # pylint: disable=import-outside-toplevel
-
-    tps = []
-    for i in range(FLAGS.repeats + 1):
-        n = s = 0.0
-        for row in ids:
-            t = time.perf_counter()
-            with torch.no_grad():
-                out = target.generate(
-                    torch.tensor([row]),
-                    max_new_tokens=n_new,
-                    do_sample=False,
-                    min_new_tokens=n_new,
-                    eos_token_id=None,
-                    pad_token_id=0,
-                    **kw,
-                )
-            s += time.perf_counter() - t
-            n += out.shape[1] - len(row)
-        if i:
-            tps.append(n / s)
-    return statistics.median(tps)
-
-
-def _assisted_rows(dep, target, ids, n_new: int) -> dict:
-    """Assisted generation with the code drafter exported to an HF folder, per γ."""
-    import torch  # pylint: disable=import-outside-toplevel
-    import transformers  # pylint: disable=import-outside-toplevel
-
-    from specjax.models.real_zoo import (  # pylint: disable=import-outside-toplevel
-        export_hf,
-        load_drafter,
-    )
-
-    del dep  # the deployment holds the drafter's inner model; HF gets the whole SubsetVocabLM
-    drafter_dir = Path(FLAGS.out) / "hf_code_drafter"
-    lm, params, _ = load_drafter(_drafter_files().get("code", "code"))
-    export_hf(drafter_dir, lm, params)
-    assistant = transformers.AutoModelForCausalLM.from_pretrained(
-        str(drafter_dir), dtype=torch.float32
-    ).eval()
-    rows = {}
-    for g in (2, 4, 8):
-        assistant.generation_config.num_assistant_tokens = g
-        assistant.generation_config.num_assistant_tokens_schedule = "constant"
-        rows[f"assisted_{g}"] = _timed_generate(target, ids, n_new, assistant_model=assistant)
-    return rows
-
-
-def part_peer(result: dict, model, dep) -> None:
+def part_peer(result: dict, dep) -> None:
     """transformers on the same weights: plain, prompt lookup, assisted (code drafter)."""
-    try:
-        import torch  # pylint: disable=import-outside-toplevel
-        import transformers  # pylint: disable=import-outside-toplevel
-    except ImportError as e:
-        print(f"peer skipped: {e}")
-        return
-    from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
-    from specjax.models.gguf import smollm2_path  # pylint: disable=import-outside-toplevel
+    import importlib.util  # pylint: disable=import-outside-toplevel
 
-    torch.set_num_threads(os.cpu_count() or 1)
-    p = smollm2_path()
-    target = transformers.AutoModelForCausalLM.from_pretrained(
-        str(p.parent), gguf_file=p.name, dtype=torch.float32
-    ).eval()
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"peer skipped: {', '.join(missing)} not installed")
+        return
+    from specjax import peer_real  # pylint: disable=import-outside-toplevel
+    from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
+
     prompts = {}
     for q in load_prompts():
         prompts.setdefault(q["domain"], q["prompt"])
-    texts = [prompts[d] for d in sorted(prompts)]
-    ids = [dep.encode(t) for t in texts]
-    n_new = FLAGS.new_tokens
-    # Greedy identity (64 tokens, 3 prompts): specjax's AR at τ = 0 vs transformers.
-    same = _greedy_identity(dep, target, ids, n_new)
-    print(f"greedy identical to transformers for {n_new} tokens: {same}", flush=True)
-    peer = {"greedy_identical": same, "plain": _timed_generate(target, ids, n_new)}
-    for g in (2, 4, 8):
-        peer[f"prompt_lookup_{g}"] = _timed_generate(target, ids, n_new, prompt_lookup_num_tokens=g)
-    if "code" in dep.names:
-        peer.update(_assisted_rows(dep, target, ids, n_new))
+    peer = peer_real.run(
+        dep,
+        [prompts[d] for d in sorted(prompts)],
+        FLAGS.new_tokens,
+        FLAGS.repeats,
+        drafter=_drafter_files().get("code", "code") if "code" in dep.names else None,
+        out_dir=FLAGS.out,
+    )
     print(
         "peer (transformers, same weights, f32, B=1, greedy): "
         + ", ".join(f"{k} {v:.1f} tok/s" for k, v in peer.items() if k != "greedy_identical"),
@@ -643,43 +467,7 @@ def render_markdown(r: dict) -> list[str]:
     (every figure is the run's)."""
     lines = [f"Stream bandwidth {r['stream_bytes_per_s'] / 1e9:.1f} GB/s.", ""]
     if r.get("ratio"):
-        ks = sorted(r["ratio"][0]["ratio"], key=int)
-        lines += [
-            "## T_score(k) / T_step (verifier forwards over 100 cached tokens)",
-            "",
-            "| layout | B | T_step ms | floor ms | T_step / floor | "
-            + " | ".join(f"k={k}" for k in ks)
-            + " |",
-            "|---|---|---|---|---|" + "---|" * len(ks),
-        ]
-        for row in r["ratio"]:
-            lines.append(
-                f"| {row['dtype']} | {row['batch']} | {1e3 * row['t_step']:.2f} | "
-                f"{1e3 * row['floor_s']:.2f} | {row['t_step'] / row['floor_s']:.2f} | "
-                + " | ".join(f"{row['ratio'][k]:.2f}" for k in ks)
-                + " |"
-            )
-        lines += [
-            "",
-            "Roofline projection of the same forwards (bf16 weights and cache; "
-            "bytes and FLOPs counted from the model), T_score(k) / T_step:",
-            "",
-            "| accelerator | B | T_step µs | " + " | ".join(f"k={k}" for k in ks) + " |",
-            "|---|---|---|" + "---|" * len(ks),
-        ]
-        seen = set()
-        for row in r["ratio"]:
-            for name, rr in row["roofline_ratio"].items():
-                if (name, row["batch"]) in seen:
-                    continue
-                seen.add((name, row["batch"]))
-                lines.append(
-                    f"| {name} | {row['batch']} | "
-                    f"{1e6 * row['roofline_t_step'][name]:.1f} | "
-                    + " | ".join(f"{rr[k]:.2f}" for k in ks)
-                    + " |"
-                )
-        lines.append("")
+        lines += ratio_tables(r["ratio"])
     if r.get("spec"):
         lines += [
             f"## Speculative vs autoregressive ({r.get('new_tokens')} new tokens, "
@@ -775,16 +563,16 @@ def main(argv):
     if "spec" in FLAGS.parts or "peer" in FLAGS.parts:
         model = load_verifier(FLAGS.dtype, 2048)
         names = list(dict.fromkeys(_drafter_names() + (["code"] if "peer" in FLAGS.parts else [])))
-        dt = parse_verifier(FLAGS.dtype)[0]  # the distilled drafters' dtype
+        dt = FLAGS.dtype.partition(":")[0]  # the distilled drafters' dtype
         dep = from_smollm2(names, dtype=dt, drafters=_drafter_files(), verifier=model)
         ref = None
         if "spec" in FLAGS.parts and FLAGS.ar_reference and FLAGS.ar_reference != FLAGS.dtype:
-            r = load_verifier(FLAGS.ar_reference, 2048)
+            r = load_verifier(FLAGS.ar_reference, 2048, "--ar_reference")
             ref = types.SimpleNamespace(verifier=r.lm, v_params=r.params)
         if "spec" in FLAGS.parts:
             part_spec(result, model, dep, ref)
         if "peer" in FLAGS.parts:
-            part_peer(result, model, dep)
+            part_peer(result, dep)
     path = provenance.write_json(Path(FLAGS.out) / "real_speed.json", result, prov)
     print(f"wrote {path}")
     if FLAGS.write_docs:
@@ -801,5 +589,5 @@ def main(argv):
 if __name__ == "__main__":
     define_flags()
     for _name in ("dtypes", "dtype", "ar_reference"):
-        flags.register_validator(_name, _valid_verifiers)
+        flags.register_validator(_name, _validator(_name))
     app.run(main)

@@ -37,7 +37,8 @@ from specjax.models import transformer
 from specjax.timing import forward_timer
 
 FLAGS = flags.FLAGS
-TOKENS = ("tied", "fused", "out_first", "einsum")
+#: Tokens of this script beside the loader's (`specjax.models.gguf.LAYOUT_TOKENS`).
+EXTRA_TOKENS = ("einsum",)
 
 
 def define_flags():
@@ -55,17 +56,6 @@ def define_flags():
     flags.DEFINE_string(
         "doc_name", "layouts", "name of the page --write_docs writes (<docs_dir>/<doc_name>.md)"
     )
-
-
-def parse_layout(spec: str) -> tuple[str, set]:
-    dt, _, rest = spec.partition(":")
-    tokens = {t for t in rest.split("+") if t}
-    if dt not in ("float32", "bfloat16") or tokens - set(TOKENS):
-        raise ConfigError(
-            f"--layouts: {spec!r} is not allowed; allowed: float32 or bfloat16, optionally "
-            f"':' and '+'-joined tokens from {list(TOKENS)} (e.g. float32:fused)"
-        )
-    return dt, tokens
 
 
 def _ints(name: str, values, lo: int = 1) -> list[int]:
@@ -91,20 +81,20 @@ def traced_as(tokens: set):
 
 def main(argv):
     del argv
-    from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
+    from specjax.models.gguf import (  # pylint: disable=import-outside-toplevel
+        parse_layout,
+        smollm2_layout,
+    )
 
-    layouts = [(s, *parse_layout(s)) for s in FLAGS.layouts]
-    batches, ks = _ints("batches", FLAGS.batches), sorted(set(_ints("ks", FLAGS.ks)) | {1})
+    try:  # bad flags: one line, before anything loads or is written
+        layouts = [(s, *parse_layout(s, "--layouts", EXTRA_TOKENS)) for s in FLAGS.layouts]
+        batches, ks = _ints("batches", FLAGS.batches), sorted(set(_ints("ks", FLAGS.ks)) | {1})
+    except ConfigError as e:
+        raise SystemExit(f"compare_layouts: error: {e}") from None
     prov = provenance.provenance()
     models, timers = {}, {}
-    for spec, dt, tokens in layouts:
-        m = smollm2(
-            max_len=512,
-            dtype=dt,
-            untie_head="tied" not in tokens,
-            fuse_projections="fused" in tokens,
-            out_first="out_first" in tokens,
-        )
+    for spec, _, tokens in layouts:
+        m = smollm2_layout(spec, max_len=512, field="--layouts", extra=EXTRA_TOKENS)
         models[spec] = m
         with traced_as(tokens):
             for b in batches:

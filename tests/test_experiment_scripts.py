@@ -198,7 +198,7 @@ def test_benchmark_real(tmp_path):
     _needs_smollm2()
     args = [
         f"--out={tmp_path}",
-        "--parts=machine,ratio,spec",
+        "--parts=machine,ratio,spec,peer",
         "--dtypes=float32",
         "--ks=2",
         "--ratio_batches=1",
@@ -225,10 +225,16 @@ def test_benchmark_real(tmp_path):
     assert sorted(out["spec"][1]["alpha_by_drafter"]) == ["code", "lookup"]
     assert out["spec"][0]["spec_over_reference_ar"] > 0
     assert out["ar"][0]["reference_dtype"] == "float32"
+    # The peer part: transformers on the same file, greedy tokens identical to specjax's.
+    peer = out["peer"]
+    assert peer["greedy_identical"] == [True, True, True]
+    assert {"plain", "prompt_lookup_2", "assisted_2", "assisted_8"} <= set(peer)
+    assert all(v > 0 for k, v in peer.items() if k != "greedy_identical")
     body = read_page(tmp_path / "tiny.md", command)
     assert "Stream bandwidth" in body and "| lookup (" in body
     assert "spec / AR (float32)" in body
     assert "| lookup+code (0, token_tree) |" in body and "Per-drafter α in the trees" in body
+    assert "## transformers on the same weights" in body and "| assisted_4 |" in body
 
 
 @pytest.mark.slow
@@ -407,4 +413,31 @@ def test_train_drafters_refuses_missing_inputs_in_one_line(tmp_path, args, flag)
     assert proc.returncode == 1
     last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
     assert last.startswith("train_drafters: error: " + flag) and "Traceback" not in proc.stderr
+    assert not out.exists()  # nothing written before the error
+
+
+@pytest.mark.parametrize(
+    "script, arg, field",
+    [
+        ("benchmark_real.py", "--dtype=float16", "--dtype: 'float16' is not allowed"),
+        (
+            "benchmark_real.py",
+            "--dtypes=float32,bfloat16:sideways",
+            "--dtypes: 'bfloat16:sideways'",
+        ),
+        ("compare_layouts.py", "--layouts=float32:tilted", "--layouts: 'float32:tilted'"),
+    ],
+)
+def test_real_model_scripts_refuse_bad_layouts_in_one_line(tmp_path, script, arg, field):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, f"experiments/{script}", arg, f"--out={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if field in line]
+    assert len(errors) == 1 and "allowed: float32 or bfloat16" in errors[0], proc.stderr[-2000:]
     assert not out.exists()  # nothing written before the error

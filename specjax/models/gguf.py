@@ -50,6 +50,7 @@ import ml_dtypes
 import numpy as np
 
 from specjax import sharding as shd
+from specjax.errors import ConfigError
 from specjax.models.api import TransformerLM
 from specjax.models.api import fuse_projections as _fuse_projections
 from specjax.models.api import order_weights as _order_weights
@@ -540,4 +541,44 @@ def smollm2(
         weights=weights,
         fuse_projections=fuse_projections,
         out_first=out_first,
+    )
+
+
+#: Layout tokens of a SmolLM2 layout spec ``dtype[:token+token]`` (`parse_layout`):
+#: ``tied`` keeps the file's tied head (read as the table's transpose) instead of a [D, V]
+#: copy; ``fused`` q/k/v and gate/up tables; ``out_first`` weights stored [out, in].
+LAYOUT_TOKENS = ('tied', 'fused', 'out_first')
+
+
+def parse_layout(spec: str, field: str = 'layout', extra: tuple = ()) -> tuple[str, set]:
+    """``'bfloat16:out_first'`` -> ``('bfloat16', {'out_first'})``.
+
+    ``extra`` adds tokens a caller interprets itself. Raises `ConfigError` naming ``field``,
+    the value and what is allowed.
+    """
+    dt, _, rest = spec.partition(':')
+    tokens = {t for t in rest.split('+') if t}
+    allowed = [*LAYOUT_TOKENS, *extra]
+    if dt not in ('float32', 'bfloat16') or tokens - set(allowed):
+        raise ConfigError(
+            f"{field}: {spec!r} is not allowed; allowed: float32 or bfloat16, optionally "
+            f"':' and '+'-joined tokens from {allowed} (e.g. bfloat16:out_first)",
+            field=field,
+            value=spec,
+            allowed=allowed,
+        )
+    return dt, tokens
+
+
+def smollm2_layout(spec: str, *, max_len: int | None = 2048, field: str = 'layout', extra=(), **kw):
+    """`smollm2` in the layout ``spec`` names (`parse_layout`; ``extra`` tokens are the
+    caller's and ignored here)."""
+    dt, tokens = parse_layout(spec, field, extra)
+    return smollm2(
+        max_len=max_len,
+        dtype=dt,
+        untie_head='tied' not in tokens,
+        fuse_projections='fused' in tokens,
+        out_first='out_first' in tokens,
+        **kw,
     )
