@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax.models.cache import half_set
+
 __all__ = ["Counters", "DecodeState", "EngineState"]
 
 
@@ -178,7 +180,7 @@ class EngineState:
 
 @jax.jit
 def _set_rows(state: EngineState, idx, other: EngineState) -> EngineState:
-    put = lambda x, y: x.at[idx].set(y.astype(x.dtype), mode='drop')
+    put = lambda x, y: half_set(x, idx, y, mode='drop')
     return EngineState(
         tokens=put(state.tokens, other.tokens),
         length=put(state.length, other.length),

@@ -30,6 +30,11 @@ clamped onto committed slots (``dynamic_update_slice`` would clamp its start and
 silently overwrite history). Keeping ``length + T <= capacity`` is the caller's job; the
 logits of an overflowing block are still exact (attention reads the block's own keys),
 but its cache entries are lost.
+
+On XLA:CPU a gather or scatter on bf16 or f16 runs in f32: the whole operand (a layer's
+cache, an embedding table) is converted to f32 and the result back, on every write. Writes,
+reads and row gathers of 16-bit floats therefore go through the same bits as ``uint16``
+(`half_set`, `half_get`, `half_take`): bit-identical, and on the CPU without the copies.
 """
 
 from __future__ import annotations
@@ -37,6 +42,47 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import struct
+
+#: Gathers and scatters of 16-bit floats as uint16 bits: None (default) on the CPU backend
+#: only, True / False everywhere (a paired comparison, a test). Read at trace time.
+HALF_AS_BITS: bool | None = None
+
+
+def _as_bits(dtype) -> bool:
+    dtype = jnp.dtype(dtype)
+    if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return False
+    return jax.default_backend() == 'cpu' if HALF_AS_BITS is None else bool(HALF_AS_BITS)
+
+
+def _bits(x: jax.Array) -> jax.Array:
+    return jax.lax.bitcast_convert_type(x, jnp.uint16)
+
+
+def half_set(arr: jax.Array, idx, values: jax.Array, mode: str = 'drop') -> jax.Array:
+    """``arr.at[idx].set(values.astype(arr.dtype), mode=mode)``, through uint16 bits for a
+    16-bit float ``arr`` (module docstring)."""
+    values = values.astype(arr.dtype)
+    if not _as_bits(arr.dtype):
+        return arr.at[idx].set(values, mode=mode)
+    out = _bits(arr).at[idx].set(_bits(values), mode=mode)
+    return jax.lax.bitcast_convert_type(out, arr.dtype)
+
+
+def half_get(arr: jax.Array, idx, mode: str = 'clip') -> jax.Array:
+    """``arr.at[idx].get(mode=mode)``, through uint16 bits for a 16-bit float ``arr``."""
+    if not _as_bits(arr.dtype):
+        return arr.at[idx].get(mode=mode)
+    return jax.lax.bitcast_convert_type(_bits(arr).at[idx].get(mode=mode), arr.dtype)
+
+
+def half_take(table: jax.Array, ids: jax.Array, axis: int = 0) -> jax.Array:
+    """``jnp.take(table, ids, axis)`` (rows of an embedding table), through uint16 bits for
+    a 16-bit float table: XLA:CPU would otherwise convert the whole table to f32 (hoisted
+    out of a decode loop, once per call: 113 MB for SmolLM2's bf16 table)."""
+    if not _as_bits(table.dtype):
+        return jnp.take(table, ids, axis=axis)
+    return jax.lax.bitcast_convert_type(jnp.take(_bits(table), ids, axis=axis), table.dtype)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -140,7 +186,7 @@ def write_block(arr: jax.Array, block: jax.Array, length: jax.Array) -> jax.Arra
     slots ``[length, length + T)`` of each row (slots past capacity are dropped)."""
     B, KV, T = block.shape[:3]
     slots = length[:, None] + jnp.arange(T)[None, :]  # [B, T]
-    return arr.at[_index(B, KV, slots)].set(block.astype(arr.dtype), mode='drop')
+    return half_set(arr, _index(B, KV, slots), block)
 
 
 def write_keys(arr: jax.Array, block: jax.Array, length: jax.Array) -> jax.Array:
@@ -148,9 +194,7 @@ def write_keys(arr: jax.Array, block: jax.Array, length: jax.Array) -> jax.Array
     slots ``[length, length + T)`` of each row (slots past capacity are dropped)."""
     B, KV, T, hd = block.shape
     slots = length[:, None] + jnp.arange(T)[None, :]  # [B, T]
-    return arr.at[_index_t(B, KV, hd, slots)].set(
-        block.transpose(0, 1, 3, 2).astype(arr.dtype), mode='drop'
-    )
+    return half_set(arr, _index_t(B, KV, hd, slots), block.transpose(0, 1, 3, 2))
 
 
 def advance(cache: Cache, n) -> Cache:
@@ -187,8 +231,7 @@ def compact(cache: Cache, src, n) -> Cache:
 
     def mover(src_idx, dst_idx):
         def move(x):
-            moved = x.at[src_idx].get(mode='clip')
-            return x.at[dst_idx].set(moved, mode='drop')
+            return half_set(x, dst_idx, half_get(x, src_idx, mode='clip'), mode='drop')
 
         return move
 

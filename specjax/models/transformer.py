@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.models.cache import PerLayer, write_block, write_keys
+from specjax.models.cache import PerLayer, half_take, write_block, write_keys
 from specjax.sharding import with_logical_constraint
 
 _DTYPES = ('float32', 'bfloat16', 'float16')
@@ -597,7 +597,7 @@ class Transformer(nnx.Module):
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
         table = self.embed[...]
-        x = jnp.take(table, tokens, axis=0).astype(dt)
+        x = half_take(table, tokens, axis=0).astype(dt)
         if cfg.tie_embeddings and cfg.embed_input_scale:
             x = x * jnp.asarray(cfg.d_model**0.5, dt)
         x = with_logical_constraint(x, ('batch', 'length', 'embed'))
