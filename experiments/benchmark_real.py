@@ -147,14 +147,9 @@ def part_ratio(result: dict, bw: float) -> None:
 
 
 def _drafter_files() -> dict:
-    if not FLAGS.drafter_dir:
-        return {}
-    d = Path(FLAGS.drafter_dir)
-    return {
-        n: str(d / f"drafter_{n}.npz")
-        for n in ("code", "prose")
-        if (d / f"drafter_{n}.npz").exists()
-    }
+    d = Path(FLAGS.drafter_dir or "/nonexistent")
+    files = {n: d / f"drafter_{n}.npz" for n in ("code", "prose")}
+    return {n: str(f) for n, f in files.items() if FLAGS.drafter_dir and f.exists()}
 
 
 def _plan_texts() -> list[str]:
@@ -432,8 +427,9 @@ def part_spec(result: dict, model, dep, ref=None) -> None:
     del model
 
 
-def part_peer(result: dict, dep) -> None:
-    """transformers on the same weights: plain, prompt lookup, assisted (code drafter)."""
+def part_peer(result: dict, dep, f32) -> None:
+    """transformers on the same weights: plain, prompt lookup, assisted (code drafter);
+    greedy identity against ``f32`` (the verifier in f32: ``verifier``, ``v_params``)."""
     import importlib.util  # pylint: disable=import-outside-toplevel
 
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
@@ -448,6 +444,7 @@ def part_peer(result: dict, dep) -> None:
         prompts.setdefault(q["domain"], q["prompt"])
     peer = peer_real.run(
         dep,
+        f32,
         [prompts[d] for d in sorted(prompts)],
         FLAGS.new_tokens,
         FLAGS.repeats,
@@ -572,7 +569,13 @@ def main(argv):
         if "spec" in FLAGS.parts:
             part_spec(result, model, dep, ref)
         if "peer" in FLAGS.parts:
-            part_peer(result, dep)
+            # transformers runs the file in f32: its greedy tokens are compared with
+            # specjax's f32 model (the reference's, or one loaded for it).
+            f32 = dep if dt == "float32" else ref
+            if dt != "float32" and (ref is None or not FLAGS.ar_reference.startswith("float32")):
+                r = load_verifier("float32", 2048)
+                f32 = types.SimpleNamespace(verifier=r.lm, v_params=r.params)
+            part_peer(result, dep, f32)
     path = provenance.write_json(Path(FLAGS.out) / "real_speed.json", result, prov)
     print(f"wrote {path}")
     if FLAGS.write_docs:

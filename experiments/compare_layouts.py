@@ -10,7 +10,9 @@ unties it, as the deployment does), ``fused`` (q/k/v in one product and gate/up 
 ``[out, in]``, the head ``[V, D]``: `specjax.models.api.order_weights`) and ``einsum``
 (the weight products traced as
 before `specjax.models.transformer.project`: an einsum in the compute dtype, no f32
-accumulation in half precision, a one-row product not padded). Every layout is loaded first; then each round
+accumulation in half precision, a one-row product not padded) and ``float_ops`` (a 16-bit
+cache written and the embedding rows gathered as float ops, as before
+`specjax.models.cache.half_set`: XLA:CPU runs them in f32). Every layout is loaded first; then each round
 times every (layout, batch, k) once, in a fixed interleaved order, so load changes hit
 every layout alike. Reported: per (layout, batch, k) the median seconds per forward over
 the rounds, T_score(k) / T_step, and each layout's time over the first layout's, with
@@ -33,12 +35,12 @@ from absl import app, flags
 
 from specjax import provenance
 from specjax.errors import ConfigError
-from specjax.models import transformer
+from specjax.models import cache, transformer
 from specjax.timing import forward_timer
 
 FLAGS = flags.FLAGS
 #: Tokens of this script beside the loader's (`specjax.models.gguf.LAYOUT_TOKENS`).
-EXTRA_TOKENS = ("einsum",)
+EXTRA_TOKENS = ("einsum", "float_ops")
 
 
 def define_flags():
@@ -52,6 +54,7 @@ def define_flags():
     flags.DEFINE_integer("rounds", 7, "interleaved rounds")
     flags.DEFINE_integer("reps", 32, "forwards per timed loop")
     flags.DEFINE_integer("context", 100, "cached tokens each forward attends over")
+    flags.DEFINE_integer("capacity", 0, "cache slots (0: context + 16)")
     provenance.define_common_flags(out="runs/layouts", page="layouts")
     flags.DEFINE_string(
         "doc_name", "layouts", "name of the page --write_docs writes (<docs_dir>/<doc_name>.md)"
@@ -70,13 +73,15 @@ def _ints(name: str, values, lo: int = 1) -> list[int]:
 
 @contextlib.contextmanager
 def traced_as(tokens: set):
-    """Traces inside with `transformer.PRODUCTS` off for an ``einsum`` layout."""
-    old = transformer.PRODUCTS
+    """Traces inside with `transformer.PRODUCTS` off for an ``einsum`` layout and
+    `cache.HALF_AS_BITS` off for a ``float_ops`` one."""
+    old = transformer.PRODUCTS, cache.HALF_AS_BITS
     transformer.PRODUCTS = "flat" if "einsum" not in tokens else "einsum"
+    cache.HALF_AS_BITS = False if "float_ops" in tokens else old[1]
     try:
         yield
     finally:
-        transformer.PRODUCTS = old
+        transformer.PRODUCTS, cache.HALF_AS_BITS = old
 
 
 def main(argv):
@@ -100,7 +105,13 @@ def main(argv):
             for b in batches:
                 for k in ks:
                     timers[spec, b, k] = forward_timer(
-                        m.lm, m.params, b, k, FLAGS.context, FLAGS.context + 16, FLAGS.reps
+                        m.lm,
+                        m.params,
+                        b,
+                        k,
+                        FLAGS.context,
+                        FLAGS.capacity or FLAGS.context + 16,
+                        FLAGS.reps,
                     )
         print(f"{spec}: loaded and compiled", flush=True)
     ref = layouts[0][0]
@@ -154,7 +165,8 @@ def main(argv):
     if FLAGS.write_docs:
         body = [
             f"Each round times every (layout, B, k) once, interleaved; {FLAGS.rounds} rounds of "
-            f"{FLAGS.reps} forwards over {FLAGS.context} cached tokens "
+            f"{FLAGS.reps} forwards over {FLAGS.context} cached tokens in a cache of "
+            f"{FLAGS.capacity or FLAGS.context + 16} slots "
             "(`experiments/compare_layouts.py`'s docstring).",
             "",
             table,

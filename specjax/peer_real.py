@@ -117,13 +117,15 @@ def assisted(target, ids, n_new: int, repeats: int, drafter, out_dir, gammas=(2,
     return rows
 
 
-def run(dep, texts, n_new: int, repeats: int, drafter=None, out_dir=".") -> dict:
-    """The peer part on the deployment ``dep``'s verifier: greedy identity on ``texts``,
-    plain and prompt-lookup (γ 2, 4, 8) tokens/s, and assisted generation with ``drafter``
-    where one is given."""
+def run(dep, f32, texts, n_new: int, repeats: int, drafter=None, out_dir=".") -> dict:
+    """The peer part: greedy identity on ``texts`` of ``f32`` (specjax's verifier in f32,
+    as transformers runs the file: ``f32.verifier``, ``f32.v_params``; a bf16 model may
+    pick another argmax where two logits are close), plain and prompt-lookup (γ 2, 4, 8)
+    tokens/s, and assisted generation with ``drafter`` where one is given; prompts encoded
+    by the deployment ``dep``."""
     target = load_target()
     ids = [dep.encode(t) for t in texts]
-    same = greedy_identity(dep.verifier, dep.v_params, target, ids, n_new)
+    same = greedy_identity(f32.verifier, f32.v_params, target, ids, n_new)
     print(f"greedy identical to transformers for {n_new} tokens: {same}", flush=True)
     peer = {"greedy_identical": same, "plain": tokens_per_s(target, ids, n_new, repeats)}
     for g in (2, 4, 8):
