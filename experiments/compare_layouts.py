@@ -94,12 +94,20 @@ def main(argv):
     try:  # bad flags: one line, before anything loads or is written
         layouts = [(s, *parse_layout(s, "--layouts", EXTRA_TOKENS)) for s in FLAGS.layouts]
         batches, ks = _ints("batches", FLAGS.batches), sorted(set(_ints("ks", FLAGS.ks)) | {1})
+        if FLAGS.capacity and FLAGS.capacity < FLAGS.context + max(ks):
+            raise ConfigError.invalid(
+                "--capacity",
+                FLAGS.capacity,
+                f"0 or >= --context + the widest k ({FLAGS.context + max(ks)})",
+            )
     except ConfigError as e:
         raise SystemExit(f"compare_layouts: error: {e}") from None
     prov = provenance.provenance()
     models, timers = {}, {}
     for spec, _, tokens in layouts:
-        m = smollm2_layout(spec, max_len=512, field="--layouts", extra=EXTRA_TOKENS)
+        m = smollm2_layout(
+            spec, max_len=max(512, FLAGS.capacity), field="--layouts", extra=EXTRA_TOKENS
+        )
         models[spec] = m
         with traced_as(tokens):
             for b in batches:

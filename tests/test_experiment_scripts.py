@@ -441,3 +441,18 @@ def test_real_model_scripts_refuse_bad_layouts_in_one_line(tmp_path, script, arg
     errors = [line for line in proc.stderr.splitlines() if field in line]
     assert len(errors) == 1 and "allowed: float32 or bfloat16" in errors[0], proc.stderr[-2000:]
     assert not out.exists()  # nothing written before the error
+
+
+def test_compare_layouts_refuses_a_cache_too_small_in_one_line(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "experiments/compare_layouts.py", "--capacity=50", f"--out={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith("compare_layouts: error: --capacity: got 50, allowed: 0 or >= ")
+    assert not out.exists()
