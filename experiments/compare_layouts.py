@@ -9,7 +9,7 @@ unties it, as the deployment does), ``fused`` (q/k/v in one product and gate/up 
 `specjax.models.api.fuse_projections`), ``out_first`` (projection weights stored
 ``[out, in]``, the head ``[V, D]``: `specjax.models.api.order_weights`) and ``einsum``
 (the weight products traced as
-before `specjax.models.transformer.project`: an einsum in the compute dtype, no f32
+before `specjax.models.products.project`: an einsum in the compute dtype, no f32
 accumulation in half precision, a one-row product not padded) and ``float_ops`` (a 16-bit
 cache written and the embedding rows gathered as float ops, as before
 `specjax.models.cache.half_set`: XLA:CPU runs them in f32). Every layout is loaded first; then each round
@@ -35,7 +35,7 @@ from absl import app, flags
 
 from specjax import provenance
 from specjax.errors import ConfigError
-from specjax.models import cache, transformer
+from specjax.models import cache, products
 from specjax.timing import forward_timer
 
 FLAGS = flags.FLAGS
@@ -73,15 +73,15 @@ def _ints(name: str, values, lo: int = 1) -> list[int]:
 
 @contextlib.contextmanager
 def traced_as(tokens: set):
-    """Traces inside with `transformer.PRODUCTS` off for an ``einsum`` layout and
+    """Traces inside with `products.PRODUCTS` off for an ``einsum`` layout and
     `cache.HALF_AS_BITS` off for a ``float_ops`` one."""
-    old = transformer.PRODUCTS, cache.HALF_AS_BITS
-    transformer.PRODUCTS = "flat" if "einsum" not in tokens else "einsum"
+    old = products.PRODUCTS, cache.HALF_AS_BITS
+    products.PRODUCTS = "flat" if "einsum" not in tokens else "einsum"
     cache.HALF_AS_BITS = False if "float_ops" in tokens else old[1]
     try:
         yield
     finally:
-        transformer.PRODUCTS, cache.HALF_AS_BITS = old
+        products.PRODUCTS, cache.HALF_AS_BITS = old
 
 
 def main(argv):

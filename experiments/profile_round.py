@@ -89,7 +89,7 @@ def define_flags():
         "set_attr",
         [],
         "also time the full round traced with a module attribute "
-        "of the package set, e.g. models.transformer.GEMV_MAX_ROWS=3 (scratch "
+        "of the package set, e.g. models.products.HALF_MIN_ROWS=4 (scratch "
         "experiments)",
     )
     flags.DEFINE_list("variants", [], "with --ablate: only these variants (and 'full')")

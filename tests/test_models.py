@@ -396,14 +396,14 @@ def test_weight_products_in_half_precision_pad_one_row_and_accumulate_in_f32(mon
     padded to (rows are independent: the zero row changes nothing), every bf16 product is
     the f32 product of its bf16 operands rounded once to bf16 (f32 accumulation), and f32
     products are the einsum they replaced, bit for bit in shape and to f32 rounding."""
-    from specjax.models import transformer
+    from specjax.models import products
 
     rng = np.random.default_rng(0)
     K, H, hd = 96, 3, 16
     w = jnp.asarray(rng.standard_normal((K, H, hd)) * 0.1, jnp.bfloat16)
     x2 = jnp.asarray(rng.standard_normal((1, 2, K)), jnp.bfloat16)
-    one = jax.jit(transformer.project, static_argnums=2)(x2[:, :1], w, jnp.bfloat16)
-    two = jax.jit(transformer.project, static_argnums=2)(x2, w, jnp.bfloat16)
+    one = jax.jit(products.project, static_argnums=2)(x2[:, :1], w, jnp.bfloat16)
+    two = jax.jit(products.project, static_argnums=2)(x2, w, jnp.bfloat16)
     assert one.shape == (1, 1, H, hd) and one.dtype == jnp.bfloat16
     np.testing.assert_array_equal(
         np.asarray(one[:, 0], np.float32), np.asarray(two[:, 0], np.float32)
@@ -414,12 +414,12 @@ def test_weight_products_in_half_precision_pad_one_row_and_accumulate_in_f32(mon
     np.testing.assert_allclose(
         np.asarray(two, np.float32), np.asarray(exact), rtol=2**-8 + 1e-5, atol=1e-6
     )
-    head = transformer.project(x2[:, :1], w.reshape(K, -1), jnp.bfloat16, out_dtype=jnp.float32)
+    head = products.project(x2[:, :1], w.reshape(K, -1), jnp.bfloat16, out_dtype=jnp.float32)
     assert head.dtype == jnp.float32 and head.shape == (1, 1, H * hd)
     # f32: the flat product equals the einsum; the 'einsum' form traces the einsum itself.
     x32, w32 = x2.astype(jnp.float32), w.astype(jnp.float32)
-    flat = transformer.project(x32, w32, jnp.float32)
-    monkeypatch.setattr(transformer, 'PRODUCTS', 'einsum')
-    ein = transformer.project(x32, w32, jnp.float32)
+    flat = products.project(x32, w32, jnp.float32)
+    monkeypatch.setattr(products, 'PRODUCTS', 'einsum')
+    ein = products.project(x32, w32, jnp.float32)
     np.testing.assert_allclose(np.asarray(flat), np.asarray(exact), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(ein), np.asarray(flat), rtol=1e-5, atol=1e-6)

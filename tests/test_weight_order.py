@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from specjax import sharding as shd
-from specjax.models import hf, transformer
+from specjax.models import hf, products
 from specjax.models.api import TransformerLM, causal_block_mask, fuse_projections, order_weights
 from specjax.models.fused import order_params, separate_leaf, unfuse_params
 from specjax.models.transformer import TransformerConfig
@@ -139,7 +139,7 @@ def test_out_first_bf16_product_is_the_f32_product_of_its_operands_rounded_once(
     K, H, hd = 96, 3, 16
     w = jnp.asarray(rng.standard_normal((H, hd, K)) * 0.1, jnp.bfloat16)  # [*out, *in]
     x = jnp.asarray(rng.standard_normal((1, 2, K)), jnp.bfloat16)
-    project = jax.jit(transformer.project, static_argnums=(2, 3, 4))
+    project = jax.jit(products.project, static_argnums=(2, 3, 4))
     two = project(x, w, jnp.bfloat16, None, True)
     one = project(x[:, :1], w, jnp.bfloat16, None, True)
     assert two.shape == (1, 2, H, hd) and two.dtype == jnp.bfloat16

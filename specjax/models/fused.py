@@ -63,7 +63,7 @@ def order_params(cfg: TransformerConfig, params: dict, out_first: bool, place=No
     norms, biases and the embedding table unchanged.
 
     Each output element is the same dot product over the same terms either way: only the
-    product's form changes (`specjax.models.transformer.project`). ``place``: as in
+    product's form changes (`specjax.models.products.project`). ``place``: as in
     `fuse_params`; a block's old leaves are dropped as its new ones are made.
     """
     if bool(cfg.out_first) == bool(out_first):
