@@ -147,9 +147,9 @@ def part_ratio(result: dict, bw: float) -> None:
 
 
 def _drafter_files() -> dict:
-    d = Path(FLAGS.drafter_dir or "/nonexistent")
-    files = {n: d / f"drafter_{n}.npz" for n in ("code", "prose")}
-    return {n: str(f) for n, f in files.items() if FLAGS.drafter_dir and f.exists()}
+    d = Path(FLAGS.drafter_dir)
+    files = {n: d / f"drafter_{n}.npz" for n in ("code", "prose")} if FLAGS.drafter_dir else {}
+    return {n: str(f) for n, f in files.items() if f.exists()}
 
 
 def _plan_texts() -> list[str]:

@@ -102,6 +102,7 @@ def main(argv):
             )
     except ConfigError as e:
         raise SystemExit(f"compare_layouts: error: {e}") from None
+    capacity = FLAGS.capacity or FLAGS.context + 16
     prov = provenance.provenance()
     models, timers = {}, {}
     for spec, _, tokens in layouts:
@@ -118,7 +119,7 @@ def main(argv):
                         b,
                         k,
                         FLAGS.context,
-                        FLAGS.capacity or FLAGS.context + 16,
+                        capacity,
                         FLAGS.reps,
                     )
         print(f"{spec}: loaded and compiled", flush=True)

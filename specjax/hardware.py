@@ -9,6 +9,7 @@ while ``bytes / bandwidth`` exceeds ``FLOPs / peak``.
 
 from __future__ import annotations
 
+import os
 import time
 
 import jax
@@ -71,8 +72,6 @@ def score_ratios(label: str, lm, params, batches, ks, bw: float, context: int = 
     A row holds the weight bytes a forward reads, the bandwidth floor (those bytes ÷ ``bw``),
     the times, T_score(k) / T_step, and the `roofline` projection of the same forwards.
     """
-    import os  # pylint: disable=import-outside-toplevel
-
     from specjax.timing import forward_timer  # pylint: disable=import-outside-toplevel
 
     n = sum(int(x.size) for x in jax.tree.leaves(params))
