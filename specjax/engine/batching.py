@@ -131,12 +131,17 @@ def _prefill_rows(
 ) -> EngineState:
     """The state of R fresh rows, as the static engine's prefill makes it."""
     r = prompt.shape[0]
-    vcache, _ = prefill_cache(verifier, v_params, prompt, prompt_len - 1, shapes.v_cap)
+    features = any(getattr(lm, 'reads_features', False) for lm in drafter_lms)
+    vout = prefill_cache(
+        verifier, v_params, prompt, prompt_len - 1, shapes.v_cap, with_hidden=features
+    )
+    vcache = vout[0]
     dcaches, dlogits = [], []
     for lm, params, dp, dl, cap in zip(
         drafter_lms, d_params, d_prompts, d_prompt_len, shapes.d_caps
     ):
-        c, lg = prefill_cache(lm, params, dp, dl, cap)
+        feats = (vout[2], prompt_len - 1) if getattr(lm, 'reads_features', False) else None
+        c, lg = prefill_cache(lm, params, dp, dl, cap, features=feats)
         dcaches.append(c)
         dlogits.append(lg)
     tokens = jnp.zeros((r, shapes.buf_len), jnp.int32).at[:, : prompt.shape[1]].set(prompt)

@@ -219,7 +219,10 @@ def speculative_round(
 
     drafted = _draft_all(cfg, drafters, d_data, state, gammas, u_draft, gumbel, v_vocab)
     chain, chain_q, active, slot_gamma = _chains(drafted, slots, gammas, s_n, v_vocab)
-    p_root, p_nodes, vcache = _score(cfg, verifier, v_params, state, chain, v_temperature)
+    feature_drafters = [k for k, d in enumerate(drafters) if reads_features(d)]
+    p_root, p_nodes, vcache, hidden = _score(
+        cfg, verifier, v_params, state, chain, v_temperature, with_hidden=bool(feature_drafters)
+    )
     verdict = _decide(
         cfg, state, gumbel, p_root, p_nodes, chain_q, chain, active, slot_gamma if ragged else None
     )
@@ -234,6 +237,13 @@ def speculative_round(
     new_dcaches, new_synced = _keep_drafter_paths(
         drafters, drafted, slots, active, verdict, live, n_commit, length, gammas
     )
+    if feature_drafters:  # the verifier's features along the committed path
+        path = _path_indices(verdict, n_commit.shape[0], s_n, gamma)
+        feats = jnp.take_along_axis(hidden, path[:, :, None], axis=1)  # [B, γ+1, D]
+        for k in feature_drafters:
+            new_dcaches[k] = drafters[k].lm.write_features(
+                new_dcaches[k], feats, length - 1, n_commit
+            )
     new_length = length + n_commit
     # SPEC §9, caches rolled back: the verifier's cache holds every committed token but the
     # last (a row at capacity keeps what fits).
@@ -294,7 +304,10 @@ def _draft_all(
     # A lone drafter always proposed the committed path, so at most two committed tokens
     # are new to it (x_γ and the bonus); otherwise up to γ + 1.
     gamma = max(gammas)
-    width = 2 if (len(drafters) == 1 and cfg.n_slots == 1) else gamma + 1
+    # A feature drafter keeps none of its drafts (they read its own features, and the
+    # verifier's are known once it has scored them), so it re-reads up to γ + 1.
+    lone = len(drafters) == 1 and cfg.n_slots == 1 and not reads_features(drafters[0])
+    width = 2 if lone else gamma + 1
     drafts, qs, dcaches, base_len, dlogits, synced_all, caught_all = [], [], [], [], [], [], []
     for k, (spec, data) in enumerate(zip(drafters, d_data)):
         cache, logits, synced, caught_up = consume(
@@ -356,20 +369,36 @@ def _chains(drafted: _Drafted, slots, gammas, n_slots: int, v_vocab: int):
     return chain, chain_q, active, slot_gamma
 
 
-def _score(cfg: EngineConfig, verifier, v_params, state: DecodeState, chain, v_temperature):
+def _score(
+    cfg: EngineConfig,
+    verifier,
+    v_params,
+    state: DecodeState,
+    chain,
+    v_temperature,
+    with_hidden=False,
+):
     """Step 3: one verifier call over the tree `[root] + S·γ` — (p_root f32[B, V], p_nodes
-    f32[B, S, γ, V], the verifier's cache with the block written, not yet committed)."""
+    f32[B, S, γ, V], the verifier's cache with the block written, not yet committed, and
+    with ``with_hidden`` its hidden states [B, 1 + S·γ, D] for feature drafters, else
+    None)."""
     b, s_n, gamma = chain.shape
     length = state.length
     root = jnp.take_along_axis(state.tokens, (length - 1)[:, None], axis=1)
     block = jnp.concatenate([root, chain.reshape(b, s_n * gamma)], axis=1)
     positions = (length - 1)[:, None] + _tree_depths(s_n, gamma)[None, :]
     mask = jnp.broadcast_to(tree_block_mask(s_n, gamma), (b,) + (1 + s_n * gamma,) * 2)
-    v_logits, vcache = verifier.forward(v_params, state.vcache, block, positions, mask)
+    if with_hidden:
+        v_logits, hidden, vcache = verifier.forward_hidden(
+            v_params, state.vcache, block, positions, mask
+        )
+    else:
+        v_logits, vcache = verifier.forward(v_params, state.vcache, block, positions, mask)
+        hidden = None
     v_temperature = cfg.verifier_temperature if v_temperature is None else v_temperature
     p = sampling_probs(v_logits, v_temperature, top_k=cfg.verifier_top_k, top_p=cfg.verifier_top_p)
     debug.check_distribution(p, 'verifier p')
-    return p[:, 0], p[:, 1:].reshape(b, s_n, gamma, verifier.vocab_size), vcache
+    return p[:, 0], p[:, 1:].reshape(b, s_n, gamma, verifier.vocab_size), vcache, hidden
 
 
 def _decide(
@@ -441,12 +470,25 @@ def _keep_verifier_path(verifier, vcache, verdict, n_commit, n_slots: int, gamma
     if n_slots == 1:
         # One chain: the accepted path is the block's own prefix, nothing to move.
         return verifier.advance(vcache, n_commit)
-    b = n_commit.shape[0]
-    src = jnp.concatenate(
+    return verifier.compact(
+        vcache, _path_indices(verdict, n_commit.shape[0], n_slots, gamma), n_commit
+    )
+
+
+def _path_indices(verdict, b: int, n_slots: int, gamma: int) -> jax.Array:
+    """i32[B, γ+1]: the block indices of the root and the committed path's drafts."""
+    if n_slots == 1:
+        return jnp.broadcast_to(jnp.arange(gamma + 1, dtype=jnp.int32), (b, gamma + 1))
+    return jnp.concatenate(
         [jnp.zeros((b, 1), jnp.int32), 1 + verdict.path_slot * gamma + jnp.arange(gamma)[None, :]],
         1,
-    )
-    return verifier.compact(vcache, src, n_commit)
+    ).astype(jnp.int32)
+
+
+def reads_features(drafter) -> bool:
+    """Whether a drafter (a `DrafterStatic` / `DrafterSpec`) drafts from the verifier's
+    hidden states (`specjax.models.eagle`)."""
+    return bool(getattr(drafter.lm, 'reads_features', False))
 
 
 def _keep_drafter_paths(
@@ -463,6 +505,8 @@ def _keep_drafter_paths(
         keep = jnp.where(
             live & caught_up, jnp.minimum(jnp.minimum(mine, n_commit), gammas[k] - 1), 0
         )
+        if reads_features(spec):  # its drafts read its own features: re-read them
+            keep = jnp.zeros_like(keep)
         new_dcaches.append(spec.lm.rollback(drafted.dcaches[k], drafted.base_len[k] + keep))
         new_synced.append(jnp.where(caught_up, length + keep, synced))
     return new_dcaches, new_synced

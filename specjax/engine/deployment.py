@@ -373,7 +373,7 @@ def _per_drafter(field, value, names, defaults) -> list[float]:
 #: The real deployment's drafters (SPEC §10), in priority order: the distilled code and
 #: prose drafters, the tiny zoo's reasoning drafter (its own tokenizer: the cross-
 #: vocabulary path) and prompt-lookup drafting.
-SMOLLM2_DRAFTERS = ('code', 'prose', 'reasoning', LOOKUP)
+SMOLLM2_DRAFTERS = ('code', 'prose', 'reasoning', LOOKUP, 'eagle')
 
 
 def from_smollm2(
@@ -393,7 +393,8 @@ def from_smollm2(
       names: drafters in priority order, from `SMOLLM2_DRAFTERS`: ``'code'`` / ``'prose'``
         (distilled `SubsetVocabLM`s, `specjax.models.real_zoo`), ``'reasoning'`` (the tiny
         zoo's reasoning drafter with its own tokenizer and thinking tokens, τ 1.3) and
-        ``'lookup'`` (prompt-lookup drafting, cost 0).
+        ``'lookup'`` (prompt-lookup drafting, cost 0) and ``'eagle'`` (the feature drafter:
+        one layer over the verifier's hidden states, `specjax.models.eagle`).
       dtype: the verifier's and the distilled drafters' compute and parameter dtype.
       max_len: the verifier's context (KV-cache capacity).
       drafters: name -> drafter file (``drafter_*.npz``) overriding the shipped ones.
@@ -434,6 +435,10 @@ def from_smollm2(
             built.append(
                 (n, z.lm, z.params, z.tokenizer, temps.get(n, z.temperature), z.n_params / n_v)
             )
+        elif n == 'eagle':  # the feature drafter reads the verifier's table and features
+            lm, params, _ = real_zoo.load_eagle((drafters or {}).get(n, n), v, dtype=dtype)
+            n_d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params['net']))
+            built.append((n, lm, params, v.tokenizer, temps.get(n, 1.0), n_d / n_v))
         else:
             lm, params, _ = real_zoo.load_drafter((drafters or {}).get(n, n), dtype=dtype)
             n_d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params['inner']))

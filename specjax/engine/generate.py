@@ -38,7 +38,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.engine.decode import consume, consume_width, round_budget, speculative_round
+from specjax.engine.decode import (
+    consume,
+    consume_width,
+    reads_features,
+    round_budget,
+    speculative_round,
+)
 from specjax.engine.prefill import (
     check_context,
     pad_prompts,
@@ -267,14 +273,25 @@ def _spec_from_prompts(
     return_state,
 ):
     b = prompt.shape[0]
-    vcache, _ = prefill_cache(
-        verifier, v_params, prompt, prompt_len - 1, shapes.v_cap, shapes.v_groups
+    features = any(reads_features(d) for d in drafters)
+    vout = prefill_cache(
+        verifier,
+        v_params,
+        prompt,
+        prompt_len - 1,
+        shapes.v_cap,
+        shapes.v_groups,
+        with_hidden=features,
     )
+    vcache = vout[0]
     dcaches, dlogits = [], []
     for spec, data, dp, dl, cap, grp in zip(
         drafters, d_data, d_prompts, d_prompt_len, shapes.d_caps, shapes.d_groups
     ):
-        c, lg = prefill_cache(spec.lm, data.params, dp, dl, cap, grp)
+        # A feature drafter reads the verifier's features of its prompt (all but the last
+        # token's: that one is the first round's root).
+        feats = (vout[2], prompt_len - 1) if reads_features(spec) else None
+        c, lg = prefill_cache(spec.lm, data.params, dp, dl, cap, grp, features=feats)
         dcaches.append(c)
         dlogits.append(lg)
     tokens = jnp.zeros((b, shapes.buf_len), jnp.int32).at[:, : prompt.shape[1]].set(prompt)
@@ -375,6 +392,19 @@ def _catch_up(drafters, d_data, carry: EngineState, gamma: int):
         dcaches=tuple(dcaches), dlogits=tuple(dlogits), dsynced=jnp.stack(dsynced)
     )
     return carry, jnp.stack(passes, 1)
+
+
+def _check_features(drafters, state) -> None:
+    """ConfigError where a feature drafter lacks the verifier's features of committed
+    tokens it has not read (tokens committed outside speculative rounds)."""
+    need = np.asarray(state.length) - 1
+    for k, d in enumerate(drafters):
+        if reads_features(d) and np.any(np.asarray(state.dcaches[k].vlen) < need):
+            raise ConfigError(
+                f"state: drafter {k} ({type(d.lm).__name__}) reads the verifier's features "
+                "and lacks those of tokens committed outside speculative rounds; allowed: "
+                "continue a state made by speculative calls with it"
+            )
 
 
 def drafter_capacity(spec_lm, m: int, d_width: int, v_width: int, buf_len: int, gamma: int) -> int:
@@ -478,6 +508,7 @@ def speculative_generate(
                 f"one per drafter of this call ({k}); continue a verifier-only "
                 "state with autoregressive_generate"
             )
+        _check_features(drafters, state)
         dev, head = _device_inputs(host, v_params, d_data)
         args = head + (state, dev['row_keys'])
         fn = _spec_from_state

@@ -96,39 +96,65 @@ def prefill_groups(cached, width: int, bucket: int = 1) -> tuple[tuple[int, int]
     return tuple((int(r), int(w)) for r, w in groups)
 
 
-def prefill_cache(lm, params, tokens, n, capacity, groups=None):
+def prefill_cache(lm, params, tokens, n, capacity, groups=None, with_hidden=False, features=None):
     """Caches tokens[:, :n] (n i32[B] ≤ P); returns (cache, logits after token n−1).
 
     `groups` (static, from `prefill_groups` on the same `n`): prefill the rows in stable
     order of `n`, each group at its own width, and return the cache in the rows' own order
     (a cache's leaves are batch-major). Without it, one forward over the padded block.
+
+    `with_hidden`: also return the model's hidden states [B, P, D] (`forward_hidden`; a
+    verifier whose features a feature drafter reads). `features`: (hidden [B, P', D],
+    count i32[B]) — the verifier's features written into a feature drafter's fresh cache
+    (`specjax.models.eagle.EagleLM.write_features`) before its prompt is fed.
     """
     if groups:
         if sum(r for r, _ in groups) != tokens.shape[0]:
             raise ValueError(f"prefill groups {groups} do not cover {tokens.shape[0]} rows")
         order = jnp.argsort(n, stable=True)
-        parts, lasts = [], []
+        parts, lasts, hids = [], [], []
         r0 = 0
         for rows, width in groups:
             idx = order[r0 : r0 + rows]
-            c, last = prefill_cache(
-                lm, params, jnp.take(tokens, idx, axis=0)[:, :width], jnp.take(n, idx), capacity
+            feats = None
+            if features is not None:
+                feats = (jnp.take(features[0], idx, axis=0), jnp.take(features[1], idx))
+            out = prefill_cache(
+                lm,
+                params,
+                jnp.take(tokens, idx, axis=0)[:, :width],
+                jnp.take(n, idx),
+                capacity,
+                with_hidden=with_hidden,
+                features=feats,
             )
-            parts.append(c)
-            lasts.append(last)
+            parts.append(out[0])
+            lasts.append(out[1])
+            if with_hidden:
+                h = out[2]
+                hids.append(jnp.pad(h, ((0, 0), (0, tokens.shape[1] - h.shape[1]), (0, 0))))
             r0 += rows
         inverse = jnp.argsort(order)
-        cache = jax.tree.map(lambda *xs: jnp.take(jnp.concatenate(xs, 0), inverse, axis=0), *parts)
-        return cache, jnp.take(jnp.concatenate(lasts, 0), inverse, axis=0)
+        back = lambda *xs: jnp.take(jnp.concatenate(xs, 0), inverse, axis=0)  # noqa: E731
+        cache = jax.tree.map(back, *parts)
+        if with_hidden:
+            return cache, back(*lasts), back(*hids)
+        return cache, back(*lasts)
     b, p = tokens.shape
     # A fresh cache's length is a compile-time 0, and XLA then constant-folds the masked
     # attention over every empty slot (tens of seconds of compilation at batch 12). Tie it
     # to a runtime value that is 0.
     cache = lm.init_cache(b, capacity).replace(length=jnp.minimum(n, 0).astype(jnp.int32))
-    logits, cache = lm.forward(
-        params, cache, tokens, jnp.broadcast_to(jnp.arange(p), (b, p)), causal_block_mask(b, p)
-    )
+    if features is not None:
+        cache = lm.write_features(cache, features[0], jnp.zeros_like(n), features[1])
+    args = (params, cache, tokens, jnp.broadcast_to(jnp.arange(p), (b, p)), causal_block_mask(b, p))
+    if with_hidden:
+        logits, hidden, cache = lm.forward_hidden(*args)
+    else:
+        logits, cache = lm.forward(*args)
     last = jnp.take_along_axis(logits, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0]
+    if with_hidden:
+        return lm.advance(cache, n), last, hidden
     return lm.advance(cache, n), last
 
 

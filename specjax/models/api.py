@@ -182,6 +182,36 @@ class TransformerLM:
         )
         return logits, cache.replace(k=k, v=v)
 
+    def forward_hidden(self, params, cache: Cache, tokens, positions, block_mask):
+        """`forward` that also returns the block's final-normed hidden states [B, T, D]:
+        (logits, hidden, cache). The features a feature drafter reads
+        (`specjax.models.eagle`)."""
+        B, T = tokens.shape
+        if T > self.max_len:
+            raise ValueError(
+                f'TransformerLM.forward_hidden: block length T={T} exceeds the cache '
+                f'capacity max_len={self.max_len} (allowed: 1 <= T <= {self.max_len})'
+            )
+        logits, k, v, hidden = self._module(params)(
+            tokens, positions, block_mask, cache.k, cache.v, cache.length, with_hidden=True
+        )
+        return logits, hidden, cache.replace(k=k, v=v)
+
+    def hidden_full(self, params, tokens) -> tuple[jax.Array, jax.Array]:
+        """(causal logits f32[B, T, V], final-normed hidden states [B, T, D]) over whole
+        sequences (a feature drafter's training targets)."""
+        B, T = tokens.shape
+        if T > self.max_len:
+            raise ValueError(
+                f'TransformerLM.hidden_full: T={T} exceeds max_len={self.max_len} '
+                f'(allowed: 1 <= T <= {self.max_len})'
+            )
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        logits, _, _, hidden = self._module(params)(
+            tokens, positions, causal_block_mask(B, T), with_hidden=True
+        )
+        return logits, hidden
+
     def logits_full(self, params, tokens) -> jax.Array:
         """Causal logits f32[B, T, V] over whole sequences (training and evaluation)."""
         B, T = tokens.shape

@@ -28,7 +28,16 @@ from specjax.errors import ConfigError
 from specjax.models.subset_vocab import SubsetVocabLM
 from specjax.models.transformer import TransformerConfig
 
-__all__ = ['DRAFTER_DIR', 'DISTILLED', 'save_drafter', 'load_drafter', 'drafter_path', 'export_hf']
+__all__ = [
+    'DRAFTER_DIR',
+    'DISTILLED',
+    'save_drafter',
+    'load_drafter',
+    'drafter_path',
+    'export_hf',
+    'save_eagle',
+    'load_eagle',
+]
 
 #: The shipped drafters' folder (package data).
 DRAFTER_DIR = Path(__file__).resolve().parents[1] / 'zoo_smollm2'
@@ -71,6 +80,24 @@ def save_drafter(
     return path
 
 
+def _read(path: Path, dtype: str, make_lm):
+    """(lm, params, info) from ``path`` and its ``.json``; ``make_lm(cfg, info)``."""
+    jpath = path.with_suffix('.json')
+    if not path.is_file() or not jpath.is_file():
+        raise ConfigError(
+            f'drafter {path}: missing (and/or {jpath.name}); allowed: a drafter '
+            f'written by experiments/train_drafters.py or train_eagle.py, or a shipped '
+            f'name {list(DISTILLED) + ["eagle"]}'
+        )
+    try:
+        info = json.loads(jpath.read_text())
+        cfg = TransformerConfig.from_dict(dict(info['config'], dtype=dtype, param_dtype=dtype))
+        lm = make_lm(cfg, info)
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f'drafter {jpath}: unreadable ({type(e).__name__}: {e})') from None
+    return lm, _read_params(path, dtype), info
+
+
 def load_drafter(name_or_path, dtype: str = 'float32'):
     """(SubsetVocabLM, params, info) of a drafter file; floats as ``dtype``.
 
@@ -78,19 +105,47 @@ def load_drafter(name_or_path, dtype: str = 'float32'):
       ConfigError: one line naming the file (missing, unreadable, inconsistent).
     """
     path = drafter_path(name_or_path)
-    jpath = path.with_suffix('.json')
-    if not path.is_file() or not jpath.is_file():
-        raise ConfigError(
-            f'drafter {path}: missing (and/or {jpath.name}); allowed: a drafter '
-            f'written by experiments/train_drafters.py, or a shipped name '
-            f'{list(DISTILLED)}'
-        )
+    lm, params, info = _read(
+        path, dtype, lambda cfg, info: SubsetVocabLM(cfg, int(info['verifier_vocab']))
+    )
+    want = jax.tree.map(lambda s: s.shape, lm.abstract_params())
+    got = jax.tree.map(lambda a: a.shape, params)
+    if want != got:
+        raise ConfigError(f'drafter {path}: parameters do not match its config {info["config"]}')
+    return lm, params, info
+
+
+def save_eagle(path, lm, params, info: dict[str, Any], dtype: str | None = None) -> Path:
+    """A feature drafter (`specjax.models.eagle`): its trained ``net`` and ``keep`` only
+    (the verifier's table and head rows are rebuilt at load)."""
+    return save_drafter(
+        path, lm, {'net': params['net'], 'keep': params['keep']}, {'kind': 'eagle', **info}, dtype
+    )
+
+
+def load_eagle(name_or_path, verifier, dtype: str = 'float32'):
+    """(EagleLM, params, info) of a feature drafter file, its frozen table and head the
+    verifier's (``verifier``: a model with ``.params['embed']``, e.g. `gguf.smollm2`)."""
+    from specjax.models.eagle import EagleLM  # pylint: disable=import-outside-toplevel
+
+    path = drafter_path(name_or_path)
+    lm, saved, info = _read(
+        path, dtype, lambda cfg, info: EagleLM(cfg, int(info['verifier_vocab']))
+    )
+    if info.get('kind') != 'eagle' or set(saved) != {'net', 'keep'}:
+        raise ConfigError(f'drafter {path}: not a feature drafter (train_eagle.py writes those)')
+    embed = jnp.asarray(verifier.params['embed']).astype(jnp.dtype(dtype))
     try:
-        info = json.loads(jpath.read_text())
-        cfg = TransformerConfig.from_dict(dict(info['config'], dtype=dtype, param_dtype=dtype))
-        lm = SubsetVocabLM(cfg, int(info['verifier_vocab']))
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f'drafter {jpath}: unreadable ({type(e).__name__}: {e})') from None
+        params = lm.attach(saved['net'], embed, saved['keep'])
+    except ValueError as e:
+        raise ConfigError(f'drafter {path}: does not fit this verifier ({e})') from None
+    want = jax.tree.map(lambda s: s.shape, lm.abstract_params())
+    if want != jax.tree.map(lambda a: a.shape, params):
+        raise ConfigError(f'drafter {path}: parameters do not match its config {info["config"]}')
+    return lm, params, info
+
+
+def _read_params(path: Path, dtype: str) -> dict:
     params: dict = {}
     try:
         with np.load(path) as z:
@@ -107,11 +162,7 @@ def load_drafter(name_or_path, dtype: str = 'float32'):
                 node[last] = jnp.asarray(v)
     except (OSError, ValueError) as e:
         raise ConfigError(f'drafter {path}: unreadable ({type(e).__name__}: {e})') from None
-    want = jax.tree.map(lambda s: s.shape, lm.abstract_params())
-    got = jax.tree.map(lambda a: a.shape, params)
-    if want != got:
-        raise ConfigError(f'drafter {path}: parameters do not match its config {info["config"]}')
-    return lm, params, info
+    return params
 
 
 def export_hf(path, lm: SubsetVocabLM, params) -> Path:

@@ -530,7 +530,16 @@ class Transformer(nnx.Module):
                 cfg.param_dtype,
             )
 
-    def __call__(self, tokens, positions, block_mask, cache_k=None, cache_v=None, length=None):
+    def __call__(
+        self,
+        tokens,
+        positions,
+        block_mask,
+        cache_k=None,
+        cache_v=None,
+        length=None,
+        with_hidden=False,
+    ):
         """Args:
           tokens, positions: i32[B, T]; block_mask: bool[B, T, T].
           cache_k, cache_v: per-layer keys [B, KV, hd, S] and values [B, KV, S, hd]
@@ -538,7 +547,9 @@ class Transformer(nnx.Module):
             length: i32[B].
 
         Returns (logits f32[B, T, V], cache_k, cache_v) with the block's keys/values
-        written at slots [length, length + T) (None, None without a cache).
+        written at slots [length, length + T) (None, None without a cache); with
+        ``with_hidden`` a fourth item, the final-normed hidden states [B, T, D] the head
+        reads (the features a feature drafter, `specjax.models.eagle`, drafts from).
         """
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
@@ -564,4 +575,6 @@ class Transformer(nnx.Module):
             head, of = self.lm_head[...], cfg.out_first
         logits = project(x, head, dt, out_dtype=jnp.float32, out_first=of)
         logits = with_logical_constraint(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
+        if with_hidden:
+            return logits, cache_k, cache_v, x
         return logits, cache_k, cache_v

@@ -1,0 +1,171 @@
+r"""A feature drafter (EAGLE) for SmolLM2-135M-Instruct (`specjax.distill_eagle`).
+
+  python experiments/train_eagle.py --data=runs/eagle_data      # every stage
+  python experiments/train_eagle.py --stage=features --data=runs/eagle_data
+  python experiments/train_eagle.py --stage=train,eval --steps=600 --tag=long
+
+Reads the verifier's generations written by ``experiments/train_drafters.py
+--stage=generate`` (``gen_{domain}.npz`` for training, ``heldout_{domain}.npz``: its
+replies to the 24 shipped plan prompts, never trained on) from ``--data``. Stages (each
+writes atomically under --out and is skipped when its file exists, so a killed run
+resumes):
+  features  the verifier's hidden states over those rows: ``feat_{name}.npz``;
+  train     one drafter on every training domain together: ``eagle{tag}.npz`` + ``.json``;
+  eval      its α (τ 1) and top-1 agreement on each domain's held-out replies, at draft
+            step 1 (verifier features) and step 2 (its own): ``eval_eagle{tag}.json``;
+  ship      copies the drafter's trained part (bf16) into specjax/zoo_smollm2/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+from specjax import provenance
+
+FLAGS = flags.FLAGS
+STAGES = ("features", "train", "eval", "ship")
+
+
+def define_flags():
+    provenance.define_common_flags(out="runs/eagle")
+    flags.DEFINE_list("stage", ["all"], "stages to run: all, or some of " + ", ".join(STAGES))
+    flags.register_validator(
+        "stage",
+        lambda v: set(v) <= {"all", *STAGES},
+        "--stage: all or a list of " + ", ".join(STAGES),
+    )
+    flags.DEFINE_string("data", "runs/eagle_data", "folder of gen_*.npz / heldout_*.npz")
+    flags.DEFINE_list("domains", ["code", "prose"], "domains")
+    flags.DEFINE_string("dtype", "bfloat16", "the verifier's dtype for the features")
+    flags.DEFINE_integer("steps", 400, "training steps")
+    flags.DEFINE_integer("batch", 8, "rows per training step")
+    flags.DEFINE_float("learning_rate", 1e-3, "peak learning rate")
+    flags.DEFINE_float("second_pass", 1.0, "weight of the own-feature pass (0: off)")
+    flags.DEFINE_float("noise", 0.1, "input-feature noise (× RMS)")
+    flags.DEFINE_integer("kept", 4096, "head rows (most frequent verifier ids)")
+    flags.DEFINE_float("time_budget_s", 3600, "training seconds at most")
+    flags.DEFINE_string("tag", "", "suffix of the drafter files")
+
+
+def _atomic_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=float))
+    os.replace(tmp, path)
+
+
+def _verifier():
+    from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
+
+    return smollm2(max_len=1024, dtype=FLAGS.dtype, out_first=True)
+
+
+def _names():
+    return [f"{kind}_{d}" for d in FLAGS.domains for kind in ("gen", "heldout")]
+
+
+def stage_features(out: Path, model) -> None:
+    from specjax import distill, distill_eagle  # pylint: disable=import-outside-toplevel
+
+    for name in _names():
+        path = out / f"feat_{name}.npz"
+        if path.exists():
+            continue
+        src = Path(FLAGS.data) / f"{name}.npz"
+        if not src.exists():
+            raise SystemExit(
+                f"--data={FLAGS.data}: {src.name} missing (run train_drafters --stage=generate)"
+            )
+        t0 = time.perf_counter()
+        f = distill_eagle.verifier_features(model, distill.Generated.load(src))
+        f.save(path)
+        print(f"features {name}: {f.tokens.shape} in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def _recipe():
+    from specjax.distill_eagle import EagleRecipe  # pylint: disable=import-outside-toplevel
+
+    return EagleRecipe(
+        steps=FLAGS.steps,
+        batch=FLAGS.batch,
+        learning_rate=FLAGS.learning_rate,
+        second_pass=FLAGS.second_pass,
+        noise=FLAGS.noise,
+        kept=FLAGS.kept,
+    )
+
+
+def stage_train(out: Path, model) -> None:
+    import dataclasses  # pylint: disable=import-outside-toplevel
+
+    from specjax import distill_eagle as de  # pylint: disable=import-outside-toplevel
+    from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
+
+    path = out / f"eagle{FLAGS.tag}.npz"
+    if path.exists():
+        return
+    data = de.Features.concat([de.Features.load(out / f"feat_gen_{d}.npz") for d in FLAGS.domains])
+    recipe = _recipe()
+    lm, params = de.initial_eagle(model, data, recipe)
+    params, hist = de.train_eagle(
+        lm,
+        params,
+        data,
+        recipe,
+        time_budget_s=FLAGS.time_budget_s,
+        log=lambda s: print(s, flush=True),
+    )
+    real_zoo.save_eagle(
+        path,
+        lm,
+        params,
+        {"recipe": dataclasses.asdict(recipe), "history": hist, "domains": FLAGS.domains},
+    )
+
+
+def stage_eval(out: Path, model) -> None:
+    from specjax import distill_eagle as de  # pylint: disable=import-outside-toplevel
+    from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
+
+    lm, params, _ = real_zoo.load_eagle(out / f"eagle{FLAGS.tag}.npz", model, dtype="float32")
+    res = {}
+    for d in FLAGS.domains:
+        res[d] = de.feature_alpha(lm, params, de.Features.load(out / f"feat_heldout_{d}.npz"))
+        print(f"eval {d}: {res[d]}", flush=True)
+    _atomic_json(out / f"eval_eagle{FLAGS.tag}.json", res)
+
+
+def stage_ship(out: Path, model) -> None:
+    from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
+
+    src = out / f"eagle{FLAGS.tag}.npz"
+    lm, params, info = real_zoo.load_eagle(src, model, dtype="float32")
+    info = {k: v for k, v in info.items() if k not in ("config", "verifier_vocab", "kind")}
+    ev = out / f"eval_eagle{FLAGS.tag}.json"
+    if ev.exists():
+        info["heldout_alpha"] = json.loads(ev.read_text())
+    dst = real_zoo.save_eagle(
+        real_zoo.DRAFTER_DIR / "eagle.npz", lm, params, info, dtype="bfloat16"
+    )
+    print(f"shipped {dst}")
+
+
+def main(argv):
+    del argv
+    out = Path(FLAGS.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stages = [s for s in STAGES if s in FLAGS.stage or "all" in FLAGS.stage]
+    model = _verifier()
+    for s in stages:
+        {"features": stage_features, "train": stage_train, "eval": stage_eval, "ship": stage_ship}[
+            s
+        ](out, model)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

@@ -1,0 +1,289 @@
+"""Training a feature drafter (`specjax.models.eagle`) on the verifier's own hidden states.
+
+Three steps, each a function:
+
+  * `verifier_features` — the verifier's final-normed hidden states over its generations
+    (`specjax.distill.Generated`), one forward per batch of rows: the drafter's inputs and
+    regression targets, and (through the verifier's tied head) its exact next-token
+    distribution at every position;
+  * `train_eagle` — teacher-forced training on the reply positions: smooth-L1 between the
+    drafter's output and the verifier's feature, plus the cross-entropy of the drafter's
+    head distribution against the verifier's (both over the kept ids). A second pass feeds
+    the drafter its own first-pass outputs as features — what it reads from its second
+    draft on — so the training sees the drafts' own feature error (EAGLE-3's "training-time
+    test", one step of it);
+  * `feature_alpha` — Leviathan α (Σ min(p, q), verifier τ = 1) and τ = 0 agreement on
+    held-out replies, at draft step 1 (true features) and step 2 (own features).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from specjax.distill import Generated
+from specjax.models.eagle import EagleLM, eagle_config
+from specjax.models.subset_vocab import most_frequent_ids
+
+__all__ = [
+    'EagleRecipe',
+    'Features',
+    'verifier_features',
+    'initial_eagle',
+    'train_eagle',
+    'feature_alpha',
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleRecipe:
+    """How a feature drafter is trained (recorded in the zoo manifest)."""
+
+    kept: int = 4096  # head rows: the verifier's most frequent ids in the training text
+    steps: int = 400
+    batch: int = 8
+    learning_rate: float = 1e-3
+    warmup: int = 30
+    weight_decay: float = 0.0
+    ce_weight: float = 0.1  # EAGLE: regression + 0.1 · classification
+    second_pass: float = 1.0  # weight of the pass that reads its own features (0: off)
+    noise: float = 0.1  # uniform noise on the input features, × their RMS (EAGLE: 0.2)
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class Features:
+    """Rows of verifier text and the verifier's features over them.
+
+    tokens: i32[N, W] (right-padded); length: i32[N]; prompt_len: i32[N];
+    feats: f16[N, W, D] the verifier's final-normed hidden state at each position.
+    """
+
+    tokens: np.ndarray
+    length: np.ndarray
+    prompt_len: np.ndarray
+    feats: np.ndarray
+
+    def save(self, path) -> None:
+        import os  # pylint: disable=import-outside-toplevel
+
+        tmp = f'{path}.tmp.npz'
+        np.savez(tmp, **dataclasses.asdict(self))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path) -> 'Features':
+        with np.load(path) as z:
+            return cls(**{f.name: z[f.name] for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def concat(cls, parts) -> 'Features':
+        W = max(p.tokens.shape[1] for p in parts)
+        pad = lambda a: np.pad(a, ((0, 0), (0, W - a.shape[1])) + ((0, 0),) * (a.ndim - 2))
+        return cls(
+            np.concatenate([pad(p.tokens) for p in parts]),
+            np.concatenate([p.length for p in parts]),
+            np.concatenate([p.prompt_len for p in parts]),
+            np.concatenate([pad(p.feats) for p in parts]),
+        )
+
+    def reply_mask(self) -> np.ndarray:
+        """bool[N, W]: positions t that predict a generated token (P-1 <= t < L-1)."""
+        t = np.arange(self.tokens.shape[1])[None, :]
+        return (t >= self.prompt_len[:, None] - 1) & (t < self.length[:, None] - 1)
+
+
+def verifier_features(model, data: Generated, batch: int = 8, bucket: int = 64, log=print):
+    """`Features` of ``data``'s rows (prompt + reply) under ``model``'s verifier."""
+    seqs = data.sequences()
+    W = -(-max(len(s) for s in seqs) // bucket) * bucket
+    if W > model.lm.max_len:
+        raise ValueError(f'verifier_features: rows of {W} tokens exceed max_len={model.lm.max_len}')
+    N, D = len(seqs), model.lm.config.d_model
+    tokens = np.zeros((N, W), np.int32)
+    for r, s in enumerate(seqs):
+        tokens[r, : len(s)] = s
+    feats = np.zeros((N, W, D), np.float16)
+    fn = jax.jit(lambda p, x: model.lm.hidden_full(p, x)[1])
+    t0 = time.perf_counter()
+    for i in range(0, N, batch):
+        x = tokens[i : i + batch]
+        n = len(x)
+        if n < batch:
+            x = np.pad(x, ((0, batch - n), (0, 0)))
+        feats[i : i + n] = np.asarray(fn(model.params, jnp.asarray(x)), np.float32)[:n]
+        if (i // batch) % 10 == 0:
+            log(f'features: {i + n}/{N} rows ({time.perf_counter() - t0:.0f} s)')
+    length = np.array([len(s) for s in seqs], np.int32)
+    return Features(tokens, length, np.asarray(data.prompt_len, np.int32), feats)
+
+
+def initial_eagle(model, feats: Features, recipe: EagleRecipe, max_len: int = 1024):
+    """(lm, params): a fresh feature drafter for ``model``'s verifier, its head over the
+    ``recipe.kept`` ids most frequent in ``feats``' text (special tokens always)."""
+    V = model.lm.vocab_size
+    seqs = [feats.tokens[r, : feats.length[r]] for r in range(len(feats.tokens))]
+    counts = np.bincount(np.concatenate(seqs), minlength=V)
+    specials = tuple(int(i) for i in getattr(model.tokenizer, 'special_tokens', {}).values())
+    keep = most_frequent_ids(counts, min(recipe.kept, V), always=specials)
+    cfg = eagle_config(
+        model.lm.config,
+        len(keep),
+        max_len=max_len,
+        dtype='float32',
+        param_dtype='float32',
+        out_first=False,
+    )
+    lm = EagleLM(cfg, V)
+    net = lm.init_net(recipe.seed)
+    # The layer starts as a near-identity on the feature half (the residual stream
+    # carries fc's output): fc = [small · E-part, I on the feature part].
+    D = cfg.d_model
+    fc = np.zeros((2 * D, D), np.float32)
+    fc[D:] = np.eye(D, dtype=np.float32)
+    fc[:D] = np.asarray(net["fc"])[:D] * 0.1
+    net['fc'] = jnp.asarray(fc)
+    embed = np.asarray(model.params['embed'], np.float32)
+    return lm, lm.attach(net, embed, keep)
+
+
+def _step_losses(lm: EagleLM, params, tokens, feats, mask, recipe: EagleRecipe, key):
+    """(total, metrics) of one batch: tokens i32[B, W], feats f32[B, W, D], mask f32[B, W]."""
+    rms = jnp.sqrt(jnp.mean(jnp.square(feats)) + 1e-12)
+    noise = recipe.noise * rms * jax.random.uniform(key, feats.shape, minval=-1.0, maxval=1.0)
+    target_logits = lm.head_logits(params, feats)
+    p = jax.nn.softmax(target_logits, -1)
+    denom = jnp.maximum(jnp.sum(mask), 1.0)
+
+    def losses(h):
+        reg = jnp.sum(optax.huber_loss(h, feats, delta=1.0).mean(-1) * mask) / denom
+        logq = jax.nn.log_softmax(lm.head_logits(params, h), -1)
+        ce = -jnp.sum(jnp.sum(p * logq, -1) * mask) / denom
+        return reg, ce
+
+    h1 = lm.hidden_full(params, tokens, feats + noise)
+    reg1, ce1 = losses(h1)
+    total = reg1 + recipe.ce_weight * ce1
+    metrics = {'reg1': reg1, 'ce1': ce1}
+    if recipe.second_pass > 0:
+        # Position t now reads h1[t-1] (its own output) instead of the verifier's feature.
+        h2 = lm.hidden_full(params, tokens, h1)
+        reg2, ce2 = losses(h2)
+        total = total + recipe.second_pass * (reg2 + recipe.ce_weight * ce2)
+        metrics.update(reg2=reg2, ce2=ce2)
+    return total, metrics
+
+
+def train_eagle(
+    lm: EagleLM,
+    params,
+    data: Features,
+    recipe: EagleRecipe = EagleRecipe(),
+    *,
+    time_budget_s: float | None = None,
+    log=print,
+):
+    """Trains ``params['net']`` on ``data``'s reply positions. Returns (params, history)."""
+    warmup = min(recipe.warmup, max(recipe.steps - 1, 0))
+    sched = optax.warmup_cosine_decay_schedule(
+        0.0, recipe.learning_rate, warmup, max(recipe.steps, warmup + 1), recipe.learning_rate * 0.1
+    )
+    tx = optax.chain(
+        optax.clip_by_global_norm(1.0),
+        optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=recipe.weight_decay),
+    )
+    frozen = {k: v for k, v in params.items() if k != 'net'}
+    net, opt = params['net'], tx.init(params['net'])
+    mask_all = data.reply_mask()
+
+    @jax.jit
+    def step(net, opt, tokens, feats, mask, key):
+        def f(net):
+            return _step_losses(lm, {**frozen, 'net': net}, tokens, feats, mask, recipe, key)
+
+        (loss, metrics), g = jax.value_and_grad(f, has_aux=True)(net)
+        upd, opt = tx.update(g, opt, net)
+        return optax.apply_updates(net, upd), opt, loss, metrics
+
+    rng = np.random.default_rng(recipe.seed)
+    key = jax.random.key(recipe.seed)
+    hist: dict[str, Any] = {
+        'loss': [],
+        'n_rows': len(data.tokens),
+        'n_targets': int(mask_all.sum()),
+    }
+    t0 = time.perf_counter()
+    for s in range(recipe.steps):
+        idx = rng.integers(0, len(data.tokens), recipe.batch)
+        W = int(-(-data.length[idx].max() // 32) * 32)
+        net, opt, loss, m = step(
+            net,
+            opt,
+            jnp.asarray(data.tokens[idx, :W]),
+            jnp.asarray(data.feats[idx, :W], jnp.float32),
+            jnp.asarray(mask_all[idx, :W], jnp.float32),
+            jax.random.fold_in(key, s),
+        )
+        if s % 25 == 0 or s == recipe.steps - 1:
+            row = {k: round(float(v), 4) for k, v in m.items()}
+            hist['loss'].append((s, float(loss), row))
+            log(
+                f'train: step {s}/{recipe.steps} loss {float(loss):.3f} {row} '
+                f'({time.perf_counter() - t0:.0f} s)'
+            )
+        if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+            log(f'train: time budget {time_budget_s:.0f} s reached at step {s}')
+            break
+    hist['seconds'] = time.perf_counter() - t0
+    return {**params, 'net': net}, hist
+
+
+def feature_alpha(lm: EagleLM, params, data: Features, batch: int = 8) -> dict[str, float]:
+    """α against the verifier on ``data``'s reply positions, teacher forced.
+
+    The verifier's distribution at position t is softmax(E f_t) over all V ids (its tied
+    head on its own feature); the drafter's is its head over the kept ids on h_t.
+    ``alpha1`` / ``top1_1``: step 1 (h from the verifier's feature at t - 1);
+    ``alpha2`` / ``top1_2``: step 2 (h from the drafter's own output at t - 1).
+    """
+    mask_all = data.reply_mask()
+
+    @jax.jit
+    def score(tokens, feats, mask):
+        v_logits = jnp.einsum('btd,vd->btv', feats, params['embed'].astype(jnp.float32))
+        p = jax.nn.softmax(v_logits, -1)
+        h1 = lm.hidden_full(params, tokens, feats)
+        h2 = lm.hidden_full(params, tokens, h1)
+        out = []
+        for h in (h1, h2):
+            q = jax.nn.softmax(lm.scatter(params, lm.head_logits(params, h)), -1)
+            a = jnp.minimum(p, q).sum(-1)
+            t1 = jnp.argmax(v_logits, -1) == jnp.argmax(q, -1)
+            out += [jnp.sum(a * mask), jnp.sum(t1 * mask)]
+        return jnp.stack(out)
+
+    tot = np.zeros(4)
+    for i in range(0, len(data.tokens), batch):
+        sl = slice(i, i + batch)
+        W = int(-(-data.length[sl].max() // 32) * 32)
+        tot += np.asarray(
+            score(
+                jnp.asarray(data.tokens[sl, :W]),
+                jnp.asarray(data.feats[sl, :W], jnp.float32),
+                jnp.asarray(mask_all[sl, :W], jnp.float32),
+            )
+        )
+    n = float(mask_all.sum())
+    return {
+        'alpha1': tot[0] / n,
+        'top1_1': tot[1] / n,
+        'alpha2': tot[2] / n,
+        'top1_2': tot[3] / n,
+        'positions': int(n),
+    }

@@ -1,0 +1,308 @@
+"""A feature drafter (EAGLE, Li et al. 2024): one decoder layer over the verifier's features.
+
+A small drafter with its own embedding has to learn the verifier's language from scratch;
+on SmolLM2 a 4-layer distilled drafter reached α ≈ 0.35. EAGLE instead drafts from the
+verifier's own last hidden state: at position ``t`` it reads the verifier's embedding of
+token ``x_t`` and the verifier's final-normed hidden state ``f_{t-1}`` (what the verifier's
+head read to predict ``x_t``), concatenates them, projects ``2D -> D`` and runs ONE decoder
+layer at the verifier's width. Its output ``h_t`` stands in for ``f_t`` and the verifier's
+own (frozen) head turns it into logits. While drafting, the verifier's feature for the
+token just drafted does not exist yet, so step ``j > 1`` reads the drafter's own ``h``
+instead: the drafter is autoregressive in feature space.
+
+The head is the verifier's tied embedding restricted to the ``K`` most frequent ids
+(FR-Spec, as `SubsetVocabLM`): logits of the other ids are `NEG_LOGIT` (probability 0), so
+every rule stays lossless — a rule only uses the ``q`` that was sampled from.
+
+Parameters ``{'net', 'embed', 'head', 'keep'}``: ``net`` the trained projection and layer;
+``embed`` f[V, D] the verifier's input table, ``head`` f[K, D] its rows ``keep`` i32[K] —
+both the verifier's, frozen, never saved with the drafter (`specjax.models.real_zoo`
+rebuilds them from the verifier at load).
+
+The cache (`FeatureCache`) holds the layer's keys/values, the verifier's features by slot
+(``feats``, valid below ``vlen``, written by the engine after each verifier call:
+`write_features`) and the drafter's own outputs by slot (``hid``). The input feature of
+the token at slot ``p`` is ``feats[p-1]`` where ``p-1 < vlen``, else ``hid[p-1]`` (zero at
+``p = 0``); a block is fed only where that slot is already written (the engine feeds a
+block of committed tokens whose verifier features are all known, and drafts one token at
+a time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from specjax.models import cache as cache_lib
+from specjax.models.api import _logical_axes_of, causal_block_mask
+from specjax.models.products import project
+from specjax.models.subset_vocab import NEG_LOGIT
+from specjax.models.transformer import Block, TransformerConfig, _fan_in_std, _param, _weight
+
+__all__ = ['EagleLM', 'FeatureCache', 'eagle_config']
+
+
+@struct.dataclass
+class FeatureCache:
+    """k, v: the layer's keys/values (`specjax.models.cache.Cache` layout, one layer);
+    length: i32[B]; feats: [B, S, D] the verifier's features by slot, valid below
+    ``vlen`` i32[B]; hid: [B, S, D] the drafter's own outputs by slot."""
+
+    k: cache_lib.PerLayer
+    v: cache_lib.PerLayer
+    length: jax.Array
+    feats: jax.Array
+    hid: jax.Array
+    vlen: jax.Array
+
+    @property
+    def max_len(self) -> int:
+        return self.feats.shape[1]
+
+    capacity = max_len
+
+    @property
+    def batch(self) -> int:
+        return self.feats.shape[0]
+
+    def kv(self) -> cache_lib.Cache:
+        return cache_lib.Cache(k=self.k, v=self.v, length=self.length)
+
+    def with_kv(self, c: cache_lib.Cache) -> 'FeatureCache':
+        return self.replace(k=c.k, v=c.v, length=c.length)
+
+    @staticmethod
+    def logical_axes() -> 'FeatureCache':
+        kv = cache_lib.Cache.logical_axes()
+        return FeatureCache(
+            k=kv.k,
+            v=kv.v,
+            length=('batch',),
+            feats=('batch', 'cache_length', 'embed'),
+            hid=('batch', 'cache_length', 'embed'),
+            vlen=('batch',),
+        )
+
+
+def eagle_config(verifier_config: TransformerConfig, kept: int, **overrides) -> TransformerConfig:
+    """The drafter layer's config: the verifier's width, heads, MLP and RoPE, one layer,
+    ``vocab_size = kept`` (the head's rows)."""
+    fields = dict(
+        vocab_size=int(kept),
+        n_layers=1,
+        tie_embeddings=True,
+        embed_input_scale=False,
+        fused_projections=False,
+    )
+    fields.update(overrides)
+    return dataclasses.replace(verifier_config, **fields)
+
+
+class _Net(nnx.Module):
+    """concat(embedding, feature) -> fc [2D -> D] + bias -> one decoder layer."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+        d = cfg.d_model
+        self.cfg = cfg
+        self.fc = _weight(
+            rngs, cfg, ((2 * d, 'mlp'),), ((d, 'embed'),), _fan_in_std(2 * d), cfg.param_dtype
+        )
+        self.fc_bias = _param(rngs, (d,), ('embed',), 1e-6, cfg.param_dtype)
+        self.layer_0 = Block(cfg, rngs=rngs)
+
+    def __call__(self, emb, feat, positions, block_mask, cache=None):
+        dt = jnp.dtype(self.cfg.dtype)
+        x = jnp.concatenate([emb.astype(dt), feat.astype(dt)], axis=-1)
+        x = project(x, self.fc[...], dt, out_first=self.cfg.out_first)
+        x = x + self.fc_bias[...].astype(dt)
+        return self.layer_0(x, positions, block_mask, cache)
+
+
+def _take_slots(arr: jax.Array, slots: jax.Array) -> jax.Array:
+    """arr [B, S, D] at slots i32[B, T] (clipped) -> [B, T, D]."""
+    return jnp.take_along_axis(arr, jnp.clip(slots, 0, arr.shape[1] - 1)[:, :, None], axis=1)
+
+
+def _put_slots(arr: jax.Array, slots: jax.Array, values: jax.Array, ok: jax.Array) -> jax.Array:
+    """arr [B, S, D] with values [B, T, D] written at slots i32[B, T] where ``ok``
+    (elsewhere, and past capacity, nothing is written)."""
+    b = jnp.arange(arr.shape[0])[:, None]
+    slots = jnp.where(ok, slots, arr.shape[1])  # out of range: dropped
+    return arr.at[b, slots].set(values.astype(arr.dtype), mode='drop')
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleLM:
+    """The feature drafter of a verifier of ``verifier_vocab`` ids (the LM API, plus
+    `write_features`); ``config`` is its one layer's (`eagle_config`)."""
+
+    config: TransformerConfig
+    verifier_vocab: int
+    graphdef: Any = dataclasses.field(init=False, compare=False, hash=False, repr=False)
+    _abstract: Any = dataclasses.field(init=False, compare=False, hash=False, repr=False)
+
+    #: The engine feeds this drafter the verifier's features (`write_features`).
+    reads_features = True
+
+    def __post_init__(self):
+        if self.config.n_layers != 1:
+            raise ValueError(f'EagleLM.config.n_layers={self.config.n_layers} (allowed: 1)')
+        if not 1 <= self.config.vocab_size <= self.verifier_vocab:
+            raise ValueError(
+                f'EagleLM.config.vocab_size={self.config.vocab_size}: the head rows K '
+                f'(allowed: 1 <= K <= verifier_vocab={self.verifier_vocab})'
+            )
+        abstract = nnx.eval_shape(lambda: _Net(self.config, rngs=nnx.Rngs(0)))
+        graphdef, state = nnx.split(abstract)
+        object.__setattr__(self, 'graphdef', graphdef)
+        object.__setattr__(self, '_abstract', state)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.verifier_vocab
+
+    @property
+    def max_len(self) -> int:
+        return self.config.max_len
+
+    @property
+    def n_kept(self) -> int:
+        return self.config.vocab_size
+
+    # -- parameters -----------------------------------------------------------------------
+    def init_net(self, rng) -> dict:
+        """Fresh ``net`` parameters (the trained part)."""
+        rng = jax.random.key(int(rng)) if isinstance(rng, (int, np.integer)) else rng
+        net = _Net(self.config, rngs=nnx.Rngs(rng))
+        return nnx.to_pure_dict(nnx.state(net))
+
+    def attach(self, net: dict, verifier_embed, keep) -> dict:
+        """The full parameters: ``net`` with the verifier's frozen table and head rows."""
+        keep = np.asarray(keep, np.int64)
+        if keep.shape != (self.n_kept,) or len(np.unique(keep)) != self.n_kept:
+            raise ValueError(f'EagleLM.attach: keep must hold {self.n_kept} distinct ids')
+        if keep.min() < 0 or keep.max() >= self.verifier_vocab:
+            raise ValueError(f'EagleLM.attach: keep ids must lie in [0, {self.verifier_vocab})')
+        embed = jnp.asarray(verifier_embed)
+        if embed.shape != (self.verifier_vocab, self.config.d_model):
+            raise ValueError(
+                f'EagleLM.attach: verifier_embed shape {embed.shape} (allowed: '
+                f'({self.verifier_vocab}, {self.config.d_model}))'
+            )
+        keep = jnp.asarray(keep, jnp.int32)
+        return {'net': net, 'embed': embed, 'head': embed[keep], 'keep': keep}
+
+    def abstract_params(self) -> dict:
+        d, dt = self.config.d_model, jnp.dtype(self.config.param_dtype)
+        return {
+            'net': nnx.to_pure_dict(self._abstract),
+            'embed': jax.ShapeDtypeStruct((self.verifier_vocab, d), dt),
+            'head': jax.ShapeDtypeStruct((self.n_kept, d), dt),
+            'keep': jax.ShapeDtypeStruct((self.n_kept,), jnp.int32),
+        }
+
+    def param_logical_axes(self) -> dict:
+        return {
+            'net': nnx.to_pure_dict(self._abstract, extract_fn=_logical_axes_of),
+            'embed': ('vocab', 'embed'),
+            'head': ('vocab', 'embed'),
+            'keep': (None,),
+        }
+
+    # -- cache ----------------------------------------------------------------------------
+    def init_cache(self, batch: int, capacity: int | None = None) -> FeatureCache:
+        c = self.config
+        capacity = c.max_len if capacity is None else int(capacity)
+        if not 1 <= capacity <= c.max_len:
+            raise ValueError(
+                f'EagleLM.init_cache: capacity={capacity} (allowed: 1 <= capacity <= '
+                f'max_len={c.max_len})'
+            )
+        dt = jnp.dtype(c.dtype)
+        kv = cache_lib.init_cache(1, batch, capacity, c.n_kv_heads, c.head_dim, dt)
+        z = jnp.zeros((batch, capacity, c.d_model), dt)
+        return FeatureCache(
+            k=kv.k, v=kv.v, length=kv.length, feats=z, hid=z, vlen=jnp.zeros((batch,), jnp.int32)
+        )
+
+    def advance(self, cache: FeatureCache, n) -> FeatureCache:
+        return cache.with_kv(cache_lib.advance(cache.kv(), n))
+
+    def rollback(self, cache: FeatureCache, new_length) -> FeatureCache:
+        c = cache.with_kv(cache_lib.rollback(cache.kv(), new_length))
+        return c.replace(vlen=jnp.minimum(c.vlen, c.length))
+
+    def compact(self, cache: FeatureCache, src, n) -> FeatureCache:
+        """`specjax.models.cache.compact` for the keys/values and the own outputs."""
+        src = jnp.asarray(src, jnp.int32)
+        base = cache.length[:, None]
+        moved = _take_slots(cache.hid, base + src)
+        dst = base + jnp.arange(src.shape[1])[None, :]
+        hid = _put_slots(cache.hid, dst, moved, jnp.ones(dst.shape, bool))
+        out = cache.with_kv(cache_lib.compact(cache.kv(), src, n)).replace(hid=hid)
+        return out.replace(vlen=jnp.minimum(out.vlen, cache.length))
+
+    def write_features(self, cache: FeatureCache, feats, start, n) -> FeatureCache:
+        """The verifier's features ``feats`` [B, W, D] written at slots ``start + j``
+        (j < n, i32[B] each); ``vlen = start + n`` where ``n > 0``."""
+        start = jnp.asarray(start, jnp.int32)
+        n = jnp.asarray(n, jnp.int32)
+        j = jnp.arange(feats.shape[1])[None, :]
+        out = _put_slots(cache.feats, start[:, None] + j, feats, j < n[:, None])
+        vlen = jnp.where(n > 0, jnp.minimum(start + n, cache.max_len), cache.vlen)
+        return cache.replace(feats=out, vlen=vlen)
+
+    # -- compute --------------------------------------------------------------------------
+    def _net(self, net) -> _Net:
+        return nnx.merge(self.graphdef, nnx.State(net))
+
+    def scatter(self, params, kept_logits) -> jax.Array:
+        """Head logits f32[..., K] -> verifier-space logits f32[..., V]."""
+        lead = kept_logits.shape[:-1]
+        out = jnp.full(lead + (self.verifier_vocab,), NEG_LOGIT, jnp.float32)
+        return out.at[..., params['keep']].set(kept_logits.astype(jnp.float32))
+
+    def head_logits(self, params, h) -> jax.Array:
+        """f32[B, T, K]: the frozen head over the kept ids."""
+        dt = jnp.dtype(self.config.dtype)
+        return project(h, params['head'].astype(dt), dt, out_dtype=jnp.float32, out_first=True)
+
+    def embed(self, params, tokens) -> jax.Array:
+        return jnp.take(params['embed'], tokens, axis=0)
+
+    def forward(self, params, cache: FeatureCache, tokens, positions, block_mask):
+        """Scores a block (the LM API): logits f32[B, T, V] and the cache with the block's
+        keys/values and own outputs written at slots [length, length + T)."""
+        B, T = tokens.shape
+        slots = cache.length[:, None] + jnp.arange(T)[None, :]
+        prev = slots - 1
+        true = _take_slots(cache.feats, prev)
+        own = _take_slots(cache.hid, prev)
+        feat = jnp.where((prev < cache.vlen[:, None])[:, :, None], true, own)
+        feat = jnp.where((prev >= 0)[:, :, None], feat, 0)
+        h, (k, v) = self._net(params['net'])(
+            self.embed(params, tokens),
+            feat,
+            positions,
+            block_mask,
+            (cache.k[0], cache.v[0], cache.length),
+        )
+        hid = _put_slots(cache.hid, slots, h, jnp.ones(slots.shape, bool))
+        cache = cache.replace(k=cache_lib.PerLayer([k]), v=cache_lib.PerLayer([v]), hid=hid)
+        return self.scatter(params, self.head_logits(params, h)), cache
+
+    def hidden_full(self, params, tokens, feats) -> jax.Array:
+        """Teacher-forced outputs h [B, T, D] over whole sequences: position t reads token
+        t and ``feats`` [B, T, D] at t - 1 (training and offline evaluation)."""
+        B, T = tokens.shape
+        prev = jnp.concatenate([jnp.zeros_like(feats[:, :1]), feats[:, :-1]], axis=1)
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        h, _ = self._net(params['net'])(
+            self.embed(params, tokens), prev, positions, causal_block_mask(B, T)
+        )
+        return h

@@ -1,0 +1,341 @@
+"""Feature drafters (`specjax.models.eagle`): the model, the engine, losslessness.
+
+1. The cache path reads what training reads: a prompt fed through `forward` (with the
+   verifier's features written first) gives the logits of `hidden_full`, in one block or
+   token by token; a draft step reads the drafter's own output.
+2. Losslessness: χ² against the exact target law (tests/test_verify.py's harness, N =
+   100,000 rows, α = 1e-3) on a tiny transformer verifier of 5 ids whose exact law over 3
+   tokens is enumerated in float64 (`lossless_reference.reference_probs` on its logits);
+   the drafter's head keeps 3 of the 5 ids (q = 0 on ids of positive p).
+3. Greedy equality (verifier τ = 0) through the engine against autoregressive decoding;
+   on the real SmolLM2 with the shipped feature drafter (slow).
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from lossless_reference import reference_probs
+from test_verify import ALPHA, LENGTH, START, N, chi2_pvalue
+
+from specjax.engine.autoregressive import autoregressive_generate
+from specjax.engine.generate import row_keys_for, speculative_generate
+from specjax.engine.spec import DrafterSpec, EngineConfig, identity_maps
+from specjax.errors import ConfigError
+from specjax.models.api import TransformerLM, causal_block_mask
+from specjax.models.eagle import EagleLM, eagle_config
+from specjax.models.transformer import TransformerConfig
+
+V = 5
+SMALL = TransformerConfig(
+    vocab_size=V,
+    d_model=8,
+    n_layers=1,
+    n_heads=2,
+    n_kv_heads=1,
+    d_ff=16,
+    max_len=16,
+    tie_embeddings=True,
+    embed_input_scale=False,
+)
+
+
+def _verifier(cfg=SMALL, seed=4, sharpen=1.0):
+    lm = TransformerLM(cfg)
+    params = lm.init_params(seed)
+    params["embed"] = params["embed"] * sharpen  # a peaked target (tied head)
+    return lm, params
+
+
+def _eagle(v_lm, v_params, keep, seed, scale=1.0):
+    lm = EagleLM(eagle_config(v_lm.config, len(keep)), v_lm.vocab_size)
+    net = lm.init_net(seed)
+    net["fc"] = net["fc"] * scale
+    return lm, lm.attach(net, v_params["embed"], keep)
+
+
+# ----------------------------------------------------------------------------------------
+# 1. The cache path
+# ----------------------------------------------------------------------------------------
+
+
+def test_forward_reads_the_features_training_reads():
+    v_lm, v_params = _verifier()
+    lm, params = _eagle(v_lm, v_params, np.arange(V), seed=1, scale=3.0)
+    rng = np.random.default_rng(0)
+    toks = jnp.asarray(rng.integers(0, V, (2, 7)), jnp.int32)
+    _, feats = v_lm.hidden_full(v_params, toks)
+    want = lm.head_logits(params, lm.hidden_full(params, toks, feats))  # [B, T, K]
+    # One block, features of every position but the last written first.
+    c = lm.write_features(lm.init_cache(2), feats, jnp.zeros(2, jnp.int32), jnp.full(2, 6))
+    pos = jnp.broadcast_to(jnp.arange(7), (2, 7))
+    got, c1 = lm.forward(params, c, toks, pos, causal_block_mask(2, 7))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    # Token by token.
+    cc = c
+    for t in range(7):
+        lg, cc = lm.forward(
+            params, cc, toks[:, t : t + 1], pos[:, t : t + 1], causal_block_mask(2, 1)
+        )
+        cc = lm.advance(cc, 1)
+        np.testing.assert_allclose(lg[:, 0], want[:, t], rtol=2e-5, atol=2e-5)
+    # A draft step past the verifier's features reads the drafter's own last output.
+    c2 = lm.advance(c1, 7)
+    nxt = jnp.zeros((2, 1), jnp.int32)
+    lg, _ = lm.forward(params, c2, nxt, jnp.full((2, 1), 7), causal_block_mask(2, 1))
+    own = jnp.concatenate([feats[:, :6], lm.hidden_full(params, toks, feats)[:, 6:7]], 1)
+    h = lm.hidden_full(
+        params, jnp.concatenate([toks, nxt], 1), jnp.concatenate([own, own[:, :1]], 1)
+    )
+    np.testing.assert_allclose(lg[:, 0], lm.head_logits(params, h)[:, 7], rtol=2e-5, atol=2e-5)
+    # Ids outside the head have probability exactly 0.
+    _, p2 = _eagle(v_lm, v_params, np.array([0, 2, 3]), seed=1)
+    lg3, _ = EagleLM(eagle_config(v_lm.config, 3), V).forward(
+        p2, c, toks, pos, causal_block_mask(2, 7)
+    )
+    assert float(jnp.max(jax.nn.softmax(lg3, -1)[..., np.array([1, 4])])) == 0.0
+
+
+def test_attach_rejects_a_mismatched_table():
+    v_lm, v_params = _verifier()
+    lm = EagleLM(eagle_config(v_lm.config, 3), V)
+    with pytest.raises(ValueError, match="verifier_embed shape"):
+        lm.attach(lm.init_net(0), jnp.zeros((V, 4)), np.arange(3))
+    with pytest.raises(ValueError, match="distinct"):
+        lm.attach(lm.init_net(0), v_params["embed"], np.array([0, 0, 1]))
+
+
+# ----------------------------------------------------------------------------------------
+# 2. Losslessness
+# ----------------------------------------------------------------------------------------
+
+
+def exact_law(v_lm, v_params, temperature=1.0):
+    """f64[V]*LENGTH: the verifier's law of LENGTH tokens after START, enumerated."""
+    seqs = np.array(list(itertools.product(range(V), repeat=LENGTH)), np.int32)
+    x = np.concatenate([np.full((len(seqs), 1), START, np.int32), seqs], 1)
+    logits = np.asarray(v_lm.logits_full(v_params, jnp.asarray(x)), np.float64)
+    p = reference_probs(logits[:, :LENGTH], temperature)  # [n, LENGTH, V]
+    law = np.prod(np.take_along_axis(p, seqs[:, :, None], -1)[..., 0], 1)
+    return law.reshape((V,) * LENGTH)
+
+
+KEEPS = (np.array([1, 3, 4]), np.array([0, 1, 4]), np.array([0, 2, 3]))
+
+
+def _chi2_run(rule, slots_n, seed, n=N):
+    v_lm, v_params = _verifier()
+    specs, data = [], []
+    for i, (keep, tau) in enumerate(zip(KEEPS[: max(slots_n, 1)], (1.0, 0.7, 0.0))):
+        lm, params = _eagle(v_lm, v_params, keep, seed=10 + i, scale=4.0)
+        specs.append(DrafterSpec(f"eagle{i}", lm, temperature=tau))
+        data.append(identity_maps(params, V))
+    slots = np.zeros((n, 1), np.int32) if slots_n == 1 else None
+    cfg = EngineConfig(
+        gamma=2, rule=rule, verifier_temperature=1.0, n_slots=slots_n, max_new_tokens=LENGTH
+    )
+    prompts = [[START]] * n
+    res = speculative_generate(
+        cfg,
+        v_lm,
+        v_params,
+        specs,
+        data,
+        prompts,
+        [prompts] * len(specs),
+        row_keys_for(seed, n),
+        slots=slots,
+    )
+    assert (res.length - res.start == LENGTH).all()
+    return v_lm, v_params, res
+
+
+_RULES = [("rejection", 1), ("token_tree", 3)] + [
+    pytest.param(r, 3, marks=pytest.mark.slow) for r in ("shared_block", "coupled", "coupled_block")
+]
+
+
+@pytest.mark.parametrize("rule,slots_n", _RULES)
+def test_feature_drafter_is_lossless(rule, slots_n):
+    v_lm, v_params, res = _chi2_run(rule, slots_n, zlib.crc32(f"eagle/{rule}".encode()))
+    exact = exact_law(v_lm, v_params)
+    p_value = chi2_pvalue(res.tokens[:, 1 : 1 + LENGTH], exact)
+    c = res.counters
+    print(
+        f"\neagle {rule}: χ² p = {p_value:.3g}; accepted {c.accepted.sum(0).tolist()} of "
+        f"{c.proposed.sum(0).tolist()}"
+    )
+    assert p_value >= ALPHA, f"feature drafter, {rule}: χ² rejects (p = {p_value:.3g})"
+    if rule != "coupled_block":  # disjoint heads: the shared block accepts nothing
+        assert 0 < c.accepted[:, 0].sum() < c.proposed[:, 0].sum()
+
+
+# ----------------------------------------------------------------------------------------
+# 3. Greedy equality
+# ----------------------------------------------------------------------------------------
+
+TINY = TransformerConfig(
+    vocab_size=12,
+    d_model=16,
+    n_layers=2,
+    n_heads=2,
+    n_kv_heads=1,
+    d_ff=32,
+    max_len=64,
+    tie_embeddings=True,
+    embed_input_scale=False,
+)
+
+
+def check_greedy(v_lm, v_params, d_lm, d_params, prompts, new, gamma=3, n_slots=1):
+    n = len(prompts)
+    ar = autoregressive_generate(
+        v_lm,
+        v_params,
+        prompts,
+        row_keys_for(4, n),
+        temperature=0.0,
+        max_new_tokens=new,
+        min_width=16,
+    )
+    cfg = EngineConfig(
+        gamma=gamma,
+        rule="rejection" if n_slots == 1 else "token_tree",
+        verifier_temperature=0.0,
+        n_slots=n_slots,
+        max_new_tokens=new,
+    )
+    specs = [DrafterSpec(f"e{i}", d_lm, temperature=0.0) for i in range(n_slots)]
+    spec = speculative_generate(
+        cfg,
+        v_lm,
+        v_params,
+        specs,
+        [identity_maps(d_params, v_lm.vocab_size)] * n_slots,
+        prompts,
+        [prompts] * n_slots,
+        row_keys_for(3, n),
+        min_width=16,
+        drafter_min_width=[16] * n_slots,
+    )
+    for i, p in enumerate(prompts):
+        np.testing.assert_array_equal(spec.tokens[i, : len(p) + new], ar.tokens[i, : len(p) + new])
+    return spec
+
+
+@pytest.mark.parametrize("n_slots", [1, 2])
+def test_greedy_equals_autoregressive(n_slots):
+    v_lm, v_params = _verifier(TINY, seed=5, sharpen=4.0)
+    d_lm, d_params = _eagle(v_lm, v_params, np.arange(0, 12, 1)[:9], seed=2, scale=2.0)
+    rng = np.random.default_rng(1)
+    prompts = [list(map(int, rng.integers(0, 12, 2 + i % 7))) for i in range(8)]  # ragged
+    spec = check_greedy(v_lm, v_params, d_lm, d_params, prompts, new=20, n_slots=n_slots)
+    c = spec.counters
+    assert 0 < c.accepted.sum() < c.proposed.sum()
+
+
+def test_continuing_without_features_is_refused():
+    v_lm, v_params = _verifier(TINY, seed=5, sharpen=4.0)
+    d_lm, d_params = _eagle(v_lm, v_params, np.arange(12), seed=2)
+    prompts = [[1, 2, 3]]
+    data = [identity_maps(d_params, 12)]
+    cfg = EngineConfig(gamma=2, rule="rejection", verifier_temperature=0.0, max_new_tokens=4)
+    res = speculative_generate(
+        cfg,
+        v_lm,
+        v_params,
+        [DrafterSpec("e", d_lm)],
+        data,
+        prompts,
+        [prompts],
+        row_keys_for(0, 1),
+        return_state=True,
+        reserve=8,
+    )
+    # A state of speculative calls continues...
+    more = speculative_generate(
+        cfg,
+        v_lm,
+        v_params,
+        [DrafterSpec("e", d_lm)],
+        data,
+        None,
+        None,
+        row_keys_for(0, 1),
+        state=res.state,
+    )
+    assert more.length[0] > res.length[0]
+    # ...one whose features were dropped (tokens committed elsewhere) does not.
+    st = res.state
+    gone = st.replace(dcaches=(st.dcaches[0].replace(vlen=jnp.zeros_like(st.dcaches[0].vlen)),))
+    with pytest.raises(ConfigError, match="reads the verifier's features"):
+        speculative_generate(
+            cfg,
+            v_lm,
+            v_params,
+            [DrafterSpec("e", d_lm)],
+            data,
+            None,
+            None,
+            row_keys_for(0, 1),
+            state=gone,
+        )
+
+
+@pytest.mark.slow
+def test_greedy_equality_on_smollm2_with_the_shipped_feature_drafter():
+    """The shipped feature drafter beside SmolLM2 (f32): 64 greedy tokens on 3 prompts
+    equal the verifier's own, alone (rule 1) and in a token tree with prompt lookup."""
+    from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
+    from specjax.models import gguf  # pylint: disable=import-outside-toplevel
+
+    try:
+        smol = gguf.smollm2(max_len=512)
+    except ConfigError as e:
+        pytest.skip(f"SmolLM2 wheel not installed: {e}")
+    dep = from_smollm2(["eagle", "lookup"], verifier=smol)
+    texts = [
+        "Write a Python function that reverses a list.",
+        "Describe a quiet harbour town.",
+        "What is 12 + 30?",
+    ]
+    v_prompts = [dep.encode(t) for t in texts]
+    new = 64
+    ar = autoregressive_generate(
+        dep.verifier,
+        dep.v_params,
+        v_prompts,
+        row_keys_for(0, 3),
+        temperature=0.0,
+        max_new_tokens=new,
+        bucket=64,
+    )
+    for names, rule in ((["eagle"], "rejection"), (["eagle", "lookup"], "token_tree")):
+        sub = dep.subset(names)
+        res = speculative_generate(
+            EngineConfig(
+                gamma=3, rule=rule, verifier_temperature=0.0, n_slots=len(names), max_new_tokens=new
+            ),
+            dep.verifier,
+            dep.v_params,
+            sub.drafters,
+            sub.d_data,
+            v_prompts,
+            [[e(t) for t in texts] for e in sub.drafter_encode],
+            row_keys_for(1, 3),
+            bucket=64,
+        )
+        for i, p in enumerate(v_prompts):
+            got = res.tokens[i, len(p) : res.length[i]][:new]
+            want = ar.tokens[i, len(p) : ar.length[i]][:new]
+            n = min(len(got), len(want))
+            assert n > 0
+            np.testing.assert_array_equal(got[:n], want[:n], err_msg=f"{names} row {i}")
+        c = res.counters
+        print(f"\n{names}: accepted {c.accepted.sum(0).tolist()} of {c.proposed.sum(0).tolist()}")
+        assert c.accepted[:, 0].sum() > 0
