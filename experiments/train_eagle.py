@@ -108,7 +108,11 @@ def stage_train(out: Path, model) -> None:
     path = out / f"eagle{FLAGS.tag}.npz"
     if path.exists():
         return
-    data = de.Features.concat([de.Features.load(out / f"feat_gen_{d}.npz") for d in FLAGS.domains])
+    paths = [out / f"feat_gen_{d}.npz" for d in FLAGS.domains]
+    missing = [p.name for p in paths if not p.exists()]
+    if missing:
+        raise SystemExit(f"--out={out}: {', '.join(missing)} missing (run --stage=features first)")
+    data = de.Features.concat([de.Features.load(p) for p in paths])
     recipe = _recipe()
     lm, params = de.initial_eagle(model, data, recipe)
     params, hist = de.train_eagle(
@@ -131,7 +135,10 @@ def stage_eval(out: Path, model) -> None:
     from specjax import distill_eagle as de  # pylint: disable=import-outside-toplevel
     from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
 
-    lm, params, _ = real_zoo.load_eagle(out / f"eagle{FLAGS.tag}.npz", model, dtype="float32")
+    src = out / f"eagle{FLAGS.tag}.npz"
+    if not src.exists():
+        raise SystemExit(f"--out={out}: {src.name} missing (run --stage=train first)")
+    lm, params, _ = real_zoo.load_eagle(src, model, dtype="float32")
     res = {}
     for d in FLAGS.domains:
         res[d] = de.feature_alpha(lm, params, de.Features.load(out / f"feat_heldout_{d}.npz"))
@@ -154,11 +161,45 @@ def stage_ship(out: Path, model) -> None:
     print(f"shipped {dst}")
 
 
+def _check_inputs(out: Path, stages: list[str]) -> None:
+    """What the stages read and no earlier stage of this run writes, checked before the
+    verifier loads: a `ConfigError` naming the flag and the missing file."""
+    from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
+
+    feats = [out / f"feat_{n}.npz" for n in _names()]
+    if "features" in stages:
+        for n, f in zip(_names(), feats):
+            src = Path(FLAGS.data) / f"{n}.npz"
+            if not f.exists() and not src.exists():
+                raise ConfigError.invalid(
+                    "--data",
+                    FLAGS.data,
+                    f"a folder holding {src.name} (train_drafters.py --stage=generate writes it)",
+                )
+    elif any(s in stages for s in ("train", "eval")) and not all(f.exists() for f in feats):
+        raise ConfigError.invalid(
+            "--stage",
+            ",".join(stages),
+            f"train/eval only where {out}/feat_*.npz exist (add features)",
+        )
+    drafter = out / f"eagle{FLAGS.tag}.npz"
+    if "train" not in stages and ({"eval", "ship"} & set(stages)) and not drafter.exists():
+        raise ConfigError.invalid(
+            "--stage", ",".join(stages), f"eval/ship only where {drafter} exists (add train)"
+        )
+
+
 def main(argv):
     del argv
+    from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
+
     out = Path(FLAGS.out)
-    out.mkdir(parents=True, exist_ok=True)
     stages = [s for s in STAGES if s in FLAGS.stage or "all" in FLAGS.stage]
+    try:
+        _check_inputs(out, stages)
+    except ConfigError as e:
+        raise SystemExit(f"train_eagle: error: {e}") from None
+    out.mkdir(parents=True, exist_ok=True)
     model = _verifier()
     for s in stages:
         {"features": stage_features, "train": stage_train, "eval": stage_eval, "ship": stage_ship}[

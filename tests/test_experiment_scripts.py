@@ -456,3 +456,28 @@ def test_compare_layouts_refuses_a_cache_too_small_in_one_line(tmp_path):
     last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
     assert last.startswith("compare_layouts: error: --capacity: got 50, allowed: 0 or >= ")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--stage=train"], "--stage: got 'train'"),
+        (["--stage=eval"], "--stage: got 'eval'"),
+        (["--stage=features", "--data=/nonexistent"], "--data: got '/nonexistent'"),
+    ],
+)
+def test_train_eagle(tmp_path, args, flag):
+    """The feature drafter's script refuses missing inputs in one line before loading the
+    verifier, writing nothing (its stages run in `make train-eagle`: ~40 min)."""
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "experiments/train_eagle.py", *args, f"--out={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1
+    last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith("train_eagle: error: " + flag) and "Traceback" not in proc.stderr
+    assert not out.exists()

@@ -55,6 +55,7 @@ import numpy as np
 
 from specjax.engine.autoregressive import ar_loop
 from specjax.engine.batching_queue import Queue, Rows, Tally, check_queue, pad_rows
+from specjax.engine.checks import check_features
 from specjax.engine.decode import round_budget, speculative_round
 from specjax.engine.generate import (
     CallShapes,
@@ -347,6 +348,7 @@ def continuous_generate(
         stop_table,
         bucket,
     )
+    check_features(verifier, drafters or ())
     check_finite("verifier", v_params)
     for d, data in zip(q.drafters, q.d_data):
         check_finite(f"drafter {d.name!r}", data.params)

@@ -373,7 +373,10 @@ def _per_drafter(field, value, names, defaults) -> list[float]:
 #: The real deployment's drafters (SPEC §10), in priority order: the distilled code and
 #: prose drafters, the tiny zoo's reasoning drafter (its own tokenizer: the cross-
 #: vocabulary path) and prompt-lookup drafting.
-SMOLLM2_DRAFTERS = ('code', 'prose', 'reasoning', LOOKUP, 'eagle')
+SMOLLM2_DRAFTERS = ('code', 'prose', 'reasoning', LOOKUP)
+#: Drafters `from_smollm2` also builds, outside the default set the runner's configs use:
+#: the feature drafter (`specjax.models.eagle`).
+SMOLLM2_EXTRA = ('eagle',)
 
 
 def from_smollm2(
@@ -413,11 +416,11 @@ def from_smollm2(
     from specjax.models.zoo import load_zoo  # pylint: disable=import-outside-toplevel
 
     names = tuple(names)
-    unknown = [n for n in names if n not in SMOLLM2_DRAFTERS]
+    unknown = [n for n in names if n not in SMOLLM2_DRAFTERS + SMOLLM2_EXTRA]
     if unknown or not names or len(set(names)) != len(names):
         raise ConfigError(
             f'smollm2 deployment names: got {list(names)}; allowed: distinct '
-            f'names from {list(SMOLLM2_DRAFTERS)}'
+            f'names from {list(SMOLLM2_DRAFTERS + SMOLLM2_EXTRA)}'
         )
     v = (
         verifier

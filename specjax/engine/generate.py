@@ -38,6 +38,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.engine.checks import (
+    check_drafters,
+    check_features,
+    check_slots,
+    check_state_features,
+    check_vocab_maps,
+)
 from specjax.engine.decode import (
     consume,
     consume_width,
@@ -57,7 +64,6 @@ from specjax.engine.spec import (
     DrafterData,
     DrafterSpec,
     EngineConfig,
-    validate_drafter,
     widest_chain,
 )
 from specjax.engine.state import Counters, DecodeState, EngineState
@@ -100,50 +106,6 @@ class GenerateResult:
 
     def new_tokens(self, row: int) -> list[int]:
         return self.tokens[row, self.start[row] : self.length[row]].tolist()
-
-
-def check_slots(cfg: EngineConfig, slots, rows: int, k: int) -> np.ndarray:
-    """i32[rows, S] drafter slots (default every row uses drafters 0..S−1), checked."""
-    if slots is None:
-        if cfg.n_slots > k:
-            raise ConfigError(f"n_slots: got {cfg.n_slots}; allowed: ≤ {k} drafters")
-        slots = np.tile(np.arange(cfg.n_slots, dtype=np.int32), (rows, 1))
-    slots = np.asarray(slots, np.int32)
-    if slots.shape != (rows, cfg.n_slots) or (slots >= k).any() or (slots < -1).any():
-        raise ConfigError(
-            f"slots: got shape {slots.shape} with values in "
-            f"[{slots.min()}, {slots.max()}]; allowed: shape ({rows}, "
-            f"{cfg.n_slots}) with drafter indices in [-1, {k - 1}]"
-        )
-    if not (slots >= 0).any(axis=1).all():
-        raise ConfigError("slots: a row has no drafter; allowed: ≥ 1 drafter per row")
-    return slots
-
-
-def check_drafters(cfg: EngineConfig, drafters: Sequence[DrafterSpec]) -> list[int]:
-    """Each drafter's γ_i (checked: valid specs, equal γ where drafters share a row)."""
-    for d in drafters:
-        validate_drafter(d)
-    windows = [d.gamma if d.gamma is not None else cfg.gamma for d in drafters]
-    if cfg.n_slots > 1 and len(set(windows)) > 1:
-        raise ConfigError(
-            f"gamma: drafters {[d.name for d in drafters]} have γ {windows} "
-            f"with rule {cfg.rule!r} over {cfg.n_slots} slots; allowed: equal "
-            "γ for drafters that share a row (per-drafter γ needs one chain "
-            "per row)"
-        )
-    return windows
-
-
-def check_vocab_maps(drafters: Sequence[DrafterSpec], d_data: Sequence[DrafterData]) -> None:
-    """ConfigError unless each drafter's vocabulary map covers its model's vocabulary."""
-    for spec, data in zip(drafters, d_data):
-        if int(data.to_verifier.shape[0]) != spec.lm.vocab_size:
-            raise ConfigError(
-                f"drafter {spec.name!r} vocabulary: map covers "
-                f"{data.to_verifier.shape[0]} ids, model has "
-                f"{spec.lm.vocab_size}; allowed: equal sizes"
-            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,19 +356,6 @@ def _catch_up(drafters, d_data, carry: EngineState, gamma: int):
     return carry, jnp.stack(passes, 1)
 
 
-def _check_features(drafters, state) -> None:
-    """ConfigError where a feature drafter lacks the verifier's features of committed
-    tokens it has not read (tokens committed outside speculative rounds)."""
-    need = np.asarray(state.length) - 1
-    for k, d in enumerate(drafters):
-        if reads_features(d) and np.any(np.asarray(state.dcaches[k].vlen) < need):
-            raise ConfigError(
-                f"state: drafter {k} ({type(d.lm).__name__}) reads the verifier's features "
-                "and lacks those of tokens committed outside speculative rounds; allowed: "
-                "continue a state made by speculative calls with it"
-            )
-
-
 def drafter_capacity(spec_lm, m: int, d_width: int, v_width: int, buf_len: int, gamma: int) -> int:
     """Slots a drafter's cache can fill in one run: its prompt, the pieces of every
     verifier token the run can commit (≤ m each) and its kept drafts."""
@@ -466,6 +415,7 @@ def speculative_generate(
             "autoregressive_generate for the verifier alone)"
         )
     windows = check_drafters(cfg, drafters)
+    check_features(verifier, drafters)
     fresh = state is None or prompts is not None
     if fresh:
         prompt, plen = pad_prompts(prompts, bucket=bucket, min_width=min_width)
@@ -508,7 +458,7 @@ def speculative_generate(
                 f"one per drafter of this call ({k}); continue a verifier-only "
                 "state with autoregressive_generate"
             )
-        _check_features(drafters, state)
+        check_state_features(drafters, state)
         dev, head = _device_inputs(host, v_params, d_data)
         args = head + (state, dev['row_keys'])
         fn = _spec_from_state

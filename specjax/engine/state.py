@@ -13,7 +13,7 @@ from flax import struct
 
 from specjax.models.cache import half_set
 
-__all__ = ["Counters", "DecodeState", "EngineState"]
+__all__ = ["Counters", "DecodeState", "EngineState", "count_round"]
 
 
 @struct.dataclass
@@ -188,4 +188,64 @@ def _set_rows(state: EngineState, idx, other: EngineState) -> EngineState:
         dcaches=jax.tree.map(put, state.dcaches, other.dcaches),
         dsynced=state.dsynced.at[:, idx].set(other.dsynced, mode='drop'),
         dlogits=jax.tree.map(put, state.dlogits, other.dlogits),
+    )
+
+
+def count_round(
+    c: Counters,
+    v,
+    slots,
+    active,
+    live,
+    n_commit,
+    gamma,
+    n_drafters,
+    coupled_rule: bool = False,
+    slot_gamma=None,
+) -> Counters:
+    """The counters after one round's verdict `v` (`specjax.engine.decode`);
+    `slot_gamma`: i32[B, S] the chain length γ_k of each slot (default: all γ)."""
+    slot_gamma = jnp.full(slots.shape, gamma, jnp.int32) if slot_gamma is None else slot_gamma
+    li = live.astype(jnp.int32)
+    n = v.n
+    from_draft = jnp.minimum(n, n_commit)
+    multi = (jnp.sum(active, 1) >= 2) & live
+    cut = (v.cut_at < slot_gamma) & active & live[:, None]  # bool[B, S]
+    pruned = (v.pruned_at < gamma) & active & live[:, None]
+
+    def per_drafter(x):  # i32[B, S, ...] by slot → i32[B, K, ...] by drafter
+        onehot = (slots[:, :, None] == jnp.arange(n_drafters)[None, None, :]) & active[:, :, None]
+        onehot = (onehot & live[:, None, None]).astype(jnp.int32)
+        onehot = onehot.reshape(onehot.shape + (1,) * (x.ndim - 2))
+        # A masked sum, not an einsum: elementwise work XLA fuses (an einsum is a dot).
+        return jnp.sum(onehot * x[:, :, None], axis=1)
+
+    j = jnp.arange(gamma)
+    f = v.own_first_rejection[:, :, None]
+    exists = j[None, None, :] < slot_gamma[:, :, None]  # positions a chain has
+    own_acc = (j[None, None, :] < f).astype(jnp.int32)
+    own_reach = ((j[None, None, :] <= f) & exists).astype(jnp.int32)
+    m = v.match_lead[:, :, None]
+    match_acc = (j[None, None, :] < m).astype(jnp.int32) * coupled_rule
+    match_reach = ((j[None, None, :] <= m) & exists).astype(jnp.int32) * coupled_rule
+    return Counters(
+        rounds=c.rounds + li,
+        committed=c.committed + n_commit,
+        from_draft=c.from_draft + from_draft * li,
+        reached=c.reached + v.reached * li,
+        multi_rounds=c.multi_rounds + multi,
+        multi_from_draft=c.multi_from_draft + from_draft * multi,
+        multi_reached=c.multi_reached + v.reached * multi,
+        truncations=c.truncations + jnp.sum(cut, 1),
+        discarded=c.discarded + jnp.sum((slot_gamma - v.cut_at) * cut, 1),
+        proposed=c.proposed + per_drafter(slot_gamma),
+        accepted=c.accepted + per_drafter(v.accepted),
+        rejected=c.rejected + per_drafter(v.rejected),
+        own_accepted_at=c.own_accepted_at + per_drafter(own_acc),
+        own_reached_at=c.own_reached_at + per_drafter(own_reach),
+        pruned=c.pruned + jnp.sum(pruned, 1),
+        pruned_discarded=c.pruned_discarded + jnp.sum((gamma - v.pruned_at) * pruned, 1),
+        match_at=c.match_at + per_drafter(match_acc),
+        match_reached_at=c.match_reached_at + per_drafter(match_reach),
+        catchups=c.catchups,
     )

@@ -134,7 +134,11 @@ def load_eagle(name_or_path, verifier, dtype: str = 'float32'):
     )
     if info.get('kind') != 'eagle' or set(saved) != {'net', 'keep'}:
         raise ConfigError(f'drafter {path}: not a feature drafter (train_eagle.py writes those)')
-    embed = jnp.asarray(verifier.params['embed']).astype(jnp.dtype(dtype))
+    table = verifier.params['embed']
+    if isinstance(table, jax.ShapeDtypeStruct):  # a verifier loaded without weights
+        abstract = lm.abstract_params()
+        return lm, {**abstract, 'net': saved['net'], 'keep': saved['keep']}, info
+    embed = jnp.asarray(table).astype(jnp.dtype(dtype))
     try:
         params = lm.attach(saved['net'], embed, saved['keep'])
     except ValueError as e:
