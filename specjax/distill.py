@@ -394,6 +394,20 @@ def _initial_drafter(data: Generated, verifier, recipe: DrafterRecipe):
     return lm, params, coverage
 
 
+def optimizer(recipe) -> optax.GradientTransformation:
+    """A drafter recipe's optimizer (``steps``, ``warmup``, ``learning_rate``,
+    ``weight_decay``): AdamW (β 0.9 / 0.95) under a warmup-cosine schedule decaying to a
+    tenth, gradients clipped to global norm 1."""
+    warmup = min(recipe.warmup, max(recipe.steps - 1, 0))
+    sched = optax.warmup_cosine_decay_schedule(
+        0.0, recipe.learning_rate, warmup, max(recipe.steps, warmup + 1), recipe.learning_rate * 0.1
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(1.0),
+        optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=recipe.weight_decay),
+    )
+
+
 def train_drafter(
     data: Generated,
     verifier,
@@ -429,14 +443,7 @@ def train_drafter(
     to_inner = np.asarray(params['to_inner'])
     tid_inner = to_inner[tid]  # outside the subset -> the "other" row
 
-    warmup = min(recipe.warmup, max(recipe.steps - 1, 0))
-    sched = optax.warmup_cosine_decay_schedule(
-        0.0, recipe.learning_rate, warmup, max(recipe.steps, warmup + 1), recipe.learning_rate * 0.1
-    )
-    tx = optax.chain(
-        optax.clip_by_global_norm(1.0),
-        optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=recipe.weight_decay),
-    )
+    tx = optimizer(recipe)
     trainable = params['inner']
     opt = tx.init(trainable)
     soft = recipe.targets == 'soft'

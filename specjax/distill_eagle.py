@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax.distill import Generated
+from specjax.distill import Generated, optimizer
 from specjax.models.eagle import EagleLM, eagle_config
 from specjax.models.subset_vocab import most_frequent_ids
 
@@ -190,14 +190,7 @@ def train_eagle(
     log=print,
 ):
     """Trains ``params['net']`` on ``data``'s reply positions. Returns (params, history)."""
-    warmup = min(recipe.warmup, max(recipe.steps - 1, 0))
-    sched = optax.warmup_cosine_decay_schedule(
-        0.0, recipe.learning_rate, warmup, max(recipe.steps, warmup + 1), recipe.learning_rate * 0.1
-    )
-    tx = optax.chain(
-        optax.clip_by_global_norm(1.0),
-        optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=recipe.weight_decay),
-    )
+    tx = optimizer(recipe)
     frozen = {k: v for k, v in params.items() if k != 'net'}
     net, opt = params['net'], tx.init(params['net'])
     mask_all = data.reply_mask()

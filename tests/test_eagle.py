@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from lossless_reference import reference_probs
+from test_real_deployment import check_greedy_cases
 from test_verify import ALPHA, LENGTH, START, N, chi2_pvalue
 
 from specjax.engine.autoregressive import autoregressive_generate
@@ -304,39 +305,8 @@ def test_greedy_equality_on_smollm2_with_the_shipped_feature_drafter():
         "Describe a quiet harbour town.",
         "What is 12 + 30?",
     ]
-    v_prompts = [dep.encode(t) for t in texts]
-    new = 64
-    ar = autoregressive_generate(
-        dep.verifier,
-        dep.v_params,
-        v_prompts,
-        row_keys_for(0, 3),
-        temperature=0.0,
-        max_new_tokens=new,
-        bucket=64,
-    )
-    for names, rule in ((["eagle"], "rejection"), (["eagle", "lookup"], "token_tree")):
-        sub = dep.subset(names)
-        res = speculative_generate(
-            EngineConfig(
-                gamma=3, rule=rule, verifier_temperature=0.0, n_slots=len(names), max_new_tokens=new
-            ),
-            dep.verifier,
-            dep.v_params,
-            sub.drafters,
-            sub.d_data,
-            v_prompts,
-            [[e(t) for t in texts] for e in sub.drafter_encode],
-            row_keys_for(1, 3),
-            bucket=64,
-        )
-        for i, p in enumerate(v_prompts):
-            got = res.tokens[i, len(p) : res.length[i]][:new]
-            want = ar.tokens[i, len(p) : ar.length[i]][:new]
-            n = min(len(got), len(want))
-            assert n > 0
-            np.testing.assert_array_equal(got[:n], want[:n], err_msg=f"{names} row {i}")
-        c = res.counters
+    cases = [(["eagle"], "rejection"), (["eagle", "lookup"], "token_tree")]
+    for (names, _), c in zip(cases, check_greedy_cases(dep, texts, cases, new=64)):
         print(f"\n{names}: accepted {c.accepted.sum(0).tolist()} of {c.proposed.sum(0).tolist()}")
         assert c.accepted[:, 0].sum() > 0
 

@@ -104,17 +104,59 @@ def smol():
         pytest.skip(f'SmolLM2 wheel not installed: {e}')
 
 
-@pytest.mark.slow
-def test_greedy_equality_on_smollm2_with_every_drafter_kind(smol, tmp_path):
+def check_greedy_cases(dep, texts, cases, new):
+    """Greedy speculative decoding (verifier τ 0, γ 3) of `texts` through the deployment
+    `dep` for each (drafter names, rule) of `cases` equals its autoregressive decoding;
+    returns each case's counters."""
     from specjax.engine.autoregressive import (  # pylint: disable=import-outside-toplevel
         autoregressive_generate,
     )
-    from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
     from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
         row_keys_for,
         speculative_generate,
     )
     from specjax.engine.spec import EngineConfig  # pylint: disable=import-outside-toplevel
+
+    v_prompts = [dep.encode(t) for t in texts]
+    b = len(texts)
+    ar = autoregressive_generate(
+        dep.verifier,
+        dep.v_params,
+        v_prompts,
+        row_keys_for(0, b),
+        temperature=0.0,
+        max_new_tokens=new,
+        bucket=64,
+    )
+    counters = []
+    for names, rule in cases:
+        sub = dep.subset(names)
+        res = speculative_generate(
+            EngineConfig(
+                gamma=3, rule=rule, verifier_temperature=0.0, n_slots=len(names), max_new_tokens=new
+            ),
+            dep.verifier,
+            dep.v_params,
+            sub.drafters,
+            sub.d_data,
+            v_prompts,
+            [[e(t) for t in texts] for e in sub.drafter_encode],
+            row_keys_for(1, b),
+            bucket=64,
+        )
+        for i, p in enumerate(v_prompts):
+            got = res.tokens[i, len(p) : res.length[i]][:new]
+            want = ar.tokens[i, len(p) : ar.length[i]][:new]
+            n = min(len(got), len(want))
+            assert n > 0
+            np.testing.assert_array_equal(got[:n], want[:n], err_msg=f'{names} {rule} row {i}')
+        counters.append(res.counters)
+    return counters
+
+
+@pytest.mark.slow
+def test_greedy_equality_on_smollm2_with_every_drafter_kind(smol, tmp_path):
+    from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
     from specjax.models.subset_vocab import most_frequent_ids  # pylint: disable=import-outside-toplevel
 
     cfg = TransformerConfig(
@@ -144,45 +186,13 @@ def test_greedy_equality_on_smollm2_with_every_drafter_kind(smol, tmp_path):
         'Genesis 1\nIn the beginning',
         'Q: What is 12 + 30?\n',
     ]
-    v_prompts = [dep.encode(t) for t in texts]
-    new = 24
-    ar = autoregressive_generate(
-        dep.verifier,
-        dep.v_params,
-        v_prompts,
-        row_keys_for(0, 3),
-        temperature=0.0,
-        max_new_tokens=new,
-        bucket=64,
-    )
     cases = [
         (['code'], 'rejection'),
         (['lookup'], 'rejection'),
         (['reasoning'], 'rejection'),
         (['code', 'lookup', 'reasoning'], 'token_tree'),
     ]
-    for names, rule in cases:
-        sub = dep.subset(names)
-        d_prompts = [[e(t) for t in texts] for e in sub.drafter_encode]
-        res = speculative_generate(
-            EngineConfig(
-                gamma=3, rule=rule, verifier_temperature=0.0, n_slots=len(names), max_new_tokens=new
-            ),
-            dep.verifier,
-            dep.v_params,
-            sub.drafters,
-            sub.d_data,
-            v_prompts,
-            d_prompts,
-            row_keys_for(1, 3),
-            bucket=64,
-        )
-        for i, p in enumerate(v_prompts):
-            got = res.tokens[i, len(p) : res.length[i]][:new]
-            want = ar.tokens[i, len(p) : ar.length[i]][:new]
-            n = min(len(got), len(want))
-            assert n > 0
-            np.testing.assert_array_equal(got[:n], want[:n], err_msg=f'{names} {rule} row {i}')
+    check_greedy_cases(dep, texts, cases, new=24)
 
 
 def test_untied_head_layout_gives_identical_logits(smol):
@@ -204,15 +214,7 @@ def test_out_first_layout_on_smollm2_same_logits_and_greedy_speculation_equals_a
     parity bound of the default order's, and in bf16 (the layout the speed pages run)
     greedy speculative decoding (prompt lookup, rule 1; and a lookup + reasoning token
     tree) gives the bf16 verifier's own greedy tokens."""
-    from specjax.engine.autoregressive import (  # pylint: disable=import-outside-toplevel
-        autoregressive_generate,
-    )
     from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
-    from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
-        row_keys_for,
-        speculative_generate,
-    )
-    from specjax.engine.spec import EngineConfig  # pylint: disable=import-outside-toplevel
     from specjax.models import gguf  # pylint: disable=import-outside-toplevel
 
     of32 = gguf.smollm2(max_len=64, untie_head=True, out_first=True)
@@ -227,35 +229,6 @@ def test_out_first_layout_on_smollm2_same_logits_and_greedy_speculation_equals_a
     del of32
     dep = from_smollm2(['lookup', 'reasoning'], dtype='bfloat16', max_len=512, out_first=True)
     texts = ['def add(a, b):\n    """Return a + b.\n', 'Q: What is 12 + 30?\n']
-    v_prompts = [dep.encode(t) for t in texts]
-    new = 24
-    ar = autoregressive_generate(
-        dep.verifier,
-        dep.v_params,
-        v_prompts,
-        row_keys_for(0, 2),
-        temperature=0.0,
-        max_new_tokens=new,
-        bucket=64,
+    check_greedy_cases(
+        dep, texts, [(['lookup'], 'rejection'), (['lookup', 'reasoning'], 'token_tree')], new=24
     )
-    for names, rule in [(['lookup'], 'rejection'), (['lookup', 'reasoning'], 'token_tree')]:
-        sub = dep.subset(names)
-        res = speculative_generate(
-            EngineConfig(
-                gamma=3, rule=rule, verifier_temperature=0.0, n_slots=len(names), max_new_tokens=new
-            ),
-            dep.verifier,
-            dep.v_params,
-            sub.drafters,
-            sub.d_data,
-            v_prompts,
-            [[e(t) for t in texts] for e in sub.drafter_encode],
-            row_keys_for(1, 2),
-            bucket=64,
-        )
-        for i, p in enumerate(v_prompts):
-            got = res.tokens[i, len(p) : res.length[i]][:new]
-            want = ar.tokens[i, len(p) : ar.length[i]][:new]
-            n = min(len(got), len(want))
-            assert n > 0
-            np.testing.assert_array_equal(got[:n], want[:n], err_msg=f'{names} {rule} row {i}')
