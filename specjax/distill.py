@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax.models.api import causal_block_mask
+from specjax.models.api import causal_block_mask, embedding_table
 from specjax.models.subset_vocab import SubsetVocabLM, most_frequent_ids
 from specjax.models.transformer import TransformerConfig
 
@@ -388,7 +388,10 @@ def _initial_drafter(data: Generated, verifier, recipe: DrafterRecipe):
     lm = SubsetVocabLM(cfg, V)
     params = lm.init_params(recipe.seed, keep)
     init = _pca_init(
-        np.asarray(verifier.params['embed'], np.float32), keep, recipe.d_model, recipe.seed
+        np.asarray(embedding_table(verifier.lm, verifier.params), np.float32),
+        keep,
+        recipe.d_model,
+        recipe.seed,
     )
     params['inner']['embed'] = jnp.asarray(init / math.sqrt(recipe.d_model))
     return lm, params, coverage

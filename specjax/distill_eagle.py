@@ -28,6 +28,7 @@ import numpy as np
 import optax
 
 from specjax.distill import Generated, optimizer
+from specjax.models.api import embedding_table
 from specjax.models.eagle import EagleLM, eagle_config
 from specjax.models.subset_vocab import most_frequent_ids
 
@@ -149,7 +150,7 @@ def initial_eagle(model, feats: Features, recipe: EagleRecipe, max_len: int = 10
     fc[D:] = np.eye(D, dtype=np.float32)
     fc[:D] = np.asarray(net["fc"])[:D] * 0.1
     net['fc'] = jnp.asarray(fc)
-    embed = np.asarray(model.params['embed'], np.float32)
+    embed = np.asarray(embedding_table(model.lm, model.params), np.float32)
     return lm, lm.attach(net, embed, keep)
 
 
@@ -249,7 +250,7 @@ def feature_alpha(lm: EagleLM, params, data: Features, batch: int = 8) -> dict[s
 
     @jax.jit
     def score(tokens, feats, mask):
-        v_logits = jnp.einsum('btd,vd->btv', feats, params['embed'].astype(jnp.float32))
+        v_logits = jnp.einsum('btd,vd->btv', feats, lm.table(params).astype(jnp.float32))
         p = jax.nn.softmax(v_logits, -1)
         h1 = lm.hidden_full(params, tokens, feats)
         h2 = lm.hidden_full(params, tokens, h1)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.models.api import causal_block_mask
+from specjax.models.cache import half_take
 
 __all__ = ["compiled_timer", "forward_timer", "time_forward", "time_prefill", "matmul_floor"]
 
@@ -118,7 +119,7 @@ def matmul_floor(lm, params, batch: int, steps: int = 64) -> float:
         head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
 
         def step(tok, _):
-            x = params["embed"][tok]  # [B, D]
+            x = half_take(params["embed"], tok, dtype=cfg.param_dtype)  # [B, D]
             for i in range(cfg.n_layers):
                 p = params[f"layer_{i}"]
                 h = _rms(x, p["attn_norm"]["scale"])

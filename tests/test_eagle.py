@@ -29,7 +29,7 @@ from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import DrafterSpec, EngineConfig, identity_maps
 from specjax.errors import ConfigError
 from specjax.models.api import TransformerLM, causal_block_mask
-from specjax.models.eagle import EagleLM, eagle_config
+from specjax.models.eagle import EagleLM, eagle_config, order_eagle
 from specjax.models.transformer import TransformerConfig
 
 V = 5
@@ -109,6 +109,40 @@ def test_attach_rejects_a_mismatched_table():
         lm.attach(lm.init_net(0), jnp.zeros((V, 4)), np.arange(3))
     with pytest.raises(ValueError, match="distinct"):
         lm.attach(lm.init_net(0), v_params["embed"], np.array([0, 0, 1]))
+
+
+def test_weight_order_and_table_storage_keep_the_outputs():
+    """`order_eagle` (projections stored [out, in], as a verifier loaded out_first) gives
+    the same logits; a bf16 table is held as bits and read back as its values."""
+    v_lm, v_params = _verifier()
+    lm, params = _eagle(v_lm, v_params, np.arange(V), seed=1)
+    lm2, params2 = order_eagle(lm, params, True)
+    assert lm2.config.out_first and order_eagle(lm2, params2, True)[0] is lm2
+    assert params2["net"]["fc"].shape == params["net"]["fc"].shape[::-1]
+    toks = jnp.array([[3, 1, 4, 1, 0]] * 2)
+    pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
+    outs = []
+    for m, p in ((lm, params), (lm2, params2)):
+        c = m.write_features(
+            m.init_cache(2, 16),
+            jnp.ones((2, 5, v_lm.config.d_model)),
+            jnp.zeros(2, jnp.int32),
+            jnp.full(2, 5),
+        )
+        outs.append(m.forward(p, c, toks, pos, causal_block_mask(2, 5))[0])
+    np.testing.assert_allclose(np.asarray(outs[0]), np.asarray(outs[1]), rtol=1e-5, atol=1e-5)
+    half = jax.tree.map(lambda a: a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a, v_params)
+    lm16 = EagleLM(eagle_config(v_lm.config, V, dtype="bfloat16", param_dtype="bfloat16"), V)
+    p16 = lm16.attach(
+        jax.tree.map(lambda a: a.astype(jnp.bfloat16), lm16.init_net(0)),
+        half["embed"],
+        np.arange(V),
+    )
+    assert p16["embed"].dtype == (jnp.uint16 if jax.default_backend() == "cpu" else jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(lm16.table(p16)), np.asarray(half["embed"]))
+    np.testing.assert_array_equal(
+        np.asarray(lm16.embed(p16, toks)), np.asarray(half["embed"][toks])
+    )
 
 
 # ----------------------------------------------------------------------------------------

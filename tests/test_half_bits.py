@@ -113,3 +113,91 @@ def test_cpu_programs_make_no_f32_copy_of_a_bf16_cache_or_table():
     assert _f32_copies(texts[False], "1,2,8,64") + _f32_copies(texts[False], "256,8") > 0
     assert _f32_copies(texts[None], "1,2,8,64") == _f32_copies(texts[None], "1,2,64,8") == 0
     assert _f32_copies(texts[None], "256,8") == 0
+
+
+def _copies_of(text: str, shape: str) -> int:
+    """Instructions outside bitcasts that make a whole [shape] array (a copy or a convert)."""
+    return sum(
+        1
+        for line in text.splitlines()
+        if re.search(rf"= (f32|bf16|u16)\[{shape}\]", line)
+        and "parameter(" not in line
+        and " bitcast(" not in line
+        and "get-tuple-element" not in line
+        and "tuple(" not in line
+    )
+
+
+def test_a_table_stored_as_bits_is_not_copied_per_call():
+    """A bf16 table a decode loop reads by row: the bitcast `half_take` makes is loop
+    invariant, so XLA:CPU hoists it out of the loop and materialises it (a whole-table
+    copy per call); the table stored as bits (`table_bits`) is read in place."""
+    table = jax.random.normal(jax.random.PRNGKey(0), (512, 8)).astype(jnp.bfloat16)
+
+    def loop(table, ids):
+        def body(acc, i):
+            rows = C.half_take(table, (ids + i) % 512, dtype=jnp.bfloat16)
+            return acc + rows.astype(jnp.float32).sum(), None
+
+        return jax.lax.scan(body, jnp.zeros(()), jnp.arange(4))[0]
+
+    ids = jnp.array([1, 2])
+    old = C.HALF_AS_BITS
+    try:
+        C.HALF_AS_BITS = True
+        bits = C.table_bits(table)
+        plain = jax.jit(loop).lower(table, ids).compile().as_text()
+        stored = jax.jit(loop).lower(bits, ids).compile().as_text()
+        assert bits.dtype == jnp.uint16
+        np.testing.assert_array_equal(
+            np.asarray(C.table_values(bits, jnp.bfloat16)), np.asarray(table)
+        )
+        assert float(jax.jit(loop)(bits, ids)) == float(jax.jit(loop)(table, ids))
+    finally:
+        C.HALF_AS_BITS = old
+    assert _copies_of(plain, "512,8") > 0
+    assert _copies_of(stored, "512,8") == 0
+    with pytest.raises(ValueError, match="16-bit float dtype"):
+        C.half_take(bits, ids)
+
+
+def test_a_model_with_its_table_as_bits_gives_the_same_logits():
+    """An untied bf16 model's table stored as bits: the same logits bit for bit, and
+    `api.embedding_table` and the HF export read the values."""
+    from specjax.models.api import (
+        TransformerConfig,
+        TransformerLM,
+        causal_block_mask,
+        embedding_table,
+    )
+    from specjax.models.fused import separate_leaf
+
+    cfg = TransformerConfig(
+        vocab_size=64,
+        d_model=16,
+        n_layers=2,
+        n_heads=2,
+        n_kv_heads=1,
+        d_ff=32,
+        max_len=16,
+        tie_embeddings=False,
+        dtype="bfloat16",
+        param_dtype="bfloat16",
+    )
+    lm = TransformerLM(cfg)
+    params = lm.init_params(0)
+    old = C.HALF_AS_BITS
+    try:
+        C.HALF_AS_BITS = True
+        bits = dict(params, embed=C.table_bits(params["embed"]))
+        tokens = jnp.array([[3, 9, 27, 5]])
+        pos = jnp.arange(4)[None]
+        mask = causal_block_mask(1, 4)
+        fwd = jax.jit(lambda p: lm.forward(p, lm.init_cache(1, 16), tokens, pos, mask)[0])
+        np.testing.assert_array_equal(np.asarray(fwd(bits)), np.asarray(fwd(params)))
+    finally:
+        C.HALF_AS_BITS = old
+    assert bits["embed"].dtype == jnp.uint16
+    for table in (embedding_table(lm, bits), separate_leaf(cfg, bits, ("embed",))):
+        assert table.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(table), np.asarray(params["embed"]))

@@ -407,7 +407,8 @@ def from_smollm2(
       chat: plan prompts go through the model's chat template as one user turn (its
         default system prompt), so every model sees ``<|im_start|>user ... assistant``.
       out_first: load the verifier with its weights stored ``[out, in]``
-        (`specjax.models.gguf.load_gguf_model`): the faster bf16 products on XLA:CPU.
+        (`specjax.models.gguf.load_gguf_model`): the faster bf16 products on XLA:CPU; the
+        distilled and feature drafters are loaded in the same order.
 
     Costs c_i are parameter counts over the verifier's (0 for lookup); the runner and
     the benchmarks measure the real ones.
@@ -439,11 +440,15 @@ def from_smollm2(
                 (n, z.lm, z.params, z.tokenizer, temps.get(n, z.temperature), z.n_params / n_v)
             )
         elif n == 'eagle':  # the feature drafter reads the verifier's table and features
-            lm, params, _ = real_zoo.load_eagle((drafters or {}).get(n, n), v, dtype=dtype)
+            lm, params, _ = real_zoo.load_eagle(
+                (drafters or {}).get(n, n), v, dtype=dtype, out_first=out_first
+            )
             n_d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params['net']))
             built.append((n, lm, params, v.tokenizer, temps.get(n, 1.0), n_d / n_v))
         else:
-            lm, params, _ = real_zoo.load_drafter((drafters or {}).get(n, n), dtype=dtype)
+            lm, params, _ = real_zoo.load_drafter(
+                (drafters or {}).get(n, n), dtype=dtype, out_first=out_first
+            )
             n_d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params['inner']))
             built.append((n, lm, params, v.tokenizer, temps.get(n, 1.0), n_d / n_v))
     dep = assemble(v.lm, v.params, v.tokenizer, built, bos=False)

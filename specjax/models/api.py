@@ -33,7 +33,7 @@ import numpy as np
 from flax import nnx
 
 from specjax import sharding as shd
-from specjax.models.cache import Cache, advance, compact, init_cache, rollback
+from specjax.models.cache import Cache, advance, compact, init_cache, rollback, table_values
 from specjax.models.fused import fuse_params, order_params
 from specjax.models.transformer import Transformer, TransformerConfig, scale_noise
 
@@ -47,6 +47,7 @@ __all__ = [
     'compact',
     'causal_block_mask',
     'count_params',
+    'embedding_table',
 ]
 
 
@@ -233,6 +234,12 @@ def fuse_projections(lm: TransformerLM, params, mesh=None, rules=None):
     on its shards (``specjax.sharding``: the fused q/k/v table splits over KV heads)."""
     new = TransformerLM(dataclasses.replace(lm.config, fused_projections=True))
     return new, fuse_params(lm.config, params, _placer(new, mesh, rules))
+
+
+def embedding_table(lm: TransformerLM, params) -> jax.Array:
+    """The input embedding table's values [V, D], however it is stored (a half-precision
+    table only read by row may be held as its uint16 bits: `cache.table_bits`)."""
+    return table_values(params['embed'], lm.config.param_dtype)
 
 
 def order_weights(lm: TransformerLM, params, out_first: bool = True, mesh=None, rules=None):

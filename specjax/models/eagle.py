@@ -15,7 +15,8 @@ The head is the verifier's tied embedding restricted to the ``K`` most frequent 
 every rule stays lossless — a rule only uses the ``q`` that was sampled from.
 
 Parameters ``{'net', 'embed', 'head', 'keep'}``: ``net`` the trained projection and layer;
-``embed`` f[V, D] the verifier's input table, ``head`` f[K, D] its rows ``keep`` i32[K] —
+``embed`` f[V, D] the verifier's input table (a half-precision one as its uint16 bits on
+the CPU, `cache_lib.table_bits`), ``head`` f[K, D] its rows ``keep`` i32[K] —
 both the verifier's, frozen, never saved with the drafter (`specjax.models.real_zoo`
 rebuilds them from the verifier at load).
 
@@ -40,11 +41,12 @@ from flax import nnx, struct
 
 from specjax.models import cache as cache_lib
 from specjax.models.api import _logical_axes_of, causal_block_mask
+from specjax.models.fused import _flip, order_params
 from specjax.models.products import project
 from specjax.models.subset_vocab import NEG_LOGIT
 from specjax.models.transformer import Block, TransformerConfig, _fan_in_std, _param, _weight
 
-__all__ = ['EagleLM', 'FeatureCache', 'eagle_config']
+__all__ = ['EagleLM', 'FeatureCache', 'eagle_config', 'order_eagle']
 
 
 @struct.dataclass
@@ -124,8 +126,10 @@ class _Net(nnx.Module):
 
 
 def _take_slots(arr: jax.Array, slots: jax.Array) -> jax.Array:
-    """arr [B, S, D] at slots i32[B, T] (clipped) -> [B, T, D]."""
-    return jnp.take_along_axis(arr, jnp.clip(slots, 0, arr.shape[1] - 1)[:, :, None], axis=1)
+    """arr [B, S, D] at slots i32[B, T] (clipped) -> [B, T, D] (through 16-bit words for a
+    half-precision ``arr``: `cache_lib.half_get`)."""
+    b = jnp.arange(arr.shape[0])[:, None]
+    return cache_lib.half_get(arr, (b, jnp.clip(slots, 0, arr.shape[1] - 1)))
 
 
 def _put_slots(arr: jax.Array, slots: jax.Array, values: jax.Array, ok: jax.Array) -> jax.Array:
@@ -133,7 +137,7 @@ def _put_slots(arr: jax.Array, slots: jax.Array, values: jax.Array, ok: jax.Arra
     (elsewhere, and past capacity, nothing is written)."""
     b = jnp.arange(arr.shape[0])[:, None]
     slots = jnp.where(ok, slots, arr.shape[1])  # out of range: dropped
-    return arr.at[b, slots].set(values.astype(arr.dtype), mode='drop')
+    return cache_lib.half_set(arr, (b, slots), values, mode='drop')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,7 +199,8 @@ class EagleLM:
                 f'({self.verifier_vocab}, {self.config.d_model}))'
             )
         keep = jnp.asarray(keep, jnp.int32)
-        return {'net': net, 'embed': embed, 'head': embed[keep], 'keep': keep}
+        # Only read by row: stored as bits where that is how rows are fastest read.
+        return {'net': net, 'embed': cache_lib.table_bits(embed), 'head': embed[keep], 'keep': keep}
 
     def abstract_params(self) -> dict:
         d, dt = self.config.d_model, jnp.dtype(self.config.param_dtype)
@@ -272,8 +277,15 @@ class EagleLM:
         dt = jnp.dtype(self.config.dtype)
         return project(h, params['head'].astype(dt), dt, out_dtype=jnp.float32, out_first=True)
 
+    def table(self, params) -> jax.Array:
+        """The verifier's input table [V, D] (its values, however ``embed`` is stored)."""
+        return cache_lib.table_values(params['embed'], params['head'].dtype)
+
     def embed(self, params, tokens) -> jax.Array:
-        return jnp.take(params['embed'], tokens, axis=0)
+        """The verifier's rows of ``tokens`` (`cache_lib.half_take`: a plain take of the
+        bf16 table let XLA:CPU convert all of it to f32 once per call, 40 ms, ~2.5 draft
+        steps' worth)."""
+        return cache_lib.half_take(params['embed'], tokens, dtype=params['head'].dtype)
 
     def forward(self, params, cache: FeatureCache, tokens, positions, block_mask):
         """Scores a block (the LM API): logits f32[B, T, V] and the cache with the block's
@@ -306,3 +318,21 @@ class EagleLM:
             self.embed(params, tokens), prev, positions, causal_block_mask(B, T)
         )
         return h
+
+
+def order_eagle(lm: EagleLM, params: dict, out_first: bool = True) -> tuple[EagleLM, dict]:
+    """``(lm', params')``: the same drafter with its trained projections (``fc`` and the
+    layer's q/k/v/o, gate/up/down) stored output dims first (``out_first``,
+    `TransformerConfig.out_first`) or back; the same outputs up to the products' rounding.
+
+    Drafters are trained in the default ``[in, out]`` order; a verifier loaded
+    ``out_first`` (the faster bf16 one-row products on XLA:CPU, docs/results/products.md)
+    wants its drafter in the same order: a bf16 ``[in, out]`` layer cost twice a verifier
+    layer's time per token (docs/results/real_speed_eagle.md's c).
+    """
+    if bool(lm.config.out_first) == bool(out_first):
+        return lm, params
+    net = order_params(lm.config, params['net'], out_first)
+    net = dict(net, fc=_flip(net['fc'], 1, out_first))
+    new = EagleLM(dataclasses.replace(lm.config, out_first=bool(out_first)), lm.verifier_vocab)
+    return new, dict(params, net=net)

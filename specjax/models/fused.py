@@ -14,6 +14,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from specjax.models.cache import table_values
 from specjax.models.transformer import TransformerConfig
 
 #: Separate-layout leaves and the fused leaf that holds them, per block.
@@ -149,6 +150,8 @@ def separate_leaf(cfg: TransformerConfig, params: dict, path: tuple):
     node = params
     for p in stored:
         node = node[p]
+    if tuple(path) == ('embed',):  # possibly stored as bits (`cache.table_bits`)
+        node = table_values(node, cfg.param_dtype)
     if cfg.out_first and _n_in(stored):
         node = _flip(node, _n_in(stored), False)
     if not fused_leaf:

@@ -54,6 +54,7 @@ from specjax.errors import ConfigError
 from specjax.models.api import TransformerLM
 from specjax.models.api import fuse_projections as _fuse_projections
 from specjax.models.api import order_weights as _order_weights
+from specjax.models.cache import table_bits
 from specjax.models.gguf_reader import TENSOR_TYPES, _fail, _metadata, _open, dequantize
 from specjax.models.hf import _entries, config_from_hf, place_leaf
 from specjax.models.transformer import TransformerConfig
@@ -460,6 +461,8 @@ def load_gguf_model(
             lm, params = _fuse_projections(f.lm, params, mesh, rules)
         if out_first:
             lm, params = _order_weights(lm, params, True, mesh, rules)
+        if not lm.config.tie_embeddings:  # the table is only read by row: as bits
+            params = dict(params, embed=table_bits(params['embed']))
     else:
         lm = TransformerLM(
             dataclasses.replace(

@@ -536,7 +536,7 @@ def _export_tensors(
 
         def make(e=e, leaf_path=leaf_path):
             if leaf_path == ('lm_head',) and fold:  # the unscaled table, [V, D] as HF keeps it
-                return np.ascontiguousarray(_host(params['embed']))
+                return np.ascontiguousarray(_host(separate_leaf(cfg, params, ('embed',))))
             x = _host(separate_leaf(cfg, params, leaf_path))
             if leaf_path == ('embed',) and fold:
                 # The forward pass computes embed[tok] * sqrt(d) in the compute dtype; doing

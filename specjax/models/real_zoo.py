@@ -25,6 +25,8 @@ import ml_dtypes
 import numpy as np
 
 from specjax.errors import ConfigError
+from specjax.models.api import order_weights
+from specjax.models.cache import table_values
 from specjax.models.subset_vocab import SubsetVocabLM
 from specjax.models.transformer import TransformerConfig
 
@@ -98,8 +100,9 @@ def _read(path: Path, dtype: str, make_lm):
     return lm, _read_params(path, dtype), info
 
 
-def load_drafter(name_or_path, dtype: str = 'float32'):
-    """(SubsetVocabLM, params, info) of a drafter file; floats as ``dtype``.
+def load_drafter(name_or_path, dtype: str = 'float32', out_first: bool = False):
+    """(SubsetVocabLM, params, info) of a drafter file; floats as ``dtype``; with
+    ``out_first`` its projection weights stored ``[out, in]`` (`api.order_weights`).
 
     Raises:
       ConfigError: one line naming the file (missing, unreadable, inconsistent).
@@ -112,6 +115,9 @@ def load_drafter(name_or_path, dtype: str = 'float32'):
     got = jax.tree.map(lambda a: a.shape, params)
     if want != got:
         raise ConfigError(f'drafter {path}: parameters do not match its config {info["config"]}')
+    if bool(out_first) != bool(lm.config.out_first):
+        inner, p = order_weights(lm.inner, params['inner'], out_first)
+        lm, params = SubsetVocabLM(inner.config, lm.verifier_vocab), dict(params, inner=p)
     return lm, params, info
 
 
@@ -123,10 +129,11 @@ def save_eagle(path, lm, params, info: dict[str, Any], dtype: str | None = None)
     )
 
 
-def load_eagle(name_or_path, verifier, dtype: str = 'float32'):
+def load_eagle(name_or_path, verifier, dtype: str = 'float32', out_first: bool = False):
     """(EagleLM, params, info) of a feature drafter file, its frozen table and head the
-    verifier's (``verifier``: a model with ``.params['embed']``, e.g. `gguf.smollm2`)."""
-    from specjax.models.eagle import EagleLM  # pylint: disable=import-outside-toplevel
+    verifier's (``verifier``: a model with ``.params['embed']``, e.g. `gguf.smollm2`);
+    with ``out_first`` its projections stored ``[out, in]`` (`eagle.order_eagle`)."""
+    from specjax.models.eagle import EagleLM, order_eagle  # pylint: disable=import-outside-toplevel
 
     path = drafter_path(name_or_path)
     lm, saved, info = _read(
@@ -137,8 +144,12 @@ def load_eagle(name_or_path, verifier, dtype: str = 'float32'):
     table = verifier.params['embed']
     if isinstance(table, jax.ShapeDtypeStruct):  # a verifier loaded without weights
         abstract = lm.abstract_params()
-        return lm, {**abstract, 'net': saved['net'], 'keep': saved['keep']}, info
-    embed = jnp.asarray(table).astype(jnp.dtype(dtype))
+        lm, params = order_eagle(
+            lm, {**abstract, 'net': saved['net'], 'keep': saved['keep']}, out_first
+        )
+        return lm, params, info
+    embed = table_values(jnp.asarray(table), verifier.lm.config.param_dtype)
+    embed = embed.astype(jnp.dtype(dtype))
     try:
         params = lm.attach(saved['net'], embed, saved['keep'])
     except ValueError as e:
@@ -146,6 +157,7 @@ def load_eagle(name_or_path, verifier, dtype: str = 'float32'):
     want = jax.tree.map(lambda s: s.shape, lm.abstract_params())
     if want != jax.tree.map(lambda a: a.shape, params):
         raise ConfigError(f'drafter {path}: parameters do not match its config {info["config"]}')
+    lm, params = order_eagle(lm, params, out_first)
     return lm, params, info
 
 

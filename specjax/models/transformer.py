@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.models.cache import PerLayer, half_take, write_block, write_keys
+from specjax.models.cache import PerLayer, half_take, table_values, write_block, write_keys
 from specjax.models.products import project
 from specjax.sharding import with_logical_constraint
 
@@ -554,7 +554,9 @@ class Transformer(nnx.Module):
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
         table = self.embed[...]
-        x = half_take(table, tokens, axis=0).astype(dt)
+        x = half_take(table, tokens, axis=0, dtype=cfg.param_dtype).astype(dt)
+        if table.dtype == jnp.uint16:  # stored as bits (`cache.table_bits`)
+            table = table_values(table, cfg.param_dtype)
         if cfg.tie_embeddings and cfg.embed_input_scale:
             x = x * jnp.asarray(cfg.d_model**0.5, dt)
         x = with_logical_constraint(x, ('batch', 'length', 'embed'))
