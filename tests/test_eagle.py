@@ -26,7 +26,7 @@ from test_verify import ALPHA, LENGTH, START, N, chi2_pvalue
 
 from specjax.engine.autoregressive import autoregressive_generate
 from specjax.engine.generate import row_keys_for, speculative_generate
-from specjax.engine.spec import DrafterSpec, EngineConfig, identity_maps
+from specjax.engine.spec import DrafterSpec, EngineConfig, feature_maps, identity_maps
 from specjax.errors import ConfigError
 from specjax.models.api import TransformerLM, causal_block_mask
 from specjax.models.eagle import EagleLM, eagle_config, order_eagle
@@ -169,7 +169,8 @@ def _chi2_run(rule, slots_n, seed, n=N):
     for i, (keep, tau) in enumerate(zip(KEEPS[: max(slots_n, 1)], (1.0, 0.7, 0.0))):
         lm, params = _eagle(v_lm, v_params, keep, seed=10 + i, scale=4.0)
         specs.append(DrafterSpec(f"eagle{i}", lm, temperature=tau))
-        data.append(identity_maps(params, V))
+        # The deployment's maps (drafts over the head's ids) for all but the τ 0.7 one.
+        data.append(identity_maps(params, V) if i == 1 else feature_maps(params, V))
     slots = np.zeros((n, 1), np.int32) if slots_n == 1 else None
     cfg = EngineConfig(
         gamma=2, rule=rule, verifier_temperature=1.0, n_slots=slots_n, max_new_tokens=LENGTH
@@ -251,7 +252,7 @@ def check_greedy(v_lm, v_params, d_lm, d_params, prompts, new, gamma=3, n_slots=
         v_lm,
         v_params,
         specs,
-        [identity_maps(d_params, v_lm.vocab_size)] * n_slots,
+        [feature_maps(d_params, v_lm.vocab_size)] * n_slots,
         prompts,
         [prompts] * n_slots,
         row_keys_for(3, n),

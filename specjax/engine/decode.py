@@ -143,6 +143,21 @@ def _draft(
 
     def sample_at(logits, z):
         """(x in verifier ids, x in the drafter's ids, q in verifier ids) of one draw."""
+        if data.identity and data.support is not None:
+            # Drawn over the head's K ids, where all the mass is (`feature_maps`): the law
+            # of the draw and its q are those of the K probabilities.
+            q_k = sampling_probs(
+                jnp.take(logits, data.support, axis=-1),
+                data.temperature,
+                top_k=spec.top_k,
+                top_p=spec.top_p,
+            )
+            q_v = to_verifier_space(q_k, data.support, v_vocab)
+            if coupled:
+                x = gumbel_argmax(q_v, z)
+            else:
+                x = data.support[sample_rows_u(z, q_k)]
+            return x, x, q_v
         q_d = sampling_probs(
             logits,
             data.temperature,

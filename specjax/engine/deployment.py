@@ -264,13 +264,15 @@ def assemble(verifier_lm, v_params, v_tok, drafters, bos: bool = True) -> "Deplo
     """A deployment from a verifier and drafters given as (name, lm, params, tokenizer,
     temperature, cost): identity maps for drafters of the verifier's tokenizer (a
     `SubsetVocabLM` among them drafts as its inner model in its own ids, through
-    `subset_vocab_maps`), token-level-intersection maps otherwise; groups are tokenizer
+    `subset_vocab_maps`, a feature drafter with `feature_maps`), token-level-intersection
+    maps otherwise; groups are tokenizer
     fingerprints; text is spelt with the verifier's tokenizer and each drafter's own; ``stop_table`` marks the verifier tokens
     whose bytes hold a newline. With `bos`, each model's prompts start with the special
     ids its tokenizer's own pipeline puts first (a tokenizer's ``prompt_prefix``: Llama's
     ``<s>``; none for the zoo's tokenizers)."""
     from specjax.engine.spec import (  # pylint: disable=import-outside-toplevel
         cross_vocab_maps,
+        feature_maps,
         identity_maps,
         subset_vocab_maps,
         validate_drafter,
@@ -288,7 +290,9 @@ def assemble(verifier_lm, v_params, v_tok, drafters, bos: bool = True) -> "Deplo
         spec = DrafterSpec(name=name, lm=lm, temperature=float(t), cost=float(c))
         validate_drafter(spec)
         if same and not subset:
-            d = identity_maps(params, vocab)
+            # A feature drafter draws over its head's ids (`feature_maps`).
+            feature = getattr(lm, 'reads_features', False) and 'keep' in params
+            d = feature_maps(params, vocab) if feature else identity_maps(params, vocab)
         elif not same:
             to_v = intersection_map(tok, v_tok)
             retok, retok_len = retokenization_table(v_tok, tok)

@@ -86,6 +86,10 @@ class DrafterData:
             sets it from the spec, so a temperature sweep reuses one compiled program).
         identity: static; True when the maps are the identity (the drafter shares the
             verifier's tokenizer), so drafting skips the moves between vocabularies.
+        support: optional i32[K], with identity maps: the only ids the drafter's logits
+            can give mass to (a head over the verifier's K most frequent ids, FR-Spec:
+            `feature_maps`); each draft is then drawn from its K probabilities and only
+            ``q`` is scattered into the verifier's ids.
     """
 
     params: Any
@@ -95,6 +99,7 @@ class DrafterData:
     retok_len: jax.Array
     temperature: Any = None
     identity: bool = struct.field(pytree_node=False, default=False)
+    support: Any = None
 
 
 def identity_maps(params, vocab: int) -> DrafterData:
@@ -108,6 +113,18 @@ def identity_maps(params, vocab: int) -> DrafterData:
         retok_len=jnp.ones((vocab,), jnp.int32),
         identity=True,
     )
+
+
+def feature_maps(params, vocab: int) -> DrafterData:
+    """DrafterData for a feature drafter (`specjax.models.eagle.EagleLM`): identity maps,
+    and its head's ids ``params['keep']`` as the support its drafts are drawn over.
+
+    Its logits are over the verifier's ids (``NEG_LOGIT``, probability 0, off the head),
+    so identity maps alone are exact too, but then every draft step normalises, sums and
+    searches 49,152 probabilities for SmolLM2 (0.32 ms on the 2-core Xeon, half the
+    drafter's forward) where 4,096 carry all the mass (0.04 ms).
+    """
+    return identity_maps(params, vocab).replace(support=jnp.asarray(params['keep'], jnp.int32))
 
 
 def cross_vocab_maps(
