@@ -54,6 +54,9 @@ def define_flags():
     )
     flags.DEFINE_list("domains", ["code", "prose", "reasoning"], "domains")
     flags.DEFINE_integer("prompts", 640, "train-split prompts per domain")
+    flags.DEFINE_integer(
+        "seed", 0, "seed of the train-split prompt draw and the verifier's sampling (generate)"
+    )
     flags.DEFINE_integer("new_tokens", 160, "tokens the verifier writes per prompt")
     flags.DEFINE_integer("batch", 32, "rows per generation batch")
     flags.DEFINE_float("temperature", 1.0, "the verifier's τ while writing the training text")
@@ -106,7 +109,7 @@ def stage_generate(out: Path, model) -> None:
         path = out / f"gen_{d}.npz"
         if path.exists():
             continue
-        prompts = distill.domain_prompts(d, FLAGS.prompts)
+        prompts = distill.domain_prompts(d, FLAGS.prompts, seed=FLAGS.seed)
         t0 = time.perf_counter()
         g = distill.generate(
             model,
@@ -114,7 +117,7 @@ def stage_generate(out: Path, model) -> None:
             new_tokens=FLAGS.new_tokens,
             batch=FLAGS.batch,
             temperature=FLAGS.temperature,
-            seed=0,
+            seed=FLAGS.seed,
         )
         g.save(path)
         print(

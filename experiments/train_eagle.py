@@ -40,6 +40,11 @@ def define_flags():
         "--stage: all or a list of " + ", ".join(STAGES),
     )
     flags.DEFINE_string("data", "runs/eagle_data", "folder of gen_*.npz / heldout_*.npz")
+    flags.DEFINE_list(
+        "more_data",
+        [],
+        "more folders of gen_*.npz (train_drafters.py --stage=generate --seed=S), trained on too",
+    )
     flags.DEFINE_list("domains", ["code", "prose"], "domains")
     flags.DEFINE_string("dtype", "bfloat16", "the verifier's dtype for the features")
     flags.DEFINE_integer("steps", 400, "training steps")
@@ -64,22 +69,32 @@ def _verifier():
     return smollm2(max_len=1024, dtype=FLAGS.dtype, out_first=True)
 
 
+def _sources() -> dict[str, Path]:
+    """Feature file name -> the generations it is computed from: each domain's training
+    and held-out replies in --data, and its training replies in each --more_data folder."""
+    out = {
+        f"{kind}_{d}": Path(FLAGS.data) / f"{kind}_{d}.npz"
+        for d in FLAGS.domains
+        for kind in ("gen", "heldout")
+    }
+    for i, folder in enumerate(FLAGS.more_data):
+        out.update({f"gen_{d}_x{i}": Path(folder) / f"gen_{d}.npz" for d in FLAGS.domains})
+    return out
+
+
 def _names():
-    return [f"{kind}_{d}" for d in FLAGS.domains for kind in ("gen", "heldout")]
+    return list(_sources())
 
 
 def stage_features(out: Path, model) -> None:
     from specjax import distill, distill_eagle  # pylint: disable=import-outside-toplevel
 
-    for name in _names():
+    for name, src in _sources().items():
         path = out / f"feat_{name}.npz"
         if path.exists():
             continue
-        src = Path(FLAGS.data) / f"{name}.npz"
         if not src.exists():
-            raise SystemExit(
-                f"--data={FLAGS.data}: {src.name} missing (run train_drafters --stage=generate)"
-            )
+            raise SystemExit(f"{src}: missing (run train_drafters --stage=generate)")
         t0 = time.perf_counter()
         f = distill_eagle.verifier_features(model, distill.Generated.load(src))
         f.save(path)
@@ -108,7 +123,7 @@ def stage_train(out: Path, model) -> None:
     path = out / f"eagle{FLAGS.tag}.npz"
     if path.exists():
         return
-    paths = [out / f"feat_gen_{d}.npz" for d in FLAGS.domains]
+    paths = [out / f"feat_{n}.npz" for n in _names() if n.startswith("gen_")]
     missing = [p.name for p in paths if not p.exists()]
     if missing:
         raise SystemExit(f"--out={out}: {', '.join(missing)} missing (run --stage=features first)")
@@ -169,11 +184,12 @@ def _check_inputs(out: Path, stages: list[str]) -> None:
     feats = [out / f"feat_{n}.npz" for n in _names()]
     if "features" in stages:
         for n, f in zip(_names(), feats):
-            src = Path(FLAGS.data) / f"{n}.npz"
+            src = _sources()[n]
             if not f.exists() and not src.exists():
+                flag = "--data" if src.parent == Path(FLAGS.data) else "--more_data"
                 raise ConfigError.invalid(
-                    "--data",
-                    FLAGS.data,
+                    flag,
+                    str(src.parent),
                     f"a folder holding {src.name} (train_drafters.py --stage=generate writes it)",
                 )
     elif any(s in stages for s in ("train", "eval")) and not all(f.exists() for f in feats):
