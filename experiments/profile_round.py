@@ -129,6 +129,14 @@ def _round_budget(decode):
     return getattr(decode, "round_budget", None) or decode._budget  # pylint: disable=protected-access
 
 
+def _counters(mods):
+    """The round counters' class (`engine.state.Counters`; in `engine.decode` before)."""
+    decode = mods["decode"]
+    if hasattr(decode, "Counters"):
+        return decode.Counters
+    return importlib.import_module(f"{mods['pkg']}.engine.state").Counters
+
+
 def _ar_module(pkg: str):
     """The module of `autoregressive_generate` (`engine.autoregressive`; `engine.generate`
     before the baseline left it), so an older package compares too."""
@@ -176,7 +184,7 @@ def _loop_fn(mods, round_fn, cfg, verifier, drafters):
             dcaches=carry.dcaches,
             dsynced=carry.dsynced,
             dlogits=carry.dlogits,
-            counters=decode.Counters.zeros(b, len(drafters), gamma),
+            counters=_counters(mods).zeros(b, len(drafters), gamma),
         )
         state = state.replace(done=_round_budget(decode)(cfg, state, max_new, gamma) <= 0)
 
