@@ -275,6 +275,44 @@ def test_greedy_equals_autoregressive(n_slots):
     assert 0 < c.accepted.sum() < c.proposed.sum()
 
 
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
+def test_sharded_feature_drafter_equals_unsharded():
+    """Verifier and feature drafter placed on a 2 × 4 mesh (fsdp_tp): the FeatureCache is
+    built and carried inside the engine's programs from sharded inputs; τ 1 tokens and
+    acceptance equal the single-device run."""
+    from specjax import sharding as shd
+
+    v_lm, v_params = _verifier(TINY, seed=5, sharpen=4.0)
+    d_lm, d_params = _eagle(v_lm, v_params, np.arange(12)[:9], seed=2, scale=2.0)
+    rng = np.random.default_rng(3)
+    prompts = [list(map(int, rng.integers(0, 12, 2 + i % 5))) for i in range(8)]
+    cfg = EngineConfig(gamma=3, rule="rejection", verifier_temperature=1.0, max_new_tokens=12)
+
+    def run(vp, dp):
+        return speculative_generate(
+            cfg,
+            v_lm,
+            vp,
+            [DrafterSpec("e", d_lm, temperature=1.0)],
+            [feature_maps(dp, v_lm.vocab_size)],
+            prompts,
+            [prompts],
+            row_keys_for(7, len(prompts)),
+            min_width=16,
+            drafter_min_width=[16],
+        )
+
+    ref = run(v_params, d_params)
+    mesh = shd.make_mesh(2, 4)
+    sv = shd.shard_lm_params(v_lm, v_params, mesh, "fsdp_tp")
+    sd = shd.shard_lm_params(d_lm, d_params, mesh, "fsdp_tp")
+    assert len(jax.tree.leaves(sd["net"])[0].sharding.device_set) == 8
+    got = run(sv, sd)
+    np.testing.assert_array_equal(got.tokens, ref.tokens)
+    np.testing.assert_array_equal(got.counters.accepted, ref.counters.accepted)
+    assert 0 < ref.counters.accepted.sum() < ref.counters.proposed.sum()
+
+
 def test_continuing_without_features_is_refused():
     v_lm, v_params = _verifier(TINY, seed=5, sharpen=4.0)
     d_lm, d_params = _eagle(v_lm, v_params, np.arange(12), seed=2)
