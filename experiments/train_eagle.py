@@ -23,6 +23,7 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 from absl import app, flags
 
 from specjax import provenance
@@ -138,12 +139,19 @@ def stage_train(out: Path, model) -> None:
         time_budget_s=FLAGS.time_budget_s,
         log=lambda s: print(s, flush=True),
     )
-    real_zoo.save_eagle(
-        path,
-        lm,
-        params,
-        {"recipe": dataclasses.asdict(recipe), "history": hist, "domains": FLAGS.domains},
-    )
+    info = {"recipe": dataclasses.asdict(recipe), "history": hist, "domains": FLAGS.domains}
+    real_zoo.save_eagle(path, lm, params, {**info, "data": _data_info(data)})
+
+
+def _data_info(data=None) -> dict:
+    """What the drafter was trained on: the generation folders (--data, --more_data) and,
+    given the concatenated features, their rows and reply positions."""
+    info = {"folders": [FLAGS.data, *FLAGS.more_data]}
+    if data is not None:
+        reply = np.arange(data.tokens.shape[1])[None, :] >= data.prompt_len[:, None]
+        in_row = np.arange(data.tokens.shape[1])[None, :] < data.length[:, None]
+        info.update(rows=int(len(data.length)), reply_positions=int((reply & in_row).sum()))
+    return info
 
 
 def stage_eval(out: Path, model) -> None:
@@ -167,6 +175,7 @@ def stage_ship(out: Path, model) -> None:
     src = out / f"eagle{FLAGS.tag}.npz"
     lm, params, info = real_zoo.load_eagle(src, model, dtype="float32")
     info = {k: v for k, v in info.items() if k not in ("config", "verifier_vocab", "kind")}
+    info.setdefault("data", _data_info())  # a drafter trained before the record existed
     ev = out / f"eval_eagle{FLAGS.tag}.json"
     if ev.exists():
         info["heldout_alpha"] = json.loads(ev.read_text())
