@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters train-eagle eval-drafters benchmark benchmark-real benchmark-real-bf16 benchmark-real-trees benchmark-device docs docs-seed docs-seed-real clean-venv
+.PHONY: reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters train-eagle eval-drafters benchmark benchmark-real benchmark-real-bf16 benchmark-real-trees benchmark-real-eagle benchmark-device docs docs-seed docs-seed-real clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,13 +75,16 @@ benchmark: $(STAMP)
 train-drafters: $(STAMP)
 	$(PY) experiments/train_drafters.py --prompts=640 --new_tokens=128 --steps=800 --time_budget_s=3000 --domains=code,prose
 
-# The shipped feature drafter (zoo_smollm2/eagle): the bf16 verifier's replies (~12 min), its
-# features (~3 min), 2,000 training steps (~25 min), held-out α, ship. ~40 min on 2 cores.
+# The shipped feature drafter (zoo_smollm2/eagle): the bf16 verifier's replies to two draws of
+# 640 prompts per domain (~15 min each), their features (~12 min), 40 min of training (2,550
+# of 3,000 steps on the AMD EPYC), held-out α, ship. ~95 min on 2 cores.
 train-eagle: $(STAMP)
 	$(PY) experiments/train_drafters.py --stage=generate --domains=code,prose --prompts=640 \
 		--new_tokens=128 --dtype=bfloat16 --out=runs/eagle_data
-	$(PY) experiments/train_eagle.py --data=runs/eagle_data --out=runs/eagle --steps=2000 \
-		--time_budget_s=2400
+	$(PY) experiments/train_drafters.py --stage=generate --domains=code,prose --prompts=640 \
+		--new_tokens=128 --dtype=bfloat16 --seed=2 --out=runs/eagle_data_s2
+	$(PY) experiments/train_eagle.py --data=runs/eagle_data --more_data=runs/eagle_data_s2 \
+		--out=runs/eagle --steps=3000 --time_budget_s=2400 --tag=_x2
 
 # The shipped distilled drafters' held-out α on SmolLM2's replies to the plan prompts: on the
 # joined text and on the reply positions alone (distill.reply_alpha); ~10 min on 2 cores.
@@ -116,6 +119,17 @@ benchmark-real-trees: $(STAMP)
 		--taus 1.0,0.0 --repeats 2 --write_docs --doc_name real_speed_trees \
 		--out runs/benchmark_real_trees
 
+# The feature drafter alone and in a tree with prompt lookup, batch 1 (2 prompts per domain)
+# and batch 8 (~20 min on 2 cores): docs/results/real_speed_eagle{,_batch}.md.
+benchmark-real-eagle: $(STAMP)
+	$(PY) experiments/benchmark_real.py --parts machine,ratio,spec --dtypes bfloat16:out_first \
+		--ratio_batches 1,8 --ks 1,2,4,7,10 --dtype bfloat16:out_first \
+		--drafters eagle,lookup+eagle --gammas 2,3,4 --batches 1 --taus 1.0,0.0 --repeats 2 \
+		--prompts_per_domain 2 --write_docs --doc_name real_speed_eagle --out runs/br1
+	$(PY) experiments/benchmark_real.py --parts spec --dtype bfloat16:out_first \
+		--drafters eagle --gammas 2,3 --batches 8 --taus 1.0,0.0 --repeats 2 \
+		--write_docs --doc_name real_speed_eagle_batch --out runs/br8
+
 # The same benchmark on a GPU/TPU in under 5 minutes, with an interpreter that already has
 # jax for the accelerator (no venv bootstrap: accelerator hosts may have no network).
 benchmark-device:
@@ -133,6 +147,7 @@ docs: $(STAMP) docs-seed
 	$(MAKE) benchmark-real
 	$(MAKE) benchmark-real-bf16
 	$(MAKE) benchmark-real-trees
+	$(MAKE) benchmark-real-eagle
 	$(PY) experiments/compare_layouts.py --layouts float32,bfloat16,bfloat16:out_first \
 		--batches 1,8 --ks 1,2,4,9 --rounds 3 --reps 16 --write_docs --doc_name weight_order \
 		--out runs/weight_order
