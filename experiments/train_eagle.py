@@ -23,7 +23,6 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 from absl import app, flags
 
 from specjax import provenance
@@ -140,18 +139,13 @@ def stage_train(out: Path, model) -> None:
         log=lambda s: print(s, flush=True),
     )
     info = {"recipe": dataclasses.asdict(recipe), "history": hist, "domains": FLAGS.domains}
-    real_zoo.save_eagle(path, lm, params, {**info, "data": _data_info(data)})
+    real_zoo.save_eagle(path, lm, params, {**info, "data": _data_info()})
 
 
-def _data_info(data=None) -> dict:
-    """What the drafter was trained on: the generation folders (--data, --more_data) and,
-    given the concatenated features, their rows and reply positions."""
-    info = {"folders": [FLAGS.data, *FLAGS.more_data]}
-    if data is not None:
-        reply = np.arange(data.tokens.shape[1])[None, :] >= data.prompt_len[:, None]
-        in_row = np.arange(data.tokens.shape[1])[None, :] < data.length[:, None]
-        info.update(rows=int(len(data.length)), reply_positions=int((reply & in_row).sum()))
-    return info
+def _data_info() -> dict:
+    """The generation folders the drafter was trained on (--data, --more_data); the rows
+    and targets they held are in its history (`n_rows`, `n_targets`)."""
+    return {"folders": [FLAGS.data, *FLAGS.more_data]}
 
 
 def stage_eval(out: Path, model) -> None:
@@ -192,8 +186,7 @@ def _check_inputs(out: Path, stages: list[str]) -> None:
 
     feats = [out / f"feat_{n}.npz" for n in _names()]
     if "features" in stages:
-        for n, f in zip(_names(), feats):
-            src = _sources()[n]
+        for src, f in zip(_sources().values(), feats):
             if not f.exists() and not src.exists():
                 flag = "--data" if src.parent == Path(FLAGS.data) else "--more_data"
                 raise ConfigError.invalid(
