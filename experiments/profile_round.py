@@ -65,7 +65,14 @@ import numpy as np
 from absl import app, flags
 
 from specjax import provenance
-from specjax.round_anatomy import loop_census, thunk_profile, variants
+from specjax.round_anatomy import (
+    counters_class,
+    load_package,
+    loop_census,
+    round_budget_fn,
+    thunk_profile,
+    variants,
+)
 from specjax.timing import forward_timer
 
 FLAGS = flags.FLAGS
@@ -123,46 +130,6 @@ _OPTION_SETS = {
 }
 
 
-def _round_budget(decode):
-    """The decode module's per-row budget function (`round_budget`; `_budget` before it was
-    made public), so an older package compares too."""
-    return getattr(decode, "round_budget", None) or decode._budget  # pylint: disable=protected-access
-
-
-def _counters(mods):
-    """The round counters' class (`engine.state.Counters`; in `engine.decode` before)."""
-    decode = mods["decode"]
-    if hasattr(decode, "Counters"):
-        return decode.Counters
-    return importlib.import_module(f"{mods['pkg']}.engine.state").Counters
-
-
-def _ar_module(pkg: str):
-    """The module of `autoregressive_generate` (`engine.autoregressive`; `engine.generate`
-    before the baseline left it), so an older package compares too."""
-    try:
-        return importlib.import_module(f"{pkg}.engine.autoregressive")
-    except ModuleNotFoundError:
-        return importlib.import_module(f"{pkg}.engine.generate")
-
-
-def _load(pkg: str):
-    m = lambda name: importlib.import_module(f"{pkg}.{name}")
-    return dict(
-        zoo=m("models.zoo"),
-        dep=m("engine.deployment"),
-        gen=m("engine.generate"),
-        ar=_ar_module(pkg),
-        decode=m("engine.decode"),
-        spec=m("engine.spec"),
-        data=m("data"),
-        api=m("models.api"),
-        rules=m("verify.rules"),
-        dist=m("verify.distributions"),
-        pkg=pkg,
-    )
-
-
 # ----------------------------------------------------------------------------------------
 # The timed loop
 # ----------------------------------------------------------------------------------------
@@ -184,9 +151,9 @@ def _loop_fn(mods, round_fn, cfg, verifier, drafters):
             dcaches=carry.dcaches,
             dsynced=carry.dsynced,
             dlogits=carry.dlogits,
-            counters=_counters(mods).zeros(b, len(drafters), gamma),
+            counters=counters_class(mods).zeros(b, len(drafters), gamma),
         )
-        state = state.replace(done=_round_budget(decode)(cfg, state, max_new, gamma) <= 0)
+        state = state.replace(done=round_budget_fn(decode)(cfg, state, max_new, gamma) <= 0)
 
         def body(c):
             s, i = c
@@ -420,7 +387,7 @@ def _load_packages(pkgs: list[str]) -> dict:
     layout with the --drafter), and the plan prompts' texts."""
     loaded = {}
     for pkg in pkgs:
-        mods = _load(pkg)
+        mods = load_package(pkg)
         if FLAGS.verifier == "smollm2":
             gguf = importlib.import_module(f"{pkg}.models.gguf")
             model = gguf.smollm2_layout(FLAGS.dtype, max_len=1024, field="--dtype")

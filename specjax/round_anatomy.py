@@ -1,4 +1,5 @@
-"""Tools of experiments/profile_round.py: an HLO census of a compiled loop body, a per-thunk
+"""Tools of experiments/profile_round.py: a package's modules by role (for paired timing of
+an older copy), an HLO census of a compiled loop body, a per-thunk
 profile of a traced run, and ablated variants of the speculative round (scratch copies
 traced from a package's `engine.decode`, never the engine's code path).
 """
@@ -6,11 +7,60 @@ traced from a package's `engine.decode`, never the engine's code path).
 from __future__ import annotations
 
 import collections
+import importlib
 import re
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+
+# ----------------------------------------------------------------------------------------
+# A package's modules (the current one, or an older copy renamed for paired timing)
+# ----------------------------------------------------------------------------------------
+
+
+def round_budget_fn(decode):
+    """The decode module's per-row budget function (`round_budget`; `_budget` before it was
+    made public), so an older package compares too."""
+    return getattr(decode, "round_budget", None) or decode._budget  # pylint: disable=protected-access
+
+
+def counters_class(mods):
+    """The round counters' class (`engine.state.Counters`; in `engine.decode` before)."""
+    decode = mods["decode"]
+    if hasattr(decode, "Counters"):
+        return decode.Counters
+    return importlib.import_module(f"{mods['pkg']}.engine.state").Counters
+
+
+def _ar_module(pkg: str):
+    """The module of `autoregressive_generate` (`engine.autoregressive`; `engine.generate`
+    before the baseline left it), so an older package compares too."""
+    try:
+        return importlib.import_module(f"{pkg}.engine.autoregressive")
+    except ModuleNotFoundError:
+        return importlib.import_module(f"{pkg}.engine.generate")
+
+
+def load_package(pkg: str) -> dict:
+    """The modules of package ``pkg`` ('specjax', or e.g. 'specjax_old': a renamed copy of an
+    older tree) that the round's tools use, by role, and ``pkg`` itself."""
+    m = lambda name: importlib.import_module(f"{pkg}.{name}")  # noqa: E731
+    return dict(
+        zoo=m("models.zoo"),
+        dep=m("engine.deployment"),
+        gen=m("engine.generate"),
+        ar=_ar_module(pkg),
+        decode=m("engine.decode"),
+        spec=m("engine.spec"),
+        data=m("data"),
+        api=m("models.api"),
+        rules=m("verify.rules"),
+        dist=m("verify.distributions"),
+        streams=m("verify.streams"),
+        pkg=pkg,
+    )
+
 
 # ----------------------------------------------------------------------------------------
 # HLO census
@@ -209,12 +259,6 @@ def thunk_profile(pdir: str, hlo_text: str, rounds: int, top: int = 30) -> dict:
 # ----------------------------------------------------------------------------------------
 
 
-def _round_budget(decode):
-    """The decode module's per-row budget function (`round_budget`; `_budget` before it was
-    made public), so an older package compares too."""
-    return getattr(decode, "round_budget", None) or decode._budget  # pylint: disable=protected-access
-
-
 class _Patch:
     def __init__(self, module, **attrs):
         self.module, self.attrs, self.old = module, attrs, {}
@@ -277,7 +321,9 @@ def variants(mods):
         return round_fn
 
     def no_counters():
-        return [_Patch(decode, _count=lambda c, *a, **k: c)]
+        # The round's counter update: `count_round` (from engine.state), `_count` before.
+        name = "count_round" if hasattr(decode, "count_round") else "_count"
+        return [_Patch(decode, **{name: lambda c, *a, **k: c})]
 
     return {
         "full": full,
@@ -381,7 +427,7 @@ def skeleton_round(
     target = argmax(v_logits).astype(jnp.int32)  # [B, γ+1]
     n = jnp.sum(jnp.cumprod((xs == target[:, :gamma]).astype(jnp.int32), 1), 1)
     live = ~state.done
-    budget = _round_budget(decode)(cfg, state, max_new, gamma)
+    budget = round_budget_fn(decode)(cfg, state, max_new, gamma)
     n_commit = jnp.where(live, jnp.minimum(n + 1, budget), 0)
     idx = jnp.arange(gamma + 1)
     new = jnp.where(
