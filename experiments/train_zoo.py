@@ -51,120 +51,24 @@ from pathlib import Path
 
 import numpy as np
 
+from specjax.models.zoo_recipe import (
+    ACCEPTANCE_WINDOW,
+    DOMAINS,
+    DRAFTERS,
+    EXTRA_DRAFTERS,
+    MAX_LEN,
+    MODELS,
+    SEED,
+    TRAIN_BYTES,
+    build_tokenizers,
+    scaled_steps,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 
-DOMAINS = ('code', 'prose', 'reasoning')
-SEED = 0
-#: Bytes of each domain's train split used for the models (a prefix cut at a newline).
-TRAIN_BYTES = 3_000_000
-#: Bytes of each domain's train split used to train the tokenizers.
-TOKENIZER_BYTES = 1_500_000
-#: Prose and code bytes added to the reasoning tokenizer's corpus (it drafts mixed traffic).
-REASONING_TOKENIZER_OTHER_BYTES = 300_000
-
-#: Longest verifier token, in bytes (None = uncapped). The shipped zoo is uncapped: its
-#: verifier learns code-indentation tokens of up to ~20 spaces, which the prose and
-#: reasoning tokenizers spell one space at a time (M = 19 in `retokenization_table`). The
-#: engine bounds the block that feeds such a drafter instead (engine/decode.py:
-#: consume_width). A cap of 6 gives M <= 5 at a small cost in compression (bytes/token on
-#: held-out prose 2.68 -> 2.63); it changes the tokenizer, so it needs a retrained zoo.
-VERIFIER_MAX_TOKEN_BYTES = None
-
-TOKENIZERS = {
-    # name: (vocab size, {domain: bytes}, special tokens, longest token in bytes or None)
-    'verifier': (1024, {d: TOKENIZER_BYTES for d in DOMAINS}, (), VERIFIER_MAX_TOKEN_BYTES),
-    'reasoning': (
-        768,
-        {
-            'reasoning': TOKENIZER_BYTES,
-            'prose': REASONING_TOKENIZER_OTHER_BYTES,
-            'code': REASONING_TOKENIZER_OTHER_BYTES,
-        },
-        'REASONING',
-        None,
-    ),
-    'prose512': (512, {'prose': TOKENIZER_BYTES}, (), None),
-}
-
-
-def _mix(own: str, **others: float) -> dict[str, float]:
-    """Token shares of a drafter trained on the mixed traffic with emphasis on ``own``
-    (``others``: the other domains' shares; the rest is ``own``'s)."""
-    shares = {d: others.get(d, 0.2) for d in DOMAINS if d != own}
-    shares[own] = round(1.0 - sum(shares.values()), 6)
-    return {d: shares[d] for d in DOMAINS}
-
-
-MODELS = {
-    # name: role, tokenizer, token shares per domain, config (vocab_size filled in),
-    # training, default τ, seed.
-    'verifier': dict(
-        role='verifier',
-        tokenizer='verifier',
-        domains={d: 1 / 3 for d in DOMAINS},
-        config=dict(
-            d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=688, tie_embeddings=False
-        ),
-        train=dict(steps=600, batch_size=8, seq_len=256, learning_rate=2e-3, warmup_steps=50),
-        temperature=1.0,
-        seed=1,
-    ),
-    'code': dict(
-        role='drafter',
-        tokenizer='verifier',
-        domains=_mix('code', reasoning=0.02),
-        config=dict(d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=176, tie_embeddings=True),
-        train=dict(steps=800, batch_size=16, seq_len=256, learning_rate=4e-3, warmup_steps=40),
-        temperature=1.0,
-        seed=2,
-    ),
-    'prose': dict(
-        role='drafter',
-        tokenizer='verifier',
-        domains=_mix('prose', reasoning=0.02),
-        config=dict(
-            d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=352, tie_embeddings=True
-        ),
-        train=dict(steps=500, batch_size=16, seq_len=256, learning_rate=3e-3, warmup_steps=40),
-        temperature=1.0,
-        seed=3,
-    ),
-    'reasoning': dict(
-        role='drafter',
-        tokenizer='reasoning',
-        domains=_mix('reasoning'),
-        config=dict(
-            d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=352, tie_embeddings=True
-        ),
-        train=dict(steps=400, batch_size=16, seq_len=256, learning_rate=3e-3, warmup_steps=40),
-        temperature=1.3,
-        seed=4,
-    ),
-    'prose512': dict(
-        role='drafter',
-        tokenizer='prose512',
-        domains={'prose': 1.0},
-        config=dict(
-            d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=352, tie_embeddings=True
-        ),
-        train=dict(steps=400, batch_size=16, seq_len=256, learning_rate=3e-3, warmup_steps=40),
-        temperature=1.0,
-        seed=5,
-    ),
-}
-MAX_LEN = 512
-DRAFTERS = ('code', 'prose', 'reasoning')  # the seed's deployment, in priority order
-EXTRA_DRAFTERS = ('prose512',)  # loadable by name (tokenizer-pairing sweep)
-SEED_ACCEPTANCE = {'code': 0.68, 'prose': 0.61, 'reasoning': 0.54}
-ACCEPTANCE_WINDOW = 128  # verifier tokens of context per held-out window
 CHECKPOINT_EVERY = 100  # training steps between resumable checkpoints
 
 log = logging.getLogger('train_zoo')
-
-
-def _scaled_steps(train: dict, scale: float) -> dict:
-    steps = max(10, int(round(train['steps'] * scale)))
-    return dict(train, steps=steps, warmup_steps=min(train['warmup_steps'], steps // 4))
 
 
 # ----------------------------------------------------------------------------------------
@@ -262,65 +166,6 @@ def _full_config(kwargs: dict) -> dict:
     from specjax.models.transformer import TransformerConfig
 
     return TransformerConfig(**kwargs).to_dict()
-
-
-def _lines(text: str) -> list[str]:
-    return text.splitlines(keepends=True)
-
-
-def train_bpe_capped(
-    texts,
-    vocab_size: int,
-    special_tokens=(),
-    name: str = 'bpe',
-    max_token_length: int | None = None,
-):
-    """`specjax.tokenizers.train_bpe` plus HF's ``max_token_length`` (no token longer than
-    that many byte-level symbols, i.e. bytes); None: exactly `train_bpe`."""
-    from specjax.tokenizers import train_bpe
-
-    if max_token_length is None:
-        return train_bpe(texts, vocab_size, special_tokens=special_tokens, name=name)
-    from tokenizers import AddedToken, pre_tokenizers, trainers
-
-    from specjax.tokenizers.bpe import BPETokenizer, new_byte_level_bpe
-
-    hf = new_byte_level_bpe()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=0,
-        special_tokens=[AddedToken(s, special=True, normalized=False) for s in special_tokens],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-        max_token_length=max_token_length,
-    )
-    hf.train_from_iterator(texts, trainer=trainer)
-    return BPETokenizer(hf, name=name)
-
-
-def build_tokenizers(corpora: dict[str, str]):
-    from specjax.data import REASONING_SPECIAL_TOKENS
-
-    out, info = {}, {}
-    for name, (vocab, sources, specials, max_len) in TOKENIZERS.items():
-        texts = []
-        for dom, nbytes in sources.items():
-            texts += _lines(_prefix(corpora[dom], nbytes))
-        specials = REASONING_SPECIAL_TOKENS if specials == 'REASONING' else specials
-        out[name] = train_bpe_capped(
-            texts, vocab, special_tokens=specials, name=name, max_token_length=max_len
-        )
-        if out[name].vocab_size != vocab:
-            raise RuntimeError(f'tokenizer {name}: got {out[name].vocab_size} ids, wanted {vocab}')
-        info[name] = dict(trained_on_bytes=dict(sources), max_token_bytes=max_len)
-    return out, info
-
-
-def _prefix(text: str, nbytes: int) -> str:
-    data = text.encode('utf-8')
-    if len(data) <= nbytes:
-        return text
-    return data[: data.rfind(b'\n', 0, nbytes) + 1].decode('utf-8')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -428,7 +273,9 @@ def main(argv=None) -> int:
         shutil.rmtree(b.work, ignore_errors=True)  # the checkpoints stay, for a resume
         raise
     shutil.rmtree(cfg.workdir / 'ckpt', ignore_errors=True)
-    _print_report(manifest, cfg.out)
+    from specjax import evaluation  # pylint: disable=import-outside-toplevel
+
+    evaluation.print_zoo_report(manifest, cfg.out, DOMAINS)
     return 0
 
 
@@ -475,7 +322,7 @@ def plan_jobs(b: Build) -> None:
         config = _full_config(
             dict(spec['config'], max_len=MAX_LEN, vocab_size=b.toks[spec['tokenizer']].vocab_size)
         )
-        tk = _scaled_steps(spec['train'], b.cfg.budget_scale)
+        tk = scaled_steps(spec['train'], b.cfg.budget_scale)
         b.recipes[mname] = _recipe(
             config, tk, spec['seed'], b.tok_records[spec['tokenizer']]['sha256'], spec['domains']
         )
@@ -587,77 +434,20 @@ def measure(b: Build, manifest: dict) -> None:
 
     zoo = zoo_lib.load_zoo(b.work, names=DRAFTERS + EXTRA_DRAFTERS)
     heldout = {d: load_heldout(d) for d in DOMAINS}
+    counts = {
+        key: np.bincount(s, minlength=b.toks[key[0]].vocab_size) for key, s in b.streams.items()
+    }
     t0 = time.monotonic()
-    measure_heldout(b, zoo, heldout)
+    evaluation.record_heldout(zoo, b.models, heldout, b.corpora, counts)
     log.info('held-out evaluation in %.1fs', time.monotonic() - t0)
     t0 = time.monotonic()
-    measure_acceptance(b, zoo, heldout)
+    evaluation.record_acceptance(zoo, b.models, heldout, ACCEPTANCE_WINDOW)
     log.info('acceptance in %.1fs', time.monotonic() - t0)
     for m in (zoo.verifier,) + zoo.drafters:
         b.models[m.name]['decode_tokens_per_s'] = round(
             evaluation.decode_tokens_per_s(m.lm, m.params, n_tokens=256), 1
         )
-    manifest['measurement'] = MEASUREMENT
-
-
-def measure_heldout(b: Build, zoo, heldout: dict) -> None:
-    """Each model's held-out loss per domain, and an add-one unigram's on the same text."""
-    from specjax import evaluation  # pylint: disable=import-outside-toplevel
-
-    counts = {
-        key: np.bincount(s, minlength=b.toks[key[0]].vocab_size) for key, s in b.streams.items()
-    }
-    for m in (zoo.verifier,) + zoo.drafters:
-        rec = b.models[m.name]
-        rec['heldout'] = {}
-        for dom in DOMAINS:
-            key = (m.tokenizer_name, dom)
-            if key not in counts:
-                counts[key] = evaluation.unigram_counts(m.tokenizer, b.corpora[dom])
-            loss = evaluation.heldout_loss(m.lm, m.params, m.tokenizer, heldout[dom], seq_len=256)
-            uni = evaluation.unigram_loss(m.tokenizer, counts[key], heldout[dom])
-            rec['heldout'][dom] = dict(
-                nats_per_token=round(loss['nats_per_token'], 4),
-                nats_per_byte=round(loss['nats_per_byte'], 4),
-                unigram_nats_per_token=round(uni['nats_per_token'], 4),
-                unigram_nats_per_byte=round(uni['nats_per_byte'], 4),
-                tokens=loss['tokens'],
-                bytes=loss['bytes'],
-                in_domain=dom in m.domains,
-            )
-
-
-def measure_acceptance(b: Build, zoo, heldout: dict) -> None:
-    """Each drafter's re-spelling width M and its α per domain on the held-out text."""
-    from specjax import evaluation  # pylint: disable=import-outside-toplevel
-    from specjax.engine.deployment import from_zoo  # pylint: disable=import-outside-toplevel
-
-    dep = from_zoo(zoo)
-    for name, data in zip(dep.names, dep.d_data):
-        # M: the most drafter tokens one verifier token re-spells into (1: same tokenizer).
-        b.models[name]['retok_width'] = int(np.asarray(data.retok).shape[1])
-    for dom in DOMAINS:
-        alphas = evaluation.acceptance_rates(dep, heldout[dom], window=ACCEPTANCE_WINDOW)
-        for name, a in zip(dep.names, alphas):
-            b.models[name].setdefault('acceptance', {})[dom] = round(float(a), 4)
-
-
-#: How the manifest's measurements were made (recorded in it).
-MEASUREMENT = dict(
-    heldout_text='specjax.data.load_heldout(domain) (shipped, ~32 KB each)',
-    heldout_loss='consecutive windows of 256 predicted tokens (specjax.train.eval_loss); '
-    'nats/byte = total nats / bytes of the predicted tokens',
-    unigram='add-one smoothed unigram of the model\'s tokenizer, fitted on the same '
-    f'train prefix ({TRAIN_BYTES} B) of the domain',
-    acceptance='alpha = mean over positions of sum_x min(p(x), q(x)) in verifier space; '
-    'p: verifier at temperature 1; q: drafter at its default temperature '
-    'after the token-level-intersection mask, read at verifier-token '
-    f'boundaries; windows of {ACCEPTANCE_WINDOW} verifier tokens of '
-    'the shipped held-out text',
-    decode='greedy, batch 1, 256 one-token steps inside a jitted lax.scan; best of 3; '
-    'machine-dependent',
-    seed_acceptance=SEED_ACCEPTANCE,
-)
+    manifest['measurement'] = evaluation.zoo_measurement(TRAIN_BYTES, ACCEPTANCE_WINDOW)
 
 
 def _quiet_jax() -> None:
@@ -768,62 +558,6 @@ def _write_manifest(root: Path, manifest: dict) -> None:
     tmp = root / 'manifest.json.tmp'
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=False) + '\n', encoding='utf-8')
     os.replace(tmp, root / 'manifest.json')
-
-
-def _print_report(manifest: dict, out: Path) -> None:
-    models = manifest['models']
-    size = sum(f.stat().st_size for f in out.rglob('*') if f.is_file())
-    print(
-        f'\nzoo written to {out} ({size / 1e6:.2f} MB); training {manifest["wall_s"]["training"]:.0f}s, '
-        f'total {manifest["wall_s"]["total"]:.0f}s\n'
-    )
-    print('| model | params | c_i | steps | train s | decode tok/s |')
-    print('| --- | --- | --- | --- | --- | --- |')
-    for n, r in models.items():
-        print(
-            f'| {n} | {r["n_params"]:,} | {r.get("cost", 1.0):.3f} | {r["train"]["steps"]} | '
-            f'{r["train"]["wall_s"]:.0f} | {r["decode_tokens_per_s"]:.0f} |'
-        )
-    print('\nheld-out loss, nats/byte (model / unigram); * = trained on that domain')
-    print('| model | ' + ' | '.join(DOMAINS) + ' |')
-    print('| --- |' + ' --- |' * len(DOMAINS))
-    for n, r in models.items():
-        cells = []
-        for d in DOMAINS:
-            h = r['heldout'][d]
-            cells.append(
-                f'{h["nats_per_byte"]:.3f} / {h["unigram_nats_per_byte"]:.3f}'
-                + (' *' if h['in_domain'] else '')
-            )
-        print(f'| {n} | ' + ' | '.join(cells) + ' |')
-    print(
-        '\nacceptance α = Σ min(p, q) vs the verifier (τ_v = 1, drafter at its default τ); '
-        'seed: 0.68 / 0.61 / 0.54 (code / prose / reasoning, own domain)'
-    )
-    print('| drafter | τ | M | ' + ' | '.join(DOMAINS) + ' | mixed | seed |')
-    print('| --- | --- | --- |' + ' --- |' * len(DOMAINS) + ' --- | --- |')
-    for n in list(manifest['drafter_order']) + list(manifest.get('extra_drafters', [])):
-        r = models[n]
-        cells = [f'{r["acceptance"][d]:.3f}' + (' *' if d in r['domains'] else '') for d in DOMAINS]
-        mixed = float(np.mean([r['acceptance'][d] for d in DOMAINS]))
-        print(
-            f'| {n} | {r["temperature"]} | {r["retok_width"]} | '
-            + ' | '.join(cells)
-            + f' | {mixed:.3f} | {SEED_ACCEPTANCE.get(n, "—")} |'
-        )
-    order = manifest['drafter_order']
-    mixed = [float(np.mean([models[n]['acceptance'][d] for d in DOMAINS])) for n in order]
-    own_best = all(
-        models[n]['acceptance'][models[n]['domains'][0]]
-        == max(models[m]['acceptance'][models[n]['domains'][0]] for m in order)
-        for n in order
-    )
-    inside = all(0.5 <= a <= 0.7 for a in mixed)
-    print(
-        f'\nmixed-traffic acceptance {" / ".join(f"{a:.2f}" for a in mixed)}: '
-        f'{"inside" if inside else "OUTSIDE"} the seed band 0.5–0.7; each drafter best in '
-        f'its own domain: {"yes" if own_best else "no"}'
-    )
 
 
 if __name__ == '__main__':

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -224,3 +225,128 @@ def decode_tokens_per_s(lm, params, n_tokens: int = 256, repeats: int = 3) -> fl
         run(params, first).block_until_ready()
         best = min(best, time.perf_counter() - t0)
     return n_tokens / best
+
+
+# ----------------------------------------------------------------------------------------
+# The zoo manifest's measurements (experiments/train_zoo.py)
+# ----------------------------------------------------------------------------------------
+
+
+def record_heldout(zoo, records: dict, heldout: dict, corpora: dict, counts: dict) -> None:
+    """Each model's held-out loss per domain, and an add-one unigram's on the same text, into
+    ``records[name]['heldout']``. ``counts``: {(tokenizer name, domain): unigram counts of
+    the training text}, filled from ``corpora[domain]`` where missing."""
+    for m in (zoo.verifier,) + zoo.drafters:
+        rec = records[m.name]
+        rec['heldout'] = {}
+        for dom, text in heldout.items():
+            key = (m.tokenizer_name, dom)
+            if key not in counts:
+                counts[key] = unigram_counts(m.tokenizer, corpora[dom])
+            loss = heldout_loss(m.lm, m.params, m.tokenizer, text, seq_len=256)
+            uni = unigram_loss(m.tokenizer, counts[key], text)
+            rec['heldout'][dom] = dict(
+                nats_per_token=round(loss['nats_per_token'], 4),
+                nats_per_byte=round(loss['nats_per_byte'], 4),
+                unigram_nats_per_token=round(uni['nats_per_token'], 4),
+                unigram_nats_per_byte=round(uni['nats_per_byte'], 4),
+                tokens=loss['tokens'],
+                bytes=loss['bytes'],
+                in_domain=dom in m.domains,
+            )
+
+
+def record_acceptance(zoo, records: dict, heldout: dict, window: int) -> None:
+    """Each drafter's re-spelling width M and its α per domain on the held-out text, into
+    ``records[name]['retok_width']`` and ``['acceptance']``."""
+    from specjax.engine.deployment import from_zoo  # pylint: disable=import-outside-toplevel
+
+    dep = from_zoo(zoo)
+    for name, data in zip(dep.names, dep.d_data):
+        # M: the most drafter tokens one verifier token re-spells into (1: same tokenizer).
+        records[name]['retok_width'] = int(np.asarray(data.retok).shape[1])
+    for dom, text in heldout.items():
+        for name, a in zip(dep.names, acceptance_rates(dep, text, window=window)):
+            records[name].setdefault('acceptance', {})[dom] = round(float(a), 4)
+
+
+def zoo_measurement(train_bytes: int, window: int) -> dict:
+    """How the manifest's measurements were made (recorded in it)."""
+    from specjax.field_report import FIELD_REPORT_ACCEPTANCE  # pylint: disable=import-outside-toplevel
+
+    return dict(
+        heldout_text='specjax.data.load_heldout(domain) (shipped, ~32 KB each)',
+        heldout_loss='consecutive windows of 256 predicted tokens (specjax.train.eval_loss); '
+        'nats/byte = total nats / bytes of the predicted tokens',
+        unigram="add-one smoothed unigram of the model's tokenizer, fitted on the same "
+        f'train prefix ({train_bytes} B) of the domain',
+        acceptance='alpha = mean over positions of sum_x min(p(x), q(x)) in verifier space; '
+        'p: verifier at temperature 1; q: drafter at its default temperature '
+        'after the token-level-intersection mask, read at verifier-token '
+        f'boundaries; windows of {window} verifier tokens of '
+        'the shipped held-out text',
+        decode='greedy, batch 1, 256 one-token steps inside a jitted lax.scan; best of 3; '
+        'machine-dependent',
+        seed_acceptance=FIELD_REPORT_ACCEPTANCE,
+    )
+
+
+def print_zoo_report(manifest: dict, out, domains) -> None:
+    """The built zoo (`manifest`, written to `out`) on stdout: sizes, held-out loss per
+    domain against the unigram, each drafter's α per domain against the field report's."""
+    from specjax.field_report import FIELD_REPORT_ACCEPTANCE  # pylint: disable=import-outside-toplevel
+
+    domains = tuple(domains)
+    models = manifest['models']
+    size = sum(f.stat().st_size for f in Path(out).rglob('*') if f.is_file())
+    print(
+        f'\nzoo written to {out} ({size / 1e6:.2f} MB); training {manifest["wall_s"]["training"]:.0f}s, '
+        f'total {manifest["wall_s"]["total"]:.0f}s\n'
+    )
+    print('| model | params | c_i | steps | train s | decode tok/s |')
+    print('| --- | --- | --- | --- | --- | --- |')
+    for n, r in models.items():
+        print(
+            f'| {n} | {r["n_params"]:,} | {r.get("cost", 1.0):.3f} | {r["train"]["steps"]} | '
+            f'{r["train"]["wall_s"]:.0f} | {r["decode_tokens_per_s"]:.0f} |'
+        )
+    print('\nheld-out loss, nats/byte (model / unigram); * = trained on that domain')
+    print('| model | ' + ' | '.join(domains) + ' |')
+    print('| --- |' + ' --- |' * len(domains))
+    for n, r in models.items():
+        cells = []
+        for d in domains:
+            h = r['heldout'][d]
+            cells.append(
+                f'{h["nats_per_byte"]:.3f} / {h["unigram_nats_per_byte"]:.3f}'
+                + (' *' if h['in_domain'] else '')
+            )
+        print(f'| {n} | ' + ' | '.join(cells) + ' |')
+    print(
+        '\nacceptance α = Σ min(p, q) vs the verifier (τ_v = 1, drafter at its default τ); '
+        'seed: 0.68 / 0.61 / 0.54 (code / prose / reasoning, own domain)'
+    )
+    print('| drafter | τ | M | ' + ' | '.join(domains) + ' | mixed | seed |')
+    print('| --- | --- | --- |' + ' --- |' * len(domains) + ' --- | --- |')
+    for n in list(manifest['drafter_order']) + list(manifest.get('extra_drafters', [])):
+        r = models[n]
+        cells = [f'{r["acceptance"][d]:.3f}' + (' *' if d in r['domains'] else '') for d in domains]
+        mixed = float(np.mean([r['acceptance'][d] for d in domains]))
+        print(
+            f'| {n} | {r["temperature"]} | {r["retok_width"]} | '
+            + ' | '.join(cells)
+            + f' | {mixed:.3f} | {FIELD_REPORT_ACCEPTANCE.get(n, "—")} |'
+        )
+    order = manifest['drafter_order']
+    mixed = [float(np.mean([models[n]['acceptance'][d] for d in domains])) for n in order]
+    own_best = all(
+        models[n]['acceptance'][models[n]['domains'][0]]
+        == max(models[m]['acceptance'][models[n]['domains'][0]] for m in order)
+        for n in order
+    )
+    inside = all(0.5 <= a <= 0.7 for a in mixed)
+    print(
+        f'\nmixed-traffic acceptance {" / ".join(f"{a:.2f}" for a in mixed)}: '
+        f'{"inside" if inside else "OUTSIDE"} the seed band 0.5–0.7; each drafter best in '
+        f'its own domain: {"yes" if own_best else "no"}'
+    )
