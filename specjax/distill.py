@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax.models.api import causal_block_mask, embedding_table
+from specjax.models.api import causal_block_mask, embedding_table, forward_rows
 from specjax.models.subset_vocab import SubsetVocabLM, most_frequent_ids
 from specjax.models.transformer import TransformerConfig
 
@@ -188,8 +188,10 @@ def _generate_program(lm, new_tokens: int, top_k: int, eos: int):
     def run(params, cache, prompt, prompt_len, key, temperature):
         B, P = prompt.shape
         pos = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
-        logits, cache = lm.forward(params, cache, prompt, pos, causal_block_mask(B, P))
-        last = jnp.take_along_axis(logits, (prompt_len - 1)[:, None, None], axis=1)[:, 0]
+        last, cache = forward_rows(
+            lm, params, cache, prompt, pos, causal_block_mask(B, P), (prompt_len - 1)[:, None]
+        )
+        last = last[:, 0]
         cache = lm.advance(cache, prompt_len)  # keep each row's own prompt slots
 
         def step(carry, k):

@@ -71,12 +71,15 @@ class FreeLM:
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    def forward(self, params, cache, tokens, positions, block_mask):
+    def forward(self, params, cache, tokens, positions, block_mask, logits_at=None):
         abstract = lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
         out = jax.eval_shape(
             self.inner.forward,
             *jax.tree.map(abstract, (params, cache, tokens, positions, block_mask)),
         )[0]
+        if logits_at is not None:
+            tokens = jnp.take_along_axis(tokens, logits_at.astype(jnp.int32), axis=1)
+            out = jax.ShapeDtypeStruct(tokens.shape + out.shape[-1:], out.dtype)
         base = jnp.zeros(out.shape[-1:], out.dtype).at[self.peak].set(30.0)
         wiggle = (tokens % 2).astype(out.dtype)[..., None] * 1e-3
         return jnp.broadcast_to(base, out.shape) + wiggle, cache

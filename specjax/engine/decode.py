@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from specjax import debug
 from specjax.engine.spec import DrafterData, DrafterStatic, EngineConfig
 from specjax.engine.state import DecodeState, count_round
-from specjax.models.api import causal_block_mask
+from specjax.models.api import causal_block_mask, forward_rows
 from specjax.verify import rules as rules_lib
 from specjax.verify.distributions import gumbel_argmax, sampling_probs, to_verifier_space
 from specjax.verify.streams import (
@@ -112,10 +112,17 @@ def consume(
         ids, n = pack_valid(data.retok[vt].reshape(b, width * m), valid.reshape(b, width * m))
         ids = ids[:, :w]
     positions = cache.length[:, None] + jnp.arange(w)[None, :]
-    block_logits, cache = spec.lm.forward(
-        data.params, cache, ids, positions, causal_block_mask(b, w) & (n >= 0)[:, None, None]
+    # Only the logits after the last fed piece are read: the head runs on that row alone.
+    last, cache = forward_rows(
+        spec.lm,
+        data.params,
+        cache,
+        ids,
+        positions,
+        causal_block_mask(b, w) & (n >= 0)[:, None, None],
+        jnp.maximum(n - 1, 0)[:, None],
     )
-    last = jnp.take_along_axis(block_logits, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0]
+    last = last[:, 0]
     logits = jnp.where((n > 0)[:, None], last, logits)
     synced = synced + take
     return spec.lm.advance(cache, n), logits, synced, synced >= length

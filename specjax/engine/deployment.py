@@ -24,7 +24,7 @@ from specjax.engine.decode import pack_valid
 from specjax.engine.spec import DrafterData, DrafterSpec, DrafterStatic
 from specjax.errors import ConfigError, check
 from specjax.gammas import check_gamma
-from specjax.models.api import causal_block_mask
+from specjax.models.api import causal_block_mask, forward_rows
 from specjax.verify.distributions import sampling_probs, to_verifier_space
 
 
@@ -117,15 +117,16 @@ def _prefix_q(spec: DrafterStatic, data: DrafterData, temperature, v_tokens, v_v
     ids = jnp.take_along_axis(ids, offset[:, None] + jnp.arange(w)[None, :], axis=1)
     # Runtime zero length: avoids constant-folding attention over empty slots (generate.py).
     cache = spec.lm.init_cache(b, w).replace(length=jnp.minimum(total, 0).astype(jnp.int32))
-    logits, _ = spec.lm.forward(
+    ends = jnp.cumsum(lens, axis=1) - 1 - offset[:, None]  # last piece of token t
+    at, _ = forward_rows(
+        spec.lm,
         data.params,
         cache,
         ids,
         jnp.broadcast_to(jnp.arange(w), (b, w)),
         causal_block_mask(b, w) & (total >= 0)[:, None, None],
+        jnp.clip(ends, 0, w - 1),
     )
-    ends = jnp.cumsum(lens, axis=1) - 1 - offset[:, None]  # last piece of token t
-    at = jnp.take_along_axis(logits, jnp.clip(ends, 0, w - 1)[:, :, None], axis=1)
     q = sampling_probs(
         at, temperature, top_k=spec.top_k, top_p=spec.top_p, mask=data.to_verifier >= 0
     )

@@ -19,7 +19,7 @@ import numpy as np
 
 from specjax.engine.programs import run_program
 from specjax.errors import ConfigError
-from specjax.models.api import causal_block_mask
+from specjax.models.api import causal_block_mask, forward_rows
 
 __all__ = ['pad_prompts', 'check_context', 'prefill_groups', 'prefill_cache', 'prefill']
 
@@ -148,14 +148,13 @@ def prefill_cache(lm, params, tokens, n, capacity, groups=None, with_hidden=Fals
     if features is not None:
         cache = lm.write_features(cache, features[0], jnp.zeros_like(n), features[1])
     args = (params, cache, tokens, jnp.broadcast_to(jnp.arange(p), (b, p)), causal_block_mask(b, p))
+    # Only the last cached token's logits are read: the head runs on that row alone (over
+    # every prompt position it was ~0.3 s of a batch-8 SmolLM2 prefill, 29 GFLOP).
+    at = jnp.maximum(n - 1, 0).astype(jnp.int32)[:, None]
+    out = forward_rows(lm, *args, at, with_hidden=with_hidden)
     if with_hidden:
-        logits, hidden, cache = lm.forward_hidden(*args)
-    else:
-        logits, cache = lm.forward(*args)
-    last = jnp.take_along_axis(logits, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0]
-    if with_hidden:
-        return lm.advance(cache, n), last, hidden
-    return lm.advance(cache, n), last
+        return lm.advance(out[2], n), out[0][:, 0], out[1]
+    return lm.advance(out[1], n), out[0][:, 0]
 
 
 @functools.partial(jax.jit, static_argnames=("lm", "capacity", "groups"))

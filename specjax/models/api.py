@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from typing import Any, Protocol
 
 import chex
@@ -33,7 +34,15 @@ import numpy as np
 from flax import nnx
 
 from specjax import sharding as shd
-from specjax.models.cache import Cache, advance, compact, init_cache, rollback, table_values
+from specjax.models.cache import (
+    Cache,
+    advance,
+    block_rows,
+    compact,
+    init_cache,
+    rollback,
+    table_values,
+)
 from specjax.models.fused import fuse_params, order_params
 from specjax.models.transformer import Transformer, TransformerConfig, scale_noise
 
@@ -47,6 +56,7 @@ __all__ = [
     'compact',
     'causal_block_mask',
     'count_params',
+    'forward_rows',
     'embedding_table',
 ]
 
@@ -59,12 +69,34 @@ class LM(Protocol):
 
     def forward(self, params, cache: Cache, tokens, positions, block_mask) -> tuple[Any, Cache]: ...
 
+    # Optional: ``forward(..., logits_at=i32[B, R])`` returns the logits of those block
+    # positions only, [B, R, V] (`forward_rows` falls back to slicing full logits).
+
     # Commit helpers (the module-level functions below, for a `Cache`).
     def advance(self, cache, n): ...
 
     def rollback(self, cache, new_length): ...
 
     def compact(self, cache, src, n): ...
+
+
+def takes_logits_at(method) -> bool:
+    """Whether an LM's ``forward`` (or ``forward_hidden``) takes ``logits_at``."""
+    try:
+        return 'logits_at' in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def forward_rows(lm, params, cache, tokens, positions, block_mask, at, with_hidden=False):
+    """``lm.forward`` (``forward_hidden`` with ``with_hidden``) keeping only the logits of
+    block positions ``at: i32[B, R]``: (logits f32[B, R, V], [hidden,] cache). An LM whose
+    forward takes ``logits_at`` runs its head on those rows only; any other LM is sliced."""
+    method = lm.forward_hidden if with_hidden else lm.forward
+    if takes_logits_at(method):
+        return method(params, cache, tokens, positions, block_mask, logits_at=at)
+    out = method(params, cache, tokens, positions, block_mask)
+    return (block_rows(out[0], at),) + tuple(out[1:])
 
 
 def causal_block_mask(batch: int, block: int) -> jax.Array:
@@ -155,7 +187,7 @@ class TransformerLM:
     def _module(self, params) -> Transformer:
         return nnx.merge(self.graphdef, nnx.State(params))
 
-    def forward(self, params, cache: Cache, tokens, positions, block_mask):
+    def forward(self, params, cache: Cache, tokens, positions, block_mask, logits_at=None):
         """Scores a block against the cache.
 
         Args:
@@ -163,9 +195,11 @@ class TransformerLM:
           cache: the row caches; ``cache.length`` i32[B] committed slots.
           tokens: i32[B, T]; positions: i32[B, T] rotary positions (caller's choice).
           block_mask: bool[B, T, T], ``[b, t, s]``: block token t sees block token s.
+          logits_at: i32[B, R] block positions whose logits are wanted (None: all T); the
+            head then runs on R rows, not T.
 
         Returns:
-          (logits f32[B, T, V], cache with the block written at ``[length, length+T)``;
+          (logits f32[B, T, V] (f32[B, R, V] with ``logits_at``), cache with the block written at ``[length, length+T)``;
           ``length`` unchanged).
         """
         B, T = tokens.shape
@@ -179,14 +213,14 @@ class TransformerLM:
         chex.assert_shape(cache.length, (B,))
         chex.assert_type([tokens, positions], int)
         logits, k, v = self._module(params)(
-            tokens, positions, block_mask, cache.k, cache.v, cache.length
+            tokens, positions, block_mask, cache.k, cache.v, cache.length, logits_at=logits_at
         )
         return logits, cache.replace(k=k, v=v)
 
-    def forward_hidden(self, params, cache: Cache, tokens, positions, block_mask):
-        """`forward` that also returns the block's final-normed hidden states [B, T, D]:
-        (logits, hidden, cache). The features a feature drafter reads
-        (`specjax.models.eagle`)."""
+    def forward_hidden(self, params, cache: Cache, tokens, positions, block_mask, logits_at=None):
+        """`forward` that also returns the block's final-normed hidden states [B, T, D] (all
+        T rows, whatever ``logits_at``): (logits, hidden, cache). The features a feature
+        drafter reads (`specjax.models.eagle`)."""
         B, T = tokens.shape
         if T > self.max_len:
             raise ValueError(
@@ -194,7 +228,14 @@ class TransformerLM:
                 f'capacity max_len={self.max_len} (allowed: 1 <= T <= {self.max_len})'
             )
         logits, k, v, hidden = self._module(params)(
-            tokens, positions, block_mask, cache.k, cache.v, cache.length, with_hidden=True
+            tokens,
+            positions,
+            block_mask,
+            cache.k,
+            cache.v,
+            cache.length,
+            with_hidden=True,
+            logits_at=logits_at,
         )
         return logits, hidden, cache.replace(k=k, v=v)
 

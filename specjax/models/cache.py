@@ -272,6 +272,13 @@ def compact(cache: Cache, src, n) -> Cache:
     )
 
 
+def block_rows(x: jax.Array, at: jax.Array) -> jax.Array:
+    """``x[b, at[b, r]]``: rows ``at: i32[B, R]`` of a block ``x [B, T, ...]`` → [B, R, ...]
+    (what a forward's head reads when only some block positions' logits are wanted)."""
+    idx = at.astype(jnp.int32).reshape(at.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, idx, axis=1)
+
+
 def select_rows(cache, rows: jax.Array):
     """The caches of rows ``rows: i32[B']`` (a gather along the batch; any cache pytree
     whose leaves all lead with the batch, e.g. a synthetic LM's ``LengthCache``)."""

@@ -287,9 +287,10 @@ class EagleLM:
         steps' worth)."""
         return cache_lib.half_take(params['embed'], tokens, dtype=params['head'].dtype)
 
-    def forward(self, params, cache: FeatureCache, tokens, positions, block_mask):
-        """Scores a block (the LM API): logits f32[B, T, V] and the cache with the block's
-        keys/values and own outputs written at slots [length, length + T)."""
+    def forward(self, params, cache: FeatureCache, tokens, positions, block_mask, logits_at=None):
+        """Scores a block (the LM API): logits f32[B, T, V] (f32[B, R, V] at the block
+        positions ``logits_at`` i32[B, R]) and the cache with the block's keys/values and
+        own outputs written at slots [length, length + T)."""
         B, T = tokens.shape
         slots = cache.length[:, None] + jnp.arange(T)[None, :]
         prev = slots - 1
@@ -306,7 +307,8 @@ class EagleLM:
         )
         hid = _put_slots(cache.hid, slots, h, jnp.ones(slots.shape, bool))
         cache = cache.replace(k=cache_lib.PerLayer([k]), v=cache_lib.PerLayer([v]), hid=hid)
-        return self.scatter(params, self.head_logits(params, h)), cache
+        hh = h if logits_at is None else cache_lib.block_rows(h, logits_at)
+        return self.scatter(params, self.head_logits(params, hh)), cache
 
     def hidden_full(self, params, tokens, feats) -> jax.Array:
         """Teacher-forced outputs h [B, T, D] over whole sequences: position t reads token

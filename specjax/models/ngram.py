@@ -171,14 +171,15 @@ class PromptLookupLM:
         )
 
     # -- compute --------------------------------------------------------------------------
-    def forward(self, params, cache: HistoryCache, tokens, positions, block_mask):
+    def forward(self, params, cache: HistoryCache, tokens, positions, block_mask, logits_at=None):
         """Writes the block at ``[length, length+T)`` and predicts after each block token.
 
         Returns:
           (logits f32[B, T, V]: 0 at each prediction, `NEG` elsewhere; the cache with the
           block written, ``length`` unchanged). The predictions read the block itself, so
           they are exact even where the block overflows the capacity (its writes are
-          dropped, as in models/cache.py).
+          dropped, as in models/cache.py). ``logits_at`` i32[B, R]: those block positions
+          only, f32[B, R, V].
         """
         del params, positions, block_mask  # no weights; the block is a chain
         b, t = tokens.shape
@@ -189,7 +190,9 @@ class PromptLookupLM:
         seq = jnp.concatenate([cache.tokens, jnp.zeros((b, t), jnp.int32)], axis=1)
         seq = seq.at[rows, slots].set(tokens.astype(jnp.int32), mode='drop')
         pred = lookup_predictions(seq, slots, self.max_ngram, self.min_ngram)
-        ids = jax.lax.broadcasted_iota(jnp.int32, (b, t, self.vocab_size), 2)
+        if logits_at is not None:
+            pred = jnp.take_along_axis(pred, logits_at.astype(jnp.int32), axis=1)
+        ids = jax.lax.broadcasted_iota(jnp.int32, pred.shape + (self.vocab_size,), 2)
         logits = jnp.where(ids == pred[:, :, None], 0.0, NEG).astype(jnp.float32)
         return logits, cache.replace(tokens=seq[:, :s])
 

@@ -138,10 +138,12 @@ class SubsetVocabLM:
         out = jnp.full(lead + (self.verifier_vocab,), NEG_LOGIT, jnp.float32)
         return out.at[..., params['keep']].set(inner_logits[..., : self.n_kept].astype(jnp.float32))
 
-    def forward(self, params, cache, tokens, positions, block_mask) -> tuple[jax.Array, Any]:
+    def forward(
+        self, params, cache, tokens, positions, block_mask, logits_at=None
+    ) -> tuple[jax.Array, Any]:
         inner_tokens = params['to_inner'][tokens]
         logits, cache = self.inner.forward(
-            params['inner'], cache, inner_tokens, positions, block_mask
+            params['inner'], cache, inner_tokens, positions, block_mask, logits_at=logits_at
         )
         return self.scatter(params, logits), cache
 

@@ -40,8 +40,10 @@ class BigramLM:
         del capacity  # nothing is stored per slot
         return LengthCache(length=jnp.zeros((batch,), jnp.int32))
 
-    def forward(self, params, cache, tokens, positions, block_mask):
+    def forward(self, params, cache, tokens, positions, block_mask, logits_at=None):
         del positions, block_mask  # The next-token law depends on the current token only.
+        if logits_at is not None:
+            tokens = jnp.take_along_axis(tokens, logits_at.astype(jnp.int32), axis=1)
         return params["table"][tokens].astype(jnp.float32), cache
 
     def advance(self, cache, n):

@@ -22,7 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.models.cache import PerLayer, half_take, table_values, write_block, write_keys
+from specjax.models.cache import (
+    PerLayer,
+    block_rows,
+    half_take,
+    table_values,
+    write_block,
+    write_keys,
+)
 from specjax.models.products import project
 from specjax.sharding import with_logical_constraint
 
@@ -539,6 +546,7 @@ class Transformer(nnx.Module):
         cache_v=None,
         length=None,
         with_hidden=False,
+        logits_at=None,
     ):
         """Args:
           tokens, positions: i32[B, T]; block_mask: bool[B, T, T].
@@ -550,6 +558,9 @@ class Transformer(nnx.Module):
         written at slots [length, length + T) (None, None without a cache); with
         ``with_hidden`` a fourth item, the final-normed hidden states [B, T, D] the head
         reads (the features a feature drafter, `specjax.models.eagle`, drafts from).
+        ``logits_at`` (i32[B, R] block positions, or None for all T): the head runs on those
+        rows only and the logits are f32[B, R, V] (a prefill reads one row per prompt; the
+        head over every prompt position was most of a batch-8 prefill).
         """
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
@@ -575,7 +586,8 @@ class Transformer(nnx.Module):
             head, of = (table, True) if cfg.out_first else (table.T, False)
         else:
             head, of = self.lm_head[...], cfg.out_first
-        logits = project(x, head, dt, out_dtype=jnp.float32, out_first=of)
+        xh = x if logits_at is None else block_rows(x, logits_at)
+        logits = project(xh, head, dt, out_dtype=jnp.float32, out_first=of)
         logits = with_logical_constraint(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
         if with_hidden:
             return logits, cache_k, cache_v, x
