@@ -55,6 +55,12 @@ def define_flags():
     flags.DEFINE_integer("kept", 4096, "head rows (most frequent verifier ids)")
     flags.DEFINE_float("time_budget_s", 3600, "training seconds at most")
     flags.DEFINE_string("tag", "", "suffix of the drafter files")
+    flags.DEFINE_string(
+        "init_from",
+        "",
+        "start from this feature drafter (a file, or 'eagle' for the shipped one) instead of "
+        "a fresh one: its head's ids are kept; its record is kept under 'init_from'",
+    )
 
 
 def _atomic_json(path: Path, obj) -> None:
@@ -129,7 +135,16 @@ def stage_train(out: Path, model) -> None:
         raise SystemExit(f"--out={out}: {', '.join(missing)} missing (run --stage=features first)")
     data = de.Features.concat([de.Features.load(p) for p in paths])
     recipe = _recipe()
-    lm, params = de.initial_eagle(model, data, recipe)
+    prior = None
+    if FLAGS.init_from:
+        lm, params, prior = real_zoo.load_eagle(FLAGS.init_from, model, dtype="float32")
+        prior = {
+            "file": str(real_zoo.drafter_path(FLAGS.init_from)),
+            **{k: prior[k] for k in ("recipe", "data", "heldout_alpha") if k in prior},
+            **{k: prior["history"][k] for k in ("n_rows", "n_targets") if "history" in prior},
+        }
+    else:
+        lm, params = de.initial_eagle(model, data, recipe)
     params, hist = de.train_eagle(
         lm,
         params,
@@ -139,6 +154,8 @@ def stage_train(out: Path, model) -> None:
         log=lambda s: print(s, flush=True),
     )
     info = {"recipe": dataclasses.asdict(recipe), "history": hist, "domains": FLAGS.domains}
+    if prior is not None:
+        info["init_from"] = prior
     real_zoo.save_eagle(path, lm, params, {**info, "data": _data_info()})
 
 
@@ -184,6 +201,16 @@ def _check_inputs(out: Path, stages: list[str]) -> None:
     verifier loads: a `ConfigError` naming the flag and the missing file."""
     from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
 
+    if "train" in stages and FLAGS.init_from:
+        from specjax.models.real_zoo import drafter_path  # pylint: disable=import-outside-toplevel
+
+        start = drafter_path(FLAGS.init_from)
+        if not (start.is_file() and start.with_suffix(".json").is_file()):
+            raise ConfigError.invalid(
+                "--init_from",
+                FLAGS.init_from,
+                "a feature drafter file with its .json (train_eagle.py writes them), or 'eagle'",
+            )
     feats = [out / f"feat_{n}.npz" for n in _names()]
     if "features" in stages:
         for src, f in zip(_sources().values(), feats):

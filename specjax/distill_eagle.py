@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax.distill import Generated, optimizer
+from specjax.distill import Generated
 from specjax.models.api import embedding_table
 from specjax.models.eagle import EagleLM, eagle_config
 from specjax.models.subset_vocab import most_frequent_ids
@@ -190,18 +190,25 @@ def train_eagle(
     time_budget_s: float | None = None,
     log=print,
 ):
-    """Trains ``params['net']`` on ``data``'s reply positions. Returns (params, history)."""
-    tx = optimizer(recipe)
+    """Trains ``params['net']`` on ``data``'s reply positions. Returns (params, history).
+
+    With ``time_budget_s`` the warmup-cosine schedule is sized to the budget: after
+    `_RATE_PROBE` steps the run's pace sets the schedule's length (at most
+    ``recipe.steps``), re-estimated as it goes, so the run ends with its learning rate
+    decayed rather than cut mid-schedule. The history records the steps run.
+    """
+    tx = _optimizer(recipe)
     frozen = {k: v for k, v in params.items() if k != 'net'}
     net, opt = params['net'], tx.init(params['net'])
     mask_all = data.reply_mask()
 
     @jax.jit
-    def step(net, opt, tokens, feats, mask, key):
+    def step(net, opt, tokens, feats, mask, key, lr):
         def f(net):
             return _step_losses(lm, {**frozen, 'net': net}, tokens, feats, mask, recipe, key)
 
         (loss, metrics), g = jax.value_and_grad(f, has_aux=True)(net)
+        opt = (opt[0], opt[1]._replace(hyperparams={**opt[1].hyperparams, 'learning_rate': lr}))
         upd, opt = tx.update(g, opt, net)
         return optax.apply_updates(net, upd), opt, loss, metrics
 
@@ -213,7 +220,14 @@ def train_eagle(
         'n_targets': int(mask_all.sum()),
     }
     t0 = time.perf_counter()
+    total = done = recipe.steps
     for s in range(recipe.steps):
+        if s >= total:
+            done = s
+            break
+        if time_budget_s is not None and s >= _RATE_PROBE and s % _RATE_PROBE == 0:
+            pace = (time.perf_counter() - t0) / s
+            total = max(s + 1, min(recipe.steps, int(_BUDGET_SHARE * time_budget_s / pace)))
         idx = rng.integers(0, len(data.tokens), recipe.batch)
         W = int(-(-data.length[idx].max() // 32) * 32)
         net, opt, loss, m = step(
@@ -223,8 +237,9 @@ def train_eagle(
             jnp.asarray(data.feats[idx, :W], jnp.float32),
             jnp.asarray(mask_all[idx, :W], jnp.float32),
             jax.random.fold_in(key, s),
+            jnp.float32(_learning_rate(recipe, s, total)),
         )
-        if s % 25 == 0 or s == recipe.steps - 1:
+        if s % 25 == 0 or s == total - 1:
             row = {k: round(float(v), 4) for k, v in m.items()}
             hist['loss'].append((s, float(loss), row))
             log(
@@ -232,10 +247,35 @@ def train_eagle(
                 f'({time.perf_counter() - t0:.0f} s)'
             )
         if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
-            log(f'train: time budget {time_budget_s:.0f} s reached at step {s}')
+            log(f'train: time budget {time_budget_s:.0f} s reached at step {s} of {total}')
+            done = s + 1
             break
     hist['seconds'] = time.perf_counter() - t0
+    hist['steps_run'] = done
+    hist['schedule_steps'] = total
     return {**params, 'net': net}, hist
+
+
+_RATE_PROBE = 50  # steps between estimates of the run's pace (a time-budgeted schedule)
+_BUDGET_SHARE = 0.95  # the schedule is sized to end within this share of the budget
+
+
+def _optimizer(recipe: EagleRecipe) -> optax.GradientTransformation:
+    """`specjax.distill.optimizer`'s AdamW with its learning rate an input of each step
+    (`_learning_rate`), so that a time budget can size the schedule while it runs."""
+    adamw = optax.inject_hyperparams(optax.adamw)(
+        learning_rate=recipe.learning_rate, b1=0.9, b2=0.95, weight_decay=recipe.weight_decay
+    )
+    return optax.chain(optax.clip_by_global_norm(1.0), adamw)
+
+
+def _learning_rate(recipe: EagleRecipe, step: int, total: int) -> float:
+    """`specjax.distill.optimizer`'s warmup-cosine schedule (to a tenth) over ``total`` steps."""
+    warmup = min(recipe.warmup, max(total - 1, 0))
+    sched = optax.warmup_cosine_decay_schedule(
+        0.0, recipe.learning_rate, warmup, max(total, warmup + 1), recipe.learning_rate * 0.1
+    )
+    return float(sched(step))
 
 
 def feature_alpha(lm: EagleLM, params, data: Features, batch: int = 8) -> dict[str, float]:

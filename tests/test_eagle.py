@@ -437,5 +437,39 @@ def test_training_on_the_verifiers_features_raises_alpha():
     params, hist = distill_eagle.train_eagle(lm, params, train, recipe, log=lambda s: None)
     after = distill_eagle.feature_alpha(lm, params, held)
     assert hist["loss"][-1][1] < hist["loss"][0][1]
+    assert hist["steps_run"] == hist["schedule_steps"] == recipe.steps
     assert after["alpha1"] > before["alpha1"] + 0.05, (before, after)
     assert after["alpha2"] > before["alpha2"], (before, after)
+
+
+def test_a_time_budget_sizes_the_schedule(monkeypatch):
+    """With a time budget the cosine schedule is sized to the run's pace: a budget far too
+    short for the steps asked ends the run at the schedule's end (its learning rate decayed
+    to a tenth), not mid-schedule."""
+    import types  # pylint: disable=import-outside-toplevel
+
+    from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
+
+    v_lm, v_params = _verifier(TINY, seed=5)
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, TINY.vocab_size, (16, 12)).astype(np.int32)
+    _, feats = v_lm.hidden_full(v_params, jnp.asarray(tokens))
+    data = distill_eagle.Features(
+        tokens=tokens,
+        length=np.full(16, 12, np.int32),
+        prompt_len=np.full(16, 2, np.int32),
+        feats=np.asarray(feats, np.float16),
+    )
+    recipe = distill_eagle.EagleRecipe(kept=6, steps=10_000, batch=4, warmup=2)
+    model = types.SimpleNamespace(lm=v_lm, params=v_params, tokenizer=None)
+    lm, params = distill_eagle.initial_eagle(model, data, recipe, max_len=16)
+    monkeypatch.setattr(distill_eagle, "_RATE_PROBE", 5)
+    rates = []
+    real = distill_eagle._learning_rate
+    monkeypatch.setattr(
+        distill_eagle, "_learning_rate", lambda r, s, t: rates.append((s, t)) or real(r, s, t)
+    )
+    _, hist = distill_eagle.train_eagle(lm, params, data, recipe, time_budget_s=3.0, log=str)
+    assert hist["steps_run"] == hist["schedule_steps"] < recipe.steps
+    s, t = rates[-1]
+    assert s == t - 1 and real(recipe, s, t) == pytest.approx(recipe.learning_rate * 0.1, rel=1e-4)

@@ -464,6 +464,7 @@ def test_compare_layouts_refuses_a_cache_too_small_in_one_line(tmp_path):
         (["--stage=train"], "--stage: got 'train'"),
         (["--stage=eval"], "--stage: got 'eval'"),
         (["--stage=features", "--data=/nonexistent"], "--data: got '/nonexistent'"),
+        (["--stage=train", "--init_from=/nonexistent.npz"], "--init_from: got '/nonexistent.npz'"),
     ],
 )
 def test_train_eagle(tmp_path, args, flag):
