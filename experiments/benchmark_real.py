@@ -39,7 +39,8 @@ import numpy as np
 from absl import app, flags
 
 from specjax import provenance
-from specjax.hardware import ratio_tables, score_ratios, stream_bandwidth
+from specjax.benchmark_tables import real_speed_page
+from specjax.hardware import score_ratios, stream_bandwidth
 from specjax.timing import forward_timer
 
 FLAGS = flags.FLAGS
@@ -331,6 +332,11 @@ def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t
     per_round = sum(float(c.committed.sum()) for c in d["counters"]) / max(
         sum(float(c.rounds.sum()) for c in d["counters"]), 1.0
     )
+    # A call runs until its slowest row is done: the rows' rounds ÷ (B × the call's rounds).
+    rounds = [np.asarray(c.rounds) for c in d["counters"]]
+    row_use = sum(float(r.sum()) for r in rounds) / max(
+        sum(float(r.max()) * r.size for r in rounds), 1.0
+    )
     members = _members(d["name"])
     g = d["gamma"]
     # A tree's drafters draft one after another: γ · ΣT_draft, then one (S·γ+1)-token score.
@@ -354,6 +360,7 @@ def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t
             n: float(a) / max(float(r), 1.0) for n, a, r in zip(members, by_k[0], by_k[1])
         },
         tokens_per_round=per_round,
+        row_use=row_use,
         c=td / t_step,
         t_step=t_step,
         t_draft=td,
@@ -369,7 +376,7 @@ def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t
     print(
         f"  {d['name']:9} γ={g}: spec {row['spec_tokens_per_s']:6.1f} tok/s, "
         f"x{measured:.2f} AR (hw-aware {hw:.2f}, meas/hw {measured / hw:.2f}); "
-        f"α {alpha:.2f}, tok/round {per_round:.2f}, c {td / t_step:.3f}, "
+        f"α {alpha:.2f}, tok/round {per_round:.2f}, row use {row_use:.2f}, c {td / t_step:.3f}, "
         f"T_score/T_step {ts / t_step:.2f}",
         flush=True,
     )
@@ -459,84 +466,6 @@ def part_peer(result: dict, dep, f32) -> None:
     result["peer"] = peer
 
 
-def render_markdown(r: dict) -> list[str]:
-    """docs/results/real_speed.md's body (below the provenance header) from one run's result
-    (every figure is the run's)."""
-    lines = [f"Stream bandwidth {r['stream_bytes_per_s'] / 1e9:.1f} GB/s.", ""]
-    if r.get("ratio"):
-        lines += ratio_tables(r["ratio"])
-    if r.get("spec"):
-        lines += [
-            f"## Speculative vs autoregressive ({r.get('new_tokens')} new tokens, "
-            f"{r.get('prompts_per_domain')} plan prompt(s) per domain in the chat template, "
-            f"medians of {r.get('repeats')} paired runs)",
-            "",
-            "One drafter: rule 1 (rejection). Drafters joined by `+`: one token tree per row, "
-            "a chain of γ from each drafter, scored in one (S·γ+1)-token forward (the "
-            "T_score column) and verified by the rule named beside it; α is then the "
-            "drafters' own α pooled (each chain tested alone), per drafter below the "
-            "table, and the hardware-aware prediction is E·T_step / (γ·ΣT_draft + "
-            "T_score(S·γ+1)).",
-            "",
-            "| B | τ | drafter (τ_i) | γ | AR tok/s | spec tok/s | spec / AR | hw-aware | "
-            "measured / hw-aware | α | tokens / round | c | T_score / T_step |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for x in r["spec"]:
-            tree = f", {x['rule']}" if x.get("slots", 1) > 1 else ""
-            lines.append(
-                f"| {x['batch']} | {x['tau']:g} | {x['drafter']} "
-                f"({x.get('drafter_tau', float('nan')):g}{tree}) | {x['gamma']} | "
-                f"{x['ar_tokens_per_s']:.1f} | {x['spec_tokens_per_s']:.1f} | "
-                f"{x['measured_speedup']:.2f} | {x['hardware_aware_speedup']:.2f} | "
-                f"{x['measured_over_hardware_aware']:.2f} | {x['alpha']:.2f} | "
-                f"{x['tokens_per_round']:.2f} | {x['c']:.3f} | "
-                f"{x['t_score_over_t_step']:.2f} |"
-            )
-        lines.append("")
-        trees = [x for x in r["spec"] if x.get("slots", 1) > 1]
-        if trees:
-            lines += ["Per-drafter α in the trees (each chain tested alone):", ""]
-            lines += [
-                f"- B {x['batch']}, τ {x['tau']:g}, {x['drafter']}, γ {x['gamma']}: "
-                + ", ".join(f"{n} {a:.2f}" for n, a in x["alpha_by_drafter"].items())
-                for x in trees
-            ]
-            lines.append("")
-        refs = [x for x in r["spec"] if "spec_over_reference_ar" in x]
-        if refs:
-            ref_dtype = next(a["reference_dtype"] for a in r["ar"] if a.get("reference_dtype"))
-            lines += [
-                f"Against plain decoding of the same model in {ref_dtype} (its own numerics), "
-                "timed in the same paired rounds (median of the per-round ratios):",
-                "",
-                f"| B | τ | drafter | γ | spec tok/s | AR ({ref_dtype}) tok/s | "
-                f"spec / AR ({ref_dtype}) |",
-                "|---|---|---|---|---|---|---|",
-            ]
-            lines += [
-                f"| {x['batch']} | {x['tau']:g} | {x['drafter']} | {x['gamma']} | "
-                f"{x['spec_tokens_per_s']:.1f} | {x['reference_ar_tokens_per_s']:.1f} | "
-                f"{x['spec_over_reference_ar']:.2f} |"
-                for x in refs
-            ]
-            lines.append("")
-    if r.get("peer"):
-        p = r["peer"]
-        lines += [
-            "## transformers on the same weights (f32, eager, batch 1, greedy)",
-            "",
-            f"Greedy tokens identical to specjax's for {r.get('new_tokens')} tokens on the "
-            f"three prompts: {p['greedy_identical']}.",
-            "",
-            "| transformers | tok/s |",
-            "|---|---|",
-        ]
-        lines += [f"| {k} | {v:.1f} |" for k, v in p.items() if k != "greedy_identical"]
-        lines.append("")
-    return lines
-
-
 def main(argv):
     del argv
     from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
@@ -582,7 +511,7 @@ def main(argv):
         page = provenance.write_page(
             FLAGS.doc_name,
             "Speed on the real verifier (SmolLM2-135M-Instruct)",
-            render_markdown(result),
+            real_speed_page(result),
             prov,
             FLAGS.docs_dir,
         )

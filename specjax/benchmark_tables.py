@@ -1,8 +1,11 @@
 """The tables of experiments/benchmark.py: its result on stdout (`print_tables`) and the body
-of docs/results/engine_speed.md (`render_page`), every figure the run's own.
+of docs/results/engine_speed.md (`render_page`); and the body of experiments/benchmark_real.py's
+pages (`real_speed_page`). Every figure is the run's own.
 """
 
 from __future__ import annotations
+
+from specjax.hardware import ratio_tables
 
 
 def print_tables(result: dict) -> None:
@@ -207,4 +210,88 @@ def render_page(result: dict) -> list[str]:
     sw = result.get("same_weights")
     if sw:
         lines += _same_weights_table(sw)
+    return lines
+
+
+def _use(row: dict) -> str:
+    u = row.get("row_use")  # absent from results written before it was measured
+    return "—" if u is None else f"{u:.2f}"
+
+
+def real_speed_page(r: dict) -> list[str]:
+    """experiments/benchmark_real.py's page (docs/results/real_speed*.md)'s body (below the provenance header) from one run's result
+    (every figure is the run's)."""
+    lines = [f"Stream bandwidth {r['stream_bytes_per_s'] / 1e9:.1f} GB/s.", ""]
+    if r.get("ratio"):
+        lines += ratio_tables(r["ratio"])
+    if r.get("spec"):
+        lines += [
+            f"## Speculative vs autoregressive ({r.get('new_tokens')} new tokens, "
+            f"{r.get('prompts_per_domain')} plan prompt(s) per domain in the chat template, "
+            f"medians of {r.get('repeats')} paired runs)",
+            "",
+            "One drafter: rule 1 (rejection). Drafters joined by `+`: one token tree per row, "
+            "a chain of γ from each drafter, scored in one (S·γ+1)-token forward (the "
+            "T_score column) and verified by the rule named beside it; α is then the "
+            "drafters' own α pooled (each chain tested alone), per drafter below the "
+            "table, and the hardware-aware prediction is E·T_step / (γ·ΣT_draft + "
+            "T_score(S·γ+1)). Row use: the rows' rounds ÷ (B × the call's rounds) — a call "
+            "runs until its slowest row is done, while the prediction counts every row busy.",
+            "",
+            "| B | τ | drafter (τ_i) | γ | AR tok/s | spec tok/s | spec / AR | hw-aware | "
+            "measured / hw-aware | α | tokens / round | row use | c | T_score / T_step |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for x in r["spec"]:
+            tree = f", {x['rule']}" if x.get("slots", 1) > 1 else ""
+            lines.append(
+                f"| {x['batch']} | {x['tau']:g} | {x['drafter']} "
+                f"({x.get('drafter_tau', float('nan')):g}{tree}) | {x['gamma']} | "
+                f"{x['ar_tokens_per_s']:.1f} | {x['spec_tokens_per_s']:.1f} | "
+                f"{x['measured_speedup']:.2f} | {x['hardware_aware_speedup']:.2f} | "
+                f"{x['measured_over_hardware_aware']:.2f} | {x['alpha']:.2f} | "
+                f"{x['tokens_per_round']:.2f} | {_use(x)} | {x['c']:.3f} | "
+                f"{x['t_score_over_t_step']:.2f} |"
+            )
+        lines.append("")
+        trees = [x for x in r["spec"] if x.get("slots", 1) > 1]
+        if trees:
+            lines += ["Per-drafter α in the trees (each chain tested alone):", ""]
+            lines += [
+                f"- B {x['batch']}, τ {x['tau']:g}, {x['drafter']}, γ {x['gamma']}: "
+                + ", ".join(f"{n} {a:.2f}" for n, a in x["alpha_by_drafter"].items())
+                for x in trees
+            ]
+            lines.append("")
+        refs = [x for x in r["spec"] if "spec_over_reference_ar" in x]
+        if refs:
+            ref_dtype = next(a["reference_dtype"] for a in r["ar"] if a.get("reference_dtype"))
+            lines += [
+                f"Against plain decoding of the same model in {ref_dtype} (its own numerics), "
+                "timed in the same paired rounds (median of the per-round ratios):",
+                "",
+                f"| B | τ | drafter | γ | spec tok/s | AR ({ref_dtype}) tok/s | "
+                f"spec / AR ({ref_dtype}) |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            lines += [
+                f"| {x['batch']} | {x['tau']:g} | {x['drafter']} | {x['gamma']} | "
+                f"{x['spec_tokens_per_s']:.1f} | {x['reference_ar_tokens_per_s']:.1f} | "
+                f"{x['spec_over_reference_ar']:.2f} |"
+                for x in refs
+            ]
+            lines.append("")
+    if r.get("peer"):
+        p = r["peer"]
+        lines += [
+            "## transformers on the same weights (f32, eager, batch 1, greedy)",
+            "",
+            f"Greedy tokens identical to specjax's for {r.get('new_tokens')} tokens on the "
+            f"three prompts: {p['greedy_identical']}.",
+            "",
+            "| transformers | tok/s |",
+            "|---|---|",
+        ]
+        lines += [f"| {k} | {v:.1f} |" for k, v in p.items() if k != "greedy_identical"]
+        lines.append("")
     return lines

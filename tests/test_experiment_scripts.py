@@ -224,6 +224,8 @@ def test_benchmark_real(tmp_path):
     assert [r["rule"] for r in out["spec"]] == ["rejection", "token_tree"]
     assert sorted(out["spec"][1]["alpha_by_drafter"]) == ["code", "lookup"]
     assert out["spec"][0]["spec_over_reference_ar"] > 0
+    assert all(0 < r["row_use"] <= 1 for r in out["spec"])  # batch 1: every round busy
+    assert out["spec"][0]["row_use"] == 1.0
     assert out["ar"][0]["reference_dtype"] == "float32"
     # The peer part: transformers on the same file, greedy tokens identical to specjax's.
     peer = out["peer"]
@@ -232,7 +234,7 @@ def test_benchmark_real(tmp_path):
     assert all(v > 0 for k, v in peer.items() if k != "greedy_identical")
     body = read_page(tmp_path / "tiny.md", command)
     assert "Stream bandwidth" in body and "| lookup (" in body
-    assert "spec / AR (float32)" in body
+    assert "spec / AR (float32)" in body and "| row use |" in body
     assert "| lookup+code (0, token_tree) |" in body and "Per-drafter α in the trees" in body
     assert "## transformers on the same weights" in body and "| assisted_4 |" in body
 
