@@ -77,7 +77,9 @@ train-drafters: $(STAMP)
 
 # The shipped feature drafter (zoo_smollm2/eagle): the bf16 verifier's replies to two draws of
 # 640 prompts per domain (~15 min each), their features (~12 min), 40 min of training (2,550
-# of 3,000 steps on the AMD EPYC), held-out α, ship. ~95 min on 2 cores.
+# of 3,000 steps on the AMD EPYC), held-out α, ship; then two more draws (~6 min per domain
+# since prefills run the head on one row), their features (~10 min) and 30 min continuing the
+# shipped drafter on them (its schedule sized to the budget), ship. ~3 h on 2 cores.
 train-eagle: $(STAMP)
 	$(PY) experiments/train_drafters.py --stage=generate --domains=code,prose --prompts=640 \
 		--new_tokens=128 --dtype=bfloat16 --out=runs/eagle_data
@@ -85,6 +87,13 @@ train-eagle: $(STAMP)
 		--new_tokens=128 --dtype=bfloat16 --seed=2 --out=runs/eagle_data_s2
 	$(PY) experiments/train_eagle.py --data=runs/eagle_data --more_data=runs/eagle_data_s2 \
 		--out=runs/eagle --steps=3000 --time_budget_s=2400 --tag=_x2
+	$(PY) experiments/train_drafters.py --stage=generate --domains=code,prose --prompts=640 \
+		--new_tokens=128 --dtype=bfloat16 --seed=3 --out=runs/eagle_data_s3
+	$(PY) experiments/train_drafters.py --stage=generate --domains=code,prose --prompts=640 \
+		--new_tokens=128 --dtype=bfloat16 --seed=4 --out=runs/eagle_data_s4
+	$(PY) experiments/train_eagle.py --data=runs/eagle_data_s3 --more_data=runs/eagle_data_s4 \
+		--out=runs/eagle_ft --init_from=eagle --learning_rate=5e-4 --steps=3000 \
+		--time_budget_s=1800 --tag=_x4
 
 # The shipped distilled drafters' held-out α on SmolLM2's replies to the plan prompts: on the
 # joined text and on the reply positions alone (distill.reply_alpha); ~10 min on 2 cores.
