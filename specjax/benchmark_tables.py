@@ -219,8 +219,8 @@ def _use(row: dict) -> str:
 
 
 def real_speed_page(r: dict) -> list[str]:
-    """experiments/benchmark_real.py's page (docs/results/real_speed*.md)'s body (below the provenance header) from one run's result
-    (every figure is the run's)."""
+    """The body (below the provenance header) of experiments/benchmark_real.py's pages,
+    docs/results/real_speed*.md, from one run's result (every figure is the run's)."""
     lines = [f"Stream bandwidth {r['stream_bytes_per_s'] / 1e9:.1f} GB/s.", ""]
     if r.get("ratio"):
         lines += ratio_tables(r["ratio"])

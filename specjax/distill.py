@@ -400,17 +400,25 @@ def _initial_drafter(data: Generated, verifier, recipe: DrafterRecipe):
     return lm, params, coverage
 
 
-def optimizer(recipe) -> optax.GradientTransformation:
+def lr_schedule(recipe, steps: int | None = None):
+    """A drafter recipe's warmup-cosine schedule (``warmup``, ``learning_rate``), decaying
+    to a tenth over ``steps`` (default ``recipe.steps``)."""
+    steps = recipe.steps if steps is None else int(steps)
+    warmup = min(recipe.warmup, max(steps - 1, 0))
+    lr = recipe.learning_rate
+    return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.1)
+
+
+def optimizer(recipe, injected: bool = False) -> optax.GradientTransformation:
     """A drafter recipe's optimizer (``steps``, ``warmup``, ``learning_rate``,
-    ``weight_decay``): AdamW (β 0.9 / 0.95) under a warmup-cosine schedule decaying to a
-    tenth, gradients clipped to global norm 1."""
-    warmup = min(recipe.warmup, max(recipe.steps - 1, 0))
-    sched = optax.warmup_cosine_decay_schedule(
-        0.0, recipe.learning_rate, warmup, max(recipe.steps, warmup + 1), recipe.learning_rate * 0.1
-    )
+    ``weight_decay``): AdamW (β 0.9 / 0.95) under `lr_schedule`, gradients clipped to global
+    norm 1. ``injected``: the learning rate is instead an input of each step (the state's
+    ``[1].hyperparams['learning_rate']``), for a caller that sizes the schedule as it runs."""
+    adamw = optax.inject_hyperparams(optax.adamw) if injected else optax.adamw
+    lr = recipe.learning_rate if injected else lr_schedule(recipe)
     return optax.chain(
         optax.clip_by_global_norm(1.0),
-        optax.adamw(sched, b1=0.9, b2=0.95, weight_decay=recipe.weight_decay),
+        adamw(lr, b1=0.9, b2=0.95, weight_decay=recipe.weight_decay),
     )
 
 

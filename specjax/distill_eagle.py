@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax.distill import Generated
+from specjax.distill import Generated, lr_schedule, optimizer
 from specjax.models.api import embedding_table
 from specjax.models.eagle import EagleLM, eagle_config
 from specjax.models.subset_vocab import most_frequent_ids
@@ -197,7 +197,7 @@ def train_eagle(
     ``recipe.steps``), re-estimated as it goes, so the run ends with its learning rate
     decayed rather than cut mid-schedule. The history records the steps run.
     """
-    tx = _optimizer(recipe)
+    tx = optimizer(recipe, injected=True)
     frozen = {k: v for k, v in params.items() if k != 'net'}
     net, opt = params['net'], tx.init(params['net'])
     mask_all = data.reply_mask()
@@ -221,6 +221,7 @@ def train_eagle(
     }
     t0 = time.perf_counter()
     total = done = recipe.steps
+    sched = lr_schedule(recipe, total)
     for s in range(recipe.steps):
         if s >= total:
             done = s
@@ -228,6 +229,7 @@ def train_eagle(
         if time_budget_s is not None and s >= _RATE_PROBE and s % _RATE_PROBE == 0:
             pace = (time.perf_counter() - t0) / s
             total = max(s + 1, min(recipe.steps, int(_BUDGET_SHARE * time_budget_s / pace)))
+            sched = lr_schedule(recipe, total)
         idx = rng.integers(0, len(data.tokens), recipe.batch)
         W = int(-(-data.length[idx].max() // 32) * 32)
         net, opt, loss, m = step(
@@ -237,7 +239,7 @@ def train_eagle(
             jnp.asarray(data.feats[idx, :W], jnp.float32),
             jnp.asarray(mask_all[idx, :W], jnp.float32),
             jax.random.fold_in(key, s),
-            jnp.float32(_learning_rate(recipe, s, total)),
+            jnp.float32(sched(s)),
         )
         if s % 25 == 0 or s == total - 1:
             row = {k: round(float(v), 4) for k, v in m.items()}
@@ -258,24 +260,6 @@ def train_eagle(
 
 _RATE_PROBE = 50  # steps between estimates of the run's pace (a time-budgeted schedule)
 _BUDGET_SHARE = 0.95  # the schedule is sized to end within this share of the budget
-
-
-def _optimizer(recipe: EagleRecipe) -> optax.GradientTransformation:
-    """`specjax.distill.optimizer`'s AdamW with its learning rate an input of each step
-    (`_learning_rate`), so that a time budget can size the schedule while it runs."""
-    adamw = optax.inject_hyperparams(optax.adamw)(
-        learning_rate=recipe.learning_rate, b1=0.9, b2=0.95, weight_decay=recipe.weight_decay
-    )
-    return optax.chain(optax.clip_by_global_norm(1.0), adamw)
-
-
-def _learning_rate(recipe: EagleRecipe, step: int, total: int) -> float:
-    """`specjax.distill.optimizer`'s warmup-cosine schedule (to a tenth) over ``total`` steps."""
-    warmup = min(recipe.warmup, max(total - 1, 0))
-    sched = optax.warmup_cosine_decay_schedule(
-        0.0, recipe.learning_rate, warmup, max(total, warmup + 1), recipe.learning_rate * 0.1
-    )
-    return float(sched(step))
 
 
 def feature_alpha(lm: EagleLM, params, data: Features, batch: int = 8) -> dict[str, float]:

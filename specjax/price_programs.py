@@ -40,6 +40,7 @@ from specjax.engine.generate import decode_state, round_body
 from specjax.engine.programs import compile_program
 from specjax.engine.spec import widest_chain
 from specjax.metrics import price_key
+from specjax.models.cache import block_rows
 
 __all__ = [
     "FreeLM",
@@ -78,7 +79,7 @@ class FreeLM:
             *jax.tree.map(abstract, (params, cache, tokens, positions, block_mask)),
         )[0]
         if logits_at is not None:
-            tokens = jnp.take_along_axis(tokens, logits_at.astype(jnp.int32), axis=1)
+            tokens = block_rows(tokens, logits_at)
             out = jax.ShapeDtypeStruct(tokens.shape + out.shape[-1:], out.dtype)
         base = jnp.zeros(out.shape[-1:], out.dtype).at[self.peak].set(30.0)
         wiggle = (tokens % 2).astype(out.dtype)[..., None] * 1e-3

@@ -464,12 +464,17 @@ def test_a_time_budget_sizes_the_schedule(monkeypatch):
     model = types.SimpleNamespace(lm=v_lm, params=v_params, tokenizer=None)
     lm, params = distill_eagle.initial_eagle(model, data, recipe, max_len=16)
     monkeypatch.setattr(distill_eagle, "_RATE_PROBE", 5)
-    rates = []
-    real = distill_eagle._learning_rate
-    monkeypatch.setattr(
-        distill_eagle, "_learning_rate", lambda r, s, t: rates.append((s, t)) or real(r, s, t)
-    )
+    rates = []  # (step, the schedule's length) of every learning rate the run read
+    real = distill_eagle.lr_schedule
+
+    def spy(r, steps=None):
+        sched = real(r, steps)
+        return lambda s: rates.append((s, steps)) or sched(s)
+
+    monkeypatch.setattr(distill_eagle, "lr_schedule", spy)
     _, hist = distill_eagle.train_eagle(lm, params, data, recipe, time_budget_s=3.0, log=str)
     assert hist["steps_run"] == hist["schedule_steps"] < recipe.steps
     s, t = rates[-1]
-    assert s == t - 1 and real(recipe, s, t) == pytest.approx(recipe.learning_rate * 0.1, rel=1e-4)
+    assert s == t - 1 and float(real(recipe, t)(s)) == pytest.approx(
+        recipe.learning_rate * 0.1, rel=1e-4
+    )

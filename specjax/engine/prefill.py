@@ -148,8 +148,9 @@ def prefill_cache(lm, params, tokens, n, capacity, groups=None, with_hidden=Fals
     if features is not None:
         cache = lm.write_features(cache, features[0], jnp.zeros_like(n), features[1])
     args = (params, cache, tokens, jnp.broadcast_to(jnp.arange(p), (b, p)), causal_block_mask(b, p))
-    # Only the last cached token's logits are read: the head runs on that row alone (over
-    # every prompt position it was ~0.3 s of a batch-8 SmolLM2 prefill, 29 GFLOP).
+    # Only the last cached token's logits are read: the head runs on that row alone, not on
+    # every prompt position (docs/performance.md: a batch-8 speculative call's prefills
+    # 440 -> 390 ms with SmolLM2 and its feature drafter).
     at = jnp.maximum(n - 1, 0).astype(jnp.int32)[:, None]
     out = forward_rows(lm, *args, at, with_hidden=with_hidden)
     if with_hidden:

@@ -199,8 +199,8 @@ class TransformerLM:
             head then runs on R rows, not T.
 
         Returns:
-          (logits f32[B, T, V] (f32[B, R, V] with ``logits_at``), cache with the block written at ``[length, length+T)``;
-          ``length`` unchanged).
+          (logits f32[B, T, V] (f32[B, R, V] with ``logits_at``), cache with the block
+          written at ``[length, length+T)``; ``length`` unchanged).
         """
         B, T = tokens.shape
         if T > self.max_len:

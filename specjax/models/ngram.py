@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax.models.cache import block_rows
+
 __all__ = ['HistoryCache', 'PromptLookupLM', 'lookup_predictions', 'NEG']
 
 #: The logit of every token but the prediction (finite: softmax of a row stays NaN-free).
@@ -191,7 +193,7 @@ class PromptLookupLM:
         seq = seq.at[rows, slots].set(tokens.astype(jnp.int32), mode='drop')
         pred = lookup_predictions(seq, slots, self.max_ngram, self.min_ngram)
         if logits_at is not None:
-            pred = jnp.take_along_axis(pred, logits_at.astype(jnp.int32), axis=1)
+            pred = block_rows(pred, logits_at)
         ids = jax.lax.broadcasted_iota(jnp.int32, pred.shape + (self.vocab_size,), 2)
         logits = jnp.where(ids == pred[:, :, None], 0.0, NEG).astype(jnp.float32)
         return logits, cache.replace(tokens=seq[:, :s])

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specjax.models.cache import block_rows
+
 
 @struct.dataclass
 class LengthCache:
@@ -43,7 +45,7 @@ class BigramLM:
     def forward(self, params, cache, tokens, positions, block_mask, logits_at=None):
         del positions, block_mask  # The next-token law depends on the current token only.
         if logits_at is not None:
-            tokens = jnp.take_along_axis(tokens, logits_at.astype(jnp.int32), axis=1)
+            tokens = block_rows(tokens, logits_at)
         return params["table"][tokens].astype(jnp.float32), cache
 
     def advance(self, cache, n):

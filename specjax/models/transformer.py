@@ -559,8 +559,7 @@ class Transformer(nnx.Module):
         ``with_hidden`` a fourth item, the final-normed hidden states [B, T, D] the head
         reads (the features a feature drafter, `specjax.models.eagle`, drafts from).
         ``logits_at`` (i32[B, R] block positions, or None for all T): the head runs on those
-        rows only and the logits are f32[B, R, V] (a prefill reads one row per prompt; the
-        head over every prompt position was most of a batch-8 prefill).
+        rows only and the logits are f32[B, R, V] (a prefill reads one row per prompt).
         """
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
