@@ -53,6 +53,25 @@ def define_flags():
     flags.DEFINE_float("second_pass", 1.0, "weight of the own-feature pass (0: off)")
     flags.DEFINE_float("noise", 0.1, "input-feature noise (× RMS)")
     flags.DEFINE_integer("kept", 4096, "head rows (most frequent verifier ids)")
+    flags.DEFINE_list(
+        "feature_layers",
+        [],
+        "the verifier states the drafter reads (EAGLE-3): blocks' residual streams by index, "
+        "the layer count for the final-normed state; empty: the final-normed state alone",
+    )
+    flags.register_validator(
+        "feature_layers",
+        lambda v: all(x.strip().isdigit() for x in v),
+        "--feature_layers: a comma-separated list of layer indices (non-negative ints)",
+    )
+    flags.DEFINE_list(
+        "features_of",
+        [],
+        "the verifier states the feature files hold (default: --feature_layers); a superset "
+        "lets drafters reading different subsets share one features stage",
+    )
+    flags.DEFINE_float("reg_weight", 1.0, "weight of the regression on the final feature")
+    flags.DEFINE_float("ce_weight", 0.1, "weight of the cross-entropy on the verifier's law")
     flags.DEFINE_float("time_budget_s", 3600, "training seconds at most")
     flags.DEFINE_string("tag", "", "suffix of the drafter files")
     flags.DEFINE_string(
@@ -92,17 +111,33 @@ def _names():
     return list(_sources())
 
 
+def _layers() -> tuple:
+    return tuple(int(x) for x in FLAGS.feature_layers)
+
+
+def _feat_path(out: Path, name: str) -> Path:
+    """``feat_{name}.npz``; with --feature_layers ``feat_L2-15-27_{name}.npz`` (the verifier
+    states as well as its final feature)."""
+    held = tuple(int(x) for x in FLAGS.features_of) or _layers()
+    tag = "L" + "-".join(map(str, held)) + "_" if held else ""
+    return out / f"feat_{tag}{name}.npz"
+
+
 def stage_features(out: Path, model) -> None:
     from specjax import distill, distill_eagle  # pylint: disable=import-outside-toplevel
 
     for name, src in _sources().items():
-        path = out / f"feat_{name}.npz"
+        path = _feat_path(out, name)
         if path.exists():
             continue
         if not src.exists():
             raise SystemExit(f"{src}: missing (run train_drafters --stage=generate)")
         t0 = time.perf_counter()
-        f = distill_eagle.verifier_features(model, distill.Generated.load(src))
+        f = distill_eagle.verifier_features(
+            model,
+            distill.Generated.load(src),
+            layers=tuple(int(x) for x in FLAGS.features_of) or _layers(),
+        )
         f.save(path)
         print(f"features {name}: {f.tokens.shape} in {time.perf_counter() - t0:.0f} s", flush=True)
 
@@ -117,6 +152,9 @@ def _recipe():
         second_pass=FLAGS.second_pass,
         noise=FLAGS.noise,
         kept=FLAGS.kept,
+        feature_layers=_layers(),
+        reg_weight=FLAGS.reg_weight,
+        ce_weight=FLAGS.ce_weight,
     )
 
 
@@ -129,7 +167,7 @@ def stage_train(out: Path, model) -> None:
     path = out / f"eagle{FLAGS.tag}.npz"
     if path.exists():
         return
-    paths = [out / f"feat_{n}.npz" for n in _names() if n.startswith("gen_")]
+    paths = [_feat_path(out, n) for n in _names() if n.startswith("gen_")]
     missing = [p.name for p in paths if not p.exists()]
     if missing:
         raise SystemExit(f"--out={out}: {', '.join(missing)} missing (run --stage=features first)")
@@ -175,7 +213,7 @@ def stage_eval(out: Path, model) -> None:
     lm, params, _ = real_zoo.load_eagle(src, model, dtype="float32")
     res = {}
     for d in FLAGS.domains:
-        res[d] = de.feature_alpha(lm, params, de.Features.load(out / f"feat_heldout_{d}.npz"))
+        res[d] = de.feature_alpha(lm, params, de.Features.load(_feat_path(out, f"heldout_{d}")))
         print(f"eval {d}: {res[d]}", flush=True)
     _atomic_json(out / f"eval_eagle{FLAGS.tag}.json", res)
 
@@ -211,7 +249,14 @@ def _check_inputs(out: Path, stages: list[str]) -> None:
                 FLAGS.init_from,
                 "a feature drafter file with its .json (train_eagle.py writes them), or 'eagle'",
             )
-    feats = [out / f"feat_{n}.npz" for n in _names()]
+    held = tuple(int(x) for x in FLAGS.features_of)
+    if held and not set(_layers()) <= set(held):
+        raise ConfigError.invalid(
+            "--feature_layers",
+            ",".join(FLAGS.feature_layers),
+            f"a subset of --features_of={','.join(FLAGS.features_of)}",
+        )
+    feats = [_feat_path(out, n) for n in _names()]
     if "features" in stages:
         for src, f in zip(_sources().values(), feats):
             if not f.exists() and not src.exists():
@@ -246,6 +291,12 @@ def main(argv):
         raise SystemExit(f"train_eagle: error: {e}") from None
     out.mkdir(parents=True, exist_ok=True)
     model = _verifier()
+    held = tuple(int(x) for x in FLAGS.features_of)
+    try:
+        for layers in {_layers(), held} - {()}:
+            model.lm.check_layers(layers)
+    except ValueError as e:
+        raise SystemExit(f"train_eagle: error: --feature_layers/--features_of: {e}") from None
     for s in stages:
         {"features": stage_features, "train": stage_train, "eval": stage_eval, "ship": stage_ship}[
             s

@@ -56,6 +56,10 @@ class EagleRecipe:
     second_pass: float = 1.0  # weight of the pass that reads its own features (0: off)
     noise: float = 0.1  # uniform noise on the input features, × their RMS (EAGLE: 0.2)
     seed: int = 0
+    # The verifier states read (EAGLE-3's low/mid/high; `EagleLM.feature_layers`): () for
+    # the final-normed feature alone.
+    feature_layers: tuple = ()
+    reg_weight: float = 1.0  # weight of the regression on the verifier's final feature
 
 
 @dataclasses.dataclass
@@ -63,35 +67,66 @@ class Features:
     """Rows of verifier text and the verifier's features over them.
 
     tokens: i32[N, W] (right-padded); length: i32[N]; prompt_len: i32[N];
-    feats: f16[N, W, D] the verifier's final-normed hidden state at each position.
+    feats: f16[N, W, D] the verifier's final-normed hidden state at each position;
+    states: f16[N, W, n·D] or None: its states at ``layer_ids`` (i32[n]; `TransformerLM.
+    forward_hidden`'s ``layers``), each D-slice RMS-normalised (what `EagleLM.
+    input_features` does first anyway; half precision cannot hold a raw residual stream).
     """
 
     tokens: np.ndarray
     length: np.ndarray
     prompt_len: np.ndarray
     feats: np.ndarray
+    states: np.ndarray | None = None
+    layer_ids: np.ndarray | None = None
 
     def save(self, path) -> None:
         import os  # pylint: disable=import-outside-toplevel
 
         tmp = f'{path}.tmp.npz'
-        np.savez(tmp, **dataclasses.asdict(self))
+        np.savez(tmp, **{k: v for k, v in dataclasses.asdict(self).items() if v is not None})
         os.replace(tmp, path)
 
     @classmethod
     def load(cls, path) -> 'Features':
         with np.load(path) as z:
-            return cls(**{f.name: z[f.name] for f in dataclasses.fields(cls)})
+            return cls(**{f.name: z[f.name] for f in dataclasses.fields(cls) if f.name in z})
+
+    @property
+    def layers(self) -> tuple:
+        """The verifier states held besides the final feature (() for none)."""
+        return () if self.layer_ids is None else tuple(int(i) for i in self.layer_ids)
+
+    def inputs(self, layers: tuple) -> np.ndarray:
+        """The drafter inputs for a drafter reading ``layers`` (`EagleLM.feature_layers`):
+        ``feats`` for (), else those of ``states`` (ValueError unless they are held)."""
+        if not layers:
+            return self.feats
+        if not set(layers) <= set(self.layers):
+            raise ValueError(
+                f'Features: states of layers {self.layers}, a drafter reading {tuple(layers)} '
+                f'(allowed: a subset of the states held)'
+            )
+        if tuple(layers) == self.layers:
+            return self.states
+        N, W, _ = self.states.shape
+        st = self.states.reshape(N, W, len(self.layers), -1)
+        return st[:, :, [self.layers.index(i) for i in layers]].reshape(N, W, -1)
 
     @classmethod
     def concat(cls, parts) -> 'Features':
         W = max(p.tokens.shape[1] for p in parts)
         pad = lambda a: np.pad(a, ((0, 0), (0, W - a.shape[1])) + ((0, 0),) * (a.ndim - 2))
+        if len({p.layers for p in parts}) != 1:
+            raise ValueError(f'Features.concat: parts of layers {[p.layers for p in parts]}')
+        multi = parts[0].states is not None
         return cls(
             np.concatenate([pad(p.tokens) for p in parts]),
             np.concatenate([p.length for p in parts]),
             np.concatenate([p.prompt_len for p in parts]),
             np.concatenate([pad(p.feats) for p in parts]),
+            np.concatenate([pad(p.states) for p in parts]) if multi else None,
+            parts[0].layer_ids,
         )
 
     def reply_mask(self) -> np.ndarray:
@@ -100,8 +135,11 @@ class Features:
         return (t >= self.prompt_len[:, None] - 1) & (t < self.length[:, None] - 1)
 
 
-def verifier_features(model, data: Generated, batch: int = 8, bucket: int = 64, log=print):
-    """`Features` of ``data``'s rows (prompt + reply) under ``model``'s verifier."""
+def verifier_features(
+    model, data: Generated, batch: int = 8, bucket: int = 64, log=print, layers: tuple = ()
+):
+    """`Features` of ``data``'s rows (prompt + reply) under ``model``'s verifier; with
+    ``layers`` also its states there (`Features.states`)."""
     seqs = data.sequences()
     W = -(-max(len(s) for s in seqs) // bucket) * bucket
     if W > model.lm.max_len:
@@ -110,19 +148,37 @@ def verifier_features(model, data: Generated, batch: int = 8, bucket: int = 64, 
     tokens = np.zeros((N, W), np.int32)
     for r, s in enumerate(seqs):
         tokens[r, : len(s)] = s
+    layers = tuple(int(i) for i in layers)
+    n_st = len(layers)
     feats = np.zeros((N, W, D), np.float16)
-    fn = jax.jit(lambda p, x: model.lm.hidden_full(p, x)[1])
+    states = np.zeros((N, W, n_st * D), np.float16) if n_st else None
+
+    def run(p, x):
+        if not n_st:
+            return model.lm.hidden_full(p, x)[1]
+        h = model.lm.hidden_full(p, x, layers=(*layers, model.lm.config.n_layers))[1]
+        h = h.astype(jnp.float32).reshape(h.shape[:-1] + (n_st + 1, D))
+        st = h[..., :n_st, :] * jax.lax.rsqrt(
+            jnp.mean(h[..., :n_st, :] ** 2, -1, keepdims=True) + 1e-6
+        )
+        return jnp.concatenate([h[..., n_st, :], st.reshape(h.shape[:-2] + (n_st * D,))], -1)
+
+    fn = jax.jit(run)
     t0 = time.perf_counter()
     for i in range(0, N, batch):
         x = tokens[i : i + batch]
         n = len(x)
         if n < batch:
             x = np.pad(x, ((0, batch - n), (0, 0)))
-        feats[i : i + n] = np.asarray(fn(model.params, jnp.asarray(x)), np.float32)[:n]
+        out = np.asarray(fn(model.params, jnp.asarray(x)), np.float32)[:n]
+        feats[i : i + n] = out[..., :D]
+        if n_st:
+            states[i : i + n] = out[..., D:]
         if (i // batch) % 10 == 0:
             log(f'features: {i + n}/{N} rows ({time.perf_counter() - t0:.0f} s)')
     length = np.array([len(s) for s in seqs], np.int32)
-    return Features(tokens, length, np.asarray(data.prompt_len, np.int32), feats)
+    ids = np.asarray(layers, np.int32) if n_st else None
+    return Features(tokens, length, np.asarray(data.prompt_len, np.int32), feats, states, ids)
 
 
 def initial_eagle(model, feats: Features, recipe: EagleRecipe, max_len: int = 1024):
@@ -141,7 +197,7 @@ def initial_eagle(model, feats: Features, recipe: EagleRecipe, max_len: int = 10
         param_dtype='float32',
         out_first=False,
     )
-    lm = EagleLM(cfg, V)
+    lm = EagleLM(cfg, V, tuple(recipe.feature_layers))
     net = lm.init_net(recipe.seed)
     # The layer starts as a near-identity on the feature half (the residual stream
     # carries fc's output): fc = [small · E-part, I on the feature part].
@@ -154,29 +210,33 @@ def initial_eagle(model, feats: Features, recipe: EagleRecipe, max_len: int = 10
     return lm, lm.attach(net, embed, keep)
 
 
-def _step_losses(lm: EagleLM, params, tokens, feats, mask, recipe: EagleRecipe, key):
-    """(total, metrics) of one batch: tokens i32[B, W], feats f32[B, W, D], mask f32[B, W]."""
-    rms = jnp.sqrt(jnp.mean(jnp.square(feats)) + 1e-12)
-    noise = recipe.noise * rms * jax.random.uniform(key, feats.shape, minval=-1.0, maxval=1.0)
+def _step_losses(lm: EagleLM, params, tokens, feats, vin, mask, recipe: EagleRecipe, key):
+    """(total, metrics) of one batch: tokens i32[B, W], feats f32[B, W, D] (the verifier's
+    final features: targets), vin f32[B, W, `feature_width`] (its features the drafter
+    reads: ``feats`` itself without ``feature_layers``), mask f32[B, W]."""
+    vin = feats if vin is None else vin
+    rms = jnp.sqrt(jnp.mean(jnp.square(vin)) + 1e-12)
+    noise = recipe.noise * rms * jax.random.uniform(key, vin.shape, minval=-1.0, maxval=1.0)
     target_logits = lm.head_logits(params, feats)
     p = jax.nn.softmax(target_logits, -1)
     denom = jnp.maximum(jnp.sum(mask), 1.0)
 
     def losses(h):
-        reg = jnp.sum(optax.huber_loss(h, feats, delta=1.0).mean(-1) * mask) / denom
-        logq = jax.nn.log_softmax(lm.head_logits(params, h), -1)
+        out = lm.head_input(params, h)
+        reg = jnp.sum(optax.huber_loss(out, feats, delta=1.0).mean(-1) * mask) / denom
+        logq = jax.nn.log_softmax(lm.head_logits(params, out), -1)
         ce = -jnp.sum(jnp.sum(p * logq, -1) * mask) / denom
         return reg, ce
 
-    h1 = lm.hidden_full(params, tokens, feats + noise)
+    h1 = lm.hidden_full(params, tokens, lm.input_features(params, vin + noise))
     reg1, ce1 = losses(h1)
-    total = reg1 + recipe.ce_weight * ce1
+    total = recipe.reg_weight * reg1 + recipe.ce_weight * ce1
     metrics = {'reg1': reg1, 'ce1': ce1}
     if recipe.second_pass > 0:
         # Position t now reads h1[t-1] (its own output) instead of the verifier's feature.
         h2 = lm.hidden_full(params, tokens, h1)
         reg2, ce2 = losses(h2)
-        total = total + recipe.second_pass * (reg2 + recipe.ce_weight * ce2)
+        total = total + recipe.second_pass * (recipe.reg_weight * reg2 + recipe.ce_weight * ce2)
         metrics.update(reg2=reg2, ce2=ce2)
     return total, metrics
 
@@ -201,11 +261,12 @@ def train_eagle(
     frozen = {k: v for k, v in params.items() if k != 'net'}
     net, opt = params['net'], tx.init(params['net'])
     mask_all = data.reply_mask()
+    vin_all = data.inputs(lm.feature_layers)
 
     @jax.jit
-    def step(net, opt, tokens, feats, mask, key, lr):
+    def step(net, opt, tokens, feats, vin, mask, key, lr):
         def f(net):
-            return _step_losses(lm, {**frozen, 'net': net}, tokens, feats, mask, recipe, key)
+            return _step_losses(lm, {**frozen, 'net': net}, tokens, feats, vin, mask, recipe, key)
 
         (loss, metrics), g = jax.value_and_grad(f, has_aux=True)(net)
         opt = (opt[0], opt[1]._replace(hyperparams={**opt[1].hyperparams, 'learning_rate': lr}))
@@ -237,6 +298,7 @@ def train_eagle(
             opt,
             jnp.asarray(data.tokens[idx, :W]),
             jnp.asarray(data.feats[idx, :W], jnp.float32),
+            jnp.asarray(vin_all[idx, :W], jnp.float32) if lm.feature_layers else None,
             jnp.asarray(mask_all[idx, :W], jnp.float32),
             jax.random.fold_in(key, s),
             jnp.float32(sched(s)),
@@ -271,16 +333,18 @@ def feature_alpha(lm: EagleLM, params, data: Features, batch: int = 8) -> dict[s
     ``alpha2`` / ``top1_2``: step 2 (h from the drafter's own output at t - 1).
     """
     mask_all = data.reply_mask()
+    vin_all = data.inputs(lm.feature_layers)
 
     @jax.jit
-    def score(tokens, feats, mask):
+    def score(tokens, feats, vin, mask):
         v_logits = jnp.einsum('btd,vd->btv', feats, lm.table(params).astype(jnp.float32))
         p = jax.nn.softmax(v_logits, -1)
-        h1 = lm.hidden_full(params, tokens, feats)
+        vin = feats if vin is None else vin
+        h1 = lm.hidden_full(params, tokens, lm.input_features(params, vin))
         h2 = lm.hidden_full(params, tokens, h1)
         out = []
         for h in (h1, h2):
-            q = jax.nn.softmax(lm.scatter(params, lm.head_logits(params, h)), -1)
+            q = jax.nn.softmax(lm.scatter(params, lm.draft_logits(params, h)), -1)
             a = jnp.minimum(p, q).sum(-1)
             t1 = jnp.argmax(v_logits, -1) == jnp.argmax(q, -1)
             out += [jnp.sum(a * mask), jnp.sum(t1 * mask)]
@@ -294,6 +358,7 @@ def feature_alpha(lm: EagleLM, params, data: Features, batch: int = 8) -> dict[s
             score(
                 jnp.asarray(data.tokens[sl, :W]),
                 jnp.asarray(data.feats[sl, :W], jnp.float32),
+                jnp.asarray(vin_all[sl, :W], jnp.float32) if lm.feature_layers else None,
                 jnp.asarray(mask_all[sl, :W], jnp.float32),
             )
         )

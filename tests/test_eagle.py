@@ -53,8 +53,8 @@ def _verifier(cfg=SMALL, seed=4, sharpen=1.0):
     return lm, params
 
 
-def _eagle(v_lm, v_params, keep, seed, scale=1.0):
-    lm = EagleLM(eagle_config(v_lm.config, len(keep)), v_lm.vocab_size)
+def _eagle(v_lm, v_params, keep, seed, scale=1.0, layers=()):
+    lm = EagleLM(eagle_config(v_lm.config, len(keep)), v_lm.vocab_size, layers)
     net = lm.init_net(seed)
     net["fc"] = net["fc"] * scale
     return lm, lm.attach(net, v_params["embed"], keep)
@@ -100,6 +100,57 @@ def test_forward_reads_the_features_training_reads():
         p2, c, toks, pos, causal_block_mask(2, 7)
     )
     assert float(jnp.max(jax.nn.softmax(lg3, -1)[..., np.array([1, 4])])) == 0.0
+
+
+def test_multi_layer_features_read_what_training_reads():
+    """A drafter reading several verifier states (EAGLE-3: ``feature_layers``): the
+    verifier's `forward_hidden(layers=...)` gives the states `hidden_full` does, and the
+    cache path (states written, then a block or token by token, then a draft step on its
+    own output) gives the logits of the teacher-forced path."""
+    cfg = TransformerConfig(**{**SMALL.to_dict(), "n_layers": 3})
+    v_lm, v_params = _verifier(cfg)
+    layers = (0, 2, 3)  # two blocks' residual streams and the final-normed state
+    lm = EagleLM(eagle_config(v_lm.config, V), V, layers)
+    assert lm.feature_width == 3 * cfg.d_model and lm.verifier_layers == layers
+    params = lm.attach(lm.init_net(2), v_params["embed"], np.arange(V))
+    rng = np.random.default_rng(1)
+    toks = jnp.asarray(rng.integers(0, V, (2, 7)), jnp.int32)
+    _, final = v_lm.hidden_full(v_params, toks)
+    _, states = v_lm.hidden_full(v_params, toks, layers=layers)
+    assert states.shape == (2, 7, 3 * cfg.d_model)
+    np.testing.assert_allclose(states[..., 2 * cfg.d_model :], final, rtol=1e-6, atol=1e-6)
+    pos = jnp.broadcast_to(jnp.arange(7), (2, 7))
+    _, st2, _ = v_lm.forward_hidden(
+        v_params, v_lm.init_cache(2), toks, pos, causal_block_mask(2, 7), layers=layers
+    )
+    np.testing.assert_allclose(st2, states, rtol=2e-5, atol=2e-5)
+    h = lm.hidden_full(params, toks, lm.input_features(params, states))
+    want = lm.draft_logits(params, h)
+    c = lm.write_features(lm.init_cache(2), states, jnp.zeros(2, jnp.int32), jnp.full(2, 6))
+    got, c1 = lm.forward(params, c, toks, pos, causal_block_mask(2, 7))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    cc = c
+    for t in range(7):
+        lg, cc = lm.forward(
+            params, cc, toks[:, t : t + 1], pos[:, t : t + 1], causal_block_mask(2, 1)
+        )
+        cc = lm.advance(cc, 1)
+        np.testing.assert_allclose(lg[:, 0], want[:, t], rtol=2e-5, atol=2e-5)
+    nxt = jnp.zeros((2, 1), jnp.int32)
+    lg, _ = lm.forward(params, lm.advance(c1, 7), nxt, jnp.full((2, 1), 7), causal_block_mask(2, 1))
+    g = lm.input_features(params, states)
+    own = jnp.concatenate([g[:, :6], h[:, 6:7], g[:, :1]], 1)
+    h8 = lm.hidden_full(params, jnp.concatenate([toks, nxt], 1), own)
+    np.testing.assert_allclose(lg[:, 0], lm.draft_logits(params, h8)[:, 7], rtol=2e-5, atol=2e-5)
+    # Stored [out, in] it gives the same logits.
+    lm2, params2 = order_eagle(lm, params, True)
+    assert lm2.feature_layers == layers
+    got2, _ = lm2.forward(params2, c, toks, pos, causal_block_mask(2, 7))
+    np.testing.assert_allclose(got2, want, rtol=2e-5, atol=2e-5)
+    with pytest.raises(ValueError, match="feature layers"):
+        v_lm.hidden_full(v_params, toks, layers=(4,))
+    with pytest.raises(ValueError, match="distinct"):
+        EagleLM(eagle_config(v_lm.config, V), V, (1, 1))
 
 
 def test_attach_rejects_a_mismatched_table():
@@ -163,11 +214,11 @@ def exact_law(v_lm, v_params, temperature=1.0):
 KEEPS = (np.array([1, 3, 4]), np.array([0, 1, 4]), np.array([0, 2, 3]))
 
 
-def _chi2_run(rule, slots_n, seed, n=N):
+def _chi2_run(rule, slots_n, seed, n=N, layers=((), (), ())):
     v_lm, v_params = _verifier()
     specs, data = [], []
     for i, (keep, tau) in enumerate(zip(KEEPS[: max(slots_n, 1)], (1.0, 0.7, 0.0))):
-        lm, params = _eagle(v_lm, v_params, keep, seed=10 + i, scale=4.0)
+        lm, params = _eagle(v_lm, v_params, keep, seed=10 + i, scale=4.0, layers=layers[i])
         specs.append(DrafterSpec(f"eagle{i}", lm, temperature=tau))
         # The deployment's maps (drafts over the head's ids) for all but the τ 0.7 one.
         data.append(identity_maps(params, V) if i == 1 else feature_maps(params, V))
@@ -209,6 +260,22 @@ def test_feature_drafter_is_lossless(rule, slots_n):
     assert p_value >= ALPHA, f"feature drafter, {rule}: χ² rejects (p = {p_value:.3g})"
     if rule != "coupled_block":  # disjoint heads: the shared block accepts nothing
         assert 0 < c.accepted[:, 0].sum() < c.proposed[:, 0].sum()
+
+
+# Drafters reading several verifier states (EAGLE-3), mixed with one reading the final state
+# alone: the engine asks the verifier for the union and hands each drafter its own slices.
+_MULTI = ((1, 0), (0,), ())
+
+
+@pytest.mark.parametrize("rule,slots_n", [("rejection", 1), ("token_tree", 3)])
+def test_multi_state_feature_drafters_are_lossless(rule, slots_n):
+    seed = zlib.crc32(f"eagle3/{rule}".encode())
+    v_lm, v_params, res = _chi2_run(rule, slots_n, seed, layers=_MULTI)
+    p_value = chi2_pvalue(res.tokens[:, 1 : 1 + LENGTH], exact_law(v_lm, v_params))
+    c = res.counters
+    print(f"\neagle-3 {rule}: χ² p = {p_value:.3g}; accepted {c.accepted.sum(0).tolist()}")
+    assert p_value >= ALPHA, f"multi-state feature drafters, {rule}: χ² rejects (p = {p_value:.3g})"
+    assert 0 < c.accepted[:, 0].sum() < c.proposed[:, 0].sum()
 
 
 # ----------------------------------------------------------------------------------------
@@ -264,10 +331,12 @@ def check_greedy(v_lm, v_params, d_lm, d_params, prompts, new, gamma=3, n_slots=
     return spec
 
 
-@pytest.mark.parametrize("n_slots", [1, 2])
-def test_greedy_equals_autoregressive(n_slots):
+@pytest.mark.parametrize("n_slots,layers", [(1, ()), (2, ()), (1, (0, 2)), (2, (1, 0, 2))])
+def test_greedy_equals_autoregressive(n_slots, layers):
     v_lm, v_params = _verifier(TINY, seed=5, sharpen=4.0)
-    d_lm, d_params = _eagle(v_lm, v_params, np.arange(0, 12, 1)[:9], seed=2, scale=2.0)
+    d_lm, d_params = _eagle(
+        v_lm, v_params, np.arange(0, 12, 1)[:9], seed=2, scale=2.0, layers=layers
+    )
     rng = np.random.default_rng(1)
     prompts = [list(map(int, rng.integers(0, 12, 2 + i % 7))) for i in range(8)]  # ragged
     spec = check_greedy(v_lm, v_params, d_lm, d_params, prompts, new=20, n_slots=n_slots)
@@ -472,9 +541,66 @@ def test_a_time_budget_sizes_the_schedule(monkeypatch):
         return lambda s: rates.append((s, steps)) or sched(s)
 
     monkeypatch.setattr(distill_eagle, "lr_schedule", spy)
-    _, hist = distill_eagle.train_eagle(lm, params, data, recipe, time_budget_s=3.0, log=str)
+    _, hist = distill_eagle.train_eagle(lm, params, data, recipe, time_budget_s=8.0, log=str)
     assert hist["steps_run"] == hist["schedule_steps"] < recipe.steps
     s, t = rates[-1]
     assert s == t - 1 and float(real(recipe, t)(s)) == pytest.approx(
         recipe.learning_rate * 0.1, rel=1e-4
     )
+
+
+def test_feature_layers_past_the_verifier_are_refused():
+    v_lm, v_params = _verifier(TINY, seed=5, sharpen=4.0)
+    d_lm, d_params = _eagle(v_lm, v_params, np.arange(12), seed=2, layers=(0, 3))
+    prompts = [[1, 2, 3]]
+    cfg = EngineConfig(gamma=2, rule="rejection", verifier_temperature=0.0, max_new_tokens=4)
+    with pytest.raises(ConfigError, match=r"feature_layers: got \(0, 3\); allowed: layer indices"):
+        speculative_generate(
+            cfg,
+            v_lm,
+            v_params,
+            [DrafterSpec("e", d_lm)],
+            [feature_maps(d_params, 12)],
+            prompts,
+            [prompts],
+            row_keys_for(0, 1),
+        )
+
+
+def test_features_hold_states_and_give_each_drafter_its_own(tmp_path):
+    """`distill_eagle.Features` with verifier states: saved and loaded, concatenated, and
+    a subset of them selected for a drafter reading fewer; a drafter reading states the
+    file does not hold is refused."""
+    from specjax.distill_eagle import Features
+
+    rng = np.random.default_rng(0)
+    D, n = 4, 3
+    parts = [
+        Features(
+            rng.integers(0, V, (2, w)).astype(np.int32),
+            np.array([w, w - 1], np.int32),
+            np.array([1, 1], np.int32),
+            rng.standard_normal((2, w, D)).astype(np.float16),
+            rng.standard_normal((2, w, n * D)).astype(np.float16),
+            np.array([1, 4, 6], np.int32),
+        )
+        for w in (5, 7)
+    ]
+    parts[0].save(tmp_path / "f.npz")
+    back = Features.load(tmp_path / "f.npz")
+    np.testing.assert_array_equal(back.states, parts[0].states)
+    assert back.layers == (1, 4, 6)
+    both = Features.concat([back, parts[1]])
+    assert both.states.shape == (4, 7, n * D) and both.layers == (1, 4, 6)
+    np.testing.assert_array_equal(both.inputs(()), both.feats)
+    np.testing.assert_array_equal(both.inputs((1, 4, 6)), both.states)
+    sub = both.inputs((6, 1))
+    st = both.states.reshape(4, 7, n, D)
+    np.testing.assert_array_equal(sub, np.concatenate([st[:, :, 2], st[:, :, 0]], -1))
+    with pytest.raises(ValueError, match="a subset of the states held"):
+        both.inputs((2,))
+    plain = Features(*(getattr(parts[0], f) for f in ("tokens", "length", "prompt_len", "feats")))
+    plain.save(tmp_path / "p.npz")
+    assert Features.load(tmp_path / "p.npz").states is None
+    with pytest.raises(ValueError, match="parts of layers"):
+        Features.concat([plain, parts[1]])

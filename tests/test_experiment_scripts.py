@@ -467,6 +467,10 @@ def test_compare_layouts_refuses_a_cache_too_small_in_one_line(tmp_path):
         (["--stage=eval"], "--stage: got 'eval'"),
         (["--stage=features", "--data=/nonexistent"], "--data: got '/nonexistent'"),
         (["--stage=train", "--init_from=/nonexistent.npz"], "--init_from: got '/nonexistent.npz'"),
+        (
+            ["--stage=features", "--feature_layers=1,14", "--features_of=1,26"],
+            "--feature_layers: got '1,14', allowed: a subset of --features_of=1,26",
+        ),
     ],
 )
 def test_train_eagle(tmp_path, args, flag):

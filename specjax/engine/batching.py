@@ -57,6 +57,7 @@ from specjax.engine.autoregressive import ar_loop
 from specjax.engine.batching_queue import Queue, Rows, Tally, check_queue, pad_rows
 from specjax.engine.checks import check_features
 from specjax.engine.decode import round_budget, speculative_round
+from specjax.engine.features import feature_layout, pick_features
 from specjax.engine.generate import (
     CallShapes,
 )
@@ -132,16 +133,18 @@ def _prefill_rows(
 ) -> EngineState:
     """The state of R fresh rows, as the static engine's prefill makes it."""
     r = prompt.shape[0]
-    features = any(getattr(lm, 'reads_features', False) for lm in drafter_lms)
+    features, picks = feature_layout(verifier, drafter_lms)
     vout = prefill_cache(
         verifier, v_params, prompt, prompt_len - 1, shapes.v_cap, with_hidden=features
     )
     vcache = vout[0]
     dcaches, dlogits = [], []
-    for lm, params, dp, dl, cap in zip(
-        drafter_lms, d_params, d_prompts, d_prompt_len, shapes.d_caps
+    for lm, params, dp, dl, cap, pick in zip(
+        drafter_lms, d_params, d_prompts, d_prompt_len, shapes.d_caps, picks
     ):
-        feats = (vout[2], prompt_len - 1) if getattr(lm, 'reads_features', False) else None
+        feats = None
+        if pick is not None:
+            feats = (pick_features(vout[2], pick, features), prompt_len - 1)
         c, lg = prefill_cache(lm, params, dp, dl, cap, features=feats)
         dcaches.append(c)
         dlogits.append(lg)

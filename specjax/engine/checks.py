@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specjax.engine.decode import reads_features
+from specjax.engine.features import reads_features
 from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig, validate_drafter
 from specjax.errors import ConfigError
 
@@ -75,6 +75,14 @@ def check_features(verifier, drafters: Sequence[DrafterSpec]) -> None:
             raise ConfigError(
                 f"drafter {d.name!r} reads the verifier's features; allowed: a verifier with "
                 f"forward_hidden (a TransformerLM), not {type(verifier).__name__}"
+            )
+        layers = getattr(d.lm, "verifier_layers", None)
+        n_layers = getattr(getattr(verifier, "config", None), "n_layers", None)
+        if layers is not None and (n_layers is None or any(not 0 <= i <= n_layers for i in layers)):
+            raise ConfigError(
+                f"drafter {d.name!r} feature_layers: got {tuple(layers)}; allowed: layer "
+                f"indices in [0, {n_layers}] of a TransformerLM verifier ({n_layers} its "
+                "final-normed state)"
             )
         want = getattr(getattr(verifier, "config", None), "d_model", None)
         if want is not None and d.lm.config.d_model != want:

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax import debug
+from specjax.engine.features import feature_layout, pick_features, reads_features
 from specjax.engine.spec import DrafterData, DrafterStatic, EngineConfig
 from specjax.engine.state import DecodeState, count_round
 from specjax.models.api import causal_block_mask, forward_rows
@@ -241,9 +242,10 @@ def speculative_round(
 
     drafted = _draft_all(cfg, drafters, d_data, state, gammas, u_draft, gumbel, v_vocab)
     chain, chain_q, active, slot_gamma = _chains(drafted, slots, gammas, s_n, v_vocab)
-    feature_drafters = [k for k, d in enumerate(drafters) if reads_features(d)]
+    request, picks = feature_layout(verifier, [d.lm for d in drafters])
+    feature_drafters = [k for k, pick in enumerate(picks) if pick is not None]
     p_root, p_nodes, vcache, hidden = _score(
-        cfg, verifier, v_params, state, chain, v_temperature, with_hidden=bool(feature_drafters)
+        cfg, verifier, v_params, state, chain, v_temperature, with_hidden=request
     )
     verdict = _decide(
         cfg, state, gumbel, p_root, p_nodes, chain_q, chain, active, slot_gamma if ragged else None
@@ -261,10 +263,10 @@ def speculative_round(
     )
     if feature_drafters:  # the verifier's features along the committed path
         path = _path_indices(verdict, n_commit.shape[0], s_n, gamma)
-        feats = jnp.take_along_axis(hidden, path[:, :, None], axis=1)  # [B, γ+1, D]
+        feats = jnp.take_along_axis(hidden, path[:, :, None], axis=1)  # [B, γ+1, n·D]
         for k in feature_drafters:
             new_dcaches[k] = drafters[k].lm.write_features(
-                new_dcaches[k], feats, length - 1, n_commit
+                new_dcaches[k], pick_features(feats, picks[k], request), length - 1, n_commit
             )
     new_length = length + n_commit
     # SPEC §9, caches rolled back: the verifier's cache holds every committed token but the
@@ -402,8 +404,8 @@ def _score(
 ):
     """Step 3: one verifier call over the tree `[root] + S·γ` — (p_root f32[B, V], p_nodes
     f32[B, S, γ, V], the verifier's cache with the block written, not yet committed, and
-    with ``with_hidden`` its hidden states [B, 1 + S·γ, D] for feature drafters, else
-    None)."""
+    with ``with_hidden`` its hidden states [B, 1 + S·γ, D] for feature drafters (a tuple:
+    those states, [.., n·D], `feature_layout`), else None)."""
     b, s_n, gamma = chain.shape
     length = state.length
     root = jnp.take_along_axis(state.tokens, (length - 1)[:, None], axis=1)
@@ -411,8 +413,9 @@ def _score(
     positions = (length - 1)[:, None] + _tree_depths(s_n, gamma)[None, :]
     mask = jnp.broadcast_to(tree_block_mask(s_n, gamma), (b,) + (1 + s_n * gamma,) * 2)
     if with_hidden:
+        layers = {} if with_hidden is True else {'layers': with_hidden}
         v_logits, hidden, vcache = verifier.forward_hidden(
-            v_params, state.vcache, block, positions, mask
+            v_params, state.vcache, block, positions, mask, **layers
         )
     else:
         v_logits, vcache = verifier.forward(v_params, state.vcache, block, positions, mask)
@@ -505,12 +508,6 @@ def _path_indices(verdict, b: int, n_slots: int, gamma: int) -> jax.Array:
         [jnp.zeros((b, 1), jnp.int32), 1 + verdict.path_slot * gamma + jnp.arange(gamma)[None, :]],
         1,
     ).astype(jnp.int32)
-
-
-def reads_features(drafter) -> bool:
-    """Whether a drafter (a `DrafterStatic` / `DrafterSpec`) drafts from the verifier's
-    hidden states (`specjax.models.eagle`)."""
-    return bool(getattr(drafter.lm, 'reads_features', False))
 
 
 def _keep_drafter_paths(

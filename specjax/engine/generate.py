@@ -48,10 +48,10 @@ from specjax.engine.checks import (
 from specjax.engine.decode import (
     consume,
     consume_width,
-    reads_features,
     round_budget,
     speculative_round,
 )
+from specjax.engine.features import feature_layout, pick_features
 from specjax.engine.prefill import (
     check_context,
     pad_prompts,
@@ -235,7 +235,7 @@ def _spec_from_prompts(
     return_state,
 ):
     b = prompt.shape[0]
-    features = any(reads_features(d) for d in drafters)
+    features, picks = feature_layout(verifier, [d.lm for d in drafters])
     vout = prefill_cache(
         verifier,
         v_params,
@@ -247,12 +247,14 @@ def _spec_from_prompts(
     )
     vcache = vout[0]
     dcaches, dlogits = [], []
-    for spec, data, dp, dl, cap, grp in zip(
-        drafters, d_data, d_prompts, d_prompt_len, shapes.d_caps, shapes.d_groups
+    for spec, data, dp, dl, cap, grp, pick in zip(
+        drafters, d_data, d_prompts, d_prompt_len, shapes.d_caps, shapes.d_groups, picks
     ):
         # A feature drafter reads the verifier's features of its prompt (all but the last
         # token's: that one is the first round's root).
-        feats = (vout[2], prompt_len - 1) if reads_features(spec) else None
+        feats = None
+        if pick is not None:
+            feats = (pick_features(vout[2], pick, features), prompt_len - 1)
         c, lg = prefill_cache(spec.lm, data.params, dp, dl, cap, grp, features=feats)
         dcaches.append(c)
         dlogits.append(lg)

@@ -104,7 +104,8 @@ def prefill_cache(lm, params, tokens, n, capacity, groups=None, with_hidden=Fals
     (a cache's leaves are batch-major). Without it, one forward over the padded block.
 
     `with_hidden`: also return the model's hidden states [B, P, D] (`forward_hidden`; a
-    verifier whose features a feature drafter reads). `features`: (hidden [B, P', D],
+    verifier whose features a feature drafter reads; a tuple: those states, [B, P, n·D],
+    `features.feature_layout`). `features`: (hidden [B, P', D],
     count i32[B]) — the verifier's features written into a feature drafter's fresh cache
     (`specjax.models.eagle.EagleLM.write_features`) before its prompt is fed.
     """

@@ -93,9 +93,11 @@ def forward_rows(lm, params, cache, tokens, positions, block_mask, at, with_hidd
     block positions ``at: i32[B, R]``: (logits f32[B, R, V], [hidden,] cache). An LM whose
     forward takes ``logits_at`` runs its head on those rows only; any other LM is sliced."""
     method = lm.forward_hidden if with_hidden else lm.forward
+    # A tuple: the states a multi-state feature drafter reads (`forward_hidden`'s layers).
+    layers = {'layers': with_hidden} if isinstance(with_hidden, tuple) else {}
     if takes_logits_at(method):
-        return method(params, cache, tokens, positions, block_mask, logits_at=at)
-    out = method(params, cache, tokens, positions, block_mask)
+        return method(params, cache, tokens, positions, block_mask, logits_at=at, **layers)
+    out = method(params, cache, tokens, positions, block_mask, **layers)
     return (block_rows(out[0], at),) + tuple(out[1:])
 
 
@@ -217,10 +219,14 @@ class TransformerLM:
         )
         return logits, cache.replace(k=k, v=v)
 
-    def forward_hidden(self, params, cache: Cache, tokens, positions, block_mask, logits_at=None):
+    def forward_hidden(
+        self, params, cache: Cache, tokens, positions, block_mask, logits_at=None, layers=None
+    ):
         """`forward` that also returns the block's final-normed hidden states [B, T, D] (all
         T rows, whatever ``logits_at``): (logits, hidden, cache). The features a feature
-        drafter reads (`specjax.models.eagle`)."""
+        drafter reads (`specjax.models.eagle`). ``layers`` (a tuple of ints in [0,
+        n_layers]; `check_layers`): those states concatenated instead, [B, T, n·D] — i <
+        n_layers the residual stream after block i, n_layers the final-normed one."""
         B, T = tokens.shape
         if T > self.max_len:
             raise ValueError(
@@ -236,12 +242,28 @@ class TransformerLM:
             cache.length,
             with_hidden=True,
             logits_at=logits_at,
+            hidden_layers=self.check_layers(layers),
         )
         return logits, hidden, cache.replace(k=k, v=v)
 
-    def hidden_full(self, params, tokens) -> tuple[jax.Array, jax.Array]:
+    def check_layers(self, layers):
+        """``layers`` as a tuple of ints (None stays None); ValueError naming the field
+        unless each lies in [0, n_layers]."""
+        if layers is None:
+            return None
+        layers = tuple(int(i) for i in layers)
+        L = self.config.n_layers
+        if not layers or any(not 0 <= i <= L for i in layers):
+            raise ValueError(
+                f'TransformerLM: feature layers {layers} (allowed: a non-empty tuple of ints in '
+                f'[0, {L}]; {L} is the final-normed state)'
+            )
+        return layers
+
+    def hidden_full(self, params, tokens, layers=None) -> tuple[jax.Array, jax.Array]:
         """(causal logits f32[B, T, V], final-normed hidden states [B, T, D]) over whole
-        sequences (a feature drafter's training targets)."""
+        sequences (a feature drafter's training targets); with ``layers`` the second item
+        is those states concatenated, [B, T, n·D] (`forward_hidden`)."""
         B, T = tokens.shape
         if T > self.max_len:
             raise ValueError(
@@ -250,7 +272,11 @@ class TransformerLM:
             )
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         logits, _, _, hidden = self._module(params)(
-            tokens, positions, causal_block_mask(B, T), with_hidden=True
+            tokens,
+            positions,
+            causal_block_mask(B, T),
+            with_hidden=True,
+            hidden_layers=self.check_layers(layers),
         )
         return logits, hidden
 

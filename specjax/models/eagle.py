@@ -27,6 +27,14 @@ the token at slot ``p`` is ``feats[p-1]`` where ``p-1 < vlen``, else ``hid[p-1]`
 ``p = 0``); a block is fed only where that slot is already written (the engine feeds a
 block of committed tokens whose verifier features are all known, and drafts one token at
 a time).
+
+With ``feature_layers`` (EAGLE-3, Li et al. 2025) the drafter reads several of the verifier's
+states instead of its final one: the residual stream after some blocks (low, mid, high) and
+optionally the final-normed state, concatenated [.., n·D] by the verifier
+(`TransformerLM.forward_hidden(layers=...)`); each D-slice is RMS-normalised, ``fuse``
+[n·D -> D] mixes them into the layer's input feature, and a trained ``out_norm`` sits before
+the head (the output is no longer tied to the verifier's final feature). Step ``j > 1``
+reads the drafter's own output as before; ``feats`` then holds the n·D states.
 """
 
 from __future__ import annotations
@@ -44,7 +52,14 @@ from specjax.models.api import _logical_axes_of, causal_block_mask
 from specjax.models.fused import _flip, order_params
 from specjax.models.products import project
 from specjax.models.subset_vocab import NEG_LOGIT
-from specjax.models.transformer import Block, TransformerConfig, _fan_in_std, _param, _weight
+from specjax.models.transformer import (
+    Block,
+    RMSNorm,
+    TransformerConfig,
+    _fan_in_std,
+    _param,
+    _weight,
+)
 
 __all__ = ['EagleLM', 'FeatureCache', 'eagle_config', 'order_eagle']
 
@@ -106,16 +121,35 @@ def eagle_config(verifier_config: TransformerConfig, kept: int, **overrides) -> 
 
 
 class _Net(nnx.Module):
-    """concat(embedding, feature) -> fc [2D -> D] + bias -> one decoder layer."""
+    """concat(embedding, feature) -> fc [2D -> D] + bias -> one decoder layer; with ``n``
+    verifier states per position (``n > 0``) also ``fuse`` [n·D -> D] for them and an
+    ``out_norm`` before the head."""
 
-    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: TransformerConfig, n: int = 0, *, rngs: nnx.Rngs):
         d = cfg.d_model
         self.cfg = cfg
+        self.n = n
         self.fc = _weight(
             rngs, cfg, ((2 * d, 'mlp'),), ((d, 'embed'),), _fan_in_std(2 * d), cfg.param_dtype
         )
         self.fc_bias = _param(rngs, (d,), ('embed',), 1e-6, cfg.param_dtype)
         self.layer_0 = Block(cfg, rngs=rngs)
+        if n:
+            self.fuse = _weight(
+                rngs, cfg, ((n * d, 'mlp'),), ((d, 'embed'),), _fan_in_std(n * d), cfg.param_dtype
+            )
+            self.out_norm = RMSNorm(d, cfg, rngs=rngs)
+
+    def fused(self, feats):
+        """The verifier's n states [.., n·D] -> the layer's input feature [.., D]: each
+        state RMS-normalised (a mid-layer residual stream is not at the final one's scale),
+        then ``fuse``."""
+        dt = jnp.dtype(self.cfg.dtype)
+        d = self.cfg.d_model
+        x = feats.astype(jnp.float32).reshape(feats.shape[:-1] + (self.n, d))
+        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.cfg.norm_eps)
+        x = x.reshape(feats.shape).astype(dt)
+        return project(x, self.fuse[...], dt, out_first=self.cfg.out_first)
 
     def __call__(self, emb, feat, positions, block_mask, cache=None):
         dt = jnp.dtype(self.cfg.dtype)
@@ -147,6 +181,9 @@ class EagleLM:
 
     config: TransformerConfig
     verifier_vocab: int
+    #: The verifier states it reads (`TransformerLM.forward_hidden`'s ``layers``); () for
+    #: the final-normed state alone (EAGLE-1/2, no ``fuse``).
+    feature_layers: tuple = ()
     graphdef: Any = dataclasses.field(init=False, compare=False, hash=False, repr=False)
     _abstract: Any = dataclasses.field(init=False, compare=False, hash=False, repr=False)
 
@@ -161,7 +198,11 @@ class EagleLM:
                 f'EagleLM.config.vocab_size={self.config.vocab_size}: the head rows K '
                 f'(allowed: 1 <= K <= verifier_vocab={self.verifier_vocab})'
             )
-        abstract = nnx.eval_shape(lambda: _Net(self.config, rngs=nnx.Rngs(0)))
+        layers = tuple(int(i) for i in self.feature_layers)
+        if len(set(layers)) != len(layers):
+            raise ValueError(f'EagleLM.feature_layers={layers} (allowed: distinct layer indices)')
+        object.__setattr__(self, 'feature_layers', layers)
+        abstract = nnx.eval_shape(lambda: _Net(self.config, len(layers), rngs=nnx.Rngs(0)))
         graphdef, state = nnx.split(abstract)
         object.__setattr__(self, 'graphdef', graphdef)
         object.__setattr__(self, '_abstract', state)
@@ -178,11 +219,22 @@ class EagleLM:
     def n_kept(self) -> int:
         return self.config.vocab_size
 
+    @property
+    def verifier_layers(self):
+        """The ``layers`` to ask the verifier's `forward_hidden` for (None: its final-normed
+        state, the default)."""
+        return self.feature_layers or None
+
+    @property
+    def feature_width(self) -> int:
+        """The width of the verifier features it reads (D, or n·D with ``feature_layers``)."""
+        return self.config.d_model * max(1, len(self.feature_layers))
+
     # -- parameters -----------------------------------------------------------------------
     def init_net(self, rng) -> dict:
         """Fresh ``net`` parameters (the trained part)."""
         rng = jax.random.key(int(rng)) if isinstance(rng, (int, np.integer)) else rng
-        net = _Net(self.config, rngs=nnx.Rngs(rng))
+        net = _Net(self.config, len(self.feature_layers), rngs=nnx.Rngs(rng))
         return nnx.to_pure_dict(nnx.state(net))
 
     def attach(self, net: dict, verifier_embed, keep) -> dict:
@@ -231,8 +283,9 @@ class EagleLM:
         dt = jnp.dtype(c.dtype)
         kv = cache_lib.init_cache(1, batch, capacity, c.n_kv_heads, c.head_dim, dt)
         z = jnp.zeros((batch, capacity, c.d_model), dt)
+        f = jnp.zeros((batch, capacity, self.feature_width), dt) if self.feature_layers else z
         return FeatureCache(
-            k=kv.k, v=kv.v, length=kv.length, feats=z, hid=z, vlen=jnp.zeros((batch,), jnp.int32)
+            k=kv.k, v=kv.v, length=kv.length, feats=f, hid=z, vlen=jnp.zeros((batch,), jnp.int32)
         )
 
     def advance(self, cache: FeatureCache, n) -> FeatureCache:
@@ -273,9 +326,28 @@ class EagleLM:
         return out.at[..., params['keep']].set(kept_logits.astype(jnp.float32))
 
     def head_logits(self, params, h) -> jax.Array:
-        """f32[B, T, K]: the frozen head over the kept ids."""
+        """f32[B, T, K]: the frozen head over the kept ids, on a final-normed-like state
+        (the verifier's own feature, or `head_input` of the drafter's output)."""
         dt = jnp.dtype(self.config.dtype)
         return project(h, params['head'].astype(dt), dt, out_dtype=jnp.float32, out_first=True)
+
+    def head_input(self, params, h) -> jax.Array:
+        """The drafter's output ``h`` as its head reads it (``out_norm`` with
+        ``feature_layers``, else ``h`` itself: trained to be the verifier's feature)."""
+        if not self.feature_layers:
+            return h
+        return self._net(params['net']).out_norm(h)
+
+    def draft_logits(self, params, h) -> jax.Array:
+        """f32[B, T, K]: the head over the kept ids on the drafter's outputs ``h``."""
+        return self.head_logits(params, self.head_input(params, h))
+
+    def input_features(self, params, feats) -> jax.Array:
+        """The verifier's features [.., W] (W = `feature_width`) as the layer's input
+        features [.., D] (``fuse`` with ``feature_layers``; else the identity)."""
+        if not self.feature_layers:
+            return feats
+        return self._net(params['net']).fused(feats)
 
     def table(self, params) -> jax.Array:
         """The verifier's input table [V, D] (its values, however ``embed`` is stored)."""
@@ -294,7 +366,7 @@ class EagleLM:
         B, T = tokens.shape
         slots = cache.length[:, None] + jnp.arange(T)[None, :]
         prev = slots - 1
-        true = _take_slots(cache.feats, prev)
+        true = self.input_features(params, _take_slots(cache.feats, prev))
         own = _take_slots(cache.hid, prev)
         feat = jnp.where((prev < cache.vlen[:, None])[:, :, None], true, own)
         feat = jnp.where((prev >= 0)[:, :, None], feat, 0)
@@ -308,11 +380,12 @@ class EagleLM:
         hid = _put_slots(cache.hid, slots, h, jnp.ones(slots.shape, bool))
         cache = cache.replace(k=cache_lib.PerLayer([k]), v=cache_lib.PerLayer([v]), hid=hid)
         hh = h if logits_at is None else cache_lib.block_rows(h, logits_at)
-        return self.scatter(params, self.head_logits(params, hh)), cache
+        return self.scatter(params, self.draft_logits(params, hh)), cache
 
     def hidden_full(self, params, tokens, feats) -> jax.Array:
         """Teacher-forced outputs h [B, T, D] over whole sequences: position t reads token
-        t and ``feats`` [B, T, D] at t - 1 (training and offline evaluation)."""
+        t and the input feature ``feats`` [B, T, D] at t - 1 (training and offline
+        evaluation): `input_features` of the verifier's, or the drafter's own outputs."""
         B, T = tokens.shape
         prev = jnp.concatenate([jnp.zeros_like(feats[:, :1]), feats[:, :-1]], axis=1)
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
@@ -336,5 +409,11 @@ def order_eagle(lm: EagleLM, params: dict, out_first: bool = True) -> tuple[Eagl
         return lm, params
     net = order_params(lm.config, params['net'], out_first)
     net = dict(net, fc=_flip(net['fc'], 1, out_first))
-    new = EagleLM(dataclasses.replace(lm.config, out_first=bool(out_first)), lm.verifier_vocab)
+    if 'fuse' in net:
+        net = dict(net, fuse=_flip(net['fuse'], 1, out_first))
+    new = EagleLM(
+        dataclasses.replace(lm.config, out_first=bool(out_first)),
+        lm.verifier_vocab,
+        lm.feature_layers,
+    )
     return new, dict(params, net=net)

@@ -124,9 +124,8 @@ def load_drafter(name_or_path, dtype: str = 'float32', out_first: bool = False):
 def save_eagle(path, lm, params, info: dict[str, Any], dtype: str | None = None) -> Path:
     """A feature drafter (`specjax.models.eagle`): its trained ``net`` and ``keep`` only
     (the verifier's table and head rows are rebuilt at load)."""
-    return save_drafter(
-        path, lm, {'net': params['net'], 'keep': params['keep']}, {'kind': 'eagle', **info}, dtype
-    )
+    info = {'kind': 'eagle', **info, 'feature_layers': list(lm.feature_layers)}
+    return save_drafter(path, lm, {'net': params['net'], 'keep': params['keep']}, info, dtype)
 
 
 def load_eagle(name_or_path, verifier, dtype: str = 'float32', out_first: bool = False):
@@ -137,7 +136,11 @@ def load_eagle(name_or_path, verifier, dtype: str = 'float32', out_first: bool =
 
     path = drafter_path(name_or_path)
     lm, saved, info = _read(
-        path, dtype, lambda cfg, info: EagleLM(cfg, int(info['verifier_vocab']))
+        path,
+        dtype,
+        lambda cfg, info: EagleLM(
+            cfg, int(info['verifier_vocab']), tuple(info.get('feature_layers', ()))
+        ),
     )
     if info.get('kind') != 'eagle' or set(saved) != {'net', 'keep'}:
         raise ConfigError(f'drafter {path}: not a feature drafter (train_eagle.py writes those)')

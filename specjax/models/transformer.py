@@ -547,6 +547,7 @@ class Transformer(nnx.Module):
         length=None,
         with_hidden=False,
         logits_at=None,
+        hidden_layers=None,
     ):
         """Args:
           tokens, positions: i32[B, T]; block_mask: bool[B, T, T].
@@ -560,6 +561,10 @@ class Transformer(nnx.Module):
         reads (the features a feature drafter, `specjax.models.eagle`, drafts from).
         ``logits_at`` (i32[B, R] block positions, or None for all T): the head runs on those
         rows only and the logits are f32[B, R, V] (a prefill reads one row per prompt).
+        ``hidden_layers`` (with ``with_hidden``; a tuple of ints in [0, n_layers]): the
+        fourth item is instead those states concatenated, [B, T, n·D] — index i < n_layers
+        the residual stream after block i, n_layers the final-normed state (EAGLE-3's
+        low/mid/high features, `specjax.models.eagle`).
         """
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
@@ -571,6 +576,7 @@ class Transformer(nnx.Module):
             x = x * jnp.asarray(cfg.d_model**0.5, dt)
         x = with_logical_constraint(x, ('batch', 'length', 'embed'))
         new_k, new_v = [], []
+        taken = {}
         for i in range(cfg.n_layers):
             layer = getattr(self, f'layer_{i}')
             cache = None if cache_k is None else (cache_k[i], cache_v[i], length)
@@ -578,6 +584,8 @@ class Transformer(nnx.Module):
             if new_cache is not None:
                 new_k.append(new_cache[0])
                 new_v.append(new_cache[1])
+            if hidden_layers is not None and i in hidden_layers:
+                taken[i] = x
         if cache_k is not None:
             cache_k, cache_v = PerLayer(new_k), PerLayer(new_v)
         x = self.final_norm(x)
@@ -589,5 +597,8 @@ class Transformer(nnx.Module):
         logits = project(xh, head, dt, out_dtype=jnp.float32, out_first=of)
         logits = with_logical_constraint(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
         if with_hidden:
+            if hidden_layers is not None:
+                taken[cfg.n_layers] = x
+                x = jnp.concatenate([taken[i] for i in hidden_layers], axis=-1)
             return logits, cache_k, cache_v, x
         return logits, cache_k, cache_v
