@@ -401,12 +401,14 @@ def _initial_drafter(data: Generated, verifier, recipe: DrafterRecipe):
 
 
 def lr_schedule(recipe, steps: int | None = None):
-    """A drafter recipe's warmup-cosine schedule (``warmup``, ``learning_rate``), decaying
-    to a tenth over ``steps`` (default ``recipe.steps``)."""
+    """A drafter recipe's warmup-cosine schedule (``warmup``, ``learning_rate``) over
+    ``steps`` (default ``recipe.steps``) steps 0 … steps - 1: the last one runs at a tenth
+    of the peak (optax's schedule reaches its end value at ``decay_steps``, so that is
+    ``steps - 1``, not ``steps``: a short time-budgeted run ended a cosine segment short)."""
     steps = recipe.steps if steps is None else int(steps)
-    warmup = min(recipe.warmup, max(steps - 1, 0))
+    warmup = min(recipe.warmup, max(steps - 2, 0))
     lr = recipe.learning_rate
-    return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.1)
+    return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps - 1, warmup + 1), lr * 0.1)
 
 
 def optimizer(recipe, injected: bool = False) -> optax.GradientTransformation:

@@ -90,7 +90,7 @@ def _reference(
     rows = [i % n for i in range(max(n, REF_ROWS))]
     top = max(budgets)
     kw = dict(min_width=4, reserve=0, stop_table=stop)
-    out = [None] * n
+    out, counts = [None] * n, [None] * n
     for b in sorted(set(budgets)):
         kw["reserve"] = top - b
         if drafters is None:
@@ -121,7 +121,10 @@ def _reference(
         for i in range(n):
             if budgets[i] == b:
                 out[i] = res.new_tokens(i)
-    return out
+                if drafters is not None:
+                    c = res.counters
+                    counts[i] = tuple(np.asarray(x)[i] for x in (c.rounds, c.accepted))
+    return out, counts
 
 
 def _check(cfg, verifier, v_params, prompts, budgets, keys, stop, batch, chunk, **spec):
@@ -137,7 +140,7 @@ def _check(cfg, verifier, v_params, prompts, budgets, keys, stop, batch, chunk, 
         stop_table=stop,
         **spec,
     )
-    ref = _reference(
+    ref, counts = _reference(
         cfg,
         verifier,
         v_params,
@@ -153,6 +156,9 @@ def _check(cfg, verifier, v_params, prompts, budgets, keys, stop, batch, chunk, 
     for i in range(len(prompts)):
         assert res.tokens[i] == ref[i], (i, res.tokens[i], ref[i])
     assert (res.committed == [len(t) for t in ref]).all()
+    for i, c in enumerate(counts):  # the drafters' states moved exactly too
+        if c is not None:
+            assert res.rounds[i] == c[0] and (res.accepted[i] == c[1]).all(), (i, c)
     assert res.committed.sum() > 0 and res.seconds > 0 and res.wall_seconds >= res.seconds
     return res
 

@@ -477,3 +477,21 @@ def test_train_drafter_continues_from_a_drafter(greedy, sampled):
     other = SubsetVocabLM(lm.config, lm.verifier_vocab + 1)
     with pytest.raises(ValueError, match="init=SubsetVocabLM over 257"):
         distill.train_drafter(sampled, model, _recipe(steps=1), init=(other, params), log=_quiet)
+
+
+@pytest.mark.parametrize("steps,warmup", [(1, 2), (2, 2), (3, 2), (7, 2), (40, 5), (2000, 50)])
+def test_the_schedule_ends_at_a_tenth_on_its_last_step(steps, warmup):
+    """`distill.lr_schedule` over ``steps`` steps (0 … steps - 1): it climbs from 0 through
+    the warmup, never exceeds the peak, decays monotonically after it, and the last step
+    runs at exactly a tenth of the peak (a time-budgeted run that stops at the schedule's
+    length ends decayed, not a cosine segment short)."""
+    recipe = types.SimpleNamespace(steps=steps, warmup=warmup, learning_rate=1e-3)
+    sched = distill.lr_schedule(recipe)
+    lr = np.array([float(sched(s)) for s in range(steps)])
+    assert lr.max() <= 1e-3 * (1 + 1e-6)
+    if steps >= 2:
+        assert lr[-1] == pytest.approx(1e-4, rel=1e-6), lr[-3:]
+        top = int(np.argmax(lr))
+        assert (np.diff(lr[top:]) <= 1e-12).all()
+    if steps > warmup + 1:
+        assert lr[0] == 0.0 and lr[warmup] == pytest.approx(1e-3, rel=1e-6)

@@ -382,6 +382,39 @@ def test_sharded_feature_drafter_equals_unsharded():
     assert 0 < ref.counters.accepted.sum() < ref.counters.proposed.sum()
 
 
+@pytest.mark.parametrize("layers", [(), (1, 0, 2)])
+def test_continuous_batching_with_a_feature_drafter_equals_static(layers):
+    """Refills and pauses move a feature drafter's cache (its verifier features) like a KV
+    cache: at τ 1 each prompt's tokens, rounds and accepted drafts equal its static
+    batch's (tests/test_batching.py's harness), with the final-normed state and with
+    several states. Rule 'rejection' on a flat verifier, so that the tokens depend on the
+    drafter's q: with the refill's prompt features zeroed, or another drafter's slices
+    picked, prompts come out differently."""
+    from test_batching import _check
+
+    v_lm, v_params = _verifier(TINY, seed=5)
+    d_lm, d_params = _eagle(v_lm, v_params, np.arange(12)[:9], seed=2, scale=2.0, layers=layers)
+    rng = np.random.default_rng(2)
+    n = 6
+    prompts = [list(map(int, rng.integers(0, 12, rng.integers(1, 5)))) for _ in range(n)]
+    cfg = EngineConfig(gamma=3, rule="rejection", verifier_temperature=1.0)
+    res = _check(
+        cfg,
+        v_lm,
+        v_params,
+        prompts,
+        [12, 20] * 3,
+        row_keys_for(5, n),
+        None,
+        2,
+        4,
+        drafters=[DrafterSpec("e", d_lm, temperature=1.0)],
+        d_data=[feature_maps(d_params, v_lm.vocab_size)],
+        drafter_prompts=[prompts],
+    )
+    assert res.refills > 1 and 0 < res.accepted.sum() < res.proposed.sum()
+
+
 def test_continuing_without_features_is_refused():
     v_lm, v_params = _verifier(TINY, seed=5, sharpen=4.0)
     d_lm, d_params = _eagle(v_lm, v_params, np.arange(12), seed=2)
