@@ -107,6 +107,11 @@ def define_flags():
         "plan prompts per domain at batch 1 (rows cycle through the domains at larger batches)",
     )
     flags.DEFINE_string("drafter_dir", "", "folder of drafter_{code,prose}.npz (default: shipped)")
+    flags.DEFINE_string(
+        "eagle",
+        "",
+        "a feature drafter file (train_eagle.py's eagle*.npz) for 'eagle' (default: shipped)",
+    )
 
 
 def load_verifier(spec: str, max_len: int, field: str = "--dtype"):
@@ -150,7 +155,10 @@ def part_ratio(result: dict, bw: float) -> None:
 def _drafter_files() -> dict:
     d = Path(FLAGS.drafter_dir)
     files = {n: d / f"drafter_{n}.npz" for n in ("code", "prose")} if FLAGS.drafter_dir else {}
-    return {n: str(f) for n, f in files.items() if f.exists()}
+    out = {n: str(f) for n, f in files.items() if f.exists()}
+    if FLAGS.eagle:
+        out["eagle"] = FLAGS.eagle
+    return out
 
 
 def _plan_texts() -> list[str]:
@@ -476,6 +484,7 @@ def main(argv):
         "new_tokens": FLAGS.new_tokens,
         "repeats": FLAGS.repeats,
         "prompts_per_domain": FLAGS.prompts_per_domain,
+        "layout": FLAGS.dtype,
     }
     bw = stream_bandwidth()
     result["stream_bytes_per_s"] = bw
@@ -522,4 +531,9 @@ if __name__ == "__main__":
     define_flags()
     for _name in ("dtypes", "dtype", "ar_reference"):
         flags.register_validator(_name, _validator(_name))
+    flags.register_validator(
+        "eagle",
+        lambda v: not v or (Path(v).suffix == ".npz" and Path(v).is_file()),
+        "--eagle: an existing feature drafter .npz file (train_eagle.py's eagle*.npz)",
+    )
     app.run(main)

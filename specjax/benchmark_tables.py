@@ -218,6 +218,61 @@ def _use(row: dict) -> str:
     return "—" if u is None else f"{u:.2f}"
 
 
+def ratio_disagreements(r: dict, tol: float = 0.15) -> list[dict] | None:
+    """The spec rows whose own T_score / T_step (timed with their setup) differs by more
+    than ``tol`` (relative) from the ratio table's figure for the same layout and batch at
+    the same block width k = S·γ + 1 (linear between the measured widths; outside them the
+    row is not compared). ``None`` when the run has no ratio table for its spec layout:
+    there is nothing to compare with. A disagreement means load moved between the two
+    timings, or one of them was not warm: the row's prediction used its own figure."""
+    layout = r.get("layout")
+    table = {x["batch"]: x for x in r.get("ratio") or () if x.get("dtype") == layout}
+    if not layout or not table or not r.get("spec"):
+        return None
+    out = []
+    for x in r["spec"]:
+        t = table.get(x["batch"])
+        if t is None:
+            continue
+        k = x.get("slots", 1) * x["gamma"] + 1
+        ks = sorted(int(j) for j in t["ratio"])
+        if not ks[0] <= k <= ks[-1]:
+            continue
+        ratio = {int(j): v for j, v in t["ratio"].items()}
+        hi = next(j for j in ks if j >= k)
+        lo = max(j for j in ks if j <= k)
+        w = 0.0 if hi == lo else (k - lo) / (hi - lo)
+        expect = (1 - w) * ratio[lo] + w * ratio[hi]
+        got = x["t_score_over_t_step"]
+        if abs(got / expect - 1) > tol:
+            out.append(dict(row=x, k=k, table=expect, spec=got))
+    return out
+
+
+def _agreement_lines(r: dict, tol: float = 0.15) -> list[str]:
+    bad = ratio_disagreements(r, tol)
+    if bad is None:
+        return []
+    if not bad:
+        return [
+            f"Every row's T_score / T_step is within {tol:.0%} of the ratio table's at the "
+            "same k, layout and batch.",
+            "",
+        ]
+    lines = [
+        f"**Check:** these rows' T_score / T_step differs by more than {tol:.0%} from the ratio "
+        "table's at the same k, layout and batch (load moved between the two timings; each "
+        "row's prediction uses its own figure):",
+        "",
+    ]
+    lines += [
+        f"- B {b['row']['batch']}, τ {b['row']['tau']:g}, {b['row']['drafter']}, γ "
+        f"{b['row']['gamma']}: k {b['k']}, {b['spec']:.2f} here against {b['table']:.2f}"
+        for b in bad
+    ]
+    return lines + [""]
+
+
 def real_speed_page(r: dict) -> list[str]:
     """The body (below the provenance header) of experiments/benchmark_real.py's pages,
     docs/results/real_speed*.md, from one run's result (every figure is the run's)."""
@@ -254,6 +309,7 @@ def real_speed_page(r: dict) -> list[str]:
                 f"{x['t_score_over_t_step']:.2f} |"
             )
         lines.append("")
+        lines += _agreement_lines(r)
         trees = [x for x in r["spec"] if x.get("slots", 1) > 1]
         if trees:
             lines += ["Per-drafter α in the trees (each chain tested alone):", ""]

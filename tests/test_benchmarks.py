@@ -24,3 +24,65 @@ def test_forward_timer_writes_the_cache_in_place(tiny_lm, tiny_params):
     # One copy per call of the (undonated) input cache is in the entry computation; a copy
     # per rep would sit in the loop's body.
     assert all(c == "ENTRY" for c, _ in copies), copies
+
+
+def _speed_result(spec_ratio: float, slots: int = 1, gamma: int = 3, layout="bfloat16"):
+    row = dict(
+        drafter="a" if slots == 1 else "a+b",
+        rule="rejection",
+        slots=slots,
+        gamma=gamma,
+        batch=1,
+        tau=1.0,
+        drafter_tau=1.0,
+        ar_tokens_per_s=40.0,
+        spec_tokens_per_s=50.0,
+        measured_speedup=1.25,
+        hardware_aware_speedup=1.3,
+        measured_over_hardware_aware=0.96,
+        alpha=0.5,
+        tokens_per_round=2.0,
+        row_use=1.0,
+        c=0.03,
+        t_score_over_t_step=spec_ratio,
+    )
+    ratio = {"1": 1.0, "2": 1.1, "4": 1.3, "10": 1.9}
+    return {
+        "stream_bytes_per_s": 3e10,
+        "new_tokens": 64,
+        "prompts_per_domain": 1,
+        "repeats": 2,
+        "layout": layout,
+        "ratio": [
+            dict(
+                dtype="bfloat16",
+                batch=1,
+                t_step=0.02,
+                floor_s=0.01,
+                ratio=ratio,
+                roofline_ratio={"TPU": {k: 1.0 for k in ratio}},
+                roofline_t_step={"TPU": 1e-4},
+            )
+        ],
+        "spec": [row],
+    }
+
+
+def test_the_speed_page_flags_a_score_ratio_its_own_table_contradicts():
+    """A spec row's T_score / T_step is compared with the ratio table's at the same k
+    (linear between the measured widths): 1.3 at k = 4 agrees, 1.7 does not; a two-drafter
+    tree at γ 3 scores k = 7 (1.6 in the table); a row of another layout, or a width
+    outside the table's, is not compared."""
+    from specjax.benchmark_tables import ratio_disagreements, real_speed_page
+
+    assert ratio_disagreements(_speed_result(1.3)) == []
+    bad = ratio_disagreements(_speed_result(1.7))
+    assert len(bad) == 1 and bad[0]["k"] == 4 and abs(bad[0]["table"] - 1.3) < 1e-9
+    tree = ratio_disagreements(_speed_result(1.3, slots=2))
+    assert len(tree) == 1 and tree[0]["k"] == 7 and abs(tree[0]["table"] - 1.6) < 1e-9
+    assert ratio_disagreements(_speed_result(1.6, slots=2)) == []
+    assert ratio_disagreements(_speed_result(3.0, gamma=5, slots=2)) == []  # k 11: not measured
+    assert ratio_disagreements(_speed_result(1.7, layout="float32")) is None
+    page = "\n".join(real_speed_page(_speed_result(1.7)))
+    assert "**Check:**" in page and "k 4, 1.70 here against 1.30" in page
+    assert "within 15%" in "\n".join(real_speed_page(_speed_result(1.3)))
