@@ -31,6 +31,7 @@ from specjax.models.cache import (
     write_keys,
 )
 from specjax.models.products import project
+from specjax.models.rope import parse_rope_scaling, rotary
 from specjax.sharding import with_logical_constraint
 
 _DTYPES = ('float32', 'bfloat16', 'float16')
@@ -112,7 +113,7 @@ class TransformerConfig:
         if not (isinstance(self.norm_eps, (int, float)) and 0 < self.norm_eps < 1):
             raise ValueError(f'TransformerConfig.norm_eps={self.norm_eps!r}: must be in (0, 1)')
         object.__setattr__(self, 'norm_eps', float(self.norm_eps))
-        object.__setattr__(self, 'rope_scaling', _rope_scaling(self.rope_scaling))
+        object.__setattr__(self, 'rope_scaling', parse_rope_scaling(self.rope_scaling))
         for f in ('qkv_bias', 'embed_input_scale', 'fused_projections', 'out_first'):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(
@@ -152,67 +153,6 @@ _LATER_FIELDS = (
     'out_first',
 )
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
-_ROPE_TYPES = {
-    'linear': ('factor',),
-    'llama3': ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings'),
-}
-
-
-def _rope_scaling(value) -> tuple:
-    """A dict / list of pairs / tuple -> sorted ``((key, value), ...)`` (hashable)."""
-    if value in (None, (), [], {}):
-        return ()
-    try:
-        items = dict(value.items() if hasattr(value, 'items') else value)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f'TransformerConfig.rope_scaling={value!r}: must be a mapping or (key, value) pairs'
-        ) from None
-    kind = items.get('rope_type', items.get('type'))
-    items.pop('type', None)
-    items['rope_type'] = kind
-    if kind not in _ROPE_TYPES:
-        raise ValueError(
-            f'TransformerConfig.rope_scaling: rope_type={kind!r} is not supported '
-            f'(allowed: {sorted(_ROPE_TYPES)})'
-        )
-    missing = [k for k in _ROPE_TYPES[kind] if not isinstance(items.get(k), (int, float))]
-    if missing:
-        raise ValueError(
-            f'TransformerConfig.rope_scaling: rope_type={kind!r} needs numbers for {missing}'
-        )
-    keep = ('rope_type',) + _ROPE_TYPES[kind]
-    return tuple(sorted((k, items[k] if k == 'rope_type' else float(items[k])) for k in keep))
-
-
-def rope_inv_freq(head_dim: int, theta: float, scaling: tuple = ()) -> np.ndarray:
-    """f32[head_dim // 2] rotary inverse frequencies, with HF's 'linear' / 'llama3' scaling."""
-    half = head_dim // 2
-    # f32 throughout, as transformers computes it (and as zoo models were trained).
-    inv = (1.0 / (theta ** (np.arange(half, dtype=np.float32) / half))).astype(np.float32)
-    s = dict(scaling)
-    if s.get('rope_type') == 'linear':
-        inv = inv / np.float32(s['factor'])
-    elif s.get('rope_type') == 'llama3':
-        # Long wavelengths are divided by `factor`, short ones kept, the band between
-        # interpolated (transformers' _compute_llama3_parameters).
-        factor, lo, hi, old = (
-            float(s[k])
-            for k in (
-                'factor',
-                'low_freq_factor',
-                'high_freq_factor',
-                'original_max_position_embeddings',
-            )
-        )
-        wavelen = 2 * np.pi / inv
-        smooth = (old / wavelen - lo) / (hi - lo)
-        scaled = np.where(wavelen > old / lo, inv / factor, inv)
-        mid = (wavelen <= old / lo) & (wavelen >= old / hi)
-        inv = np.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
-    return inv.astype(np.float32)
-
-
 _TRUNC_STD = 0.87962566103423978  # std of a standard normal truncated to [-2, 2]
 
 
@@ -267,17 +207,6 @@ class RMSNorm(nnx.Module):
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return (normed * self.scale[...].astype(jnp.float32)).astype(x.dtype)
-
-
-def rotary(x: jax.Array, positions: jax.Array, theta: float, scaling: tuple = ()) -> jax.Array:
-    """Rotates ``x: [B, T, N, hd]`` by ``positions: i32[B, T]`` (rotate-half convention)."""
-    inv_freq = rope_inv_freq(x.shape[-1], theta, scaling)
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, half]
-    sin = jnp.sin(angles)[:, :, None, :]
-    cos = jnp.cos(angles)[:, :, None, :]
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)
 
 
 CACHE_CHUNK = 128  # slots per block of the blocked cache read (`cache_attention`)
