@@ -1,0 +1,126 @@
+"""Training the feature drafter (`specjax.distill_eagle`) on a tiny verifier: its
+features, its data files with verifier states, the time-budgeted schedule, and α rising
+with training. The drafter's cache path, losslessness and greedy equality are
+tests/test_eagle.py's."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_eagle import TINY, V, _verifier
+
+
+def test_training_on_the_verifiers_features_raises_alpha():
+    """`distill_eagle` end to end on a tiny verifier: features of its own generations,
+    60 training steps, held-out α at step 1 and 2 above the untrained drafter's."""
+    import types  # pylint: disable=import-outside-toplevel
+
+    from specjax import distill, distill_eagle  # pylint: disable=import-outside-toplevel
+
+    v_lm, v_params = _verifier(TINY, seed=5, sharpen=2.0)
+    hexes = types.SimpleNamespace(encode=lambda t: [int(c, 16) for c in t])  # ids 0..11
+    model = types.SimpleNamespace(lm=v_lm, params=v_params, tokenizer=hexes, eos_id=None)
+    rng = np.random.default_rng(0)
+
+    def gen(n, seed):
+        prompts = ["".join("%x" % i for i in rng.integers(0, 12, 3)) for _ in range(n)]
+        return distill.generate(
+            model,
+            prompts,
+            new_tokens=24,
+            batch=8,
+            temperature=1.0,
+            top_k=4,
+            seed=seed,
+            log=lambda s: None,
+        )
+
+    train = distill_eagle.verifier_features(model, gen(32, 0), bucket=16, log=lambda s: None)
+    held = distill_eagle.verifier_features(model, gen(8, 1), bucket=16, log=lambda s: None)
+    recipe = distill_eagle.EagleRecipe(kept=12, steps=60, batch=8, learning_rate=3e-3, warmup=5)
+    lm, params = distill_eagle.initial_eagle(model, train, recipe, max_len=64)
+    before = distill_eagle.feature_alpha(lm, params, held)
+    params, hist = distill_eagle.train_eagle(lm, params, train, recipe, log=lambda s: None)
+    after = distill_eagle.feature_alpha(lm, params, held)
+    assert hist["loss"][-1][1] < hist["loss"][0][1]
+    assert hist["steps_run"] == hist["schedule_steps"] == recipe.steps
+    assert after["alpha1"] > before["alpha1"] + 0.05, (before, after)
+    assert after["alpha2"] > before["alpha2"], (before, after)
+
+
+def test_a_time_budget_sizes_the_schedule(monkeypatch):
+    """With a time budget the cosine schedule is sized to the run's pace: a budget far too
+    short for the steps asked ends the run at the schedule's end (its learning rate decayed
+    to a tenth), not mid-schedule."""
+    import types  # pylint: disable=import-outside-toplevel
+
+    from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
+
+    v_lm, v_params = _verifier(TINY, seed=5)
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, TINY.vocab_size, (16, 12)).astype(np.int32)
+    _, feats = v_lm.hidden_full(v_params, jnp.asarray(tokens))
+    data = distill_eagle.Features(
+        tokens=tokens,
+        length=np.full(16, 12, np.int32),
+        prompt_len=np.full(16, 2, np.int32),
+        feats=np.asarray(feats, np.float16),
+    )
+    recipe = distill_eagle.EagleRecipe(kept=6, steps=10_000, batch=4, warmup=2)
+    model = types.SimpleNamespace(lm=v_lm, params=v_params, tokenizer=None)
+    lm, params = distill_eagle.initial_eagle(model, data, recipe, max_len=16)
+    monkeypatch.setattr(distill_eagle, "_RATE_PROBE", 5)
+    rates = []  # (step, the schedule's length) of every learning rate the run read
+    real = distill_eagle.lr_schedule
+
+    def spy(r, steps=None):
+        sched = real(r, steps)
+        return lambda s: rates.append((s, steps)) or sched(s)
+
+    monkeypatch.setattr(distill_eagle, "lr_schedule", spy)
+    _, hist = distill_eagle.train_eagle(lm, params, data, recipe, time_budget_s=8.0, log=str)
+    assert hist["steps_run"] == hist["schedule_steps"] < recipe.steps
+    s, t = rates[-1]
+    assert s == t - 1 and float(real(recipe, t)(s)) == pytest.approx(
+        recipe.learning_rate * 0.1, rel=1e-4
+    )
+
+
+def test_features_hold_states_and_give_each_drafter_its_own(tmp_path):
+    """`distill_eagle.Features` with verifier states: saved and loaded, concatenated, and
+    a subset of them selected for a drafter reading fewer; a drafter reading states the
+    file does not hold is refused."""
+    from specjax.distill_eagle import Features
+
+    rng = np.random.default_rng(0)
+    D, n = 4, 3
+    parts = [
+        Features(
+            rng.integers(0, V, (2, w)).astype(np.int32),
+            np.array([w, w - 1], np.int32),
+            np.array([1, 1], np.int32),
+            rng.standard_normal((2, w, D)).astype(np.float16),
+            rng.standard_normal((2, w, n * D)).astype(np.float16),
+            np.array([1, 4, 6], np.int32),
+        )
+        for w in (5, 7)
+    ]
+    parts[0].save(tmp_path / "f.npz")
+    back = Features.load(tmp_path / "f.npz")
+    np.testing.assert_array_equal(back.states, parts[0].states)
+    assert back.layers == (1, 4, 6)
+    both = Features.concat([back, parts[1]])
+    assert both.states.shape == (4, 7, n * D) and both.layers == (1, 4, 6)
+    np.testing.assert_array_equal(both.inputs(()), both.feats)
+    np.testing.assert_array_equal(both.inputs((1, 4, 6)), both.states)
+    sub = both.inputs((6, 1))
+    st = both.states.reshape(4, 7, n, D)
+    np.testing.assert_array_equal(sub, np.concatenate([st[:, :, 2], st[:, :, 0]], -1))
+    with pytest.raises(ValueError, match="a subset of the states held"):
+        both.inputs((2,))
+    plain = Features(*(getattr(parts[0], f) for f in ("tokens", "length", "prompt_len", "feats")))
+    plain.save(tmp_path / "p.npz")
+    assert Features.load(tmp_path / "p.npz").states is None
+    with pytest.raises(ValueError, match="parts of layers"):
+        Features.concat([plain, parts[1]])
