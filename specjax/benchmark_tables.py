@@ -5,6 +5,8 @@ pages (`real_speed_page`). Every figure is the run's own.
 
 from __future__ import annotations
 
+import numpy as np
+
 from specjax.hardware import ratio_tables
 
 
@@ -235,14 +237,11 @@ def ratio_disagreements(r: dict, tol: float = 0.15) -> list[dict] | None:
         if t is None:
             continue
         k = x.get("slots", 1) * x["gamma"] + 1
-        ks = sorted(int(j) for j in t["ratio"])
+        ratio = {int(j): v for j, v in t["ratio"].items()}  # int keys, or str from JSON
+        ks = sorted(ratio)
         if not ks[0] <= k <= ks[-1]:
             continue
-        ratio = {int(j): v for j, v in t["ratio"].items()}
-        hi = next(j for j in ks if j >= k)
-        lo = max(j for j in ks if j <= k)
-        w = 0.0 if hi == lo else (k - lo) / (hi - lo)
-        expect = (1 - w) * ratio[lo] + w * ratio[hi]
+        expect = float(np.interp(k, ks, [ratio[j] for j in ks]))
         got = x["t_score_over_t_step"]
         if abs(got / expect - 1) > tol:
             out.append(dict(row=x, k=k, table=expect, spec=got))

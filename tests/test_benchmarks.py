@@ -83,6 +83,9 @@ def test_the_speed_page_flags_a_score_ratio_its_own_table_contradicts():
     assert ratio_disagreements(_speed_result(1.6, slots=2)) == []
     assert ratio_disagreements(_speed_result(3.0, gamma=5, slots=2)) == []  # k 11: not measured
     assert ratio_disagreements(_speed_result(1.7, layout="float32")) is None
+    live = _speed_result(1.7)  # the run's own result holds int widths (JSON: str)
+    live["ratio"][0]["ratio"] = {int(k): v for k, v in live["ratio"][0]["ratio"].items()}
+    assert [b["k"] for b in ratio_disagreements(live)] == [4]
     page = "\n".join(real_speed_page(_speed_result(1.7)))
     assert "**Check:**" in page and "k 4, 1.70 here against 1.30" in page
     assert "within 15%" in "\n".join(real_speed_page(_speed_result(1.3)))
