@@ -4,19 +4,22 @@
   python experiments/profile_round.py --batches 1 --gammas 2 --ablate --hlo_dump /tmp/round
   python experiments/profile_round.py --compare_with /tmp/oldtree --e2e   # paired old vs new
   python experiments/profile_round.py --verifier smollm2 --drafter eagle --batches 1 --gammas 3
+  python experiments/profile_round.py --verifier smollm2 --drafter lookup+eagle --gammas 3 \
+      --verifier_temperature 0 --batches 1          # a token tree: a chain per drafter
   XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true \
       python experiments/profile_round.py --batches 1 --gammas 2 --profile_dir /tmp/prof
 
 For every batch B and γ (zoo verifier, the `--drafter` drafter, rule `--rule`, verifier
-τ = `--verifier_temperature`), after a prefill and one round (`speculative_generate(...,
+τ = `--verifier_temperature`; drafters joined by `+` draft a token tree, one chain of γ
+each, scored in one S·γ + 1-token forward, rule `token_tree` unless `--rule` says), after a prefill and one round (`speculative_generate(...,
 return_state=True)`), it times the speculative loop alone: the rounds of a `lax.while_loop`
 over `speculative_round` until every row has `--new_tokens` more tokens, ahead-of-time
 compiled (compilation excluded; a warm-up run first), and reports
 
   * ms per round: the loop's seconds / its iterations (minimum and median over
     `--repeats`, and the process CPU time per round);
-  * forwards: T_score + γ·T_draft, the round's model forwards alone (the (γ+1)-token
-    verifier forward and γ one-token drafter forwards, each timed in a jitted `lax.scan`
+  * forwards: T_score + γ·ΣT_draft, the round's model forwards alone (the (S·γ+1)-token
+    verifier forward and γ one-token forwards of each drafter, each timed in a jitted `lax.scan`
     at the loop's cache capacity, half filled), and the overhead, the difference; the
     forwards are timed in the same repeats as the loops (interleaved: the machine is
     shared, its load is printed);
@@ -66,6 +69,8 @@ from absl import app, flags
 
 from specjax import provenance
 from specjax.round_anatomy import (
+    Forward,
+    catch_up,
     counters_class,
     load_package,
     loop_census,
@@ -73,7 +78,6 @@ from specjax.round_anatomy import (
     thunk_profile,
     variants,
 )
-from specjax.timing import forward_timer
 
 FLAGS = flags.FLAGS
 
@@ -85,8 +89,13 @@ def define_flags():
     flags.DEFINE_list("gammas", ["2", "4"], "γ values")
     flags.DEFINE_enum("verifier", "zoo", ["zoo", "smollm2"], "the zoo's or SmolLM2 (its wheel)")
     flags.DEFINE_string("dtype", "bfloat16:out_first", "SmolLM2's layout (--verifier=smollm2)")
-    flags.DEFINE_string("drafter", "code", "drafter (a zoo name; with smollm2 one of its own)")
-    flags.DEFINE_string("rule", "rejection", "verification rule")
+    flags.DEFINE_string(
+        "drafter",
+        "code",
+        "drafter (a zoo name; with smollm2 one of its own); drafters joined by '+' "
+        "(lookup+eagle) draft one token tree per row, a chain each",
+    )
+    flags.DEFINE_string("rule", None, "verification rule (default: rejection; a tree: token_tree)")
     flags.DEFINE_float("verifier_temperature", 1.0, "τ of the verifier")
     flags.DEFINE_integer("new_tokens", 64, "tokens per row in the timed loop")
     flags.DEFINE_integer("bucket", 64, "prompt widths are padded to a multiple of this")
@@ -183,18 +192,13 @@ class Case:
 
     def __init__(self, mods, full, texts, batch, gamma):
         self.mods = mods
-        gen, spec_mod = mods["gen"], mods["spec"]
-        dep = full.subset([FLAGS.drafter])
+        gen = mods["gen"]
+        dep = full.subset(_members())
         self.dep = dep
         v_prompts = [full.encode(t) for t in texts]
-        d_prompts = [[dep.drafter_encode[0](t) for t in texts]]
+        d_prompts = [[enc(t) for t in texts] for enc in dep.drafter_encode]
         keys = gen.row_keys_for(0, batch)
-        self.cfg = spec_mod.EngineConfig(
-            gamma=gamma,
-            rule=FLAGS.rule,
-            verifier_temperature=FLAGS.verifier_temperature,
-            max_new_tokens=1,
-        )
+        self.cfg = _engine_config(mods, gamma, max_new_tokens=1)
         first = gen.speculative_generate(
             self.cfg,
             dep.verifier,
@@ -209,21 +213,23 @@ class Case:
             return_state=True,
         )
         carry = first.state
-        # The drafter catches up as `_spec_from_state` does, outside the timed loop.
-        catch = jax.jit(lambda c, data: _catch_up(mods, self.cfg, dep.drafters[0].static, data, c))
-        carry = catch(
-            carry, dep.d_data[0].replace(temperature=jnp.float32(dep.drafters[0].temperature))
-        )
-        self.carry = carry
         d_data = tuple(
             d.replace(temperature=jnp.float32(s.temperature))
             for d, s in zip(dep.d_data, dep.drafters)
         )
+        # The drafters catch up as `_spec_from_state` does, outside the timed loop.
+        for k, d in enumerate(dep.drafters):
+            catch = jax.jit(
+                lambda c, data, k=k, spec=d.static: catch_up(mods, self.cfg, spec, data, c, k)
+            )
+            carry = catch(carry, d_data[k])
+        self.carry = carry
         b = batch
+        slots = np.tile(np.arange(len(dep.drafters), dtype=np.int32), (b, 1))
         self.args = (
             dep.v_params,
             d_data,
-            jnp.zeros((b, 1), jnp.int32),
+            jnp.asarray(slots),
             jnp.asarray(dep.stop_table * False),
             jnp.float32(FLAGS.verifier_temperature),
             jnp.int32(FLAGS.new_tokens),
@@ -232,7 +238,7 @@ class Case:
         )
         self.drafters = tuple(d.static for d in dep.drafters)
         self.capacity = carry.vcache.max_len
-        self.d_capacity = carry.dcaches[0].max_len
+        self.d_capacity = [c.max_len for c in carry.dcaches]
         self.context = int(np.mean(np.asarray(carry.length))) + FLAGS.new_tokens // 2
         self.batch, self.gamma = batch, gamma
         self.exes = {}
@@ -255,42 +261,27 @@ class Case:
         return dt / iters, dc / iters
 
 
-def _catch_up(mods, cfg, spec, data, carry):
-    gamma = cfg.gamma if spec.gamma is None else spec.gamma
+def _members() -> list[str]:
+    """The drafters of --drafter ('lookup+eagle' -> ['lookup', 'eagle'])."""
+    return FLAGS.drafter.split("+")
 
-    def behind(c):
-        return jnp.any(c[2] < carry.length)
 
-    def feed(c):
-        cache, logits, synced = c
-        cache, logits, synced, _ = mods["decode"].consume(
-            spec, data, cache, logits, carry.tokens, synced, carry.length, gamma + 1
-        )
-        return cache, logits, synced
-
-    c = jax.lax.while_loop(behind, feed, (carry.dcaches[0], carry.dlogits[0], carry.dsynced[0]))
-    return carry.replace(dcaches=(c[0],), dlogits=(c[1],), dsynced=c[2][None])
+def _engine_config(mods, gamma: int, max_new_tokens: int):
+    """The engine config of --drafter at γ: one chain per drafter (a tree when several)."""
+    s = len(_members())
+    rule = FLAGS.rule or ("rejection" if s == 1 else "token_tree")
+    return mods["spec"].EngineConfig(
+        gamma=gamma,
+        rule=rule,
+        verifier_temperature=FLAGS.verifier_temperature,
+        max_new_tokens=max_new_tokens,
+        n_slots=s,
+    )
 
 
 # ----------------------------------------------------------------------------------------
 # Forwards alone
 # ----------------------------------------------------------------------------------------
-
-
-class Forward:
-    """A `width`-token forward at batch `batch` over `context` cached tokens in a cache of
-    `capacity` slots, `reps` times in a jitted `lax.scan`: benchmark.py's measurement
-    (`timing.forward_timer`: the cache carried, written in place, its length not advanced),
-    here also with the process CPU time."""
-
-    def __init__(self, lm, params, batch, width, context, capacity, reps=32):
-        timer = forward_timer(lm, params, batch, width, context, capacity, reps)
-        self.exe, self.args, self.reps = timer.executable, timer.args, reps
-
-    def run(self):
-        t0, c0 = time.perf_counter(), time.process_time()
-        jax.block_until_ready(self.exe(*self.args))
-        return ((time.perf_counter() - t0) / self.reps, (time.process_time() - c0) / self.reps)
 
 
 def end_to_end(loaded, pkgs, batch, gamma, t_step, t_score, t_draft) -> list:
@@ -301,18 +292,13 @@ def end_to_end(loaded, pkgs, batch, gamma, t_step, t_score, t_draft) -> list:
     runs = {}
     for pkg in pkgs:
         mods, full, texts_all = loaded[pkg]
-        gen, spec_mod = mods["gen"], mods["spec"]
-        dep = full.subset([FLAGS.drafter])
+        gen = mods["gen"]
+        dep = full.subset(_members())
         texts = (texts_all * (batch // len(texts_all) + 1))[:batch]
         v_prompts = [full.encode(t) for t in texts]
-        d_prompts = [[dep.drafter_encode[0](t) for t in texts]]
+        d_prompts = [[enc(t) for t in texts] for enc in dep.drafter_encode]
         keys = gen.row_keys_for(0, batch)
-        cfg = spec_mod.EngineConfig(
-            gamma=gamma,
-            rule=FLAGS.rule,
-            verifier_temperature=FLAGS.verifier_temperature,
-            max_new_tokens=FLAGS.new_tokens,
-        )
+        cfg = _engine_config(mods, gamma, FLAGS.new_tokens)
         runs[(pkg, "spec")] = lambda gen=gen, cfg=cfg, dep=dep, v=v_prompts, d=d_prompts, k=keys: (
             gen.speculative_generate(
                 cfg,
@@ -392,7 +378,7 @@ def _load_packages(pkgs: list[str]) -> dict:
             gguf = importlib.import_module(f"{pkg}.models.gguf")
             model = gguf.smollm2_layout(FLAGS.dtype, max_len=1024, field="--dtype")
             dt = FLAGS.dtype.partition(":")[0]
-            full = mods["dep"].from_smollm2([FLAGS.drafter], dtype=dt, verifier=model)
+            full = mods["dep"].from_smollm2(_members(), dtype=dt, verifier=model)
         else:
             full = mods["dep"].from_zoo(mods["zoo"].load_zoo())
         texts_all = [p["prompt"] for p in mods["data"].load_prompts()]
@@ -445,19 +431,18 @@ def _compile_cases(loaded: dict, pkgs: list[str], batch: int, gamma: int) -> dic
 
 
 def _forwards(loaded: dict, case: Case, batch: int, gamma: int) -> dict:
-    """T_step, T_score and T_draft timers at the case's shapes (the current package's models;
-    identical in both)."""
+    """T_step, T_score (S·γ + 1 tokens: a chain of γ per drafter and the root) and each
+    drafter's T_draft timers at the case's shapes (the current package's models; identical
+    in both)."""
     _, full, _ = loaded["specjax"]
-    d = case.dep.drafters[0]
-    return {
+    k = len(case.dep.drafters) * gamma + 1
+    timers = {
         "T_step": Forward(full.verifier, full.v_params, batch, 1, case.context, case.capacity),
-        "T_score": Forward(
-            full.verifier, full.v_params, batch, gamma + 1, case.context, case.capacity
-        ),
-        "T_draft": Forward(
-            d.lm, case.dep.d_data[0].params, batch, 1, case.context, case.d_capacity
-        ),
+        "T_score": Forward(full.verifier, full.v_params, batch, k, case.context, case.capacity),
     }
+    for d, data, cap in zip(case.dep.drafters, case.dep.d_data, case.d_capacity):
+        timers[f"T_draft:{d.name}"] = Forward(d.lm, data.params, batch, 1, case.context, cap)
+    return timers
 
 
 def _paired_times(fwd: dict, cases: dict) -> tuple:
@@ -497,8 +482,11 @@ def _loop_row(case: Case, pkg: str, name: str, stats: tuple, fwd_s: dict, load: 
     row = dict(
         package=pkg,
         variant=name,
+        drafters=_members(),
+        rule=case.cfg.rule,
         batch=case.batch,
         gamma=case.gamma,
+        score_width=len(case.dep.drafters) * case.gamma + 1,
         iterations=iters,
         ms_per_round=1e3 * b_,
         ms_per_round_median=1e3 * m_,
@@ -534,9 +522,12 @@ def _loop_rows(times: dict, loads: list, cases: dict, batch: int, gamma: int) ->
     best = {k: min(w for w, _ in v) for k, v in times.items()}
     med = {k: statistics.median(w for w, _ in v) for k, v in times.items()}
     cpu = {k: min(c for _, c in v) for k, v in times.items()}
-    t_step, t_score, t_draft = (best[("fwd", n)] for n in ("T_step", "T_score", "T_draft"))
+    # A tree's drafters draft one after another: γ · ΣT_draft, then one score.
+    drafts = [k for k in times if k[0] == "fwd" and k[1].startswith("T_draft")]
+    t_step, t_score = best[("fwd", "T_step")], best[("fwd", "T_score")]
+    t_draft = sum(best[k] for k in drafts)
     forwards = t_score + gamma * t_draft
-    fmed = med[("fwd", "T_score")] + gamma * med[("fwd", "T_draft")]
+    fmed = med[("fwd", "T_score")] + gamma * sum(med[k] for k in drafts)
     print(
         f"\nB={batch} γ={gamma}: T_step {1e3 * t_step:.3f} ms, T_score "
         f"{1e3 * t_score:.3f} ms ({t_score / t_step:.2f}x), T_draft "

@@ -1,6 +1,7 @@
 """Tools of experiments/profile_round.py: a package's modules by role (for paired timing of
 an older copy), an HLO census of a compiled loop body, a per-thunk
-profile of a traced run, and ablated variants of the speculative round (scratch copies
+profile of a traced run, the drafters' catch-up and a forward timer with CPU time, and
+ablated variants of the speculative round (scratch copies
 traced from a package's `engine.decode`, never the engine's code path).
 """
 
@@ -9,10 +10,13 @@ from __future__ import annotations
 import collections
 import importlib
 import re
+import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+
+from specjax.timing import forward_timer
 
 # ----------------------------------------------------------------------------------------
 # A package's modules (the current one, or an older copy renamed for paired timing)
@@ -456,3 +460,42 @@ def skeleton_round(
         dlogits=(logits,),
         counters=state.counters.replace(rounds=state.counters.rounds + live),
     )
+
+
+def catch_up(mods, cfg, spec, data, carry, k=0):
+    """Drafter k fed the committed tokens it has not read, γ + 1 at a time."""
+    gamma = cfg.gamma if spec.gamma is None else spec.gamma
+
+    def behind(c):
+        return jnp.any(c[2] < carry.length)
+
+    def feed(c):
+        cache, logits, synced = c
+        cache, logits, synced, _ = mods["decode"].consume(
+            spec, data, cache, logits, carry.tokens, synced, carry.length, gamma + 1
+        )
+        return cache, logits, synced
+
+    c = jax.lax.while_loop(behind, feed, (carry.dcaches[k], carry.dlogits[k], carry.dsynced[k]))
+    swap = lambda xs, x: tuple(x if i == k else y for i, y in enumerate(xs))  # noqa: E731
+    return carry.replace(
+        dcaches=swap(carry.dcaches, c[0]),
+        dlogits=swap(carry.dlogits, c[1]),
+        dsynced=carry.dsynced.at[k].set(c[2]),
+    )
+
+
+class Forward:
+    """A `width`-token forward at batch `batch` over `context` cached tokens in a cache of
+    `capacity` slots, `reps` times in a jitted `lax.scan`: benchmark.py's measurement
+    (`timing.forward_timer`: the cache carried, written in place, its length not advanced),
+    here also with the process CPU time."""
+
+    def __init__(self, lm, params, batch, width, context, capacity, reps=32):
+        timer = forward_timer(lm, params, batch, width, context, capacity, reps)
+        self.exe, self.args, self.reps = timer.executable, timer.args, reps
+
+    def run(self):
+        t0, c0 = time.perf_counter(), time.process_time()
+        jax.block_until_ready(self.exe(*self.args))
+        return ((time.perf_counter() - t0) / self.reps, (time.process_time() - c0) / self.reps)

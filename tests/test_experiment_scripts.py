@@ -319,9 +319,11 @@ def test_evaluate_zoo(tmp_path):
 
 
 @pytest.mark.slow
-def test_profile_round(tmp_path):
+@pytest.mark.parametrize("drafter", ["code", "code+prose"])
+def test_profile_round(tmp_path, drafter):
     args = [
         f"--out={tmp_path}",
+        f"--drafter={drafter}",
         "--batches=1",
         "--gammas=2",
         "--new_tokens=8",
@@ -330,7 +332,15 @@ def test_profile_round(tmp_path):
     ]
     command = run_script("profile_round.py", *args)
     out = read_json(tmp_path / "profile_round.json", command)
-    assert out["rows"], out
+    loops = [r for r in out["rows"] if r["variant"] == "full"]
+    assert len(loops) == 1, out
+    members = drafter.split("+")
+    assert loops[0]["drafters"] == members
+    assert loops[0]["rule"] == ("rejection" if len(members) == 1 else "token_tree")
+    assert loops[0]["score_width"] == len(members) * 2 + 1
+    assert loops[0]["iterations"] >= 1 and loops[0]["forwards_ms"] > 0
+    (e2e,) = [r for r in out["rows"] if r["variant"] == "e2e"]
+    assert 1 <= e2e["tokens_per_round"] <= 2 + 1  # a path of γ drafts and one more
 
 
 @pytest.mark.slow
