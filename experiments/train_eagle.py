@@ -71,6 +71,7 @@ def define_flags():
         "lets drafters reading different subsets share one features stage",
     )
     flags.DEFINE_float("reg_weight", 1.0, "weight of the regression on the final feature")
+    flags.DEFINE_integer("layers", 1, "decoder layers of the drafter (EAGLE: 1)", lower_bound=1)
     flags.DEFINE_float("ce_weight", 0.1, "weight of the cross-entropy on the verifier's law")
     flags.DEFINE_float("time_budget_s", 3600, "training seconds at most")
     flags.DEFINE_string("tag", "", "suffix of the drafter files")
@@ -155,6 +156,7 @@ def _recipe():
         feature_layers=_layers(),
         reg_weight=FLAGS.reg_weight,
         ce_weight=FLAGS.ce_weight,
+        layers=FLAGS.layers,
     )
 
 

@@ -60,6 +60,7 @@ class EagleRecipe:
     # the final-normed feature alone.
     feature_layers: tuple = ()
     reg_weight: float = 1.0  # weight of the regression on the verifier's final feature
+    layers: int = 1  # decoder layers (EAGLE: one)
 
 
 @dataclasses.dataclass
@@ -192,6 +193,7 @@ def initial_eagle(model, feats: Features, recipe: EagleRecipe, max_len: int = 10
     cfg = eagle_config(
         model.lm.config,
         len(keep),
+        n_layers=recipe.layers,
         max_len=max_len,
         dtype='float32',
         param_dtype='float32',

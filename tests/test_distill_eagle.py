@@ -124,3 +124,39 @@ def test_features_hold_states_and_give_each_drafter_its_own(tmp_path):
     assert Features.load(tmp_path / "p.npz").states is None
     with pytest.raises(ValueError, match="parts of layers"):
         Features.concat([plain, parts[1]])
+
+
+def test_a_two_layer_drafter_is_built_saved_and_loaded(tmp_path):
+    """`EagleRecipe.layers = 2`: `initial_eagle` builds two decoder layers (both trained,
+    the cache holding each one's keys), and `real_zoo.save_eagle` / `load_eagle` give back
+    the same drafter: same config, same logits on the same features."""
+    import types  # pylint: disable=import-outside-toplevel
+
+    from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
+    from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
+    from specjax.models.api import causal_block_mask  # pylint: disable=import-outside-toplevel
+
+    v_lm, v_params = _verifier(TINY, seed=5, sharpen=2.0)
+    model = types.SimpleNamespace(lm=v_lm, params=v_params, tokenizer=None)
+    rng = np.random.default_rng(3)
+    toks = rng.integers(0, 12, (4, 9)).astype(np.int32)
+    _, feats = v_lm.hidden_full(v_params, jnp.asarray(toks))
+    data = distill_eagle.Features(
+        tokens=toks,
+        length=np.full(4, 9, np.int32),
+        prompt_len=np.full(4, 2, np.int32),
+        feats=np.asarray(feats, np.float16),
+    )
+    recipe = distill_eagle.EagleRecipe(kept=10, layers=2, steps=3, batch=2, warmup=1)
+    lm, params = distill_eagle.initial_eagle(model, data, recipe, max_len=32)
+    assert lm.config.n_layers == 2 and {"layer_0", "layer_1"} <= set(params["net"])
+    params, _ = distill_eagle.train_eagle(lm, params, data, recipe, log=lambda s: None)
+    path = real_zoo.save_eagle(tmp_path / "e2.npz", lm, params, {"recipe": {"layers": 2}})
+    lm2, params2, info = real_zoo.load_eagle(path, model)
+    assert lm2.config.n_layers == 2 and info["recipe"]["layers"] == 2
+    cache = lm.write_features(lm.init_cache(4), feats, jnp.zeros(4, jnp.int32), jnp.full(4, 8))
+    pos = jnp.broadcast_to(jnp.arange(9), (4, 9))
+    want, c1 = lm.forward(params, cache, jnp.asarray(toks), pos, causal_block_mask(4, 9))
+    got, _ = lm2.forward(params2, cache, jnp.asarray(toks), pos, causal_block_mask(4, 9))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    assert len(c1.k) == 2 and not np.array_equal(np.asarray(c1.k[0]), np.asarray(c1.k[1]))

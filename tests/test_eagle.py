@@ -53,8 +53,8 @@ def _verifier(cfg=SMALL, seed=4, sharpen=1.0):
     return lm, params
 
 
-def _eagle(v_lm, v_params, keep, seed, scale=1.0, layers=()):
-    lm = EagleLM(eagle_config(v_lm.config, len(keep)), v_lm.vocab_size, layers)
+def _eagle(v_lm, v_params, keep, seed, scale=1.0, layers=(), depth=1):
+    lm = EagleLM(eagle_config(v_lm.config, len(keep), n_layers=depth), v_lm.vocab_size, layers)
     net = lm.init_net(seed)
     net["fc"] = net["fc"] * scale
     return lm, lm.attach(net, v_params["embed"], keep)
@@ -65,9 +65,12 @@ def _eagle(v_lm, v_params, keep, seed, scale=1.0, layers=()):
 # ----------------------------------------------------------------------------------------
 
 
-def test_forward_reads_the_features_training_reads():
+@pytest.mark.parametrize("depth", [1, 2])
+def test_forward_reads_the_features_training_reads(depth):
+    """``depth``: decoder layers (EAGLE's one, or two: each with its own cache)."""
     v_lm, v_params = _verifier()
-    lm, params = _eagle(v_lm, v_params, np.arange(V), seed=1, scale=3.0)
+    lm, params = _eagle(v_lm, v_params, np.arange(V), seed=1, scale=3.0, depth=depth)
+    assert len(lm.init_cache(2).k) == depth
     rng = np.random.default_rng(0)
     toks = jnp.asarray(rng.integers(0, V, (2, 7)), jnp.int32)
     _, feats = v_lm.hidden_full(v_params, toks)
@@ -214,11 +217,13 @@ def exact_law(v_lm, v_params, temperature=1.0):
 KEEPS = (np.array([1, 3, 4]), np.array([0, 1, 4]), np.array([0, 2, 3]))
 
 
-def _chi2_run(rule, slots_n, seed, n=N, layers=((), (), ())):
+def _chi2_run(rule, slots_n, seed, n=N, layers=((), (), ()), depths=(1, 1, 1)):
     v_lm, v_params = _verifier()
     specs, data = [], []
     for i, (keep, tau) in enumerate(zip(KEEPS[: max(slots_n, 1)], (1.0, 0.7, 0.0))):
-        lm, params = _eagle(v_lm, v_params, keep, seed=10 + i, scale=4.0, layers=layers[i])
+        lm, params = _eagle(
+            v_lm, v_params, keep, seed=10 + i, scale=4.0, layers=layers[i], depth=depths[i]
+        )
         specs.append(DrafterSpec(f"eagle{i}", lm, temperature=tau))
         # The deployment's maps (drafts over the head's ids) for all but the τ 0.7 one.
         data.append(identity_maps(params, V) if i == 1 else feature_maps(params, V))
@@ -278,6 +283,18 @@ def test_multi_state_feature_drafters_are_lossless(rule, slots_n):
     assert 0 < c.accepted[:, 0].sum() < c.proposed[:, 0].sum()
 
 
+@pytest.mark.parametrize("rule,slots_n", [("rejection", 1), ("token_tree", 3)])
+def test_two_layer_feature_drafters_are_lossless(rule, slots_n):
+    """A drafter of two decoder layers (alone, and first of a tree beside one-layer ones)."""
+    seed = zlib.crc32(f"eagle-2l/{rule}".encode())
+    v_lm, v_params, res = _chi2_run(rule, slots_n, seed, depths=(2, 1, 1))
+    p_value = chi2_pvalue(res.tokens[:, 1 : 1 + LENGTH], exact_law(v_lm, v_params))
+    c = res.counters
+    print(f"\neagle 2 layers {rule}: χ² p = {p_value:.3g}; accepted {c.accepted.sum(0).tolist()}")
+    assert p_value >= ALPHA, f"two-layer feature drafter, {rule}: χ² rejects (p = {p_value:.3g})"
+    assert 0 < c.accepted[:, 0].sum() < c.proposed[:, 0].sum()
+
+
 # ----------------------------------------------------------------------------------------
 # 3. Greedy equality
 # ----------------------------------------------------------------------------------------
@@ -331,11 +348,14 @@ def check_greedy(v_lm, v_params, d_lm, d_params, prompts, new, gamma=3, n_slots=
     return spec
 
 
-@pytest.mark.parametrize("n_slots,layers", [(1, ()), (2, ()), (1, (0, 2)), (2, (1, 0, 2))])
-def test_greedy_equals_autoregressive(n_slots, layers):
+@pytest.mark.parametrize(
+    "n_slots,layers,depth",
+    [(1, (), 1), (2, (), 1), (1, (0, 2), 1), (2, (1, 0, 2), 1), (1, (), 2), (2, (), 2)],
+)
+def test_greedy_equals_autoregressive(n_slots, layers, depth):
     v_lm, v_params = _verifier(TINY, seed=5, sharpen=4.0)
     d_lm, d_params = _eagle(
-        v_lm, v_params, np.arange(0, 12, 1)[:9], seed=2, scale=2.0, layers=layers
+        v_lm, v_params, np.arange(0, 12, 1)[:9], seed=2, scale=2.0, layers=layers, depth=depth
     )
     rng = np.random.default_rng(1)
     prompts = [list(map(int, rng.integers(0, 12, 2 + i % 7))) for i in range(8)]  # ragged

@@ -62,6 +62,37 @@ def test_reference_matches_hand_computed_laws():
     assert law.shape == (3, 3) and abs(law.sum() - 1) < 1e-12
 
 
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (3, 1.0), (0, 0.7), (4, 0.8)])
+def test_sampling_probs_runs_one_branch_and_gives_the_reference_law(top_k, top_p):
+    """`sampling_probs` with one temperature (a `lax.cond`: only the greedy or the tempered
+    branch runs) gives the reference law and what the per-row temperature form (both
+    branches and a select) gives — eager, jitted with τ traced, and vmapped over rows with τ
+    shared or batched: the same one-hot at τ 0, the same law to float32 rounding above
+    (XLA fuses the softmax differently inside a branch: last-bit differences)."""
+    from specjax.verify.distributions import sampling_probs
+
+    rng = np.random.default_rng(7)
+    logits = rng.normal(0, 2, (5, 9)).astype(np.float32)
+    logits[0, 3] = logits[0, 6] = 9.0  # a tie: the lowest id wins at τ 0
+    f = jax.jit(lambda x, t: sampling_probs(x, t, top_k=top_k, top_p=top_p))
+    for t in (0.0, 0.5, 1.0, 1.3):
+        want = reference_probs(logits, t, top_k=top_k, top_p=top_p)
+        one = np.asarray(sampling_probs(jnp.asarray(logits), t, top_k=top_k, top_p=top_p))
+        forms = [
+            sampling_probs(jnp.asarray(logits), jnp.full((5, 1), t), top_k=top_k, top_p=top_p),
+            f(logits, jnp.float32(t)),
+            jax.vmap(f, in_axes=(0, None))(logits, jnp.float32(t)),
+            jax.vmap(f)(logits, jnp.full((5,), t, jnp.float32)),
+        ]
+        np.testing.assert_allclose(one, want, rtol=1e-5, atol=1e-6)
+        for other in forms:
+            if t == 0:
+                np.testing.assert_array_equal(np.asarray(other), one)
+            else:
+                np.testing.assert_allclose(np.asarray(other), one, rtol=1e-6, atol=1e-7)
+    assert np.asarray(sampling_probs(jnp.asarray(logits), 0.0))[0, 3] == 1.0
+
+
 # ----------------------------------------------------------------------------------------
 # Negative controls: the rules called directly, several rounds per row
 # ----------------------------------------------------------------------------------------

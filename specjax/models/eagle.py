@@ -5,7 +5,8 @@ on SmolLM2 a 4-layer distilled drafter reached α ≈ 0.35. EAGLE instead drafts
 verifier's own last hidden state: at position ``t`` it reads the verifier's embedding of
 token ``x_t`` and the verifier's final-normed hidden state ``f_{t-1}`` (what the verifier's
 head read to predict ``x_t``), concatenates them, projects ``2D -> D`` and runs ONE decoder
-layer at the verifier's width. Its output ``h_t`` stands in for ``f_t`` and the verifier's
+layer at the verifier's width (``n_layers`` of them if asked: `eagle_config`). Its output
+``h_t`` stands in for ``f_t`` and the verifier's
 own (frozen) head turns it into logits. While drafting, the verifier's feature for the
 token just drafted does not exist yet, so step ``j > 1`` reads the drafter's own ``h``
 instead: the drafter is autoregressive in feature space.
@@ -20,7 +21,7 @@ the CPU, `cache_lib.table_bits`), ``head`` f[K, D] its rows ``keep`` i32[K] —
 both the verifier's, frozen, never saved with the drafter (`specjax.models.real_zoo`
 rebuilds them from the verifier at load).
 
-The cache (`FeatureCache`) holds the layer's keys/values, the verifier's features by slot
+The cache (`FeatureCache`) holds the layers' keys/values, the verifier's features by slot
 (``feats``, valid below ``vlen``, written by the engine after each verifier call:
 `write_features`) and the drafter's own outputs by slot (``hid``). The input feature of
 the token at slot ``p`` is ``feats[p-1]`` where ``p-1 < vlen``, else ``hid[p-1]`` (zero at
@@ -66,7 +67,7 @@ __all__ = ['EagleLM', 'FeatureCache', 'eagle_config', 'order_eagle']
 
 @struct.dataclass
 class FeatureCache:
-    """k, v: the layer's keys/values (`specjax.models.cache.Cache` layout, one layer);
+    """k, v: the layers' keys/values (`specjax.models.cache.Cache` layout, one per layer);
     length: i32[B]; feats: [B, S, D] the verifier's features by slot, valid below
     ``vlen`` i32[B]; hid: [B, S, D] the drafter's own outputs by slot."""
 
@@ -107,8 +108,8 @@ class FeatureCache:
 
 
 def eagle_config(verifier_config: TransformerConfig, kept: int, **overrides) -> TransformerConfig:
-    """The drafter layer's config: the verifier's width, heads, MLP and RoPE, one layer,
-    ``vocab_size = kept`` (the head's rows)."""
+    """The drafter layers' config: the verifier's width, heads, MLP and RoPE, one layer
+    (``n_layers=`` for more), ``vocab_size = kept`` (the head's rows)."""
     fields = dict(
         vocab_size=int(kept),
         n_layers=1,
@@ -121,9 +122,9 @@ def eagle_config(verifier_config: TransformerConfig, kept: int, **overrides) -> 
 
 
 class _Net(nnx.Module):
-    """concat(embedding, feature) -> fc [2D -> D] + bias -> one decoder layer; with ``n``
-    verifier states per position (``n > 0``) also ``fuse`` [n·D -> D] for them and an
-    ``out_norm`` before the head."""
+    """concat(embedding, feature) -> fc [2D -> D] + bias -> ``cfg.n_layers`` decoder layers
+    (``layer_0`` … , one in EAGLE); with ``n`` verifier states per position (``n > 0``) also
+    ``fuse`` [n·D -> D] for them and an ``out_norm`` before the head."""
 
     def __init__(self, cfg: TransformerConfig, n: int = 0, *, rngs: nnx.Rngs):
         d = cfg.d_model
@@ -133,7 +134,8 @@ class _Net(nnx.Module):
             rngs, cfg, ((2 * d, 'mlp'),), ((d, 'embed'),), _fan_in_std(2 * d), cfg.param_dtype
         )
         self.fc_bias = _param(rngs, (d,), ('embed',), 1e-6, cfg.param_dtype)
-        self.layer_0 = Block(cfg, rngs=rngs)
+        for i in range(cfg.n_layers):
+            setattr(self, f'layer_{i}', Block(cfg, rngs=rngs))
         if n:
             self.fuse = _weight(
                 rngs, cfg, ((n * d, 'mlp'),), ((d, 'embed'),), _fan_in_std(n * d), cfg.param_dtype
@@ -151,12 +153,20 @@ class _Net(nnx.Module):
         x = x.reshape(feats.shape).astype(dt)
         return project(x, self.fuse[...], dt, out_first=self.cfg.out_first)
 
-    def __call__(self, emb, feat, positions, block_mask, cache=None):
+    def __call__(self, emb, feat, positions, block_mask, caches=None):
+        """h [B, T, D] and each layer's (keys, values); ``caches``: None or one (k, v,
+        length) per layer."""
         dt = jnp.dtype(self.cfg.dtype)
         x = jnp.concatenate([emb.astype(dt), feat.astype(dt)], axis=-1)
         x = project(x, self.fc[...], dt, out_first=self.cfg.out_first)
         x = x + self.fc_bias[...].astype(dt)
-        return self.layer_0(x, positions, block_mask, cache)
+        kvs = []
+        for i in range(self.cfg.n_layers):
+            x, kv = getattr(self, f'layer_{i}')(
+                x, positions, block_mask, None if caches is None else caches[i]
+            )
+            kvs.append(kv)
+        return x, kvs
 
 
 def _take_slots(arr: jax.Array, slots: jax.Array) -> jax.Array:
@@ -177,7 +187,7 @@ def _put_slots(arr: jax.Array, slots: jax.Array, values: jax.Array, ok: jax.Arra
 @dataclasses.dataclass(frozen=True)
 class EagleLM:
     """The feature drafter of a verifier of ``verifier_vocab`` ids (the LM API, plus
-    `write_features`); ``config`` is its one layer's (`eagle_config`)."""
+    `write_features`); ``config`` is its layers' (`eagle_config`; one in EAGLE)."""
 
     config: TransformerConfig
     verifier_vocab: int
@@ -191,8 +201,8 @@ class EagleLM:
     reads_features = True
 
     def __post_init__(self):
-        if self.config.n_layers != 1:
-            raise ValueError(f'EagleLM.config.n_layers={self.config.n_layers} (allowed: 1)')
+        if self.config.n_layers < 1:
+            raise ValueError(f'EagleLM.config.n_layers={self.config.n_layers} (allowed: ≥ 1)')
         if not 1 <= self.config.vocab_size <= self.verifier_vocab:
             raise ValueError(
                 f'EagleLM.config.vocab_size={self.config.vocab_size}: the head rows K '
@@ -281,7 +291,7 @@ class EagleLM:
                 f'max_len={c.max_len})'
             )
         dt = jnp.dtype(c.dtype)
-        kv = cache_lib.init_cache(1, batch, capacity, c.n_kv_heads, c.head_dim, dt)
+        kv = cache_lib.init_cache(c.n_layers, batch, capacity, c.n_kv_heads, c.head_dim, dt)
         z = jnp.zeros((batch, capacity, c.d_model), dt)
         f = jnp.zeros((batch, capacity, self.feature_width), dt) if self.feature_layers else z
         return FeatureCache(
@@ -370,15 +380,20 @@ class EagleLM:
         own = _take_slots(cache.hid, prev)
         feat = jnp.where((prev < cache.vlen[:, None])[:, :, None], true, own)
         feat = jnp.where((prev >= 0)[:, :, None], feat, 0)
-        h, (k, v) = self._net(params['net'])(
+        n = self.config.n_layers
+        h, kvs = self._net(params['net'])(
             self.embed(params, tokens),
             feat,
             positions,
             block_mask,
-            (cache.k[0], cache.v[0], cache.length),
+            [(cache.k[i], cache.v[i], cache.length) for i in range(n)],
         )
         hid = _put_slots(cache.hid, slots, h, jnp.ones(slots.shape, bool))
-        cache = cache.replace(k=cache_lib.PerLayer([k]), v=cache_lib.PerLayer([v]), hid=hid)
+        cache = cache.replace(
+            k=cache_lib.PerLayer([k for k, _ in kvs]),
+            v=cache_lib.PerLayer([v for _, v in kvs]),
+            hid=hid,
+        )
         hh = h if logits_at is None else cache_lib.block_rows(h, logits_at)
         return self.scatter(params, self.draft_logits(params, hh)), cache
 

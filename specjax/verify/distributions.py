@@ -42,23 +42,36 @@ def sampling_probs(
     if mask is not None:
         logits = jnp.where(mask, logits, _NEG_INF)
     temperature = jnp.asarray(temperature, jnp.float32)
-    # one_hot(argmax) (ties → lowest id), with the cheaper exact argmax of streams.
-    iota = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-    greedy = (iota == argmax_first(logits)[..., None]).astype(jnp.float32)
-    scaled = logits / jnp.maximum(temperature, 1e-6)
-    if top_k and top_k < logits.shape[-1]:
-        kth = jax.lax.top_k(scaled, top_k)[0][..., -1:]
-        scaled = jnp.where(scaled >= kth, scaled, _NEG_INF)
-    probs = jax.nn.softmax(scaled, axis=-1)
-    if top_p < 1.0:
-        order = jnp.argsort(-probs, axis=-1)
-        sorted_p = jnp.take_along_axis(probs, order, axis=-1)
-        # Keep the smallest prefix whose mass reaches top_p (the token crossing it included).
-        keep_sorted = (jnp.cumsum(sorted_p, axis=-1) - sorted_p) < top_p
-        keep = jnp.take_along_axis(keep_sorted, jnp.argsort(order, axis=-1), axis=-1)
-        probs = jnp.where(keep, probs, 0.0)
-        probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
-    out = jnp.where(temperature > 0, probs, greedy)
+
+    def greedy(logits):
+        # one_hot(argmax) (ties → lowest id), with the cheaper exact argmax of streams.
+        iota = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+        return (iota == argmax_first(logits)[..., None]).astype(jnp.float32)
+
+    def tempered(logits):
+        scaled = logits / jnp.maximum(temperature, 1e-6)
+        if top_k and top_k < logits.shape[-1]:
+            kth = jax.lax.top_k(scaled, top_k)[0][..., -1:]
+            scaled = jnp.where(scaled >= kth, scaled, _NEG_INF)
+        probs = jax.nn.softmax(scaled, axis=-1)
+        if top_p < 1.0:
+            order = jnp.argsort(-probs, axis=-1)
+            sorted_p = jnp.take_along_axis(probs, order, axis=-1)
+            # Keep the smallest prefix whose mass reaches top_p (the token crossing it included).
+            keep_sorted = (jnp.cumsum(sorted_p, axis=-1) - sorted_p) < top_p
+            keep = jnp.take_along_axis(keep_sorted, jnp.argsort(order, axis=-1), axis=-1)
+            probs = jnp.where(keep, probs, 0.0)
+            probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+        return probs
+
+    if temperature.ndim == 0:
+        # One temperature for every row (a verifier's, a drafter's): only the branch that
+        # is used runs — at the verifier's [B, γ+1, V] rows the other one cost ~0.3 ms of a
+        # SmolLM2 round on XLA:CPU (docs/performance.md). Under a vmap over a batched
+        # temperature this becomes the select below.
+        out = jax.lax.cond(temperature > 0, tempered, greedy, logits)
+    else:
+        out = jnp.where(temperature > 0, tempered(logits), greedy(logits))
     # E.g. a mask that excludes every token, or non-finite logits (SPEC §9; tests only).
     debug.check_distribution(out, 'sampling_probs')
     return out
