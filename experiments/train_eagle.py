@@ -23,6 +23,7 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 from absl import app, flags
 
 from specjax import provenance
@@ -72,6 +73,14 @@ def define_flags():
     )
     flags.DEFINE_float("reg_weight", 1.0, "weight of the regression on the final feature")
     flags.DEFINE_integer("layers", 1, "decoder layers of the drafter (EAGLE: 1)", lower_bound=1)
+    flags.DEFINE_integer(
+        "eval_train_rows",
+        24,
+        "--stage=eval also measures α on this many rows of the training data per domain "
+        "(evenly spaced; 0: off), written to fit_eagle{tag}.json: its gap to held-out α "
+        "tells over- from under-fitting",
+        lower_bound=0,
+    )
     flags.DEFINE_float("ce_weight", 0.1, "weight of the cross-entropy on the verifier's law")
     flags.DEFINE_float("time_budget_s", 3600, "training seconds at most")
     flags.DEFINE_string("tag", "", "suffix of the drafter files")
@@ -213,11 +222,20 @@ def stage_eval(out: Path, model) -> None:
     if not src.exists():
         raise SystemExit(f"--out={out}: {src.name} missing (run --stage=train first)")
     lm, params, _ = real_zoo.load_eagle(src, model, dtype="float32")
-    res = {}
+    res, fit = {}, {}
     for d in FLAGS.domains:
         res[d] = de.feature_alpha(lm, params, de.Features.load(_feat_path(out, f"heldout_{d}")))
         print(f"eval {d}: {res[d]}", flush=True)
+        train = _feat_path(out, f"gen_{d}")
+        if FLAGS.eval_train_rows and train.exists():
+            f = de.Features.load(train)
+            n = min(FLAGS.eval_train_rows, len(f.tokens))
+            rows = np.linspace(0, len(f.tokens) - 1, n).round().astype(int)
+            fit[d] = {"train": de.feature_alpha(lm, params, f.take(rows)), "heldout": res[d]}
+            print(f"eval {d}, {n} training rows: {fit[d]['train']}", flush=True)
     _atomic_json(out / f"eval_eagle{FLAGS.tag}.json", res)
+    if fit:
+        _atomic_json(out / f"fit_eagle{FLAGS.tag}.json", fit)
 
 
 def stage_ship(out: Path, model) -> None:

@@ -114,6 +114,19 @@ class Features:
         st = self.states.reshape(N, W, len(self.layers), -1)
         return st[:, :, [self.layers.index(i) for i in layers]].reshape(N, W, -1)
 
+    def take(self, rows) -> 'Features':
+        """These rows only (``rows``: indices)."""
+        rows = np.asarray(rows, np.int64)
+        pick = lambda a: None if a is None else a[rows]  # noqa: E731
+        return dataclasses.replace(
+            self,
+            tokens=self.tokens[rows],
+            length=self.length[rows],
+            prompt_len=self.prompt_len[rows],
+            feats=self.feats[rows],
+            states=pick(self.states),
+        )
+
     @classmethod
     def concat(cls, parts) -> 'Features':
         W = max(p.tokens.shape[1] for p in parts)

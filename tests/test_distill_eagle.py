@@ -119,9 +119,14 @@ def test_features_hold_states_and_give_each_drafter_its_own(tmp_path):
     np.testing.assert_array_equal(sub, np.concatenate([st[:, :, 2], st[:, :, 0]], -1))
     with pytest.raises(ValueError, match="a subset of the states held"):
         both.inputs((2,))
+    some = both.take([3, 0])  # rows picked (train_eagle --eval_train_rows)
+    assert some.layers == (1, 4, 6) and some.tokens.shape == (2, 7)
+    for f in ("tokens", "length", "prompt_len", "feats", "states"):
+        np.testing.assert_array_equal(getattr(some, f), getattr(both, f)[[3, 0]])
     plain = Features(*(getattr(parts[0], f) for f in ("tokens", "length", "prompt_len", "feats")))
     plain.save(tmp_path / "p.npz")
     assert Features.load(tmp_path / "p.npz").states is None
+    assert plain.take([1]).states is None and plain.take([1]).length.tolist() == [4]
     with pytest.raises(ValueError, match="parts of layers"):
         Features.concat([plain, parts[1]])
 
