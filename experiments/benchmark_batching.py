@@ -1,8 +1,10 @@
-"""Static vs continuous batching on the zoo, on a ragged workload.
+"""Static vs continuous batching on the zoo (or SmolLM2), on a ragged workload.
 
   python experiments/benchmark_batching.py --out runs/benchmark_batching   # B = 8, N = 48
   python experiments/benchmark_batching.py --batches 8,32 --n_prompts 96 --chunks 8,16,32
   python experiments/benchmark_batching.py --write_docs          # docs/results/batching.md
+  python experiments/benchmark_batching.py --verifier smollm2 --drafter eagle --gamma 2 \
+      --n_prompts 24 --chunks 8 --write_docs --doc_name batching_real_xeon
 
 Workload: the shipped plan prompts (`specjax.data.load_prompts`, cycled to `--n_prompts`)
 with per-prompt budgets drawn uniformly from [--new_tokens_min, --new_tokens_max] (fixed
@@ -44,7 +46,7 @@ from specjax import provenance
 from specjax.data import load_prompts
 from specjax.engine.autoregressive import autoregressive_generate
 from specjax.engine.batching import continuous_generate
-from specjax.engine.deployment import from_zoo
+from specjax.engine.deployment import Deployment, from_zoo
 from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
 from specjax.models.zoo import load_zoo
@@ -52,6 +54,8 @@ from specjax.models.zoo import load_zoo
 FLAGS = flags.FLAGS
 PAGE = "batching"
 _RECORDED_FLAGS = (
+    "verifier",
+    "dtype",
     "batches",
     "n_prompts",
     "chunks",
@@ -73,6 +77,13 @@ def define_flags():
     """The script's flags (defined only when it runs as a script)."""
     provenance.define_common_flags(out="runs/benchmark_batching", repeats=3, page=PAGE)
     flags.DEFINE_list("batches", ["8"], "batch sizes B (rows)")
+    flags.DEFINE_enum(
+        "verifier", "zoo", ["zoo", "smollm2"], "the zoo's or SmolLM2 (its wheel, chat template)"
+    )
+    flags.DEFINE_string("dtype", "bfloat16:out_first", "SmolLM2's layout (--verifier=smollm2)")
+    flags.DEFINE_string(
+        "doc_name", PAGE, "name of the results page --write_docs writes (<docs_dir>/<doc_name>.md)"
+    )
     flags.DEFINE_integer("n_prompts", 48, "prompts in the queue (the shipped ones, cycled)")
     flags.DEFINE_list(
         "chunks",
@@ -231,7 +242,8 @@ def measure(
     """Static vs continuous batching of one ragged queue at batch size `batch`.
 
     Args:
-      zoo: a loaded `specjax.models.zoo.Zoo`.
+      zoo: a loaded `specjax.models.zoo.Zoo`, or a `Deployment` holding `drafter` (e.g.
+        `from_smollm2([drafter], ...)`).
       batch: B, rows. n_prompts: queue length.
       chunk: continuous batching chunk size(s), in rounds (verifier calls) per chunk.
       new_tokens: per-prompt budget, an int or a (lo, hi) range (drawn with `seed`).
@@ -246,7 +258,10 @@ def measure(
     """
     chunks = [int(chunk)] if isinstance(chunk, (int, np.integer)) else [int(c) for c in chunk]
     spec = drafter is not None
-    dep = from_zoo(zoo, names=[drafter] if spec else zoo.names[:1])
+    if isinstance(zoo, Deployment):
+        dep = zoo.subset([drafter]) if spec else zoo
+    else:
+        dep = from_zoo(zoo, names=[drafter] if spec else zoo.names[:1])
     texts, budgets = workload(n_prompts, new_tokens, seed)
     v = [dep.encode(t) for t in texts]
     d = [[enc(t) for t in texts] for enc in dep.drafter_encode] if spec else []
@@ -319,8 +334,14 @@ def render_page(result: dict) -> list[str]:
     run's own: one table per batch size, a row per mode."""
     f = result["flags"]
     label = {"ar": "AR", "spec": "speculative"}
+    verifier = f.get("verifier", "zoo")
     lines = [
-        f"N = {f['n_prompts']} prompts, budgets {f['new_tokens_min']}–{f['new_tokens_max']}"
+        (
+            "SmolLM2-135M-Instruct (" + f.get("dtype", "") + ", chat template); "
+            if verifier == "smollm2"
+            else ""
+        )
+        + f"N = {f['n_prompts']} prompts, budgets {f['new_tokens_min']}–{f['new_tokens_max']}"
         + (" and newline stops" if f["stop"] else "")
         + f", drafter {f['drafter']}, "
         f"γ = {f['gamma']}, rule {f['rule']}, τ = {f['verifier_temperature']:g}, medians "
@@ -364,7 +385,15 @@ def render_page(result: dict) -> list[str]:
 def main(argv):
     del argv
     prov = provenance.provenance()
-    zoo = load_zoo(FLAGS.zoo)
+    if FLAGS.verifier == "smollm2":
+        from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
+        from specjax.models import gguf  # pylint: disable=import-outside-toplevel
+
+        model = gguf.smollm2_layout(FLAGS.dtype, max_len=1024, field="--dtype")
+        dt = FLAGS.dtype.partition(":")[0]
+        zoo = from_smollm2([FLAGS.drafter], dtype=dt, verifier=model)
+    else:
+        zoo = load_zoo(FLAGS.zoo)
     print(f"devices: {jax.devices()}  load average: {os.getloadavg()}", flush=True)
     results = []
     for mode in FLAGS.modes:
@@ -396,7 +425,7 @@ def main(argv):
     print(f"wrote {path}")
     if FLAGS.write_docs:
         page = provenance.write_page(
-            PAGE,
+            FLAGS.doc_name,
             "Continuous batching (experiments/benchmark_batching.py)",
             render_page(result),
             prov,

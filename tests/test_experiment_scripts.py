@@ -183,6 +183,35 @@ def test_benchmark_batching(tmp_path):
 
 
 @pytest.mark.slow
+def test_benchmark_batching_on_smollm2(tmp_path):
+    """The same queue on the real verifier with the feature drafter (`--verifier smollm2`),
+    its page under its own name."""
+    _needs_smollm2()
+    args = [
+        f"--out={tmp_path}",
+        "--verifier=smollm2",
+        "--drafter=eagle",
+        "--gamma=2",
+        "--batches=2",
+        "--n_prompts=3",
+        "--chunks=4",
+        "--new_tokens_min=4",
+        "--new_tokens_max=8",
+        "--repeats=1",
+        "--write_docs",
+        f"--docs_dir={tmp_path}",
+        "--doc_name=batching_real",
+    ]
+    command = run_script("benchmark_batching.py", *args, timeout=1800)
+    out = read_json(tmp_path / "benchmark_batching.json", command)
+    assert out["flags"]["verifier"] == "smollm2"
+    assert [(r["mode"], r["batch"]) for r in out["results"]] == [("ar", 2), ("spec", 2)]
+    assert all(r["continuous"][0]["useful_tokens"] > 0 for r in out["results"])
+    body = read_page(tmp_path / "batching_real.md", command)
+    assert "SmolLM2-135M-Instruct (bfloat16:out_first, chat template); N = 3 prompts" in body
+
+
+@pytest.mark.slow
 def test_benchmark_peer(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
