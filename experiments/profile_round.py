@@ -11,10 +11,11 @@
 
 For every batch B and γ (zoo verifier, the `--drafter` drafter, rule `--rule`, verifier
 τ = `--verifier_temperature`; drafters joined by `+` draft a token tree, one chain of γ
-each, scored in one S·γ + 1-token forward, rule `token_tree` unless `--rule` says), after a prefill and one round (`speculative_generate(...,
-return_state=True)`), it times the speculative loop alone: the rounds of a `lax.while_loop`
-over `speculative_round` until every row has `--new_tokens` more tokens, ahead-of-time
-compiled (compilation excluded; a warm-up run first), and reports
+each, scored in one S·γ + 1-token forward, rule `token_tree` unless `--rule` says), after
+a prefill and one round (`speculative_generate(..., return_state=True)`), it times the
+speculative loop alone: the rounds of a `lax.while_loop` over `speculative_round` until
+every row has `--new_tokens` more tokens, ahead-of-time compiled (compilation excluded; a
+warm-up run first), and reports
 
   * ms per round: the loop's seconds / its iterations (minimum and median over
     `--repeats`, and the process CPU time per round);

@@ -117,14 +117,13 @@ class Features:
     def take(self, rows) -> 'Features':
         """These rows only (``rows``: indices)."""
         rows = np.asarray(rows, np.int64)
-        pick = lambda a: None if a is None else a[rows]  # noqa: E731
         return dataclasses.replace(
             self,
             tokens=self.tokens[rows],
             length=self.length[rows],
             prompt_len=self.prompt_len[rows],
             feats=self.feats[rows],
-            states=pick(self.states),
+            states=None if self.states is None else self.states[rows],
         )
 
     @classmethod

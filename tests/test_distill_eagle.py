@@ -11,6 +11,23 @@ import pytest
 from test_eagle import TINY, V, _verifier
 
 
+def _random_features(v_lm, v_params, rows: int, width: int, seed: int):
+    """(`Features` of random full-width rows, prompts of 2 tokens; the verifier's f32 final
+    features over them)."""
+    from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
+
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, v_lm.vocab_size, (rows, width)).astype(np.int32)
+    _, feats = v_lm.hidden_full(v_params, jnp.asarray(tokens))
+    data = distill_eagle.Features(
+        tokens=tokens,
+        length=np.full(rows, width, np.int32),
+        prompt_len=np.full(rows, 2, np.int32),
+        feats=np.asarray(feats, np.float16),
+    )
+    return data, feats
+
+
 def test_training_on_the_verifiers_features_raises_alpha():
     """`distill_eagle` end to end on a tiny verifier: features of its own generations,
     60 training steps, held-out α at step 1 and 2 above the untrained drafter's."""
@@ -58,15 +75,7 @@ def test_a_time_budget_sizes_the_schedule(monkeypatch):
     from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
 
     v_lm, v_params = _verifier(TINY, seed=5)
-    rng = np.random.default_rng(1)
-    tokens = rng.integers(0, TINY.vocab_size, (16, 12)).astype(np.int32)
-    _, feats = v_lm.hidden_full(v_params, jnp.asarray(tokens))
-    data = distill_eagle.Features(
-        tokens=tokens,
-        length=np.full(16, 12, np.int32),
-        prompt_len=np.full(16, 2, np.int32),
-        feats=np.asarray(feats, np.float16),
-    )
+    data, _ = _random_features(v_lm, v_params, rows=16, width=12, seed=1)
     recipe = distill_eagle.EagleRecipe(kept=6, steps=10_000, batch=4, warmup=2)
     model = types.SimpleNamespace(lm=v_lm, params=v_params, tokenizer=None)
     lm, params = distill_eagle.initial_eagle(model, data, recipe, max_len=16)
@@ -143,15 +152,8 @@ def test_a_two_layer_drafter_is_built_saved_and_loaded(tmp_path):
 
     v_lm, v_params = _verifier(TINY, seed=5, sharpen=2.0)
     model = types.SimpleNamespace(lm=v_lm, params=v_params, tokenizer=None)
-    rng = np.random.default_rng(3)
-    toks = rng.integers(0, 12, (4, 9)).astype(np.int32)
-    _, feats = v_lm.hidden_full(v_params, jnp.asarray(toks))
-    data = distill_eagle.Features(
-        tokens=toks,
-        length=np.full(4, 9, np.int32),
-        prompt_len=np.full(4, 2, np.int32),
-        feats=np.asarray(feats, np.float16),
-    )
+    data, feats = _random_features(v_lm, v_params, rows=4, width=9, seed=3)
+    toks = data.tokens
     recipe = distill_eagle.EagleRecipe(kept=10, layers=2, steps=3, batch=2, warmup=1)
     lm, params = distill_eagle.initial_eagle(model, data, recipe, max_len=32)
     assert lm.config.n_layers == 2 and {"layer_0", "layer_1"} <= set(params["net"])

@@ -162,7 +162,13 @@ def test_benchmark_plans(tmp_path):
 
 
 @pytest.mark.slow
-def test_benchmark_batching(tmp_path):
+@pytest.mark.parametrize("verifier", ["zoo", "smollm2"])
+def test_benchmark_batching(tmp_path, verifier):
+    """On the zoo (its page `batching.md`, every prompt's tokens equal to static's) and on
+    SmolLM2 with the feature drafter (`--verifier smollm2`, a page under its own name)."""
+    real = verifier == "smollm2"
+    if real:
+        _needs_smollm2()
     args = [
         f"--out={tmp_path}",
         "--batches=2",
@@ -174,41 +180,19 @@ def test_benchmark_batching(tmp_path):
         "--write_docs",
         f"--docs_dir={tmp_path}",
     ]
-    command = run_script("benchmark_batching.py", *args)
-    out = read_json(tmp_path / "benchmark_batching.json", command)
-    assert [(r["mode"], r["batch"]) for r in out["results"]] == [("ar", 2), ("spec", 2)]
-    assert all(r["continuous"][0]["same_tokens"] == 3 for r in out["results"])
-    body = read_page(tmp_path / "batching.md", command)
-    assert "| | static | chunk 4 |" in body and "speculative tok/s" in body
-
-
-@pytest.mark.slow
-def test_benchmark_batching_on_smollm2(tmp_path):
-    """The same queue on the real verifier with the feature drafter (`--verifier smollm2`),
-    its page under its own name."""
-    _needs_smollm2()
-    args = [
-        f"--out={tmp_path}",
-        "--verifier=smollm2",
-        "--drafter=eagle",
-        "--gamma=2",
-        "--batches=2",
-        "--n_prompts=3",
-        "--chunks=4",
-        "--new_tokens_min=4",
-        "--new_tokens_max=8",
-        "--repeats=1",
-        "--write_docs",
-        f"--docs_dir={tmp_path}",
-        "--doc_name=batching_real",
-    ]
+    if real:
+        args += ["--verifier=smollm2", "--drafter=eagle", "--gamma=2", "--doc_name=batching_real"]
     command = run_script("benchmark_batching.py", *args, timeout=1800)
     out = read_json(tmp_path / "benchmark_batching.json", command)
-    assert out["flags"]["verifier"] == "smollm2"
+    assert out["flags"]["verifier"] == verifier
     assert [(r["mode"], r["batch"]) for r in out["results"]] == [("ar", 2), ("spec", 2)]
     assert all(r["continuous"][0]["useful_tokens"] > 0 for r in out["results"])
-    body = read_page(tmp_path / "batching_real.md", command)
-    assert "SmolLM2-135M-Instruct (bfloat16:out_first, chat template); N = 3 prompts" in body
+    body = read_page(tmp_path / ("batching_real.md" if real else "batching.md"), command)
+    assert "| | static | chunk 4 |" in body and "speculative tok/s" in body
+    if real:
+        assert "SmolLM2-135M-Instruct (bfloat16:out_first, chat template); N = 3 prompts" in body
+    else:
+        assert all(r["continuous"][0]["same_tokens"] == 3 for r in out["results"])
 
 
 @pytest.mark.slow
