@@ -41,6 +41,7 @@ from specjax.verify.streams import (
     STREAM_BONUS,
     STREAM_DRAFT,
     STREAM_VERIFY,
+    argmax_first,
     fold_data,
     fold_keys,
     gumbel_noise,
@@ -151,6 +152,12 @@ def _draft(
 
     def sample_at(logits, z):
         """(x in verifier ids, x in the drafter's ids, q in verifier ids) of one draw."""
+        if data.identity and getattr(spec.lm, 'point_mass', False):
+            # A drafter whose law is a point mass at its logits' argmax (prompt lookup):
+            # the draw is that token under every rule, temperature and filter, without
+            # a softmax and an inverse-CDF pass over the whole vocabulary.
+            x = argmax_first(logits)
+            return x, x, jax.nn.one_hot(x, v_vocab, dtype=jnp.float32)
         if data.identity and data.support is not None:
             # Drawn over the head's K ids, where all the mass is (`feature_maps`): the law
             # of the draw and its q are those of the K probabilities.

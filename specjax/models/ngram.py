@@ -15,11 +15,11 @@ The prediction after block position ``t`` (context: the committed slots ``< leng
 block tokens ``0..t``, i.e. a chain) is the token that followed the most recent earlier
 occurrence of the longest suffix of the context, trying ``max_ngram`` down to
 ``min_ngram`` tokens; with no occurrence it repeats the context's last token. Logits are
-one-hot: 0 at the prediction and `NEG` elsewhere (finite, so softmax stays NaN-free), so
-the drafter's sampling distribution ``q`` is that one-hot at every temperature (τ = 0 and
-every τ > 0 that keeps ``NEG / τ`` below exp's underflow, i.e. τ < ~1e7) and under top-k /
-top-p: every verification rule stays exact, as it always tests the q the drafter sampled
-from.
+one-hot: 0 at the prediction and `NEG` elsewhere (finite, so softmax stays NaN-free). Its
+sampling law ``q`` is the point mass at the prediction at every temperature and under
+top-k / top-p (`PromptLookupLM.point_mass`: the engine takes the logits' argmax as the
+draw and its one-hot as ``q``, with no softmax or inverse-CDF pass over the vocabulary):
+every verification rule stays exact, as it always tests the q the drafter sampled from.
 
 Cost: per block position, ``max_ngram`` compares against each of the ``S + T`` slots
 (O(B·T·(S+T)·max_ngram) elementwise work, no matmul); the logits ``f32[B, T, V]`` are
@@ -33,6 +33,7 @@ block (a verifier's) is outside this model's contract.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -119,6 +120,9 @@ class PromptLookupLM:
     max_len: int
     max_ngram: int = 3
     min_ngram: int = 1
+    # Its sampling law is a point mass at the logits' argmax: the engine takes the argmax
+    # as the draw and its one-hot as q (`specjax.engine.decode`), with no softmax.
+    point_mass: ClassVar[bool] = True
 
     def __post_init__(self):
         for field in ('vocab_size', 'max_len', 'max_ngram', 'min_ngram'):
