@@ -72,6 +72,9 @@ def define_flags():
         "lets drafters reading different subsets share one features stage",
     )
     flags.DEFINE_float("reg_weight", 1.0, "weight of the regression on the final feature")
+    flags.DEFINE_float(
+        "tv_weight", 0.0, "weight of the acceptance loss 1 - Σ min(p, q) (DistillSpec's TV)"
+    )
     flags.DEFINE_integer("layers", 1, "decoder layers of the drafter (EAGLE: 1)", lower_bound=1)
     flags.DEFINE_integer(
         "eval_train_rows",
@@ -166,6 +169,7 @@ def _recipe():
         reg_weight=FLAGS.reg_weight,
         ce_weight=FLAGS.ce_weight,
         layers=FLAGS.layers,
+        tv_weight=FLAGS.tv_weight,
     )
 
 

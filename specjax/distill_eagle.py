@@ -35,6 +35,7 @@ from specjax.models.subset_vocab import most_frequent_ids
 __all__ = [
     'EagleRecipe',
     'Features',
+    'text_rows',
     'verifier_features',
     'initial_eagle',
     'train_eagle',
@@ -61,6 +62,10 @@ class EagleRecipe:
     feature_layers: tuple = ()
     reg_weight: float = 1.0  # weight of the regression on the verifier's final feature
     layers: int = 1  # decoder layers (EAGLE: one)
+    # Weight of 1 − Σ min(p, q) over the kept ids (p: the verifier's law renormalised to
+    # them): the acceptance rate itself as a loss (DistillSpec's total variation). Its
+    # optimum is CE's (q = p on the kept ids); its gradient weighs only the ids where q < p.
+    tv_weight: float = 0.0
 
 
 @dataclasses.dataclass
@@ -146,6 +151,46 @@ class Features:
         """bool[N, W]: positions t that predict a generated token (P-1 <= t < L-1)."""
         t = np.arange(self.tokens.shape[1])[None, :]
         return (t >= self.prompt_len[:, None] - 1) & (t < self.length[:, None] - 1)
+
+
+def text_rows(model, domain: str, n: int, reply_tokens: int, seed: int = 0) -> Generated:
+    """Rows of corpus text in `Generated`'s layout, for `verifier_features`: the ``n``
+    train-split prompts `distill.domain_prompts` draws with ``seed`` (the same ones the
+    verifier answers in `distill.generate` with that seed), each in the verifier's chat
+    template, then the first ``reply_tokens`` tokens of the text that follows it in its
+    document (`distill.domain_pairs`) as the reply. Nothing is sampled (``top_ids`` /
+    ``top_logp`` hold no entries, ``temperature`` is NaN): the verifier only prefills
+    these rows — its law at each position comes from its features — which costs a
+    fraction of generating as many (EAGLE-1 trained on fixed text, not the target's)."""
+    from specjax import distill  # pylint: disable=import-outside-toplevel
+
+    pairs = distill.domain_pairs(domain)
+    prompts = distill.domain_prompts(domain, n, seed=seed)
+    tok = model.tokenizer
+    rows = [
+        (tok.encode(model.chat(p)), tok.encode(pairs[p])[:reply_tokens])
+        for p in prompts
+        if pairs[p].strip()
+    ]
+    if not rows:
+        raise ValueError(f'text_rows: domain={domain!r} has no text after its prompts')
+    N, P = len(rows), max(len(p) for p, _ in rows)
+    prompt = np.zeros((N, P), np.int32)
+    tokens = np.zeros((N, reply_tokens), np.int32)
+    valid = np.zeros((N, reply_tokens), bool)
+    for r, (p, c) in enumerate(rows):
+        prompt[r, : len(p)] = p
+        tokens[r, : len(c)] = c
+        valid[r, : len(c)] = True
+    return Generated(
+        prompt=prompt,
+        prompt_len=np.array([len(p) for p, _ in rows], np.int32),
+        tokens=tokens,
+        valid=valid,
+        top_ids=np.zeros((N, reply_tokens, 0), np.int32),
+        top_logp=np.zeros((N, reply_tokens, 0), np.float32),
+        temperature=float('nan'),
+    )
 
 
 def verifier_features(
@@ -240,18 +285,22 @@ def _step_losses(lm: EagleLM, params, tokens, feats, vin, mask, recipe: EagleRec
         reg = jnp.sum(optax.huber_loss(out, feats, delta=1.0).mean(-1) * mask) / denom
         logq = jax.nn.log_softmax(lm.head_logits(params, out), -1)
         ce = -jnp.sum(jnp.sum(p * logq, -1) * mask) / denom
-        return reg, ce
+        tv = 1.0 - jnp.sum(jnp.sum(jnp.minimum(p, jnp.exp(logq)), -1) * mask) / denom
+        return reg, ce, tv
+
+    def weighted(reg, ce, tv):
+        return recipe.reg_weight * reg + recipe.ce_weight * ce + recipe.tv_weight * tv
 
     h1 = lm.hidden_full(params, tokens, lm.input_features(params, vin + noise))
-    reg1, ce1 = losses(h1)
-    total = recipe.reg_weight * reg1 + recipe.ce_weight * ce1
-    metrics = {'reg1': reg1, 'ce1': ce1}
+    reg1, ce1, tv1 = losses(h1)
+    total = weighted(reg1, ce1, tv1)
+    metrics = {'reg1': reg1, 'ce1': ce1, 'tv1': tv1}
     if recipe.second_pass > 0:
         # Position t now reads h1[t-1] (its own output) instead of the verifier's feature.
         h2 = lm.hidden_full(params, tokens, h1)
-        reg2, ce2 = losses(h2)
-        total = total + recipe.second_pass * (recipe.reg_weight * reg2 + recipe.ce_weight * ce2)
-        metrics.update(reg2=reg2, ce2=ce2)
+        reg2, ce2, tv2 = losses(h2)
+        total = total + recipe.second_pass * weighted(reg2, ce2, tv2)
+        metrics.update(reg2=reg2, ce2=ce2, tv2=tv2)
     return total, metrics
 
 

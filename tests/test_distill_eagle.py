@@ -167,3 +167,50 @@ def test_a_two_layer_drafter_is_built_saved_and_loaded(tmp_path):
     got, _ = lm2.forward(params2, cache, jnp.asarray(toks), pos, causal_block_mask(4, 9))
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
     assert len(c1.k) == 2 and not np.array_equal(np.asarray(c1.k[0]), np.asarray(c1.k[1]))
+
+
+def test_the_acceptance_loss_is_one_minus_alpha():
+    """`EagleRecipe.tv_weight`'s term, 1 − Σ min(p, q) on the reply positions, is 1 − α as
+    `feature_alpha` measures it (kept ids = the whole vocabulary, no input noise), at draft
+    step 1 and 2; and training on it alone (no regression, no CE) lowers it."""
+    import types  # pylint: disable=import-outside-toplevel
+
+    import jax  # pylint: disable=import-outside-toplevel
+
+    from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
+
+    v_lm, v_params = _verifier(TINY, seed=5, sharpen=2.0)
+    model = types.SimpleNamespace(lm=v_lm, params=v_params, tokenizer=None)
+    data, _ = _random_features(v_lm, v_params, rows=8, width=12, seed=7)
+    recipe = distill_eagle.EagleRecipe(
+        kept=TINY.vocab_size,
+        noise=0.0,
+        tv_weight=1.0,
+        ce_weight=0.0,
+        reg_weight=0.0,
+        steps=40,
+        batch=8,
+        learning_rate=3e-3,
+        warmup=2,
+    )
+    lm, params = distill_eagle.initial_eagle(model, data, recipe, max_len=32)
+
+    def tv(params):
+        _, m = distill_eagle._step_losses(  # pylint: disable=protected-access
+            lm,
+            params,
+            jnp.asarray(data.tokens),
+            jnp.asarray(data.feats, jnp.float32),
+            None,
+            jnp.asarray(data.reply_mask(), jnp.float32),
+            recipe,
+            jax.random.key(0),
+        )
+        return float(m["tv1"]), float(m["tv2"])
+
+    before = distill_eagle.feature_alpha(lm, params, data)
+    np.testing.assert_allclose(tv(params), (1 - before["alpha1"], 1 - before["alpha2"]), atol=1e-5)
+    trained, _ = distill_eagle.train_eagle(lm, params, data, recipe, log=lambda s: None)
+    after = distill_eagle.feature_alpha(lm, trained, data)
+    np.testing.assert_allclose(tv(trained), (1 - after["alpha1"], 1 - after["alpha2"]), atol=1e-5)
+    assert after["alpha1"] > before["alpha1"] + 0.05, (before, after)
