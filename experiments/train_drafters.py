@@ -58,6 +58,14 @@ def define_flags():
         "seed", 0, "seed of the train-split prompt draw and the verifier's sampling (generate)"
     )
     flags.DEFINE_integer("new_tokens", 160, "tokens the verifier writes per prompt")
+    flags.DEFINE_enum(
+        "rows_from",
+        "verifier",
+        ["verifier", "corpus"],
+        "generate: the verifier's replies (sampled, with its top-k), or the corpus's own "
+        "text after each prompt, --new_tokens of it (distill_eagle.text_rows: prefilled "
+        "only, for train_eagle.py --more_data; code and prose; no held-out replies)",
+    )
     flags.DEFINE_integer("batch", 32, "rows per generation batch")
     flags.DEFINE_float("temperature", 1.0, "the verifier's τ while writing the training text")
     flags.DEFINE_enum("targets", "soft", ["soft", "hard"], "soft: top-k distribution; hard: token")
@@ -103,6 +111,15 @@ def _heldout(out: Path, model, d: str):
 def stage_generate(out: Path, model) -> None:
     from specjax import distill  # pylint: disable=import-outside-toplevel
 
+    if FLAGS.rows_from == "corpus":
+        from specjax.distill_eagle import text_rows  # pylint: disable=import-outside-toplevel
+
+        for d in FLAGS.domains:
+            path = out / f"gen_{d}.npz"
+            if not path.exists():
+                text_rows(model, d, FLAGS.prompts, FLAGS.new_tokens, seed=FLAGS.seed).save(path)
+                print(f"{d}: corpus rows written to {path}", flush=True)
+        return
     for d in FLAGS.domains:
         _heldout(out, model, d)
     for d in FLAGS.domains:
@@ -249,6 +266,10 @@ def _check_inputs(out: Path, stages: list[str]) -> None:
     from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
     from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
 
+    if FLAGS.rows_from == "corpus" and not set(FLAGS.domains) <= {"code", "prose"}:
+        raise ConfigError.invalid(
+            "--domains", ",".join(FLAGS.domains), "code and/or prose with --rows_from=corpus"
+        )
     for d in FLAGS.domains:
         trained = (out / f"drafter_{d}{FLAGS.tag}.npz").exists()
         gen = out / f"gen_{d}.npz"

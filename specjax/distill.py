@@ -55,9 +55,10 @@ __all__ = [
 # ----------------------------------------------------------------------------------------
 
 
-def _code_prompts(doc: str) -> list[str]:
-    """Every function of a source file whose ``def`` line(s) + first body line fit in 3
-    lines with at least 3 body lines after (the shipped code prompts' rule, all of them)."""
+def _code_pairs(doc: str) -> list[tuple[str, str]]:
+    """(prompt, continuation) for every function of a source file whose ``def`` line(s) +
+    first body line fit in 3 lines with at least 3 body lines after (the shipped code
+    prompts' rule): the prompt those lines, the continuation the rest of the file."""
     try:
         tree = ast.parse(doc)
     except SyntaxError:
@@ -72,28 +73,32 @@ def _code_prompts(doc: str) -> list[str]:
             continue
         p = ''.join(lines[node.lineno - 1 : end])
         if p.strip():
-            out.append(p)
+            out.append((p, ''.join(lines[end:])))
     return out
 
 
-def domain_prompts(domain: str, n: int, seed: int = 0) -> list[str]:
-    """``n`` prompts of ``domain`` from the corpus's train split (deterministic)."""
+def domain_pairs(domain: str) -> dict[str, str]:
+    """Every train-split prompt of ``domain`` -> the corpus text that follows it (its
+    document's first occurrence): code, a function's head -> the rest of its file; prose, a
+    book's heading and a verse -> the verses after it; reasoning, a question -> ''."""
     from specjax.data import corpora, reasoning  # pylint: disable=import-outside-toplevel
 
-    rng = np.random.default_rng(seed)
+    pairs: list[tuple[str, str]] = []
     if domain == 'code':
         train = corpora.split_documents(corpora.domain_documents('code'))[0]
-        pool = [p for _, doc in train for p in _code_prompts(doc)]
+        pairs = [pc for _, doc in train for pc in _code_pairs(doc)]
     elif domain == 'prose':
         train = corpora.split_documents(corpora.domain_documents('prose'))[0]
-        pool = []
         for _, doc in train:
             lines = doc.splitlines(keepends=True)
             head, verses = lines[0], [v for v in lines[1:] if v.strip()]
-            pool += [head + v for v in verses[:: max(1, len(verses) // 4)]]
+            step = max(1, len(verses) // 4)
+            pairs += [
+                (head + verses[i], ''.join(verses[i + 1 :])) for i in range(0, len(verses), step)
+            ]
     elif domain == 'reasoning':
-        pool = [
-            f'Q: {p.question}\n'
+        pairs = [
+            (f'Q: {p.question}\n', '')
             for p in reasoning.generate_problems(corpora.REASONING_PROBLEMS, corpora.REASONING_SEED)
             if not corpora.is_heldout(p.question)
         ]
@@ -101,8 +106,16 @@ def domain_prompts(domain: str, n: int, seed: int = 0) -> list[str]:
         raise ValueError(
             f"domain_prompts: domain={domain!r} (allowed: 'code', 'prose', 'reasoning')"
         )
-    pool = sorted(set(pool))
-    idx = rng.permutation(len(pool))[:n]
+    out: dict[str, str] = {}
+    for prompt, cont in pairs:
+        out.setdefault(prompt, cont)
+    return out
+
+
+def domain_prompts(domain: str, n: int, seed: int = 0) -> list[str]:
+    """``n`` prompts of ``domain`` from the corpus's train split (deterministic)."""
+    pool = sorted(domain_pairs(domain))
+    idx = np.random.default_rng(seed).permutation(len(pool))[:n]
     return [pool[i] for i in idx]
 
 

@@ -362,17 +362,24 @@ def _code_doc(key):
     return f"# file: {key}\n{body}def short_{tag}(x):\n    return x\n"
 
 
-def test_domain_prompts_train_split_on_synthetic_corpora(monkeypatch):
+def _synthetic_corpora(monkeypatch):
+    """Synthetic code and prose corpora with train and held-out documents, in place of the
+    real ones: (code train keys, prose train keys, {domain: documents})."""
     code_train, code_held = _keys(4, 3, "pkg/mod{}.py")
     prose_train, prose_held = _keys(4, 3, "Book {}")
     docs = {
         "code": [(k, _code_doc(k)) for k in code_train + code_held],
         "prose": [
-            (k, k + "\n" + "".join(f"{k} verse {j}\n" for j in range(8)) + "\n")
+            (k, k + "\n" + "".join(f"{k} verse {j}\n" for j in range(9)) + "\n")
             for k in prose_train + prose_held
         ],
     }
     monkeypatch.setattr(corpora, "domain_documents", lambda name, cache=None: docs[name])
+    return code_train, prose_train, docs
+
+
+def test_domain_prompts_train_split_on_synthetic_corpora(monkeypatch):
+    code_train, prose_train, _ = _synthetic_corpora(monkeypatch)
     code = distill.domain_prompts("code", 1000)
 
     def tags(keys):
@@ -389,6 +396,37 @@ def test_domain_prompts_train_split_on_synthetic_corpora(monkeypatch):
     assert len(distill.domain_prompts("code", 5)) == 5
     with pytest.raises(ValueError, match="domain"):
         distill.domain_prompts("poetry", 3)
+
+
+def test_text_rows_continue_each_prompt_with_its_own_document(monkeypatch):
+    """`distill_eagle.text_rows`: the prompts `domain_prompts` draws with the seed, in
+    order, each in the chat template, then the first tokens of the text that follows it in
+    its train document; prompts with nothing after them are left out; reasoning (no
+    text after its questions) is refused."""
+    import types  # pylint: disable=import-outside-toplevel
+
+    from specjax.distill_eagle import text_rows  # pylint: disable=import-outside-toplevel
+
+    _, _, docs = _synthetic_corpora(monkeypatch)
+    byte_tok = types.SimpleNamespace(encode=lambda t: list(t.encode()))
+    model = types.SimpleNamespace(tokenizer=byte_tok, chat=lambda p: f"<u>{p}</u>")
+    for domain in ("code", "prose"):
+        texts = [t for _, t in docs[domain]]
+        prompts = distill.domain_prompts(domain, 9, seed=4)
+        g = text_rows(model, domain, 9, reply_tokens=24, seed=4)
+        last = {t.rstrip("\n").splitlines()[-1] for t in texts}  # nothing follows these
+        kept = [p for p in prompts if p.splitlines()[-1] not in last]
+        assert len(g.tokens) == len(kept) and np.isnan(g.temperature)
+        for r, p in enumerate(kept):
+            assert bytes(g.prompt[r, : g.prompt_len[r]].tolist()).decode() == f"<u>{p}</u>"
+            reply = bytes(g.tokens[r][g.valid[r]].tolist()).decode()
+            assert 0 < len(reply) <= 24 and g.valid[r].sum() == len(reply)
+            # It follows the prompt's last line (a verse after its book's heading) in a document.
+            assert any(p.splitlines(True)[-1] + reply in t for t in texts), (p, reply)
+        if domain == "prose":  # some prompt was a book's last verse, with nothing after it
+            assert len(kept) < len(prompts)
+    with pytest.raises(ValueError, match="no text"):
+        text_rows(model, "reasoning", 3, reply_tokens=8)
 
 
 def test_domain_prompts_reasoning_train_split():
