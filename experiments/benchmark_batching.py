@@ -24,7 +24,10 @@ once as a discarded warm-up, since XLA:CPU's first execution is slower) and per 
 wall clock (host work and transfers included), continuous / static, chunks, refills and
 the refills' share of the continuous seconds (prefill of the padded prompts: on a CPU a
 large part of a short-answer workload), and whether each prompt's tokens equal its static
-tokens. Medians of --repeats; the machine's load average is printed and stored (timings
+tokens, with where each differing prompt first differs (`first_differences`: both tokens'
+probabilities and places in the cumulative distribution). ``--static_also=4`` runs the
+queue statically at other batch sizes too (untimed), which tells batching from batch
+composition. Medians of --repeats; the machine's load average is printed and stored (timings
 on a shared machine move by tens of percent). Prints a table and writes
 benchmark_batching.json under --out; ``--write_docs`` writes docs/results/batching.md
 (``--docs_dir``); `measure` is the programmatic entry. About 5 minutes at the defaults on
@@ -70,6 +73,7 @@ _RECORDED_FLAGS = (
     "repeats",
     "bucket",
     "seed",
+    "static_also",
 )
 
 
@@ -106,6 +110,12 @@ def define_flags():
         "reads every cache slot, so a wide bucket slows prefill and decoding)",
     )
     flags.DEFINE_integer("seed", 0, "budgets and row keys")
+    flags.DEFINE_list(
+        "static_also",
+        [],
+        "more batch sizes run statically (untimed): their tokens against static's at each "
+        "--batches size, and where each prompt's first differs (batch composition vs batching)",
+    )
     flags.DEFINE_string(
         "zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped specjax/zoo)"
     )
@@ -223,6 +233,36 @@ def _continuous_entry(c: int, runs, static: dict, s_tokens, spec: bool) -> dict:
     return entry
 
 
+def first_differences(dep, v, want, got, cfg: EngineConfig) -> list[dict]:
+    """Where each prompt's tokens ``got`` first leave ``want`` (static's): the prompt, the
+    position, both tokens and their probabilities and places in the cumulative
+    distribution under the verifier's law there (an uncached forward over prompt + the
+    common prefix; at τ 0 the logits). Draws that differ between tokens both far below
+    f32 rounding of a 49k-id cumulative sum mean batch composition, not a lost law."""
+    out = []
+    fwd = jax.jit(lambda p, x: dep.verifier.logits_full(p, x)[0, -1])
+    tau = float(cfg.verifier_temperature)
+    for i, (a, b) in enumerate(zip(want, got)):
+        a, b = list(map(int, a)), list(map(int, b))
+        if a == b:
+            continue
+        k = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
+        row = dict(prompt=i, position=k, lengths=[len(a), len(b)])
+        if k < min(len(a), len(b)):
+            logits = np.asarray(fwd(dep.v_params, np.asarray([list(v[i]) + a[:k]], np.int32)))
+            z = logits.astype(np.float64) / max(tau, 1e-30)
+            p = np.exp(z - z.max())
+            p /= p.sum()
+            cdf = np.cumsum(p)
+            row.update(
+                tokens=[a[k], b[k]],
+                p=[float(p[a[k]]), float(p[b[k]])],
+                cdf=[float(cdf[a[k]]), float(cdf[b[k]])],
+            )
+        out.append(row)
+    return out
+
+
 def measure(
     zoo,
     *,
@@ -238,6 +278,7 @@ def measure(
     repeats: int = 3,
     bucket: int = 8,
     seed: int = 0,
+    static_also=(),
 ) -> dict:
     """Static vs continuous batching of one ragged queue at batch size `batch`.
 
@@ -250,11 +291,14 @@ def measure(
       gamma / drafter / rule: the speculative mode; `drafter=None`: the verifier alone.
       stop: stop at the verifier's newline tokens.
       repeats: timed runs per measurement (median), after one discarded warm-up.
+      static_also: more batch sizes run statically once (untimed), to tell batching from
+        batch composition: their tokens against static's at `batch`.
 
     Returns:
       dict with the workload, `static` and `continuous` (one entry per chunk): useful
       tokens, seconds (compiled execution) and wall seconds, tokens/s of each, the ratio
-      to static, chunks / refills, and `same_tokens` (prompts whose tokens equal static's).
+      to static, chunks / refills, `same_tokens` (prompts whose tokens equal static's) and
+      `differences` (`first_differences`); `static_also`: per extra batch size, the same two.
     """
     chunks = [int(chunk)] if isinstance(chunk, (int, np.integer)) else [int(c) for c in chunk]
     spec = drafter is not None
@@ -290,6 +334,12 @@ def measure(
             repeats,
         )
         conts.append(_continuous_entry(c, runs, static, s_tokens, spec))
+        conts[-1]["differences"] = first_differences(dep, v, s_tokens, runs[0].tokens, cfg)
+    also = []
+    for b2 in static_also:
+        t2 = _static(dep, cfg, spec, v, d, budgets, keys, int(b2), bucket, stop_table)[0]
+        diffs = first_differences(dep, v, s_tokens, t2, cfg)
+        also.append(dict(batch=int(b2), same_tokens=n_prompts - len(diffs), differences=diffs))
     return dict(
         mode="spec" if spec else "ar",
         drafter=drafter,
@@ -303,6 +353,7 @@ def measure(
         mean_prompt_tokens=float(np.mean([len(x) for x in v])),
         static=static,
         continuous=conts,
+        static_also=also,
         load_average=provenance.load_average(),
     )
 
@@ -327,6 +378,23 @@ def print_table(results: list[dict]) -> None:
                 f"{c['wall_speedup']:6.2f} {c['chunks']:6d} {c['refills']:7d} "
                 f"{100 * c['refill_share']:8.0f} {c['same_tokens']:2d}/{r['n_prompts']}"
             )
+    for r in results:
+        runs = [(f"chunk {c['chunk']}", c) for c in r["continuous"]]
+        runs += [(f"static B={a['batch']}", a) for a in r.get("static_also", [])]
+        for name, c in runs:
+            if name.startswith("static"):
+                print(f"{r['mode']} B={r['batch']}, {name}: same tokens {c['same_tokens']}")
+            for dif in c.get("differences", []):
+                print(f"{r['mode']} B={r['batch']}, {name}: {_difference_text(dif)}")
+
+
+def _difference_text(d: dict) -> str:
+    """One `first_differences` entry as a line."""
+    head = f"prompt {d['prompt']} first differs at token {d['position']}"
+    if "tokens" not in d:
+        return f"{head} (one ends there; lengths {d['lengths']})"
+    (a, b), (pa, pb), (ca, cb) = d["tokens"], d["p"], d["cdf"]
+    return f"{head}: {a} (p {pa:.2g}, cdf {ca:.6f}) vs {b} (p {pb:.2g}, cdf {cb:.6f})"
 
 
 def render_page(result: dict) -> list[str]:
@@ -412,6 +480,7 @@ def main(argv):
                 repeats=FLAGS.repeats,
                 bucket=FLAGS.bucket,
                 seed=FLAGS.seed,
+                static_also=[int(x) for x in FLAGS.static_also],
             )
             results.append(r)
             print(f"{mode} B={b}: done (load average {os.getloadavg()})", flush=True)
