@@ -407,6 +407,49 @@ def test_profile_round(tmp_path, drafter):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_loop_alpha(tmp_path):
+    """On the real file: the shipped eagle and the same file named as label=FILE give the
+    same per-step acceptance (same paths); every step's α in [0, 1] with a standard error."""
+    _needs_smollm2()
+    from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
+
+    eagle = real_zoo.drafter_path("eagle")
+    args = [
+        f"--out={tmp_path}",
+        f"--drafters=eagle,same={eagle}",
+        "--domains=code",
+        "--prompts_per_domain=3",
+        "--batch=2",
+        "--new_tokens=8",
+        "--gamma=2",
+    ]
+    command = run_script("loop_alpha.py", *args, timeout=1200)
+    out = read_json(tmp_path / "loop_alpha.json", command)
+    a, b = out["rows"]
+    assert (a["drafter"], b["drafter"], a["rows"], a["prompts"]) == ("eagle", "same", 3, 3)
+    assert a["step_alpha"] == b["step_alpha"] and len(a["step_alpha"]) == 2
+    assert all(0 <= x <= 1 for x in a["step_alpha"]) and a["reached"][0] >= a["rounds"] > 0
+    assert 1 <= a["tokens_per_round"] <= 3
+
+
+def test_loop_alpha_refuses_a_missing_file_in_one_line(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "experiments/loop_alpha.py",
+            f"--out={tmp_path}",
+            "--drafters=x=/no/file.npz",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "--drafters: got 'x=/no/file.npz'" in proc.stderr.strip().splitlines()[-1]
+
+
 def test_score_ratio(tmp_path):
     args = [f"--out={tmp_path}", "--sizes=64:1", "--blocks=3", "--context=16", "--capacity=64"]
     command = run_script("score_ratio.py", *args)
