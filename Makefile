@@ -79,7 +79,9 @@ train-drafters: $(STAMP)
 # 640 prompts per domain (~15 min each), their features (~12 min), 40 min of training (2,550
 # of 3,000 steps on the AMD EPYC), held-out α, ship; then two more draws (~6 min per domain
 # since prefills run the head on one row), their features (~10 min) and 30 min continuing the
-# shipped drafter on them (its schedule sized to the budget), ship. ~3 h on 2 cores.
+# shipped drafter on them (its schedule sized to the budget), ship; then a fifth draw and
+# 904 steps continuing it with the acceptance loss in place of the CE (--tv_weight, ~25 min),
+# ship. ~3.8 h on 2 cores.
 train-eagle: $(STAMP)
 	$(PY) experiments/train_drafters.py --stage=generate --domains=code,prose --prompts=640 \
 		--new_tokens=128 --dtype=bfloat16 --out=runs/eagle_data
@@ -94,6 +96,11 @@ train-eagle: $(STAMP)
 	$(PY) experiments/train_eagle.py --data=runs/eagle_data_s3 --more_data=runs/eagle_data_s4 \
 		--out=runs/eagle_ft --init_from=eagle --learning_rate=5e-4 --steps=3000 \
 		--time_budget_s=1800 --tag=_x4
+	$(PY) experiments/train_drafters.py --stage=generate --domains=code,prose --prompts=640 \
+		--new_tokens=128 --dtype=bfloat16 --seed=5 --out=runs/eagle_data_s5
+	$(PY) experiments/train_eagle.py --data=runs/eagle_data_s5 --out=runs/eagle_tv \
+		--init_from=eagle --learning_rate=5e-4 --steps=904 --time_budget_s=100000 \
+		--tv_weight=1.0 --ce_weight=0 --tag=_x5
 
 # The shipped distilled drafters' held-out α on SmolLM2's replies to the plan prompts: on the
 # joined text and on the reply positions alone (distill.reply_alpha); ~10 min on 2 cores.
