@@ -24,7 +24,7 @@ once as a discarded warm-up, since XLA:CPU's first execution is slower) and per 
 wall clock (host work and transfers included), continuous / static, chunks, refills and
 the refills' share of the continuous seconds (prefill of the padded prompts: on a CPU a
 large part of a short-answer workload), and whether each prompt's tokens equal its static
-tokens, with where each differing prompt first differs (`first_differences`: both tokens'
+tokens, with where each differing prompt first differs (`specjax.evaluation.first_differences`: both tokens'
 probabilities and places in the cumulative distribution). ``--static_also=4`` runs the
 queue statically at other batch sizes too (untimed), which tells batching from batch
 composition. Medians of --repeats; the machine's load average is printed and stored (timings
@@ -52,6 +52,7 @@ from specjax.engine.batching import continuous_generate
 from specjax.engine.deployment import Deployment, from_zoo
 from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
+from specjax.evaluation import first_differences
 from specjax.models.zoo import load_zoo
 
 FLAGS = flags.FLAGS
@@ -233,36 +234,6 @@ def _continuous_entry(c: int, runs, static: dict, s_tokens, spec: bool) -> dict:
     return entry
 
 
-def first_differences(dep, v, want, got, cfg: EngineConfig) -> list[dict]:
-    """Where each prompt's tokens ``got`` first leave ``want`` (static's): the prompt, the
-    position, both tokens and their probabilities and places in the cumulative
-    distribution under the verifier's law there (an uncached forward over prompt + the
-    common prefix; at τ 0 the logits). Draws that differ between tokens both far below
-    f32 rounding of a 49k-id cumulative sum mean batch composition, not a lost law."""
-    out = []
-    fwd = jax.jit(lambda p, x: dep.verifier.logits_full(p, x)[0, -1])
-    tau = float(cfg.verifier_temperature)
-    for i, (a, b) in enumerate(zip(want, got)):
-        a, b = list(map(int, a)), list(map(int, b))
-        if a == b:
-            continue
-        k = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
-        row = dict(prompt=i, position=k, lengths=[len(a), len(b)])
-        if k < min(len(a), len(b)):
-            logits = np.asarray(fwd(dep.v_params, np.asarray([list(v[i]) + a[:k]], np.int32)))
-            z = logits.astype(np.float64) / max(tau, 1e-30)
-            p = np.exp(z - z.max())
-            p /= p.sum()
-            cdf = np.cumsum(p)
-            row.update(
-                tokens=[a[k], b[k]],
-                p=[float(p[a[k]]), float(p[b[k]])],
-                cdf=[float(cdf[a[k]]), float(cdf[b[k]])],
-            )
-        out.append(row)
-    return out
-
-
 def measure(
     zoo,
     *,
@@ -334,11 +305,15 @@ def measure(
             repeats,
         )
         conts.append(_continuous_entry(c, runs, static, s_tokens, spec))
-        conts[-1]["differences"] = first_differences(dep, v, s_tokens, runs[0].tokens, cfg)
+        conts[-1]["differences"] = first_differences(
+            dep.verifier, dep.v_params, v, s_tokens, runs[0].tokens, cfg.verifier_temperature
+        )
     also = []
     for b2 in static_also:
         t2 = _static(dep, cfg, spec, v, d, budgets, keys, int(b2), bucket, stop_table)[0]
-        diffs = first_differences(dep, v, s_tokens, t2, cfg)
+        diffs = first_differences(
+            dep.verifier, dep.v_params, v, s_tokens, t2, cfg.verifier_temperature
+        )
         also.append(dict(batch=int(b2), same_tokens=n_prompts - len(diffs), differences=diffs))
     return dict(
         mode="spec" if spec else "ar",

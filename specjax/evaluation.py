@@ -27,6 +27,7 @@ from specjax.train import eval_loss
 from specjax.verify.distributions import sampling_probs, to_verifier_space
 
 __all__ = [
+    'first_differences',
     'heldout_loss',
     'unigram_counts',
     'unigram_loss',
@@ -350,3 +351,42 @@ def print_zoo_report(manifest: dict, out, domains) -> None:
         f'{"inside" if inside else "OUTSIDE"} the seed band 0.5–0.7; each drafter best in '
         f'its own domain: {"yes" if own_best else "no"}'
     )
+
+
+def first_differences(lm, params, prompts, want, got, temperature: float) -> list[dict]:
+    """Where each prompt's tokens ``got`` first leave ``want`` (e.g. static batching's),
+    for a reproducibility question, not a law: the prompt, the position, both tokens and
+    their probabilities and places in the cumulative distribution under the verifier's law
+    there (an uncached forward over prompt + the common prefix; at τ 0 the τ 1 law, whose
+    argmax the draw was). Two tokens both far below the f32 rounding of a cumulative sum
+    over the vocabulary mean batch composition decided the draw, not a lost law.
+
+    Args:
+      lm, params: the verifier (`TransformerLM` API: ``logits_full``).
+      prompts: each prompt's token ids; want / got: each prompt's generated ids.
+      temperature: the verifier's τ.
+    """
+    fwd = jax.jit(lambda p, x: lm.logits_full(p, x)[0, -1])
+    tau = float(temperature) if temperature > 0 else 1.0
+    out = []
+    for i, (a, b) in enumerate(zip(want, got)):
+        a, b = [int(t) for t in a], [int(t) for t in b]
+        if a == b:
+            continue
+        n = min(len(a), len(b))
+        k = next((j for j in range(n) if a[j] != b[j]), n)
+        row = {'prompt': i, 'position': k, 'lengths': [len(a), len(b)]}
+        if k < n:
+            z = np.asarray(
+                fwd(params, np.asarray([list(prompts[i]) + a[:k]], np.int32)), np.float64
+            )
+            p = np.exp((z - z.max()) / tau)
+            p /= p.sum()
+            cdf = np.cumsum(p)
+            row.update(
+                tokens=[a[k], b[k]],
+                p=[float(p[a[k]]), float(p[b[k]])],
+                cdf=[float(cdf[a[k]]), float(cdf[b[k]])],
+            )
+        out.append(row)
+    return out

@@ -437,3 +437,34 @@ def test_catch_up_forwards_are_the_engines_count():
     behind = length - synced
     assert (got >= -(-behind // (cfg.gamma + 1))).all() and (got > -(-behind // 3)).any()
     assert (np.asarray(first.counters.catchups) == 0).all()  # a fresh prefill: none
+
+
+def test_first_differences():
+    """`evaluation.first_differences` on a tiny verifier: the first position where two
+    token lists part, both tokens' probabilities and cumulative places under the verifier's
+    law after prompt + common prefix (τ 1; τ 0 reports that same law), and a row that only
+    ends earlier."""
+    from specjax.evaluation import first_differences  # pylint: disable=import-outside-toplevel
+    from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
+    from specjax.models.transformer import (  # pylint: disable=import-outside-toplevel
+        TransformerConfig,
+    )
+
+    cfg = TransformerConfig(
+        vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_len=16
+    )
+    lm = TransformerLM(cfg)
+    params = lm.init_params(0)
+    want, got = [[4, 5, 6], [7, 8]], [[4, 9, 6], [7, 8, 2]]
+    diffs = first_differences(lm, params, [[1, 2, 3], [4, 5]], want, got, 1.0)
+    assert [(d["prompt"], d["position"], d["lengths"]) for d in diffs] == [
+        (0, 1, [3, 3]),
+        (1, 2, [2, 3]),
+    ]
+    assert diffs[0]["tokens"] == [5, 9] and "tokens" not in diffs[1]
+    logits = np.asarray(lm.logits_full(params, np.asarray([[1, 2, 3, 4]], np.int32)))[0, -1]
+    p = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    np.testing.assert_allclose(diffs[0]["p"], [p[5], p[9]], rtol=1e-5)
+    np.testing.assert_allclose(diffs[0]["cdf"], [p[:6].sum(), p[:10].sum()], rtol=1e-5)
+    greedy = first_differences(lm, params, [[1, 2, 3], [4, 5]], want, got, 0.0)
+    assert greedy[0]["p"] == diffs[0]["p"]

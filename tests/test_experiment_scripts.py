@@ -208,43 +208,6 @@ def test_benchmark_batching(tmp_path, verifier):
         assert all(r["static_also"][0]["same_tokens"] == 3 for r in out["results"])
 
 
-def test_benchmark_batching_first_differences():
-    """`first_differences` on a tiny verifier: the first position where two token lists
-    part, both tokens' probabilities and cumulative places under the verifier's law after
-    prompt + common prefix (τ 1), and a row that only ends earlier."""
-    import types  # pylint: disable=import-outside-toplevel
-
-    import numpy as np  # pylint: disable=import-outside-toplevel
-
-    from specjax.engine.spec import EngineConfig  # pylint: disable=import-outside-toplevel
-    from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
-    from specjax.models.transformer import (  # pylint: disable=import-outside-toplevel
-        TransformerConfig,
-    )
-
-    spec = importlib.util.spec_from_file_location("_bb", EXPERIMENTS / "benchmark_batching.py")
-    bb = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bb)
-    cfg = TransformerConfig(
-        vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_len=16
-    )
-    lm = TransformerLM(cfg)
-    dep = types.SimpleNamespace(verifier=lm, v_params=lm.init_params(0))
-    v = [[1, 2, 3], [4, 5]]
-    diffs = bb.first_differences(
-        dep, v, [[4, 5, 6], [7, 8]], [[4, 9, 6], [7, 8, 2]], EngineConfig(verifier_temperature=1.0)
-    )
-    assert [(d["prompt"], d["position"], d["lengths"]) for d in diffs] == [
-        (0, 1, [3, 3]),
-        (1, 2, [2, 3]),
-    ]
-    assert diffs[0]["tokens"] == [5, 9] and "tokens" not in diffs[1]
-    logits = np.asarray(lm.logits_full(dep.v_params, np.asarray([[1, 2, 3, 4]], np.int32)))[0, -1]
-    p = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
-    np.testing.assert_allclose(diffs[0]["p"], [p[5], p[9]], rtol=1e-5)
-    np.testing.assert_allclose(diffs[0]["cdf"], [p[:6].sum(), p[:10].sum()], rtol=1e-5)
-
-
 @pytest.mark.slow
 def test_benchmark_peer(tmp_path):
     pytest.importorskip("torch")
