@@ -30,6 +30,7 @@ Writes ``real_speed.json`` under --out; ``--write_docs`` writes docs/results/rea
 
 from __future__ import annotations
 
+import collections
 import os
 import statistics
 import types
@@ -83,7 +84,9 @@ def define_flags():
         ["code", "prose", "lookup", "reasoning"],
         "drafters (spec part); names joined by '+' (e.g. lookup+code+prose) share each "
         "row as one token tree: one chain per drafter, scored in one (S·γ+1)-token "
-        "forward and verified by --tree_rule",
+        "forward and verified by --tree_rule; NAME*COUNT names a drafter COUNT times "
+        "(twins: COUNT chains drafted in one pass, under token_tree their first drafts "
+        "drawn without replacement)",
     )
     flags.DEFINE_enum(
         "tree_rule",
@@ -177,13 +180,43 @@ def _plan_texts() -> list[str]:
 
 
 def _members(entry: str) -> list[str]:
-    """The drafters of one --drafters entry ('lookup+code' -> ['lookup', 'code'])."""
-    return entry.split("+")
+    """The drafters of one --drafters entry ('lookup+code' -> ['lookup', 'code'];
+    'eagle*3' -> three eagle chains, twins drafted in one pass)."""
+    out = []
+    for part in entry.split("+"):
+        name, _, times = part.partition("*")
+        out += [name] * (int(times) if times else 1)
+    return out
+
+
+def _labels(members: list[str]) -> list[str]:
+    """One label per chain: a twin's name with its place among its twins ('eagle#2')."""
+    seen: collections.Counter = collections.Counter()
+    out = []
+    for n in members:
+        seen[n] += 1
+        out.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
+    return out
+
+
+def _entry_ok(entry: str) -> bool:
+    """Whether a --drafters entry parses: NAME or NAME*COUNT (COUNT ≥ 1), joined by '+'."""
+    for part in entry.split("+"):
+        name, star, times = part.partition("*")
+        if not name or (star and not (times.isdigit() and int(times) >= 1)):
+            return False
+    return True
 
 
 def _drafter_names() -> list[str]:
     """Every drafter any --drafters entry names, once, in order."""
     return list(dict.fromkeys(n for e in FLAGS.drafters for n in _members(e)))
+
+
+def _twins(entry: str) -> dict[str, int]:
+    """How many times an entry names each drafter ('eagle+eagle+lookup' -> {eagle: 2,
+    lookup: 1}): a drafter named m times drafts its m chains in one pass at batch m·B."""
+    return dict(collections.Counter(_members(entry)))
 
 
 def _forward_times(dep, batch: int, context: int, capacity: int) -> tuple:
@@ -197,12 +230,13 @@ def _forward_times(dep, batch: int, context: int, capacity: int) -> tuple:
         ("verifier", k): forward_timer(v, dep.v_params, batch, k, context, capacity, 16)
         for k in [1, *widths]
     }
-    for name in _drafter_names():
+    passes = dict.fromkeys(p for e in FLAGS.drafters for p in _twins(e).items())
+    for name, m in passes:
         sub = dep.subset([name])
-        timers[("drafter", name)] = forward_timer(
+        timers[("drafter", name, m)] = forward_timer(
             sub.drafters[0].lm,
             sub.d_data[0].params,
-            batch,
+            batch * m,
             1,
             context,
             min(sub.drafters[0].lm.max_len, capacity),
@@ -213,7 +247,7 @@ def _forward_times(dep, batch: int, context: int, capacity: int) -> tuple:
         for key, timer in timers.items():
             best[key] = min(best[key], timer())
     t_score = {k: best[("verifier", k)] for k in widths}
-    t_draft = {n: best[("drafter", n)] for n in _drafter_names()}
+    t_draft = {p: best[("drafter", *p)] for p in passes}
     return best[("verifier", 1)], t_score, t_draft
 
 
@@ -347,8 +381,10 @@ def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t
     )
     members = _members(d["name"])
     g = d["gamma"]
-    # A tree's drafters draft one after another: γ · ΣT_draft, then one (S·γ+1)-token score.
-    td, ts = sum(t_draft[n] for n in members), t_score[len(members) * g + 1]
+    # A tree's drafters draft one after another (a drafter named m times: one pass at
+    # batch m·B): γ · ΣT_draft, then one (S·γ+1)-token score.
+    td = sum(t_draft[p] for p in _twins(d["name"]).items())
+    ts = t_score[len(members) * g + 1]
     hw = float(metrics.hardware_aware_speedup(per_round, t_step, td, ts, g))
     measured = statistics.median(d["ratio"])
     # Leviathan's formula is for one chain; a tree's pooled α does not enter it.
@@ -365,7 +401,7 @@ def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t
         spec_tokens_per_s=statistics.median(d["tps"]),
         alpha=alpha,
         alpha_by_drafter={
-            n: float(a) / max(float(r), 1.0) for n, a, r in zip(members, by_k[0], by_k[1])
+            n: float(a) / max(float(r), 1.0) for n, a, r in zip(_labels(members), by_k[0], by_k[1])
         },
         tokens_per_round=per_round,
         row_use=row_use,
@@ -531,6 +567,11 @@ if __name__ == "__main__":
     define_flags()
     for _name in ("dtypes", "dtype", "ar_reference"):
         flags.register_validator(_name, _validator(_name))
+    flags.register_validator(
+        "drafters",
+        lambda v: all(_entry_ok(e) for e in v),
+        "--drafters: entries NAME, NAME*COUNT (COUNT ≥ 1, twins) or such parts joined by '+'",
+    )
     flags.register_validator(
         "eagle",
         lambda v: not v or (Path(v).suffix == ".npz" and Path(v).is_file()),

@@ -238,6 +238,9 @@ class Case:
             jnp.asarray(keys),
         )
         self.drafters = tuple(d.static for d in dep.drafters)
+        share = getattr(mods["spec"], "share_drafting", None)  # a drafter named twice
+        if share is not None:
+            self.drafters = share(self.drafters, dep.d_data)
         self.capacity = carry.vcache.max_len
         self.d_capacity = [c.max_len for c in carry.dcaches]
         self.context = int(np.mean(np.asarray(carry.length))) + FLAGS.new_tokens // 2
@@ -379,7 +382,9 @@ def _load_packages(pkgs: list[str]) -> dict:
             gguf = importlib.import_module(f"{pkg}.models.gguf")
             model = gguf.smollm2_layout(FLAGS.dtype, max_len=1024, field="--dtype")
             dt = FLAGS.dtype.partition(":")[0]
-            full = mods["dep"].from_smollm2(_members(), dtype=dt, verifier=model)
+            full = mods["dep"].from_smollm2(
+                list(dict.fromkeys(_members())), dtype=dt, verifier=model
+            )
         else:
             full = mods["dep"].from_zoo(mods["zoo"].load_zoo())
         texts_all = [p["prompt"] for p in mods["data"].load_prompts()]

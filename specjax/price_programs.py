@@ -202,7 +202,9 @@ def register_round(
     `engine.generate.speculative_generate`; `capacity`: the verifier cache's, as in its
     forwards' keys), its template registered on first sight."""
 
-    statics = gen._spec_statics(cfg, verifier, drafters, True)  # pylint: disable=protected-access
+    statics = gen._spec_statics(  # pylint: disable=protected-access
+        cfg, verifier, drafters, True, d_data
+    )
     gamma = widest_chain(cfg.gamma, statics["drafters"])
     rows = int(state.tokens.shape[0])
     sig = _signature(statics, state, row_keys, d_data)
@@ -233,6 +235,11 @@ def register_round(
             cfg, free_v, v_params, free_d, d_data, rows, keys_np, None, stop
         )
         st = gen._spec_statics(cfg, free_v, free_d, True)  # pylint: disable=protected-access
+        # The rebuilt arrays are new objects: the twins the call shares are carried over.
+        st["drafters"] = tuple(
+            dataclasses.replace(d, shares=o.shares)
+            for d, o in zip(st["drafters"], statics["drafters"])
+        )
         dev, head = gen._device_inputs(host, v_params, d_data)  # pylint: disable=protected-access
         reps = 4
         fn = jax.jit(

@@ -294,20 +294,22 @@ def _argmax_patches(mods):
     argmax = lambda keys, probs: jnp.argmax(probs, -1).astype(jnp.int32)
     dummy_keys = lambda row_keys, *f: jax.vmap(jax.random.wrap_key_data)(row_keys)
     half = lambda row_keys, length, k, gamma: jnp.full((row_keys.shape[0], k, gamma), 0.5)
+    swaps = dict(
+        sample_rows=argmax,
+        sample_rows_u=lambda u, probs: argmax(None, probs),
+        fold_keys=dummy_keys,
+        _draft_uniforms=half,
+        draft_uniforms=half,
+    )
+    # The drafting step lives in engine/drafting.py since twins (in decode before).
+    try:
+        drafting = importlib.import_module(f"{mods['pkg']}.engine.drafting")
+    except ImportError:
+        drafting = None
     patches = [
-        _Patch(
-            decode,
-            **{
-                k: v
-                for k, v in dict(
-                    sample_rows=argmax,
-                    sample_rows_u=lambda u, probs: argmax(None, probs),
-                    fold_keys=dummy_keys,
-                    _draft_uniforms=half,
-                ).items()
-                if hasattr(decode, k)
-            },
-        )
+        _Patch(module, **{k: v for k, v in swaps.items() if hasattr(module, k)})
+        for module in (decode, drafting)
+        if module is not None
     ]
     rules = mods["rules"]
     if hasattr(rules, "sample"):

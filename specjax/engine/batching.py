@@ -63,7 +63,13 @@ from specjax.engine.generate import (
 )
 from specjax.engine.prefill import prefill_cache
 from specjax.engine.programs import check_finite, compile_program, run_program
-from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig, widest_chain
+from specjax.engine.spec import (
+    DrafterData,
+    DrafterSpec,
+    EngineConfig,
+    share_drafting,
+    widest_chain,
+)
 from specjax.engine.state import Counters, DecodeState, EngineState
 from specjax.verify.rules import COUPLED_RULES
 
@@ -421,7 +427,8 @@ def _refill_program(verifier, v_params, q: Queue) -> _Program:
 def _spec_chunk_program(cfg: EngineConfig, verifier, v_params, q: Queue) -> _Program:
     """A chunk of speculative rounds; ``args(state, keys, row_slots, max_new, live)``."""
     cfg_static = dataclasses.replace(cfg, verifier_temperature=1.0, max_new_tokens=1)
-    statics = dict(cfg=cfg_static, verifier=verifier, drafters=tuple(d.static for d in q.drafters))
+    drafters = share_drafting(tuple(d.static for d in q.drafters), q.d_data)
+    statics = dict(cfg=cfg_static, verifier=verifier, drafters=drafters)
     temps = tuple(np.float32(d.temperature) for d in q.drafters)
     fixed = jax.device_put(
         dict(

@@ -24,30 +24,32 @@ padding, so this is exactly rule 1 with γ_k). Rows of several chains need equal
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import chex
 import jax
 import jax.numpy as jnp
 
 from specjax import debug
+from specjax.engine.drafting import (  # noqa: F401  (consume, consume_width, pack_valid: API)
+    Drafted,
+    consume,
+    consume_width,
+    draft_all,
+    draft_uniforms,
+    pack_valid,
+)
 from specjax.engine.features import feature_layout, pick_features, reads_features
 from specjax.engine.spec import DrafterData, DrafterStatic, EngineConfig
 from specjax.engine.state import DecodeState, count_round
-from specjax.models.api import causal_block_mask, forward_rows
 from specjax.verify import rules as rules_lib
-from specjax.verify.distributions import gumbel_argmax, sampling_probs, to_verifier_space
+from specjax.verify.distributions import gumbel_argmax, sampling_probs
 from specjax.verify.streams import (
     STREAM_BONUS,
-    STREAM_DRAFT,
     STREAM_VERIFY,
-    argmax_first,
-    fold_data,
     fold_keys,
     gumbel_noise,
     sample_rows,
-    sample_rows_u,
-    uniform_data,
 )
 
 
@@ -64,161 +66,6 @@ def tree_block_mask(n_slots: int, gamma: int) -> jax.Array:
 def _tree_depths(n_slots: int, gamma: int) -> jax.Array:
     idx = jnp.arange(1 + n_slots * gamma)
     return jnp.where(idx == 0, 0, (idx - 1) % gamma + 1)
-
-
-def pack_valid(ids: jax.Array, valid: jax.Array):
-    """Moves valid entries of i32[B, N] to the front, keeping their order."""
-    order = jnp.argsort(~valid, axis=-1, stable=True)
-    return jnp.take_along_axis(ids, order, axis=-1), jnp.sum(valid, axis=-1)
-
-
-def consume_width(data_retok_m: int, tokens: int) -> int:
-    """Static width (drafter tokens) of the block that feeds `tokens` verifier tokens.
-
-    A drafter of another tokenizer may spell a rare verifier token in many pieces (a run of
-    indentation is one verifier token and 16 prose tokens); sizing the block for that worst
-    case would make every round pay for it. The block holds two pieces per token on average
-    (at least the worst single token); what does not fit stays pending for the next round.
-    """
-    return min(tokens * data_retok_m, max(2 * tokens, data_retok_m))
-
-
-def consume(
-    spec: DrafterStatic, data: DrafterData, cache, logits, tokens, synced, length, width: int
-):
-    """Feeds committed verifier tokens [synced, length) (≤ width of them) to one drafter.
-
-    Whole verifier tokens are fed while their pieces fit in the block; the rest stay
-    pending. Returns (cache, logits after the last fed token, synced after feeding,
-    caught_up: bool[B] whether every committed token is now in the drafter's cache).
-    """
-    b = tokens.shape[0]
-    m = data.retok.shape[1]
-    w = consume_width(m, width)
-    i = jnp.arange(width)
-    pos = synced[:, None] + i[None, :]
-    vt = jnp.take_along_axis(tokens, jnp.minimum(pos, tokens.shape[1] - 1), axis=1)
-    if data.identity:  # one piece per token, already in place: every pending token fits
-        take = jnp.clip(length - synced, 0, width)  # (w == width)
-        ids, n = jnp.where(i[None, :] < take[:, None], vt, 0), take
-    else:
-        pieces = jnp.where(pos < length[:, None], data.retok_len[vt], 0)  # [B, width]
-        fits = jnp.cumsum(pieces, axis=1) <= w
-        take = jnp.minimum(
-            jnp.sum(jnp.cumprod(fits.astype(jnp.int32), axis=1), axis=1),
-            jnp.maximum(length - synced, 0),
-        )  # whole tokens
-        valid = (i[None, :] < take[:, None])[:, :, None] & (
-            jnp.arange(m)[None, None, :] < data.retok_len[vt][:, :, None]
-        )
-        ids, n = pack_valid(data.retok[vt].reshape(b, width * m), valid.reshape(b, width * m))
-        ids = ids[:, :w]
-    positions = cache.length[:, None] + jnp.arange(w)[None, :]
-    # Only the logits after the last fed piece are read: the head runs on that row alone.
-    last, cache = forward_rows(
-        spec.lm,
-        data.params,
-        cache,
-        ids,
-        positions,
-        causal_block_mask(b, w) & (n >= 0)[:, None, None],
-        jnp.maximum(n - 1, 0)[:, None],
-    )
-    last = last[:, 0]
-    logits = jnp.where((n > 0)[:, None], last, logits)
-    synced = synced + take
-    return spec.lm.advance(cache, n), logits, synced, synced >= length
-
-
-def _draft(
-    cfg: EngineConfig,
-    k: int,
-    spec: DrafterStatic,
-    data: DrafterData,
-    cache,
-    logits,
-    u,
-    gumbel,
-    v_vocab: int,
-):
-    """γ_k drafts of one drafter: (drafts i32[B,γ_k] verifier ids, q f32[B,γ_k,Vv], cache).
-
-    `u`: f32[B, ≥γ_k] the uniforms of its draws (non-coupled rules; `_draft_uniforms`)."""
-    b = logits.shape[0]
-    mask = data.to_verifier >= 0
-    gamma = spec.own_gamma(cfg.gamma)
-    coupled = cfg.rule in rules_lib.COUPLED_RULES
-    noise = gumbel[:, :gamma] if coupled else u[:, :gamma]  # draw j's: [B, γ_k(, V)]
-
-    def sample_at(logits, z):
-        """(x in verifier ids, x in the drafter's ids, q in verifier ids) of one draw."""
-        if data.identity and getattr(spec.lm, 'point_mass', False):
-            # A drafter whose law is a point mass at its logits' argmax (prompt lookup):
-            # the draw is that token under every rule, temperature and filter, without
-            # a softmax and an inverse-CDF pass over the whole vocabulary.
-            x = argmax_first(logits)
-            return x, x, jax.nn.one_hot(x, v_vocab, dtype=jnp.float32)
-        if data.identity and data.support is not None:
-            # Drawn over the head's K ids, where all the mass is (`feature_maps`): the law
-            # of the draw and its q are those of the K probabilities.
-            q_k = sampling_probs(
-                jnp.take(logits, data.support, axis=-1),
-                data.temperature,
-                top_k=spec.top_k,
-                top_p=spec.top_p,
-            )
-            q_v = to_verifier_space(q_k, data.support, v_vocab)
-            if coupled:
-                x = gumbel_argmax(q_v, z)
-            else:
-                x = data.support[sample_rows_u(z, q_k)]
-            return x, x, q_v
-        q_d = sampling_probs(
-            logits,
-            data.temperature,
-            top_k=spec.top_k,
-            top_p=spec.top_p,
-            mask=None if data.identity else mask,
-        )
-        if data.identity:
-            x = gumbel_argmax(q_d, z) if coupled else sample_rows_u(z, q_d)
-            return x, x, q_d
-        q_v = to_verifier_space(q_d, data.to_verifier, v_vocab)
-        if coupled:
-            # The shared Gumbel noise is indexed by verifier ids (drafter-invariant
-            # coupling), so the draw is made there.
-            x = gumbel_argmax(q_v, z)
-            return x, data.from_verifier[x], q_v
-        # By inverse CDF over the drafter's own ids: P(x_d = i) = q_d(i), so its verifier
-        # id has law q_v (ids sharing one verifier id add up, as in to_verifier_space), and
-        # the draw's work is over the drafter's vocabulary, not the verifier's.
-        x_d = sample_rows_u(z, q_d)
-        return data.to_verifier[x_d], x_d, q_v
-
-    def step(carry, z):
-        cache, logits = carry
-        x, x_d, q_v = sample_at(logits, z)
-        new_logits, new_cache = spec.lm.forward(
-            data.params,
-            cache,
-            x_d[:, None],
-            cache.length[:, None],
-            causal_block_mask(b, 1),
-        )
-        new_cache = spec.lm.advance(new_cache, jnp.ones((b,), jnp.int32))
-        return (new_cache, new_logits[:, 0]), (x, q_v)
-
-    # γ − 1 forwards: x_1 comes from the logits the drafter already has, and x_γ is not fed
-    # (if it is committed, next round's consume feeds it with the verifier's token).
-    # Unrolled: γ is small and static, and a rolled loop costs XLA:CPU copies of its state
-    # (the drafter's cache) and a few thunks per trip.
-    (cache, logits), (xs, qs) = jax.lax.scan(
-        step, (cache, logits), jnp.moveaxis(noise[:, : gamma - 1], 1, 0), unroll=True
-    )
-    x_last, _, q_last = sample_at(logits, noise[:, gamma - 1])
-    xs = jnp.concatenate([xs, x_last[None]], 0)
-    qs = jnp.concatenate([qs, q_last[None]], 0)
-    return xs.T, jnp.swapaxes(qs, 0, 1), cache
 
 
 def speculative_round(
@@ -245,9 +92,9 @@ def speculative_round(
     length = state.length
     coupled = cfg.rule in rules_lib.COUPLED_RULES
     gumbel = gumbel_noise(state.row_keys, length, gamma, v_vocab) if coupled else None
-    u_draft = None if coupled else _draft_uniforms(state.row_keys, length, len(drafters), gamma)
+    u_draft = None if coupled else draft_uniforms(state.row_keys, length, len(drafters), gamma)
 
-    drafted = _draft_all(cfg, drafters, d_data, state, gammas, u_draft, gumbel, v_vocab)
+    drafted = draft_all(cfg, drafters, d_data, state, gammas, u_draft, gumbel, v_vocab, slots)
     chain, chain_q, active, slot_gamma = _chains(drafted, slots, gammas, s_n, v_vocab)
     request, picks = feature_layout(verifier, [d.lm for d in drafters])
     feature_drafters = [k for k, pick in enumerate(picks) if pick is not None]
@@ -312,77 +159,7 @@ def speculative_round(
     )
 
 
-class _Drafted(NamedTuple):
-    """What step 1 of a round leaves, per drafter (K of each), its drafts padded to the
-    block's γ: drafts i32[B, K, γ] and their q f32[B, K, γ, Vv] (verifier ids), each
-    drafter's cache after drafting, its length before drafting (`base_len`), its logits
-    after the committed tokens it consumed, and where its consumption stopped (`synced`,
-    `caught_up`)."""
-
-    drafts: jax.Array
-    qs: jax.Array
-    dcaches: list
-    base_len: list
-    dlogits: list
-    synced: list
-    caught_up: list
-
-
-def _draft_all(
-    cfg: EngineConfig, drafters, d_data, state: DecodeState, gammas, u_draft, gumbel, v_vocab: int
-) -> _Drafted:
-    """Step 1: every drafter consumes the committed tokens new to it, then drafts γ_k."""
-    # A lone drafter always proposed the committed path, so at most two committed tokens
-    # are new to it (x_γ and the bonus); otherwise up to γ + 1.
-    gamma = max(gammas)
-    # A feature drafter keeps none of its drafts (they read its own features, and the
-    # verifier's are known once it has scored them), so it re-reads up to γ + 1.
-    lone = len(drafters) == 1 and cfg.n_slots == 1 and not reads_features(drafters[0])
-    width = 2 if lone else gamma + 1
-    drafts, qs, dcaches, base_len, dlogits, synced_all, caught_all = [], [], [], [], [], [], []
-    for k, (spec, data) in enumerate(zip(drafters, d_data)):
-        cache, logits, synced, caught_up = consume(
-            spec,
-            data,
-            state.dcaches[k],
-            state.dlogits[k],
-            state.tokens,
-            state.dsynced[k],
-            state.length,
-            min(width, gamma + 1),
-        )
-        base_len.append(cache.length)
-        synced_all.append(synced)
-        caught_all.append(caught_up)
-        dlogits.append(logits)
-        x, q, cache = _draft(
-            cfg,
-            k,
-            spec,
-            data,
-            cache,
-            logits,
-            None if u_draft is None else u_draft[:, k],
-            gumbel,
-            v_vocab,
-        )
-        debug.check_distribution(q, f'drafter {k} q')
-        pad = gamma - gammas[k]  # a shorter chain: padded, cut below
-        drafts.append(jnp.pad(x, ((0, 0), (0, pad))))
-        qs.append(jnp.pad(q, ((0, 0), (0, pad), (0, 0))))
-        dcaches.append(cache)
-    return _Drafted(
-        drafts=jnp.stack(drafts, 1),
-        qs=jnp.stack(qs, 1),
-        dcaches=dcaches,
-        base_len=base_len,
-        dlogits=dlogits,
-        synced=synced_all,
-        caught_up=caught_all,
-    )
-
-
-def _chains(drafted: _Drafted, slots, gammas, n_slots: int, v_vocab: int):
+def _chains(drafted: Drafted, slots, gammas, n_slots: int, v_vocab: int):
     """Step 2: the row's slots pick its chains — (chain i32[B, S, γ], chain_q
     f32[B, S, γ, V], active bool[B, S], slot_gamma i32[B, S] each chain's γ_k)."""
     drafts, qs = drafted.drafts, drafted.qs
@@ -518,7 +295,7 @@ def _path_indices(verdict, b: int, n_slots: int, gamma: int) -> jax.Array:
 
 
 def _keep_drafter_paths(
-    drafters, drafted: _Drafted, slots, active, verdict, live, n_commit, length, gammas
+    drafters, drafted: Drafted, slots, active, verdict, live, n_commit, length, gammas
 ):
     """Each drafter's cache rolled back to the drafts of its own chain that were committed
     — (caches, synced i32[B] per drafter)."""
@@ -536,15 +313,6 @@ def _keep_drafter_paths(
         new_dcaches.append(spec.lm.rollback(drafted.dcaches[k], drafted.base_len[k] + keep))
         new_synced.append(jnp.where(caught_up, length + keep, synced))
     return new_dcaches, new_synced
-
-
-def _draft_uniforms(row_keys, length, n_drafters: int, gamma: int) -> jax.Array:
-    """f32[B, K, γ]: the uniform of drafter k's draw j, `uniform(fold_in(row key,
-    STREAM_DRAFT, length, k, j))` — every draw of the round in one computation."""
-    k = jnp.arange(n_drafters)[None, :, None]
-    j = jnp.arange(gamma)[None, None, :]
-    kd = fold_data(row_keys[:, None, None, :], STREAM_DRAFT, length[:, None, None], k, j)
-    return uniform_data(kd)
 
 
 def _capacity(cache):

@@ -64,6 +64,7 @@ from specjax.engine.spec import (
     DrafterData,
     DrafterSpec,
     EngineConfig,
+    share_drafting,
     widest_chain,
 )
 from specjax.engine.state import Counters, DecodeState, EngineState
@@ -425,7 +426,7 @@ def speculative_generate(
     else:
         b = int(state.tokens.shape[0])
     host = _host_inputs(cfg, verifier, v_params, drafters, d_data, b, row_keys, slots, stop_table)
-    statics = _spec_statics(cfg, verifier, drafters, return_state)
+    statics = _spec_statics(cfg, verifier, drafters, return_state, d_data)
     if fresh:
         if (
             drafter_prompts is None
@@ -490,14 +491,18 @@ def _host_inputs(
     )
 
 
-def _spec_statics(cfg: EngineConfig, verifier, drafters, return_state: bool) -> dict:
-    """The static arguments of a speculative program (the call's shapes are added later)."""
+def _spec_statics(cfg: EngineConfig, verifier, drafters, return_state: bool, d_data=None) -> dict:
+    """The static arguments of a speculative program (the call's shapes are added later);
+    with `d_data`, a drafter named twice drafts with its twin in one pass (`share_drafting`)."""
+    statics = tuple(d.static for d in drafters)
+    if d_data is not None:
+        statics = share_drafting(statics, d_data)
     # The compiled program depends on neither the verifier's temperature nor the token
     # budget (inputs); the budget's shapes are in `shapes.buf_len`.
     return dict(
         cfg=dataclasses.replace(cfg, verifier_temperature=1.0, max_new_tokens=1),
         verifier=verifier,
-        drafters=tuple(d.static for d in drafters),
+        drafters=statics,
         return_state=return_state,
     )
 

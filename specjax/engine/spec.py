@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -60,10 +60,48 @@ class DrafterStatic:
     top_k: int = 0
     top_p: float = 1.0
     gamma: int | None = None
+    #: the index of an earlier drafter of the same call with this model, filters, γ and
+    #: the very same arrays (`share_drafting`): the two draft in one batched pass, their
+    #: draws independent (a tree of several samples from one drafter, SpecInfer-style).
+    shares: int | None = None
 
     def own_gamma(self, default: int) -> int:
         """γ_i: this drafter's draft tokens per round (`default`, the config's γ, if None)."""
         return default if self.gamma is None else self.gamma
+
+
+def share_drafting(statics: Sequence[DrafterStatic], d_data: Sequence[Any]) -> tuple:
+    """The statics with `DrafterStatic.shares` set: drafter k shares the first earlier
+    drafter whose static part is equal and whose arrays (all but the temperature) are the
+    same objects — the same drafter named twice, e.g. ``subset(['eagle', 'eagle'])``.
+
+    The engine then consumes and drafts the group in one batched pass (`vmap` over its
+    members: each weight read once for all of them), each member with its own uniforms,
+    cache and temperature, so the draws and every rule are as if they drafted apart.
+    """
+
+    def arrays(data):
+        return jax.tree_util.tree_flatten(data.replace(temperature=None))
+
+    out, seen = [], []
+    for k, (st, data) in enumerate(zip(statics, d_data)):
+        st = dataclasses.replace(st, shares=None)
+        leaves, tree = arrays(data)
+        lead = next(
+            (
+                j
+                for j, (st_j, leaves_j, tree_j) in seen
+                if st_j == st
+                and tree_j == tree
+                and len(leaves_j) == len(leaves)
+                and all(a is b for a, b in zip(leaves_j, leaves))
+            ),
+            None,
+        )
+        if lead is None:
+            seen.append((k, (st, leaves, tree)))
+        out.append(dataclasses.replace(st, shares=lead))
+    return tuple(out)
 
 
 def widest_chain(gamma: int, drafters) -> int:
