@@ -387,38 +387,54 @@ _RATE_PROBE = 50  # steps between estimates of the run's pace (a time-budgeted s
 _BUDGET_SHARE = 0.95  # the schedule is sized to end within this share of the budget
 
 
-def feature_alpha(lm: EagleLM, params, data: Features, batch: int = 8) -> dict[str, float]:
+def feature_alpha(
+    lm: EagleLM, params, data: Features, batch: int = 8, temperature: float = 1.0, top_m: int = 1
+) -> dict[str, float]:
     """α against the verifier on ``data``'s reply positions, teacher forced.
 
     The verifier's distribution at position t is softmax(E f_t) over all V ids (its tied
-    head on its own feature); the drafter's is its head over the kept ids on h_t.
+    head on its own feature); the drafter's is its head over the kept ids on h_t, at
+    ``temperature`` (> 0; its logits divided by it).
     ``alpha1`` / ``top1_1``: step 1 (h from the verifier's feature at t - 1);
-    ``alpha2`` / ``top1_2``: step 2 (h from the drafter's own output at t - 1).
+    ``alpha2`` / ``top1_2``: step 2 (h from the drafter's own output at t - 1);
+    ``top{m}_1`` for m = 2 … ``top_m``: how often the verifier's argmax is among the
+    drafter's m most likely ids at step 1 — the root acceptance at verifier τ 0 of m twins
+    drafting greedily without replacement (`specjax.engine.drafting.draft_group`).
     """
+    if not temperature > 0:
+        raise ValueError(f'temperature: got {temperature!r}; allowed: > 0')
     mask_all = data.reply_mask()
     vin_all = data.inputs(lm.feature_layers)
+    ms = tuple(range(2, int(top_m) + 1))
 
     @jax.jit
-    def score(tokens, feats, vin, mask):
+    def score(params, tokens, feats, vin, mask):  # params an argument: not folded as constants
         v_logits = jnp.einsum('btd,vd->btv', feats, lm.table(params).astype(jnp.float32))
         p = jax.nn.softmax(v_logits, -1)
         vin = feats if vin is None else vin
         h1 = lm.hidden_full(params, tokens, lm.input_features(params, vin))
         h2 = lm.hidden_full(params, tokens, h1)
-        out = []
+        out, first = [], None
         for h in (h1, h2):
-            q = jax.nn.softmax(lm.scatter(params, lm.draft_logits(params, h)), -1)
+            logits = lm.scatter(params, lm.draft_logits(params, h))
+            first = logits if first is None else first
+            q = jax.nn.softmax(logits / temperature, -1)
             a = jnp.minimum(p, q).sum(-1)
             t1 = jnp.argmax(v_logits, -1) == jnp.argmax(q, -1)
             out += [jnp.sum(a * mask), jnp.sum(t1 * mask)]
+        if ms:
+            top = jax.lax.top_k(first, ms[-1])[1]
+            hit = top == jnp.argmax(v_logits, -1)[..., None]
+            out += [jnp.sum(jnp.any(hit[..., :m], -1) * mask) for m in ms]
         return jnp.stack(out)
 
-    tot = np.zeros(4)
+    tot = np.zeros(4 + len(ms))
     for i in range(0, len(data.tokens), batch):
         sl = slice(i, i + batch)
         W = int(-(-data.length[sl].max() // 32) * 32)
         tot += np.asarray(
             score(
+                params,
                 jnp.asarray(data.tokens[sl, :W]),
                 jnp.asarray(data.feats[sl, :W], jnp.float32),
                 jnp.asarray(vin_all[sl, :W], jnp.float32) if lm.feature_layers else None,
@@ -431,5 +447,6 @@ def feature_alpha(lm: EagleLM, params, data: Features, batch: int = 8) -> dict[s
         'top1_1': tot[1] / n,
         'alpha2': tot[2] / n,
         'top1_2': tot[3] / n,
+        **{f'top{m}_1': tot[4 + i] / n for i, m in enumerate(ms)},
         'positions': int(n),
     }

@@ -214,3 +214,33 @@ def test_the_acceptance_loss_is_one_minus_alpha():
     after = distill_eagle.feature_alpha(lm, trained, data)
     np.testing.assert_allclose(tv(trained), (1 - after["alpha1"], 1 - after["alpha2"]), atol=1e-5)
     assert after["alpha1"] > before["alpha1"] + 0.05, (before, after)
+
+
+def test_feature_alpha_by_temperature_and_top_m():
+    """`feature_alpha`'s drafter temperature (1 is the default law; a very hot drafter is
+    uniform over its kept ids, α = Σ min(p, 1/K)) and top-m coverage of the verifier's
+    argmax (m = 1 is top-1 agreement, coverage grows with m and is 1 at m = K)."""
+    import types  # pylint: disable=import-outside-toplevel
+
+    from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
+
+    v_lm, v_params = _verifier(TINY, seed=5, sharpen=2.0)
+    model = types.SimpleNamespace(lm=v_lm, params=v_params, tokenizer=None)
+    data, _ = _random_features(v_lm, v_params, rows=8, width=12, seed=7)
+    k = TINY.vocab_size
+    recipe = distill_eagle.EagleRecipe(kept=k, noise=0.0, steps=1, batch=8)
+    lm, params = distill_eagle.initial_eagle(model, data, recipe, max_len=32)
+    base = distill_eagle.feature_alpha(lm, params, data)
+    at1 = distill_eagle.feature_alpha(lm, params, data, temperature=1.0, top_m=k)
+    assert at1["alpha1"] == base["alpha1"] and at1["top1_1"] == base["top1_1"]
+    cover = [at1["top1_1"]] + [at1[f"top{m}_1"] for m in range(2, k + 1)]
+    assert all(a <= b for a, b in zip(cover, cover[1:])) and cover[-1] == pytest.approx(1.0)
+    hot = distill_eagle.feature_alpha(lm, params, data, temperature=1e6)
+    mask = data.reply_mask()
+    v_logits = np.einsum("btd,vd->btv", data.feats, np.asarray(v_params["embed"], np.float32))
+    p = np.exp(v_logits - v_logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = (np.minimum(p, 1.0 / k).sum(-1) * mask).sum() / mask.sum()
+    assert hot["alpha1"] == pytest.approx(want, abs=1e-4)
+    with pytest.raises(ValueError, match="temperature"):
+        distill_eagle.feature_alpha(lm, params, data, temperature=0.0)

@@ -486,7 +486,8 @@ def test_continuing_without_features_is_refused():
 @pytest.mark.slow
 def test_greedy_equality_on_smollm2_with_the_shipped_feature_drafter():
     """The shipped feature drafter beside SmolLM2 (f32): 64 greedy tokens on 3 prompts
-    equal the verifier's own, alone (rule 1) and in a token tree with prompt lookup."""
+    equal the verifier's own, alone (rule 1), in a token tree with prompt lookup and with
+    its own twin."""
     from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
     from specjax.models import gguf  # pylint: disable=import-outside-toplevel
 
@@ -500,7 +501,12 @@ def test_greedy_equality_on_smollm2_with_the_shipped_feature_drafter():
         "Describe a quiet harbour town.",
         "What is 12 + 30?",
     ]
-    cases = [(["eagle"], "rejection"), (["eagle", "lookup"], "token_tree")]
+    # Twins (the eagle named twice): its samples as sibling chains, drafted in one pass.
+    cases = [
+        (["eagle"], "rejection"),
+        (["eagle", "lookup"], "token_tree"),
+        (["eagle", "eagle"], "token_tree"),
+    ]
     for (names, _), c in zip(cases, check_greedy_cases(dep, texts, cases, new=64)):
         print(f"\n{names}: accepted {c.accepted.sum(0).tolist()} of {c.proposed.sum(0).tolist()}")
         assert c.accepted[:, 0].sum() > 0

@@ -413,6 +413,25 @@ def test_loop_alpha_refuses_a_missing_file_in_one_line(tmp_path):
     assert "--drafters: got 'x=/no/file.npz'" in proc.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize(
+    "arg,field",
+    [("--features=code=/no/file.npz", "--features"), ("--temperatures=0", "--temperatures")],
+)
+def test_drafter_alpha_refuses_bad_input_in_one_line(tmp_path, arg, field):
+    good = f"--features=x={ROOT / 'pyproject.toml'}"
+    args = [arg] if field == "--features" else [good, arg]
+    proc = subprocess.run(
+        [sys.executable, "experiments/drafter_alpha.py", f"--out={tmp_path}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert f"{field}: got" in proc.stderr.strip().splitlines()[-1]
+    assert not list(tmp_path.iterdir())
+
+
 def test_score_ratio(tmp_path):
     args = [f"--out={tmp_path}", "--sizes=64:1", "--blocks=3", "--context=16", "--capacity=64"]
     command = run_script("score_ratio.py", *args)
