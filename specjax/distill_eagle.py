@@ -414,16 +414,14 @@ def feature_alpha(
         vin = feats if vin is None else vin
         h1 = lm.hidden_full(params, tokens, lm.input_features(params, vin))
         h2 = lm.hidden_full(params, tokens, h1)
-        out, first = [], None
-        for h in (h1, h2):
-            logits = lm.scatter(params, lm.draft_logits(params, h))
-            first = logits if first is None else first
-            q = jax.nn.softmax(logits / temperature, -1)
+        out, logits = [], [lm.scatter(params, lm.draft_logits(params, h)) for h in (h1, h2)]
+        for lg in logits:
+            q = jax.nn.softmax(lg / temperature, -1)
             a = jnp.minimum(p, q).sum(-1)
             t1 = jnp.argmax(v_logits, -1) == jnp.argmax(q, -1)
             out += [jnp.sum(a * mask), jnp.sum(t1 * mask)]
-        if ms:
-            top = jax.lax.top_k(first, ms[-1])[1]
+        if ms:  # step 1's logits
+            top = jax.lax.top_k(logits[0], ms[-1])[1]
             hit = top == jnp.argmax(v_logits, -1)[..., None]
             out += [jnp.sum(jnp.any(hit[..., :m], -1) * mask) for m in ms]
         return jnp.stack(out)

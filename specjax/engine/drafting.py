@@ -169,7 +169,6 @@ def _left(mask, ids, exclude):
 
 def draft_chain(
     cfg: EngineConfig,
-    k: int,
     spec: DrafterStatic,
     data: DrafterData,
     cache,
@@ -184,7 +183,6 @@ def draft_chain(
     `u`: f32[B, ≥γ_k] the uniforms of its draws (non-coupled rules; `_draft_uniforms`);
     `first`: the first draw already made (`draw`'s triple; twins drawn without
     replacement, `draft_group`), else it is drawn here from `logits`."""
-    del k
     b = logits.shape[0]
     gamma = spec.own_gamma(cfg.gamma)
     coupled = cfg.rule in rules_lib.COUPLED_RULES
@@ -247,7 +245,6 @@ def draft_all(
     # verifier's are known once it has scored them), so it re-reads up to γ + 1.
     lone = len(drafters) == 1 and cfg.n_slots == 1 and not reads_features(drafters[0])
     width = 2 if lone else gamma + 1
-    width = min(width, gamma + 1)
 
     out = [None] * len(drafters)
     for group in draft_groups(drafters):
@@ -297,27 +294,32 @@ def draft_group(
     lead = group[0]
     spec, data = drafters[lead], d_data[lead]
 
-    def consume_fn(cache, logits, synced, temperature):
-        d = data if temperature is None else data.replace(temperature=temperature)
-        return consume(spec, d, cache, logits, state.tokens, synced, state.length, width)
-
-    def draft_fn(cache, logits, u, temperature, first):
-        d = data if temperature is None else data.replace(temperature=temperature)
-        return draft_chain(cfg, lead, spec, d, cache, logits, u, gumbel, v_vocab, first=first)
-
-    u = None if u_draft is None else jnp.stack([u_draft[:, j] for j in group], 1)  # [B, M, γ]
     if len(group) == 1:
-        cache, logits, synced, caught_up = consume_fn(
-            state.dcaches[lead], state.dlogits[lead], state.dsynced[lead], None
+        cache, logits, synced, caught_up = consume(
+            spec,
+            data,
+            state.dcaches[lead],
+            state.dlogits[lead],
+            state.tokens,
+            state.dsynced[lead],
+            state.length,
+            width,
         )
-        x, q, dcache = draft_fn(cache, logits, None if u is None else u[:, 0], None, None)
+        u = None if u_draft is None else u_draft[:, lead]
+        x, q, dcache = draft_chain(cfg, spec, data, cache, logits, u, gumbel, v_vocab)
         return [(x, q, dcache, cache.length, logits, synced, caught_up)]
 
     def stack(trees):
         return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *trees)
 
     temps = jnp.stack([jnp.asarray(d_data[j].temperature, jnp.float32) for j in group])
-    cache, logits, synced, caught_up = jax.vmap(consume_fn)(
+    u = None if u_draft is None else jnp.stack([u_draft[:, j] for j in group])  # [M, B, γ]
+
+    def member_consume(cache, logits, synced, t):
+        d = data.replace(temperature=t)
+        return consume(spec, d, cache, logits, state.tokens, synced, state.length, width)
+
+    cache, logits, synced, caught_up = jax.vmap(member_consume)(
         stack([state.dcaches[j] for j in group]),
         jnp.stack([state.dlogits[j] for j in group]),
         jnp.stack([state.dsynced[j] for j in group]),
@@ -331,26 +333,20 @@ def draft_group(
             jnp.min(jnp.where(slots == j, jnp.arange(n_s)[None, :], n_s), axis=1) for j in group
         ]
         firsts = []
-        for i, j in enumerate(group):
+        for i in range(len(group)):
             exclude = None
             if i:  # earlier members tried before this one in the row; -1 matches no id
                 before = jnp.stack([place[h] < place[i] for h in range(i)], 1)  # [B, i]
                 exclude = jnp.where(before, jnp.stack([f[0] for f in firsts], 1), -1)
-            firsts.append(
-                draw(
-                    False,
-                    spec,
-                    data.replace(temperature=temps[i]),
-                    v_vocab,
-                    logits[i],
-                    u[:, i, 0],
-                    exclude,
-                )
-            )
+            d = data.replace(temperature=temps[i])
+            firsts.append(draw(False, spec, d, v_vocab, logits[i], u[i, :, 0], exclude))
         first = stack(firsts)
-    x, q, dcache = jax.vmap(draft_fn, in_axes=(0, 0, 1, 0, 0))(
-        cache, logits, None if u is None else u, temps, first
-    )
+
+    def member_draft(cache, logits, u, t, first):
+        d = data.replace(temperature=t)
+        return draft_chain(cfg, spec, d, cache, logits, u, gumbel, v_vocab, first=first)
+
+    x, q, dcache = jax.vmap(member_draft)(cache, logits, u, temps, first)
     return [
         jax.tree_util.tree_map(
             lambda a, i=i: a[i], (x, q, dcache, cache.length, logits, synced, caught_up)
