@@ -104,7 +104,11 @@ def ties_to_residual(key, p_root, p_nodes, q, drafts, active) -> Committed:
     k_u, k_tok = jax.random.split(key)
     p_before = rules._p_before(p_root, p_nodes)  # pylint: disable=protected-access
     first = rules._own_tests(  # pylint: disable=protected-access
-        jax.random.uniform(k_u, (s, gamma)), p_before, q, drafts, active
+        jax.random.uniform(k_u, (s, gamma)),
+        rules._p_at(p_root, p_nodes, drafts),  # pylint: disable=protected-access
+        q,
+        drafts,
+        active,
     )
     primary = jnp.argmax(active)
     cut = jnp.min(first)
@@ -123,9 +127,12 @@ def whole_block_discard(key, p_root, p_nodes, q, drafts, active) -> Committed:
     """LOSSY: any rejection anywhere discards the whole block for one fresh sample of p."""
     s, gamma, _ = q.shape
     k_u, k_tok = jax.random.split(key)
-    p_before = rules._p_before(p_root, p_nodes)  # pylint: disable=protected-access
     first = rules._own_tests(  # pylint: disable=protected-access
-        jax.random.uniform(k_u, (s, gamma)), p_before, q, drafts, active
+        jax.random.uniform(k_u, (s, gamma)),
+        rules._p_at(p_root, p_nodes, drafts),  # pylint: disable=protected-access
+        q,
+        drafts,
+        active,
     )
     primary = jnp.argmax(active)
     rejected = jnp.min(first) < gamma

@@ -4,7 +4,9 @@ The engine draws every random number of a round through `fold_data` / `split_dat
 `uniform_data` / `gumbel_data` / `categorical_data` instead of `jax.random` (whose hash
 XLA:CPU runs as a rolled loop); stored results stay reproducible only if the bits are
 the same, so every function is compared for exact equality with its `jax.random`
-counterpart, inside `jit` and under `vmap`, on many keys.
+counterpart, inside `jit` and under `vmap`, on many keys. Tokens are drawn from those
+uniforms by inverse CDF (`sample_rows_u`, two levels over a large vocabulary): its law is
+checked by χ² at the end.
 """
 
 from __future__ import annotations
@@ -127,3 +129,47 @@ def test_argmax_first_is_jnp_argmax():
             np.asarray(jnp.argmax(x, axis=axis)),
             np.asarray(jax.jit(streams.argmax_first, static_argnums=1)(x, axis)),
         )
+
+
+def test_two_level_inverse_cdf_has_the_law_of_its_weights():
+    """`sample_rows_u` over a vocabulary past 1,024 ids (blocks of ~√V): unnormalised
+    weights with zero ids and whole zero blocks; χ² (N 200k, α 1e-3) against the weights,
+    zero-weight ids never drawn (u at both ends included), and the same token as one
+    running sum over all V for nearly every u (they differ only by f32 rounding)."""
+    from scipy import stats  # pylint: disable=import-outside-toplevel
+
+    rng = np.random.default_rng(3)
+    v = 3000  # blocks of 64: 47 blocks, the last padded
+    w = rng.gamma(0.3, size=v)
+    w[rng.random(v) < 0.3] = 0.0
+    w[640:900] = 0.0  # whole blocks without mass
+    w[-5:] = 0.0  # a zero tail
+    w = 7.3 * w
+    n = 200_000
+    u = jax.random.uniform(jax.random.key(0), (n,))
+    probs = jnp.broadcast_to(jnp.asarray(w, jnp.float32), (n, v))
+    got = np.asarray(jax.jit(streams.sample_rows_u)(u, probs))
+    assert w[got].min() > 0, "a zero-weight id was drawn"
+    p = w / w.sum()
+    counts = np.bincount(got, minlength=v)
+    big = p * n >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(p[big] * n, p[~big].sum() * n)
+    stat = ((obs - exp) ** 2 / exp).sum()
+    p_value = stats.chi2.sf(stat, len(obs) - 1)
+    assert p_value >= 1e-3, f"two-level inverse CDF: χ² rejects (p = {p_value:.3g})"
+    flat = np.asarray(jax.jit(streams._inverse_cdf)(u, probs))  # pylint: disable=protected-access
+    assert (flat == got).mean() > 0.9999
+    ends = jnp.array([0.0, 1.0 - 2.0**-24, 0.5])
+    at = np.asarray(streams.sample_rows_u(ends, jnp.asarray(np.stack([w] * 3), jnp.float32)))
+    assert (w[at] > 0).all() and at[0] == np.flatnonzero(w)[0]
+    assert at[1] == np.flatnonzero(w)[-1]
+
+
+def test_small_vocabularies_use_one_running_sum():
+    u = jax.random.uniform(jax.random.key(1), (64,))
+    probs = jax.nn.softmax(jax.random.normal(jax.random.key(2), (64, 1024)), -1)
+    np.testing.assert_array_equal(
+        np.asarray(streams.sample_rows_u(u, probs)),
+        np.asarray(streams._inverse_cdf(u, probs)),  # pylint: disable=protected-access
+    )

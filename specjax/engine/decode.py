@@ -95,7 +95,7 @@ def speculative_round(
     u_draft = None if coupled else draft_uniforms(state.row_keys, length, len(drafters), gamma)
 
     drafted = draft_all(cfg, drafters, d_data, state, gammas, u_draft, gumbel, v_vocab, slots)
-    chain, chain_q, active, slot_gamma = _chains(drafted, slots, gammas, s_n, v_vocab)
+    chain, chain_q, active, slot_gamma = _chains(drafted, slots, gammas, s_n)
     request, picks = feature_layout(verifier, [d.lm for d in drafters])
     feature_drafters = [k for k, pick in enumerate(picks) if pick is not None]
     p_root, p_nodes, vcache, hidden = _score(
@@ -159,19 +159,24 @@ def speculative_round(
     )
 
 
-def _chains(drafted: Drafted, slots, gammas, n_slots: int, v_vocab: int):
+def _chains(drafted: Drafted, slots, gammas, n_slots: int):
     """Step 2: the row's slots pick its chains — (chain i32[B, S, γ], chain_q
-    f32[B, S, γ, V], active bool[B, S], slot_gamma i32[B, S] each chain's γ_k)."""
+    f32[B, S, γ, V] or a `SparseQ` of that shape, active bool[B, S], slot_gamma i32[B, S]
+    each chain's γ_k)."""
     drafts, qs = drafted.drafts, drafted.qs
     b, _, gamma = drafts.shape
     active = slots >= 0
     sl = jnp.maximum(slots, 0)
     if len(gammas) == 1:  # every slot holds drafter 0 (or nothing): no gathers
         chain = jnp.broadcast_to(drafts, (b, n_slots, gamma))
-        chain_q = jnp.broadcast_to(qs, (b, n_slots, gamma, v_vocab))
+        chain_q = jax.tree_util.tree_map(
+            lambda a: jnp.broadcast_to(a, (b, n_slots, gamma) + a.shape[3:]), qs
+        )
     else:
         chain = jnp.take_along_axis(drafts, sl[:, :, None], axis=1)  # [B, S, γ]
-        chain_q = jnp.take_along_axis(qs, sl[:, :, None, None], axis=1)  # [B, S, γ, V]
+        chain_q = jax.tree_util.tree_map(  # [B, S, γ, V or W] (sl is in range: no masking)
+            lambda a: jnp.take_along_axis(a, sl[:, :, None, None], axis=1, mode='clip'), qs
+        )
     chain = jnp.where(active[:, :, None], chain, 0)
     slot_gamma = jnp.asarray(gammas, jnp.int32)[sl]  # i32[B, S]
     return chain, chain_q, active, slot_gamma

@@ -14,13 +14,13 @@ from typing import NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
-from specjax import debug
 from specjax.engine.features import reads_features
 from specjax.engine.spec import DrafterData, DrafterStatic, EngineConfig
 from specjax.engine.state import DecodeState
 from specjax.models.api import causal_block_mask, forward_rows
 from specjax.verify import rules as rules_lib
 from specjax.verify.distributions import gumbel_argmax, sampling_probs, to_verifier_space
+from specjax.verify.qlaw import SparseQ, check_q, on_ids, point_mass, q_dense, widen
 from specjax.verify.streams import (
     STREAM_DRAFT,
     argmax_first,
@@ -99,7 +99,8 @@ def draw(
 ):
     """(x in verifier ids, x in the drafter's ids, q in verifier ids) of one draw from a
     drafter's `logits` with noise `z` (a uniform, or Gumbel noise over verifier ids when
-    `coupled`).
+    `coupled`). ``q`` is a `SparseQ` of width `q_width` where the drafter has one, else
+    dense f32[B, V].
 
     `exclude` (i32[B, j] verifier ids; ids < 0 match nothing): a draw without replacement
     after its twins' (`draft_group`) — the drafter's law at its temperature and filters
@@ -112,7 +113,7 @@ def draw(
         # the draw is that token under every rule, temperature and filter, without
         # a softmax and an inverse-CDF pass over the whole vocabulary.
         x = argmax_first(logits)
-        return x, x, jax.nn.one_hot(x, v_vocab, dtype=jnp.float32)
+        return x, x, point_mass(x, v_vocab)
     if data.identity and data.support is not None:
         # Drawn over the head's K ids, where all the mass is (`feature_maps`): the law
         # of the draw and its q are those of the K probabilities.
@@ -123,12 +124,11 @@ def draw(
             top_p=spec.top_p,
             mask=_left(None, data.support, exclude),
         )
-        q_v = to_verifier_space(q_k, data.support, v_vocab)
-        if coupled:
-            x = gumbel_argmax(q_v, z)
+        if coupled:  # the verifier-id noise at the K ids (q is 0 elsewhere)
+            x = data.support[gumbel_argmax(q_k, jnp.take(z, data.support, axis=-1))]
         else:
             x = data.support[sample_rows_u(z, q_k)]
-        return x, x, q_v
+        return x, x, on_ids(q_k, data.support, v_vocab)
     q_d = sampling_probs(
         logits,
         data.temperature,
@@ -143,6 +143,12 @@ def draw(
     if data.identity:
         x = gumbel_argmax(q_d, z) if coupled else sample_rows_u(z, q_d)
         return x, x, q_d
+    if data.injective:  # one-to-one into verifier ids: q is q_d on them
+        if coupled:  # unmapped ids have q_d = 0, whatever noise they read
+            x_d = gumbel_argmax(q_d, jnp.take(z, jnp.maximum(data.to_verifier, 0), axis=-1))
+        else:
+            x_d = sample_rows_u(z, q_d)
+        return data.to_verifier[x_d], x_d, on_ids(q_d, data.to_verifier, v_vocab)
     q_v = to_verifier_space(q_d, data.to_verifier, v_vocab)
     if coupled:
         # The shared Gumbel noise is indexed by verifier ids (drafter-invariant
@@ -206,12 +212,54 @@ def draft_chain(
             )
             cache = spec.lm.advance(cache, jnp.ones((b,), jnp.int32))
             logits = new_logits[:, 0]
-    return jnp.stack(xs, 1), jnp.stack(qs, 1), cache
+    return jnp.stack(xs, 1), _stack(qs, 1), cache
+
+
+def _stack(trees, axis=0):
+    return jax.tree_util.tree_map(lambda *a: jnp.stack(a, axis), *trees)
+
+
+def q_width(spec: DrafterStatic, data: DrafterData) -> int | None:
+    """How many verifier ids a drafter's law can put mass on, where it is known before
+    drafting (its `SparseQ` width): 1 for a point mass (prompt lookup), K for a head over K
+    ids (`DrafterData.support`) or a vocabulary mapped one-to-one into the verifier's
+    (`DrafterData.injective`); None where it is the verifier's whole vocabulary or the map
+    merges ids."""
+    if data.identity and getattr(spec.lm, 'point_mass', False):
+        return 1
+    if data.identity:
+        return None if data.support is None else data.support.shape[0]
+    return data.to_verifier.shape[0] if data.injective else None
+
+
+def call_q_width(cfg: EngineConfig, drafters, d_data, v_vocab: int) -> int | None:
+    """The width every chain's q is held at in a call: under ``q_layout='sparse'`` the
+    widest drafter's, or None (dense f32[.., V]): the 'dense' layout, a drafter whose law
+    is not sparse, or a width not below V."""
+    if cfg.q_layout != 'sparse':
+        return None
+    widths = [q_width(spec, data) for spec, data in zip(drafters, d_data)]
+    if any(w is None for w in widths) or max(widths) >= v_vocab:
+        return None
+    return max(widths)
+
+
+def _pad_steps(q, pad: int):
+    """q of a chain of γ_k draws padded with `pad` all-zero rows (a shorter chain)."""
+    if pad == 0:
+        return q
+    if isinstance(q, SparseQ):
+        cfg = ((0, 0), (0, pad), (0, 0))
+        return q.replace(
+            ids=jnp.pad(q.ids, cfg, constant_values=q.vocab), vals=jnp.pad(q.vals, cfg)
+        )
+    return jnp.pad(q, ((0, 0), (0, pad), (0, 0)))
 
 
 class Drafted(NamedTuple):
     """What step 1 of a round leaves, per drafter (K of each), its drafts padded to the
-    block's γ: drafts i32[B, K, γ] and their q f32[B, K, γ, Vv] (verifier ids), each
+    block's γ: drafts i32[B, K, γ] and their q f32[B, K, γ, Vv] (verifier ids; a `SparseQ`
+    of the call's width `call_q_width` where every drafter's law is sparse), each
     drafter's cache after drafting, its length before drafting (`base_len`), its logits
     after the committed tokens it consumed, and where its consumption stopped (`synced`,
     `caught_up`)."""
@@ -253,20 +301,22 @@ def draft_all(
         )
         for k, r in zip(group, res):
             out[k] = r
+    width = call_q_width(cfg, drafters, d_data, v_vocab)
     drafts, qs, dcaches, base_len, dlogits, synced_all, caught_all = [], [], [], [], [], [], []
     for k, (x, q, cache, base, logits, synced, caught_up) in enumerate(out):
         base_len.append(base)
         synced_all.append(synced)
         caught_all.append(caught_up)
         dlogits.append(logits)
-        debug.check_distribution(q, f'drafter {k} q')
+        check_q(q, f'drafter {k} q', allow_zero_rows=False)
+        q = q_dense(q) if width is None else widen(q, width)
         pad = gamma - gammas[k]  # a shorter chain: padded, cut below
         drafts.append(jnp.pad(x, ((0, 0), (0, pad))))
-        qs.append(jnp.pad(q, ((0, 0), (0, pad), (0, 0))))
+        qs.append(_pad_steps(q, pad))
         dcaches.append(cache)
     return Drafted(
         drafts=jnp.stack(drafts, 1),
-        qs=jnp.stack(qs, 1),
+        qs=_stack(qs, 1),
         dcaches=dcaches,
         base_len=base_len,
         dlogits=dlogits,
@@ -309,9 +359,6 @@ def draft_group(
         x, q, dcache = draft_chain(cfg, spec, data, cache, logits, u, gumbel, v_vocab)
         return [(x, q, dcache, cache.length, logits, synced, caught_up)]
 
-    def stack(trees):
-        return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *trees)
-
     temps = jnp.stack([jnp.asarray(d_data[j].temperature, jnp.float32) for j in group])
     u = None if u_draft is None else jnp.stack([u_draft[:, j] for j in group])  # [M, B, γ]
 
@@ -320,7 +367,7 @@ def draft_group(
         return consume(spec, d, cache, logits, state.tokens, synced, state.length, width)
 
     cache, logits, synced, caught_up = jax.vmap(member_consume)(
-        stack([state.dcaches[j] for j in group]),
+        _stack([state.dcaches[j] for j in group]),
         jnp.stack([state.dlogits[j] for j in group]),
         jnp.stack([state.dsynced[j] for j in group]),
         temps,
@@ -340,7 +387,7 @@ def draft_group(
                 exclude = jnp.where(before, jnp.stack([f[0] for f in firsts], 1), -1)
             d = data.replace(temperature=temps[i])
             firsts.append(draw(False, spec, d, v_vocab, logits[i], u[i, :, 0], exclude))
-        first = stack(firsts)
+        first = _stack(firsts)
 
     def member_draft(cache, logits, u, t, first):
         d = data.replace(temperature=t)

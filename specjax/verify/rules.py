@@ -5,7 +5,8 @@ Block layout (one row). The verifier scored `[root] + S slot chains of γ drafts
     p_root:  f32[V]        target distribution after the root (the last committed token)
     p_nodes: f32[S, γ, V]  target distribution after slot s's draft j (context: root + that
                                                     slot's drafts ≤ j)
-    q:       f32[S, γ, V]  the distribution slot s's draft j was sampled from (verifier ids)
+    q:       f32[S, γ, V]  the distribution slot s's draft j was sampled from (verifier ids),
+                           or the same law on its support (`specjax.verify.qlaw.SparseQ`)
     drafts:  i32[S, γ]     the drafts (verifier ids)
     active:  bool[S]       which slots hold a chain this round (inactive slots are ignored)
 
@@ -38,8 +39,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax import debug
-from specjax.verify.distributions import accept_test, gumbel_argmax, residual, sample
-from specjax.verify.streams import gumbel_data, key_data, split_data, uniform_data
+from specjax.verify.distributions import accept_test, gumbel_argmax, residual
+from specjax.verify.qlaw import check_q, q_at, q_dense, residual_update
+from specjax.verify.streams import key_data, sample_rows_u, split_data, uniform_data
 
 RULES = ("rejection", "token_tree", "shared_block", "coupled", "coupled_block")
 COUPLED_RULES = ("coupled", "coupled_block")
@@ -111,9 +113,18 @@ def _matched(drafts, path, n):
     return _leading(eq)
 
 
-def _own_tests(u, p_before, q, drafts, active):
-    """Each chain tested alone: i32[S] first rejection (γ when never; γ when inactive)."""
-    acc = accept_test(u, _gather_tok(p_before, drafts), _gather_tok(q, drafts))
+def _p_at(p_root, p_nodes, drafts):
+    """f32[S, γ]: each draft's target probability where it was tested (`_p_before` at the
+    drafts, without building the [S, γ, V] block)."""
+    at_root = p_root[drafts[:, :1]]
+    deeper = _gather_tok(p_nodes[:, :-1], drafts[:, 1:])
+    return jnp.concatenate([at_root, deeper], axis=1)
+
+
+def _own_tests(u, p_x, q, drafts, active):
+    """Each chain tested alone: i32[S] first rejection (γ when never; γ when inactive).
+    `p_x` f32[S, γ]: the target's probability of each draft (`_p_at`)."""
+    acc = accept_test(u, p_x, q_at(q, drafts))
     first = _leading(acc)
     return jnp.where(active, first, drafts.shape[-1])
 
@@ -128,7 +139,7 @@ def _check(p_root, p_nodes, q, drafts, active):
     debug.check_distribution(p_root, 'verify: p_root')
     debug.check_distribution(p_nodes, 'verify: p_nodes')
     # q rows of a chain shorter than γ are zero padding (the engine cuts them).
-    debug.check_distribution(q, 'verify: q', allow_zero_rows=True)
+    check_q(q, 'verify: q')
     debug.check(jnp.all((drafts >= 0) & (drafts < v)), 'verify: a draft outside [0, V)')
 
 
@@ -142,22 +153,24 @@ def shared_block(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     """
     _check(p_root, p_nodes, q, drafts, active)
     s, gamma, _ = q.shape
-    # jax.random.split / uniform / categorical, bit for bit (specjax.verify.streams).
+    # jax.random.split / uniform, bit for bit (specjax.verify.streams); the token at the
+    # cut by inverse CDF on one uniform (`streams.sample_rows_u`).
     k_u, k_tok = split_data(key_data(key), 2)
-    p_before = _p_before(p_root, p_nodes)
-    first = _own_tests(uniform_data(k_u, (s, gamma)), p_before, q, drafts, active)
+    first = _own_tests(
+        uniform_data(k_u, (s, gamma)), _p_at(p_root, p_nodes, drafts), q, drafts, active
+    )
     primary = jnp.argmax(active)
     cut = jnp.min(first)
     others_later = jnp.all(jnp.where(jnp.arange(s) == primary, True, first > cut))
     own_first = first[primary] == cut
     cut_c = jnp.minimum(cut, gamma - 1)
-    p_cut = p_before[primary, cut_c]
+    p_cut = jnp.where(cut_c == 0, p_root, p_nodes[primary, jnp.maximum(cut_c - 1, 0)])
     dist = jnp.where(
         cut == gamma,
         p_nodes[primary, gamma - 1],
-        jnp.where(own_first & others_later, residual(p_cut, q[primary, cut_c]), p_cut),
+        jnp.where(own_first & others_later, residual(p_cut, q_dense(q[primary, cut_c])), p_cut),
     )
-    final = sample(k_tok, dist)
+    final = sample_rows_u(uniform_data(k_tok), dist)
     idx = jnp.arange(gamma + 1)
     tokens = jnp.where(idx < cut, jnp.pad(drafts[primary], (0, 1)), 0)
     tokens = jnp.where(idx == cut, final, tokens)
@@ -204,34 +217,41 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     needs), so chains that agree keep proposing.
     """
     _check(p_root, p_nodes, q, drafts, active)
-    s, gamma, v = q.shape
-    # jax.random.split / uniform / categorical, bit for bit (specjax.verify.streams). Depth
-    # d's sample uses the Gumbel noise of key split(k_tok, γ+1)[d]; a row samples at one
-    # depth only (where every child was rejected, or the bonus at γ), so that distribution
-    # is carried out of the loop and one noise vector over V is drawn, not γ + 1.
+    s, gamma, _ = q.shape
+    # jax.random.split / uniform, bit for bit (specjax.verify.streams). Depth d's sample
+    # is drawn by inverse CDF with the uniform of key split(k_tok, γ+1)[d]; a row samples
+    # at one depth only (where every child was rejected, or the bonus at γ), so that
+    # distribution is carried out of the loop and sampled once.
     k_u, k_own, k_tok = split_data(key_data(key), 3)
     u = uniform_data(k_u, (gamma, s))
-    p_before = _p_before(p_root, p_nodes)
 
-    def depth(carry, d):
-        done, n, cur, alive, tokens, path_slot, acc, rej, cut_at, pruned_at, r_stop = carry
+    done, n = jnp.array(False), jnp.int32(0)
+    cur = jnp.argmax(active).astype(jnp.int32)
+    alive = active
+    tokens = jnp.zeros((gamma + 1,), jnp.int32)
+    path_slot = jnp.zeros((gamma,), jnp.int32)
+    acc = rej = jnp.zeros((s,), jnp.int32)
+    cut_at = pruned_at = jnp.full((s,), gamma, jnp.int32)
+    r_stop = jnp.zeros_like(p_root)
+    # Both loops unrolled at trace time (S and γ are small and static, so every index into
+    # q, the drafts and the uniforms is a static slice): a rolled loop costs XLA:CPU copies
+    # of its state and a few thunks per trip, every round.
+    for d in range(gamma):
         rej_before = rej
-        r0 = jnp.where(d == 0, p_root, p_nodes[cur, jnp.maximum(d - 1, 0)])
-
-        def child(c, k):
-            r, found, slot, rej_k = c
+        # The residual is kept unnormalised, (r, z) for the law r / z (`residual_update`):
+        # a rejection then touches only q's support when q is a `SparseQ`.
+        r = p_root if d == 0 else p_nodes[cur, d - 1]
+        z = jnp.float32(1.0)
+        found, slot = jnp.array(False), jnp.int32(0)
+        for k in range(s):
             x = drafts[k, d]
             try_k = alive[k] & ~found & ~done
-            ok = accept_test(u[d, k], r[x], q[k, d, x])
+            ok = accept_test(u[d, k], r[x], z * q_at(q[k, d], x))
             hit = try_k & ok
             miss = try_k & ~ok
-            r = jnp.where(miss, residual(r, q[k, d]), r)
-            rej_k = rej_k.at[k].add(miss.astype(jnp.int32))
-            return (r, found | hit, jnp.where(hit, k, slot), rej_k), None
-
-        (r, found, slot, rej), _ = jax.lax.scan(
-            child, (r0, jnp.array(False), jnp.int32(0), rej), jnp.arange(s), unroll=True
-        )
+            r, z = residual_update(r, z, q[k, d], miss)
+            rej = rej.at[k].add(miss.astype(jnp.int32))
+            found, slot = found | hit, jnp.where(hit, k, slot)
         x = drafts[slot, d]
         stop_here = ~done & ~found
         r_stop = jnp.where(stop_here, r, r_stop)  # the last residual: sampled below
@@ -248,46 +268,14 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
         alive = new_alive
         n = n + (found & ~done).astype(jnp.int32)
         cur = jnp.where(found & ~done, slot, cur)
-        return (
-            done | stop_here,
-            n,
-            cur,
-            alive,
-            tokens,
-            path_slot,
-            acc,
-            rej,
-            cut_at,
-            pruned_at,
-            r_stop,
-        ), None
-
-    init = (
-        jnp.array(False),
-        jnp.int32(0),
-        jnp.argmax(active).astype(jnp.int32),
-        active,
-        jnp.zeros((gamma + 1,), jnp.int32),
-        jnp.zeros((gamma,), jnp.int32),
-        jnp.zeros((s,), jnp.int32),
-        jnp.zeros((s,), jnp.int32),
-        jnp.full((s,), gamma, jnp.int32),
-        jnp.full((s,), gamma, jnp.int32),
-        jnp.zeros_like(p_root),
-    )
-    # Both loops unrolled (S and γ are small and static): a rolled loop costs XLA:CPU
-    # copies of its state and a few thunks per trip, every round.
-    (done, n, cur, _, tokens, path_slot, acc, rej, cut_at, pruned_at, r_stop), _ = jax.lax.scan(
-        depth, init, jnp.arange(gamma), unroll=True
-    )
+        done = done | stop_here
     # The one sample: at depth n from the last residual if the row stopped there (done),
     # else the bonus at depth γ from p after the last accepted draft.
+    # (r_stop is unnormalised: the inverse CDF scales its uniform by the weights' sum.)
     dist = jnp.where(done, r_stop, p_nodes[cur, gamma - 1])
-    noise = gumbel_data(split_data(k_tok, gamma + 1)[n], (v,))
-    tokens = tokens.at[n].set(gumbel_argmax(dist, noise))
-    first = _own_tests(uniform_data(k_own, (s, gamma)), p_before, q, drafts, active).astype(
-        jnp.int32
-    )
+    tokens = tokens.at[n].set(sample_rows_u(uniform_data(split_data(k_tok, gamma + 1)[n]), dist))
+    p_x = _p_at(p_root, p_nodes, drafts)
+    first = _own_tests(uniform_data(k_own, (s, gamma)), p_x, q, drafts, active).astype(jnp.int32)
     return Verdict(
         n=n,
         tokens=tokens,
@@ -350,7 +338,11 @@ def _coupled(gumbel, p_root, p_nodes, q, drafts, active, key, shared_block: bool
         own = match
     else:
         own = _own_tests(
-            uniform_data(key_data(key), (s, gamma)), p_before, q, drafts, active
+            uniform_data(key_data(key), (s, gamma)),
+            _p_at(p_root, p_nodes, drafts),
+            q,
+            drafts,
+            active,
         ).astype(jnp.int32)
     if shared_block:
         cut_at = _block_cut(active, n, gamma)

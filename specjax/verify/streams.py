@@ -28,6 +28,7 @@ Under a non-default PRNG configuration they fall back to `jax.random` itself.
 from __future__ import annotations
 
 import functools
+import math
 import zlib
 from typing import Sequence
 
@@ -275,16 +276,48 @@ def gumbel_noise(row_keys: jax.Array, length: jax.Array, gamma: int, vocab: int)
 
 
 def sample_rows_u(u: jax.Array, probs: jax.Array) -> jax.Array:
-    """One token per row of ``probs: f32[..., V]`` given its uniform ``u: f32[...]``, by
-    inverse CDF (see `sample_rows`)."""
-    c = jnp.cumsum(probs.astype(jnp.float32), axis=-1)
+    """One token per row of ``probs: f32[..., V]`` (weights ≥ 0, not necessarily
+    normalised) given its uniform ``u: f32[...]``, by inverse CDF (see `sample_rows`).
+
+    Two levels over a large vocabulary: the ids in blocks of ~√V, the block picked by
+    inverse CDF over the blocks' sums, then the id inside it over that block alone — the
+    same map from ``u`` to a token as one running sum over all V ids (up to f32 rounding),
+    but one reduction over V instead of a V-long running sum: 0.92 → 0.08 ms at [8, 49,152]
+    on the 2-core Xeon (XLA:CPU's cumsum is a windowed reduction)."""
+    v = probs.shape[-1]
+    probs = probs.astype(jnp.float32)
+    if v <= 1024:
+        return _inverse_cdf(u, probs)
+    block = 1 << round(math.log2(math.sqrt(v)))
+    n_blocks = -(-v // block)
+    pad = [(0, 0)] * (probs.ndim - 1) + [(0, n_blocks * block - v)]
+    blocks = jnp.pad(probs, pad).reshape(probs.shape[:-1] + (n_blocks, block))
+    c = jnp.cumsum(jnp.sum(blocks, axis=-1), axis=-1)  # [..., n_blocks]
+    t = u * c[..., -1]
+    b = _first_reaching(c, t)
+    before = jnp.where(
+        b > 0, jnp.take_along_axis(c, jnp.maximum(b - 1, 0)[..., None], -1)[..., 0], 0
+    )
+    inner = jnp.take_along_axis(blocks, b[..., None, None], axis=-2)[..., 0, :]  # [..., block]
+    # t − before ≥ 0 (block b was picked with c[b − 1] ≤ t), and the inner cap keeps the
+    # draw on an id of positive probability should rounding put it past the block's sum.
+    x = _first_reaching(jnp.cumsum(inner, axis=-1), t - before)
+    return jnp.minimum(b * block + x, v - 1).astype(jnp.int32)
+
+
+def _inverse_cdf(u, probs):
+    c = jnp.cumsum(probs, axis=-1)
+    return jnp.minimum(_first_reaching(c, u * c[..., -1]), probs.shape[-1] - 1).astype(jnp.int32)
+
+
+def _first_reaching(c: jax.Array, t: jax.Array) -> jax.Array:
+    """i32[...]: the first index i of the running sum ``c: f32[..., N]`` with c[i] > t, or
+    where it reaches its total. ``c < total`` caps the draw at the first id where the
+    running sum reaches its total, an id of positive weight: it only binds when ``t``
+    rounds up to the total (u within 2^-24 of 1), where an uncapped count would pick the
+    last id, whose weight may be 0."""
     total = c[..., -1:]
-    # ``c < total`` caps the draw at the first id where the running sum reaches its total,
-    # an id of positive probability: it only binds when ``u · total`` rounds up to the
-    # total (u within 2^-24 of 1), where an uncapped count would pick the last id, whose
-    # probability may be 0.
-    x = jnp.sum((c <= u[..., None] * total) & (c < total), axis=-1)
-    return jnp.minimum(x, probs.shape[-1] - 1).astype(jnp.int32)
+    return jnp.sum((c <= t[..., None]) & (c < total), axis=-1).astype(jnp.int32)
 
 
 def sample_rows(keys: jax.Array, probs: jax.Array) -> jax.Array:
