@@ -94,6 +94,13 @@ def define_flags():
         ["token_tree", "coupled", "shared_block", "coupled_block"],
         "verification rule of the '+' setups (one-drafter setups use rule 1, rejection)",
     )
+    flags.DEFINE_enum(
+        "q_layout",
+        "dense",
+        ["dense", "sparse"],
+        "how drafts' laws reach the rule (EngineConfig.q_layout; sparse: on the drafters' "
+        "ids where each has a known set, e.g. eagle's head and prompt lookup)",
+    )
     flags.DEFINE_list("gammas", ["2", "3", "4", "6", "8"], "γ values (spec part)")
     flags.DEFINE_list("batches", ["1", "8"], "batch sizes (spec part)")
     flags.DEFINE_list("taus", ["1.0", "0.0"], "verifier temperatures (spec part)")
@@ -271,6 +278,7 @@ def _spec_setups(dep, calls, tau: float) -> list[dict]:
                 verifier_temperature=tau,
                 max_new_tokens=FLAGS.new_tokens,
                 n_slots=len(members),
+                q_layout=FLAGS.q_layout,
             )
             setups.append(
                 dict(

@@ -97,6 +97,12 @@ def define_flags():
         "(lookup+eagle) draft one token tree per row, a chain each",
     )
     flags.DEFINE_string("rule", None, "verification rule (default: rejection; a tree: token_tree)")
+    flags.DEFINE_enum(
+        "q_layout",
+        "dense",
+        ["dense", "sparse"],
+        "EngineConfig.q_layout of this tree's package (a --compare_with package keeps dense)",
+    )
     flags.DEFINE_float("verifier_temperature", 1.0, "τ of the verifier")
     flags.DEFINE_integer("new_tokens", 64, "tokens per row in the timed loop")
     flags.DEFINE_integer("bucket", 64, "prompt widths are padded to a multiple of this")
@@ -274,12 +280,16 @@ def _engine_config(mods, gamma: int, max_new_tokens: int):
     """The engine config of --drafter at γ: one chain per drafter (a tree when several)."""
     s = len(_members())
     rule = FLAGS.rule or ("rejection" if s == 1 else "token_tree")
+    layout = {}
+    if FLAGS.q_layout != "dense" and mods["pkg"] == "specjax":  # not the --compare_with one
+        layout = dict(q_layout=FLAGS.q_layout)
     return mods["spec"].EngineConfig(
         gamma=gamma,
         rule=rule,
         verifier_temperature=FLAGS.verifier_temperature,
         max_new_tokens=max_new_tokens,
         n_slots=s,
+        **layout,
     )
 
 
@@ -490,6 +500,7 @@ def _loop_row(case: Case, pkg: str, name: str, stats: tuple, fwd_s: dict, load: 
         variant=name,
         drafters=_members(),
         rule=case.cfg.rule,
+        q_layout=getattr(case.cfg, "q_layout", "dense"),
         batch=case.batch,
         gamma=case.gamma,
         score_width=len(case.dep.drafters) * case.gamma + 1,

@@ -355,7 +355,7 @@ def test_profile_round(tmp_path, drafter):
         "--new_tokens=8",
         "--repeats=1",
         "--e2e",
-    ]
+    ] + (["--q_layout=sparse"] if "+" in drafter else [])
     command = run_script("profile_round.py", *args)
     out = read_json(tmp_path / "profile_round.json", command)
     loops = [r for r in out["rows"] if r["variant"] == "full"]
@@ -363,6 +363,7 @@ def test_profile_round(tmp_path, drafter):
     members = drafter.split("+")
     assert loops[0]["drafters"] == members
     assert loops[0]["rule"] == ("rejection" if len(members) == 1 else "token_tree")
+    assert loops[0]["q_layout"] == ("sparse" if len(members) > 1 else "dense")
     assert loops[0]["score_width"] == len(members) * 2 + 1
     assert loops[0]["iterations"] >= 1 and loops[0]["forwards_ms"] > 0
     (e2e,) = [r for r in out["rows"] if r["variant"] == "e2e"]
