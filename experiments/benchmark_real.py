@@ -295,8 +295,9 @@ def _spec_setups(dep, calls, tau: float) -> list[dict]:
     return setups
 
 
-def _run_ar(dep, v_calls, tau: float) -> float:
-    """Tokens/s of autoregressive decoding over every call."""
+def _run_ar(dep, v_calls, tau: float) -> tuple:
+    """Tokens/s of autoregressive decoding over every call, and each call's (tokens,
+    seconds)."""
     from specjax.engine.autoregressive import (  # pylint: disable=import-outside-toplevel
         autoregressive_generate,
     )
@@ -304,7 +305,7 @@ def _run_ar(dep, v_calls, tau: float) -> float:
         row_keys_for,
     )
 
-    n = s = 0.0
+    per_call = []
     for vc in v_calls:
         r = autoregressive_generate(
             dep.verifier,
@@ -315,20 +316,24 @@ def _run_ar(dep, v_calls, tau: float) -> float:
             max_new_tokens=FLAGS.new_tokens,
             bucket=64,
         )
-        n += float((r.length - r.start).sum())
-        s += r.seconds
-    return n / s
+        per_call.append((float((r.length - r.start).sum()), r.seconds))
+    return _rate(per_call), per_call
+
+
+def _rate(per_call) -> float:
+    """Tokens/s over calls of (tokens, seconds)."""
+    return sum(n for n, _ in per_call) / sum(s for _, s in per_call)
 
 
 def _run_spec(dep, v_calls, d: dict) -> tuple:
-    """Tokens/s of one setup's speculative decoding over every call, and its counters."""
+    """Tokens/s of one setup's speculative decoding over every call, its counters, and
+    each call's (tokens, seconds)."""
     from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
         row_keys_for,
         speculative_generate,
     )
 
-    n = s = 0.0
-    counters = []
+    per_call, counters = [], []
     for vc, dc in zip(v_calls, d["d_calls"]):
         r = speculative_generate(
             d["cfg"],
@@ -341,31 +346,51 @@ def _run_spec(dep, v_calls, d: dict) -> tuple:
             row_keys_for(0, len(vc)),
             bucket=64,
         )
-        n += float((r.length - r.start).sum())
-        s += r.seconds
+        per_call.append((float((r.length - r.start).sum()), r.seconds))
         counters.append(r.counters)
-    return n / s, counters
+    return _rate(per_call), counters, per_call
 
 
-def _paired_runs(dep, v_calls, setups, tau: float, ref=None) -> tuple[list[float], list[float]]:
+def _paired_runs(dep, v_calls, setups, tau: float, ref=None) -> tuple:
     """AR (and the reference dtype's AR, ``ref``) and every setup's speculative runs
-    alternating (the first round discarded); fills each setup's runs and returns AR's and
-    the reference AR's tokens/s per repeat."""
+    alternating (the first round discarded); fills each setup's runs and its per-call
+    (tokens, seconds) summed over the repeats (``calls``), and returns AR's and the
+    reference AR's tokens/s per repeat and AR's per-call sums."""
     ar, ref_ar = [], []
+    ar_calls = np.zeros((len(v_calls), 2))
+    for d in setups:
+        d["calls"] = np.zeros((len(v_calls), 2))
     for i in range(FLAGS.repeats + 1):
-        a = _run_ar(dep, v_calls, tau)
-        r = _run_ar(ref, v_calls, tau) if ref is not None else None
+        a, a_calls = _run_ar(dep, v_calls, tau)
+        r = _run_ar(ref, v_calls, tau)[0] if ref is not None else None
         if i:
             ar.append(a)
+            ar_calls += np.asarray(a_calls)
             if r is not None:
                 ref_ar.append(r)
         for d in setups:
-            tps, counters = _run_spec(dep, v_calls, d)
+            tps, counters, calls = _run_spec(dep, v_calls, d)
             if i:
                 d["tps"].append(tps)
                 d["ratio"].append(tps / a)
+                d["calls"] += np.asarray(calls)
             d["counters"] = counters
-    return ar, ref_ar
+    return ar, ref_ar, ar_calls
+
+
+def speedup_interval(spec_calls, ar_calls, level: float = 0.95) -> tuple[float, float]:
+    """Bootstrap interval of spec ÷ AR tokens/s over the calls (prompts at batch 1): each
+    resample pools the chosen calls' tokens and seconds for both (a ratio of sums), so it
+    covers which prompts — and which sample paths — were measured, not only timing noise."""
+    from specjax import metrics  # pylint: disable=import-outside-toplevel
+
+    spec_calls, ar_calls = np.asarray(spec_calls), np.asarray(ar_calls)
+
+    def ratio(idx):
+        sp, ar = spec_calls[idx].sum(0), ar_calls[idx].sum(0)
+        return (sp[0] / sp[1]) / (ar[0] / ar[1])
+
+    return metrics.bootstrap_ci(len(spec_calls), ratio, n_resamples=2000, level=level)
 
 
 def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t_score) -> dict:
@@ -450,7 +475,7 @@ def part_spec(result: dict, model, dep, ref=None) -> None:
         t_step, t_score, t_draft = _forward_times(dep, batch, context, capacity)
         for tau in [float(t) for t in FLAGS.taus]:
             setups = _spec_setups(dep, calls, tau)
-            ar, ref_ar = _paired_runs(dep, v_calls, setups, tau, ref)
+            ar, ref_ar, ar_calls = _paired_runs(dep, v_calls, setups, tau, ref)
             ar_tps = statistics.median(ar)
             per_batch.append(
                 dict(
@@ -475,6 +500,13 @@ def part_spec(result: dict, model, dep, ref=None) -> None:
                 )
             for d in setups:
                 row = _spec_row(d, batch, tau, ar_tps, t_step, t_draft, t_score)
+                row["speedup_interval"] = list(speedup_interval(d["calls"], ar_calls))
+                row["interval_calls"] = len(v_calls)
+                print(
+                    f"    spec / AR 95% interval over {len(v_calls)} calls: "
+                    f"[{row['speedup_interval'][0]:.2f}, {row['speedup_interval'][1]:.2f}]",
+                    flush=True,
+                )
                 if ref_ar:
                     row["reference_ar_tokens_per_s"] = statistics.median(ref_ar)
                     row["spec_over_reference_ar"] = statistics.median(

@@ -215,6 +215,12 @@ def render_page(result: dict) -> list[str]:
     return lines
 
 
+def _interval(x: dict) -> str:
+    """' (lo–hi)': a row's bootstrap interval of spec / AR over its calls, where it has one."""
+    lo, hi = x.get("speedup_interval", (float("nan"),) * 2)
+    return f" ({lo:.2f}–{hi:.2f})" if np.isfinite(lo) and np.isfinite(hi) else ""
+
+
 def _use(row: dict) -> str:
     u = row.get("row_use")  # absent from results written before it was measured
     return "—" if u is None else f"{u:.2f}"
@@ -290,7 +296,10 @@ def real_speed_page(r: dict) -> list[str]:
             "drafters' own α pooled (each chain tested alone), per drafter below the "
             "table, and the hardware-aware prediction is E·T_step / (γ·ΣT_draft + "
             "T_score(S·γ+1)). Row use: the rows' rounds ÷ (B × the call's rounds) — a call "
-            "runs until its slowest row is done, while the prediction counts every row busy.",
+            "runs until its slowest row is done, while the prediction counts every row busy. "
+            "Spec / AR: the median of the paired runs' ratios and, in parentheses, a 95% "
+            "bootstrap interval over the calls (each prompt a call at batch 1; the repeats "
+            "pooled): which prompts, and which sample paths, were measured.",
             "",
             "| B | τ | drafter (τ_i) | γ | AR tok/s | spec tok/s | spec / AR | hw-aware | "
             "measured / hw-aware | α | tokens / round | row use | c | T_score / T_step |",
@@ -302,7 +311,8 @@ def real_speed_page(r: dict) -> list[str]:
                 f"| {x['batch']} | {x['tau']:g} | {x['drafter']} "
                 f"({x.get('drafter_tau', float('nan')):g}{tree}) | {x['gamma']} | "
                 f"{x['ar_tokens_per_s']:.1f} | {x['spec_tokens_per_s']:.1f} | "
-                f"{x['measured_speedup']:.2f} | {x['hardware_aware_speedup']:.2f} | "
+                f"{x['measured_speedup']:.2f}{_interval(x)} | "
+                f"{x['hardware_aware_speedup']:.2f} | "
                 f"{x['measured_over_hardware_aware']:.2f} | {x['alpha']:.2f} | "
                 f"{x['tokens_per_round']:.2f} | {_use(x)} | {x['c']:.3f} | "
                 f"{x['t_score_over_t_step']:.2f} |"

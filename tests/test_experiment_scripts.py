@@ -252,6 +252,8 @@ def test_benchmark_real(tmp_path):
     assert out["spec"][0]["spec_over_reference_ar"] > 0
     assert all(0 < r["row_use"] <= 1 for r in out["spec"])  # batch 1: every round busy
     assert out["spec"][0]["row_use"] == 1.0
+    for r in out["spec"]:  # 3 calls (a prompt per domain): an interval around the speed-up
+        assert r["interval_calls"] == 3 and len(r["speedup_interval"]) == 2
     assert out["ar"][0]["reference_dtype"] == "float32"
     # The peer part: transformers on the same file, greedy tokens identical to specjax's.
     peer = out["peer"]
