@@ -30,7 +30,6 @@ Writes ``real_speed.json`` under --out; ``--write_docs`` writes docs/results/rea
 
 from __future__ import annotations
 
-import collections
 import os
 import statistics
 import types
@@ -39,7 +38,8 @@ from pathlib import Path
 import numpy as np
 from absl import app, flags
 
-from specjax import provenance
+from specjax import drafter_entries as entries
+from specjax import metrics, provenance
 from specjax.benchmark_tables import real_speed_page
 from specjax.hardware import score_ratios, stream_bandwidth
 from specjax.timing import forward_timer
@@ -186,44 +186,9 @@ def _plan_texts() -> list[str]:
     ]
 
 
-def _members(entry: str) -> list[str]:
-    """The drafters of one --drafters entry ('lookup+code' -> ['lookup', 'code'];
-    'eagle*3' -> three eagle chains, twins drafted in one pass)."""
-    out = []
-    for part in entry.split("+"):
-        name, _, times = part.partition("*")
-        out += [name] * (int(times) if times else 1)
-    return out
-
-
-def _labels(members: list[str]) -> list[str]:
-    """One label per chain: a twin's name with its place among its twins ('eagle#2')."""
-    seen: collections.Counter = collections.Counter()
-    out = []
-    for n in members:
-        seen[n] += 1
-        out.append(n if seen[n] == 1 else f"{n}#{seen[n]}")
-    return out
-
-
-def _entry_ok(entry: str) -> bool:
-    """Whether a --drafters entry parses: NAME or NAME*COUNT (COUNT ≥ 1), joined by '+'."""
-    for part in entry.split("+"):
-        name, star, times = part.partition("*")
-        if not name or (star and not (times.isdigit() and int(times) >= 1)):
-            return False
-    return True
-
-
 def _drafter_names() -> list[str]:
     """Every drafter any --drafters entry names, once, in order."""
-    return list(dict.fromkeys(n for e in FLAGS.drafters for n in _members(e)))
-
-
-def _twins(entry: str) -> dict[str, int]:
-    """How many times an entry names each drafter ('eagle+eagle+lookup' -> {eagle: 2,
-    lookup: 1}): a drafter named m times drafts its m chains in one pass at batch m·B."""
-    return dict(collections.Counter(_members(entry)))
+    return list(dict.fromkeys(n for e in FLAGS.drafters for n in entries.members(e)))
 
 
 def _forward_times(dep, batch: int, context: int, capacity: int) -> tuple:
@@ -232,12 +197,14 @@ def _forward_times(dep, batch: int, context: int, capacity: int) -> tuple:
     are timed interleaved, round by round, so that a burst of load on the machine lands on
     all of them rather than on one ratio's numerator or denominator."""
     v = dep.verifier
-    widths = sorted({len(_members(e)) * int(g) + 1 for e in FLAGS.drafters for g in FLAGS.gammas})
+    widths = sorted(
+        {len(entries.members(e)) * int(g) + 1 for e in FLAGS.drafters for g in FLAGS.gammas}
+    )
     timers = {
         ("verifier", k): forward_timer(v, dep.v_params, batch, k, context, capacity, 16)
         for k in [1, *widths]
     }
-    passes = dict.fromkeys(p for e in FLAGS.drafters for p in _twins(e).items())
+    passes = dict.fromkeys(p for e in FLAGS.drafters for p in entries.twin_counts(e).items())
     for name, m in passes:
         sub = dep.subset([name])
         timers[("drafter", name, m)] = forward_timer(
@@ -266,7 +233,7 @@ def _spec_setups(dep, calls, tau: float) -> list[dict]:
 
     setups = []
     for name in FLAGS.drafters:
-        members = _members(name)
+        members = entries.members(name)
         sub = dep.subset(members)
         if tau == 0.0 and FLAGS.greedy_drafters:
             sub = sub.with_temperatures([0.0] * len(members))
@@ -378,25 +345,8 @@ def _paired_runs(dep, v_calls, setups, tau: float, ref=None) -> tuple:
     return ar, ref_ar, ar_calls
 
 
-def speedup_interval(spec_calls, ar_calls, level: float = 0.95) -> tuple[float, float]:
-    """Bootstrap interval of spec ÷ AR tokens/s over the calls (prompts at batch 1): each
-    resample pools the chosen calls' tokens and seconds for both (a ratio of sums), so it
-    covers which prompts — and which sample paths — were measured, not only timing noise."""
-    from specjax import metrics  # pylint: disable=import-outside-toplevel
-
-    spec_calls, ar_calls = np.asarray(spec_calls), np.asarray(ar_calls)
-
-    def ratio(idx):
-        sp, ar = spec_calls[idx].sum(0), ar_calls[idx].sum(0)
-        return (sp[0] / sp[1]) / (ar[0] / ar[1])
-
-    return metrics.bootstrap_ci(len(spec_calls), ratio, n_resamples=2000, level=level)
-
-
 def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t_score) -> dict:
     """One setup's result row (α, tokens per round, c, predictions, measured speed-up); printed."""
-    from specjax import metrics  # pylint: disable=import-outside-toplevel
-
     acc = sum(float(c.own_accepted_at.sum()) for c in d["counters"])
     reach = sum(float(c.own_reached_at.sum()) for c in d["counters"])
     alpha = acc / max(reach, 1.0)
@@ -412,11 +362,11 @@ def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t
     row_use = sum(float(r.sum()) for r in rounds) / max(
         sum(float(r.max()) * r.size for r in rounds), 1.0
     )
-    members = _members(d["name"])
+    members = entries.members(d["name"])
     g = d["gamma"]
     # A tree's drafters draft one after another (a drafter named m times: one pass at
     # batch m·B): γ · ΣT_draft, then one (S·γ+1)-token score.
-    td = sum(t_draft[p] for p in _twins(d["name"]).items())
+    td = sum(t_draft[p] for p in entries.twin_counts(d["name"]).items())
     ts = t_score[len(members) * g + 1]
     hw = float(metrics.hardware_aware_speedup(per_round, t_step, td, ts, g))
     measured = statistics.median(d["ratio"])
@@ -434,7 +384,8 @@ def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t
         spec_tokens_per_s=statistics.median(d["tps"]),
         alpha=alpha,
         alpha_by_drafter={
-            n: float(a) / max(float(r), 1.0) for n, a, r in zip(_labels(members), by_k[0], by_k[1])
+            n: float(a) / max(float(r), 1.0)
+            for n, a, r in zip(entries.labels(members), by_k[0], by_k[1])
         },
         tokens_per_round=per_round,
         row_use=row_use,
@@ -500,7 +451,7 @@ def part_spec(result: dict, model, dep, ref=None) -> None:
                 )
             for d in setups:
                 row = _spec_row(d, batch, tau, ar_tps, t_step, t_draft, t_score)
-                row["speedup_interval"] = list(speedup_interval(d["calls"], ar_calls))
+                row["speedup_interval"] = list(metrics.speedup_interval(d["calls"], ar_calls))
                 row["interval_calls"] = len(v_calls)
                 print(
                     f"    spec / AR 95% interval over {len(v_calls)} calls: "
@@ -609,7 +560,7 @@ if __name__ == "__main__":
         flags.register_validator(_name, _validator(_name))
     flags.register_validator(
         "drafters",
-        lambda v: all(_entry_ok(e) for e in v),
+        lambda v: all(entries.entry_ok(e) for e in v),
         "--drafters: entries NAME, NAME*COUNT (COUNT ≥ 1, twins) or such parts joined by '+'",
     )
     flags.register_validator(

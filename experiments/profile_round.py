@@ -61,6 +61,7 @@ import os
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 
 import jax
@@ -68,11 +69,13 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from specjax import drafter_entries as entries
 from specjax import provenance
 from specjax.round_anatomy import (
     Forward,
     catch_up,
     counters_class,
+    end_to_end,
     load_package,
     loop_census,
     round_budget_fn,
@@ -94,7 +97,11 @@ def define_flags():
         "drafter",
         "code",
         "drafter (a zoo name; with smollm2 one of its own); drafters joined by '+' "
-        "(lookup+eagle) draft one token tree per row, a chain each",
+        "(lookup+eagle) draft one token tree per row, a chain each; NAME*COUNT names a "
+        "drafter COUNT times (twins, eagle*3)",
+    )
+    flags.register_validator(
+        "drafter", entries.entry_ok, "NAME or NAME*COUNT (COUNT >= 1), joined by '+'"
     )
     flags.DEFINE_string("rule", None, "verification rule (default: rejection; a tree: token_tree)")
     flags.DEFINE_enum(
@@ -272,8 +279,8 @@ class Case:
 
 
 def _members() -> list[str]:
-    """The drafters of --drafter ('lookup+eagle' -> ['lookup', 'eagle'])."""
-    return FLAGS.drafter.split("+")
+    """The chains' drafters of --drafter ('lookup+eagle*2' -> [lookup, eagle, eagle])."""
+    return entries.members(FLAGS.drafter)
 
 
 def _engine_config(mods, gamma: int, max_new_tokens: int):
@@ -296,85 +303,6 @@ def _engine_config(mods, gamma: int, max_new_tokens: int):
 # ----------------------------------------------------------------------------------------
 # Forwards alone
 # ----------------------------------------------------------------------------------------
-
-
-def end_to_end(loaded, pkgs, batch, gamma, t_step, t_score, t_draft) -> list:
-    """benchmark.py's measurement for each package, interleaved: tokens/s of whole
-    `speculative_generate` and `autoregressive_generate` calls (prefill included, compiled
-    seconds only, a warm-up first, medians of `--repeats`), spec/AR and measured /
-    hardware-aware (E · T_step / (γ · T_draft + T_score), forwards of this process)."""
-    runs = {}
-    for pkg in pkgs:
-        mods, full, texts_all = loaded[pkg]
-        gen = mods["gen"]
-        dep = full.subset(_members())
-        texts = (texts_all * (batch // len(texts_all) + 1))[:batch]
-        v_prompts = [full.encode(t) for t in texts]
-        d_prompts = [[enc(t) for t in texts] for enc in dep.drafter_encode]
-        keys = gen.row_keys_for(0, batch)
-        cfg = _engine_config(mods, gamma, FLAGS.new_tokens)
-        runs[(pkg, "spec")] = lambda gen=gen, cfg=cfg, dep=dep, v=v_prompts, d=d_prompts, k=keys: (
-            gen.speculative_generate(
-                cfg,
-                dep.verifier,
-                dep.v_params,
-                dep.drafters,
-                dep.d_data,
-                v,
-                d,
-                k,
-                bucket=FLAGS.bucket,
-            )
-        )
-        runs[(pkg, "ar")] = lambda ar_mod=mods["ar"], dep=dep, v=v_prompts, k=keys: (
-            ar_mod.autoregressive_generate(
-                dep.verifier,
-                dep.v_params,
-                v,
-                k,
-                temperature=FLAGS.verifier_temperature,
-                max_new_tokens=FLAGS.new_tokens,
-                bucket=FLAGS.bucket,
-            )
-        )
-    tps = collections.defaultdict(list)
-    counters = {}
-    for rep in range(FLAGS.repeats + 1):
-        for key, fn in runs.items():
-            res = fn()
-            if rep:
-                tps[key].append(float((res.length - res.start).sum()) / res.seconds)
-            if key[1] == "spec":
-                counters[key[0]] = res.counters
-    rows = []
-    for pkg in pkgs:
-        c = counters[pkg]
-        per_round = float(c.committed.sum() / max(c.rounds.sum(), 1))
-        alpha = float(c.own_accepted_at.sum() / max(c.own_reached_at.sum(), 1))
-        hw = per_round * t_step / (gamma * t_draft + t_score)
-        sp, ar = statistics.median(tps[(pkg, "spec")]), statistics.median(tps[(pkg, "ar")])
-        rows.append(
-            dict(
-                package=pkg,
-                variant="e2e",
-                batch=batch,
-                gamma=gamma,
-                spec_tokens_per_s=sp,
-                ar_tokens_per_s=ar,
-                spec_over_ar=sp / ar,
-                tokens_per_round=per_round,
-                alpha=alpha,
-                hardware_aware=hw,
-                measured_over_hardware_aware=sp / ar / hw,
-            )
-        )
-        print(
-            f"  {pkg:11} e2e: AR {ar:8.1f} tok/s, spec {sp:8.1f} tok/s, spec/AR "
-            f"{sp / ar:.3f}; α {alpha:.3f}, E {per_round:.2f}, hardware-aware {hw:.3f}, "
-            f"measured/hw {sp / ar / hw:.3f}",
-            flush=True,
-        )
-    return rows
 
 
 # ----------------------------------------------------------------------------------------
@@ -587,7 +515,17 @@ def main(argv):
             rows, (t_step, t_score, t_draft) = _loop_rows(times, loads, cases, batch, gamma)
             results.extend(rows)
             if FLAGS.e2e:
-                results.extend(end_to_end(loaded, pkgs, batch, gamma, t_step, t_score, t_draft))
+                run = types.SimpleNamespace(
+                    members=_members(),
+                    engine_config=_engine_config,
+                    new_tokens=FLAGS.new_tokens,
+                    temperature=FLAGS.verifier_temperature,
+                    bucket=FLAGS.bucket,
+                    repeats=FLAGS.repeats,
+                )
+                results.extend(
+                    end_to_end(loaded, pkgs, run, batch, gamma, t_step, t_score, t_draft)
+                )
             if len(pkgs) == 2:
                 a = np.array([w for w, _ in times[("specjax_old", "full")]])
                 b_ = np.array([w for w, _ in times[("specjax", "full")]])

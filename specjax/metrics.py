@@ -435,6 +435,20 @@ def ratio_of_sums(num, den, idx=None) -> float:
     return float(num.sum() / d) if d else float("nan")
 
 
+def speedup_interval(spec_calls, ar_calls, level: float = 0.95) -> tuple[float, float]:
+    """Bootstrap interval of speculative ÷ autoregressive tokens/s over calls (a call's
+    (tokens, seconds) rows, f[U, 2] each, paired by call): every resample pools the chosen
+    calls' tokens and seconds for both, so it covers which prompts — and at τ > 0 which
+    sample paths — were measured, not only timing noise."""
+    spec_calls, ar_calls = np.asarray(spec_calls), np.asarray(ar_calls)
+
+    def ratio(idx):
+        spec = ratio_of_sums(spec_calls[:, 0], spec_calls[:, 1], idx)
+        return spec / ratio_of_sums(ar_calls[:, 0], ar_calls[:, 1], idx)
+
+    return bootstrap_ci(len(spec_calls), ratio, n_resamples=2000, level=level)
+
+
 # ------------------------------------------------------------------------- theory
 
 

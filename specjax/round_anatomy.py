@@ -511,3 +511,88 @@ class Forward:
         t0, c0 = time.perf_counter(), time.process_time()
         jax.block_until_ready(self.exe(*self.args))
         return ((time.perf_counter() - t0) / self.reps, (time.process_time() - c0) / self.reps)
+
+
+# ----------------------------------------------------------------------------------------
+# Whole calls, interleaved across packages
+# ----------------------------------------------------------------------------------------
+
+
+def end_to_end(loaded, pkgs, run, batch, gamma, t_step, t_score, t_draft) -> list:
+    """benchmark.py's measurement for each package, interleaved: tokens/s of whole
+    `speculative_generate` and `autoregressive_generate` calls (prefill included, compiled
+    seconds only, a warm-up first, medians of `run.repeats`), spec/AR and measured /
+    hardware-aware (E · T_step / (γ · T_draft + T_score), the forwards given).
+
+    ``loaded[pkg]``: (modules, full deployment, prompt texts); ``run``: the call's settings
+    (``members`` the chains' drafters, ``engine_config(mods, gamma, max_new)``,
+    ``new_tokens``, ``temperature``, ``bucket``, ``repeats``)."""
+    import statistics  # pylint: disable=import-outside-toplevel
+
+    from specjax import metrics  # pylint: disable=import-outside-toplevel
+
+    runs = {}
+    for pkg in pkgs:
+        mods, full, texts_all = loaded[pkg]
+        gen = mods["gen"]
+        dep = full.subset(run.members)
+        texts = (texts_all * (batch // len(texts_all) + 1))[:batch]
+        v = [full.encode(t) for t in texts]
+        d = [[enc(t) for t in texts] for enc in dep.drafter_encode]
+        keys = gen.row_keys_for(0, batch)
+        cfg = run.engine_config(mods, gamma, run.new_tokens)
+        common = dict(bucket=run.bucket)
+        runs[(pkg, "spec")] = lambda gen=gen, cfg=cfg, dep=dep, v=v, d=d, k=keys: (
+            gen.speculative_generate(
+                cfg, dep.verifier, dep.v_params, dep.drafters, dep.d_data, v, d, k, **common
+            )
+        )
+        runs[(pkg, "ar")] = lambda ar_mod=mods["ar"], dep=dep, v=v, k=keys: (
+            ar_mod.autoregressive_generate(
+                dep.verifier,
+                dep.v_params,
+                v,
+                k,
+                temperature=run.temperature,
+                max_new_tokens=run.new_tokens,
+                **common,
+            )
+        )
+    tps = collections.defaultdict(list)
+    counters = {}
+    for rep in range(run.repeats + 1):
+        for key, fn in runs.items():
+            res = fn()
+            if rep:
+                tps[key].append(float((res.length - res.start).sum()) / res.seconds)
+            if key[1] == "spec":
+                counters[key[0]] = res.counters
+    rows = []
+    for pkg in pkgs:
+        c = counters[pkg]
+        per_round = float(metrics.mean_accepted_length(c.committed.sum(), c.rounds.sum()))
+        alpha = float(metrics.acceptance(c.own_accepted_at.sum(), c.own_reached_at.sum()))
+        hw = float(metrics.hardware_aware_speedup(per_round, t_step, t_draft, t_score, gamma))
+        sp, ar = statistics.median(tps[(pkg, "spec")]), statistics.median(tps[(pkg, "ar")])
+        rows.append(
+            dict(
+                package=pkg,
+                variant="e2e",
+                batch=batch,
+                gamma=gamma,
+                spec_tokens_per_s=sp,
+                ar_tokens_per_s=ar,
+                spec_over_ar=sp / ar,
+                tokens_per_round=per_round,
+                alpha=alpha,
+                hardware_aware=hw,
+                measured_over_hardware_aware=sp / ar / hw,
+            )
+        )
+        print(
+            f"  {pkg:11} e2e: AR {ar:8.1f} tok/s, spec {sp:8.1f} tok/s, spec/AR "
+            f"{sp / ar:.3f}; α {alpha:.3f}, E {per_round:.2f}, hardware-aware {hw:.3f}, "
+            f"measured/hw {sp / ar / hw:.3f}",
+            flush=True,
+        )
+    return rows

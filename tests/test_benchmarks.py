@@ -93,41 +93,35 @@ def test_the_speed_page_flags_a_score_ratio_its_own_table_contradicts():
     assert "within 15%" in "\n".join(real_speed_page(_speed_result(1.3)))
 
 
-def _benchmark_real():
-    import importlib.util  # pylint: disable=import-outside-toplevel
-    import sys  # pylint: disable=import-outside-toplevel
-    from pathlib import Path  # pylint: disable=import-outside-toplevel
-
-    path = Path(__file__).resolve().parents[1] / "experiments" / "benchmark_real.py"
-    spec = importlib.util.spec_from_file_location("_bench_real_for_test", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    return module
-
-
 def test_speedup_interval_covers_the_calls_and_the_page_prints_it():
     """The bootstrap interval of spec ÷ AR over calls: a ratio of pooled sums, containing
     the pooled ratio, wider when the calls disagree, a point when they all agree."""
     from specjax.benchmark_tables import real_speed_page  # pylint: disable=import-outside-toplevel
+    from specjax.metrics import speedup_interval  # pylint: disable=import-outside-toplevel
 
-    bench = _benchmark_real()
     rng = np.random.default_rng(0)
     ar = np.stack([np.full(24, 64.0), rng.uniform(1.5, 1.7, 24)], 1)  # (tokens, seconds)
     same = ar.copy()
     same[:, 1] /= 1.5  # every call 1.5x
-    lo, hi = bench.speedup_interval(same, ar)
+    lo, hi = speedup_interval(same, ar)
     assert abs(lo - 1.5) < 1e-9 and abs(hi - 1.5) < 1e-9
     mixed = ar.copy()
     mixed[:, 1] /= rng.uniform(1.1, 1.9, 24)  # the calls' speed-ups vary
     pooled = (mixed[:, 0].sum() / mixed[:, 1].sum()) / (ar[:, 0].sum() / ar[:, 1].sum())
-    lo, hi = bench.speedup_interval(mixed, ar)
+    lo, hi = speedup_interval(mixed, ar)
     assert lo < pooled < hi and hi - lo > 0.1
     result = _speed_result(1.3)
     result["spec"][0]["speedup_interval"] = [1.18, 1.33]
     assert "| 1.25 (1.18–1.33) |" in "\n".join(real_speed_page(result))
     del result["spec"][0]["speedup_interval"]  # a result written before intervals
     assert "| 1.25 | 1.30 |" in "\n".join(real_speed_page(result))
+
+
+def test_drafter_entries():
+    from specjax import drafter_entries as e  # pylint: disable=import-outside-toplevel
+
+    assert e.members("lookup+eagle*2") == ["lookup", "eagle", "eagle"]
+    assert e.labels(e.members("eagle*3")) == ["eagle", "eagle#2", "eagle#3"]
+    assert e.twin_counts("eagle+lookup+eagle") == {"eagle": 2, "lookup": 1}
+    assert e.entry_ok("lookup+eagle*2") and e.entry_ok("code")
+    assert not any(map(e.entry_ok, ["eagle*0", "eagle*", "+code", "eagle*x"]))
