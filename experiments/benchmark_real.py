@@ -30,6 +30,7 @@ Writes ``real_speed.json`` under --out; ``--write_docs`` writes docs/results/rea
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import types
@@ -93,6 +94,12 @@ def define_flags():
         "token_tree",
         ["token_tree", "coupled", "shared_block", "coupled_block"],
         "verification rule of the '+' setups (one-drafter setups use rule 1, rejection)",
+    )
+    flags.DEFINE_list(
+        "chain_rules",
+        ["rejection"],
+        "verification rules of the one-drafter setups, one setup each: rejection (rule 1) "
+        "and/or block_verification (the chain verified as a block, Sun et al. 2025)",
     )
     flags.DEFINE_enum(
         "q_layout",
@@ -238,10 +245,11 @@ def _spec_setups(dep, calls, tau: float) -> list[dict]:
         if tau == 0.0 and FLAGS.greedy_drafters:
             sub = sub.with_temperatures([0.0] * len(members))
         d_calls = [[[enc(t) for t in c] for enc in sub.drafter_encode] for c in calls]
-        for g in [int(x) for x in FLAGS.gammas]:
+        rules = FLAGS.chain_rules if len(members) == 1 else [FLAGS.tree_rule]
+        for g, rule in itertools.product([int(x) for x in FLAGS.gammas], rules):
             cfg = EngineConfig(
                 gamma=g,
-                rule="rejection" if len(members) == 1 else FLAGS.tree_rule,
+                rule=rule,
                 verifier_temperature=tau,
                 max_new_tokens=FLAGS.new_tokens,
                 n_slots=len(members),
@@ -562,6 +570,11 @@ if __name__ == "__main__":
         "drafters",
         lambda v: all(entries.entry_ok(e) for e in v),
         "--drafters: entries NAME, NAME*COUNT (COUNT ≥ 1, twins) or such parts joined by '+'",
+    )
+    flags.register_validator(
+        "chain_rules",
+        lambda v: bool(v) and all(r in ("rejection", "block_verification") for r in v),
+        "--chain_rules: one or more of rejection, block_verification",
     )
     flags.register_validator(
         "eagle",

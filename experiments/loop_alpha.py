@@ -9,13 +9,18 @@ replies; in the loop each drafter walks its own sample paths (a rejection resamp
 choice between drafters needs the loop's own acceptance over many prompts and seeds. For
 every drafter in ``--drafters`` (a SmolLM2 drafter name — code, prose, lookup, eagle — or
 ``label=FILE``, a feature drafter file from train_eagle.py) and every domain, this runs
-speculative decoding (rule 1, γ ``--gamma``, verifier τ ``--tau``, ``--new_tokens`` per row,
+speculative decoding (rule 1 or each of ``--rules``, γ ``--gamma``, verifier τ ``--tau``, ``--new_tokens`` per row,
 batch ``--batch``) over the first ``--prompts_per_domain`` shipped (held-out) plan prompts
 once per seed in ``--seeds``, and reports from the in-graph counters (`Counters`):
 
   * ``step_alpha``: the drafter's conditional acceptance at draft step 1..γ (accepted ÷
     reached, its chain tested alone), with a standard error over rows (each row one path);
-  * ``tokens_per_round`` and ``rounds``.
+  * ``tokens_per_round`` (with a standard error over rows) and ``rounds``: where a rule
+    commits more than rule 1 from the same drafts (``block_verification``), here it shows;
+  * ``kept_per_round`` and ``kept_per_round_rule1``: the drafts each round's block was
+    expected to keep under the rule and under rule 1 (the same blocks), and
+    ``kept_gain_over_rule1`` their ratio − 1 with its standard error over rows: the rule's
+    gain without the noise of the accept draws or of the paths.
 
 Prints a table and writes ``loop_alpha.json`` under --out. About 1 minute per drafter,
 domain and seed at the defaults on 2 cores (bf16 ``[out, in]``).
@@ -23,6 +28,7 @@ domain and seed at the defaults on 2 cores (bf16 ``[out, in]``).
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +55,12 @@ def define_flags():
     flags.DEFINE_integer("new_tokens", 64, "tokens per row", lower_bound=1)
     flags.DEFINE_integer("batch", 8, "rows per call", lower_bound=1)
     flags.DEFINE_string("dtype", "bfloat16", "the verifier's and drafters' dtype")
+    flags.DEFINE_list(
+        "rules",
+        ["rejection"],
+        "one-chain verification rules, each measured on the same prompts and seeds: "
+        "rejection (rule 1) and/or block_verification",
+    )
 
 
 def _parse(entry: str) -> tuple[str, str, str]:
@@ -64,7 +76,15 @@ def _parse(entry: str) -> tuple[str, str, str]:
 
 
 def measure(
-    dep, texts: list[str], *, gamma: int, tau: float, new_tokens: int, batch: int, seeds
+    dep,
+    texts: list[str],
+    *,
+    gamma: int,
+    tau: float,
+    new_tokens: int,
+    batch: int,
+    seeds,
+    rule: str = "rejection",
 ) -> dict:
     """The loop's per-step acceptance of `dep`'s single drafter over `texts` (see module)."""
     from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
@@ -73,10 +93,10 @@ def measure(
     )
     from specjax.engine.spec import EngineConfig  # pylint: disable=import-outside-toplevel
 
-    cfg = EngineConfig(gamma=gamma, max_new_tokens=new_tokens, verifier_temperature=tau)
+    cfg = EngineConfig(gamma=gamma, max_new_tokens=new_tokens, verifier_temperature=tau, rule=rule)
     v = [dep.encode(t) for t in texts]
     d = [[enc(t) for t in texts] for enc in dep.drafter_encode]
-    acc, reach, tokens, rounds = [], [], 0, 0
+    acc, reach, tokens, rounds, kept, kept1 = [], [], [], [], [], []
     for seed in seeds:
         keys = row_keys_for(int(seed), len(v), stream="loop_alpha")
         for lo in range(0, len(v), batch):
@@ -96,20 +116,35 @@ def measure(
             c = r.counters
             acc.append(np.asarray(c.own_accepted_at)[:n, 0])  # [rows, γ]
             reach.append(np.asarray(c.own_reached_at)[:n, 0])
-            tokens += int(np.asarray(r.length - r.start)[:n].sum())
-            rounds += int(np.asarray(c.rounds)[:n].sum())
+            tokens.append(np.asarray(r.length - r.start)[:n])
+            rounds.append(np.asarray(c.rounds)[:n])
+            kept.append(np.asarray(c.kept_expected)[:n])
+            kept1.append(np.asarray(c.kept_rule1)[:n])
     acc, reach = np.concatenate(acc).astype(float), np.concatenate(reach).astype(float)
     alpha = acc.sum(0) / np.maximum(reach.sum(0), 1)
     # Standard error of a ratio over rows (paths), by the delta method.
     per_row = acc - alpha[None] * reach
     se = np.sqrt(per_row.var(0, ddof=1) * len(acc)) / np.maximum(reach.sum(0), 1)
+    tokens, rounds = np.concatenate(tokens).astype(float), np.concatenate(rounds).astype(float)
+    tpr = tokens.sum() / max(rounds.sum(), 1)
+    tpr_se = np.sqrt((tokens - tpr * rounds).var(ddof=1) * len(tokens)) / max(rounds.sum(), 1)
+    # The rule's expected drafts kept per round and rule 1's on the same blocks; their
+    # ratio − 1 is the rule's gain with the path noise paired out (SE over rows).
+    kept, kept1 = np.concatenate(kept).astype(float), np.concatenate(kept1).astype(float)
+    gain = kept.sum() / max(kept1.sum(), 1e-9) - 1
+    gain_se = np.sqrt((kept - (1 + gain) * kept1).var(ddof=1) * len(kept)) / max(kept1.sum(), 1e-9)
     return dict(
         step_alpha=alpha.tolist(),
         step_alpha_se=se.tolist(),
         reached=reach.sum(0).astype(int).tolist(),
         rows=len(acc),
-        tokens_per_round=tokens / max(rounds, 1),
-        rounds=rounds,
+        tokens_per_round=float(tpr),
+        tokens_per_round_se=float(tpr_se),
+        kept_per_round=float(kept.sum() / max(rounds.sum(), 1)),
+        kept_per_round_rule1=float(kept1.sum() / max(rounds.sum(), 1)),
+        kept_gain_over_rule1=float(gain),
+        kept_gain_se=float(gain_se),
+        rounds=int(rounds.sum()),
     )
 
 
@@ -134,7 +169,7 @@ def main(argv):
             out_first=True,
             drafters={name: path} if path else None,
         )
-        for dom in FLAGS.domains:
+        for dom, rule in itertools.product(FLAGS.domains, FLAGS.rules):
             texts = [p["prompt"] for p in load_prompts([dom])][: FLAGS.prompts_per_domain]
             r = measure(
                 dep,
@@ -144,13 +179,19 @@ def main(argv):
                 new_tokens=FLAGS.new_tokens,
                 batch=FLAGS.batch,
                 seeds=seeds,
+                rule=rule,
             )
-            rows.append(dict(drafter=label, file=path, domain=dom, prompts=len(texts), **r))
+            rows.append(
+                dict(drafter=label, file=path, domain=dom, rule=rule, prompts=len(texts), **r)
+            )
             steps = " ".join(
                 f"{a:.3f}±{s:.3f}" for a, s in zip(r["step_alpha"], r["step_alpha_se"])
             )
             print(
-                f"{label:12} {dom:9} step α {steps}  tokens/round {r['tokens_per_round']:.2f} "
+                f"{label:12} {dom:9} {rule:18} step α {steps}  tokens/round "
+                f"{r['tokens_per_round']:.3f}±{r['tokens_per_round_se']:.3f}  expected kept "
+                f"{r['kept_per_round']:.3f} vs rule 1 {r['kept_per_round_rule1']:.3f} on the "
+                f"same blocks ({r['kept_gain_over_rule1']:+.2%}±{r['kept_gain_se']:.2%}) "
                 f"({r['rows']} paths, {r['rounds']} rounds)",
                 flush=True,
             )
@@ -166,6 +207,7 @@ def main(argv):
             "new_tokens",
             "batch",
             "dtype",
+            "rules",
         )
     }
     path = provenance.write_json(
@@ -176,4 +218,9 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
+    flags.register_validator(
+        "rules",
+        lambda v: bool(v) and all(r in ("rejection", "block_verification") for r in v),
+        "--rules: one or more of rejection, block_verification",
+    )
     app.run(main)

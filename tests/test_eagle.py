@@ -247,7 +247,7 @@ def _chi2_run(rule, slots_n, seed, n=N, layers=((), (), ()), depths=(1, 1, 1)):
     return v_lm, v_params, res
 
 
-_RULES = [("rejection", 1), ("token_tree", 3)] + [
+_RULES = [("rejection", 1), ("token_tree", 3), ("block_verification", 1)] + [
     pytest.param(r, 3, marks=pytest.mark.slow) for r in ("shared_block", "coupled", "coupled_block")
 ]
 

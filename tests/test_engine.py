@@ -63,7 +63,7 @@ def test_round_is_traced_once_per_shape():
 
 @pytest.mark.parametrize(
     "rule,s",
-    [("rejection", 1)]
+    [("rejection", 1), ("block_verification", 1)]
     + [  # ~15 s per multi-slot rule
         pytest.param(r, 3, marks=pytest.mark.slow)
         for r in ("token_tree", "shared_block", "coupled", "coupled_block")
@@ -323,7 +323,7 @@ def test_capacity_follows_the_call():
         assert res.new_tokens(i) == ref.new_tokens(i)
 
 
-@pytest.mark.parametrize("rule", ["rejection", "coupled"])
+@pytest.mark.parametrize("rule", ["rejection", "coupled", "block_verification"])
 def test_per_drafter_gamma_is_lossless(rule):
     """γ_i per drafter (SPEC §2), rows of one chain: χ² against the exact target law (the
     statistical design of test_verify: N = 100,000 rows, α = 1e-3) and exact greedy."""

@@ -229,6 +229,7 @@ def test_benchmark_real(tmp_path):
         "--ks=2",
         "--ratio_batches=1",
         "--drafters=lookup,lookup+code",
+        "--chain_rules=rejection,block_verification",
         "--gammas=2",
         "--batches=1",
         "--taus=0.0",
@@ -245,10 +246,13 @@ def test_benchmark_real(tmp_path):
     assert [r["dtype"] for r in out["ratio"]] == ["float32"]
     assert [(r["drafter"], r["gamma"], r["slots"]) for r in out["spec"]] == [
         ("lookup", 2, 1),
+        ("lookup", 2, 1),
         ("lookup+code", 2, 2),
     ]
-    assert [r["rule"] for r in out["spec"]] == ["rejection", "token_tree"]
-    assert sorted(out["spec"][1]["alpha_by_drafter"]) == ["code", "lookup"]
+    assert [r["rule"] for r in out["spec"]] == ["rejection", "block_verification", "token_tree"]
+    # τ 0: block verification commits what rule 1 commits (the greedy tokens).
+    assert out["spec"][0]["tokens_per_round"] == out["spec"][1]["tokens_per_round"]
+    assert sorted(out["spec"][2]["alpha_by_drafter"]) == ["code", "lookup"]
     assert out["spec"][0]["spec_over_reference_ar"] > 0
     assert all(0 < r["row_use"] <= 1 for r in out["spec"])  # batch 1: every round busy
     assert out["spec"][0]["row_use"] == 1.0
@@ -388,14 +392,18 @@ def test_loop_alpha(tmp_path):
         "--batch=2",
         "--new_tokens=8",
         "--gamma=2",
+        "--rules=rejection,block_verification",
     ]
     command = run_script("loop_alpha.py", *args, timeout=1200)
     out = read_json(tmp_path / "loop_alpha.json", command)
-    a, b = out["rows"]
+    a, a_bv, b, b_bv = out["rows"]
     assert (a["drafter"], b["drafter"], a["rows"], a["prompts"]) == ("eagle", "same", 3, 3)
+    assert [r["rule"] for r in out["rows"]] == ["rejection", "block_verification"] * 2
     assert a["step_alpha"] == b["step_alpha"] and len(a["step_alpha"]) == 2
+    assert a_bv["tokens_per_round"] == b_bv["tokens_per_round"]
     assert all(0 <= x <= 1 for x in a["step_alpha"]) and a["reached"][0] >= a["rounds"] > 0
-    assert 1 <= a["tokens_per_round"] <= 3
+    for r in out["rows"]:
+        assert 1 <= r["tokens_per_round"] <= 3 and r["tokens_per_round_se"] >= 0
 
 
 def test_loop_alpha_refuses_a_missing_file_in_one_line(tmp_path):
@@ -413,6 +421,18 @@ def test_loop_alpha_refuses_a_missing_file_in_one_line(tmp_path):
     )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "--drafters: got 'x=/no/file.npz'" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_loop_alpha_refuses_an_unknown_rule_in_one_line(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "experiments/loop_alpha.py", f"--out={tmp_path}", "--rules=token_tree"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "--rules: one or more of rejection, block_verification" in proc.stderr
 
 
 @pytest.mark.slow

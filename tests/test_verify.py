@@ -40,6 +40,7 @@ RULES_SLOTS = [
     ("token_tree", 3),
     ("coupled", 3),
     ("coupled_block", 3),
+    ("block_verification", 1),
 ]
 
 

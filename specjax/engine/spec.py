@@ -17,7 +17,7 @@ from flax import struct
 
 from specjax.errors import ConfigError
 from specjax.gammas import check_gamma
-from specjax.verify.rules import RULES
+from specjax.verify.rules import RULES, SINGLE_CHAIN_RULES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,7 +241,9 @@ class EngineConfig:
 
     Attributes:
         gamma: γ, draft tokens per chain per round (≥ 1).
-        rule: 'rejection' | 'token_tree' | 'shared_block' | 'coupled' | 'coupled_block'.
+        rule: 'rejection' | 'token_tree' | 'shared_block' | 'coupled' | 'coupled_block' |
+            'block_verification' (one chain, verified as a block: more tokens per round
+            than 'rejection', the same law).
         verifier_temperature: τ of the verifier (0 = greedy).
         n_slots: S, chains per row in the verifier's block (the row's drafters, in priority
             order; a row may leave slots empty).
@@ -279,9 +281,9 @@ def validate_engine_config(c: EngineConfig) -> None:
         )
     if not isinstance(c.n_slots, int) or c.n_slots < 1:
         raise ConfigError(f"n_slots: got {c.n_slots!r}; allowed: an integer ≥ 1")
-    if c.rule == "rejection" and c.n_slots != 1:
+    if c.rule in SINGLE_CHAIN_RULES and c.n_slots != 1:
         raise ConfigError(
-            f"n_slots: got {c.n_slots} with rule 'rejection'; allowed: 1 "
+            f"n_slots: got {c.n_slots} with rule {c.rule!r}; allowed: 1 "
             "(use 'token_tree' or 'shared_block' for several drafters per row)"
         )
     if not isinstance(c.max_new_tokens, int) or c.max_new_tokens < 1:

@@ -43,6 +43,10 @@ class Counters:
       catchups: i32[B, K] forwards each drafter ran for the row before the first round of
         a call that continues a state, to consume committed tokens it had not seen (a
         fallback step, a step it sat out): the catch-up passes the cost model charges.
+      kept_expected / kept_rule1: f32[B] one-chain rules: the sum over the row's rounds of
+        the drafts the round's block was expected to keep under the call's rule and under
+        rule 1 (`rules.Verdict`); their difference is the rule's gain over rule 1 on the
+        same blocks. 0 under multi-chain rules.
     """
 
     rounds: jax.Array
@@ -64,6 +68,8 @@ class Counters:
     match_at: jax.Array
     match_reached_at: jax.Array
     catchups: jax.Array
+    kept_expected: jax.Array
+    kept_rule1: jax.Array
 
     @classmethod
     def zeros(cls, batch: int, n_drafters: int, gamma: int) -> "Counters":
@@ -88,6 +94,8 @@ class Counters:
             z(batch, n_drafters, gamma),
             z(batch, n_drafters, gamma),
             z(batch, n_drafters),
+            jnp.zeros((batch,), jnp.float32),
+            jnp.zeros((batch,), jnp.float32),
         )
 
 
@@ -248,4 +256,6 @@ def count_round(
         match_at=c.match_at + per_drafter(match_acc),
         match_reached_at=c.match_reached_at + per_drafter(match_reach),
         catchups=c.catchups,
+        kept_expected=c.kept_expected + v.kept_expected * live,
+        kept_rule1=c.kept_rule1 + v.kept_rule1 * live,
     )

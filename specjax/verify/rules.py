@@ -29,6 +29,11 @@ Rules:
     * `coupled_block` — the same coupling with the naive shared block (switch 2 off): the
         block is cut at the first position where *any* active chain mismatched, for every
         drafter. Still exact (every committed token is the verifier's Gumbel-max sample).
+    * `block_verification` — one chain verified as a block (Sun et al., ICLR 2025): the
+        chain is kept up to the *last* position that passes a test weighing the whole
+        prefix, not cut at the first token-level rejection. Optimal in expected tokens per
+        round among valid verifications of one draft chain, so never below `rejection`;
+        the same at verifier τ 0.
 """
 
 from __future__ import annotations
@@ -40,11 +45,19 @@ from flax import struct
 
 from specjax import debug
 from specjax.verify.distributions import accept_test, gumbel_argmax, residual
-from specjax.verify.qlaw import check_q, q_at, q_dense, residual_update
+from specjax.verify.qlaw import check_q, q_at, q_dense, q_mass, residual_update, scaled_residual
 from specjax.verify.streams import key_data, sample_rows_u, split_data, uniform_data
 
-RULES = ("rejection", "token_tree", "shared_block", "coupled", "coupled_block")
+RULES = (
+    "rejection",
+    "token_tree",
+    "shared_block",
+    "coupled",
+    "coupled_block",
+    "block_verification",
+)
 COUPLED_RULES = ("coupled", "coupled_block")
+SINGLE_CHAIN_RULES = ("rejection", "block_verification")  # one chain per row (S = 1)
 
 
 @struct.dataclass
@@ -75,6 +88,12 @@ class Verdict:
         match_lead: i32[S] coupled rules: leading drafts equal to the verifier's Gumbel-max
             tokens (the coupled match, ≤ Σ min(p, q) per position); other rules: the same
             as `own_first_rejection`.
+        kept_expected / kept_rule1: f32[] one-chain rules (`rejection`,
+            `block_verification`): the expected drafts kept given this round's block (its
+            drafts, p and q) under this rule and under rule 1 — the two rules on the same
+            blocks, without the noise of the accept draws; 0 under the other rules. On one
+            block either may be larger: block verification's optimality is an average over
+            the drafts' law.
     """
 
     n: jax.Array
@@ -88,6 +107,8 @@ class Verdict:
     cut_at: jax.Array
     pruned_at: jax.Array
     match_lead: jax.Array
+    kept_expected: jax.Array
+    kept_rule1: jax.Array
 
 
 def _p_before(p_root, p_nodes):
@@ -105,6 +126,18 @@ def _gather_tok(dist, tok):
 def _leading(flags):
     """Number of leading True values along the last axis."""
     return jnp.sum(jnp.cumprod(flags.astype(jnp.int32), axis=-1), axis=-1)
+
+
+def _accept_probs(p_x, q_x):
+    """min(1, p(x)/q(x)) per draft, as `accept_test` decides it (q(x) = 0: p(x) > 0)."""
+    safe = jnp.where(q_x > 0, q_x, 1.0)
+    return jnp.where(q_x > 0, jnp.minimum(1.0, p_x / safe), (p_x > 0).astype(jnp.float32))
+
+
+def _rule1_expected(p_x, q_x, g):
+    """f32[]: rule 1's expected drafts kept on a chain of length g, Σ_t Π_{i≤t} a_i."""
+    alive = jnp.cumprod(_accept_probs(p_x, q_x))
+    return jnp.sum(jnp.where(jnp.arange(p_x.shape[0]) < g, alive, 0.0))
 
 
 def _matched(drafts, path, n):
@@ -176,6 +209,12 @@ def shared_block(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     tokens = jnp.where(idx == cut, final, tokens)
     rejected = (active & (first == cut) & (cut < gamma)).astype(jnp.int32)
     first = first.astype(jnp.int32)
+    if s == 1:  # rule 1: its expectation (a draft from q has q(x) > 0; padding has 0)
+        q_x = q_at(q, drafts)[0]
+        g = jnp.where(active[0], _leading(q_x > 0), 0)
+        kept = _rule1_expected(_p_at(p_root, p_nodes, drafts)[0], q_x, g)
+    else:
+        kept = jnp.float32(0.0)
     return Verdict(
         n=cut.astype(jnp.int32),
         tokens=tokens.astype(jnp.int32),
@@ -188,6 +227,8 @@ def shared_block(key, p_root, p_nodes, q, drafts, active) -> Verdict:
         cut_at=_block_cut(active, cut, gamma),
         pruned_at=jnp.full((s,), gamma, jnp.int32),
         match_lead=first,
+        kept_expected=kept,
+        kept_rule1=kept,
     )
 
 
@@ -204,6 +245,92 @@ def rejection(key, p_root, p_nodes, q, drafts, active) -> Verdict:
             "(use 'token_tree' or 'shared_block' for several drafters)"
         )
     return shared_block(key, p_root, p_nodes, q, drafts, active)
+
+
+def block_verification(key, p_root, p_nodes, q, drafts, active) -> Verdict:
+    """Block verification of one chain (S = 1; Sun, Mendlovic, Leviathan et al., ICLR 2025).
+
+    With the drafts x_1..x_g of a chain of length g ≤ γ (q rows past g are zero padding),
+    p_i the target and q_i the draft law after i drafts, the prefix weights are
+    w_0 = 1, w_i = min(1, w_{i−1} p_{i−1}(x_i) / q_{i−1}(x_i)), and stopping after i drafts
+    has the residual r_i = max(0, w_i p_i − q_i) of mass R_i. Position i passes its test
+    with probability h_i = R_i / (R_i + 1 − w_i) for i < g and h_g = w_g; the chain is kept
+    up to the last position τ that passes (0 if none), and the next token is drawn from
+    p_g if τ = g, else from r_τ. Every output prefix has the target's law (the paper's
+    Thm 2; `tests/test_block_verification.py` checks it exactly on small vocabularies and
+    by χ² end to end), and the expected accepted length is the largest any valid
+    verification of the chain can reach — at least `rejection`'s. With a one-hot p (τ 0)
+    the weights are 1 up to the first mismatch and 0 after, so it commits the greedy tokens
+    as `rejection` does. Cost: γ residuals over V (rejection needs one).
+    """
+    if q.shape[0] != 1:
+        raise ValueError(
+            f"rule 'block_verification' verifies one chain per row; got {q.shape[0]} slots"
+        )
+    _check(p_root, p_nodes, q, drafts, active)
+    _, gamma, _ = q.shape
+    k_u, k_own, k_tok = split_data(key_data(key), 3)
+    eta = uniform_data(k_u, (gamma,))
+    p_x = _p_at(p_root, p_nodes, drafts)  # f32[1, γ]
+    q_x = q_at(q, drafts)[0]
+    # The chain's length: leading rows of q with mass (a drafter of γ_k < γ pads the rest).
+    g = jnp.where(active[0], _leading(q_mass(q)[0] > 0), 0)
+    # Static loop over positions (γ is small): weights, residuals, pass probabilities.
+    w = jnp.float32(1.0)
+    weights, resid, h = [w], [], []
+    for i in range(gamma):
+        p_i = p_root if i == 0 else p_nodes[0, i - 1]
+        r_i, mass_i = scaled_residual(p_i, w, q[0, i])
+        resid.append((r_i, mass_i))
+        if i > 0:  # h_i for i < g; position i's test is eta[i - 1]
+            den = mass_i + (1.0 - w)
+            h.append(jnp.where((i < g) & (den > 0), mass_i / jnp.where(den > 0, den, 1.0), 0.0))
+        # w_{i+1} = min(1, w_i p_i(x) / q_i(x)) without dividing by 0: a draft q could not
+        # propose passes where p has it, as in `accept_test`.
+        a = w * p_x[0, i]
+        w = jnp.where((a >= q_x[i]) & (a > 0), 1.0, a / jnp.where(q_x[i] > 0, q_x[i], 1.0))
+        weights.append(w)
+    h.append(jnp.float32(0.0))  # position γ; h_g is set below
+    idx = jnp.arange(1, gamma + 1)
+    w_g = jnp.stack(weights)[g]
+    h = jnp.where(idx == g, w_g, jnp.stack(h))
+    passed = eta < h  # bool[γ], position i at i − 1
+    tau = jnp.max(jnp.where(passed, idx, 0)).astype(jnp.int32)
+    # The next token: p after g drafts at τ = g, else the residual r_τ (unnormalised; a
+    # residual without mass is reachable only with probability 0: p_τ keeps it finite).
+    dist = jnp.zeros_like(p_root)
+    for i in range(gamma + 1):
+        p_i = p_root if i == 0 else p_nodes[0, i - 1]
+        if i < gamma:
+            r_i, mass_i = resid[i]
+            law = jnp.where((tau < g) & (mass_i > 0), r_i, p_i)
+        else:
+            law = p_i
+        dist = jnp.where(tau == i, law, dist)
+    final = sample_rows_u(uniform_data(k_tok), dist)
+    pos = jnp.arange(gamma + 1)
+    tokens = jnp.where(pos < tau, jnp.pad(drafts[0], (0, 1)), 0)
+    tokens = jnp.where(pos == tau, final, tokens).astype(jnp.int32)
+    first = _own_tests(uniform_data(k_own, (1, gamma)), p_x, q, drafts, active).astype(jnp.int32)
+    stopped = active & (tau < g)
+    # E[τ] = Σ_t P(τ ≥ t) with P(τ ≥ t) = 1 − Π_{j ≥ t} (1 − h_j).
+    none_from = jnp.cumprod((1.0 - h)[::-1])[::-1]
+    kept = jnp.sum(1.0 - none_from)
+    return Verdict(
+        n=tau,
+        tokens=tokens,
+        path_slot=jnp.zeros((gamma,), jnp.int32),
+        accepted=jnp.where(active, tau, 0).astype(jnp.int32),
+        rejected=stopped.astype(jnp.int32),
+        matched=jnp.where(active, _matched(drafts, tokens, tau), 0),
+        own_first_rejection=first,
+        reached=jnp.minimum(tau + 1, gamma).astype(jnp.int32),
+        cut_at=jnp.where(stopped, tau, gamma).astype(jnp.int32),
+        pruned_at=jnp.full((1,), gamma, jnp.int32),
+        match_lead=first,
+        kept_expected=kept,
+        kept_rule1=_rule1_expected(p_x[0], q_x, g),
+    )
 
 
 def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
@@ -288,6 +415,8 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
         cut_at=jnp.where(active, cut_at, gamma),
         pruned_at=jnp.where(active, pruned_at, gamma),
         match_lead=first,
+        kept_expected=jnp.float32(0.0),
+        kept_rule1=jnp.float32(0.0),
     )
 
 
@@ -360,4 +489,6 @@ def _coupled(gumbel, p_root, p_nodes, q, drafts, active, key, shared_block: bool
         cut_at=cut_at,
         pruned_at=jnp.full((s,), gamma, jnp.int32),
         match_lead=match,
+        kept_expected=jnp.float32(0.0),
+        kept_rule1=jnp.float32(0.0),
     )
