@@ -380,6 +380,7 @@ def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t
     measured = statistics.median(d["ratio"])
     # Leviathan's formula is for one chain; a tree's pooled α does not enter it.
     lev = float(metrics.leviathan_speedup(alpha, g, td / t_step)) if len(members) == 1 else None
+    kept, kept1 = metrics.kept_per_round(d["counters"])  # the rule and rule 1, same blocks
     row = dict(
         drafter=d["name"],
         rule=d["cfg"].rule,
@@ -396,6 +397,8 @@ def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t
             for n, a, r in zip(entries.labels(members), by_k[0], by_k[1])
         },
         tokens_per_round=per_round,
+        kept_per_round=kept,
+        kept_per_round_rule1=kept1,
         row_use=row_use,
         c=td / t_step,
         t_step=t_step,
@@ -413,7 +416,8 @@ def _spec_row(d: dict, batch: int, tau: float, ar_tps: float, t_step, t_draft, t
         f"  {d['name']:9} γ={g}: spec {row['spec_tokens_per_s']:6.1f} tok/s, "
         f"x{measured:.2f} AR (hw-aware {hw:.2f}, meas/hw {measured / hw:.2f}); "
         f"α {alpha:.2f}, tok/round {per_round:.2f}, row use {row_use:.2f}, c {td / t_step:.3f}, "
-        f"T_score/T_step {ts / t_step:.2f}",
+        f"T_score/T_step {ts / t_step:.2f}, rule {d['cfg'].rule}"
+        + (f", drafts kept {kept:.3f} (rule 1 {kept1:.3f})" if kept is not None else ""),
         flush=True,
     )
     return row

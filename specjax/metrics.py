@@ -449,6 +449,18 @@ def speedup_interval(spec_calls, ar_calls, level: float = 0.95) -> tuple[float, 
     return bootstrap_ci(len(spec_calls), ratio, n_resamples=2000, level=level)
 
 
+def kept_per_round(counters) -> tuple[float | None, float | None]:
+    """(this rule's, rule 1's) expected drafts kept per round over `counters` (engine
+    `Counters`, one per call): the one-chain rules' `kept_expected` and `kept_rule1` on
+    the same blocks, ÷ rounds — None where the rule does not report them (multi-chain)."""
+    rounds = sum(float(np.asarray(c.rounds).sum()) for c in counters)
+    kept = sum(float(np.asarray(c.kept_expected).sum()) for c in counters)
+    kept1 = sum(float(np.asarray(c.kept_rule1).sum()) for c in counters)
+    if not rounds or not kept1:
+        return None, None
+    return kept / rounds, kept1 / rounds
+
+
 # ------------------------------------------------------------------------- theory
 
 

@@ -250,8 +250,12 @@ def test_benchmark_real(tmp_path):
         ("lookup+code", 2, 2),
     ]
     assert [r["rule"] for r in out["spec"]] == ["rejection", "block_verification", "token_tree"]
-    # τ 0: block verification commits what rule 1 commits (the greedy tokens).
+    # τ 0: block verification commits what rule 1 commits (the greedy tokens), and expects to.
     assert out["spec"][0]["tokens_per_round"] == out["spec"][1]["tokens_per_round"]
+    bv = out["spec"][1]
+    assert bv["kept_per_round"] == pytest.approx(bv["kept_per_round_rule1"], abs=1e-6)
+    assert out["spec"][0]["kept_per_round"] == out["spec"][0]["kept_per_round_rule1"]
+    assert out["spec"][2]["kept_per_round"] is None  # a tree: not reported
     assert sorted(out["spec"][2]["alpha_by_drafter"]) == ["code", "lookup"]
     assert out["spec"][0]["spec_over_reference_ar"] > 0
     assert all(0 < r["row_use"] <= 1 for r in out["spec"])  # batch 1: every round busy
@@ -268,6 +272,8 @@ def test_benchmark_real(tmp_path):
     assert "Stream bandwidth" in body and "| lookup (" in body
     assert "spec / AR (float32)" in body and "| row use |" in body
     assert "| lookup+code (0, token_tree) |" in body and "Per-drafter α in the trees" in body
+    assert "| lookup (0, block_verification) |" in body
+    assert "Block verification against rule 1 on the same blocks" in body
     assert "## transformers on the same weights" in body and "| assisted_4 |" in body
 
 
