@@ -104,6 +104,11 @@ def define_flags():
         "drafter", entries.entry_ok, "NAME or NAME*COUNT (COUNT >= 1), joined by '+'"
     )
     flags.DEFINE_string("rule", None, "verification rule (default: rejection; a tree: token_tree)")
+    flags.DEFINE_string(
+        "compare_rule",
+        None,
+        "the --compare_with package's rule instead of --rule (two rules paired in one process)",
+    )
     flags.DEFINE_enum(
         "q_layout",
         "dense",
@@ -287,6 +292,8 @@ def _engine_config(mods, gamma: int, max_new_tokens: int):
     """The engine config of --drafter at γ: one chain per drafter (a tree when several)."""
     s = len(_members())
     rule = FLAGS.rule or ("rejection" if s == 1 else "token_tree")
+    if FLAGS.compare_rule and mods["pkg"] != "specjax":  # the --compare_with package
+        rule = FLAGS.compare_rule
     layout = {}
     if FLAGS.q_layout != "dense" and mods["pkg"] == "specjax":  # not the --compare_with one
         layout = dict(q_layout=FLAGS.q_layout)

@@ -120,13 +120,6 @@ def residual_update(r: jax.Array, z: jax.Array, q, apply: jax.Array):
     return out, jnp.where(ok, z_new, z)
 
 
-def q_mass(q) -> jax.Array:
-    """f32[...]: each row's total mass (1 for a law, 0 for the padding past a short chain)."""
-    if not is_sparse(q):
-        return jnp.sum(q, axis=-1)
-    return jnp.sum(q.vals, axis=-1)
-
-
 def scaled_residual(p: jax.Array, w: jax.Array, q):
     """`(r, Σ r)` with `r = max(0, w·p − q)` f32[V] for one row (`w` a scalar in [0, 1]):
     block verification's residual after a weight `w` (`rules.block_verification`). A

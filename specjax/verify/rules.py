@@ -45,7 +45,7 @@ from flax import struct
 
 from specjax import debug
 from specjax.verify.distributions import accept_test, gumbel_argmax, residual
-from specjax.verify.qlaw import check_q, q_at, q_dense, q_mass, residual_update, scaled_residual
+from specjax.verify.qlaw import check_q, q_at, q_dense, residual_update, scaled_residual
 from specjax.verify.streams import key_data, sample_rows_u, split_data, uniform_data
 
 RULES = (
@@ -273,16 +273,16 @@ def block_verification(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     eta = uniform_data(k_u, (gamma,))
     p_x = _p_at(p_root, p_nodes, drafts)  # f32[1, γ]
     q_x = q_at(q, drafts)[0]
-    # The chain's length: leading rows of q with mass (a drafter of γ_k < γ pads the rest).
-    g = jnp.where(active[0], _leading(q_mass(q)[0] > 0), 0)
-    # Static loop over positions (γ is small): weights, residuals, pass probabilities.
+    # The chain's length: the leading drafts q could propose (a drafter of γ_k < γ pads its
+    # rows with zeros; a draft drawn from q has q(x) > 0).
+    g = jnp.where(active[0], _leading(q_x > 0), 0)
+    # Static loop over positions (γ is small): weights and pass probabilities; each
+    # residual's mass is one fused reduction over V (the vector itself is not kept).
     w = jnp.float32(1.0)
-    weights, resid, h = [w], [], []
+    weights, h = [w], []
     for i in range(gamma):
-        p_i = p_root if i == 0 else p_nodes[0, i - 1]
-        r_i, mass_i = scaled_residual(p_i, w, q[0, i])
-        resid.append((r_i, mass_i))
         if i > 0:  # h_i for i < g; position i's test is eta[i - 1]
+            _, mass_i = scaled_residual(p_nodes[0, i - 1], w, q[0, i])
             den = mass_i + (1.0 - w)
             h.append(jnp.where((i < g) & (den > 0), mass_i / jnp.where(den > 0, den, 1.0), 0.0))
         # w_{i+1} = min(1, w_i p_i(x) / q_i(x)) without dividing by 0: a draft q could not
@@ -292,21 +292,15 @@ def block_verification(key, p_root, p_nodes, q, drafts, active) -> Verdict:
         weights.append(w)
     h.append(jnp.float32(0.0))  # position γ; h_g is set below
     idx = jnp.arange(1, gamma + 1)
-    w_g = jnp.stack(weights)[g]
-    h = jnp.where(idx == g, w_g, jnp.stack(h))
+    weights = jnp.stack(weights)
+    h = jnp.where(idx == g, weights[g], jnp.stack(h))
     passed = eta < h  # bool[γ], position i at i − 1
     tau = jnp.max(jnp.where(passed, idx, 0)).astype(jnp.int32)
     # The next token: p after g drafts at τ = g, else the residual r_τ (unnormalised; a
     # residual without mass is reachable only with probability 0: p_τ keeps it finite).
-    dist = jnp.zeros_like(p_root)
-    for i in range(gamma + 1):
-        p_i = p_root if i == 0 else p_nodes[0, i - 1]
-        if i < gamma:
-            r_i, mass_i = resid[i]
-            law = jnp.where((tau < g) & (mass_i > 0), r_i, p_i)
-        else:
-            law = p_i
-        dist = jnp.where(tau == i, law, dist)
+    p_tau = jnp.where(tau == 0, p_root, p_nodes[0, jnp.maximum(tau - 1, 0)])
+    r, mass = scaled_residual(p_tau, weights[tau], q[0, jnp.minimum(tau, gamma - 1)])
+    dist = jnp.where((tau < g) & (mass > 0), r, p_tau)
     final = sample_rows_u(uniform_data(k_tok), dist)
     pos = jnp.arange(gamma + 1)
     tokens = jnp.where(pos < tau, jnp.pad(drafts[0], (0, 1)), 0)
