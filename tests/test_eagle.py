@@ -486,8 +486,8 @@ def test_continuing_without_features_is_refused():
 @pytest.mark.slow
 def test_greedy_equality_on_smollm2_with_the_shipped_feature_drafter():
     """The shipped feature drafter beside SmolLM2 (f32): 64 greedy tokens on 3 prompts
-    equal the verifier's own, alone (rule 1), in a token tree with prompt lookup and with
-    its own twin."""
+    equal the verifier's own, alone (rule 1 and block verification), in a token tree with
+    prompt lookup and with its own twin."""
     from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
     from specjax.models import gguf  # pylint: disable=import-outside-toplevel
 
@@ -504,6 +504,7 @@ def test_greedy_equality_on_smollm2_with_the_shipped_feature_drafter():
     # Twins (the eagle named twice): its samples as sibling chains, drafted in one pass.
     cases = [
         (["eagle"], "rejection"),
+        (["eagle"], "block_verification"),
         (["eagle", "lookup"], "token_tree"),
         (["eagle", "eagle"], "token_tree"),
     ]

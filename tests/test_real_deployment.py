@@ -190,6 +190,7 @@ def test_greedy_equality_on_smollm2_with_every_drafter_kind(smol, tmp_path):
         (['code'], 'rejection'),
         (['lookup'], 'rejection'),
         (['reasoning'], 'rejection'),
+        (['reasoning'], 'block_verification'),
         (['code', 'lookup', 'reasoning'], 'token_tree'),
     ]
     check_greedy_cases(dep, texts, cases, new=24)
