@@ -181,3 +181,53 @@ def test_collapse_log_matches_recomputed_boundary_verdicts(deployment):
             expected[e.reason] += 1
         assert rec["decision"] == verdict, rec
     assert stats.collapses.counts() == {r: expected[r] for r in REASONS}
+
+
+def test_plan_rule_block_verification_reaches_one_drafter_branches(
+    deployment, greedy_reference, monkeypatch
+):
+    """`PlanConfig(rule='block_verification')`: the engine calls of one-drafter branches run
+    block verification (several drafters keep switch 2's rule), and at τ 0 the plans commit
+    the verifier's greedy plan as under the default rule."""
+    import dataclasses
+
+    from specjax.errors import ConfigError
+    from specjax.policy import engine_calls
+
+    dep, _ = deployment
+    seen = []
+    real = engine_calls.EngineConfig
+
+    def spy(*args, **kwargs):
+        cfg = real(*args, **kwargs)
+        seen.append((cfg.rule, cfg.n_slots))
+        return cfg
+
+    monkeypatch.setattr(engine_calls, "EngineConfig", spy)
+    cfg = dataclasses.replace(_GREEDY_CFG, rule="block_verification")
+    for pol in (Policy.all_on(), Policy.from_name("naive")):
+        texts, _ = run_plans(dep, cfg, _GREEDY_PROMPTS, policy=pol)
+        assert texts == greedy_reference, pol.name
+    assert ("block_verification", 1) in seen and ("rejection", 1) not in seen
+    assert {r for r, s in seen if s > 1} <= {"token_tree", "shared_block"}
+    with pytest.raises(ConfigError, match="rule: got 'rejection'"):
+        PlanConfig(rule="rejection")
+
+
+def test_grid_rule_block_verification_reaches_the_plan_config():
+    from ml_collections import ConfigDict
+
+    from specjax.runner.plans_setup import plan_config
+
+    config = ConfigDict(
+        dict(
+            plan_steps=2,
+            max_step_tokens=4,
+            consensus="seed",
+            consensus_threshold=0.5,
+            consensus_cost=1.0,
+            bucket=16,
+        )
+    )
+    assert plan_config(config, {"rule": "block_verification"}).rule == "block_verification"
+    assert plan_config(config, {"rule": "default"}).rule is None

@@ -15,6 +15,9 @@ from specjax.errors import ConfigError
 from specjax.policy import boundary as boundary_lib
 from specjax.policy.consensus import CONSENSUS_RULES
 
+#: `PlanConfig.rule`'s values (None: switch 2's rule, rule 1 for a one-drafter branch).
+PLAN_RULES = (None, "coupled", "block_verification")
+
 
 @dataclasses.dataclass(frozen=True)
 class PlanConfig:
@@ -31,9 +34,10 @@ class PlanConfig:
       consensus_threshold: the quorum rule's support threshold, in (0, 1].
       thresholds: the decision boundary's thresholds (the seed's by default).
       n_branches: minimum number of parallel branches (None = one per tokenizer group).
-      rule: None (the policy's switch 2 picks the rule) or 'coupled' (shared Gumbel noise
-        across the branches of a plan: drafter-invariant; switch 2 picks `coupled` or the
-        naive `coupled_block`).
+      rule: None (the policy's switch 2 picks the rule; a one-drafter branch runs rule 1),
+        'coupled' (shared Gumbel noise across the branches of a plan: drafter-invariant;
+        switch 2 picks `coupled` or the naive `coupled_block`) or 'block_verification' (as
+        None, but a one-drafter branch is verified as a block: more drafts kept, same law).
       consensus_cost: modelled cost of one consensus round, in verifier calls.
       share_verifier_call: the cost model batches the branches of a plan into one verifier
         call per round (True) or charges each branch's rounds as calls (False).
@@ -82,8 +86,8 @@ class PlanConfig:
             bad("consensus_threshold", "a number in (0, 1]")
         if not isinstance(self.thresholds, boundary_lib.BoundaryThresholds):
             bad("thresholds", "a BoundaryThresholds")
-        if self.rule not in (None, "coupled"):
-            bad("rule", "None or 'coupled'")
+        if self.rule not in PLAN_RULES:
+            bad("rule", "None, 'coupled' or 'block_verification'")
         if self.n_branches is not None and not (
             isinstance(self.n_branches, int) and self.n_branches >= 1
         ):
