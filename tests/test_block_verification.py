@@ -160,6 +160,17 @@ def _case(kind, rng, vocab=6, gamma=3):
     return p, q, x, g
 
 
+def _block_args(p, q, x):
+    """One chain's block for a rule (after its key): p f[γ+1, V], q f[γ, V], drafts x i[γ]."""
+    return (
+        jnp.asarray(p[0], jnp.float32),
+        jnp.asarray(p[None, 1:], jnp.float32),
+        jnp.asarray(q[None], jnp.float32),
+        jnp.asarray(x[None], jnp.int32),
+        jnp.array([True]),
+    )
+
+
 @pytest.mark.parametrize("kind", ["random", "one_hot_q", "short_chain", "sparse_q"])
 def test_rule_has_the_reference_outcome_law(kind):
     rng = np.random.default_rng(zlib.crc32(kind.encode()))
@@ -170,12 +181,13 @@ def test_rule_has_the_reference_outcome_law(kind):
     if kind == "sparse_q":  # the same law held on its support
         ids = jnp.arange(vocab, dtype=jnp.int32)
         qj = on_ids(qj, ids, vocab)
+    p_root, p_nodes, _, drafts, _ = _block_args(p, q, x)
     n_kept, final = _outcomes(
         rules.block_verification,
-        jnp.asarray(p[0], jnp.float32),
-        jnp.asarray(p[None, 1:], jnp.float32),
+        p_root,
+        p_nodes,
         qj,
-        jnp.asarray(x[None], jnp.int32),
+        drafts,
         seed=zlib.crc32(f"bv/{kind}".encode()),
     )
     assert n_kept.max() <= g
@@ -232,13 +244,7 @@ def test_one_hot_target_commits_what_rejection_commits():
             rng.random(gamma + 1) < 0.6, np.append(x, 0), rng.integers(0, vocab, gamma + 1)
         )
         p = np.eye(vocab)[top]
-        args = (
-            jnp.asarray(p[0], jnp.float32),
-            jnp.asarray(p[None, 1:], jnp.float32),
-            jnp.asarray(q[None], jnp.float32),
-            jnp.asarray(x[None], jnp.int32),
-            jnp.array([True]),
-        )
+        args = _block_args(p, q, x)
         a, b = f_block(jax.random.key(trial), *args), f_rej(jax.random.key(trial + 7), *args)
         assert int(a.n) == int(b.n)
         np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
@@ -294,13 +300,7 @@ def test_expected_kept_is_the_reference_mean(kind):
     t = np.arange(g + 1)
     want = (_block_law(list(p), list(q), x, g).sum(1) * t).sum()
     want1 = (_token_law(list(p), list(q), x, g).sum(1) * t).sum()
-    args = (
-        jnp.asarray(p[0], jnp.float32),
-        jnp.asarray(p[None, 1:], jnp.float32),
-        jnp.asarray(q[None], jnp.float32),
-        jnp.asarray(x[None], jnp.int32),
-        jnp.array([True]),
-    )
+    args = _block_args(p, q, x)
     v = jax.jit(rules.block_verification)(jax.random.key(0), *args)
     r = jax.jit(rules.rejection)(jax.random.key(0), *args)
     np.testing.assert_allclose(float(v.kept_expected), want, rtol=1e-5)
