@@ -9,9 +9,10 @@ replies; in the loop each drafter walks its own sample paths (a rejection resamp
 choice between drafters needs the loop's own acceptance over many prompts and seeds. For
 every drafter in ``--drafters`` (a SmolLM2 drafter name — code, prose, lookup, eagle — or
 ``label=FILE``, a feature drafter file from train_eagle.py) and every domain, this runs
-speculative decoding (rule 1 or each of ``--rules``, γ ``--gamma``, verifier τ ``--tau``, ``--new_tokens`` per row,
-batch ``--batch``) over the first ``--prompts_per_domain`` shipped (held-out) plan prompts
-once per seed in ``--seeds``, and reports from the in-graph counters (`Counters`):
+speculative decoding (rule 1, or each rule of ``--rules``; γ ``--gamma``, verifier τ
+``--tau``, ``--new_tokens`` per row, batch ``--batch``) over the first
+``--prompts_per_domain`` shipped (held-out) plan prompts once per seed in ``--seeds``, and
+reports from the in-graph counters (`Counters`):
 
   * ``step_alpha``: the drafter's conditional acceptance at draft step 1..γ (accepted ÷
     reached, its chain tested alone), with a standard error over rows (each row one path);

@@ -287,13 +287,9 @@ def _check_grid(config) -> None:
         )
     for p in axes.get("policy", ["all_on"]):
         _policy(p)
+    rules = [None, "default", "coupled", "block_verification"]  # PlanConfig's PLAN_RULES
     for r in axes.get("rule", [None]):
-        check(
-            r in (None, "coupled", "default", "block_verification"),
-            "grid.rule",
-            r,
-            [None, "default", "coupled", "block_verification"],
-        )
+        check(r in rules, "grid.rule", r, rules)
     # Two values of an axis that are one run under two spellings would run it twice as two
     # cells (and count it twice): refused, naming both.
     for axis, canon in (
