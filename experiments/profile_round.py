@@ -137,7 +137,13 @@ def define_flags():
         "also time the full round compiled with these "
         "XLA:CPU option sets (per program, `Lowered.compile(options)`): "
         "single_thread (no intra-op threads for dots), no_ynn (dots off YNNPACK), "
-        "no_ynn_single_thread",
+        "no_ynn_single_thread, ynn_all (YNNPACK also for elementwise ops and "
+        "reductions), xnn_graph (XNNPACK's greedy subgraph fusion)",
+    )
+    flags.register_validator(
+        "compiler_options",
+        lambda v: set(v) <= set(_OPTION_SETS),
+        f"--compiler_options: allowed names are {', '.join(_OPTION_SETS)}",
     )
     flags.DEFINE_bool(
         "e2e",
@@ -155,6 +161,14 @@ _OPTION_SETS = {
         "xla_cpu_experimental_ynn_fusion_type": "",
         "xla_cpu_multi_thread_eigen": False,
     },
+    # YNNPACK also for elementwise ops and reductions (fewer, larger thunks), and XNNPACK's
+    # greedy subgraph extraction.
+    "ynn_all": {
+        "xla_cpu_experimental_ynn_fusion_type": ",".join(
+            f"LIBRARY_FUSION_TYPE_{t}" for t in ("DOT", "ELTWISE", "REDUCE")
+        )
+    },
+    "xnn_graph": {"xla_cpu_experimental_xnn_graph_fusion_mode": "XNN_GRAPH_FUSION_MODE_GREEDY"},
 }
 
 

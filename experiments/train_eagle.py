@@ -75,6 +75,12 @@ def define_flags():
     flags.DEFINE_float(
         "tv_weight", 0.0, "weight of the acceptance loss 1 - Σ min(p, q) (DistillSpec's TV)"
     )
+    flags.DEFINE_float(
+        "loop_weight",
+        0.0,
+        "weight of 1 - the loop's expected acceptance (TV where a rule-1 loop drafts)",
+    )
+    flags.DEFINE_integer("loop_gamma", 3, "the loop's γ for --loop_weight", lower_bound=1)
     flags.DEFINE_integer("layers", 1, "decoder layers of the drafter (EAGLE: 1)", lower_bound=1)
     flags.DEFINE_integer(
         "eval_train_rows",
@@ -83,6 +89,19 @@ def define_flags():
         "(evenly spaced; 0: off), written to fit_eagle{tag}.json: its gap to held-out α "
         "tells over- from under-fitting",
         lower_bound=0,
+    )
+    flags.DEFINE_integer(
+        "eval_loop_gamma",
+        3,
+        "--stage=eval also predicts the loop's per-step α and tokens per round at this γ "
+        "from the held-out positions (`specjax.loop_law`; 0: off)",
+        lower_bound=0,
+    )
+    flags.DEFINE_integer(
+        "eval_loop_tokens",
+        64,
+        "the loop prediction covers each held-out reply's first this many tokens",
+        lower_bound=1,
     )
     flags.DEFINE_float("ce_weight", 0.1, "weight of the cross-entropy on the verifier's law")
     flags.DEFINE_float("time_budget_s", 3600, "training seconds at most")
@@ -170,6 +189,8 @@ def _recipe():
         ce_weight=FLAGS.ce_weight,
         layers=FLAGS.layers,
         tv_weight=FLAGS.tv_weight,
+        loop_weight=FLAGS.loop_weight,
+        loop_gamma=FLAGS.loop_gamma,
     )
 
 
@@ -228,8 +249,12 @@ def stage_eval(out: Path, model) -> None:
     lm, params, _ = real_zoo.load_eagle(src, model, dtype="float32")
     res, fit = {}, {}
     for d in FLAGS.domains:
-        res[d] = de.feature_alpha(lm, params, de.Features.load(_feat_path(out, f"heldout_{d}")))
+        held = de.Features.load(_feat_path(out, f"heldout_{d}"))
+        res[d] = de.feature_alpha(lm, params, held)
         print(f"eval {d}: {res[d]}", flush=True)
+        if FLAGS.eval_loop_gamma:
+            res[d]["loop"] = _loop_prediction(de, lm, params, held)
+            print(f"eval {d}, loop prediction: {res[d]['loop']}", flush=True)
         train = _feat_path(out, f"gen_{d}")
         if FLAGS.eval_train_rows and train.exists():
             f = de.Features.load(train)
@@ -240,6 +265,27 @@ def stage_eval(out: Path, model) -> None:
     _atomic_json(out / f"eval_eagle{FLAGS.tag}.json", res)
     if fit:
         _atomic_json(out / f"fit_eagle{FLAGS.tag}.json", fit)
+
+
+def _loop_prediction(de, lm, params, held) -> dict:
+    """The loop's per-step α and tokens per round at --eval_loop_gamma on the first
+    --eval_loop_tokens reply tokens of each held-out row (`specjax.loop_law`)."""
+    from specjax import loop_law  # pylint: disable=import-outside-toplevel
+
+    g = FLAGS.eval_loop_gamma
+    pos = de.feature_alpha_positions(lm, params, held, steps=min(g, 3))
+    mask = pos["mask"] & (np.cumsum(pos["mask"], axis=1) <= FLAGS.eval_loop_tokens)
+    r = loop_law.loop_alpha(pos["alpha"], pos["accept"], mask, g)
+    return {
+        "gamma": g,
+        "step_alpha": [float(x) for x in r["step_alpha"]],
+        "step_alpha_se": [float(x) for x in r["step_alpha_se"]],
+        "forced_alpha": [float(x) for x in r["forced_alpha"]],
+        "tokens_per_round": r["tokens_per_round"],
+        "tokens_per_round_se": r["tokens_per_round_se"],
+        "round_start_share": r["round_start_share"],
+        "positions": r["positions"],
+    }
 
 
 def stage_ship(out: Path, model) -> None:

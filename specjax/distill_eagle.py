@@ -40,6 +40,7 @@ __all__ = [
     'initial_eagle',
     'train_eagle',
     'feature_alpha',
+    'feature_alpha_positions',
 ]
 
 
@@ -66,6 +67,12 @@ class EagleRecipe:
     # them): the acceptance rate itself as a loss (DistillSpec's total variation). Its
     # optimum is CE's (q = p on the kept ids); its gradient weighs only the ids where q < p.
     tv_weight: float = 0.0
+    # Weight of 1 − the loop's expected acceptance per draft (`specjax.loop_law`): each
+    # position's Σ min(p, q_k) weighted by the probability that a rule-1 loop at γ
+    # ``loop_gamma`` drafts there at step k, given the row's text (the weights from the
+    # drafter's own accept probabilities, held constant): TV where the loop drafts.
+    loop_weight: float = 0.0
+    loop_gamma: int = 3
 
 
 @dataclasses.dataclass
@@ -286,22 +293,64 @@ def _step_losses(lm: EagleLM, params, tokens, feats, vin, mask, recipe: EagleRec
         logq = jax.nn.log_softmax(lm.head_logits(params, out), -1)
         ce = -jnp.sum(jnp.sum(p * logq, -1) * mask) / denom
         tv = 1.0 - jnp.sum(jnp.sum(jnp.minimum(p, jnp.exp(logq)), -1) * mask) / denom
-        return reg, ce, tv
+        return reg, ce, tv, logq
 
     def weighted(reg, ce, tv):
         return recipe.reg_weight * reg + recipe.ce_weight * ce + recipe.tv_weight * tv
 
     h1 = lm.hidden_full(params, tokens, lm.input_features(params, vin + noise))
-    reg1, ce1, tv1 = losses(h1)
+    reg1, ce1, tv1, logq1 = losses(h1)
     total = weighted(reg1, ce1, tv1)
     metrics = {'reg1': reg1, 'ce1': ce1, 'tv1': tv1}
+    logqs = [logq1]
     if recipe.second_pass > 0:
         # Position t now reads h1[t-1] (its own output) instead of the verifier's feature.
         h2 = lm.hidden_full(params, tokens, h1)
-        reg2, ce2, tv2 = losses(h2)
+        reg2, ce2, tv2, logq2 = losses(h2)
         total = total + recipe.second_pass * weighted(reg2, ce2, tv2)
         metrics.update(reg2=reg2, ce2=ce2, tv2=tv2)
+        logqs.append(logq2)
+    if recipe.loop_weight > 0:
+        loop_tv = _loop_tv(p, logqs, tokens, params['keep'], mask, recipe.loop_gamma, lm)
+        total = total + recipe.loop_weight * loop_tv
+        metrics['loop_tv'] = loop_tv
     return total, metrics
+
+
+def _loop_tv(p, logqs, tokens, keep, mask, gamma: int, lm: EagleLM):
+    """1 − the expected acceptance of the drafts a rule-1 loop at γ ``gamma`` makes along
+    these rows (`specjax.loop_law.round_states`, in-graph): each position's Σ min(p, q_k)
+    (p, q over the kept ids; q_k the step-k pass, deeper steps the last one) weighted by
+    the probability that the loop drafts there at step k given the text, the weights
+    held constant (from the drafter's accept probabilities min(1, q(x) / p(x)) at the
+    committed tokens x; 0 for tokens outside the kept ids)."""
+    n_kept = p.shape[-1]
+    inv = jnp.full((lm.verifier_vocab,), -1, jnp.int32).at[keep].set(jnp.arange(n_kept))
+    nxt = inv[jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], axis=1)]
+    j = jnp.maximum(nxt, 0)[..., None]
+    p_x = jnp.take_along_axis(p, j, -1)[..., 0]
+    alphas, accs = [], []
+    for logq in logqs:
+        q = jnp.exp(logq)
+        alphas.append(jnp.sum(jnp.minimum(p, q), -1))
+        q_x = jnp.take_along_axis(q, j, -1)[..., 0]
+        accs.append(jnp.where(nxt >= 0, jnp.minimum(1.0, q_x / jnp.maximum(p_x, 1e-30)), 0.0))
+    col = [min(k, len(logqs) - 1) for k in range(gamma)]
+    alpha = jnp.stack(alphas, -1)[..., jnp.asarray(col)]  # [B, W, γ]
+    acc = jax.lax.stop_gradient(jnp.stack(accs, -1)[..., jnp.asarray(col)])
+
+    def step(s, xs):  # s [B, γ + 1]: P(d_t = k)
+        a, m = xs
+        nxt = jnp.concatenate(
+            [s[:, gamma:] + jnp.sum(s[:, :gamma] * (1.0 - a), -1, keepdims=True), s[:, :gamma] * a],
+            axis=-1,
+        )
+        return jnp.where(m[:, None] > 0, nxt, s), s * m[:, None]
+
+    s0 = jnp.zeros((tokens.shape[0], gamma + 1)).at[:, 0].set(1.0)
+    _, states = jax.lax.scan(step, s0, (acc.transpose(1, 0, 2), mask.T))
+    w = jax.lax.stop_gradient(states.transpose(1, 0, 2)[..., :gamma])  # [B, W, γ]
+    return 1.0 - jnp.sum(w * alpha) / jnp.maximum(jnp.sum(w), 1e-9)
 
 
 def train_eagle(
@@ -448,3 +497,57 @@ def feature_alpha(
         **{f'top{m}_1': tot[4 + i] / n for i, m in enumerate(ms)},
         'positions': int(n),
     }
+
+
+def feature_alpha_positions(
+    lm: EagleLM, params, data: Features, steps: int = 3, batch: int = 8, temperature: float = 1.0
+) -> dict[str, np.ndarray]:
+    """Per-position acceptance of the drafter, teacher forced, for `specjax.loop_law`.
+
+    Step 1 reads the verifier's feature at t - 1 (as `feature_alpha`); step k > 1 the
+    drafter's own step-(k - 1) outputs at every earlier position (so its attention reads
+    own-feature keys where the loop's cache holds the verifier's for the committed
+    prefix: deep steps are approximated, slightly pessimistically).
+
+    Returns ``alpha`` f32[N, W, steps] (Σ_v min(p_t, q_t) at τ 1 / ``temperature``),
+    ``accept`` f32[N, W, steps] (min(1, q_t(x) / p_t(x)) for the committed x = the row's
+    token t + 1: the draft's accept probability given that token) and ``mask``
+    bool[N, W] (`Features.reply_mask`)."""
+    if not temperature > 0:
+        raise ValueError(f'temperature: got {temperature!r}; allowed: > 0')
+    if int(steps) < 1:
+        raise ValueError(f'steps: got {steps!r}; allowed: >= 1')
+    mask_all = data.reply_mask()
+    vin_all = data.inputs(lm.feature_layers)
+
+    @jax.jit
+    def score(params, tokens, feats, vin):
+        p = jax.nn.softmax(
+            jnp.einsum('btd,vd->btv', feats, lm.table(params).astype(jnp.float32)), -1
+        )
+        nxt = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], axis=1)
+        p_x = jnp.take_along_axis(p, nxt[..., None], -1)[..., 0]
+        h = lm.input_features(params, feats if vin is None else vin)
+        alphas, accepts = [], []
+        for _ in range(int(steps)):
+            h = lm.hidden_full(params, tokens, h)
+            q = jax.nn.softmax(lm.scatter(params, lm.draft_logits(params, h)) / temperature, -1)
+            alphas.append(jnp.minimum(p, q).sum(-1))
+            q_x = jnp.take_along_axis(q, nxt[..., None], -1)[..., 0]
+            accepts.append(jnp.minimum(1.0, q_x / jnp.maximum(p_x, 1e-30)))
+        return jnp.stack(alphas, -1), jnp.stack(accepts, -1)
+
+    N, W_all = data.tokens.shape
+    alpha = np.zeros((N, W_all, int(steps)), np.float32)
+    accept = np.zeros_like(alpha)
+    for i in range(0, N, batch):
+        sl = slice(i, i + batch)
+        W = min(W_all, int(-(-data.length[sl].max() // 32) * 32))
+        a, acc = score(
+            params,
+            jnp.asarray(data.tokens[sl, :W]),
+            jnp.asarray(data.feats[sl, :W], jnp.float32),
+            jnp.asarray(vin_all[sl, :W], jnp.float32) if lm.feature_layers else None,
+        )
+        alpha[sl, :W], accept[sl, :W] = np.asarray(a), np.asarray(acc)
+    return {'alpha': alpha, 'accept': accept, 'mask': mask_all}

@@ -89,3 +89,9 @@ def test_compare_layouts_refuses_a_cache_too_small_in_one_line(tmp_path):
         "compare_layouts: error: --capacity: got 50, allowed: 0 or >= "
     )
     assert not out.exists()
+
+
+def test_profile_round_refuses_an_unknown_option_set_in_one_line(tmp_path):
+    proc = _run("profile_round.py", f"--out={tmp_path}", "--compiler_options=ynn_all,fast")
+    assert "--compiler_options: allowed names are single_thread" in proc.stderr
+    assert not any(tmp_path.iterdir())
