@@ -23,6 +23,12 @@ reports from the in-graph counters (`Counters`):
     ``kept_gain_over_rule1`` their ratio − 1 with its standard error over rows: the rule's
     gain without the noise of the accept draws or of the paths.
 
+With ``--predict`` (feature drafters, rule 1, τ 1) each row also carries the figures
+`specjax.loop_law` predicts on the loop's own committed paths from the drafter's
+teacher-forced acceptance there (``predicted_step_alpha``, ``predicted_tokens_per_round``,
+standard errors over paths): given the paths, the loop's counters should match them at
+step 1 up to the accept draws' noise (deeper steps are teacher-forced approximately).
+
 Prints a table and writes ``loop_alpha.json`` under --out. About 1 minute per drafter,
 domain and seed at the defaults on 2 cores (bf16 ``[out, in]``).
 """
@@ -56,6 +62,14 @@ def define_flags():
     flags.DEFINE_integer("new_tokens", 64, "tokens per row", lower_bound=1)
     flags.DEFINE_integer("batch", 8, "rows per call", lower_bound=1)
     flags.DEFINE_string("dtype", "bfloat16", "the verifier's and drafters' dtype")
+    flags.DEFINE_bool(
+        "predict",
+        False,
+        "feature drafters under rule 1 at τ 1: also predict the per-step α and tokens per "
+        "round from the drafter's teacher-forced acceptance on the loop's own paths "
+        "(`specjax.loop_law`; the verifier's features over them, one prefill): the law's "
+        "check of the loop",
+    )
     flags.DEFINE_list(
         "rules",
         ["rejection"],
@@ -97,7 +111,7 @@ def measure(
     cfg = EngineConfig(gamma=gamma, max_new_tokens=new_tokens, verifier_temperature=tau, rule=rule)
     v = [dep.encode(t) for t in texts]
     d = [[enc(t) for t in texts] for enc in dep.drafter_encode]
-    acc, reach, tokens, rounds, kept, kept1 = [], [], [], [], [], []
+    acc, reach, tokens, rounds, kept, kept1, paths = [], [], [], [], [], [], []
     for seed in seeds:
         keys = row_keys_for(int(seed), len(v), stream="loop_alpha")
         for lo in range(0, len(v), batch):
@@ -121,6 +135,7 @@ def measure(
             rounds.append(np.asarray(c.rounds)[:n])
             kept.append(np.asarray(c.kept_expected)[:n])
             kept1.append(np.asarray(c.kept_rule1)[:n])
+            paths += [(v[rows[j]], r.new_tokens(j)) for j in range(n)]
     acc, reach = np.concatenate(acc).astype(float), np.concatenate(reach).astype(float)
     alpha = acc.sum(0) / np.maximum(reach.sum(0), 1)
     # Standard error of a ratio over rows (paths), by the delta method.
@@ -146,7 +161,47 @@ def measure(
         kept_gain_over_rule1=float(gain),
         kept_gain_se=float(gain_se),
         rounds=int(rounds.sum()),
+        paths=paths,
     )
+
+
+def predict(dep, paths, gamma: int) -> dict:
+    """`specjax.loop_law`'s per-step α and tokens per round (standard errors over paths)
+    for ``dep``'s feature drafter on ``paths`` ((prompt ids, committed ids) per row): the
+    verifier's features over each path, the drafter teacher forced on them at τ 1."""
+    import types  # pylint: disable=import-outside-toplevel
+
+    from specjax import distill, loop_law  # pylint: disable=import-outside-toplevel
+    from specjax import distill_eagle as de  # pylint: disable=import-outside-toplevel
+
+    N = len(paths)
+    P = max(len(p) for p, _ in paths)
+    G = max(max(len(t) for _, t in paths), 1)
+    prompt, tokens = np.zeros((N, P), np.int32), np.zeros((N, G), np.int32)
+    valid = np.zeros((N, G), bool)
+    for r, (pr, t) in enumerate(paths):
+        prompt[r, : len(pr)], tokens[r, : len(t)], valid[r, : len(t)] = pr, t, True
+    gen = distill.Generated(
+        prompt=prompt,
+        prompt_len=np.array([len(p) for p, _ in paths], np.int32),
+        tokens=tokens,
+        valid=valid,
+        top_ids=np.zeros((N, G, 0), np.int32),
+        top_logp=np.zeros((N, G, 0), np.float32),
+        temperature=1.0,
+    )
+    model = types.SimpleNamespace(lm=dep.verifier, params=dep.v_params)
+    feats = de.verifier_features(model, gen, log=lambda s: None)
+    lm, params = dep.drafters[0].lm, dep.d_data[0].params
+    pos = de.feature_alpha_positions(lm, params, feats, steps=min(gamma, 3))
+    r = loop_law.loop_alpha(pos["alpha"], pos["accept"], pos["mask"], gamma)
+    return {
+        "predicted_step_alpha": r["step_alpha"].tolist(),
+        "predicted_step_alpha_se": r["step_alpha_se"].tolist(),
+        "predicted_tokens_per_round": r["tokens_per_round"],
+        "predicted_tokens_per_round_se": r["tokens_per_round_se"],
+        "forced_alpha": r["forced_alpha"].tolist(),
+    }
 
 
 def main(argv):
@@ -159,6 +214,12 @@ def main(argv):
     try:
         entries = [_parse(e) for e in FLAGS.drafters]
         seeds = [int(s) for s in FLAGS.seeds]
+        if FLAGS.predict and FLAGS.tau != 1.0:
+            raise ConfigError.invalid("--tau", FLAGS.tau, "1.0 with --predict")
+        if FLAGS.predict and any(name != "eagle" for _, name, _ in entries):
+            raise ConfigError.invalid(
+                "--drafters", ",".join(FLAGS.drafters), "feature drafters only with --predict"
+            )
     except (ConfigError, ValueError) as e:
         raise SystemExit(f"loop_alpha: error: {e}") from None
     rows = []
@@ -182,6 +243,19 @@ def main(argv):
                 seeds=seeds,
                 rule=rule,
             )
+            paths = r.pop("paths")
+            if FLAGS.predict and rule == "rejection":
+                r.update(predict(dep, paths, FLAGS.gamma))
+                print(
+                    f"{label:12} {dom:9} predicted on the same paths: step α "
+                    + " ".join(
+                        f"{a:.3f}±{s:.3f}"
+                        for a, s in zip(r["predicted_step_alpha"], r["predicted_step_alpha_se"])
+                    )
+                    + f"  tokens/round {r['predicted_tokens_per_round']:.3f}"
+                    f"±{r['predicted_tokens_per_round_se']:.3f}",
+                    flush=True,
+                )
             rows.append(
                 dict(drafter=label, file=path, domain=dom, rule=rule, prompts=len(texts), **r)
             )
@@ -209,6 +283,7 @@ def main(argv):
             "batch",
             "dtype",
             "rules",
+            "predict",
         )
     }
     path = provenance.write_json(

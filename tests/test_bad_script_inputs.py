@@ -95,3 +95,9 @@ def test_profile_round_refuses_an_unknown_option_set_in_one_line(tmp_path):
     proc = _run("profile_round.py", f"--out={tmp_path}", "--compiler_options=ynn_all,fast")
     assert "--compiler_options: allowed names are single_thread" in proc.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_loop_alpha_refuses_predict_at_another_temperature(tmp_path):
+    proc = _run("loop_alpha.py", f"--out={tmp_path}", "--predict", "--tau=0")
+    assert _last_line(proc).endswith("--tau: got 0.0, allowed: 1.0 with --predict")
+    assert not any(tmp_path.iterdir())

@@ -399,6 +399,7 @@ def test_loop_alpha(tmp_path):
         "--new_tokens=8",
         "--gamma=2",
         "--rules=rejection,block_verification",
+        "--predict",
     ]
     command = run_script("loop_alpha.py", *args, timeout=1200)
     out = read_json(tmp_path / "loop_alpha.json", command)
@@ -410,6 +411,13 @@ def test_loop_alpha(tmp_path):
     assert all(0 <= x <= 1 for x in a["step_alpha"]) and a["reached"][0] >= a["rounds"] > 0
     for r in out["rows"]:
         assert 1 <= r["tokens_per_round"] <= 3 and r["tokens_per_round_se"] >= 0
+    # The loop law's prediction on the same paths: rule-1 rows only, the same for both names.
+    assert (
+        a["predicted_step_alpha"] == b["predicted_step_alpha"]
+        and "predicted_step_alpha" not in a_bv
+    )
+    assert all(0 <= x <= 1 for x in a["predicted_step_alpha"])
+    assert 1 <= a["predicted_tokens_per_round"] <= 3
 
 
 @pytest.mark.slow

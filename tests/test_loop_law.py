@@ -221,3 +221,67 @@ def test_standard_errors_over_rows():
     acc = rng.random((16, 20, 2))
     res = loop_law.loop_alpha(acc, acc, np.ones((16, 20), bool), 3)
     assert np.all(np.isfinite(res['step_alpha_se'])) and res['tokens_per_round_se'] > 0
+
+
+def test_the_engine_drafts_where_and_as_the_law_says():
+    """The engine's loop against the law on its own paths: a tiny verifier and a feature
+    drafter over 8 of its 12 ids, rule 1, γ 3, τ 1, 512 rows. Given the committed texts,
+    `loop_law` predicts the loop's step-1 acceptance from the drafter's teacher-forced
+    acceptance there (the verifier's features over the paths, one prefill); the loop's own
+    counters agree within 5 standard errors (the accept draws' noise), and its tokens per
+    round within 3%. The positions' plain teacher-forced mean is farther off than the
+    prediction: the comparison sees where the loop drafts, not just how well. A drafter
+    reading a stale feature at a round start would miss the prediction."""
+    import types  # pylint: disable=import-outside-toplevel
+
+    from test_eagle import TINY, _eagle, _verifier
+
+    from specjax import distill, distill_eagle  # pylint: disable=import-outside-toplevel
+    from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
+        row_keys_for,
+        speculative_generate,
+    )
+    from specjax.engine.spec import (  # pylint: disable=import-outside-toplevel
+        DrafterSpec,
+        EngineConfig,
+        feature_maps,
+    )
+
+    v_lm, v_params = _verifier(TINY, seed=5)
+    keep = np.array([0, 1, 2, 4, 5, 7, 9, 11])
+    d_lm, d_params = _eagle(v_lm, v_params, keep, seed=3)
+    n, new, gamma = 512, 24, 3
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 12, 3).tolist() for _ in range(n)]
+    cfg = EngineConfig(gamma=gamma, rule='rejection', verifier_temperature=1.0, max_new_tokens=new)
+    res = speculative_generate(
+        cfg,
+        v_lm,
+        v_params,
+        [DrafterSpec('e', d_lm, temperature=1.0)],
+        [feature_maps(d_params, v_lm.vocab_size)],
+        prompts,
+        [prompts],
+        row_keys_for(7, n),
+    )
+    acc = np.asarray(res.counters.own_accepted_at)[:, 0].astype(float)  # [n, γ]
+    reach = np.asarray(res.counters.own_reached_at)[:, 0].astype(float)
+    gen = distill.Generated(
+        prompt=np.array(prompts, np.int32),
+        prompt_len=np.full(n, 3, np.int32),
+        tokens=np.stack([res.new_tokens(r) for r in range(n)]).astype(np.int32),
+        valid=np.ones((n, new), bool),
+        top_ids=np.zeros((n, new, 0), np.int32),
+        top_logp=np.zeros((n, new, 0), np.float32),
+        temperature=1.0,
+    )
+    model = types.SimpleNamespace(lm=v_lm, params=v_params)
+    feats = distill_eagle.verifier_features(model, gen, bucket=32, log=lambda s: None)
+    pos = distill_eagle.feature_alpha_positions(d_lm, d_params, feats, steps=3)
+    pred = loop_law.loop_alpha(pos['alpha'], pos['accept'], pos['mask'], gamma)
+    a1 = acc[:, 0].sum() / reach[:, 0].sum()
+    se1 = loop_law._ratio_se(acc[:, 0], reach[:, 0])  # pylint: disable=protected-access
+    assert abs(pred['step_alpha'][0] - a1) < 5 * se1, (pred, a1, se1)
+    assert abs(pred['step_alpha'][0] - a1) < abs(pred['forced_alpha'][0] - a1)
+    rounds = np.asarray(res.counters.rounds).sum()
+    assert pred['tokens_per_round'] == pytest.approx(n * new / rounds, rel=0.03)
