@@ -53,6 +53,9 @@ def define_flags():
     flags.DEFINE_float("learning_rate", 1e-3, "peak learning rate")
     flags.DEFINE_float("second_pass", 1.0, "weight of the own-feature pass (0: off)")
     flags.DEFINE_float("noise", 0.1, "input-feature noise (× RMS)")
+    flags.DEFINE_float(
+        "weight_decay", 0.0, "AdamW's decoupled weight decay (every trained parameter)", lower_bound=0.0
+    )
     flags.DEFINE_integer("kept", 4096, "head rows (most frequent verifier ids)")
     flags.DEFINE_list(
         "feature_layers",
@@ -183,6 +186,7 @@ def _recipe():
         learning_rate=FLAGS.learning_rate,
         second_pass=FLAGS.second_pass,
         noise=FLAGS.noise,
+        weight_decay=FLAGS.weight_decay,
         kept=FLAGS.kept,
         feature_layers=_layers(),
         reg_weight=FLAGS.reg_weight,
