@@ -54,7 +54,10 @@ def define_flags():
     flags.DEFINE_float("second_pass", 1.0, "weight of the own-feature pass (0: off)")
     flags.DEFINE_float("noise", 0.1, "input-feature noise (× RMS)")
     flags.DEFINE_float(
-        "weight_decay", 0.0, "AdamW's decoupled weight decay (every trained parameter)", lower_bound=0.0
+        "weight_decay",
+        0.0,
+        "AdamW's decoupled weight decay (every trained parameter)",
+        lower_bound=0.0,
     )
     flags.DEFINE_integer("kept", 4096, "head rows (most frequent verifier ids)")
     flags.DEFINE_list(
