@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters train-eagle eval-drafters benchmark benchmark-real benchmark-real-bf16 benchmark-real-trees benchmark-real-eagle benchmark-device docs docs-seed docs-seed-real clean-venv
+.PHONY: reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters train-eagle eval-drafters benchmark benchmark-real benchmark-real-bf16 benchmark-real-trees benchmark-real-eagle benchmark-real-headline benchmark-device docs docs-seed docs-seed-real clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -137,6 +137,13 @@ benchmark-real-trees: $(STAMP)
 
 # The feature drafter alone and in a tree with prompt lookup, batch 1 (2 prompts per domain)
 # and batch 8 (~20 min on 2 cores): docs/results/real_speed_eagle{,_batch}.md.
+# The README's real-model figures: the shipped eagle (and lookup + eagle) at τ 1 and 0, 24 plan prompts
+benchmark-real-headline: $(STAMP)
+	$(PY) experiments/benchmark_real.py --parts machine,ratio,spec --dtypes bfloat16:out_first \
+		--ratio_batches 1 --ks 1,4,7 --dtype bfloat16:out_first --drafters eagle,lookup+eagle \
+		--gammas 3 --batches 1 --taus 1.0,0.0 --repeats 2 --prompts_per_domain 8 --write_docs \
+		--doc_name real_speed_headline --out runs/benchmark_real_headline
+
 benchmark-real-eagle: $(STAMP)
 	$(PY) experiments/benchmark_real.py --parts machine,ratio,spec --dtypes bfloat16:out_first \
 		--ratio_batches 1,8 --ks 1,2,4,7,10 --dtype bfloat16:out_first \
