@@ -103,6 +103,12 @@ def define_flags():
         "from the held-out positions (`specjax.loop_law`; 0: off)",
         lower_bound=0,
     )
+    flags.DEFINE_string(
+        "eval_against",
+        "",
+        "--stage=eval also predicts the loop for this feature drafter (a file, or 'eagle') on "
+        "the same held-out texts and prints the difference with its paired standard error",
+    )
     flags.DEFINE_integer(
         "eval_loop_tokens",
         64,
@@ -254,14 +260,21 @@ def stage_eval(out: Path, model) -> None:
     if not src.exists():
         raise SystemExit(f"--out={out}: {src.name} missing (run --stage=train first)")
     lm, params, _ = real_zoo.load_eagle(src, model, dtype="float32")
+    against = None
+    if FLAGS.eval_against and FLAGS.eval_loop_gamma:
+        against = real_zoo.load_eagle(FLAGS.eval_against, model, dtype="float32")[:2]
     res, fit = {}, {}
     for d in FLAGS.domains:
         held = de.Features.load(_feat_path(out, f"heldout_{d}"))
         res[d] = de.feature_alpha(lm, params, held)
         print(f"eval {d}: {res[d]}", flush=True)
         if FLAGS.eval_loop_gamma:
-            res[d]["loop"] = _loop_prediction(de, lm, params, held)
+            raw = _loop_law(de, lm, params, held)
+            res[d]["loop"] = _loop_summary(raw)
             print(f"eval {d}, loop prediction: {res[d]['loop']}", flush=True)
+            if against is not None:
+                res[d]["loop_minus_against"] = _paired(raw, _loop_law(de, *against, held))
+                print(f"eval {d}, minus --eval_against: {res[d]['loop_minus_against']}", flush=True)
         train = _feat_path(out, f"gen_{d}")
         if FLAGS.eval_train_rows and train.exists():
             f = de.Features.load(train)
@@ -274,17 +287,20 @@ def stage_eval(out: Path, model) -> None:
         _atomic_json(out / f"fit_eagle{FLAGS.tag}.json", fit)
 
 
-def _loop_prediction(de, lm, params, held) -> dict:
-    """The loop's per-step α and tokens per round at --eval_loop_gamma on the first
-    --eval_loop_tokens reply tokens of each held-out row (`specjax.loop_law`)."""
+def _loop_law(de, lm, params, held) -> dict:
+    """`specjax.loop_law.loop_alpha` at --eval_loop_gamma on the first --eval_loop_tokens
+    reply tokens of each held-out row."""
     from specjax import loop_law  # pylint: disable=import-outside-toplevel
 
     g = FLAGS.eval_loop_gamma
     pos = de.feature_alpha_positions(lm, params, held, steps=min(g, 3))
     mask = pos["mask"] & (np.cumsum(pos["mask"], axis=1) <= FLAGS.eval_loop_tokens)
-    r = loop_law.loop_alpha(pos["alpha"], pos["accept"], mask, g)
+    return loop_law.loop_alpha(pos["alpha"], pos["accept"], mask, g)
+
+
+def _loop_summary(r: dict) -> dict:
     return {
-        "gamma": g,
+        "gamma": FLAGS.eval_loop_gamma,
         "step_alpha": [float(x) for x in r["step_alpha"]],
         "step_alpha_se": [float(x) for x in r["step_alpha_se"]],
         "forced_alpha": [float(x) for x in r["forced_alpha"]],
@@ -293,6 +309,13 @@ def _loop_prediction(de, lm, params, held) -> dict:
         "round_start_share": r["round_start_share"],
         "positions": r["positions"],
     }
+
+
+def _paired(a: dict, b: dict) -> dict:
+    """This drafter minus --eval_against on the same held-out texts (`paired_difference`)."""
+    from specjax import loop_law  # pylint: disable=import-outside-toplevel
+
+    return {"against": FLAGS.eval_against, **loop_law.paired_difference(a, b)}
 
 
 def stage_ship(out: Path, model) -> None:
@@ -315,17 +338,18 @@ def _check_inputs(out: Path, stages: list[str]) -> None:
     """What the stages read and no earlier stage of this run writes, checked before the
     verifier loads: a `ConfigError` naming the flag and the missing file."""
     from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
+    from specjax.models.real_zoo import drafter_path  # pylint: disable=import-outside-toplevel
 
-    if "train" in stages and FLAGS.init_from:
-        from specjax.models.real_zoo import drafter_path  # pylint: disable=import-outside-toplevel
-
-        start = drafter_path(FLAGS.init_from)
-        if not (start.is_file() and start.with_suffix(".json").is_file()):
-            raise ConfigError.invalid(
-                "--init_from",
-                FLAGS.init_from,
-                "a feature drafter file with its .json (train_eagle.py writes them), or 'eagle'",
-            )
+    for stage, flag in (("train", "init_from"), ("eval", "eval_against")):
+        value = FLAGS[flag].value
+        if stage in stages and value:
+            f = drafter_path(value)
+            if not (f.is_file() and f.with_suffix(".json").is_file()):
+                raise ConfigError.invalid(
+                    f"--{flag}",
+                    value,
+                    "a feature drafter file with its .json (train_eagle.py writes them), or 'eagle'",
+                )
     held = tuple(int(x) for x in FLAGS.features_of)
     if held and not set(_layers()) <= set(held):
         raise ConfigError.invalid(

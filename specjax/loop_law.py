@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ['loop_alpha', 'round_states']
+__all__ = ['loop_alpha', 'paired_difference', 'round_states']
 
 
 def _checked(acc, mask, gamma: int):
@@ -112,6 +112,45 @@ def loop_alpha(alpha, acc, mask, gamma: int) -> dict:
         'tokens_per_round_se': _ratio_se(n_r, rounds_r),
         'round_start_share': rounds / n if n else float('nan'),
         'positions': int(n),
+        # Per text (row), for `paired_difference`.
+        'rows': {
+            'positions': n_r,
+            'rounds': rounds_r,
+            'reached': reached_r,
+            'accepted': accepted_r,
+        },
+    }
+
+
+def paired_difference(a: dict, b: dict) -> dict:
+    """``a`` minus ``b``, two `loop_alpha` results on the same texts (two drafters, say):
+    tokens per round and per-step α, each with the standard error of the difference over
+    the paired texts (the delta method on each text's contribution to both ratios), far
+    below either figure's own when the texts are shared."""
+    ra, rb = a['rows'], b['rows']
+    if ra['positions'].shape != rb['positions'].shape or np.any(ra['positions'] != rb['positions']):
+        raise ValueError('paired_difference: the two results are not over the same texts')
+
+    def infl(num, den):  # each row's first-order contribution to Σ num / Σ den
+        r = num.sum() / den.sum()
+        return r, (num - r * den) / den.sum()
+
+    def diff(num_a, den_a, num_b, den_b):
+        (x, ia), (y, ib) = infl(num_a, den_a), infl(num_b, den_b)
+        m = len(ia)
+        se = float(np.sqrt(m / (m - 1) * np.sum((ia - ib) ** 2))) if m > 1 else float('nan')
+        return float(x - y), se
+
+    tpr, tpr_se = diff(ra['positions'], ra['rounds'], rb['positions'], rb['rounds'])
+    steps = [
+        diff(ra['accepted'][:, k], ra['reached'][:, k], rb['accepted'][:, k], rb['reached'][:, k])
+        for k in range(min(ra['reached'].shape[1], rb['reached'].shape[1]))
+    ]
+    return {
+        'tokens_per_round': tpr,
+        'tokens_per_round_se': tpr_se,
+        'step_alpha': [d for d, _ in steps],
+        'step_alpha_se': [e for _, e in steps],
     }
 
 

@@ -504,6 +504,7 @@ def test_train_zoo(tmp_path):
         (["--stage=eval"], "--stage: got 'eval'"),
         (["--stage=features", "--data=/nonexistent"], "--data: got '/nonexistent'"),
         (["--stage=train", "--init_from=/nonexistent.npz"], "--init_from: got '/nonexistent.npz'"),
+        (["--stage=eval", "--eval_against=/no.npz"], "--eval_against: got '/no.npz'"),
         (
             ["--stage=features", "--feature_layers=1,14", "--features_of=1,26"],
             "--feature_layers: got '1,14', allowed: a subset of --features_of=1,26",

@@ -285,3 +285,25 @@ def test_the_engine_drafts_where_and_as_the_law_says():
     assert abs(pred['step_alpha'][0] - a1) < abs(pred['forced_alpha'][0] - a1)
     rounds = np.asarray(res.counters.rounds).sum()
     assert pred['tokens_per_round'] == pytest.approx(n * new / rounds, rel=0.03)
+
+
+def test_a_paired_difference_on_shared_texts():
+    """Two drafters on the same texts: the difference's standard error is 0 for a drafter
+    against itself, below either figure's own for two correlated ones, and equals the
+    plain difference of the figures; results over other texts are refused."""
+    rng = np.random.default_rng(2)
+    N, T, g = 24, 30, 3
+    mask = np.ones((N, T), bool)
+    base = rng.random((N, T, 2))
+    other = np.clip(base + 0.05 * rng.standard_normal(base.shape), 0, 1)
+    a = loop_law.loop_alpha(base, base, mask, g)
+    b = loop_law.loop_alpha(other, other, mask, g)
+    same = loop_law.paired_difference(a, a)
+    assert same['tokens_per_round'] == 0 and same['tokens_per_round_se'] == 0
+    d = loop_law.paired_difference(a, b)
+    assert d['tokens_per_round'] == pytest.approx(a['tokens_per_round'] - b['tokens_per_round'])
+    assert 0 < d['tokens_per_round_se'] < min(a['tokens_per_round_se'], b['tokens_per_round_se'])
+    np.testing.assert_allclose(d['step_alpha'], a['step_alpha'] - b['step_alpha'])
+    shorter = loop_law.loop_alpha(base, base, mask & (np.arange(T) < 20), g)
+    with pytest.raises(ValueError, match='not over the same texts'):
+        loop_law.paired_difference(a, shorter)
