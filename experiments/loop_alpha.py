@@ -174,22 +174,7 @@ def predict(dep, paths, gamma: int) -> dict:
     from specjax import distill, loop_law  # pylint: disable=import-outside-toplevel
     from specjax import distill_eagle as de  # pylint: disable=import-outside-toplevel
 
-    N = len(paths)
-    P = max(len(p) for p, _ in paths)
-    G = max(max(len(t) for _, t in paths), 1)
-    prompt, tokens = np.zeros((N, P), np.int32), np.zeros((N, G), np.int32)
-    valid = np.zeros((N, G), bool)
-    for r, (pr, t) in enumerate(paths):
-        prompt[r, : len(pr)], tokens[r, : len(t)], valid[r, : len(t)] = pr, t, True
-    gen = distill.Generated(
-        prompt=prompt,
-        prompt_len=np.array([len(p) for p, _ in paths], np.int32),
-        tokens=tokens,
-        valid=valid,
-        top_ids=np.zeros((N, G, 0), np.int32),
-        top_logp=np.zeros((N, G, 0), np.float32),
-        temperature=1.0,
-    )
+    gen = distill.Generated.from_pairs(paths, 1.0)
     model = types.SimpleNamespace(lm=dep.verifier, params=dep.v_params)
     feats = de.verifier_features(model, gen, log=lambda s: None)
     lm, params = dep.drafters[0].lm, dep.d_data[0].params

@@ -164,6 +164,26 @@ class Generated:
             )
 
     @classmethod
+    def from_pairs(cls, rows, temperature: float, width: int | None = None) -> 'Generated':
+        """Rows of text not sampled here: ``rows`` (prompt ids, reply ids) pairs, the
+        replies right-padded to ``width`` (default: the longest); no top-k entries."""
+        N, P = len(rows), max(len(p) for p, _ in rows)
+        G = max(len(c) for _, c in rows) if width is None else int(width)
+        prompt, tokens = np.zeros((N, P), np.int32), np.zeros((N, max(G, 1)), np.int32)
+        valid = np.zeros(tokens.shape, bool)
+        for r, (p, c) in enumerate(rows):
+            prompt[r, : len(p)], tokens[r, : len(c)], valid[r, : len(c)] = p, c, True
+        return cls(
+            prompt=prompt,
+            prompt_len=np.array([len(p) for p, _ in rows], np.int32),
+            tokens=tokens,
+            valid=valid,
+            top_ids=np.zeros(tokens.shape + (0,), np.int32),
+            top_logp=np.zeros(tokens.shape + (0,), np.float32),
+            temperature=float(temperature),
+        )
+
+    @classmethod
     def concat(cls, parts: Sequence['Generated']) -> 'Generated':
         P = max(p.prompt.shape[1] for p in parts)
         pad = [np.pad(p.prompt, ((0, 0), (0, P - p.prompt.shape[1]))) for p in parts]

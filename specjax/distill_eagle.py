@@ -181,23 +181,7 @@ def text_rows(model, domain: str, n: int, reply_tokens: int, seed: int = 0) -> G
     ]
     if not rows:
         raise ValueError(f'text_rows: domain={domain!r} has no text after its prompts')
-    N, P = len(rows), max(len(p) for p, _ in rows)
-    prompt = np.zeros((N, P), np.int32)
-    tokens = np.zeros((N, reply_tokens), np.int32)
-    valid = np.zeros((N, reply_tokens), bool)
-    for r, (p, c) in enumerate(rows):
-        prompt[r, : len(p)] = p
-        tokens[r, : len(c)] = c
-        valid[r, : len(c)] = True
-    return Generated(
-        prompt=prompt,
-        prompt_len=np.array([len(p) for p, _ in rows], np.int32),
-        tokens=tokens,
-        valid=valid,
-        top_ids=np.zeros((N, reply_tokens, 0), np.int32),
-        top_logp=np.zeros((N, reply_tokens, 0), np.float32),
-        temperature=float('nan'),
-    )
+    return Generated.from_pairs(rows, float('nan'), width=reply_tokens)
 
 
 def verifier_features(

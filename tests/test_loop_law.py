@@ -266,15 +266,7 @@ def test_the_engine_drafts_where_and_as_the_law_says():
     )
     acc = np.asarray(res.counters.own_accepted_at)[:, 0].astype(float)  # [n, γ]
     reach = np.asarray(res.counters.own_reached_at)[:, 0].astype(float)
-    gen = distill.Generated(
-        prompt=np.array(prompts, np.int32),
-        prompt_len=np.full(n, 3, np.int32),
-        tokens=np.stack([res.new_tokens(r) for r in range(n)]).astype(np.int32),
-        valid=np.ones((n, new), bool),
-        top_ids=np.zeros((n, new, 0), np.int32),
-        top_logp=np.zeros((n, new, 0), np.float32),
-        temperature=1.0,
-    )
+    gen = distill.Generated.from_pairs([(p, res.new_tokens(r)) for r, p in enumerate(prompts)], 1.0)
     model = types.SimpleNamespace(lm=v_lm, params=v_params)
     feats = distill_eagle.verifier_features(model, gen, bucket=32, log=lambda s: None)
     pos = distill_eagle.feature_alpha_positions(d_lm, d_params, feats, steps=3)
