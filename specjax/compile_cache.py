@@ -5,14 +5,12 @@ and `make reproduce`, `make test` and the notebook compile the same programs. Th
 lives in `$SPECJAX_COMPILE_CACHE` (default `~/.cache/specjax/xla`); set it to an empty
 string to disable it. A value that names no usable directory (a file, a path under a
 file, an unwritable place, ``~nosuchuser/...``) is refused by the command-line entry
-points before anything runs (`check_dir`, through `specjax.runner.cli.ENV_VARS`); the
+points before anything runs and by `cache_dir` when it is read (`specjax.errors.ENV_VARS`); the
 default directory, when unusable (a read-only home), just runs uncached.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 ENV = "SPECJAX_COMPILE_CACHE"
@@ -21,35 +19,19 @@ ENV = "SPECJAX_COMPILE_CACHE"
 def check_dir(value: str) -> bool | str:
     """True when `value` (a ``$SPECJAX_COMPILE_CACHE`` value) is empty or names a directory
     that exists and is writable or can be created; else why not (a short reason)."""
-    if not value:
-        return True
-    try:
-        path = Path(value).expanduser()
-    except RuntimeError:
-        return f"{value.split('/', 1)[0]} does not expand: no such user or home directory"
-    try:
-        for p in [path, *path.parents]:
-            if p.exists() or p.is_symlink():
-                if not p.is_dir():
-                    return f"{p} is not a directory"
-                os.rmdir(tempfile.mkdtemp(prefix=".specjax-probe-", dir=p))
-                return True
-    except (OSError, ValueError) as e:
-        return f"not writable: {getattr(e, 'strerror', None) or e}"
-    return "no part of the path exists"
+    from specjax.errors import dir_problem  # pylint: disable=import-outside-toplevel
+
+    return True if not value else (dir_problem(value) or True)
 
 
 def cache_dir() -> str | None:
     """The cache's directory: ``$SPECJAX_COMPILE_CACHE`` if set (None when empty), else
     ``~/.cache/specjax/xla`` (None when there is no home directory)."""
-    value = os.environ.get(ENV)
+    from specjax.errors import env_value  # pylint: disable=import-outside-toplevel
+
+    value = env_value(ENV)  # a ConfigError naming the variable when it is not allowed
     if value is not None:
-        if not value:
-            return None
-        try:
-            return str(Path(value).expanduser())
-        except RuntimeError:
-            return None
+        return str(value) if value else None
     try:
         return str(Path.home() / ".cache" / "specjax" / "xla")
     except RuntimeError:  # no home directory: run uncached

@@ -21,11 +21,12 @@ Usage, inside or outside ``jit``::
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from specjax.errors import env_value
 
 __all__ = [
     'CheckFailedError',
@@ -36,7 +37,9 @@ __all__ = [
     'check_range',
 ]
 
-_ENABLED = os.environ.get('SPECJAX_CHECKS', '').strip().lower() not in ('', '0', 'false', 'no')
+#: None: ``$SPECJAX_CHECKS``, read at the first check traced (never at import: a bad value
+#: is a ConfigError naming the variable there); `set_enabled` sets it.
+_ENABLED: bool | None = None
 
 
 class CheckFailedError(AssertionError):
@@ -45,6 +48,9 @@ class CheckFailedError(AssertionError):
 
 def enabled() -> bool:
     """Whether value checks are traced into the functions traced from now on."""
+    global _ENABLED
+    if _ENABLED is None:
+        _ENABLED = bool(env_value('SPECJAX_CHECKS'))
     return _ENABLED
 
 
@@ -67,7 +73,7 @@ def check(pred, message: str) -> None:
     for the whole batch, not once per row: a plain ``jax.debug.callback`` would be called
     100,000 times for a 100,000-row batch.
     """
-    if not _ENABLED:
+    if not enabled():
         return
     _checker(message)(jnp.all(jnp.asarray(pred)))
 
@@ -91,7 +97,7 @@ def _checker(message: str):
 def check_distribution(p, what: str, atol: float = 1e-4, *, allow_zero_rows: bool = False) -> None:
     """``p: f32[..., V]``: finite, non-negative, each row summing to 1 within ``atol``
     (or, with ``allow_zero_rows``, exactly 0: padding rows)."""
-    if not _ENABLED:
+    if not enabled():
         return
     p = jnp.asarray(p)
     total = jnp.sum(p, axis=-1)
@@ -108,7 +114,7 @@ def check_distribution(p, what: str, atol: float = 1e-4, *, allow_zero_rows: boo
 
 def check_range(x, lo, hi, what: str) -> None:
     """Every element of ``x`` within ``[lo, hi]`` (bounds may be arrays that broadcast)."""
-    if not _ENABLED:
+    if not enabled():
         return
     x = jnp.asarray(x)
     check(jnp.all((x >= lo) & (x <= hi)), f'{what}: outside [{lo}, {hi}]')

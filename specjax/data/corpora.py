@@ -65,9 +65,11 @@ def default_cache_dir() -> Path:
     For a non-editable install (no repository around the package) the fallback is
     ``~/.cache/specjax/data``.
     """
-    env = os.environ.get("SPECJAX_DATA_CACHE")
-    if env:
-        return Path(env).expanduser()
+    from specjax.errors import env_value  # pylint: disable=import-outside-toplevel
+
+    env = env_value("SPECJAX_DATA_CACHE")  # a ConfigError naming the variable if not allowed
+    if env is not None:
+        return env
     repo = Path(__file__).resolve().parents[2]
     if (repo / "pyproject.toml").is_file():
         return repo / "data_cache"

@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import collections
-import os
 import time
 import weakref
 from typing import Any
@@ -29,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import debug
-from specjax.errors import ConfigError
+from specjax.errors import ConfigError, env_value
 
 __all__ = [
     'check_finite',
@@ -107,14 +106,27 @@ def check_finite(name: str, params) -> None:
 #: cache still holds stays alive, the rest is freed, and any other jitted function
 #: recompiles from the persistent cache when next called.
 _PROGRAMS: collections.OrderedDict = collections.OrderedDict()
-_MAX_PROGRAMS = int(os.environ.get("SPECJAX_MAX_PROGRAMS", "128"))
+#: None: ``$SPECJAX_MAX_PROGRAMS`` (read at use, `_max_programs`); a test may set a number.
+_MAX_PROGRAMS: int | None = None
 _MAP_SHARE = 0.5
 _COMPILED = [0]
 _RELEASES = [0]
 _WARMED = [0]
 #: Executables already run once (by identity, while they live): their next run is warm.
 _RAN: "weakref.WeakSet" = weakref.WeakSet()
-_WARM = os.environ.get("SPECJAX_WARM_PROGRAMS", "1") != "0"
+#: None: ``$SPECJAX_WARM_PROGRAMS`` (read at use, `_warm`); a test may set a bool.
+_WARM: bool | None = None
+
+
+def _max_programs() -> int:
+    """How many compiled programs the cache keeps: `_MAX_PROGRAMS`, else the variable's
+    value (a ConfigError naming it when it is not allowed; never at import)."""
+    return _MAX_PROGRAMS if _MAX_PROGRAMS is not None else env_value("SPECJAX_MAX_PROGRAMS")
+
+
+def _warm() -> bool:
+    """Whether a program runs once, untimed, before its first timed run."""
+    return _WARM if _WARM is not None else env_value("SPECJAX_WARM_PROGRAMS")
 
 
 def _map_count() -> int | None:
@@ -175,7 +187,7 @@ def compile_program(fn, statics: dict, args: tuple):
         exe = fn.lower(*args, **statics).compile()
         _COMPILED[0] += 1
         _PROGRAMS[key] = exe
-        while len(_PROGRAMS) > max(_MAX_PROGRAMS, 1):
+        while len(_PROGRAMS) > max(_max_programs(), 1):
             _PROGRAMS.popitem(last=False)
         maps = _map_count()
         if maps is not None and maps > _MAP_SHARE * _map_limit():
@@ -217,7 +229,7 @@ def run_program(fn, statics: dict, args: tuple):
     The seconds are a warm execution: compilation is a separate step, and a program's
     first execution is run untimed before it (module docstring)."""
     exe = compile_program(fn, statics, args)
-    if _WARM:
+    if _warm():
         _warm(exe, args)
     t0 = time.perf_counter()
     out = jax.block_until_ready(exe(*args))

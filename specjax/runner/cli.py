@@ -15,12 +15,13 @@ from typing import NoReturn, Sequence
 
 from absl import flags
 
-from specjax.errors import ConfigError
+from specjax.errors import ENV_VARS, MAX_PROGRAMS_LIMIT, ConfigError, check_environment
 
 __all__ = [
     "PROG",
     "EXIT_USAGE",
     "ENV_VARS",
+    "MAX_PROGRAMS_LIMIT",
     "fail",
     "warn",
     "error_message",
@@ -32,73 +33,12 @@ __all__ = [
 
 PROG = "specjax"
 EXIT_USAGE = 2
-#: The most compiled engine programs ``SPECJAX_MAX_PROGRAMS`` may keep per process.
-MAX_PROGRAMS_LIMIT = 4096
-_CHECKS_WORDS = ("", "0", "1", "true", "false", "yes", "no")  # as specjax.debug reads them
 
 
-def _max_programs(value: str) -> bool:
-    text = value.strip()
-    return text.isdigit() and 1 <= int(text) <= MAX_PROGRAMS_LIMIT
-
-
-def _compile_cache(value: str) -> bool | str:
-    from specjax import compile_cache  # pylint: disable=import-outside-toplevel
-
-    return compile_cache.check_dir(value)
-
-
-def _path(value: str) -> bool | str:
-    from pathlib import Path  # pylint: disable=import-outside-toplevel
-
-    try:
-        Path(value).expanduser()
-    except RuntimeError:  # ~nosuchuser, or no home directory
-        return f"{value.split('/', 1)[0]} does not expand: no such user or home directory"
-    return True
-
-
-#: The environment variables specjax reads: name -> (check, what is allowed). A check
-#: returns True, or False / a reason. `check_environment` runs them before a config file
-#: loads, since some are read when a module is imported: a bad value is named as itself,
-#: never blamed on ``--config``.
-ENV_VARS = {
-    "SPECJAX_MAX_PROGRAMS": (
-        _max_programs,
-        f"an integer in [1, {MAX_PROGRAMS_LIMIT}] "
-        f"(compiled engine programs kept per process; unset: 128)",
-    ),
-    "SPECJAX_CHECKS": (
-        lambda v: v.strip().lower() in _CHECKS_WORDS,
-        "one of 0, 1, true, false, yes, no (value checks in the code paths; unset: off)",
-    ),
-    "SPECJAX_COMPILE_CACHE": (
-        _compile_cache,
-        "empty (no persistent compilation cache) or a directory that exists or can be created",
-    ),
-    "SPECJAX_ZOO": (_path, "empty (the shipped zoo) or the path of a zoo folder"),
-}
-
-
-def check_environment(environ=None) -> None:
-    """Raises a `ConfigError` naming the first variable of `ENV_VARS` whose value is not
-    allowed (unset variables take their defaults)."""
-    import os  # pylint: disable=import-outside-toplevel
-
-    environ = os.environ if environ is None else environ
-    for name, (ok, allowed) in ENV_VARS.items():
-        value = environ.get(name)
-        if value is None:
-            continue
-        verdict = ok(value)
-        if verdict is not True:
-            reason = f" ({verdict})" if isinstance(verdict, str) and verdict else ""
-            raise ConfigError.invalid(name, value, f"{allowed}{reason}")
-
-
-def fail(error: BaseException | str) -> NoReturn:
-    """Prints ``specjax: error: <one line>`` to stderr and exits with status 2."""
-    sys.stderr.write(f"{PROG}: error: {error_message(error)}\n")
+def fail(error: BaseException | str, prog: str = PROG) -> NoReturn:
+    """Prints ``<prog>: error: <one line>`` to stderr (``specjax``, or a script's name) and
+    exits with status 2."""
+    sys.stderr.write(f"{prog}: error: {error_message(error)}\n")
     sys.stderr.flush()
     sys.exit(EXIT_USAGE)
 

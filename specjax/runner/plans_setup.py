@@ -11,7 +11,7 @@ import functools
 import os
 from pathlib import Path
 
-from specjax.errors import ConfigError, user_path
+from specjax.errors import ConfigError, env_value, user_path
 from specjax.gammas import drafter_gammas
 from specjax.policy.boundary import BoundaryThresholds
 from specjax.policy.plan_config import PlanConfig
@@ -51,9 +51,9 @@ def resolve_zoo_path(config) -> tuple[Path, str]:
     explicit = config.get("zoo_path")
     if explicit is not None:
         return user_path(str(explicit), "zoo_path", "a zoo folder").absolute(), "zoo_path"
-    env = os.environ.get("SPECJAX_ZOO")
-    if env:
-        return user_path(env, "SPECJAX_ZOO", "a zoo folder").absolute(), "SPECJAX_ZOO"
+    env = env_value("SPECJAX_ZOO")  # a file, ~nosuchuser: named as the variable's error
+    if env is not None:
+        return env.absolute(), "SPECJAX_ZOO"
     return zoo_lib.SHIPPED_ZOO, "shipped"
 
 
