@@ -71,7 +71,10 @@ def check_finite(name: str, params) -> None:
     todo = [
         x
         for x in jax.tree.leaves(params)
-        if hasattr(x, 'dtype') and jnp.issubdtype(x.dtype, jnp.floating) and not _known_finite(x)
+        if hasattr(x, 'dtype')
+        and not isinstance(x, jax.ShapeDtypeStruct)  # abstract (a compile target's): no values
+        and jnp.issubdtype(x.dtype, jnp.floating)
+        and not _known_finite(x)
     ]
     if not todo:
         return
@@ -114,7 +117,7 @@ _RELEASES = [0]
 _WARMED = [0]
 #: Executables already run once (by identity, while they live): their next run is warm.
 _RAN: "weakref.WeakSet" = weakref.WeakSet()
-#: None: ``$SPECJAX_WARM_PROGRAMS`` (read at use, `_warm`); a test may set a bool.
+#: None: ``$SPECJAX_WARM_PROGRAMS`` (read at use, `_warm_enabled`); a test may set a bool.
 _WARM: bool | None = None
 
 
@@ -124,7 +127,7 @@ def _max_programs() -> int:
     return _MAX_PROGRAMS if _MAX_PROGRAMS is not None else env_value("SPECJAX_MAX_PROGRAMS")
 
 
-def _warm() -> bool:
+def _warm_enabled() -> bool:
     """Whether a program runs once, untimed, before its first timed run."""
     return _WARM if _WARM is not None else env_value("SPECJAX_WARM_PROGRAMS")
 
@@ -229,7 +232,7 @@ def run_program(fn, statics: dict, args: tuple):
     The seconds are a warm execution: compilation is a separate step, and a program's
     first execution is run untimed before it (module docstring)."""
     exe = compile_program(fn, statics, args)
-    if _warm():
+    if _warm_enabled():
         _warm(exe, args)
     t0 = time.perf_counter()
     out = jax.block_until_ready(exe(*args))
