@@ -37,15 +37,19 @@ import types
 from pathlib import Path
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from specjax import drafter_entries as entries
 from specjax import metrics, provenance
 from specjax.benchmark_tables import real_speed_page
 from specjax.hardware import score_ratios, stream_bandwidth
+from specjax.runner import script_flags as sf
 from specjax.timing import forward_timer
 
 FLAGS = flags.FLAGS
+PARTS = ("machine", "ratio", "spec", "peer")
+#: The spec and peer parts load the verifier with this context.
+MAX_LEN = 2048
 
 
 def define_flags():
@@ -151,6 +155,76 @@ def _validator(name: str):
         return True
 
     return valid
+
+
+def validate() -> None:
+    """Every flag, before anything is printed, loaded or written (`sf.run`): a
+    `ConfigError` naming the flag, its value and what is allowed."""
+    from specjax.engine.deployment import (  # pylint: disable=import-outside-toplevel
+        SMOLLM2_DRAFTERS,
+        SMOLLM2_EXTRA,
+    )
+    from specjax.models.gguf import parse_layout  # pylint: disable=import-outside-toplevel
+
+    parts = sf.names("--parts", FLAGS.parts, PARTS)
+    for spec in FLAGS.dtypes:
+        parse_layout(spec, "--dtypes")
+    parse_layout(FLAGS.dtype, "--dtype")
+    if FLAGS.ar_reference:
+        parse_layout(FLAGS.ar_reference, "--ar_reference")
+    if "ratio" in parts:
+        sf.check(FLAGS.dtypes, "--dtypes", "", "one or more layouts with --parts=ratio")
+        sf.integers("--ks", FLAGS.ks, 1, 64)
+        sf.integers("--ratio_batches", FLAGS.ratio_batches, 1, 1024)
+    known = (*SMOLLM2_DRAFTERS, *SMOLLM2_EXTRA)
+    allowed = (
+        f"entries NAME, NAME*COUNT (COUNT >= 1, twins) or such parts joined by '+', "
+        f"NAME one of {', '.join(known)}"
+    )
+    text = ",".join(FLAGS.drafters)
+    sf.check(FLAGS.drafters or "spec" not in parts, "--drafters", text, allowed)
+    for e in FLAGS.drafters:
+        sf.check(entries.entry_ok(e), "--drafters", text, f"{allowed} ({e!r} does not parse)")
+        bad = [n for n in entries.members(e) if n not in known]
+        sf.check(
+            not bad, "--drafters", text, f"{allowed} ({bad[0] if bad else ''!r} is not one of them)"
+        )
+    gammas = sf.integers("--gammas", FLAGS.gammas, 1, 64)
+    sf.integers("--batches", FLAGS.batches, 1, 1024)
+    sf.numbers("--taus", FLAGS.taus, 0.0)
+    sf.integer("--new_tokens", FLAGS.new_tokens, 1, MAX_LEN // 2)
+    sf.integer("--prompts_per_domain", FLAGS.prompts_per_domain, 1, 24)
+    widest = max([len(entries.members(e)) for e in FLAGS.drafters] or [1]) * max(gammas) + 1
+    sf.check(
+        widest <= 256,
+        "--drafters / --gammas",
+        f"{text} / {','.join(FLAGS.gammas)}",
+        f"blocks of at most 256 tokens (chains × γ + 1; this is {widest})",
+    )
+    sf.check(
+        FLAGS.doc_name and "/" not in FLAGS.doc_name and FLAGS.doc_name not in (".", ".."),
+        "--doc_name",
+        FLAGS.doc_name,
+        "a file name (no '/')",
+    )
+    used = set(_drafter_names()) | ({"code"} if "peer" in parts else set())
+    if FLAGS.drafter_dir:
+        folder = sf.in_dir(
+            "--drafter_dir", FLAGS.drafter_dir, "a folder holding drafter_code.npz / .json"
+        )
+        wanted = sorted(used & {"code", "prose"})
+        sf.check(
+            any((folder / f"drafter_{n}.npz").exists() for n in wanted) or not wanted,
+            "--drafter_dir",
+            FLAGS.drafter_dir,
+            f"a folder holding drafter_{{{','.join(wanted)}}}.npz (none of them is there)",
+        )
+        for n in wanted:
+            f = folder / f"drafter_{n}.npz"
+            if f.exists() or f.is_symlink():
+                sf.drafter_file("--drafter_dir", f, shown=FLAGS.drafter_dir)
+    if FLAGS.eagle:
+        sf.drafter_file("--eagle", FLAGS.eagle, feature=True)
 
 
 def part_ratio(result: dict, bw: float) -> None:
@@ -585,4 +659,4 @@ if __name__ == "__main__":
         lambda v: not v or (Path(v).suffix == ".npz" and Path(v).is_file()),
         "--eagle: an existing feature drafter .npz file (train_eagle.py's eagle*.npz)",
     )
-    app.run(main)
+    sf.run(main, validate, "benchmark_real")

@@ -31,11 +31,12 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from specjax import provenance
 from specjax.errors import ConfigError
 from specjax.models import cache, products
+from specjax.runner import script_flags as sf
 from specjax.timing import forward_timer
 
 FLAGS = flags.FLAGS
@@ -61,14 +62,32 @@ def define_flags():
     )
 
 
-def _ints(name: str, values, lo: int = 1) -> list[int]:
-    try:
-        out = [int(v) for v in values]
-    except ValueError:
-        out = []
-    if not out or min(out) < lo:
-        raise ConfigError(f"--{name}={','.join(values)}: allowed: integers >= {lo}")
-    return out
+def validate() -> None:
+    """Every flag, before anything is printed, loaded or written (`sf.run`): a
+    `ConfigError` naming the flag, its value and what is allowed."""
+    from specjax.models.gguf import parse_layout  # pylint: disable=import-outside-toplevel
+
+    sf.check(FLAGS.layouts, "--layouts", "", "one or more layouts")
+    for s in FLAGS.layouts:
+        parse_layout(s, "--layouts", EXTRA_TOKENS)
+    sf.integers("--batches", FLAGS.batches, 1, 1024)
+    ks = sf.integers("--ks", FLAGS.ks, 1, 256)
+    sf.integer("--rounds", FLAGS.rounds, 1, 1000)
+    sf.integer("--reps", FLAGS.reps, 1, 100_000)
+    sf.integer("--context", FLAGS.context, 1, 4096)
+    if FLAGS.capacity and FLAGS.capacity < FLAGS.context + max(ks):
+        raise ConfigError.invalid(
+            "--capacity",
+            FLAGS.capacity,
+            f"0 or >= --context + the widest k ({FLAGS.context + max(ks)})",
+        )
+    sf.integer("--capacity", FLAGS.capacity, 0, 8192)
+    sf.check(
+        FLAGS.doc_name and "/" not in FLAGS.doc_name and FLAGS.doc_name not in (".", ".."),
+        "--doc_name",
+        FLAGS.doc_name,
+        "a file name (no '/')",
+    )
 
 
 @contextlib.contextmanager
@@ -91,17 +110,10 @@ def main(argv):
         smollm2_layout,
     )
 
-    try:  # bad flags: one line, before anything loads or is written
-        layouts = [(s, *parse_layout(s, "--layouts", EXTRA_TOKENS)) for s in FLAGS.layouts]
-        batches, ks = _ints("batches", FLAGS.batches), sorted(set(_ints("ks", FLAGS.ks)) | {1})
-        if FLAGS.capacity and FLAGS.capacity < FLAGS.context + max(ks):
-            raise ConfigError.invalid(
-                "--capacity",
-                FLAGS.capacity,
-                f"0 or >= --context + the widest k ({FLAGS.context + max(ks)})",
-            )
-    except ConfigError as e:
-        raise SystemExit(f"compare_layouts: error: {e}") from None
+    # The flags were checked by `validate`.
+    layouts = [(s, *parse_layout(s, "--layouts", EXTRA_TOKENS)) for s in FLAGS.layouts]
+    batches = [int(b) for b in FLAGS.batches]
+    ks = sorted({int(k) for k in FLAGS.ks} | {1})
     capacity = FLAGS.capacity or FLAGS.context + 16
     prov = provenance.provenance()
     models, timers = {}, {}
@@ -192,4 +204,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    sf.run(main, validate, "compare_layouts")

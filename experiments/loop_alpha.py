@@ -39,11 +39,15 @@ import itertools
 from pathlib import Path
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from specjax import provenance
+from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS
+DOMAINS = ("code", "prose", "reasoning")
+#: The verifier's context (`main` loads it with this max_len).
+MAX_LEN = 1024
 
 
 def define_flags():
@@ -80,14 +84,54 @@ def define_flags():
 
 def _parse(entry: str) -> tuple[str, str, str]:
     """(label, drafter name, file or '') of one --drafters entry."""
+    from specjax.engine.deployment import (  # pylint: disable=import-outside-toplevel
+        SMOLLM2_DRAFTERS,
+        SMOLLM2_EXTRA,
+    )
     from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
 
     label, _, path = entry.partition("=")
     if path:
-        if not Path(path).is_file():
+        if not label or not Path(path).is_file():
             raise ConfigError.invalid("--drafters", entry, "label=FILE with FILE an existing file")
+        sf.drafter_file("--drafters", path, feature=True, shown=entry)
         return label, "eagle", path
+    known = (*SMOLLM2_DRAFTERS, *SMOLLM2_EXTRA)
+    if entry not in known:
+        raise ConfigError.invalid(
+            "--drafters", entry, f"a SmolLM2 drafter name ({', '.join(known)}) or label=FILE"
+        )
     return entry, entry, ""
+
+
+def validate() -> None:
+    """Every flag, before anything is printed, loaded or written (`sf.run`): a
+    `ConfigError` naming the flag, its value and what is allowed."""
+    from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
+
+    sf.check(FLAGS.drafters, "--drafters", "", "one or more drafters")
+    entries = [_parse(e) for e in FLAGS.drafters]
+    labels = [label for label, _, _ in entries]
+    sf.check(
+        len(set(labels)) == len(labels),
+        "--drafters",
+        ",".join(FLAGS.drafters),
+        "entries with distinct labels",
+    )
+    sf.names("--domains", FLAGS.domains, DOMAINS)
+    sf.integers("--seeds", FLAGS.seeds, 0)
+    sf.integer("--prompts_per_domain", FLAGS.prompts_per_domain, 1, 24)
+    sf.integer("--gamma", FLAGS.gamma, 1, 64)
+    sf.number("--tau", FLAGS.tau, 0.0, 100.0)
+    sf.integer("--new_tokens", FLAGS.new_tokens, 1, MAX_LEN // 2)
+    sf.integer("--batch", FLAGS.batch, 1, 4096)
+    sf.dtype("--dtype", FLAGS.dtype)
+    if FLAGS.predict and FLAGS.tau != 1.0:
+        raise ConfigError.invalid("--tau", FLAGS.tau, "1.0 with --predict")
+    if FLAGS.predict and any(name != "eagle" for _, name, _ in entries):
+        raise ConfigError.invalid(
+            "--drafters", ",".join(FLAGS.drafters), "feature drafters only with --predict"
+        )
 
 
 def measure(
@@ -193,26 +237,16 @@ def main(argv):
     del argv
     from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
     from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
-    from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
 
     prov = provenance.provenance()
-    try:
-        entries = [_parse(e) for e in FLAGS.drafters]
-        seeds = [int(s) for s in FLAGS.seeds]
-        if FLAGS.predict and FLAGS.tau != 1.0:
-            raise ConfigError.invalid("--tau", FLAGS.tau, "1.0 with --predict")
-        if FLAGS.predict and any(name != "eagle" for _, name, _ in entries):
-            raise ConfigError.invalid(
-                "--drafters", ",".join(FLAGS.drafters), "feature drafters only with --predict"
-            )
-    except (ConfigError, ValueError) as e:
-        raise SystemExit(f"loop_alpha: error: {e}") from None
+    entries = [_parse(e) for e in FLAGS.drafters]  # checked by `validate`
+    seeds = [int(s) for s in FLAGS.seeds]
     rows = []
     for label, name, path in entries:
         dep = from_smollm2(
             [name],
             dtype=FLAGS.dtype,
-            max_len=1024,
+            max_len=MAX_LEN,
             out_first=True,
             drafters={name: path} if path else None,
         )
@@ -284,4 +318,4 @@ if __name__ == "__main__":
         lambda v: bool(v) and all(r in ("rejection", "block_verification") for r in v),
         "--rules: one or more of rejection, block_verification",
     )
-    app.run(main)
+    sf.run(main, validate, "loop_alpha")

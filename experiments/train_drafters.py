@@ -35,12 +35,16 @@ import os
 import time
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
 from specjax import provenance
+from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS
 STAGES = ("generate", "train", "eval", "ship")
+DOMAINS = ("code", "prose", "reasoning")
+#: The verifier's context in every stage (`_verifier`).
+MAX_LEN = 1024
 
 
 def define_flags():
@@ -260,12 +264,42 @@ def _init_source(d: str):
     return d if FLAGS.init_from == "shipped" else Path(FLAGS.init_from) / f"drafter_{d}.npz"
 
 
+def _stages() -> list[str]:
+    return [s for s in STAGES if s in FLAGS.stage or "all" in FLAGS.stage]
+
+
+def validate() -> None:
+    """Every flag and every file the stages read that no earlier stage of this run writes,
+    before anything is printed, loaded or written (`sf.run`): a `ConfigError` naming the
+    flag, its value and what is allowed."""
+    sf.names("--domains", FLAGS.domains, DOMAINS)
+    sf.integer("--prompts", FLAGS.prompts, 1, 100_000)
+    sf.integer("--seed", FLAGS.seed, 0)
+    sf.integer("--new_tokens", FLAGS.new_tokens, 1, MAX_LEN // 2)
+    sf.integer("--batch", FLAGS.batch, 1, 4096)
+    sf.number("--temperature", FLAGS.temperature, 0.0, 100.0)
+    sf.integer("--steps", FLAGS.steps, 1)
+    sf.number("--time_budget_s", FLAGS.time_budget_s, 0.0, lo_open=True)
+    sf.check(
+        "/" not in FLAGS.tag and "\0" not in FLAGS.tag,
+        "--tag",
+        FLAGS.tag,
+        "a file-name suffix (no '/')",
+    )
+    sf.dtype("--dtype", FLAGS.dtype)
+    _check_inputs(Path(FLAGS.out), _stages())
+
+
 def _check_inputs(out: Path, stages: list[str]) -> None:
     """What the stages read and no earlier stage of this run writes, checked before the
-    verifier loads: a `ConfigError` naming the flag and the missing file."""
+    verifier loads: a `ConfigError` naming the flag and the missing or unreadable file."""
     from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
     from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
 
+    if FLAGS.init_from and FLAGS.init_from != "shipped":
+        sf.in_dir(
+            "--init_from", FLAGS.init_from, "'shipped' or a folder holding drafter_{domain}.npz"
+        )
     if FLAGS.rows_from == "corpus" and not set(FLAGS.domains) <= {"code", "prose"}:
         raise ConfigError.invalid(
             "--domains", ",".join(FLAGS.domains), "code and/or prose with --rows_from=corpus"
@@ -277,6 +311,19 @@ def _check_inputs(out: Path, stages: list[str]) -> None:
             raise ConfigError.invalid(
                 "--stage", ",".join(stages), f"train only where {gen} exists (add generate)"
             )
+        held = out / f"heldout_{d}.npz"
+        if {"generate", "eval"} & set(stages) and held.exists():
+            sf.npz_file("--out", held, "a folder whose held-out replies read", shown=str(out))
+        if "eval" in stages and trained:
+            sf.drafter_file("--out", out / f"drafter_{d}{FLAGS.tag}.npz", shown=str(out))
+        if "train" in stages and not trained and gen.exists():
+            sf.npz_file(
+                "--out",
+                gen,
+                "a folder whose generations train_drafters.py --stage=generate wrote",
+                keys=("prompt", "prompt_len", "tokens", "valid", "top_ids", "top_logp"),
+                shown=str(out),
+            )
         if "train" in stages and FLAGS.init_from and not trained:
             src = _init_source(d)
             path = real_zoo.drafter_path(src)
@@ -286,19 +333,20 @@ def _check_inputs(out: Path, stages: list[str]) -> None:
                     FLAGS.init_from,
                     f"'shipped' or a folder holding drafter_{d}.npz and .json ({path} is missing)",
                 )
+            sf.drafter_file("--init_from", path, shown=FLAGS.init_from)
+    if "ship" in stages and "eval" not in stages and not (out / f"eval{FLAGS.tag}.json").is_file():
+        raise ConfigError.invalid(
+            "--stage",
+            ",".join(stages),
+            f"ship only where {out}/eval{FLAGS.tag}.json exists (add eval)",
+        )
 
 
 def main(argv):
     del argv
-    from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
-
     prov = provenance.provenance()
     out = Path(FLAGS.out)
-    stages = [s for s in STAGES if s in FLAGS.stage or "all" in FLAGS.stage]
-    try:
-        _check_inputs(out, stages)
-    except ConfigError as e:
-        raise SystemExit(f"train_drafters: error: {e}") from None
+    stages = _stages()
     out.mkdir(parents=True, exist_ok=True)
     model = _verifier()
     for s in stages:
@@ -310,4 +358,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    sf.run(main, validate, "train_drafters")

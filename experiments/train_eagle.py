@@ -24,12 +24,17 @@ import time
 from pathlib import Path
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from specjax import provenance
+from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS
 STAGES = ("features", "train", "eval", "ship")
+DOMAINS = ("code", "prose", "reasoning")
+#: The verifier's context in every stage (`_verifier`).
+MAX_LEN = 1024
+_GEN_KEYS = ("prompt", "prompt_len", "tokens", "valid", "top_ids", "top_logp")
 
 
 def define_flags():
@@ -334,9 +339,56 @@ def stage_ship(out: Path, model) -> None:
     print(f"shipped {dst}")
 
 
+def _stages() -> list[str]:
+    return [s for s in STAGES if s in FLAGS.stage or "all" in FLAGS.stage]
+
+
+def validate() -> None:
+    """Every flag and every file the stages read that no earlier stage of this run writes,
+    before anything is printed, loaded or written (`sf.run`): a `ConfigError` naming the
+    flag, its value and what is allowed. The verifier's layer count comes from its GGUF
+    file's metadata (no weights read)."""
+    from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
+    from specjax.models import gguf  # pylint: disable=import-outside-toplevel
+    from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
+
+    sf.names("--domains", FLAGS.domains, DOMAINS)
+    sf.dtype("--dtype", FLAGS.dtype)
+    sf.integer("--steps", FLAGS.steps, 1)
+    sf.integer("--batch", FLAGS.batch, 1, 4096)
+    sf.number("--learning_rate", FLAGS.learning_rate, 0.0, 10.0, lo_open=True)
+    for name in ("second_pass", "noise", "weight_decay", "reg_weight", "tv_weight"):
+        sf.number(f"--{name}", FLAGS[name].value, 0.0, 1e6)
+    sf.number("--loop_weight", FLAGS.loop_weight, 0.0, 1e6)
+    sf.number("--ce_weight", FLAGS.ce_weight, 0.0, 1e6)
+    sf.number("--time_budget_s", FLAGS.time_budget_s, 0.0, lo_open=True)
+    sf.integer("--eval_loop_gamma", FLAGS.eval_loop_gamma, 0, 64)
+    sf.check("/" not in FLAGS.tag, "--tag", FLAGS.tag, "a file-name suffix (no '/')")
+    if "features" in _stages():
+        sf.in_dir("--data", FLAGS.data, "a folder of gen_*.npz / heldout_*.npz")
+    for folder in FLAGS.more_data:
+        sf.in_dir("--more_data", folder, "folders of gen_*.npz")
+    cfg = gguf.read_gguf(gguf.smollm2_path(), max_len=MAX_LEN).config
+    sf.integer("--kept", FLAGS.kept, 1, cfg.vocab_size)
+    lm = TransformerLM(cfg)
+    for flag in ("feature_layers", "features_of"):
+        values = FLAGS[flag].value
+        sf.integers(f"--{flag}", values, 0, cfg.n_layers, empty=True)
+        try:
+            lm.check_layers(tuple(int(x) for x in values) or None)
+        except ValueError:
+            raise ConfigError.invalid(
+                f"--{flag}",
+                ",".join(values),
+                f"layer indices in [0, {cfg.n_layers}] ({cfg.n_layers}: the final-normed "
+                f"state) of the verifier",
+            ) from None
+    _check_inputs(Path(FLAGS.out), _stages())
+
+
 def _check_inputs(out: Path, stages: list[str]) -> None:
     """What the stages read and no earlier stage of this run writes, checked before the
-    verifier loads: a `ConfigError` naming the flag and the missing file."""
+    verifier loads: a `ConfigError` naming the flag and the missing or unreadable file."""
     from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
     from specjax.models.real_zoo import drafter_path  # pylint: disable=import-outside-toplevel
 
@@ -350,6 +402,7 @@ def _check_inputs(out: Path, stages: list[str]) -> None:
                     value,
                     "a feature drafter file with its .json (train_eagle.py writes them), or 'eagle'",
                 )
+            sf.drafter_file(f"--{flag}", value, feature=True)
     held = tuple(int(x) for x in FLAGS.features_of)
     if held and not set(_layers()) <= set(held):
         raise ConfigError.invalid(
@@ -360,12 +413,20 @@ def _check_inputs(out: Path, stages: list[str]) -> None:
     feats = [_feat_path(out, n) for n in _names()]
     if "features" in stages:
         for src, f in zip(_sources().values(), feats):
+            flag = "--data" if src.parent == Path(FLAGS.data) else "--more_data"
             if not f.exists() and not src.exists():
-                flag = "--data" if src.parent == Path(FLAGS.data) else "--more_data"
                 raise ConfigError.invalid(
                     flag,
                     str(src.parent),
                     f"a folder holding {src.name} (train_drafters.py --stage=generate writes it)",
+                )
+            if not f.exists():
+                sf.npz_file(
+                    flag,
+                    src,
+                    "a folder of generations train_drafters.py --stage=generate wrote",
+                    keys=_GEN_KEYS,
+                    shown=str(src.parent),
                 )
     elif any(s in stages for s in ("train", "eval")) and not all(f.exists() for f in feats):
         raise ConfigError.invalid(
@@ -373,31 +434,24 @@ def _check_inputs(out: Path, stages: list[str]) -> None:
             ",".join(stages),
             f"train/eval only where {out}/feat_*.npz exist (add features)",
         )
+    for f in feats:
+        if f.exists() and {"train", "eval"} & set(stages):
+            sf.npz_file("--out", f, "a folder of features this script wrote", shown=str(out))
     drafter = out / f"eagle{FLAGS.tag}.npz"
     if "train" not in stages and ({"eval", "ship"} & set(stages)) and not drafter.exists():
         raise ConfigError.invalid(
             "--stage", ",".join(stages), f"eval/ship only where {drafter} exists (add train)"
         )
+    if drafter.exists() and {"eval", "ship"} & set(stages):
+        sf.drafter_file("--out", drafter, feature=True, shown=str(out))
 
 
 def main(argv):
     del argv
-    from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
-
     out = Path(FLAGS.out)
-    stages = [s for s in STAGES if s in FLAGS.stage or "all" in FLAGS.stage]
-    try:
-        _check_inputs(out, stages)
-    except ConfigError as e:
-        raise SystemExit(f"train_eagle: error: {e}") from None
+    stages = _stages()
     out.mkdir(parents=True, exist_ok=True)
     model = _verifier()
-    held = tuple(int(x) for x in FLAGS.features_of)
-    try:
-        for layers in {_layers(), held} - {()}:
-            model.lm.check_layers(layers)
-    except ValueError as e:
-        raise SystemExit(f"train_eagle: error: --feature_layers/--features_of: {e}") from None
     for s in stages:
         {"features": stage_features, "train": stage_train, "eval": stage_eval, "ship": stage_ship}[
             s
@@ -406,4 +460,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    sf.run(main, validate, "train_eagle")

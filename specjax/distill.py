@@ -155,13 +155,22 @@ class Generated:
 
     @classmethod
     def load(cls, path) -> 'Generated':
-        with np.load(path) as z:
-            return cls(
-                **{
-                    f.name: (float(z[f.name]) if f.name == 'temperature' else z[f.name])
-                    for f in dataclasses.fields(cls)
-                }
-            )
+        """The generations `save` wrote to ``path``; a damaged or foreign file is one
+        `ConfigError` line naming it."""
+        from specjax.errors import NPZ_ERRORS, unreadable  # pylint: disable=import-outside-toplevel
+
+        try:
+            with np.load(path) as z:
+                return cls(
+                    **{
+                        f.name: (float(z[f.name]) if f.name == 'temperature' else z[f.name])
+                        for f in dataclasses.fields(cls)
+                    }
+                )
+        except NPZ_ERRORS as e:
+            raise unreadable(
+                path, e, 'an .npz of generations (train_drafters.py --stage=generate)'
+            ) from None
 
     @classmethod
     def from_pairs(cls, rows, temperature: float, width: int | None = None) -> 'Generated':

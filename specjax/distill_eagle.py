@@ -102,8 +102,17 @@ class Features:
 
     @classmethod
     def load(cls, path) -> 'Features':
-        with np.load(path) as z:
-            return cls(**{f.name: z[f.name] for f in dataclasses.fields(cls) if f.name in z})
+        """The features `save` wrote to ``path``; a damaged or foreign file is one
+        `ConfigError` line naming it."""
+        from specjax.errors import NPZ_ERRORS, unreadable  # pylint: disable=import-outside-toplevel
+
+        try:
+            with np.load(path) as z:
+                return cls(**{f.name: z[f.name] for f in dataclasses.fields(cls) if f.name in z})
+        except NPZ_ERRORS as e:
+            raise unreadable(
+                path, e, 'an .npz of features (train_eagle.py --stage=features)'
+            ) from None
 
     @property
     def layers(self) -> tuple:

@@ -56,7 +56,7 @@ def test_benchmark_real_refuses_an_unknown_chain_rule_in_one_line(tmp_path):
 def test_train_drafters_refuses_missing_inputs_in_one_line(tmp_path, args, flag):
     out = tmp_path / "run"
     proc = _run("train_drafters.py", *args, "--domains=code", f"--out={out}")
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert _last_line(proc).startswith("train_drafters: error: " + flag)
     assert not out.exists()  # nothing written before the error
 
@@ -84,7 +84,7 @@ def test_real_model_scripts_refuse_bad_layouts_in_one_line(tmp_path, script, arg
 def test_compare_layouts_refuses_a_cache_too_small_in_one_line(tmp_path):
     out = tmp_path / "run"
     proc = _run("compare_layouts.py", "--capacity=50", f"--out={out}")
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert _last_line(proc).startswith(
         "compare_layouts: error: --capacity: got 50, allowed: 0 or >= "
     )

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from specjax.errors import ConfigError
+from specjax.errors import NPZ_ERRORS, ConfigError
 from specjax.models.api import order_weights
 from specjax.models.cache import table_values
 from specjax.models.subset_vocab import SubsetVocabLM
@@ -93,9 +93,11 @@ def _read(path: Path, dtype: str, make_lm):
         )
     try:
         info = json.loads(jpath.read_text())
+        if not isinstance(info, dict):
+            raise TypeError(f'a JSON {type(info).__name__}, not an object')
         cfg = TransformerConfig.from_dict(dict(info['config'], dtype=dtype, param_dtype=dtype))
         lm = make_lm(cfg, info)
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ConfigError(f'drafter {jpath}: unreadable ({type(e).__name__}: {e})') from None
     return lm, _read_params(path, dtype), info
 
@@ -179,8 +181,11 @@ def _read_params(path: Path, dtype: str) -> dict:
                 for h in head:
                     node = node.setdefault(h, {})
                 node[last] = jnp.asarray(v)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f'drafter {path}: unreadable ({type(e).__name__}: {e})') from None
+    except NPZ_ERRORS as e:  # a truncated zip is a BadZipFile, a bad member a zlib.error
+        raise ConfigError(
+            f'drafter {path}: unreadable ({type(e).__name__}: {" ".join(str(e).split())}); '
+            f'allowed: a drafter .npz written by experiments/train_drafters.py or train_eagle.py'
+        ) from None
     return params
 
 
