@@ -127,7 +127,7 @@ def hf_model(
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        max_position_embeddings=128,
+        max_position_embeddings=extra.pop("max_position_embeddings", 128),
         rms_norm_eps=1e-5,
         bos_token_id=None,
         eos_token_id=None,

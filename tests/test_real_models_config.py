@@ -28,11 +28,12 @@ def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("real")
     bl, sp = F.byte_level_tokenizer(), F.sentencepiece_tokenizer()
     nb, ns = bl.get_vocab_size(), sp.get_vocab_size()
+    ctx = {"max_position_embeddings": 256}  # runlocal's max_len: within every context
     models = {
-        "verifier": F.hf_model("llama", nb, d=64, ff=128, seed=0, std=0.1),
-        "code": F.hf_model("qwen2", nb, layers=1, seed=1, std=0.1, tie_word_embeddings=True),
-        "prose": F.hf_model("mistral", ns, layers=1, seed=2, std=0.1),
-        "reasoning": F.hf_model("llama", ns, layers=1, seed=3, std=0.1),
+        "verifier": F.hf_model("llama", nb, d=64, ff=128, seed=0, std=0.1, **ctx),
+        "code": F.hf_model("qwen2", nb, layers=1, seed=1, std=0.1, tie_word_embeddings=True, **ctx),
+        "prose": F.hf_model("mistral", ns, layers=1, seed=2, std=0.1, **ctx),
+        "reasoning": F.hf_model("llama", ns, layers=1, seed=3, std=0.1, **ctx),
     }
     toks = {"verifier": bl, "code": bl, "prose": sp, "reasoning": sp}
     paths = {n: F.save_folder(root / n, m, toks[n]) for n, m in models.items()}

@@ -53,7 +53,7 @@ import numpy as np
 from specjax import sharding as shd
 from specjax.models.api import TransformerLM
 from specjax.models.fused import separate_leaf
-from specjax.models.hf_config import FAMILIES, _fail, config_from_hf, hf_config
+from specjax.models.hf_config import FAMILIES, _fail, config_from_hf, hf_config, read_config_json
 from specjax.models.safetensors_io import ST_NAMES, TensorInfo, TensorMaps, read_header, write_file
 from specjax.models.transformer import TransformerConfig
 
@@ -66,6 +66,7 @@ __all__ = [
     'read_checkpoint',
     'load_hf',
     'load_hf_model',
+    'check_hf_model',
     'load_hf_params',
     'save_hf',
     'estimate_bytes',
@@ -183,17 +184,18 @@ def read_checkpoint(
     cpath = root / 'config.json'
     if not cpath.is_file():
         raise _fail(f'hf checkpoint {root}: missing config.json')
-    try:
-        hf = json.loads(cpath.read_text(encoding='utf-8'))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise _fail(f'{cpath}: not valid JSON ({e})') from None
+    hf = read_config_json(cpath)
     cfg, family = config_from_hf(
         hf, max_len=max_len, dtype=dtype, param_dtype=param_dtype, where=str(cpath)
     )
     if (root / INDEX).is_file():
         try:
             weight_map = json.loads((root / INDEX).read_text(encoding='utf-8'))['weight_map']
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+            if not isinstance(weight_map, dict) or not all(
+                isinstance(v, str) and v and '/' not in v for v in weight_map.values()
+            ):
+                raise TypeError('weight_map is not an object of tensor -> file name')
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
             raise _fail(f'{root / INDEX}: corrupt index ({e!r})') from None
         files = sorted(set(weight_map.values()))
     elif (root / SINGLE).is_file():
@@ -517,10 +519,42 @@ def load_hf_model(
     with fewer ids is padded with byte-less ids (real checkpoints often round their
     vocabulary up; `specjax.tokenizers.hf`). Checked before any tensor is read.
     """
+    ckpt, tok = check_hf_model(
+        path,
+        tokenizer=tokenizer,
+        pad_vocab=pad_vocab,
+        max_len=max_len,
+        dtype=dtype,
+        param_dtype=param_dtype,
+    )
+    lm = ckpt.lm
+    shardings = None if mesh is None else shd.param_shardings(lm, mesh, rules)
+    return HFModel(ckpt.path, ckpt.family, lm, load_hf_params(ckpt, shardings), tok)
+
+
+def check_hf_model(
+    path,
+    *,
+    tokenizer: str | os.PathLike | None = None,
+    pad_vocab: bool = False,
+    max_len: int | None = None,
+    dtype: str = 'float32',
+    param_dtype: str | None = None,
+) -> tuple[HFCheckpoint, Any]:
+    """Everything `load_hf_model` checks, without reading a weight: ``config.json``
+    (family, heads, rope, context), the safetensors headers (every shard present and
+    complete, every tensor with its shape) and the tokenizer (present, its ids matching
+    the embedding rows). Returns (checkpoint, tokenizer); raises one `ConfigError` line
+    naming the file and the field."""
     from specjax.tokenizers.hf import load_hf_tokenizer  # pylint: disable=import-outside-toplevel
 
     ckpt = read_checkpoint(path, max_len=max_len, dtype=dtype, param_dtype=param_dtype)
     tok_path = Path(tokenizer) if tokenizer is not None else ckpt.path / 'tokenizer.json'
+    if not tok_path.exists():
+        raise _fail(
+            f'hf checkpoint {ckpt.path}: no tokenizer ({tok_path} is missing; allowed: a '
+            f'folder holding tokenizer.json beside config.json)'
+        )
     tok = load_hf_tokenizer(tok_path, name=ckpt.path.name)
     rows = ckpt.config.vocab_size
     if tok.vocab_size != rows and not (pad_vocab and tok.vocab_size < rows):
@@ -532,6 +566,4 @@ def load_hf_model(
         )
     if tok.vocab_size < rows:
         tok = load_hf_tokenizer(tok_path, pad_to=rows, name=ckpt.path.name)
-    lm = ckpt.lm
-    shardings = None if mesh is None else shd.param_shardings(lm, mesh, rules)
-    return HFModel(ckpt.path, ckpt.family, lm, load_hf_params(ckpt, shardings), tok)
+    return ckpt, tok

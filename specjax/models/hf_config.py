@@ -8,10 +8,13 @@ naming the file and the field.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from specjax.errors import ConfigError
 from specjax.models.transformer import TransformerConfig
 
-__all__ = ['FAMILIES', 'config_from_hf', 'hf_config']
+__all__ = ['FAMILIES', 'config_from_hf', 'hf_config', 'read_config_json', 'context_length']
 
 #: ``architectures[0]`` -> family name.
 FAMILIES = {
@@ -26,10 +29,41 @@ def _fail(msg: str) -> ConfigError:
     return ConfigError(' '.join(msg.split()))
 
 
+def read_config_json(path) -> dict:
+    """The parsed ``config.json`` at ``path`` (a file, or a folder holding one): one
+    `ConfigError` line naming the file when it is missing, unreadable, not JSON or not a
+    JSON object."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / 'config.json'
+    try:
+        hf = json.loads(p.read_text(encoding='utf-8'))
+    except FileNotFoundError:
+        raise _fail(f'{p}: missing (allowed: a Hugging Face config.json)') from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _fail(
+            f'{p}: not valid JSON ({type(e).__name__}: {e}); allowed: a JSON object'
+        ) from None
+    if not isinstance(hf, dict):
+        raise _fail(f'{p}: a JSON {type(hf).__name__}, allowed: a JSON object (config.json)')
+    return hf
+
+
+def context_length(hf: dict) -> int | None:
+    """The model's context, ``max_position_embeddings`` (None when the config has none)."""
+    v = hf.get('max_position_embeddings')
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
 def _rope(hf: dict, where: str) -> tuple[float, dict]:
     """(rope_theta, rope_scaling dict or {}) from a transformers 4.x or 5.x config."""
     params = hf.get('rope_parameters') or {}
+    for field, v in (('rope_parameters', params), ('rope_scaling', hf.get('rope_scaling') or {})):
+        if not isinstance(v, dict):
+            raise _fail(f'{where}: {field}={v!r}, allowed: a JSON object or null')
     theta = params.get('rope_theta', hf.get('rope_theta', 10000.0))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+        raise _fail(f'{where}: rope_theta={theta!r}, allowed: a number > 0')
     scaling = dict(hf.get('rope_scaling') or {})
     if params and params.get('rope_type', 'default') != 'default':
         scaling = {k: v for k, v in params.items() if k != 'rope_theta'}
@@ -62,7 +96,11 @@ def config_from_hf(
       dtype / param_dtype: compute and storage dtypes (param_dtype defaults to dtype).
       where: names the file in errors.
     """
+    if not isinstance(hf, dict):
+        raise _fail(f'{where}: a JSON {type(hf).__name__}, allowed: a JSON object')
     archs = hf.get('architectures') or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise _fail(f'{where}: architectures={archs!r}, allowed: a list of class names')
     arch = archs[0] if archs else None
     if arch not in FAMILIES:
         mt = hf.get('model_type')
@@ -74,15 +112,26 @@ def config_from_hf(
             )
     family = FAMILIES[arch]
 
-    def need(field, kind=int):
-        v = hf.get(field)
+    def need(field, kind=int, default=None):
+        v = hf.get(field, default)
         if not isinstance(v, kind) or isinstance(v, bool):
             raise _fail(f'{where}: {field}={v!r} is missing or not a {kind.__name__}')
+        if kind is int and v < 1:
+            raise _fail(f'{where}: {field}={v!r}, allowed: an integer >= 1')
         return v
 
     d, heads = need('hidden_size'), need('num_attention_heads')
-    kv = hf.get('num_key_value_heads') or heads
-    hd = hf.get('head_dim') or d // heads
+    kv = (
+        need('num_key_value_heads', default=heads)
+        if hf.get('num_key_value_heads') is not None
+        else heads
+    )
+    if heads % kv:
+        raise _fail(
+            f'{where}: num_key_value_heads={kv} does not divide num_attention_heads={heads} '
+            f'(allowed: a divisor of it)'
+        )
+    hd = need('head_dim') if hf.get('head_dim') is not None else d // heads
     if hd * heads != d:
         raise _fail(
             f'{where}: head_dim={hd} with num_attention_heads={heads} does not span '
@@ -99,6 +148,8 @@ def config_from_hf(
             f"{where}: pretraining_tp={hf['pretraining_tp']!r} is not supported (allowed: 1)"
         )
     theta, scaling = _rope(hf, where)
+    if hf.get('max_position_embeddings') is not None:
+        need('max_position_embeddings')
     cap = min(int(hf.get('max_position_embeddings') or 4096), 4096)
     window = (
         hf.get('sliding_window') if (family == 'mistral' or hf.get('use_sliding_window')) else None

@@ -63,6 +63,10 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             header = json.loads(fh.read(n))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise _fail(f'{path}: corrupt safetensors header ({e})') from None
+    if not isinstance(header, dict):
+        raise _fail(
+            f'{path}: corrupt safetensors header (a JSON {type(header).__name__}, not an object)'
+        )
     out = {}
     for name, rec in header.items():
         if name == '__metadata__':

@@ -99,6 +99,69 @@ def validate_hf(config) -> None:
         raise ConfigError.invalid(
             'rules', config.get('rules'), f'one of {sorted(shd.RULE_SETS)}'
         ) from e
+    _check_folders(config)
+
+
+def _models(config) -> list[tuple[str, str]]:
+    """(config field, folder) of the verifier and each drafter."""
+    return [('verifier', config.get('verifier'))] + [
+        (f'drafters.{n}.path', d.get('path')) for n, d in (config.get('drafters') or {}).items()
+    ]
+
+
+def _check_folders(config) -> None:
+    """Every folder as `load_hf_model` will read it, without reading a weight
+    (`specjax.models.hf.check_hf_model`: config.json, architecture, heads, rope, shards
+    present and complete, tokenizer), ``max_len`` within every model's context, and the
+    mesh buildable on this machine's devices with every model's parameters placeable on
+    it. Each problem is one `ConfigError` naming the config field."""
+    from specjax import sharding as shd  # pylint: disable=import-outside-toplevel
+    from specjax.models.hf import check_hf_model  # pylint: disable=import-outside-toplevel
+    from specjax.models.hf_config import context_length  # pylint: disable=import-outside-toplevel
+
+    max_len = config.get('max_len')
+    check(
+        max_len is None
+        or (isinstance(max_len, int) and not isinstance(max_len, bool) and max_len >= 1),
+        'max_len',
+        max_len,
+        'None (each model\'s own context, at most 4096) or an integer >= 1',
+    )
+    checked = []
+    for field, path in _models(config):
+        try:
+            ckpt, _ = check_hf_model(
+                path,
+                pad_vocab=bool(config.get('pad_vocab')),
+                max_len=max_len,
+                dtype=config.get('dtype') or 'float32',
+            )
+        except ConfigError as e:
+            raise ConfigError.invalid(
+                field, path, f'a Hugging Face folder specjax can load; {e}'
+            ) from None
+        context = context_length(ckpt.hf)
+        check(
+            max_len is None or context is None or max_len <= context,
+            'max_len',
+            max_len,
+            f'at most every model\'s context ({field} {path}: max_position_embeddings={context})',
+        )
+        checked.append((field, path, ckpt))
+    mesh = _mesh(config)
+    if mesh is None:
+        return
+    for field, path, ckpt in checked:
+        try:
+            shd.param_shardings(ckpt.lm, mesh, config.get('rules') or 'tp')
+        except (ValueError, TypeError) as e:
+            m = dict(config.get('mesh') or {})
+            raise ConfigError.invalid(
+                'mesh',
+                m,
+                f'a mesh {field} ({path}) can be placed on by rules '
+                f'{config.get("rules") or "tp"!r} ({" ".join(str(e).split())[:200]})',
+            ) from None
 
 
 def _mesh(config):
@@ -110,8 +173,15 @@ def _mesh(config):
         return None
     try:
         return shd.make_mesh(data, model)
-    except ValueError as e:
-        raise ConfigError(f'mesh: {e}') from None
+    except (ValueError, RuntimeError) as e:
+        import jax  # pylint: disable=import-outside-toplevel
+
+        raise ConfigError.invalid(
+            'mesh',
+            dict(mesh),
+            f'data × model at most this machine\'s {jax.device_count()} devices '
+            f'({" ".join(str(e).split())[:200]})',
+        ) from None
 
 
 def load_hf_deployment(config):
@@ -174,6 +244,7 @@ def memory_table(config, batch: int = 1) -> list[dict]:
     """Per-device bytes (params, KV cache at ``max_len``) of each model of the config, on
     its mesh and rules, from the ``config.json`` files alone (no weights read)."""
     from specjax.models.hf import config_from_hf, estimate_bytes  # pylint: disable=import-outside-toplevel
+    from specjax.models.hf_config import read_config_json  # pylint: disable=import-outside-toplevel
 
     mesh = dict(config.get('mesh') or {})
     mesh_shape = {'data': int(mesh.get('data', 1)), 'model': int(mesh.get('model', 1))}
@@ -182,7 +253,7 @@ def memory_table(config, batch: int = 1) -> list[dict]:
         (n, d['path']) for n, d in (config.get('drafters') or {}).items()
     ]
     for name, path in models:
-        hf_cfg = json.loads((Path(path) / 'config.json').read_text())
+        hf_cfg = read_config_json(Path(path) / 'config.json')
         cfg, family = config_from_hf(
             hf_cfg, max_len=config.get('max_len'), dtype=config.get('dtype') or 'float32'
         )
