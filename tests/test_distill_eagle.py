@@ -69,7 +69,8 @@ def test_training_on_the_verifiers_features_raises_alpha():
 def test_a_time_budget_sizes_the_schedule(monkeypatch):
     """With a time budget the cosine schedule is sized to the run's pace: a budget far too
     short for the steps asked ends the run at the schedule's end (its learning rate decayed
-    to a tenth), not mid-schedule."""
+    to a tenth), not mid-schedule. The run's clock counts its own readings (one second
+    each), so the verdict counts steps, never the machine's speed or load."""
     import types  # pylint: disable=import-outside-toplevel
 
     from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
@@ -88,8 +89,13 @@ def test_a_time_budget_sizes_the_schedule(monkeypatch):
         return lambda s: rates.append((s, steps)) or sched(s)
 
     monkeypatch.setattr(distill_eagle, "lr_schedule", spy)
-    _, hist = distill_eagle.train_eagle(lm, params, data, recipe, time_budget_s=8.0, log=str)
-    assert hist["steps_run"] == hist["schedule_steps"] < recipe.steps
+    readings = iter(range(1_000_000))
+    _, hist = distill_eagle.train_eagle(
+        lm, params, data, recipe, time_budget_s=8.0, log=str, clock=lambda: float(next(readings))
+    )
+    # Readings: t0, then per step a budget check, plus a log line at step 0 and the pace
+    # probe at step 5 (7 s over 5 steps: 0.95 * 8 / 1.4 -> 5 steps, at least 6).
+    assert hist["steps_run"] == hist["schedule_steps"] == 6 < recipe.steps
     s, t = rates[-1]
     assert s == t - 1 and float(real(recipe, t)(s)) == pytest.approx(
         recipe.learning_rate * 0.1, rel=1e-4
