@@ -45,6 +45,10 @@ from specjax.benchmark_tables import real_speed_page
 from specjax.hardware import score_ratios, stream_bandwidth
 from specjax.runner import script_flags as sf
 from specjax.timing import forward_timer
+from specjax.verify import registry
+
+#: The one-chain rules (`--chain_rules`).
+_ONE_CHAIN = tuple(r.name for r in registry.all_rules() if r.one_chain)
 
 FLAGS = flags.FLAGS
 PARTS = ("machine", "ratio", "spec", "peer")
@@ -96,7 +100,7 @@ def define_flags():
     flags.DEFINE_enum(
         "tree_rule",
         "token_tree",
-        ["token_tree", "coupled", "shared_block", "coupled_block"],
+        [r.name for r in registry.all_rules() if r.allows_slots(2)],
         "verification rule of the '+' setups (one-drafter setups use rule 1, rejection)",
     )
     flags.DEFINE_list(
@@ -651,8 +655,8 @@ if __name__ == "__main__":
     )
     flags.register_validator(
         "chain_rules",
-        lambda v: bool(v) and all(r in ("rejection", "block_verification") for r in v),
-        "--chain_rules: one or more of rejection, block_verification",
+        lambda v: bool(v) and all(r in _ONE_CHAIN for r in v),
+        f"--chain_rules: one or more of {', '.join(_ONE_CHAIN)}",
     )
     flags.register_validator(
         "eagle",

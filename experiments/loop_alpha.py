@@ -43,11 +43,14 @@ from absl import flags
 
 from specjax import provenance
 from specjax.runner import script_flags as sf
+from specjax.verify import registry
 
 FLAGS = flags.FLAGS
 DOMAINS = ("code", "prose", "reasoning")
 #: The verifier's context (`main` loads it with this max_len).
 MAX_LEN = 1024
+#: The one-chain rules (`--rules`).
+_ONE_CHAIN = tuple(r.name for r in registry.all_rules() if r.one_chain)
 
 
 def define_flags():
@@ -263,7 +266,7 @@ def main(argv):
                 rule=rule,
             )
             paths = r.pop("paths")
-            if FLAGS.predict and rule == "rejection":
+            if FLAGS.predict and registry.get(rule).rule1:
                 r.update(predict(dep, paths, FLAGS.gamma))
                 print(
                     f"{label:12} {dom:9} predicted on the same paths: step α "
@@ -315,7 +318,7 @@ if __name__ == "__main__":
     define_flags()
     flags.register_validator(
         "rules",
-        lambda v: bool(v) and all(r in ("rejection", "block_verification") for r in v),
-        "--rules: one or more of rejection, block_verification",
+        lambda v: bool(v) and all(r in _ONE_CHAIN for r in v),
+        f"--rules: one or more of {', '.join(_ONE_CHAIN)}",
     )
     sf.run(main, validate, "loop_alpha")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from specjax.hardware import ratio_tables
+from specjax.verify import registry
 
 
 def print_tables(result: dict) -> None:
@@ -307,11 +308,7 @@ def real_speed_page(r: dict) -> list[str]:
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for x in r["spec"]:
-            tree = (
-                f", {x['rule']}"
-                if x.get("slots", 1) > 1 or x.get("rule", "rejection") != "rejection"
-                else ""
-            )
+            tree = f", {x['rule']}" if x.get("slots", 1) > 1 or not _rule(x).rule1 else ""
             lines.append(
                 f"| {x['batch']} | {x['tau']:g} | {x['drafter']} "
                 f"({x.get('drafter_tau', float('nan')):g}{tree}) | {x['gamma']} | "
@@ -333,7 +330,8 @@ def real_speed_page(r: dict) -> list[str]:
                 for x in trees
             ]
             lines.append("")
-        blocks = [x for x in r["spec"] if x.get("rule") == "block_verification"]
+        # One-chain rules other than rule 1 measure their kept drafts against rule 1's.
+        blocks = [x for x in r["spec"] if _rule(x).one_chain and not _rule(x).rule1]
         if blocks:
             lines += [
                 "Block verification against rule 1 on the same blocks (each round's expected "
@@ -381,3 +379,8 @@ def real_speed_page(r: dict) -> list[str]:
         lines += [f"| {k} | {v:.1f} |" for k, v in p.items() if k != "greedy_identical"]
         lines.append("")
     return lines
+
+
+def _rule(row: dict):
+    """The registered rule of a speed row (`specjax.verify.registry`; no rule: rule 1's)."""
+    return registry.get(row.get("rule") or registry.call_rule(None, 1).name)

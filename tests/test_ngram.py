@@ -36,8 +36,8 @@ from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import DrafterSpec, EngineConfig, identity_maps
 from specjax.models.api import causal_block_mask, count_params
 from specjax.models.ngram import NEG, PromptLookupLM, lookup_predictions
+from specjax.verify import registry
 from specjax.verify.distributions import sampling_probs
-from specjax.verify.rules import RULES, SINGLE_CHAIN_RULES
 
 # ----------------------------------------------------------------------------------------
 # 1. The matcher against a plain-Python reference
@@ -245,7 +245,7 @@ def _lookup_run(rule, slots_n, seed, n=N):
 # Rule 1 and the token tree run in `make test`; the others (~20 s of compilation each) in
 # `make test-all`.
 _FAST = ("rejection", "token_tree")
-_RULES_SLOTS = [(r, 1 if r in SINGLE_CHAIN_RULES else 3) for r in RULES]
+_RULES_SLOTS = [(r.name, 1 if r.one_chain else 3) for r in registry.all_rules()]
 
 
 @pytest.mark.parametrize(

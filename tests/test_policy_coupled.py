@@ -62,11 +62,13 @@ def test_coupled_block_cuts_every_chain_where_the_first_chain_mismatched():
     g = jnp.zeros((gamma + 1, v)).at[:, 2].set(5.0)  # the noise makes token 2 the target
     drafts = jnp.array([[2, 2, 1], [2, 0, 0]])  # chain 0 leads 2, chain 1 leads 1
     active = jnp.array([True, True])
-    tree = rules.coupled(g, p, p_nodes, p_nodes, drafts, active)
-    block = rules.coupled_block(g, p, p_nodes, p_nodes, drafts, active)
+    tree = rules.coupled(None, p, p_nodes, p_nodes, drafts, active, g)
+    block = rules.coupled_block(None, p, p_nodes, p_nodes, drafts, active, g)
     assert int(tree.n) == 2 and int(block.n) == 1
     np.testing.assert_array_equal(np.asarray(block.tokens[:2]), [2, 2])
     np.testing.assert_array_equal(np.asarray(block.accepted), [1, 1])
     np.testing.assert_array_equal(np.asarray(block.rejected), [0, 1])
-    only_second = rules.coupled_block(g, p, p_nodes, p_nodes, drafts, jnp.array([True, False]))
+    only_second = rules.coupled_block(
+        None, p, p_nodes, p_nodes, drafts, jnp.array([True, False]), g
+    )
     assert int(only_second.n) == 2

@@ -26,7 +26,7 @@ from test_lossless import _control_tables, rule_level_generate
 from test_verify import ALPHA, LENGTH, START, N, chi2_pvalue
 
 from specjax.errors import ConfigError
-from specjax.verify import qlaw, rules
+from specjax.verify import qlaw, registry, rules
 from specjax.verify.distributions import residual
 from specjax.verify.qlaw import SparseQ, q_at, q_dense, residual_update, widen
 
@@ -112,27 +112,25 @@ def _block(rng, s, gamma, vocab, width):
 
 
 @pytest.mark.parametrize(
-    "rule,s", [(r, 1 if r in rules.SINGLE_CHAIN_RULES else 3) for r in rules.RULES]
+    "rule,s", [(r.name, 1 if r.one_chain else 3) for r in registry.all_rules()]
 )
 def test_every_rule_gives_the_same_verdict_for_sparse_and_dense_q(rule, s):
     rng = np.random.default_rng(zlib.crc32(rule.encode()))
-    fn = jax.jit(getattr(rules, rule))
+    fn = jax.jit(registry.get(rule).verify)
     gamma, vocab = 3, 17
     for trial in range(60):
         p_root, p_nodes, q, drafts, active = _block(rng, s, gamma, vocab, width=5)
-        if rule in rules.COUPLED_RULES:
+        if registry.get(rule).coupled:
             g = jax.random.gumbel(jax.random.key(trial), (gamma + 1, vocab))
-            args = (g, p_root, p_nodes)
             # The coupled rules need Gumbel-max drafts of q with the same noise.
             dense = q_dense(q)
             tgt = jnp.argmax(jnp.log(dense) + g[None, :gamma], -1).astype(jnp.int32)
             drafts = jnp.where(jnp.arange(gamma)[None, :] < 2, tgt, drafts)
-            extra = (jax.random.key(trial + 1000),)
+            key = jax.random.key(trial + 1000)
         else:
-            args = (jax.random.key(trial), p_root, p_nodes)
-            extra = ()
-        got = fn(*args, q, drafts, active, *extra)
-        want = fn(*args, q_dense(q), drafts, active, *extra)
+            g, key = None, jax.random.key(trial)
+        got = fn(key, p_root, p_nodes, q, drafts, active, g)
+        want = fn(key, p_root, p_nodes, q_dense(q), drafts, active, g)
         for field in ("n", "tokens", "path_slot", "accepted", "rejected", "matched", "cut_at"):
             np.testing.assert_array_equal(
                 np.asarray(getattr(got, field)), np.asarray(getattr(want, field)), err_msg=field

@@ -35,7 +35,7 @@ from specjax.engine.spec import DrafterSpec, EngineConfig, identity_maps, subset
 from specjax.models.api import TransformerLM
 from specjax.models.subset_vocab import SubsetVocabLM, most_frequent_ids
 from specjax.models.transformer import TransformerConfig
-from specjax.verify.rules import RULES, SINGLE_CHAIN_RULES
+from specjax.verify import registry
 
 # ----------------------------------------------------------------------------------------
 # 2. Losslessness: χ² against the exact law
@@ -143,7 +143,7 @@ def _check_chi2(rule, setup, res, seqs, subset_slots):
 
 
 _FAST = ("rejection", "token_tree")
-_RULES_SLOTS = [(r, 1 if r in SINGLE_CHAIN_RULES else 3) for r in RULES]
+_RULES_SLOTS = [(r.name, 1 if r.one_chain else 3) for r in registry.all_rules()]
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -162,8 +162,8 @@ def test_subset_drafter_is_lossless(rule, slots_n, form):
     "rule",
     [
         r if r == "token_tree" else pytest.param(r, marks=pytest.mark.slow)
-        for r in RULES
-        if r not in SINGLE_CHAIN_RULES
+        for r in registry.names()
+        if not registry.get(r).one_chain
     ],
 )
 def test_two_subset_drafters_are_lossless(rule, form):

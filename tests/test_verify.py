@@ -29,19 +29,15 @@ from specjax import testing as suite
 from specjax.engine.autoregressive import autoregressive_generate
 from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
+from specjax.verify import registry
 
 N = 100_000
 LENGTH = 3
 ALPHA = 1e-3
 START = 1
-RULES_SLOTS = [
-    ("rejection", 1),
-    ("shared_block", 3),
-    ("token_tree", 3),
-    ("coupled", 3),
-    ("coupled_block", 3),
-    ("block_verification", 1),
-]
+# Every registered rule (`specjax.verify.registry`): a one-chain rule on one slot, the others
+# on three — a rule registered is a rule these suites (χ², greedy, filters, τ) check.
+RULES_SLOTS = [(r.name, 1 if r.one_chain else 3) for r in registry.all_rules()]
 
 
 def chi2_pvalue(seqs: np.ndarray, exact: np.ndarray) -> float:

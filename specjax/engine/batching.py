@@ -71,7 +71,7 @@ from specjax.engine.spec import (
     widest_chain,
 )
 from specjax.engine.state import Counters, DecodeState, EngineState
-from specjax.verify.rules import COUPLED_RULES
+from specjax.verify import registry
 
 __all__ = ['ContinuousResult', 'continuous_generate', 'refill_sizes']
 
@@ -461,7 +461,7 @@ def _ar_chunk_program(cfg: EngineConfig, verifier, v_params, q: Queue) -> _Progr
     """A chunk of the verifier alone; ``args(state, keys, row_slots, max_new, live)``."""
     statics = dict(
         verifier=verifier,
-        coupled=cfg.rule in COUPLED_RULES,
+        coupled=registry.get(cfg.rule).coupled,
         top_k=cfg.verifier_top_k,
         top_p=cfg.verifier_top_p,
     )

@@ -42,7 +42,7 @@ from specjax.engine.drafting import (  # noqa: F401  (consume, consume_width, pa
 from specjax.engine.features import feature_layout, pick_features, reads_features
 from specjax.engine.spec import DrafterData, DrafterStatic, EngineConfig
 from specjax.engine.state import DecodeState, count_round
-from specjax.verify import rules as rules_lib
+from specjax.verify import registry
 from specjax.verify.distributions import gumbel_argmax, sampling_probs
 from specjax.verify.streams import (
     STREAM_BONUS,
@@ -90,7 +90,7 @@ def speculative_round(
     v_vocab = verifier.vocab_size
     live = ~state.done
     length = state.length
-    coupled = cfg.rule in rules_lib.COUPLED_RULES
+    coupled = registry.get(cfg.rule).coupled
     gumbel = gumbel_noise(state.row_keys, length, gamma, v_vocab) if coupled else None
     u_draft = None if coupled else draft_uniforms(state.row_keys, length, len(drafters), gamma)
 
@@ -228,13 +228,11 @@ def _decide(
 ):
     """Step 4: the config's rule from `specjax.verify`, vmapped over rows; with
     `ragged_gamma` (i32[B, S], rows of one chain whose γ_k differ) cut to each row's γ_k."""
-    rule = getattr(rules_lib, cfg.rule)
+    rule = registry.get(cfg.rule)
+    # (A coupled rule's key only drives the per-drafter Leviathan test: a measurement, SPEC §7;
+    # `gumbel` is None for the other rules.)
     verify_keys = fold_keys(state.row_keys, STREAM_VERIFY, state.length)
-    if cfg.rule in rules_lib.COUPLED_RULES:
-        # The key only drives the per-drafter Leviathan test (a measurement, SPEC §7).
-        verdict = jax.vmap(rule)(gumbel, p_root, p_nodes, chain_q, chain, active, verify_keys)
-    else:
-        verdict = jax.vmap(rule)(verify_keys, p_root, p_nodes, chain_q, chain, active)
+    verdict = jax.vmap(rule.verify)(verify_keys, p_root, p_nodes, chain_q, chain, active, gumbel)
     if ragged_gamma is not None:
         verdict = _cut_to_window(
             verdict,

@@ -18,7 +18,7 @@ from specjax.engine.features import reads_features
 from specjax.engine.spec import DrafterData, DrafterStatic, EngineConfig
 from specjax.engine.state import DecodeState
 from specjax.models.api import causal_block_mask, forward_rows
-from specjax.verify import rules as rules_lib
+from specjax.verify import registry
 from specjax.verify.distributions import gumbel_argmax, sampling_probs, to_verifier_space
 from specjax.verify.qlaw import SparseQ, check_q, on_ids, point_mass, q_dense, widen
 from specjax.verify.streams import (
@@ -191,7 +191,7 @@ def draft_chain(
     replacement, `draft_group`), else it is drawn here from `logits`."""
     b = logits.shape[0]
     gamma = spec.own_gamma(cfg.gamma)
-    coupled = cfg.rule in rules_lib.COUPLED_RULES
+    coupled = registry.get(cfg.rule).coupled
     noise = gumbel[:, :gamma] if coupled else u[:, :gamma]  # draw j's: [B, γ_k(, V)]
 
     # γ − 1 forwards: x_1 comes from the logits the drafter already has, and x_γ is not fed
@@ -373,7 +373,9 @@ def draft_group(
         temps,
     )
     first = None
-    if cfg.rule == 'token_tree' and not getattr(spec.lm, 'point_mass', False):
+    if registry.get(cfg.rule).twins_without_replacement and not getattr(
+        spec.lm, 'point_mass', False
+    ):
         # A member's place in each row's slots (S where the row does not verify it).
         n_s = slots.shape[1]
         place = [

@@ -17,7 +17,7 @@ from flax import struct
 
 from specjax.errors import ConfigError
 from specjax.gammas import check_gamma
-from specjax.verify.rules import RULES, SINGLE_CHAIN_RULES
+from specjax.verify import registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,9 +241,9 @@ class EngineConfig:
 
     Attributes:
         gamma: γ, draft tokens per chain per round (≥ 1).
-        rule: 'rejection' | 'token_tree' | 'shared_block' | 'coupled' | 'coupled_block' |
-            'block_verification' (one chain, verified as a block: more tokens per round
-            than 'rejection', the same law).
+        rule: a registered rule's name (`specjax.verify.registry.names()`: 'rejection',
+            'token_tree', 'shared_block', 'coupled', 'coupled_block', 'block_verification',
+            'traversal'); a one-chain rule needs `n_slots` 1.
         verifier_temperature: τ of the verifier (0 = greedy).
         n_slots: S, chains per row in the verifier's block (the row's drafters, in priority
             order; a row may leave slots empty).
@@ -273,18 +273,18 @@ class EngineConfig:
 def validate_engine_config(c: EngineConfig) -> None:
     """Raises ConfigError naming the field, the value and what is allowed."""
     check_gamma(c.gamma, "gamma")
-    if c.rule not in RULES:
-        raise ConfigError(f"rule: got {c.rule!r}; allowed: one of {', '.join(RULES)}")
+    rule = registry.get(c.rule)  # ConfigError naming the registered rules
     if not (math.isfinite(c.verifier_temperature) and c.verifier_temperature >= 0):
         raise ConfigError(
             f"verifier_temperature: got {c.verifier_temperature!r}; allowed: a finite number ≥ 0"
         )
     if not isinstance(c.n_slots, int) or c.n_slots < 1:
         raise ConfigError(f"n_slots: got {c.n_slots!r}; allowed: an integer ≥ 1")
-    if c.rule in SINGLE_CHAIN_RULES and c.n_slots != 1:
+    if not rule.allows_slots(c.n_slots):
+        several = [r.name for r in registry.all_rules() if r.allows_slots(2)]
         raise ConfigError(
-            f"n_slots: got {c.n_slots} with rule {c.rule!r}; allowed: 1 "
-            "(use 'token_tree' or 'shared_block' for several drafters per row)"
+            f"n_slots: got {c.n_slots} with rule {c.rule!r}; allowed: {rule.chains} "
+            f"(rules of several drafters per row: {', '.join(several)})"
         )
     if not isinstance(c.max_new_tokens, int) or c.max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens: got {c.max_new_tokens!r}; allowed: an integer ≥ 1")

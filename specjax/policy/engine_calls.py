@@ -231,9 +231,8 @@ def run_carried(
             sub = sub.with_gammas([None] * len(u))
         elif g_row is not None:
             sub = sub.with_gammas([g_row])
-        set_rule = rule
-        if len(u) == 1:  # one chain: the coupled rule, or rule 1 / block verification
-            set_rule = "coupled" if rule.startswith("coupled") else _chain_rule(cfg)
+        # One chain: the plan's one-drafter rule (rule 1, block verification, coupled).
+        set_rule = cfg.call_rule(1) if len(u) == 1 else rule
         ecfg = EngineConfig(
             gamma=cfg.gamma,
             rule=set_rule,
@@ -418,11 +417,6 @@ def autoregressive_carried(
         priced[price_key("verify", "verifier", 1, rows, states.v_cap)] = trips
         priced[round_key] = trips
     return new, float(res.seconds) + state_secs, priced
-
-
-def _chain_rule(cfg) -> str:
-    """The rule of a one-drafter, uncoupled engine call under the plan config `cfg`."""
-    return "block_verification" if cfg.rule == "block_verification" else "rejection"
 
 
 def drafter_temperatures(dep) -> tuple:

@@ -13,6 +13,7 @@ import numpy as np
 from specjax.engine.deployment import Deployment
 from specjax.policy.kl import kl_groups
 from specjax.policy.switches import Policy
+from specjax.verify import registry
 
 
 def sharing_sets(
@@ -46,16 +47,20 @@ def sharing_sets(
     return final
 
 
-def branch_layout(dep: Deployment, policy: Policy, kl_pair, split, n_branches: int):
+def branch_layout(
+    dep: Deployment, policy: Policy, kl_pair, split, n_branches: int, plan_rule: str | None = None
+):
     """(sets, branches, rule) of a policy: who shares a prefix, the branch list, the rule.
 
     Branches are the sharing sets, repeated in turn until there are `n_branches` of them
     (with one shared set, every branch runs the same drafters on its own random stream).
+    The rule is the one sets of several drafters run: the plan config's rule
+    (`PlanConfig.rule`, None: `token_tree`), or its naive twin with switch 2 off.
     """
     sets = sharing_sets(dep, policy, kl_pair, split)
     n_b = max(n_branches, len(sets))
     branches = [sets[b % len(sets)] for b in range(n_b)]
-    rule = "token_tree" if policy.truncate_and_attribute else "shared_block"
+    rule = registry.call_rule(plan_rule, 2, policy.truncate_and_attribute).name
     return sets, branches, rule
 
 

@@ -259,7 +259,7 @@ def _routed_step(dep, cfg, states, todo, step, stats, sets, router):
         keys = plan_keys(cfg.seed, todo, step)
     else:
         keys = plan_keys(cfg.seed, todo, step, branches=[0] * len(todo))
-    rule = "coupled" if cfg.coupled else "token_tree"
+    rule = cfg.call_rule(2)  # sets of several drafters (a lone drafter: `run_carried`)
     gammas = None
     if router is not None and hasattr(router, "gamma_for"):
         gammas = [router.gamma_for(i) for i in todo]  # a lone drafter's γ (None: its own)
@@ -293,9 +293,9 @@ def _policy_step(dep, cfg, states, todo, step, stats, policy, split, agreement):
     the plans that fell back and the carried state past the step."""
     kl_pair = _kl_on_prefix(dep, cfg, [states.hist[i] for i in todo], stats)  # every policy
     n_groups = len(dict.fromkeys(dep.groups))
-    sets, branches, rule = branch_layout(dep, policy, kl_pair, split, cfg.n_branches or n_groups)
-    if cfg.coupled:
-        rule = "coupled" if policy.truncate_and_attribute else "coupled_block"
+    sets, branches, rule = branch_layout(
+        dep, policy, kl_pair, split, cfg.n_branches or n_groups, cfg.rule
+    )
     n_p = len(todo)
     rows = StepRows(branches, n_p, cfg.coupled)
     keys = plan_keys(cfg.seed, [todo[p] for p in rows.plans], step, branches=rows.key_branches)

@@ -14,9 +14,7 @@ from specjax.engine.spec import EngineConfig
 from specjax.errors import ConfigError
 from specjax.policy import boundary as boundary_lib
 from specjax.policy.consensus import CONSENSUS_RULES
-
-#: `PlanConfig.rule`'s values (None: switch 2's rule, rule 1 for a one-drafter branch).
-PLAN_RULES = (None, "coupled", "block_verification")
+from specjax.verify import registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,10 +32,13 @@ class PlanConfig:
       consensus_threshold: the quorum rule's support threshold, in (0, 1].
       thresholds: the decision boundary's thresholds (the seed's by default).
       n_branches: minimum number of parallel branches (None = one per tokenizer group).
-      rule: None (the policy's switch 2 picks the rule; a one-drafter branch runs rule 1),
-        'coupled' (shared Gumbel noise across the branches of a plan: drafter-invariant;
-        switch 2 picks `coupled` or the naive `coupled_block`) or 'block_verification' (as
-        None, but a one-drafter branch is verified as a block: more drafts kept, same law).
+      rule: None (the policy's switch 2 picks `token_tree` or its naive twin; a one-drafter
+        branch runs rule 1) or a rule a plan may name (`registry.plan_names()`): 'coupled'
+        (shared Gumbel noise across the branches of a plan: drafter-invariant; switch 2
+        picks `coupled` or the naive `coupled_block`), 'block_verification' (as None, but a
+        one-drafter branch is verified as a block: more drafts kept, same law),
+        'traversal' (several drafters verified leaf to root; one drafter as a block). The
+        rule of each engine call: `call_rule`.
       consensus_cost: modelled cost of one consensus round, in verifier calls.
       share_verifier_call: the cost model batches the branches of a plan into one verifier
         call per round (True) or charges each branch's rounds as calls (False).
@@ -86,8 +87,8 @@ class PlanConfig:
             bad("consensus_threshold", "a number in (0, 1]")
         if not isinstance(self.thresholds, boundary_lib.BoundaryThresholds):
             bad("thresholds", "a BoundaryThresholds")
-        if self.rule not in PLAN_RULES:
-            bad("rule", "None, 'coupled' or 'block_verification'")
+        if self.rule is not None and self.rule not in registry.plan_names():
+            bad("rule", f"None or one of {', '.join(registry.plan_names())}")
         if self.n_branches is not None and not (
             isinstance(self.n_branches, int) and self.n_branches >= 1
         ):
@@ -107,4 +108,10 @@ class PlanConfig:
 
     @property
     def coupled(self) -> bool:
-        return self.rule == "coupled"
+        """The plan's rule draws shared Gumbel noise (a plan's branches share it)."""
+        return registry.plan_rule(self.rule).coupled
+
+    def call_rule(self, chains: int, truncate_and_attribute: bool = True) -> str:
+        """The rule an engine call of `chains` chains per row runs (switch 2 off: the naive
+        twin of the plan's tree rule)."""
+        return registry.call_rule(self.rule, chains, truncate_and_attribute).name

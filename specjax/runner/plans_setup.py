@@ -15,6 +15,7 @@ from specjax.errors import ConfigError, env_value, user_path
 from specjax.gammas import drafter_gammas
 from specjax.policy.boundary import BoundaryThresholds
 from specjax.policy.plan_config import PlanConfig
+from specjax.verify import registry
 
 SYNTHETIC_PROMPTS = ["ab", "cda", "b", "dd", "acb", "c", "bad", "da"]
 #: The deployments a `plans` config may name (`load_deployment`).
@@ -203,7 +204,7 @@ def plan_config(config, cell) -> PlanConfig:
         consensus=config.get("consensus", "seed"),
         consensus_threshold=config.consensus_threshold,
         thresholds=plan_thresholds(config),
-        rule=None if rule in (None, "default") else rule,
+        rule=None if rule in (None, registry.DEFAULT_SPELLING) else rule,
         consensus_cost=config.consensus_cost,
         share_verifier_call=bool(config.get("share_verifier_call", True)),
         seed=int(cell.get("seed", 0)),

@@ -30,6 +30,7 @@ import math
 
 from specjax.errors import ConfigError, check
 from specjax.gammas import drafter_gammas, is_gamma, widest_gamma
+from specjax.verify import registry
 
 __all__ = ["LIMITS", "validate"]
 
@@ -287,14 +288,15 @@ def _check_grid(config) -> None:
         )
     for p in axes.get("policy", ["all_on"]):
         _policy(p)
-    rules = [None, "default", "coupled", "block_verification"]  # PlanConfig's PLAN_RULES
+    # PlanConfig's rules: None (or its spelling 'default') and the rules a plan may name.
+    rules = [None, registry.DEFAULT_SPELLING, *registry.plan_names()]
     for r in axes.get("rule", [None]):
         check(r in rules, "grid.rule", r, rules)
     # Two values of an axis that are one run under two spellings would run it twice as two
     # cells (and count it twice): refused, naming both.
     for axis, canon in (
         ("policy", _policy),
-        ("rule", lambda r: r or "default"),
+        ("rule", lambda r: r or registry.DEFAULT_SPELLING),
         ("drafter_gamma", lambda g: None if g is None or all(x is None for x in g) else tuple(g)),
     ):
         seen: dict = {}

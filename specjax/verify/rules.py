@@ -10,8 +10,12 @@ Block layout (one row). The verifier scored `[root] + S slot chains of γ drafts
     drafts:  i32[S, γ]     the drafts (verifier ids)
     active:  bool[S]       which slots hold a chain this round (inactive slots are ignored)
 
-Every rule returns a `Verdict`: `n` drafted tokens committed, then one token from the
-verifier (residual, fresh or bonus sample), so `1 ≤ n + 1 ≤ γ + 1` tokens per round.
+Every rule is called as `rule(key, p_root, p_nodes, q, drafts, active, gumbel)` (`key` its
+PRNG key; `gumbel` the round's shared Gumbel noise for the coupled rules, None and unused for
+the others) and returns a `Verdict`: `n` drafted tokens committed, then one token from the
+verifier (residual, fresh or bonus sample), so `1 ≤ n + 1 ≤ γ + 1` tokens per round. Each
+is registered as a typed `specjax.verify.rule.Rule` (end of this module); callers ask
+`specjax.verify.registry`, never compare names.
 
 Rules:
     * `shared_block` — switch 2 off (the naive design) and, with one active slot, plain
@@ -34,6 +38,7 @@ Rules:
         prefix, not cut at the first token-level rejection. Optimal in expected tokens per
         round among valid verifications of one draft chain, so never below `rejection`;
         the same at verifier τ 0.
+    * `traversal` — its own module, `specjax.verify.traversal` (Weng et al. 2025).
 """
 
 from __future__ import annotations
@@ -46,18 +51,8 @@ from flax import struct
 from specjax import debug
 from specjax.verify.distributions import accept_test, gumbel_argmax, residual
 from specjax.verify.qlaw import check_q, q_at, q_dense, residual_update, scaled_residual
+from specjax.verify.rule import Rule, register
 from specjax.verify.streams import key_data, sample_rows_u, split_data, uniform_data
-
-RULES = (
-    "rejection",
-    "token_tree",
-    "shared_block",
-    "coupled",
-    "coupled_block",
-    "block_verification",
-)
-COUPLED_RULES = ("coupled", "coupled_block")
-SINGLE_CHAIN_RULES = ("rejection", "block_verification")  # one chain per row (S = 1)
 
 
 @struct.dataclass
@@ -182,7 +177,7 @@ def _check(p_root, p_nodes, q, drafts, active):
     debug.check(jnp.all((drafts >= 0) & (drafts < v)), 'verify: a draft outside [0, V)')
 
 
-def shared_block(key, p_root, p_nodes, q, drafts, active) -> Verdict:
+def shared_block(key, p_root, p_nodes, q, drafts, active, gumbel=None) -> Verdict:
     """Switch 2 off: one shared block, the verifier a min over drafters (SPEC §4).
 
     With a single active slot this is exactly Leviathan/Chen rejection sampling.
@@ -241,7 +236,7 @@ def _block_cut(active, cut, gamma):
     return jnp.where(active & (cut < gamma), cut, gamma).astype(jnp.int32)
 
 
-def rejection(key, p_root, p_nodes, q, drafts, active) -> Verdict:
+def rejection(key, p_root, p_nodes, q, drafts, active, gumbel=None) -> Verdict:
     """Rule 1 (Leviathan et al. 2023; Chen et al. 2023) for a single chain (S = 1)."""
     if q.shape[0] != 1:
         raise ValueError(
@@ -251,7 +246,7 @@ def rejection(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     return shared_block(key, p_root, p_nodes, q, drafts, active)
 
 
-def block_verification(key, p_root, p_nodes, q, drafts, active) -> Verdict:
+def block_verification(key, p_root, p_nodes, q, drafts, active, gumbel=None) -> Verdict:
     """Block verification of one chain (S = 1; Sun, Mendlovic, Leviathan et al., ICLR 2025).
 
     With the drafts x_1..x_g of a chain of length g ≤ γ (q rows past g are zero padding),
@@ -328,7 +323,7 @@ def block_verification(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     )
 
 
-def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
+def token_tree(key, p_root, p_nodes, q, drafts, active, gumbel=None) -> Verdict:
     """Rule 2: recursive rejection sampling over the slot chains (SpecInfer Thm 4.2).
 
     At a node the children (the depth-d drafts of the chains still on the committed path,
@@ -415,22 +410,22 @@ def token_tree(key, p_root, p_nodes, q, drafts, active) -> Verdict:
     )
 
 
-def coupled(gumbel, p_root, p_nodes, q, drafts, active, key=None) -> Verdict:
+def coupled(key, p_root, p_nodes, q, drafts, active, gumbel) -> Verdict:
     """Rule 4: drafter-invariant verification with shared Gumbel noise (longest chain).
 
     Args:
-        gumbel: f32[γ+1, V] the noise of absolute positions length..length+γ; the drafts must
-            be `argmax(log q + g)` with the same noise. The committed tokens are
-            `argmax(log p + g)` along the path, i.e. the verifier's own sample for this noise.
         key: PRNG key of the per-drafter measurement: each chain is also tested alone with
             Leviathan's rule (fresh uniforms, min(1, p/q)), which is what `own_first_rejection`
             reports, so per-drafter α means the same under every rule (SPEC §7). It decides
             nothing. None: `own_first_rejection` is the Gumbel match (`match_lead`).
+        gumbel: f32[γ+1, V] the noise of absolute positions length..length+γ; the drafts must
+            be `argmax(log q + g)` with the same noise. The committed tokens are
+            `argmax(log p + g)` along the path, i.e. the verifier's own sample for this noise.
     """
     return _coupled(gumbel, p_root, p_nodes, q, drafts, active, key, shared_block=False)
 
 
-def coupled_block(gumbel, p_root, p_nodes, q, drafts, active, key=None) -> Verdict:
+def coupled_block(key, p_root, p_nodes, q, drafts, active, gumbel) -> Verdict:
     """Rule 4 with switch 2 off: the block is cut where the first active chain mismatched."""
     return _coupled(gumbel, p_root, p_nodes, q, drafts, active, key, shared_block=True)
 
@@ -487,3 +482,65 @@ def _coupled(gumbel, p_root, p_nodes, q, drafts, active, key, shared_block: bool
         kept_expected=jnp.float32(0.0),
         kept_rule1=jnp.float32(0.0),
     )
+
+
+# ----------------------------------------------------------------------------------------
+# The rules of this module, registered (`specjax.verify.registry` imports this module).
+# ----------------------------------------------------------------------------------------
+
+REJECTION = register(
+    Rule(
+        'rejection',
+        rejection,
+        chains=1,
+        rule1=True,
+        summary='rule 1: Leviathan et al. 2023, one chain',
+    )
+)
+TOKEN_TREE = register(
+    Rule(
+        'token_tree',
+        token_tree,
+        naive='shared_block',
+        lone='rejection',
+        twins_without_replacement=True,
+        summary='rule 2: recursive rejection sampling over the chains (SpecInfer)',
+    )
+)
+SHARED_BLOCK = register(
+    Rule(
+        'shared_block',
+        shared_block,
+        lone='rejection',
+        summary='switch 2 off: one shared block cut at the first rejection of any chain',
+    )
+)
+COUPLED = register(
+    Rule(
+        'coupled',
+        coupled,
+        coupled=True,
+        naive='coupled_block',
+        plan=True,
+        summary='drafter-invariant Gumbel coupling, longest chain (Daliri et al. 2025)',
+    )
+)
+COUPLED_BLOCK = register(
+    Rule(
+        'coupled_block',
+        coupled_block,
+        coupled=True,
+        lone='coupled',
+        summary='the Gumbel coupling with the naive shared block',
+    )
+)
+BLOCK_VERIFICATION = register(
+    Rule(
+        'block_verification',
+        block_verification,
+        chains=1,
+        tree='token_tree',
+        plan=True,
+        summary='one chain verified as a block (Sun et al., ICLR 2025)',
+    )
+)
