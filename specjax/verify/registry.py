@@ -10,7 +10,7 @@ call of a plan runs (the policy's one question about rules).
 from __future__ import annotations
 
 from specjax.errors import ConfigError
-from specjax.verify import rules  # noqa: F401  (each module registers its rules)
+from specjax.verify import rules, traversal  # noqa: F401  (each module registers its rules)
 from specjax.verify.rule import Rule, registered
 
 #: The rule family a plan runs when its config names none (`PlanConfig.rule` None): the token
