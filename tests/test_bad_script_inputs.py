@@ -4,6 +4,7 @@ tests/test_experiment_scripts.py; the `specjax` CLI's bad inputs in test_bad_inp
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +102,169 @@ def test_loop_alpha_refuses_predict_at_another_temperature(tmp_path):
     proc = _run("loop_alpha.py", f"--out={tmp_path}", "--predict", "--tau=0")
     assert _last_line(proc).endswith("--tau: got 0.0, allowed: 1.0 with --predict")
     assert not any(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------------------
+# Issue 51: every script's flags checked in one place before anything is written
+# (`specjax.runner.script_flags.run`): one line `<script>: error: <flag>: got ...`, exit 2.
+# ----------------------------------------------------------------------------------------
+
+
+def _damaged_npz(folder: Path, name: str, like: str) -> Path:
+    """``folder/name`` (.npz, truncated) with the intact ``.json`` of shipped drafter `like`."""
+    from specjax.models import real_zoo
+
+    folder.mkdir(parents=True, exist_ok=True)
+    src = real_zoo.DRAFTER_DIR / f"{like}.npz"
+    dst = folder / name
+    dst.write_bytes(src.read_bytes()[:4096])
+    dst.with_suffix(".json").write_text(src.with_suffix(".json").read_text())
+    return dst
+
+
+def _one_line(proc, script: str, *needles: str) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and proc.stdout == "", proc.stderr[-2000:]
+    assert lines[0].startswith(f"{script}: error: "), lines
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "script, args, needles",
+    [
+        ("benchmark_real", ["--drafters=nosuch"], ["--drafters: got 'nosuch'", "lookup"]),
+        ("benchmark_real", ["--gammas=0"], ["--gammas: got '0'", "integers in [1, 64]"]),
+        ("benchmark_real", ["--taus=nan"], ["--taus: got 'nan'", "finite numbers"]),
+        ("benchmark_real", ["--new_tokens=0"], ["--new_tokens: got 0"]),
+        ("benchmark_real", ["--batches=-1"], ["--batches: got '-1'"]),
+        ("benchmark_real", ["--parts=nope"], ["--parts: got 'nope'", "machine, ratio"]),
+        ("benchmark_real", ["--drafter_dir=/nonexistent"], ["--drafter_dir: got '/nonexistent'"]),
+        ("benchmark_real", ["positional"], ["arguments: got 'positional'"]),
+        ("train_drafters", ["--prompts=-1"], ["--prompts: got -1"]),
+        ("train_drafters", ["--domains=math"], ["--domains: got 'math'"]),
+        ("train_drafters", ["--temperature=nan"], ["--temperature: got nan", "finite"]),
+        ("train_drafters", ["--dtype=float16"], ["--dtype: got 'float16'", "'bfloat16'"]),
+        ("train_eagle", ["--dtype=float16"], ["--dtype: got 'float16'"]),
+        ("train_eagle", ["--learning_rate=nan"], ["--learning_rate: got nan"]),
+        ("loop_alpha", ["--drafters=nosuch"], ["--drafters: got 'nosuch'", "label=FILE"]),
+        ("loop_alpha", ["--tau=nan"], ["--tau: got nan"]),
+        ("loop_alpha", ["--seeds=x"], ["--seeds: got 'x'"]),
+        ("compare_layouts", ["--rounds=0"], ["--rounds: got 0"]),
+    ],
+)
+def test_bad_flags_are_one_line_and_nothing_is_written(tmp_path, script, args, needles):
+    out = tmp_path / "run"
+    proc = _run(f"{script}.py", *args, f"--out={out}")
+    _one_line(proc, script, *needles)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("script", ["benchmark_real", "train_drafters", "loop_alpha"])
+def test_an_out_that_is_a_file_is_refused_first(tmp_path, script):
+    f = tmp_path / "file"
+    f.write_text("x")
+    for out in (f, f / "sub"):
+        proc = _run(f"{script}.py", f"--out={out}")
+        _one_line(proc, script, f"--out: got '{out}'", "is not a directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def _corrupt_inputs(tmp_path):
+    bad = _damaged_npz(tmp_path / "dd", "drafter_code.npz", "code")
+    eagle = _damaged_npz(tmp_path / "ee", "eagle.npz", "eagle")
+    return bad, eagle, sorted(tmp_path.rglob("*"))
+
+
+def test_corrupt_drafter_files_are_one_line_naming_the_file(tmp_path):
+    out = tmp_path / "run"
+    bad, eagle, before = _corrupt_inputs(tmp_path)
+    proc = _run("benchmark_real.py", f"--drafter_dir={bad.parent}", f"--out={out}")
+    _one_line(proc, "benchmark_real", f"--drafter_dir: got '{bad.parent}'", "not a readable .npz")
+    proc = _run("benchmark_real.py", f"--eagle={eagle}", "--drafters=eagle", f"--out={out}")
+    _one_line(proc, "benchmark_real", f"--eagle: got '{eagle}'", "not a readable .npz")
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+def test_corrupt_feature_drafters_are_one_line_naming_the_file(tmp_path):
+    out = tmp_path / "run"
+    _, eagle, before = _corrupt_inputs(tmp_path)
+    proc = _run("loop_alpha.py", f"--drafters=x={eagle}", f"--out={out}")
+    _one_line(proc, "loop_alpha", f"--drafters: got 'x={eagle}'", str(eagle))
+    proc = _run("train_eagle.py", "--stage=train", f"--init_from={eagle}", f"--out={out}")
+    _one_line(proc, "train_eagle", f"--init_from: got '{eagle}'", "not a readable .npz")
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_corrupt_training_inputs_are_one_line_naming_the_file(tmp_path):
+    out = tmp_path / "run"
+    bad, _, _ = _corrupt_inputs(tmp_path)
+    gen = _damaged_npz(out, "gen_code.npz", "code")  # a generation file that does not read
+    before = sorted(tmp_path.rglob("*"))
+    proc = _run("train_drafters.py", "--stage=train", "--domains=code", f"--out={out}")
+    _one_line(proc, "train_drafters", f"--out: got '{out}'", f"{gen}: not a readable .npz")
+    (out / "gen_code.npz").unlink()
+    (out / "gen_code.json").unlink()
+    proc = _run(
+        "train_drafters.py",
+        "--stage=generate,train",
+        "--domains=code",
+        f"--init_from={bad.parent}",
+        f"--out={out}",
+    )
+    _one_line(proc, "train_drafters", f"--init_from: got '{bad.parent}'", "not a readable .npz")
+    assert sorted(tmp_path.rglob("*")) == [p for p in before if p.parent != out or p.suffix == ""]
+
+
+def test_feature_layers_beyond_the_verifier_are_refused_before_it_loads(tmp_path):
+    out = tmp_path / "run"
+    proc = _run("train_eagle.py", "--stage=train", "--feature_layers=99", f"--out={out}")
+    _one_line(proc, "train_eagle", "--feature_layers: got '99'", "[0, 30]")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "name, value, needle",
+    [
+        ("SPECJAX_MAX_PROGRAMS", "-5", "an integer in [1, 4096]"),
+        ("SPECJAX_WARM_PROGRAMS", "maybe", "one of 0, 1, true"),
+        ("SPECJAX_DATA_CACHE", "{file}", "is not a directory"),
+        ("SPECJAX_ZOO", "{file}", "is not a directory"),
+    ],
+)
+def test_a_bad_environment_is_one_line_naming_the_variable(tmp_path, name, value, needle):
+    f = tmp_path / "file"
+    f.write_text("x")
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "experiments/loop_alpha.py", f"--out={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, name: value.format(file=f)},
+    )
+    _one_line(proc, "loop_alpha", f"{name}: got", needle)
+    assert not out.exists()
+
+
+def test_a_library_import_never_reads_the_environment(monkeypatch):
+    """A bad value is refused where it is used, naming the variable (the modules read
+    no variable when imported)."""
+    from specjax import debug
+    from specjax.engine import programs
+    from specjax.errors import ConfigError
+
+    monkeypatch.setenv("SPECJAX_MAX_PROGRAMS", "abc")
+    monkeypatch.setenv("SPECJAX_CHECKS", "maybe")
+    monkeypatch.setattr(programs, "_MAX_PROGRAMS", None)
+    with pytest.raises(ConfigError, match=r"^SPECJAX_MAX_PROGRAMS: got 'abc', allowed: an int"):
+        programs._max_programs()
+    monkeypatch.setattr(debug, "_ENABLED", None)
+    with pytest.raises(ConfigError, match=r"^SPECJAX_CHECKS: got 'maybe'"):
+        debug.enabled()
+    monkeypatch.setattr(debug, "_ENABLED", None)
+    monkeypatch.delenv("SPECJAX_CHECKS")
+    monkeypatch.delenv("SPECJAX_MAX_PROGRAMS")
+    assert programs._max_programs() == 128 and debug.enabled() is False
