@@ -8,6 +8,9 @@ Run: `.venv/bin/pytest tests/test_policy_parts.py -q -p no:xdist`.
 from __future__ import annotations
 
 import math
+import sys
+import types
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -312,3 +315,43 @@ def test_policy_names_grammar():
         "single:code",
     ]
     assert len(names.ABLATION_NAMES) == 10 and names.FIELD_REPORT_NAMES[-2:] == names.ROUTERS
+
+
+# =============================================================================== a fifth switch
+
+
+def _with_fifth_switch(monkeypatch):
+    """The switches module with one more `TABLE` entry (the recipe: one entry), loaded
+    apart from the real one."""
+    src = Path(switches.__file__).read_text()
+    anchor = "\n)\n#: Switch names in code order."
+    assert src.count(anchor) == 1
+    entry = '\n    Switch("extra_invariant", "x", "a fifth switch (a test\'s)."),'
+    mod = types.ModuleType("switches_with_a_fifth")
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)  # dataclasses look the module up
+    exec(
+        compile(src.replace(anchor, entry + anchor), "switches_with_a_fifth", "exec"), mod.__dict__
+    )
+    return mod
+
+
+def test_a_fifth_switch_is_one_table_entry_and_stored_codes_still_parse(monkeypatch):
+    mod = _with_fifth_switch(monkeypatch)
+    policy = mod.Policy
+    assert mod.SWITCHES[-1] == "extra_invariant" and len(mod.all_combinations()) == 32
+    # A stored 4-letter code: the same policy, the fifth switch off, the same spelling.
+    old = policy.from_name("p1t0a1k0")
+    assert old == policy(True, False, True, None, False) and old.name == "p1t0a1k0"
+    assert policy.from_name("p1t0a1k0x0") == old
+    new = policy.from_name("p1t0a1k0x1")
+    assert new.extra_invariant and new.name == "p1t0a1k0x1"
+    assert policy.from_name("naive_plus_extra_invariant").code == "p0t0a0k0x1"
+    assert policy.from_name("all_on_kl0.5") == policy(True, True, True, 0.5, True)
+    for p in mod.all_combinations(kl_ceiling=0.2):
+        assert policy.from_name(p.name) == p and policy.from_name(p.code).bits == p.bits
+    # A stored dict of the four switches still builds the policy (the fifth off).
+    assert policy(**old.to_dict()) == old
+    with pytest.raises(ConfigError):
+        policy.from_name("p1t0a1")  # fewer than the four stored codes name
+    with pytest.raises(ConfigError):
+        policy.from_name("p1t0a1k0y1")  # not the table's fifth letter

@@ -3,9 +3,10 @@
 A policy name is one of
 
     * a switch policy, as `Policy.name` writes it (`specjax.policy.switches`): ``naive``,
-        ``all_on``, ``all_on_minus_<switch>``, ``naive_plus_<switch>``, a 4-bit code
-        ``p<0|1>t<0|1>a<0|1>k<0|1>``, any of them with the KL switch on ending in
-        ``_kl<nats>``; a grid may also give the switches as a dict (``Policy(**d)``);
+        ``all_on``, ``all_on_minus_<switch>``, ``naive_plus_<switch>``, a code
+        ``p<0|1>t<0|1>a<0|1>k<0|1>`` (a letter per switch), any of them with the KL
+        switch on ending in ``_kl<nats>``; a grid may also give the switches as a dict
+        (``Policy(**d)``);
     * a router, which picks each plan's drafters instead of running switch-set branches:
         ``auto`` (`specjax.policy.auto.AutoRouter`, adaptive drafter sets) or ``oracle``
         (each plan drafted by its own domain's drafter alone, the domain known);
@@ -27,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from specjax.errors import ConfigError
-from specjax.policy.switches import SWITCHES, Policy
+from specjax.policy.switches import CODE_MIN, SWITCHES, Policy
 
 #: Router names, in display order.
 ROUTERS = ("auto", "oracle")
@@ -131,6 +132,7 @@ def order_key(value: Any) -> tuple:
 
 
 def is_policy_dict(value: Any) -> bool:
-    """Whether `value` is a dict of the four switches (a grid's or a row's spelled-out
-    policy)."""
-    return isinstance(value, dict) and all(s in value for s in SWITCHES)
+    """Whether `value` is a dict of the switches (a grid's or a row's spelled-out policy:
+    at least the first `CODE_MIN`, the four every stored row names; later ones may be
+    missing, off)."""
+    return isinstance(value, dict) and all(s in value for s in SWITCHES[:CODE_MIN])
