@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters train-eagle eval-drafters benchmark benchmark-real benchmark-real-bf16 benchmark-real-trees benchmark-real-eagle benchmark-real-headline benchmark-device docs docs-seed docs-seed-real clean-venv
+.PHONY: test-tpu plan-tpu tpu-extra reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters train-eagle eval-drafters benchmark benchmark-real benchmark-real-bf16 benchmark-real-trees benchmark-real-eagle benchmark-real-headline benchmark-device docs docs-seed docs-seed-real clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,24 @@ format: $(STAMP)
 # a tiny size).
 test-all: $(STAMP)
 	SPECJAX_CHECKS=1 $(PY) -m pytest -q -n 2 --dist worksteal -m ''
+
+# The TPU compiler (libtpu) for compile-only TPU devices: `jax[tpu]` at the installed jax's
+# version pins the libtpu that matches it (~300 MB, once).
+tpu-extra: $(STAMP)
+	$(PY) -c 'import libtpu' 2>/dev/null || $(PY) -m pip install -q "jax[tpu]==$$($(PY) -c 'import jax; print(jax.__version__)')"
+
+# specjax's programs compiled by XLA:TPU on this host (tests/test_tpu_compile.py; skipped by
+# `make test` where libtpu is absent).
+test-tpu: tpu-extra
+	JAX_PLATFORMS=cpu $(PY) -m pytest -q -p no:xdist -m tpu tests/test_tpu_compile.py tests/test_tpu_form.py
+
+# The TPU deployment planner: SmolLM2 on one v5e chip and the field report's deployment on a
+# v5e-16 and a v5p-8 (configs/plan_tpu.py), journaled in runs/plan_tpu (a rerun resumes),
+# then docs/results/tpu_plan.md. ~25 min for smollm2 and ~60 min for field_report on 2 cores.
+plan-tpu: tpu-extra
+	JAX_PLATFORMS=cpu $(PY) -m specjax.tpu.plan --config=configs/plan_tpu.py:smollm2 --workdir=runs/plan_tpu
+	JAX_PLATFORMS=cpu $(PY) -m specjax.tpu.plan --config=configs/plan_tpu.py:field_report --workdir=runs/plan_tpu
+	JAX_PLATFORMS=cpu $(PY) -m specjax.tpu.plan --config=configs/plan_tpu.py:smollm2 --config=configs/plan_tpu.py:field_report --workdir=runs/plan_tpu --page=docs/results/tpu_plan.md --norun
 
 train-zoo: $(STAMP)
 	$(PY) experiments/train_zoo.py

@@ -13,6 +13,7 @@ the priced programs.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,7 @@ from specjax.models.api import causal_block_mask
 from specjax.verify.distributions import gumbel_argmax, sampling_probs
 from specjax.verify.streams import STREAM_VERIFY, fold_keys, gumbel_noise, sample_rows
 
-__all__ = ['ar_loop', 'ar_step', 'autoregressive_generate']
+__all__ = ['ar_loop', 'ar_step', 'autoregressive_call', 'autoregressive_generate']
 
 
 _AR_STATICS = ("verifier", "coupled", "top_k", "top_p", "return_state")
@@ -187,7 +188,14 @@ def _ar_from_state(
     )
 
 
-def autoregressive_generate(
+def autoregressive_generate(*args, **kwargs) -> GenerateResult:
+    """The baseline: the verifier alone, one token per step, same PRNG streams as the
+    engine. Takes the arguments of `autoregressive_call` (see there) and runs its program."""
+    fn, statics, call_args = autoregressive_call(*args, **kwargs)
+    return _run(fn, statics, call_args, counters=False)
+
+
+def autoregressive_call(
     verifier,
     v_params,
     prompts,
@@ -205,8 +213,9 @@ def autoregressive_generate(
     state: EngineState | None = None,
     reserve: int = 0,
     return_state: bool = False,
-) -> GenerateResult:
-    """The baseline: the verifier alone, one token per call, same PRNG streams as the engine.
+) -> tuple:
+    """The program of an autoregressive call, checked on the host: ``(fn, statics, args)``
+    (as `specjax.engine.generate.speculative_call`).
 
     With `coupled=True` each token is the Gumbel-max sample with the noise of its absolute
     position — the very token rule 'coupled' commits — so the two can be compared exactly.
@@ -271,4 +280,7 @@ def autoregressive_generate(
             dev['max_new'],
         )
         fn = _ar_from_state
-    return _run(fn, statics, args, counters=False)
+    return fn, statics, args
+
+
+autoregressive_generate.__signature__ = inspect.signature(autoregressive_call)

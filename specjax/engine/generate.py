@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from typing import Any, Sequence
 
 import jax
@@ -74,6 +75,7 @@ from specjax.verify.streams import row_keys_for
 __all__ = [
     'GenerateResult',
     'EngineState',
+    'speculative_call',
     'speculative_generate',
     'pad_prompts',
     'row_keys_for',
@@ -365,7 +367,17 @@ def drafter_capacity(spec_lm, m: int, d_width: int, v_width: int, buf_len: int, 
     return int(min(spec_lm.max_len, d_width + (buf_len - v_width) * m + gamma))
 
 
-def speculative_generate(
+def speculative_generate(*args, **kwargs) -> GenerateResult:
+    """Speculative generation of `cfg.max_new_tokens` per row (or until a stop token).
+
+    Takes the arguments of `speculative_call` (see there) and runs the program it builds:
+    one compiled `lax.while_loop`, tokens and counters fetched in one transfer.
+    """
+    fn, statics, call_args = speculative_call(*args, **kwargs)
+    return _run(fn, statics, call_args, counters=True)
+
+
+def speculative_call(
     cfg: EngineConfig,
     verifier,
     v_params,
@@ -383,8 +395,11 @@ def speculative_generate(
     state: EngineState | None = None,
     reserve: int = 0,
     return_state: bool = False,
-) -> GenerateResult:
-    """Speculative generation of `cfg.max_new_tokens` per row (or until a stop token).
+) -> tuple:
+    """The program of a speculative call, checked on the host: ``(fn, statics, args)``,
+    run as ``fn(*args, **statics)`` (`speculative_generate` runs it; `specjax.tpu`
+    lowers it for a compile target, ``v_params`` and the drafters' ``params`` then
+    abstract ``jax.ShapeDtypeStruct`` leaves).
 
     Args:
       cfg: the engine configuration (γ, rule, verifier temperature, slots, budget).
@@ -409,7 +424,7 @@ def speculative_generate(
       return_state: keep the caches on the device and return them as `result.state`.
 
     Returns:
-      GenerateResult.
+      (the jitted program, its static keyword arguments, its positional arguments).
     """
     k = len(drafters)
     if k < 1:
@@ -465,7 +480,10 @@ def speculative_generate(
         dev, head = _device_inputs(host, v_params, d_data)
         args = head + (state, dev['row_keys'])
         fn = _spec_from_state
-    return _run(fn, statics, args, counters=True)
+    return fn, statics, args
+
+
+speculative_generate.__signature__ = inspect.signature(speculative_call)
 
 
 def _host_inputs(

@@ -43,8 +43,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-#: Gathers and scatters of 16-bit floats as uint16 bits: None (default) on the CPU backend
-#: only, True / False everywhere (a paired comparison, a test). Read at trace time.
+from specjax import backend
+
+#: Gathers and scatters of 16-bit floats as uint16 bits: None (default) where programs are
+#: traced for the CPU only (`specjax.backend.platform`: a compile-only TPU target is not),
+#: True / False everywhere (a paired comparison, a test). Read at trace time.
 HALF_AS_BITS: bool | None = None
 
 
@@ -52,7 +55,7 @@ def _as_bits(dtype) -> bool:
     dtype = jnp.dtype(dtype)
     if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return False
-    return jax.default_backend() == 'cpu' if HALF_AS_BITS is None else bool(HALF_AS_BITS)
+    return backend.platform() == 'cpu' if HALF_AS_BITS is None else bool(HALF_AS_BITS)
 
 
 def _bits(x: jax.Array) -> jax.Array:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax import backend
+
 __all__ = ['HALF_MIN_ROWS', 'PRODUCTS', 'project']
 
 PRODUCTS = 'flat'  # weight products: 'flat' (`project`) or 'einsum' (before it); trace time
-HALF_MIN_ROWS = 2  # a half-precision product of fewer rows is padded to this many
+HALF_MIN_ROWS = 2  # on the CPU, a half-precision product of fewer rows is padded to this many
 
 
 def project(x: jax.Array, w: jax.Array, dt, out_dtype=None, out_first: bool = False) -> jax.Array:
@@ -31,7 +33,8 @@ def project(x: jax.Array, w: jax.Array, dt, out_dtype=None, out_first: bool = Fa
     Measured on the 2-core Xeon with AVX-512 BF16 (docs/results/products.md): SmolLM2 in
     bf16, one-token step 42.3 -> 36.2 ms and T_score(9) / T_step 1.44 -> 1.01 at batch 1
     with the f32 accumulation and the pad; f32 is unchanged by them. On an accelerator the pad is free
-    (the matrix unit pads rows anyway). `PRODUCTS = 'einsum'` traces the products as
+    (the matrix unit pads rows anyway), so programs traced for another platform
+    (`specjax.backend.platform`) are not padded. `PRODUCTS = 'einsum'` traces the products as
     before (an einsum in ``dt``), for paired comparisons.
 
     ``out_first`` makes the product ``[B·T, K] × [N, K]ᵀ`` (contracting both last dims;
@@ -57,7 +60,7 @@ def project(x: jax.Array, w: jax.Array, dt, out_dtype=None, out_first: bool = Fa
     k = x2.shape[1]
     w2 = (w.reshape(-1, k) if out_first else w.reshape(k, -1)).astype(dt)
     half = dt != jnp.float32
-    if half and rows < HALF_MIN_ROWS:
+    if half and rows < HALF_MIN_ROWS and backend.platform() == 'cpu':
         x2 = jnp.pad(x2, ((0, HALF_MIN_ROWS - rows), (0, 0)))
     acc = jnp.float32 if half else out_dtype
     if out_first:

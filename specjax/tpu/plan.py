@@ -1,0 +1,524 @@
+"""The TPU deployment planner: what fits and what a round costs on named slices.
+
+    python -m specjax.tpu.plan --config=configs/plan_tpu.py:smollm2 --workdir=runs/plan_tpu
+    python -m specjax.tpu.plan --config=configs/plan_tpu.py:field_report --workdir=runs/plan_tpu
+    python -m specjax.tpu.plan --config=configs/plan_tpu.py:smollm2 \
+        --config=configs/plan_tpu.py:field_report --workdir=runs/plan_tpu --norun \
+        --page=docs/results/tpu_plan.md
+
+Each task compiles one program for one slice with XLA:TPU's compile-only devices
+(`specjax.tpu.targets`) and appends what the compiler said to ``<workdir>/plan.jsonl``, one
+line per task written whole (a killed run loses at most the task in flight; a rerun skips
+what the journal holds). The page is rendered from the journal alone.
+
+What it can know: whether each program compiles, its per-chip memory (temporaries
+included) against the chip's HBM, its FLOPs and bytes, the compiler's own time estimate,
+the collectives and relayout copies in its optimized HLO. What it cannot: a measured time.
+A time is the compiler's estimate (``optimal_seconds``) where it gives a positive one, else
+a roofline from the compiled FLOPs and the bytes the program must move at least once (its
+arguments and its outputs not aliased to a donated argument) at the chip's published peaks
+— the page says which. Projections use Leviathan et al.'s hardware-aware speed-up with α
+measured by the project's own runs (α is the drafter's and the text's, not the hardware's;
+each config names the run it came from).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import jax
+from absl import app, flags
+
+from specjax.errors import ConfigError
+from specjax.tpu import programs as P
+from specjax.tpu.aot import compile_for
+from specjax.tpu.shapes import abstract_model
+from specjax.tpu.targets import CHIPS, SLICES, get_slice, slice_mesh
+
+__all__ = ['Task', 'estimate_seconds', 'hw_aware_speedup', 'main', 'render', 'run_tasks']
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One program on one slice: what the journal keys a line by."""
+
+    deployment: str
+    slice: str
+    rules: str
+    program: str  # 'forward' | 'drafter_forward' | 'generate' | 'ar' | a state program
+    batch: int
+    k: int = 1  # forward: tokens scored
+    capacity: int = 0  # forward: the KV cache's slots
+    rule: str = ''  # generate: the verification rule
+    drafters: str = ''  # generate: drafter names joined by '+'
+    gamma: int = 0
+    model_axis: int = 0  # chips on 'model' (the rest on 'data')
+
+    @property
+    def key(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+def estimate_seconds(rec: dict, chip) -> tuple[float, str]:
+    """(seconds, how): the compiler's estimate where positive, else the roofline."""
+    opt = rec.get('optimal_seconds')
+    if opt is not None and math.isfinite(opt) and opt > 0:
+        return opt, 'compiler'
+    moved = rec['argument_bytes'] + rec['output_bytes'] - rec['alias_bytes']
+    return max(rec['flops'] / chip.peak_flops, moved / chip.hbm_bandwidth), 'roofline'
+
+
+def hw_aware_speedup(alpha: float, gamma: int, c: float, score_ratio: float) -> float:
+    """Leviathan et al.'s expected speed-up of one chain of γ: E[tokens per round] ·
+    T_step / (γ · T_draft + T_score(γ + 1)), with ``c`` = T_draft / T_step and
+    ``score_ratio`` = T_score(γ + 1) / T_step."""
+    e = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return e / (gamma * c + score_ratio)
+
+
+# ----------------------------------------------------------------------------------------
+# Deployments
+# ----------------------------------------------------------------------------------------
+
+
+def _deployment(cfg, model_shards: int):
+    """(verifier lm, params, {name: Drafter}) in the served form for ``model_shards``."""
+    lm, params = abstract_model(cfg.verifier, max_len=cfg.max_len, dtype=cfg.dtype)
+    lm, params = P.serve_form(lm, params, model_shards)
+    drafters = {}
+    for name, spec in cfg.drafters.items():
+        d_lm = None
+        if spec.get('model'):
+            d_lm, _ = abstract_model(spec['model'], max_len=cfg.max_len, dtype=cfg.dtype)
+            d_lm, _ = P.serve_form(d_lm, d_lm.abstract_params(), 1)
+        drafters[name] = P.drafter(spec['kind'], lm, name=name, lm=d_lm)
+    return lm, params, drafters
+
+
+def _tasks(cfg) -> list[Task]:
+    out = []
+    for sl in cfg.slices:
+        chips = get_slice(sl).chips
+        for rules in cfg.rule_sets:
+            batches = cfg.batches if rules == cfg.recommend else cfg.other_batches
+            for b in batches:
+                ks = cfg.ks if b == min(cfg.batches) and rules == cfg.recommend else cfg.ks_other
+                for k in ks:
+                    out.append(
+                        Task(cfg.name, sl, rules, 'forward', b, k, cfg.capacity, model_axis=chips)
+                    )
+        for b in cfg.drafter_batches:
+            for name in cfg.drafters:
+                if cfg.drafters[name]['kind'] in ('transformer', 'cross', 'subset'):
+                    out.append(
+                        Task(
+                            cfg.name,
+                            sl,
+                            cfg.recommend,
+                            'drafter_forward',
+                            b,
+                            1,
+                            cfg.capacity,
+                            drafters=name,
+                            model_axis=chips,
+                        )
+                    )
+        for rule, names in cfg.generates:
+            out.append(
+                Task(
+                    cfg.name,
+                    sl,
+                    cfg.recommend,
+                    'generate',
+                    cfg.generate_batch,
+                    rule=rule,
+                    drafters=names,
+                    gamma=cfg.gamma,
+                    model_axis=chips,
+                )
+            )
+        if cfg.state_programs:
+            out.append(
+                Task(cfg.name, sl, cfg.recommend, 'ar', cfg.generate_batch, model_axis=chips)
+            )
+            for prog in ('plan_first', 'plan_continue', 'plan_fallback', 'state_rows'):
+                out.append(
+                    Task(
+                        cfg.name,
+                        sl,
+                        cfg.recommend,
+                        prog,
+                        cfg.generate_batch,
+                        rule=cfg.state_rule,
+                        drafters=cfg.state_drafters,
+                        gamma=cfg.gamma,
+                        model_axis=chips,
+                    )
+                )
+    return out
+
+
+def _program(cfg, task: Task, cache: dict):
+    """(fn, statics, args, mesh) of a task."""
+    mesh = slice_mesh(task.slice, 1, task.model_axis)
+    key = (task.slice, task.model_axis)
+    if key not in cache:
+        cache.clear()
+        cache[key] = _deployment(cfg, task.model_axis)
+    lm, params, drafters = cache[key]
+    if task.program == 'forward':
+        fn, args = P.forward_program(
+            lm, params, mesh, task.rules, task.batch, task.k, task.capacity
+        )
+        return fn, {}, args, mesh
+    if task.program == 'drafter_forward':
+        d = drafters[task.drafters]
+        inner = getattr(d.spec.lm, 'inner', d.spec.lm)
+        fn, args = P.forward_program(
+            inner, inner.abstract_params(), mesh, task.rules, task.batch, 1, task.capacity
+        )
+        return fn, {}, args, mesh
+    ds = [drafters[n] for n in task.drafters.split('+') if n]
+    common = dict(batch=task.batch, prompt_len=cfg.prompt_len, new_tokens=cfg.new_tokens)
+    if task.program == 'generate':
+        fn, st, args = P.generate_program(
+            lm, params, ds, mesh, task.rules, rule=task.rule, gamma=task.gamma, **common
+        )
+    elif task.program == 'ar':
+        fn, st, args = P.ar_program(lm, params, mesh, task.rules, **common)
+    else:
+        progs = P.state_programs(
+            lm, params, ds, mesh, task.rules, rule=task.rule, gamma=task.gamma, **common
+        )
+        fn, st, args = progs[task.program]
+    return fn, st, args, mesh
+
+
+def _read_journal(path: Path) -> dict[str, dict]:
+    out = {}
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding='utf-8').splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a torn last line: that task runs again
+            continue
+        out[rec['key']] = rec
+    return out
+
+
+def _append(path: Path, rec: dict) -> None:
+    line = json.dumps(rec, sort_keys=True) + '\n'
+    with open(path, 'a', encoding='utf-8') as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def run_tasks(cfg, workdir: Path, log=print) -> Path:
+    """Compiles every task of ``cfg`` not yet in ``workdir/plan.jsonl``; returns its path."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    journal = workdir / 'plan.jsonl'
+    done = _read_journal(journal)
+    cache: dict = {}
+    todo = [t for t in _tasks(cfg) if t.key not in done]
+    log(f'{len(todo)} programs to compile ({len(done)} in the journal)')
+    for i, task in enumerate(todo):
+        fn, st, args, mesh = _program(cfg, task, cache)
+        with jax.set_mesh(mesh):
+            c = compile_for(fn, args, st, name=task.program, target=task.slice)
+        rec = dict(
+            dataclasses.asdict(task),
+            key=task.key,
+            ok=c.ok,
+            error=c.error,
+            compile_s=c.seconds_to_compile,
+            argument_bytes=c.argument_bytes,
+            output_bytes=c.output_bytes,
+            alias_bytes=c.alias_bytes,
+            temp_bytes=c.temp_bytes,
+            peak_bytes=c.peak_bytes,
+            flops=c.flops,
+            bytes_accessed=c.bytes_accessed,
+            optimal_seconds=c.optimal_seconds,
+            collectives={k: list(v) for k, v in c.collectives().items()},
+            collectives_in_loop={k: list(v) for k, v in c.collectives(True).items()},
+            largest_gather=_op(c.largest('all-gather')),
+            copies=[_op(o) for o in c.copies()][:8],
+            n_copies=len(c.copies()),
+            date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
+        )
+        _append(journal, rec)
+        status = 'ok' if c.ok else f'FAILED {c.error}'
+        log(
+            f'[{i + 1}/{len(todo)}] {task.slice} {task.rules} {task.program} B{task.batch} '
+            f'k{task.k} {task.rule} {task.drafters}: {status}, peak '
+            f'{c.peak_bytes / 2**30:.2f} GiB, {c.seconds_to_compile:.0f} s'
+        )
+    return journal
+
+
+def _op(o):
+    return None if o is None else {'bytes': o.bytes, 'shape': o.shape[:120], 'in_loop': o.in_loop}
+
+
+# ----------------------------------------------------------------------------------------
+# The page
+# ----------------------------------------------------------------------------------------
+
+
+def _gib(b) -> str:
+    return f'{b / 2**30:.2f}'
+
+
+def _coll(c: dict) -> str:
+    if not c:
+        return 'none'
+    return ', '.join(f'{k} ×{n} ({b / 2**20:.1f} MiB)' for k, (n, b) in sorted(c.items()))
+
+
+def _fit_table(recs, chip) -> list[str]:
+    lines = [
+        '| rules | B | k | compiled | peak GiB / chip | of HBM | all-gathers per step | '
+        'other collectives | relayout copies ≥ 1 MiB |',
+        '|---|---|---|---|---|---|---|---|---|',
+    ]
+    for r in recs:
+        coll = dict(r['collectives'])
+        gathers = coll.pop('all-gather', None)
+        g = 'none' if not gathers else f'×{gathers[0]} ({gathers[1] / 2**30:.2f} GiB)'
+        state = 'yes' if r['ok'] else f"no: {r['error'][:120]}"
+        frac = f"{r['peak_bytes'] / chip.hbm_bytes:.0%}" if r['ok'] else '–'
+        lines.append(
+            f"| {r['rules']} | {r['batch']} | {r['k']} | {state} | "
+            f"{_gib(r['peak_bytes']) if r['ok'] else '–'} | {frac} | {g} | {_coll(coll)} | "
+            f"{r['n_copies'] if r['ok'] else '–'} |"
+        )
+    return lines
+
+
+def _ratio_table(recs, chip) -> tuple[list[str], dict]:
+    by_b: dict[int, dict[int, tuple[float, str]]] = {}
+    for r in recs:
+        if r['ok']:
+            by_b.setdefault(r['batch'], {})[r['k']] = estimate_seconds(r, chip)
+    ks = sorted({k for v in by_b.values() for k in v})
+    lines = [
+        f"| B | T_step (µs) | how | {' | '.join(f'k={k}' for k in ks)} |",
+        '|---|---|---|' + '---|' * len(ks),
+    ]
+    ratios = {}
+    for b in sorted(by_b):
+        row = by_b[b]
+        if 1 not in row:
+            continue
+        t1, how = row[1]
+        ratios[b] = {k: row[k][0] / t1 for k in row}
+        cells = ' | '.join(f'{ratios[b][k]:.2f}' if k in row else '–' for k in ks)
+        lines.append(f'| {b} | {1e6 * t1:.1f} | {how} | {cells} |')
+    return lines, {b: (by_b[b][1][0], ratios[b]) for b in ratios}
+
+
+def _projection(cfg, t_step, ratios, drafter_t) -> list[str]:
+    lines = [
+        '| drafter | α (source) | c = T_draft / T_step | γ | T_score(γ+1) / T_step | '
+        'projected spec / AR |',
+        '|---|---|---|---|---|---|',
+    ]
+    for name, (alpha, source) in cfg.alphas.items():
+        kind = cfg.drafters[name]['kind'] if name in cfg.drafters else 'lookup'
+        if kind == 'lookup':
+            c, c_how = 0.0, '0 (no model)'
+        elif name in drafter_t:
+            c = drafter_t[name] / t_step
+            c_how = f'{c:.3f}'
+        else:
+            continue
+        best = None
+        for g in range(1, 8):
+            if g + 1 not in ratios:
+                continue
+            s = hw_aware_speedup(alpha, g, c, ratios[g + 1])
+            if best is None or s > best[0]:
+                best = (s, g, ratios[g + 1])
+        if best is None:
+            continue
+        lines.append(
+            f'| {name} | {alpha:.2f} ({source}) | {c_how} | {best[1]} | {best[2]:.2f} | '
+            f'{best[0]:.2f} |'
+        )
+    return lines
+
+
+def render(journal: Path, configs: dict, command: str) -> str:
+    """The results page of a journal (markdown)."""
+    recs = list(_read_journal(journal).values())
+    commit = os.popen('git rev-parse --short HEAD 2>/dev/null').read().strip() or 'unknown'
+    try:
+        import libtpu  # pylint: disable=import-outside-toplevel
+
+        libtpu_v = getattr(libtpu, '__version__', '?')
+    except ImportError:
+        libtpu_v = 'absent'
+    dates = sorted(r['date'] for r in recs)
+    out = [
+        '# Planning on TPU: what fits and what a round costs (compiled, not measured)',
+        '',
+        f'Written by `{command}` at commit `{commit}`; the programs compiled '
+        f"{dates[0] if dates else '–'} … {dates[-1] if dates else '–'} with XLA:TPU's "
+        f'compile-only devices (libtpu {libtpu_v}, jax {jax.__version__}) on a host with no '
+        'TPU. Nothing on this page was run on a chip: memory, FLOPs, collectives and copies '
+        "are the compiler's; a time is the compiler's estimate (`optimal_seconds`, "
+        "'compiler') where it gives a positive one (v5p), else a roofline (max of the "
+        "compiled FLOPs ÷ the chip's bf16 peak and the bytes the program must move once — "
+        "its arguments and its non-donated outputs — ÷ its HBM bandwidth; 'roofline'). "
+        'Chips: '
+        + '; '.join(
+            f'{c.name} {c.hbm_bytes / 1e9:.0f} GB HBM, {c.peak_flops / 1e12:.0f} TFLOP/s bf16, '
+            f'{c.hbm_bandwidth / 1e9:.0f} GB/s ({c.source})'
+            for c in CHIPS.values()
+        )
+        + '.',
+        '',
+        'Served form (`specjax.tpu.programs.serve_form`): KV heads repeated until the model '
+        'axis divides them; a tied head stored as its own [D, V] array. Decode rules '
+        '(`specjax.sharding.decode_rules`): under fsdp and fsdp_tp the batch is not split '
+        "over 'data', so no weight moves. Caches are donated.",
+        '',
+    ]
+    for dep_name, cfg in configs.items():
+        mine = [r for r in recs if r['deployment'] == dep_name]
+        if not mine:
+            continue
+        out += [f'## {cfg.title}', '', cfg.description, '']
+        for sl in cfg.slices:
+            chip = SLICES[sl].spec
+            here = [r for r in mine if r['slice'] == sl]
+            if not here:
+                continue
+            fwd = [r for r in here if r['program'] == 'forward']
+            out += [f'### {sl} ({SLICES[sl].chips} × {chip.name})', '']
+            fit = [r for r in fwd if r['k'] == 1]
+            if fit:
+                out += (
+                    [f'Decode step (k = 1) per rule set, KV cache of {cfg.capacity} slots:', '']
+                    + _fit_table(sorted(fit, key=lambda r: (r['rules'], r['batch'])), chip)
+                    + ['']
+                )
+            rec_fwd = [r for r in fwd if r['rules'] == cfg.recommend]
+            table, ratios = _ratio_table(rec_fwd, chip)
+            out += [f'T_step and T_score(k) / T_step under `{cfg.recommend}`:', ''] + table + ['']
+            if ratios:
+                b = min(ratios)
+                t_step, rr = ratios[b]
+                drafter_t = {}
+                for r in here:
+                    if r['program'] == 'drafter_forward' and r['ok'] and r['batch'] == b:
+                        drafter_t[r['drafters']] = estimate_seconds(r, chip)[0]
+                out += (
+                    [
+                        f'Projected speculative ÷ autoregressive at B {b} (Leviathan et '
+                        'al., hardware-aware; the best γ of 1–7 that this page has '
+                        'T_score for):',
+                        '',
+                    ]
+                    + _projection(cfg, t_step, rr, drafter_t)
+                    + ['']
+                )
+            progs = [r for r in here if r['program'] not in ('forward', 'drafter_forward')]
+            if progs:
+                out += [
+                    'The engine\'s programs (generates and plan calls, batch '
+                    f'{cfg.generate_batch}, γ {cfg.gamma}, {cfg.prompt_len}-token prompts, '
+                    f'{cfg.new_tokens} new tokens):',
+                    '',
+                    '| program | rule | drafters | compiled | peak GiB / chip | '
+                    'collectives per round (loop body) | relayout copies ≥ 1 MiB | compile s |',
+                    '|---|---|---|---|---|---|---|---|',
+                ]
+                for r in progs:
+                    ok = 'yes' if r['ok'] else f"no: {r['error'][:100]}"
+                    out.append(
+                        f"| {r['program']} | {r['rule'] or '–'} | {r['drafters'] or '–'} | {ok} | "
+                        f"{_gib(r['peak_bytes']) if r['ok'] else '–'} | "
+                        f"{_coll(r['collectives_in_loop']) if r['ok'] else '–'} | "
+                        f"{r['n_copies'] if r['ok'] else '–'} | {r['compile_s']:.0f} |"
+                    )
+                out.append('')
+    return '\n'.join(out) + '\n'
+
+
+# ----------------------------------------------------------------------------------------
+# Command line
+# ----------------------------------------------------------------------------------------
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string('config', [], 'configs/plan_tpu.py:<deployment> (repeatable).')
+flags.DEFINE_string('workdir', 'runs/plan_tpu', 'Where the journal plan.jsonl lives.')
+flags.DEFINE_string('page', '', 'Write the results page here (markdown) after compiling.')
+flags.DEFINE_bool('run', True, 'Compile what the journal lacks (--norun: only write the page).')
+
+
+def _load(arg: str):
+    """``path.py:name`` -> that file's ``get_config('name')``."""
+    path, _, name = arg.partition(':')
+    if not Path(path).is_file():
+        raise ConfigError(f'--config={arg}: no file {path!r}; allowed: configs/plan_tpu.py:<name>')
+    spec = importlib.util.spec_from_file_location('plan_config', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(name)
+
+
+def main(argv) -> int:
+    if len(argv) > 1:
+        raise ConfigError(f'unexpected arguments {argv[1:]}; allowed: flags only')
+    workdir = Path(FLAGS.workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise ConfigError(f'--workdir={workdir}: a file; allowed: a folder')
+    if FLAGS.page:
+        page = Path(FLAGS.page)
+        if page.is_dir() or not page.parent.is_dir():
+            raise ConfigError(f'--page={page}: allowed: a file path in an existing folder')
+    args = FLAGS.config or ['configs/plan_tpu.py:smollm2', 'configs/plan_tpu.py:field_report']
+    configs = {}
+    for a in args:
+        cfg = _load(a)
+        for s in cfg.slices:
+            get_slice(s)
+        configs[cfg.name] = cfg
+    for cfg in configs.values():
+        if FLAGS.run:
+            run_tasks(cfg, workdir)
+    if FLAGS.page:
+        command = 'python -m specjax.tpu.plan ' + ' '.join(
+            a for a in sys.argv[1:] if not a.startswith(('--page', '--norun'))
+        )
+        page = Path(FLAGS.page)
+        tmp = page.with_suffix('.tmp')
+        tmp.write_text(render(workdir / 'plan.jsonl', configs, command.strip()), encoding='utf-8')
+        tmp.replace(page)
+        print(f'wrote {page}')
+    return 0
+
+
+def entry() -> None:
+    def _main(argv):
+        try:
+            return main(argv)
+        except ConfigError as e:
+            print(f'error: {e}', file=sys.stderr)
+            sys.exit(2)
+
+    app.run(_main)
+
+
+if __name__ == '__main__':
+    entry()
