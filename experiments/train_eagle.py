@@ -364,10 +364,6 @@ def validate() -> None:
     sf.number("--time_budget_s", FLAGS.time_budget_s, 0.0, lo_open=True)
     sf.integer("--eval_loop_gamma", FLAGS.eval_loop_gamma, 0, 64)
     sf.check("/" not in FLAGS.tag, "--tag", FLAGS.tag, "a file-name suffix (no '/')")
-    if "features" in _stages():
-        sf.in_dir("--data", FLAGS.data, "a folder of gen_*.npz / heldout_*.npz")
-    for folder in FLAGS.more_data:
-        sf.in_dir("--more_data", folder, "folders of gen_*.npz")
     cfg = gguf.read_gguf(gguf.smollm2_path(), max_len=MAX_LEN).config
     sf.integer("--kept", FLAGS.kept, 1, cfg.vocab_size)
     lm = TransformerLM(cfg)
@@ -383,6 +379,17 @@ def validate() -> None:
                 f"layer indices in [0, {cfg.n_layers}] ({cfg.n_layers}: the final-normed "
                 f"state) of the verifier",
             ) from None
+    held = tuple(int(x) for x in FLAGS.features_of)
+    if held and not set(_layers()) <= set(held):  # flags against flags before any folder
+        raise ConfigError.invalid(
+            "--feature_layers",
+            ",".join(FLAGS.feature_layers),
+            f"a subset of --features_of={','.join(FLAGS.features_of)}",
+        )
+    if "features" in _stages():
+        sf.in_dir("--data", FLAGS.data, "a folder of gen_*.npz / heldout_*.npz")
+    for folder in FLAGS.more_data:
+        sf.in_dir("--more_data", folder, "folders of gen_*.npz")
     _check_inputs(Path(FLAGS.out), _stages())
 
 
@@ -403,13 +410,6 @@ def _check_inputs(out: Path, stages: list[str]) -> None:
                     "a feature drafter file with its .json (train_eagle.py writes them), or 'eagle'",
                 )
             sf.drafter_file(f"--{flag}", value, feature=True)
-    held = tuple(int(x) for x in FLAGS.features_of)
-    if held and not set(_layers()) <= set(held):
-        raise ConfigError.invalid(
-            "--feature_layers",
-            ",".join(FLAGS.feature_layers),
-            f"a subset of --features_of={','.join(FLAGS.features_of)}",
-        )
     feats = [_feat_path(out, n) for n in _names()]
     if "features" in stages:
         for src, f in zip(_sources().values(), feats):

@@ -178,3 +178,18 @@ def test_rule_sets_resolve_by_name():
     )
     with pytest.raises(ValueError, match=r"got 'zero3', allowed: one of 'tp', 'fsdp'"):
         shd.resolve_rules("zero3")
+
+
+@needs8
+def test_served_deployment_splits_the_cache_by_head_and_generates_the_same(engine_case):
+    from specjax.engine.serving import serve_deployment
+
+    dep, run, (ref_spec, ref_ar) = engine_case
+    mesh = shd.make_mesh(2, 4)  # 4 shards on 'model'; the verifier: 4 heads, 2 KV heads
+    sdep = serve_deployment(dep, mesh, "tp", untie_head=False)
+    assert sdep.verifier.config.n_kv_heads == 4  # each KV head twice: one per shard
+    wk = sdep.v_params["layer_0"]["attn"]["wk"]
+    assert wk.shape[1] == 4 and wk.sharding.spec[1] == "model"  # split by head
+    spec, ar = run(sdep)
+    np.testing.assert_array_equal(spec.tokens, ref_spec.tokens)
+    np.testing.assert_array_equal(ar.tokens, ref_ar.tokens)

@@ -19,7 +19,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-__all__ = ['kv_repeat_for', 'repeat_kv_heads']
+__all__ = ['kv_repeat_for', 'repeat_kv_heads', 'serve_form']
 
 
 def kv_repeat_for(cfg, shards: int) -> int:
@@ -92,3 +92,31 @@ def repeat_kv_heads(lm, params, r: int):
         layer['attn'] = attn
         out[f'layer_{i}'] = layer
     return new_lm, out
+
+
+def serve_form(lm, params, model_shards: int, untie_head: bool = True):
+    """``(lm', params')``: the same function in the form a mesh with ``model_shards``
+    shards on 'model' serves it (a `TransformerLM`; any other model is returned as is).
+
+    - KV heads repeated until the model axis divides them (`repeat_kv_heads`): each shard
+      holds the KV heads its query heads read, nothing is gathered per step.
+    - With ``untie_head``, a tied head (without Gemma's input scaling) stored as its own
+      ``[D, V]`` array: the TPU compiler lays a tied table out for its row gather and relaid
+      it (a copy of the whole table, 54 MiB for SmolLM2) on every call scoring more than one
+      row. Costs the table's bytes once more in memory.
+    """
+    # Imported here: specjax.models.api imports this module's siblings, not the reverse.
+    from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
+
+    if not isinstance(lm, TransformerLM):
+        return lm, params
+    lm, params = repeat_kv_heads(lm, params, kv_repeat_for(lm.config, model_shards))
+    cfg = lm.config
+    if untie_head and cfg.tie_embeddings and not cfg.embed_input_scale:
+        untied = TransformerLM(dataclasses.replace(cfg, tie_embeddings=False))
+        if _is_abstract(params):
+            return untied, untied.abstract_params()
+        table = params['embed']
+        head = table if cfg.out_first else table.T
+        return untied, dict(params, lm_head=head)
+    return lm, params

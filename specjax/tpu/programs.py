@@ -36,7 +36,7 @@ from specjax.engine.spec import (
 from specjax.engine.state import EngineState
 from specjax.models.api import TransformerConfig, TransformerLM
 from specjax.models.eagle import EagleLM, eagle_config
-from specjax.models.kv_heads import kv_repeat_for, repeat_kv_heads
+from specjax.models.kv_heads import serve_form as _serve_form
 from specjax.models.ngram import PromptLookupLM
 from specjax.models.subset_vocab import SubsetVocabLM
 from specjax.verify import registry
@@ -55,29 +55,10 @@ __all__ = [
 DRAFTER_KINDS = ('transformer', 'subset', 'eagle', 'lookup', 'cross')
 
 
-def serve_form(lm: TransformerLM, params, model_shards: int):
-    """``(lm', params')``: the same function in the form a mesh with ``model_shards``
-    shards on 'model' serves it.
-
-    - KV heads repeated until the model axis divides them (`models.kv_heads`): each shard
-      holds the KV heads its query heads read, nothing is gathered per step.
-    - A tied head (without Gemma's input scaling) stored as its own ``[D, V]`` array: the
-      TPU compiler lays the tied table out for the row gather and relaid it (a copy of
-      the whole table, 54 MiB for SmolLM2) on every call scoring more than one row.
-      Costs the table's bytes once more in HBM.
-    """
-    cfg = lm.config
-    r = kv_repeat_for(cfg, model_shards)
-    lm, params = repeat_kv_heads(lm, params, r)
-    cfg = lm.config
-    if cfg.tie_embeddings and not cfg.embed_input_scale:
-        untied = TransformerLM(dataclasses.replace(cfg, tie_embeddings=False))
-        if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):
-            return untied, untied.abstract_params()
-        table = params['embed']
-        head = table if cfg.out_first else table.T
-        return untied, dict(params, lm_head=head)
-    return lm, params
+def serve_form(lm, params, model_shards: int):
+    """`specjax.models.kv_heads.serve_form` with the head untied: the form a TPU mesh
+    serves a model in (KV heads repeated to the model axis, a tied head as its own array)."""
+    return _serve_form(lm, params, model_shards, untie_head=True)
 
 
 def _named(mesh, spec=None):
