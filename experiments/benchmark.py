@@ -49,7 +49,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from specjax import metrics, provenance
 from specjax.benchmark_tables import print_tables, render_page
@@ -59,6 +59,7 @@ from specjax.engine.deployment import from_zoo
 from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
 from specjax.models.zoo import load_zoo
+from specjax.runner import script_flags as sf
 from specjax.timing import matmul_floor, time_forward, time_prefill
 
 FLAGS = flags.FLAGS
@@ -95,6 +96,29 @@ def define_flags():
         False,
         "fail unless JAX's default backend is a GPU/TPU (make benchmark-device)",
     )
+
+
+def validate() -> None:
+    """Every flag, before anything is printed, loaded or written (`sf.run`): a
+    `ConfigError` naming the flag, its value and what is allowed."""
+    _, manifest = sf.zoo("--zoo", FLAGS.zoo)
+    max_len = int(manifest["models"]["verifier"]["config"]["max_len"])
+    drafters = sf.zoo_drafters(manifest)
+    if FLAGS.drafters != ["auto"]:
+        sf.names("--drafters", FLAGS.drafters, drafters)
+    sf.integers("--gammas", FLAGS.gammas, 1, 64)
+    sf.integers("--batches", FLAGS.batches, 1, 1024)
+    sf.integer("--new_tokens", FLAGS.new_tokens, 1, max_len // 2)
+    sf.number("--verifier_temperature", FLAGS.verifier_temperature, 0.0, 100.0)
+    sf.integer("--bucket", FLAGS.bucket, 1, max_len // 2)
+    if FLAGS.require_accelerator:
+        sf.check(
+            jax.default_backend() != "cpu",
+            "--require_accelerator",
+            True,
+            f"false where JAX sees only the CPU (devices: {jax.devices()}; install "
+            "jax[cuda] or jax[tpu])",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -455,12 +479,7 @@ def run_peers(zoo, full, names, per_batch, cfg: Config) -> tuple[dict | None, di
 
 def main(argv):
     del argv
-    cfg = Config.from_flags()
-    if FLAGS.require_accelerator and jax.default_backend() == "cpu":
-        raise SystemExit(
-            "benchmark-device: JAX sees only the CPU (devices: "
-            f"{jax.devices()}); run it where jax[cuda] or jax[tpu] is installed"
-        )
+    cfg = Config.from_flags()  # the flags were checked by `validate`
     prov = provenance.provenance()
     zoo = load_zoo(cfg.zoo)
     full = from_zoo(zoo)
@@ -497,4 +516,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    sf.run(main, validate, "benchmark")

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from specjax import provenance
 from specjax.data import load_prompts
@@ -54,6 +54,7 @@ from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
 from specjax.evaluation import first_differences
 from specjax.models.zoo import load_zoo
+from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS
 PAGE = "batching"
@@ -120,6 +121,44 @@ def define_flags():
     flags.DEFINE_string(
         "zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped specjax/zoo)"
     )
+
+
+MODES = ("ar", "spec")
+#: SmolLM2's context as this script loads it (`main`).
+SMOLLM2_MAX_LEN = 1024
+
+
+def validate() -> None:
+    """Every flag, before anything is printed, loaded or written (`sf.run`): a
+    `ConfigError` naming the flag, its value and what is allowed."""
+    modes = sf.names("--modes", FLAGS.modes, MODES)
+    if FLAGS.verifier == "smollm2":
+        from specjax.engine.deployment import (  # pylint: disable=import-outside-toplevel
+            SMOLLM2_DRAFTERS,
+            SMOLLM2_EXTRA,
+        )
+        from specjax.models.gguf import parse_layout  # pylint: disable=import-outside-toplevel
+
+        parse_layout(FLAGS.dtype, "--dtype")
+        drafters, max_len = (*SMOLLM2_DRAFTERS, *SMOLLM2_EXTRA), SMOLLM2_MAX_LEN
+    else:
+        _, manifest = sf.zoo("--zoo", FLAGS.zoo)
+        drafters = sf.zoo_drafters(manifest)
+        max_len = int(manifest["models"]["verifier"]["config"]["max_len"])
+    if "spec" in modes:
+        sf.check(FLAGS.drafter in drafters, "--drafter", FLAGS.drafter, list(drafters))
+        sf.rule("--rule", FLAGS.rule)
+        sf.integer("--gamma", FLAGS.gamma, 1, 64)
+    sf.doc_name("--doc_name", FLAGS.doc_name)
+    sf.integers("--batches", FLAGS.batches, 1, 1024)
+    sf.integer("--n_prompts", FLAGS.n_prompts, 1, 100_000)
+    sf.integers("--chunks", FLAGS.chunks, 1, max_len)
+    lo = sf.integer("--new_tokens_min", FLAGS.new_tokens_min, 1, max_len // 2)
+    sf.integer("--new_tokens_max", FLAGS.new_tokens_max, lo, max_len // 2)
+    sf.number("--verifier_temperature", FLAGS.verifier_temperature, 0.0, 100.0)
+    sf.integer("--bucket", FLAGS.bucket, 1, max_len // 2)
+    sf.integer("--seed", FLAGS.seed, 0)
+    sf.integers("--static_also", FLAGS.static_also, 1, 1024, empty=True)
 
 
 def workload(n_prompts: int, new_tokens, seed: int = 0) -> tuple[list[str], np.ndarray]:
@@ -480,4 +519,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    sf.run(main, validate, "benchmark_batching")

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
 from specjax import peer, provenance
+from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS
 
@@ -47,6 +48,35 @@ def define_flags():
     flags.DEFINE_string("zoo", None, "zoo path (default: $SPECJAX_ZOO, else the shipped zoo)")
 
 
+def validate() -> None:
+    """Every flag, before anything is printed, loaded or written (`sf.run`): a
+    `ConfigError` naming the flag, its value and what is allowed."""
+    sf.packages(("torch", "transformers"), "the peer is transformers on PyTorch")
+    _, manifest = sf.zoo("--zoo", FLAGS.zoo)
+    models = manifest["models"]
+    tok = models["verifier"]["tokenizer"]
+    names = sf.zoo_drafters(manifest)
+    same = [n for n in names if models[n]["tokenizer"] == tok]
+    other = [n for n in names if models[n]["tokenizer"] != tok]
+    sf.check(
+        FLAGS.drafter in ("auto", *same),
+        "--drafter",
+        FLAGS.drafter,
+        f"auto or a zoo drafter of the verifier's tokenizer: one of {', '.join(same)}",
+    )
+    sf.check(
+        FLAGS.cross_drafter in ("", *other),
+        "--cross_drafter",
+        FLAGS.cross_drafter,
+        f"'' (none) or a zoo drafter of another tokenizer: one of {', '.join(other)}",
+    )
+    sf.integer("--gamma", FLAGS.gamma, 1, 64)
+    sf.integer("--prompts_per_domain", FLAGS.prompts_per_domain, 1, 24)
+    max_len = int(models["verifier"]["config"]["max_len"])
+    sf.integer("--new_tokens", FLAGS.new_tokens, 1, max_len // 2)
+    sf.integer("--seed", FLAGS.seed, 0, 2**31 - 1)
+
+
 def main(argv):
     del argv
     prov = provenance.provenance()
@@ -67,4 +97,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    sf.run(main, validate, "benchmark_peer")

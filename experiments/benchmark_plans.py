@@ -39,9 +39,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from specjax import provenance
+from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS
 PAGE = "plan_runner"
@@ -58,6 +59,27 @@ def define_flags():
 
 
 RUNS = ("verifier", "single", "naive", "all_on", "auto")
+
+
+def validate() -> None:
+    """Every flag, before anything is printed, loaded or written (`sf.run`): a
+    `ConfigError` naming the flag, its value and what is allowed."""
+    _, manifest = sf.zoo("--zoo", FLAGS.zoo)
+    sf.integer("--plans_per_domain", FLAGS.plans_per_domain, 1, 24)
+    steps = sf.integer("--plan_steps", FLAGS.plan_steps, 1, 64)
+    tokens = sf.integer("--max_step_tokens", FLAGS.max_step_tokens, 1, 256)
+    gamma = sf.integer("--gamma", FLAGS.gamma, 1, 64)
+    max_len = int(manifest["models"]["verifier"]["config"]["max_len"])
+    chains = len(manifest["drafter_order"])
+    need = steps * tokens + chains * gamma + 1  # a prompt takes one position at least
+    sf.check(
+        need <= max_len,
+        "--plan_steps / --max_step_tokens / --gamma",
+        f"{steps} / {tokens} / {gamma}",
+        f"a plan within the verifier's context, {max_len} positions (these need {need}: "
+        f"{steps} × {tokens} step tokens, {chains} × {gamma} drafts and a prompt of one "
+        "token at least)",
+    )
 
 
 def _run(dep, pcfg, prompts, which, costs, best):
@@ -352,4 +374,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    sf.run(main, validate, "benchmark_plans")

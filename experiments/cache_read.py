@@ -21,13 +21,14 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 
 from specjax import provenance
 from specjax.engine.deployment import from_zoo
 from specjax.models import transformer
 from specjax.models.api import causal_block_mask
 from specjax.models.zoo import load_zoo
+from specjax.runner import script_flags as sf
 from specjax.timing import matmul_floor
 
 FLAGS = flags.FLAGS
@@ -41,6 +42,17 @@ def define_flags():
     flags.DEFINE_integer("filled", 32, "committed slots per row before the timed steps")
     flags.DEFINE_integer("steps", 64, "decode steps per timed run")
     flags.DEFINE_string("zoo", None, "zoo path (default: the shipped zoo)")
+
+
+def validate() -> None:
+    """Every flag, before anything is printed, loaded or written (`sf.run`): a
+    `ConfigError` naming the flag, its value and what is allowed."""
+    _, manifest = sf.zoo("--zoo", FLAGS.zoo)
+    max_len = int(manifest["models"]["verifier"]["config"]["max_len"])
+    sf.integers("--batches", FLAGS.batches, 1, 1024)
+    filled = sf.integer("--filled", FLAGS.filled, 0, max_len - 1)
+    steps = sf.integer("--steps", FLAGS.steps, 1, max_len)
+    sf.integers("--capacities", FLAGS.capacities, filled + steps, max_len)
 
 
 def _decode_loop(lm, batch: int, steps: int):
@@ -80,10 +92,6 @@ def main(argv):
     for batch in (int(b) for b in FLAGS.batches):
         floor = batch / matmul_floor(v, vp, batch)
         for cap in (int(c) for c in FLAGS.capacities):
-            if FLAGS.filled + FLAGS.steps > cap:
-                raise SystemExit(
-                    f"--capacities: {cap} < filled + steps = {FLAGS.filled + FLAGS.steps}"
-                )
             cache = v.advance(v.init_cache(batch, cap), jnp.full((batch,), FLAGS.filled, jnp.int32))
             tok = jnp.ones((batch, 1), jnp.int32)
             exes = {}
@@ -134,4 +142,4 @@ def _time_exe(exe, *args) -> float:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    sf.run(main, validate, "cache_read")

@@ -24,35 +24,66 @@ computed on its local devices) to ``--out`` as JSON.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import sys
 import time
 
 
-def _parse_args(argv):
-    """The command line (argparse: every process of a pod runs the same one)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--coordinator", default=None, help="host:port of process 0 (None: auto)")
-    ap.add_argument("--num_processes", type=int, default=None)
-    ap.add_argument("--process_id", type=int, default=None)
-    ap.add_argument(
-        "--local_devices",
-        type=int,
-        default=0,
-        help="CPU devices per process (0: leave the platform's)",
+def define_flags():
+    """The script's flags (defined only when it runs as a script; every process of a pod
+    runs the same command line)."""
+    from absl import flags  # pylint: disable=import-outside-toplevel
+
+    flags.DEFINE_string("coordinator", None, "host:port of process 0 (None: auto)")
+    flags.DEFINE_integer("num_processes", None, "processes in all (None: auto)")
+    flags.DEFINE_integer("process_id", None, "this process's index (None: auto)")
+    flags.DEFINE_integer("local_devices", 0, "CPU devices per process (0: leave the platform's)")
+    flags.DEFINE_string("rules", "fsdp_tp", "a rule set of specjax.sharding")
+    flags.DEFINE_integer("model_axis", 2, "size of the 'model' mesh axis")
+    flags.DEFINE_integer("gamma", 3, "draft tokens per round")
+    flags.DEFINE_list(
+        "temperatures", ["1.0", "0.5"], "the sweep: drafter temperatures (traced: one program)"
     )
-    ap.add_argument("--rules", default="fsdp_tp", help="a rule set of specjax.sharding")
-    ap.add_argument("--model_axis", type=int, default=2, help="size of the 'model' mesh axis")
-    ap.add_argument("--gamma", type=int, default=3)
-    ap.add_argument(
-        "--temperatures",
-        default="1.0,0.5",
-        help="the sweep: drafter temperatures (traced: one compiled program)",
-    )
-    ap.add_argument("--max_new_tokens", type=int, default=8)
-    ap.add_argument("--out", required=True)
-    return ap.parse_args(argv)
+    flags.DEFINE_integer("max_new_tokens", 8, "tokens generated per row")
+    flags.DEFINE_string("out", None, "the JSON file this process writes")
+    flags.mark_flag_as_required("out")
+
+
+def validate() -> None:
+    """Every flag, before anything is joined, loaded or written (`script_flags.run`): a
+    `ConfigError` naming the flag, its value and what is allowed."""
+    from absl import flags  # pylint: disable=import-outside-toplevel
+
+    from specjax import sharding as shd  # pylint: disable=import-outside-toplevel
+    from specjax.runner import script_flags as sf  # pylint: disable=import-outside-toplevel
+
+    f = flags.FLAGS
+    if f.coordinator is not None:
+        host, colon, port = f.coordinator.rpartition(":")
+        sf.check(
+            host and colon and port.isdigit() and 1 <= int(port) <= 65535,
+            "--coordinator",
+            f.coordinator,
+            "host:port, port in [1, 65535]",
+        )
+    n = None
+    if f.num_processes is not None:
+        n = sf.integer("--num_processes", f.num_processes, 1, 4096)
+    if f.process_id is not None:
+        sf.integer("--process_id", f.process_id, 0, None if n is None else n - 1)
+    sf.integer("--local_devices", f.local_devices, 0, 1024)
+    sf.check(f.rules in shd.RULE_SETS, "--rules", f.rules, list(shd.RULE_SETS))
+    axis = sf.integer("--model_axis", f.model_axis, 1, 1024)
+    if f.local_devices and n is not None:
+        total = f.local_devices * n
+        sf.check(
+            total % axis == 0,
+            "--model_axis",
+            axis,
+            f"a divisor of the devices in all ({n} × {f.local_devices} = {total})",
+        )
+    sf.integer("--gamma", f.gamma, 1, 64)
+    sf.numbers("--temperatures", f.temperatures, 0.0, 100.0)
+    sf.integer("--max_new_tokens", f.max_new_tokens, 1, 256)
 
 
 def _initialize(args) -> None:
@@ -141,8 +172,11 @@ def _header(args, mesh, sdep) -> dict:
     }
 
 
-def main(argv=None) -> int:
-    args = _parse_args(argv)
+def main(argv) -> int:
+    del argv
+    from absl import flags  # pylint: disable=import-outside-toplevel
+
+    args = flags.FLAGS  # checked by `validate`
     t0 = time.time()
     _initialize(args)
     import jax  # pylint: disable=import-outside-toplevel
@@ -179,7 +213,7 @@ def main(argv=None) -> int:
         max_new_tokens=args.max_new_tokens,
     )
     out = {**_header(args, mesh, sdep), "sweep": {}, "timings": timings}
-    temps = [float(t) for t in args.temperatures.split(",")]
+    temps = [float(t) for t in args.temperatures]
     for t in temps:  # the tiny sweep
         out["sweep"][str(t)] = job.speculative(sdep, t)
         timings[f"sharded_tau{t}"] = round(time.time() - t0, 2)
@@ -226,4 +260,7 @@ def _deployment():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from specjax.runner import script_flags
+
+    define_flags()
+    script_flags.run(main, validate, "distributed_generate", out="file")

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
 from specjax import provenance
+from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS
 
@@ -38,38 +39,46 @@ def define_flags():
     flags.DEFINE_integer("top_m", 3, "top-m coverage of the verifier's argmax, m = 1..top_m", 1)
 
 
-def _parse() -> tuple[list[tuple[str, Path]], list[float]]:
-    """(label, file) per --features entry and the temperatures, or SystemExit in one line."""
-    from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
+#: What `specjax.distill_eagle.Features.load` reads from a features file.
+FEATURE_KEYS = ("tokens", "length", "prompt_len", "feats")
 
-    try:
-        if not FLAGS.features:
-            raise ConfigError.invalid("--features", "", "one or more label=FILE entries")
-        files = []
-        for entry in FLAGS.features:
-            label, _, path = entry.partition("=")
-            if not (label and path and Path(path).is_file()):
-                raise ConfigError.invalid("--features", entry, "label=FILE, FILE an existing file")
-            files.append((label, Path(path)))
-        temps = []
-        for t in FLAGS.temperatures:
-            try:
-                value = float(t)
-            except ValueError:
-                value = float("nan")
-            if not value > 0:
-                raise ConfigError.invalid("--temperatures", t, "numbers > 0")
-            temps.append(value)
-        if FLAGS.eagle != "eagle" and not Path(FLAGS.eagle).is_file():
-            raise ConfigError.invalid("--eagle", FLAGS.eagle, "'eagle' or an existing .npz file")
-    except ConfigError as e:
-        raise SystemExit(f"drafter_alpha: error: {e}") from None
-    return files, temps
+
+def _features() -> list[tuple[str, Path]]:
+    """(label, file) per --features entry (checked by `validate`)."""
+    return [(e.partition("=")[0], Path(e.partition("=")[2])) for e in FLAGS.features]
+
+
+def validate() -> None:
+    """Every flag, before anything is printed, loaded or written (`sf.run`): a
+    `ConfigError` naming the flag, its value and what is allowed."""
+    sf.check(FLAGS.temperatures, "--temperatures", "", "one or more numbers > 0")
+    temps = [sf.number("--temperatures", t, 0.0, 100.0, lo_open=True) for t in FLAGS.temperatures]
+    sf.check(
+        len(set(temps)) == len(temps),
+        "--temperatures",
+        ",".join(FLAGS.temperatures),
+        "numbers > 0, each once",
+    )
+    sf.integer("--top_m", FLAGS.top_m, 1, 64)
+    allowed = "label=FILE, FILE a features .npz (train_eagle.py --stage=features)"
+    sf.check(FLAGS.features, "--features", "", f"one or more entries {allowed}")
+    for entry in FLAGS.features:
+        label, _, path = entry.partition("=")
+        sf.check(label and path, "--features", entry, allowed)
+        sf.npz_file("--features", path, allowed, keys=FEATURE_KEYS, shown=entry)
+    labels = [label for label, _ in _features()]
+    sf.check(
+        len(set(labels)) == len(labels),
+        "--features",
+        ",".join(FLAGS.features),
+        f"entries {allowed}, distinct labels",
+    )
+    sf.drafter_file("--eagle", FLAGS.eagle, feature=True)
 
 
 def main(argv):
     del argv
-    files, temps = _parse()
+    files, temps = _features(), [float(t) for t in FLAGS.temperatures]  # checked by `validate`
     from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
     from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
     from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
@@ -98,4 +107,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    sf.run(main, validate, "drafter_alpha")

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from specjax import provenance
 from specjax.data import load_heldout
 from specjax.engine.deployment import from_zoo
 from specjax.evaluation import acceptance_rates
 from specjax.models import zoo as zoo_lib
+from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS
 PAGE = "zoo"
@@ -44,6 +45,15 @@ def define_flags():
     flags.DEFINE_integer(
         "heldout_bytes", 0, "use only this many bytes of each domain's held-out text (0: all of it)"
     )
+
+
+def validate() -> None:
+    """Every flag, before anything is printed, loaded or written (`sf.run`): a
+    `ConfigError` naming the flag, its value and what is allowed."""
+    _, manifest = sf.zoo("--zoo", FLAGS.zoo)
+    max_len = int(manifest["models"]["verifier"]["config"]["max_len"])
+    sf.integer("--window", FLAGS.window, 2, max_len)
+    sf.integer("--heldout_bytes", FLAGS.heldout_bytes, 0)
 
 
 def evaluate(zoo, window: int = 128, heldout_bytes: int = 0) -> dict:
@@ -214,4 +224,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    sf.run(main, validate, "evaluate_zoo")

@@ -67,10 +67,11 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from specjax import drafter_entries as entries
 from specjax import provenance
+from specjax.errors import ConfigError
 from specjax.round_anatomy import (
     Forward,
     catch_up,
@@ -82,6 +83,7 @@ from specjax.round_anatomy import (
     thunk_profile,
     variants,
 )
+from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS
 
@@ -152,6 +154,103 @@ def define_flags():
         "included, as benchmark.py) per package, interleaved: spec/AR and "
         "measured / hardware-aware",
     )
+
+
+#: SmolLM2's context as this script loads it (`_load_packages`).
+SMOLLM2_MAX_LEN = 1024
+
+
+def validate() -> None:
+    """Every flag, before anything is printed, loaded or written (`sf.run`): a
+    `ConfigError` naming the flag, its value and what is allowed."""
+    sf.integers("--batches", FLAGS.batches, 1, 1024)
+    gammas = sf.integers("--gammas", FLAGS.gammas, 1, 64)
+    if FLAGS.verifier == "smollm2":
+        from specjax.engine.deployment import (  # pylint: disable=import-outside-toplevel
+            SMOLLM2_DRAFTERS,
+            SMOLLM2_EXTRA,
+        )
+        from specjax.models.gguf import parse_layout  # pylint: disable=import-outside-toplevel
+
+        parse_layout(FLAGS.dtype, "--dtype")
+        known, max_len = (*SMOLLM2_DRAFTERS, *SMOLLM2_EXTRA), SMOLLM2_MAX_LEN
+    else:
+        _, manifest = sf.zoo("--verifier", None)
+        known = sf.zoo_drafters(manifest)
+        max_len = int(manifest["models"]["verifier"]["config"]["max_len"])
+    members = _members()
+    bad = [n for n in members if n not in known]
+    sf.check(
+        not bad,
+        "--drafter",
+        FLAGS.drafter,
+        f"NAME or NAME*COUNT joined by '+', NAME one of {', '.join(known)} "
+        f"({bad[0] if bad else ''!r} is not)",
+    )
+    for field in ("--rule", "--compare_rule"):
+        if FLAGS[field[2:]].value is not None:
+            sf.rule(field, FLAGS[field[2:]].value, len(members))
+    sf.number("--verifier_temperature", FLAGS.verifier_temperature, 0.0, 100.0)
+    new_tokens = sf.integer("--new_tokens", FLAGS.new_tokens, 1, max_len // 2)
+    sf.integer("--bucket", FLAGS.bucket, 1, max_len // 2)
+    widest = len(members) * max(gammas) + 1
+    sf.check(
+        new_tokens + widest < max_len,
+        "--drafter / --gammas / --new_tokens",
+        f"{FLAGS.drafter} / {','.join(FLAGS.gammas)} / {new_tokens}",
+        f"a loop within the verifier's context, {max_len} positions (chains × γ + 1 = "
+        f"{widest} and {new_tokens} new tokens, besides the prompt)",
+    )
+    for field in ("--hlo_dump", "--profile_dir"):
+        if FLAGS[field[2:]].value:
+            sf.out_dir(field, FLAGS[field[2:]].value)
+    if FLAGS.compare_with:
+        folder = sf.in_dir("--compare_with", FLAGS.compare_with, "a folder holding specjax_old/")
+        sf.check(
+            (folder / "specjax_old" / "__init__.py").is_file(),
+            "--compare_with",
+            FLAGS.compare_with,
+            "a folder holding specjax_old/ (a renamed copy of an older specjax: the module "
+            "docstring)",
+        )
+    elif FLAGS.compare_rule:
+        raise ConfigError.invalid(
+            "--compare_rule", FLAGS.compare_rule, "unset without --compare_with"
+        )
+    for setting in FLAGS.set_attr:
+        _set_attr_value(setting)
+    if FLAGS.variants:
+        sf.check(FLAGS.ablate, "--variants", ",".join(FLAGS.variants), "empty without --ablate")
+        sf.names("--variants", FLAGS.variants, list(variants(load_package("specjax"))))
+
+
+def _set_attr_value(setting: str):
+    """(module, attribute, value) of a --set_attr entry ``module.ATTR=value``, the value of
+    the attribute's type; a `ConfigError` naming the flag otherwise."""
+    allowed = "module.ATTR=value entries, module one of specjax's, ATTR one of its attributes"
+    path, eq, value = setting.partition("=")
+    mod_name, dot, attr = path.rpartition(".")
+    sf.check(eq and dot and mod_name and attr, "--set_attr", setting, allowed)
+    try:
+        mod = importlib.import_module(f"specjax.{mod_name}")
+    except ImportError:
+        raise ConfigError.invalid(
+            "--set_attr", setting, f"{allowed} (no module specjax.{mod_name})"
+        ) from None
+    sf.check(
+        hasattr(mod, attr), "--set_attr", setting, f"{allowed} (specjax.{mod_name} has no {attr})"
+    )
+    old = getattr(mod, attr)
+    if isinstance(old, bool):
+        words = {"true": True, "1": True, "false": False, "0": False}
+        sf.check(value.lower() in words, "--set_attr", setting, f"{allowed}, value true or false")
+        return mod, attr, words[value.lower()]
+    try:
+        return mod, attr, type(old)(value)
+    except (TypeError, ValueError):
+        raise ConfigError.invalid(
+            "--set_attr", setting, f"{allowed}, value a {type(old).__name__}"
+        ) from None
 
 
 _OPTION_SETS = {
@@ -356,12 +455,12 @@ def _compile_scratch(case: Case, pkg: str, fn) -> None:
     for oname, opts in _OPTION_SETS.items():
         if oname in FLAGS.compiler_options:
             case.compile(f"full+{oname}", fn, opts)
-    for setting in FLAGS.set_attr:  # e.g. models.transformer.X=3
-        path, value = setting.split("=")
-        mod_name, attr = path.rsplit(".", 1)
+    for setting in FLAGS.set_attr:  # e.g. models.transformer.X=3 (checked by `validate`)
+        mod_name = setting.partition("=")[0].rpartition(".")[0]
+        _, attr, value = _set_attr_value(setting)
         mod = importlib.import_module(f"{pkg}.{mod_name}")
         old = getattr(mod, attr)
-        setattr(mod, attr, type(old)(value))
+        setattr(mod, attr, value)
         try:
             case.compile(f"full[{attr}={value}]", fn)
         finally:
@@ -561,4 +660,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    sf.run(main, validate, "profile_round")

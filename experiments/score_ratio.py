@@ -24,9 +24,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
-from absl import app, flags
+from absl import flags
 
 from specjax import provenance
+from specjax.errors import ConfigError
+from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS
 
@@ -51,27 +53,63 @@ def define_flags():
     flags.DEFINE_float("c", 0.05, "drafter cost per token relative to T_step")
 
 
+def verifier_config(d: int, layers: int, capacity: int):
+    """The timed verifier of width `d` and `layers` layers: the zoo verifier's proportions
+    (d_ff = 2.69·d, heads of 64, vocabulary 1,024)."""
+    from specjax.models.transformer import TransformerConfig  # pylint: disable=import-outside-toplevel
+
+    return TransformerConfig(
+        vocab_size=1024,
+        d_model=d,
+        n_layers=layers,
+        n_heads=max(4, d // 64),
+        n_kv_heads=max(2, d // 256),
+        d_ff=int(round(2.6875 * d)),
+        max_len=max(512, capacity),
+    )
+
+
+def _sizes() -> list[tuple[int, int]]:
+    """--sizes as (d_model, n_layers) pairs (checked by `validate`)."""
+    return [tuple(int(v) for v in s.split(":")) for s in FLAGS.sizes]
+
+
+def validate() -> None:
+    """Every flag, before anything is printed, loaded or written (`sf.run`): a
+    `ConfigError` naming the flag, its value and what is allowed."""
+    allowed = (
+        "d_model:n_layers entries, d_model in [64, 4096] (max(4, d_model // 64) heads of "
+        "an even width, max(2, d_model // 256) KV heads dividing them), n_layers in [1, 64]"
+    )
+    text = ",".join(FLAGS.sizes)
+    sf.check(FLAGS.sizes, "--sizes", text, allowed)
+    for entry in FLAGS.sizes:
+        parts = entry.split(":")
+        sf.check(len(parts) == 2, "--sizes", text, f"{allowed} ({entry!r} does not parse)")
+        try:
+            d = sf.integer("--sizes", parts[0], 64, 4096)
+            layers = sf.integer("--sizes", parts[1], 1, 64)
+            verifier_config(d, layers, 512)
+        except ValueError:  # a ConfigError, or the config's own refusal
+            raise ConfigError.invalid("--sizes", text, f"{allowed} ({entry!r} is not)") from None
+    blocks = sf.integers("--blocks", FLAGS.blocks, 2, 64)
+    context = sf.integer("--context", FLAGS.context, 1, 4096)
+    sf.integer("--capacity", FLAGS.capacity, context + max(blocks), 8192)
+    sf.number("--alpha", FLAGS.alpha, 0.0, 1.0)
+    sf.number("--c", FLAGS.c, 0.0, 100.0)
+
+
 def measure(sizes, blocks, context=100, capacity=192, alpha=0.63, c=0.05) -> list[dict]:
     from specjax.metrics import (
         hardware_aware_speedup,  # pylint: disable=import-outside-toplevel
         leviathan_expected_tokens,
     )
     from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
-    from specjax.models.transformer import TransformerConfig  # pylint: disable=import-outside-toplevel
     from specjax.timing import time_forward  # pylint: disable=import-outside-toplevel
 
     rows = []
     for d, layers in sizes:
-        cfg = TransformerConfig(
-            vocab_size=1024,
-            d_model=d,
-            n_layers=layers,
-            n_heads=max(4, d // 64),
-            n_kv_heads=max(2, d // 256),
-            d_ff=int(round(2.6875 * d)),
-            max_len=max(512, capacity),
-        )
-        lm = TransformerLM(cfg)
+        lm = TransformerLM(verifier_config(d, layers, capacity))
         params = lm.init_params(0)
         n = sum(int(x.size) for x in jax.tree.leaves(params))
         reps = 64 if n < 50e6 else 16
@@ -106,7 +144,7 @@ def measure(sizes, blocks, context=100, capacity=192, alpha=0.63, c=0.05) -> lis
 
 def main(argv):
     del argv
-    sizes = [tuple(int(v) for v in s.split(":")) for s in FLAGS.sizes]
+    sizes = _sizes()  # the flags were checked by `validate`
     blocks = [int(b) for b in FLAGS.blocks]
     prov = provenance.provenance()
     rows = measure(sizes, blocks, FLAGS.context, FLAGS.capacity, FLAGS.alpha, FLAGS.c)
@@ -118,4 +156,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    sf.run(main, validate, "score_ratio")

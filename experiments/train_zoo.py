@@ -35,14 +35,12 @@ decode speed.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 import shutil
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from fractions import Fraction
@@ -170,7 +168,7 @@ def _full_config(kwargs: dict) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class BuildConfig:
-    """The command line's settings (see `parse_args`)."""
+    """The command line's settings (see `define_flags`)."""
 
     out: Path
     budget_scale: float = 1.0
@@ -180,47 +178,69 @@ class BuildConfig:
     workdir: Path = ROOT / 'runs' / 'train_zoo'
 
 
-def parse_args(argv=None) -> BuildConfig:
-    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    ap.add_argument(
-        '--out',
-        default=str(ROOT / 'specjax' / 'zoo'),
-        help='output directory (replaced at the end)',
+def define_flags() -> None:
+    """The script's flags (defined only when it runs as a script)."""
+    from absl import flags  # pylint: disable=import-outside-toplevel
+
+    flags.DEFINE_string(
+        'out', str(ROOT / 'specjax' / 'zoo'), 'output directory (replaced at the end)'
     )
-    ap.add_argument(
-        '--budget_scale',
-        type=float,
-        default=1.0,
-        help='multiplies every model\'s step count (1.0: the shipped zoo)',
+    flags.DEFINE_float(
+        'budget_scale', 1.0, "multiplies every model's step count (1.0: the shipped zoo)"
     )
-    ap.add_argument(
-        '--workers',
-        type=int,
-        default=2,
-        help='training processes (2: verifier alongside the drafters; 1: in-process)',
+    flags.DEFINE_integer(
+        'workers', 2, 'training processes (2: verifier alongside the drafters; 1: in-process)'
     )
-    ap.add_argument(
-        '--reuse',
-        default=None,
-        help='an existing zoo: models whose recipe matches are copied, not retrained',
+    flags.DEFINE_string(
+        'reuse', None, 'an existing zoo: models whose recipe matches are copied, not retrained'
     )
-    ap.add_argument('--cache', default=None, help='data cache (default: specjax.data default)')
-    ap.add_argument(
-        '--workdir',
-        default=str(ROOT / 'runs' / 'train_zoo'),
-        help='training checkpoints (a killed run resumes from them) and the zoo '
+    flags.DEFINE_string('cache', None, 'data cache (default: specjax.data default)')
+    flags.DEFINE_string(
+        'workdir',
+        str(ROOT / 'runs' / 'train_zoo'),
+        'training checkpoints (a killed run resumes from them) and the zoo '
         'being built; the checkpoints are deleted after a successful build',
     )
-    args = ap.parse_args(argv)
-    if args.budget_scale <= 0:
-        ap.error(f'--budget_scale: got {args.budget_scale}; allowed: > 0')
+
+
+def validate() -> None:
+    """Every flag, before anything is printed, loaded or written (`script_flags.run`): a
+    `ConfigError` naming the flag, its value and what is allowed."""
+    from absl import flags  # pylint: disable=import-outside-toplevel
+
+    from specjax.runner import script_flags as sf  # pylint: disable=import-outside-toplevel
+
+    f = flags.FLAGS
+    out = sf.out_dir('--out', f.out).resolve()  # `script_flags.common` checked it too
+    sf.number('--budget_scale', f.budget_scale, 0.0, 1000.0, lo_open=True)
+    sf.integer('--workers', f.workers, 1, 64)
+    if f.reuse:
+        sf.zoo('--reuse', f.reuse)
+    if f.cache:
+        sf.out_dir('--cache', f.cache)
+    work = sf.out_dir('--workdir', f.workdir).resolve()
+    inside = lambda a, b: b in (a, *a.parents)  # noqa: E731  (a is b or under it)
+    sf.check(
+        not (inside(work, out) or inside(out, work / 'zoo') or inside(out, work / 'ckpt')),
+        '--out / --workdir',
+        f'{f.out} / {f.workdir}',
+        'an --out that neither holds --workdir nor lies in its zoo/ or ckpt/ (the zoo is '
+        'built in --workdir/zoo, then moved to --out, which is replaced)',
+    )
+
+
+def build_config() -> BuildConfig:
+    """The flags as a `BuildConfig` (checked by `validate`)."""
+    from absl import flags  # pylint: disable=import-outside-toplevel
+
+    f = flags.FLAGS
     return BuildConfig(
-        out=Path(args.out),
-        budget_scale=args.budget_scale,
-        workers=args.workers,
-        reuse=Path(args.reuse) if args.reuse else None,
-        cache=Path(args.cache) if args.cache else None,
-        workdir=Path(args.workdir),
+        out=Path(f.out).expanduser(),
+        budget_scale=f.budget_scale,
+        workers=f.workers,
+        reuse=Path(f.reuse).expanduser() if f.reuse else None,
+        cache=Path(f.cache).expanduser() if f.cache else None,
+        workdir=Path(f.workdir).expanduser(),
     )
 
 
@@ -243,11 +263,14 @@ class Build:
     models: dict = dataclasses.field(default_factory=dict)
 
 
-def main(argv=None) -> int:
+def main(argv) -> int:
+    del argv
     from specjax.models.zoo import load_zoo  # pylint: disable=import-outside-toplevel
 
-    cfg = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s', datefmt='%H:%M:%S')
+    cfg = build_config()
+    logging.basicConfig(
+        level=logging.INFO, format='%(asctime)s %(message)s', datefmt='%H:%M:%S', force=True
+    )
     _quiet_jax()
     t_start = time.monotonic()
     b = Build(cfg=cfg, work=cfg.workdir / 'zoo')  # moved to --out at the end
@@ -561,4 +584,7 @@ def _write_manifest(root: Path, manifest: dict) -> None:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    from specjax.runner import script_flags
+
+    define_flags()
+    script_flags.run(main, validate, 'train_zoo')

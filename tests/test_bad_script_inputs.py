@@ -268,3 +268,77 @@ def test_a_library_import_never_reads_the_environment(monkeypatch):
     monkeypatch.delenv("SPECJAX_CHECKS")
     monkeypatch.delenv("SPECJAX_MAX_PROGRAMS")
     assert programs._max_programs() == 128 and debug.enabled() is False
+
+
+# ----------------------------------------------------------------------------------------
+# The rest of experiments/ on `script_flags.run` (#51): one bad flag each, refused before
+# anything is loaded or written.
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "script, args, needles",
+    [
+        ("benchmark", ["--gammas=0"], ["--gammas: got '0'", "integers in [1, 64]"]),
+        ("benchmark", ["--drafters=nosuch"], ["--drafters: got 'nosuch'", "prose512"]),
+        ("benchmark", ["--zoo=/nonexistent"], ["--zoo: got '/nonexistent'", "no such directory"]),
+        ("benchmark_batching", ["--modes=ar,nope"], ["--modes: got 'ar,nope'", "ar, spec"]),
+        ("benchmark_batching", ["--new_tokens_max=3"], ["--new_tokens_max: got 3", "[16, 256]"]),
+        ("benchmark_peer", ["--drafter=reasoning"], ["--drafter: got 'reasoning'", "code, prose"]),
+        ("benchmark_plans", ["--plan_steps=64"], ["--plan_steps / --max_step_tokens / --gamma"]),
+        ("cache_read", ["--capacities=16"], ["--capacities: got '16'", "[96, 512]"]),
+        ("distributed_generate", ["--rules=nope"], ["--rules: got 'nope'", "'fsdp_tp'"]),
+        ("drafter_alpha", ["--features=x=/nonexistent"], ["--features: got 'x=/nonexistent'"]),
+        ("drafter_alpha", ["--features=x=/n", "--temperatures=0"], ["--temperatures: got '0'"]),
+        ("evaluate_zoo", ["--window=1"], ["--window: got 1", "[2, 512]"]),
+        ("profile_round", ["--drafter=code+prose", "--rule=rejection"], ["--rule: got 'rej"]),
+        ("profile_round", ["--set_attr=models.nosuch.X=1"], ["--set_attr: got 'models.nos"]),
+        ("score_ratio", ["--sizes=320:4"], ["--sizes: got '320:4'"]),
+        ("score_ratio", ["--alpha=nan"], ["--alpha: got nan", "[0.0, 1.0]"]),
+        ("train_zoo", ["--budget_scale=0"], ["--budget_scale: got 0.0", "(0.0, 1000.0]"]),
+        ("train_zoo", ["--reuse=/nonexistent"], ["--reuse: got '/nonexistent'"]),
+    ],
+)
+def test_every_script_refuses_a_bad_flag_in_one_line(tmp_path, script, args, needles):
+    out = tmp_path / "run" / ("p0.json" if script == "distributed_generate" else "")
+    extra = [f"--workdir={tmp_path / 'work'}"] if script == "train_zoo" else []
+    proc = _run(f"{script}.py", *args, *extra, f"--out={out}")
+    _one_line(proc, script, *needles)
+    assert not any(tmp_path.iterdir())  # nothing written, not even --out's folder
+
+
+@pytest.mark.parametrize(
+    "script", ["benchmark", "cache_read", "evaluate_zoo", "score_ratio", "train_zoo"]
+)
+def test_a_folder_out_that_is_a_file_is_refused_first(tmp_path, script):
+    f = tmp_path / "file"
+    f.write_text("x")
+    proc = _run(f"{script}.py", f"--out={f}")
+    _one_line(proc, script, f"--out: got '{f}'", "is not a directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_distributed_generate_refuses_a_folder_for_its_out_file(tmp_path):
+    proc = _run("distributed_generate.py", f"--out={tmp_path}")
+    _one_line(proc, "distributed_generate", f"--out: got '{tmp_path}'", "is a folder")
+    assert not any(tmp_path.iterdir())
+
+
+def test_train_zoo_refuses_an_out_that_holds_its_workdir(tmp_path):
+    out = tmp_path / "zoo"
+    proc = _run("train_zoo.py", f"--out={out}", f"--workdir={out / 'work'}")
+    _one_line(proc, "train_zoo", "--out / --workdir: got", "neither holds --workdir")
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_bad_spec_zoo_names_the_variable(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "experiments/evaluate_zoo.py", f"--out={tmp_path / 'run'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "SPECJAX_ZOO": str(tmp_path)},
+    )
+    _one_line(proc, "evaluate_zoo", f"SPECJAX_ZOO: got '{tmp_path}'", "missing manifest.json")
+    assert not any(tmp_path.iterdir())

@@ -22,12 +22,17 @@ else: log records are held while validating (`specjax.runner.cli.hold_logs`).
 
 The checks (each returns the parsed value or raises `specjax.errors.ConfigError` naming
 the flag, the value and what is allowed): `integer`, `integers`, `number`, `numbers`,
-`names`, `dtype`, `out_dir`, `in_dir`, `in_file`, `npz_file`, `drafter_file`.
+`names`, `dtype`, `out_dir`, `out_file`, `in_dir`, `in_file`, `npz_file`, `drafter_file`,
+`zoo`, `rule`, `doc_name`, `packages`.
+
+A script whose ``--out`` names a file rather than a folder (`experiments/distributed_generate.py`:
+one file per process) passes ``out="file"`` to `run`.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 import zipfile
 from pathlib import Path
@@ -52,6 +57,12 @@ __all__ = [
     "in_file",
     "npz_file",
     "drafter_file",
+    "zoo",
+    "zoo_drafters",
+    "rule",
+    "doc_name",
+    "packages",
+    "out_file",
     "common",
     "fail",
 ]
@@ -60,8 +71,9 @@ __all__ = [
 DTYPES = ("float32", "bfloat16")
 
 
-def run(main: Callable, validate: Callable[[], Any] | None, prog: str) -> None:
-    """absl's ``app.run(main)`` with every input checked first (see the module)."""
+def run(main: Callable, validate: Callable[[], Any] | None, prog: str, *, out: str = "dir") -> None:
+    """absl's ``app.run(main)`` with every input checked first (see the module); `out`:
+    what ``--out`` names, ``"dir"`` (a folder) or ``"file"``."""
     from absl import app  # pylint: disable=import-outside-toplevel
 
     def checked_main(argv):
@@ -74,7 +86,7 @@ def run(main: Callable, validate: Callable[[], Any] | None, prog: str) -> None:
             )
         with cli.hold_logs() as logs:
             try:
-                common()
+                common(out_is_file=out == "file")
                 if validate is not None:
                     validate()
             except (Exception, SystemExit) as e:  # pylint: disable=broad-except
@@ -120,13 +132,14 @@ def _flags():
     return flags.FLAGS
 
 
-def common() -> None:
+def common(out_is_file: bool = False) -> None:
     """The flags `specjax.provenance.define_common_flags` declares, where the script has
-    them: ``--out`` a folder that exists or can be created, ``--repeats`` >= 1, and with
-    ``--write_docs`` a ``--docs_dir`` that can be written."""
+    them: ``--out`` a folder that exists or can be created (`out_is_file`: a file that
+    can be written), ``--repeats`` >= 1, and with ``--write_docs`` a ``--docs_dir`` that can
+    be written."""
     flags = _flags()
     if "out" in flags and flags["out"].value is not None:
-        out_dir("--out", flags.out)
+        (out_file if out_is_file else out_dir)("--out", flags.out)
     if "repeats" in flags:
         integer("--repeats", flags.repeats, 1)
     if "write_docs" in flags and flags.write_docs and "docs_dir" in flags:
@@ -256,6 +269,24 @@ def out_dir(field: str, value: Any) -> Path:
     return path
 
 
+def out_file(field: str, value: Any) -> Path:
+    """An output file: not a folder, in a folder that exists and is writable or can be
+    created (nothing is created)."""
+    allowed = "a file path in a folder that exists and is writable or can be created"
+    path = user_path(value, field, allowed)
+    check(not path.is_dir(), field, str(value), f"{allowed} ({path} is a folder)")
+    check(path.name not in ("", ".", ".."), field, str(value), allowed)
+    problem = dir_problem(str(path.parent))
+    check(problem is None, field, str(value), f"{allowed} ({problem})")
+    check(
+        not path.exists() or os.access(path, os.W_OK),
+        field,
+        str(value),
+        f"{allowed} ({path} exists and is not writable)",
+    )
+    return path
+
+
 def in_dir(field: str, value: Any, allowed: str = "an existing folder") -> Path:
     """An input folder that exists."""
     path = user_path(value, field, allowed)
@@ -285,8 +316,16 @@ def npz_file(
     """An ``.npz`` input whose zip directory reads (a truncated or foreign file does not)
     and that holds `keys`. The members' bytes are checked when they are read (the loaders
     name the file then); `shown` is the value named in the error (default: `value`)."""
-    path = in_file(field, value, allowed)
-    shown = str(value) if shown is None else shown
+    if shown is None:
+        path = in_file(field, value, allowed)
+        shown = str(value)
+    else:
+        try:
+            path = in_file(field, value, allowed)
+        except ConfigError:
+            raise ConfigError.invalid(
+                field, shown, f"{allowed} ({value}: not an existing readable file)"
+            ) from None
     try:
         with zipfile.ZipFile(path) as z:
             members = {n[:-4] if n.endswith(".npy") else n for n in z.namelist()}
@@ -349,3 +388,77 @@ def drafter_file(
         f"{allowed} ({path} is {'not ' if feature else ''}a feature drafter)",
     )
     return path
+
+
+def zoo(field: str, value: Any) -> tuple[Path, dict]:
+    """A model zoo folder (None or empty: ``$SPECJAX_ZOO``, else the shipped zoo) whose
+    manifest reads and checks (`specjax.models.zoo.read_manifest`: no weights are read);
+    returns (folder, manifest). A bad ``$SPECJAX_ZOO`` is named as the variable."""
+    from specjax.models import zoo as zoo_lib  # pylint: disable=import-outside-toplevel
+
+    if value in (None, ""):
+        try:
+            return zoo_lib.read_manifest(None)
+        except ConfigError as e:
+            if e.field == "SPECJAX_ZOO":
+                raise
+            env = os.environ.get("SPECJAX_ZOO")
+            if env:  # --zoo unset: the variable names the zoo
+                raise ConfigError.invalid("SPECJAX_ZOO", env, f"a model zoo folder: {e}") from None
+            raise ConfigError.invalid(
+                field, value, f"a model zoo folder (unset: the shipped zoo, which fails: {e})"
+            ) from None
+    path = user_path(value, field, "a model zoo folder (experiments/train_zoo.py's --out)")
+    try:
+        return zoo_lib.read_manifest(path)
+    except ConfigError as e:
+        raise ConfigError.invalid(
+            field, str(value), f"a model zoo folder (experiments/train_zoo.py's --out): {e}"
+        ) from None
+
+
+def zoo_drafters(manifest: dict) -> list[str]:
+    """A zoo manifest's drafters: its ``drafter_order``, then its ``extra_drafters``."""
+    return [*manifest["drafter_order"], *manifest.get("extra_drafters", [])]
+
+
+def rule(field: str, value: Any, chains: int = 1) -> str:
+    """A verification rule's name (`specjax.verify.registry`) that verifies rows of
+    `chains` chains."""
+    from specjax.verify import registry  # pylint: disable=import-outside-toplevel
+
+    fits = [r.name for r in registry.all_rules() if r.allows_slots(chains)]
+    what = "one chain" if chains == 1 else f"{chains} chains"
+    check(value in fits, field, value, f"a rule for rows of {what}: one of {', '.join(fits)}")
+    return value
+
+
+def doc_name(field: str, value: Any) -> str:
+    """The name of a results page (``<docs_dir>/<name>.md``): a file name, no '/'."""
+    check(
+        isinstance(value, str) and value and "/" not in value and value not in (".", ".."),
+        field,
+        value,
+        "a file name (no '/')",
+    )
+    return value
+
+
+def packages(names: Sequence[str], why: str) -> None:
+    """The Python packages `names` are installed (found, not imported)."""
+    import importlib.util  # pylint: disable=import-outside-toplevel
+
+    missing = []
+    for n in names:
+        try:
+            found = importlib.util.find_spec(n) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(n)
+    check(
+        not missing,
+        "packages",
+        ", ".join(missing),
+        f"{', '.join(names)} installed ({why})",
+    )
