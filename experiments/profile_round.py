@@ -84,6 +84,7 @@ from specjax.round_anatomy import (
     variants,
 )
 from specjax.runner import script_flags as sf
+from specjax.runner.results import atomic_write_text
 
 FLAGS = flags.FLAGS
 
@@ -487,8 +488,8 @@ def _compile_cases(loaded: dict, pkgs: list[str], batch: int, gamma: int) -> dic
                 _compile_scratch(case, pkg, fn)
             if FLAGS.hlo_dump:
                 Path(FLAGS.hlo_dump).mkdir(parents=True, exist_ok=True)
-                (Path(FLAGS.hlo_dump) / f"{pkg}_B{batch}_g{gamma}_{name}.hlo.txt").write_text(
-                    exe.as_text()
+                atomic_write_text(
+                    Path(FLAGS.hlo_dump) / f"{pkg}_B{batch}_g{gamma}_{name}.hlo.txt", exe.as_text()
                 )
         cases[pkg] = case
     return cases

@@ -19,7 +19,6 @@ resumes):
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -132,9 +131,9 @@ def define_flags():
 
 
 def _atomic_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=float))
-    os.replace(tmp, path)
+    from specjax.runner.results import atomic_write_text  # pylint: disable=import-outside-toplevel
+
+    atomic_write_text(path, json.dumps(obj, indent=1, default=float))
 
 
 def _verifier():

@@ -39,7 +39,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -94,6 +93,7 @@ def train_model(
     from specjax import checkpoints
     from specjax.models.api import TransformerLM, count_params
     from specjax.models.transformer import TransformerConfig
+    from specjax.runner.results import atomic_write_text
     from specjax.train import TrainConfig, train
 
     logging.basicConfig(
@@ -128,7 +128,7 @@ def train_model(
     def record_wall(step=None, metrics=None):
         if step is None or step % 10 == 0:
             state['wall_s'] = prev + time.monotonic() - t0
-            stamp.write_text(json.dumps(state))
+            atomic_write_text(stamp, json.dumps(state))  # a kill leaves the old stamp
 
     params = lm.init_params(jax.random.key(seed))  # ignored when resuming
     params, history = train(
@@ -578,9 +578,11 @@ def _split_jobs(jobs: list, workers: int) -> list[list]:
 
 
 def _write_manifest(root: Path, manifest: dict) -> None:
-    tmp = root / 'manifest.json.tmp'
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=False) + '\n', encoding='utf-8')
-    os.replace(tmp, root / 'manifest.json')
+    from specjax.runner.results import atomic_write_text  # pylint: disable=import-outside-toplevel
+
+    atomic_write_text(
+        root / 'manifest.json', json.dumps(manifest, indent=1, sort_keys=False) + '\n'
+    )
 
 
 if __name__ == '__main__':

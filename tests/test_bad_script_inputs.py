@@ -342,3 +342,37 @@ def test_a_bad_spec_zoo_names_the_variable(tmp_path):
     )
     _one_line(proc, "evaluate_zoo", f"SPECJAX_ZOO: got '{tmp_path}'", "missing manifest.json")
     assert not any(tmp_path.iterdir())
+
+
+def test_final_writes_leave_the_old_file_when_interrupted(tmp_path, monkeypatch):
+    """The results writers go through `results.atomic_write_*`: a write that fails before
+    its rename (here fsync, as a kill or a full disk would) leaves the previous file whole
+    and no temporary beside it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from specjax.runner import plots_kit, results, seed_table
+
+    png, md = tmp_path / "plot.png", tmp_path / "page.md"
+    png.write_bytes(b"old png")
+    md.write_text("old page")
+
+    def torn(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(results.os, "fsync", torn)
+    fig = Figure()
+    fig.add_subplot().plot([0, 1], [1, 0])
+    with pytest.raises(OSError):
+        plots_kit._save(fig, png)
+    with pytest.raises(OSError):
+        seed_table._atomic(md, "new page")
+    assert png.read_bytes() == b"old png" and md.read_text() == "old page"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["page.md", "plot.png"]
+    monkeypatch.undo()
+    assert plots_kit._save(fig, png) and png.read_bytes().startswith(b"\x89PNG")
+    seed_table._atomic(md, "new page")
+    assert md.read_text() == "new page"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["page.md", "plot.png"]

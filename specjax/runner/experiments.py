@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -147,9 +146,9 @@ def _baselines(config, cell, dep, pcfg, prompts, workdir: Path):
         "reference_texts": ar_texts if exact_ref else None,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    from specjax.runner import results  # pylint: disable=import-outside-toplevel
+
+    results.atomic_write_text(path, json.dumps(data))
     return data
 
 

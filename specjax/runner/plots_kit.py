@@ -40,10 +40,13 @@ def _save(fig, path) -> bool:
     if hasattr(path, "write"):
         fig.savefig(path, format="png")
         return True
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp)
-    tmp.replace(path)
+    import io  # pylint: disable=import-outside-toplevel
+
+    from specjax.runner.results import atomic_write_bytes  # pylint: disable=import-outside-toplevel
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    atomic_write_bytes(Path(path), buf.getvalue())
     return True
 
 

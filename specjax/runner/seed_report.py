@@ -370,8 +370,10 @@ def _kl_ceiling(pol: dict) -> float | None:
 
 def plot(workdir: Path, pol: dict) -> None:
     """Writes plots/seed_policies.png (`render`)."""
+    from specjax.runner.results import atomic_write_bytes  # pylint: disable=import-outside-toplevel
+
     (Path(workdir) / "plots").mkdir(exist_ok=True)
-    (Path(workdir) / "plots" / "seed_policies.png").write_bytes(render(pol))
+    atomic_write_bytes(Path(workdir) / "plots" / "seed_policies.png", render(pol))
 
 
 def render(pol: dict) -> bytes:

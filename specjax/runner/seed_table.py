@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -499,9 +498,11 @@ def _claims(policies) -> dict:
 
 
 def _atomic(path: Path, data: str | bytes) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    """`data` into `path` atomically (`specjax.runner.results`: a temporary file beside it,
+    then a rename)."""
+    from specjax.runner import results  # pylint: disable=import-outside-toplevel
+
     if isinstance(data, bytes):
-        tmp.write_bytes(data)
+        results.atomic_write_bytes(path, data)
     else:
-        tmp.write_text(data)
-    os.replace(tmp, path)
+        results.atomic_write_text(path, data)
