@@ -22,7 +22,7 @@ acceptance (`specjax.field_report.FIELD_REPORT_ACCEPTANCE`: no 70B has run here)
 
 import ml_collections
 
-from specjax.field_report import FIELD_REPORT_ACCEPTANCE
+from specjax.field_report import FIELD_REPORT_ACCEPTANCE, FIELD_REPORT_COSTS
 
 
 def _base():
@@ -108,6 +108,7 @@ def get_config(name: str = 'smollm2'):
             n: (a, 'field report, per-drafter acceptance')
             for n, a in FIELD_REPORT_ACCEPTANCE.items()
         }
+        c.seed_costs = dict(FIELD_REPORT_COSTS)  # the seed table's c_i: params ratios
         c.generates = [('rejection', 'prose'), ('token_tree', 'code+prose+reasoning')]
         c.state_programs = False
         c.state_drafters = ''

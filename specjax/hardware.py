@@ -19,6 +19,7 @@ __all__ = [
     "ACCELERATORS",
     "ratio_tables",
     "roofline",
+    "roofline_seconds",
     "score_ratios",
     "stream_bandwidth",
     "weight_bytes",
@@ -52,16 +53,26 @@ def weight_bytes(params, tied: bool = True) -> int:
     return total
 
 
-def roofline(cfg, n_params: int, k: int, batch: int, context: int) -> dict[str, float]:
-    """Seconds of a k-token forward (``batch`` rows, ``context`` cached tokens) on each of
-    `ACCELERATORS`: max(bytes / bandwidth, FLOPs / peak), bf16 weights and KV cache.
-
-    ``cfg`` is a `TransformerConfig` (layers, KV heads, head and model widths).
-    """
+def roofline_seconds(
+    cfg, n_params: int, k: int, batch: int, context: int, bandwidth: float, peak: float
+) -> float:
+    """Seconds of a k-token forward (``batch`` rows, ``context`` cached tokens) on one
+    device of ``bandwidth`` bytes/s and ``peak`` FLOP/s: max(bytes / bandwidth, FLOPs /
+    peak), bf16 weights and KV cache. ``cfg`` is a `TransformerConfig` (layers, KV heads,
+    head and model widths)."""
     kv = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 2 * batch * (context + k)
     byts = 2 * n_params + kv
     flops = 2 * n_params * batch * k + 4 * cfg.n_layers * cfg.d_model * batch * k * context
-    return {name: max(byts / bw, flops / peak) for name, (bw, peak) in ACCELERATORS.items()}
+    return max(byts / bandwidth, flops / peak)
+
+
+def roofline(cfg, n_params: int, k: int, batch: int, context: int) -> dict[str, float]:
+    """`roofline_seconds` on each of `ACCELERATORS` (the model's own count; the TPU
+    planner, `specjax.tpu.plan`, sets it beside the compiler's figures)."""
+    return {
+        name: roofline_seconds(cfg, n_params, k, batch, context, bw, peak)
+        for name, (bw, peak) in ACCELERATORS.items()
+    }
 
 
 def score_ratios(label: str, lm, params, batches, ks, bw: float, context: int = 100) -> list[dict]:

@@ -137,3 +137,59 @@ def test_hlo_ops_reads_collectives_relayouts_and_loops():
         ("all-reduce", 8 * 128 * 2, True),
         ("copy", 8 * 128 * 2, False),
     ]
+
+
+def test_keys_stored_slots_major_give_the_same_logits_and_commits(monkeypatch):
+    """The TPU's key layout ([B, KV, S, hd], `cache.KEYS_SLOTS_MAJOR`) traced on the CPU:
+    a prefill, cached decode steps, a tree block compacted to a path, logits equal."""
+    from specjax.models.api import advance, compact
+
+    lm = _lm(max_len=40)
+    params = lm.init_params(2)
+
+    def run():
+        jax.clear_caches()
+        cache = lm.init_cache(2, 40)
+        tok = jnp.array([[1, 5, 7, 9, 3], [2, 4, 6, 8, 10]], jnp.int32)
+        out = []
+        logits, cache = lm.forward(
+            params, cache, tok, jnp.tile(jnp.arange(5), (2, 1)), causal_block_mask(2, 5)
+        )
+        out.append(logits)
+        cache = advance(cache, 5)
+        for t in range(3):
+            step = jnp.full((2, 1), 11 + t, jnp.int32)
+            logits, cache = lm.forward(
+                params, cache, step, cache.length[:, None], causal_block_mask(2, 1)
+            )
+            out.append(logits)
+            cache = advance(cache, 1)
+        # a 3-node tree (root, two children), then its path root -> second child kept
+        mask = jnp.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], bool)[None].repeat(2, 0)
+        pos = cache.length[:, None] + jnp.array([0, 1, 1])[None]
+        logits, cache = lm.forward(params, cache, jnp.full((2, 3), 13, jnp.int32), pos, mask)
+        out.append(logits)
+        cache = compact(cache, jnp.array([[0, 2], [0, 2]], jnp.int32), 2)
+        logits, cache = lm.forward(
+            params,
+            cache,
+            jnp.full((2, 1), 17, jnp.int32),
+            cache.length[:, None],
+            causal_block_mask(2, 1),
+        )
+        out.append(logits)
+        return [np.asarray(o) for o in out], cache
+
+    from specjax.models import transformer
+
+    for chunk in (128, 8):  # the cache read whole, then in blocks of 8 slots
+        monkeypatch.setattr(transformer, "CACHE_CHUNK", chunk)
+        monkeypatch.setattr(cache_mod, "KEYS_SLOTS_MAJOR", False)
+        ref, c_ref = run()
+        monkeypatch.setattr(cache_mod, "KEYS_SLOTS_MAJOR", True)
+        got, c_got = run()
+        assert c_got.k[0].shape == c_got.v[0].shape != c_ref.k[0].shape
+        assert c_got.max_len == c_ref.max_len == 40
+        for a, b in zip(got, ref):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+    jax.clear_caches()

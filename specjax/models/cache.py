@@ -6,6 +6,7 @@ block at slots ``[length, length + T)`` without moving ``length``; the caller co
 with :func:`advance` (a chain) or :func:`compact` (a token tree's accepted path).
 
 Layout: one array per layer, keys ``f32[B, KV, hd, S]`` and values ``f32[B, KV, S, hd]``
+(on a TPU keys ``[B, KV, S, hd]`` too: `KEYS_SLOTS_MAJOR`)
 (batch and KV heads leading; each stored the way its attention dot reads it: the scores
 ``q·K`` contract ``hd`` with the keys' rows, the output ``p·V`` contracts the slots with the
 values' rows, so neither operand is repacked). Keys stored ``[S, hd]`` cost a transposing
@@ -49,6 +50,28 @@ from specjax import backend
 #: traced for the CPU only (`specjax.backend.platform`: a compile-only TPU target is not),
 #: True / False everywhere (a paired comparison, a test). Read at trace time.
 HALF_AS_BITS: bool | None = None
+
+
+#: Keys stored slots-major, ``[B, KV, S, hd]`` like the values, instead of ``[B, KV, hd, S]``:
+#: None (default) where programs are traced for a TPU (`specjax.backend.platform`) and the
+#: heads are at least a 128-wide lane, True / False everywhere (a test). Read at trace
+#: time. On a TPU the minor dimension is the lane: with slots minor a block's keys are
+#: columns, and at batch > 1 the compiler relaid every layer's keys in and out of each call
+#: to write them (a 2-layer model of 128-dim heads at batch 8 and 4,096 slots: one 16 MiB
+#: copy per layer; none slots-major). Heads narrower than a lane (SmolLM2's 64) the
+#: compiler stores slots-minor whatever the program asks, so they keep that layout. On the
+#: CPU ``[hd, S]`` is the layout its batched dot reads without a repack (module docstring).
+KEYS_SLOTS_MAJOR: bool | None = None
+
+
+LANE = 128  # a TPU vector register's minor dimension
+
+
+def keys_slots_major(head_dim: int) -> bool:
+    """Whether keys of ``head_dim`` are stored ``[B, KV, S, hd]`` (`KEYS_SLOTS_MAJOR`)."""
+    if KEYS_SLOTS_MAJOR is None:
+        return backend.platform() == 'tpu' and head_dim >= LANE
+    return bool(KEYS_SLOTS_MAJOR)
 
 
 def _as_bits(dtype) -> bool:
@@ -169,21 +192,22 @@ class Cache:
         return len(self.k)
 
     @staticmethod
-    def logical_axes() -> 'Cache':
+    def logical_axes(head_dim: int = 0) -> 'Cache':
         """Logical axis names of each field (one name tuple per field: the same for every
-        layer; see `PerLayer`)."""
-        return Cache(
-            k=('batch', 'kv_heads', 'head_dim', 'cache_length'),
-            v=('batch', 'kv_heads', 'cache_length', 'head_dim'),
-            length=('batch',),
-        )
+        layer; see `PerLayer`). The keys' last two names follow `keys_slots_major` for
+        ``head_dim`` (both are unsplit by every rule set, so a placement does not depend
+        on it)."""
+        values = ('batch', 'kv_heads', 'cache_length', 'head_dim')
+        major = keys_slots_major(head_dim)
+        keys = values if major else ('batch', 'kv_heads', 'head_dim', 'cache_length')
+        return Cache(k=keys, v=values, length=('batch',))
 
 
 def init_cache(
     n_layers: int, batch: int, capacity: int, n_kv_heads: int, head_dim: int, dtype=jnp.float32
 ) -> Cache:
-    k_shape = (batch, n_kv_heads, head_dim, capacity)
     v_shape = (batch, n_kv_heads, capacity, head_dim)
+    k_shape = v_shape if keys_slots_major(head_dim) else (batch, n_kv_heads, head_dim, capacity)
     return Cache(
         k=PerLayer(jnp.zeros(k_shape, dtype) for _ in range(n_layers)),
         v=PerLayer(jnp.zeros(v_shape, dtype) for _ in range(n_layers)),
@@ -223,9 +247,12 @@ def write_block(arr: jax.Array, block: jax.Array, length: jax.Array) -> jax.Arra
 
 
 def write_keys(arr: jax.Array, block: jax.Array, length: jax.Array) -> jax.Array:
-    """Writes one layer's keys ``block: [B, KV, T, hd]`` into ``arr: [B, KV, hd, S]`` at
+    """Writes one layer's keys ``block: [B, KV, T, hd]`` into ``arr: [B, KV, hd, S]`` (or
+    ``[B, KV, S, hd]`` where `keys_slots_major`) at
     slots ``[length, length + T)`` of each row (slots past capacity are dropped)."""
     B, KV, T, hd = block.shape
+    if keys_slots_major(hd):  # [B, KV, S, hd], as the values
+        return write_block(arr, block, length)
     slots = length[:, None] + jnp.arange(T)[None, :]  # [B, T]
     return half_set(arr, _index_t(B, KV, hd, slots), block.transpose(0, 1, 3, 2))
 
@@ -268,7 +295,10 @@ def compact(cache: Cache, src, n) -> Cache:
 
         return move
 
-    move_k = mover(_index_t(B, KV, hd, base + src), _index_t(B, KV, hd, dst))
+    if keys_slots_major(hd):
+        move_k = mover(_index(B, KV, base + src), _index(B, KV, dst))
+    else:
+        move_k = mover(_index_t(B, KV, hd, base + src), _index_t(B, KV, hd, dst))
     move_v = mover(_index(B, KV, base + src), _index(B, KV, dst))
     return advance(
         cache.replace(k=PerLayer(map(move_k, cache.k)), v=PerLayer(map(move_v, cache.v))), n

@@ -26,6 +26,7 @@ from specjax.models.cache import (
     PerLayer,
     block_rows,
     half_take,
+    keys_slots_major,
     table_values,
     write_block,
     write_keys,
@@ -217,7 +218,8 @@ def cache_attention(
     q, cache_k, cache_v, length, dt, chunk: int | None = None, min_blocks: int | None = None
 ):
     """Attention of ``q: [B, KV, Q, hd]`` over the committed slots of one layer's cache
-    (keys ``cache_k: [B, KV, hd, S]``, values ``cache_v: [B, KV, S, hd]``).
+    (keys ``cache_k: [B, KV, hd, S]``, or ``[B, KV, S, hd]`` where `cache.keys_slots_major`;
+    values ``cache_v: [B, KV, S, hd]``).
 
     Returns ``(m, z, o)``: per query row the max score ``m`` (``_NEG`` where nothing is
     committed), ``z = Σ exp(s − m)`` and the unnormalised ``o = Σ exp(s − m) v``, f32,
@@ -240,6 +242,7 @@ def cache_attention(
     """
     B, KV, S, hd = cache_v.shape
     Q = q.shape[2]
+    rows = keys_slots_major(hd)  # keys [B, KV, S, hd] (TPU) or [B, KV, hd, S]
     c = min(chunk or CACHE_CHUNK, S)
     n_blocks = -(-S // c)
     whole = n_blocks < max(CACHE_MIN_BLOCKS if min_blocks is None else min_blocks, 2)
@@ -248,9 +251,14 @@ def cache_attention(
 
     def block(start, lo, m, z, o):
         """Merges slots [lo, start + c) ∩ [0, length) of the block read at ``start``."""
-        k_blk = jax.lax.dynamic_slice_in_dim(cache_k, start, c, axis=3).astype(dt)
+        k_blk = jax.lax.dynamic_slice_in_dim(cache_k, start, c, axis=2 if rows else 3).astype(dt)
         v_blk = jax.lax.dynamic_slice_in_dim(cache_v, start, c, axis=2).astype(dt)
-        s = jnp.einsum('bkqh,bkhs->bkqs', q, k_blk, preferred_element_type=jnp.float32)
+        s = jnp.einsum(
+            'bkqh,bksh->bkqs' if rows else 'bkqh,bkhs->bkqs',
+            q,
+            k_blk,
+            preferred_element_type=jnp.float32,
+        )
         slot = start + jnp.arange(c)
         valid = ((slot[None, :] >= lo) & (slot[None, :] < length[:, None]))[:, None, None, :]
         s = jnp.where(valid, s, _NEG)

@@ -326,33 +326,97 @@ def _ratio_table(recs, chip) -> tuple[list[str], dict]:
     return lines, {b: (by_b[b][1][0], ratios[b]) for b in ratios}
 
 
-def _projection(cfg, t_step, ratios, drafter_t) -> list[str]:
+def _streamed_bytes(lm) -> int:
+    """Bytes of weights a one-token forward of ``lm`` streams: every parameter array but
+    those only read by row (an input table, a feature drafter's copy of the verifier's)."""
+    params = lm.abstract_params()
+    total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    if 'embed' in params and not getattr(lm.config, 'tie_embeddings', False):
+        total -= params['embed'].size * params['embed'].dtype.itemsize
+    return int(total)
+
+
+def _drafter_costs(cfg, here, b, t_step, chip, model_axis) -> dict[str, tuple[float, str]]:
+    """{drafter: (c = T_draft / T_step, how)} at TPU prices: a compiled forward where the
+    page has one, a feature drafter's streamed bytes ÷ the chip's bandwidth, 0 for lookup."""
+    out = {}
+    for r in here:
+        if r['program'] == 'drafter_forward' and r['ok'] and r['batch'] == b:
+            t, how = estimate_seconds(r, chip)
+            out[r['drafters']] = (t / t_step, f'compiled forward, {how}')
+    for name, spec in cfg.drafters.items():
+        if spec['kind'] == 'lookup':
+            out[name] = (0.0, 'no model')
+        elif spec['kind'] == 'eagle' and name not in out:
+            lm, _ = abstract_model(cfg.verifier, max_len=cfg.max_len, dtype=cfg.dtype)
+            d = P.drafter('eagle', lm)
+            t = _streamed_bytes(d.spec.lm) / model_axis / chip.hbm_bandwidth
+            out[name] = (t / t_step, 'its streamed bytes ÷ bandwidth')
+    return out
+
+
+def _projection(cfg, ratios, costs) -> list[str]:
+    seed = dict(cfg.get('seed_costs', None) or {})
     lines = [
-        '| drafter | α (source) | c = T_draft / T_step | γ | T_score(γ+1) / T_step | '
-        'projected spec / AR |',
-        '|---|---|---|---|---|---|',
+        '| drafter | α (source) | c = T_draft / T_step (how) | γ | T_score(γ+1) / T_step | '
+        'projected spec / AR | at seed sizes (c = params ratio, T_score = T_step) |',
+        '|---|---|---|---|---|---|---|',
     ]
     for name, (alpha, source) in cfg.alphas.items():
-        kind = cfg.drafters[name]['kind'] if name in cfg.drafters else 'lookup'
-        if kind == 'lookup':
-            c, c_how = 0.0, '0 (no model)'
-        elif name in drafter_t:
-            c = drafter_t[name] / t_step
-            c_how = f'{c:.3f}'
-        else:
+        if name not in costs:
             continue
+        c, how = costs[name]
         best = None
         for g in range(1, 8):
             if g + 1 not in ratios:
                 continue
-            s = hw_aware_speedup(alpha, g, c, ratios[g + 1])
-            if best is None or s > best[0]:
-                best = (s, g, ratios[g + 1])
+            sp = hw_aware_speedup(alpha, g, c, ratios[g + 1])
+            if best is None or sp > best[0]:
+                best = (sp, g, ratios[g + 1])
         if best is None:
             continue
+        at_seed = '–'
+        if name in seed:
+            at_seed = (
+                f'{hw_aware_speedup(alpha, best[1], seed[name], 1.0):.2f} (c {seed[name]:.3f})'
+            )
         lines.append(
-            f'| {name} | {alpha:.2f} ({source}) | {c_how} | {best[1]} | {best[2]:.2f} | '
-            f'{best[0]:.2f} |'
+            f'| {name} | {alpha:.2f} ({source}) | {c:.3f} ({how}) | {best[1]} | {best[2]:.2f} | '
+            f'{best[0]:.2f} | {at_seed} |'
+        )
+    return lines
+
+
+def _estimates(cfg, sl, recs, chip) -> list[str]:
+    """The analytic estimates (`hf.estimate_bytes`, `hardware.roofline_seconds`) against
+    the compiled figures of the recommended rules' steps."""
+    from specjax.hardware import roofline_seconds  # pylint: disable=import-outside-toplevel
+    from specjax.models.hf import estimate_bytes  # pylint: disable=import-outside-toplevel
+
+    chips = SLICES[sl].chips
+    lm, params = abstract_model(cfg.verifier, max_len=cfg.capacity, dtype=cfg.dtype)
+    lm, params = P.serve_form(lm, params, chips)
+    n_params = sum(x.size for x in jax.tree.leaves(params))
+    lines = [
+        '| B | k | estimate_bytes GiB | compiled arguments GiB | ÷ | + temporaries: peak GiB | '
+        'analytic T µs | compiled T µs (how) | ÷ |',
+        '|---|---|---|---|---|---|---|---|---|',
+    ]
+    for r in sorted(recs, key=lambda r: (r['batch'], r['k'])):
+        if not r['ok'] or r['k'] not in (1, 4):
+            continue
+        est = estimate_bytes(lm.config, r['batch'], {'data': 1, 'model': chips}, cfg.recommend)
+        t_an = (
+            roofline_seconds(
+                lm.config, n_params, r['k'], r['batch'], 128, chip.hbm_bandwidth, chip.peak_flops
+            )
+            / chips
+        )
+        t_c, how = estimate_seconds(r, chip)
+        lines.append(
+            f"| {r['batch']} | {r['k']} | {_gib(est['total'])} | {_gib(r['argument_bytes'])} | "
+            f"{est['total'] / r['argument_bytes']:.2f} | {_gib(r['peak_bytes'])} | "
+            f'{1e6 * t_an:.0f} | {1e6 * t_c:.0f} ({how}) | {t_an / t_c:.2f} |'
         )
     return lines
 
@@ -418,20 +482,22 @@ def render(journal: Path, configs: dict, command: str) -> str:
             if ratios:
                 b = min(ratios)
                 t_step, rr = ratios[b]
-                drafter_t = {}
-                for r in here:
-                    if r['program'] == 'drafter_forward' and r['ok'] and r['batch'] == b:
-                        drafter_t[r['drafters']] = estimate_seconds(r, chip)[0]
-                out += (
-                    [
-                        f'Projected speculative ÷ autoregressive at B {b} (Leviathan et '
-                        'al., hardware-aware; the best γ of 1–7 that this page has '
-                        'T_score for):',
-                        '',
-                    ]
-                    + _projection(cfg, t_step, rr, drafter_t)
-                    + ['']
-                )
+                costs = _drafter_costs(cfg, here, b, t_step, chip, SLICES[sl].chips)
+                out += [
+                    f"Projected speculative ÷ autoregressive at B {b} (Leviathan et al.'s "
+                    'hardware-aware formula, one chain: E[tokens per round] · T_step ÷ '
+                    '(γ · T_draft + T_score(γ+1)); the best γ of 1–7 this page has '
+                    'T_score for):',
+                    '',
+                ]
+                out += _projection(cfg, rr, costs) + ['']
+            out += [
+                'The analytic estimates against the compiled figures (the recommended '
+                "rules' steps; `hf.estimate_bytes`: weights and KV cache per chip; analytic "
+                'T: `hardware.roofline_seconds` over 128 cached tokens, ÷ chips):',
+                '',
+            ]
+            out += _estimates(cfg, sl, rec_fwd, chip) + ['']
             progs = [r for r in here if r['program'] not in ('forward', 'drafter_forward')]
             if progs:
                 out += [

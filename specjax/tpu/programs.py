@@ -15,6 +15,7 @@ with the deployment's shardings.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -23,6 +24,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from specjax import sharding as shd
+from specjax.backend import tracing_for
 from specjax.engine.autoregressive import autoregressive_call
 from specjax.engine.generate import speculative_call
 from specjax.engine.spec import (
@@ -61,6 +63,18 @@ def serve_form(lm, params, model_shards: int):
     return _serve_form(lm, params, model_shards, untie_head=True)
 
 
+def _for_tpu(fn):
+    """Builds a program's arguments as a TPU traces them (`specjax.backend.tracing_for`):
+    the caches' layout and shardings are the TPU's (`specjax.models.cache.values_slots_minor`)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with tracing_for('tpu'):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
 def _named(mesh, spec=None):
     return NamedSharding(mesh, spec or PartitionSpec())
 
@@ -78,6 +92,7 @@ def abstract_tree(tree, shardings):
     )
 
 
+@_for_tpu
 def forward_program(lm, params, mesh, rules, batch: int, k: int, capacity: int):
     """``(jitted, args)``: the sharded forward of ``k`` tokens per row over a cache of
     ``capacity`` slots (`specjax.sharding.make_sharded_forward`: decode rules, the cache
@@ -205,6 +220,7 @@ def _prompts(batch: int, width: int, vocab: int) -> list[list[int]]:
     return [[(7 * b + i) % vocab for i in range(width)] for b in range(batch)]
 
 
+@_for_tpu
 def generate_program(
     verifier: TransformerLM,
     v_params,
@@ -242,6 +258,7 @@ def generate_program(
     return fn, statics, _abstract_args(args, verifier, drafters, mesh, rules)
 
 
+@_for_tpu
 def ar_program(verifier, v_params, mesh, rules, *, batch=1, prompt_len=64, new_tokens=64):
     """``(fn, statics, args)``: the autoregressive baseline from prompts, abstract."""
     fn, statics, args = autoregressive_call(
@@ -255,6 +272,7 @@ def ar_program(verifier, v_params, mesh, rules, *, batch=1, prompt_len=64, new_t
     return fn, statics, _abstract_args(args, verifier, [], mesh, rules)
 
 
+@_for_tpu
 def state_programs(
     verifier,
     v_params,
