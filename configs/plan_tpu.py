@@ -49,7 +49,7 @@ def get_config(name: str = 'smollm2'):
     c = _base()
     c.name = name
     if name == 'smollm2':
-        c.title = 'SmolLM2-135M-Instruct on one v5e chip'
+        c.title = 'SmolLM2-135M-Instruct on one v5e chip (and a v5p-8)'
         c.description = (
             'The real verifier (bf16) and the drafter kinds specjax ships for it, at their '
             'shapes: a subset-vocabulary drafter (4 layers, d 256, 4,096 kept ids, as '
@@ -58,7 +58,7 @@ def get_config(name: str = 'smollm2'):
             '(4 layers, d 256, 32,768 ids: the cross-vocabulary path).'
         )
         c.verifier = 'smollm2-135m'
-        c.slices = ['v5e-1']
+        c.slices = ['v5e-1', 'v5p-8']
         c.rule_sets = ['tp']
         c.batches = [1, 8, 32]
         c.ks_other = [1, 2, 4, 8]

@@ -60,19 +60,43 @@ class Task:
     drafters: str = ''  # generate: drafter names joined by '+'
     gamma: int = 0
     model_axis: int = 0  # chips on 'model' (the rest on 'data')
+    layouts: str = ''  # forward: 'auto' (the compiler lays the weights out) or '' (default)
 
     @property
     def key(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
 
-def estimate_seconds(rec: dict, chip) -> tuple[float, str]:
-    """(seconds, how): the compiler's estimate where positive, else the roofline."""
+#: Cached tokens a step's roofline counts as read (the forwards' own context: a step reads
+#: the cache blocks that hold a committed slot, not its capacity).
+CONTEXT = 128
+
+
+def estimate_seconds(rec: dict, chip, unread: float = 0.0) -> tuple[float, str]:
+    """(seconds, how): the compiler's estimate where positive, else the roofline: the
+    compiled FLOPs at the chip's peak, or the bytes the program moves at least once (its
+    arguments and its outputs not aliased to a donated argument, less ``unread``: cache
+    slots past the context) at its HBM bandwidth, whichever is longer."""
     opt = rec.get('optimal_seconds')
     if opt is not None and math.isfinite(opt) and opt > 0:
         return opt, 'compiler'
-    moved = rec['argument_bytes'] + rec['output_bytes'] - rec['alias_bytes']
+    moved = rec['argument_bytes'] + rec['output_bytes'] - rec['alias_bytes'] - unread
     return max(rec['flops'] / chip.peak_flops, moved / chip.hbm_bandwidth), 'roofline'
+
+
+def _unread_cache(cfg, sl: str):
+    """batch -> the per-chip bytes of a forward's KV cache past `CONTEXT` slots."""
+    from specjax.models.hf import estimate_bytes  # pylint: disable=import-outside-toplevel
+
+    chips = SLICES[sl].chips
+    lm, params = abstract_model(cfg.verifier, max_len=cfg.capacity, dtype=cfg.dtype)
+    lm, _ = P.serve_form(lm, params, chips)
+
+    def unread(batch: int, k: int = 1) -> float:
+        kv = estimate_bytes(lm.config, batch, {'data': 1, 'model': chips}, cfg.recommend)
+        return kv['kv_cache'] * max(0.0, 1 - (CONTEXT + k) / cfg.capacity)
+
+    return unread
 
 
 def hw_aware_speedup(alpha: float, gamma: int, c: float, score_ratio: float) -> float:
@@ -102,6 +126,20 @@ def _deployment(cfg, model_shards: int):
     return lm, params, drafters
 
 
+def model_axis(rules: str, chips: int) -> int:
+    """Chips on 'model' for a rule set's mesh: all of them for tensor parallelism, none for
+    fsdp (every chip on 'data', over which it splits the weights), about √chips for
+    fsdp_tp (a square-ish data × model mesh)."""
+    if rules == 'fsdp':
+        return 1
+    if rules == 'fsdp_tp':
+        m = 1
+        while m * m < chips and chips % (2 * m) == 0:
+            m *= 2
+        return m
+    return chips
+
+
 def _tasks(cfg) -> list[Task]:
     out = []
     for sl in cfg.slices:
@@ -112,7 +150,17 @@ def _tasks(cfg) -> list[Task]:
                 ks = cfg.ks if b == min(cfg.batches) and rules == cfg.recommend else cfg.ks_other
                 for k in ks:
                     out.append(
-                        Task(cfg.name, sl, rules, 'forward', b, k, cfg.capacity, model_axis=chips)
+                        Task(
+                            cfg.name,
+                            sl,
+                            rules,
+                            'forward',
+                            b,
+                            k,
+                            cfg.capacity,
+                            model_axis=model_axis(rules, chips),
+                            layouts='auto',
+                        )
                     )
         for b in cfg.drafter_batches:
             for name in cfg.drafters:
@@ -128,6 +176,7 @@ def _tasks(cfg) -> list[Task]:
                             cfg.capacity,
                             drafters=name,
                             model_axis=chips,
+                            layouts='auto',
                         )
                     )
         for rule, names in cfg.generates:
@@ -167,7 +216,7 @@ def _tasks(cfg) -> list[Task]:
 
 def _program(cfg, task: Task, cache: dict):
     """(fn, statics, args, mesh) of a task."""
-    mesh = slice_mesh(task.slice, 1, task.model_axis)
+    mesh = slice_mesh(task.slice, get_slice(task.slice).chips // task.model_axis, task.model_axis)
     key = (task.slice, task.model_axis)
     if key not in cache:
         cache.clear()
@@ -175,14 +224,28 @@ def _program(cfg, task: Task, cache: dict):
     lm, params, drafters = cache[key]
     if task.program == 'forward':
         fn, args = P.forward_program(
-            lm, params, mesh, task.rules, task.batch, task.k, task.capacity
+            lm,
+            params,
+            mesh,
+            task.rules,
+            task.batch,
+            task.k,
+            task.capacity,
+            param_layouts=task.layouts or None,
         )
         return fn, {}, args, mesh
     if task.program == 'drafter_forward':
         d = drafters[task.drafters]
         inner = getattr(d.spec.lm, 'inner', d.spec.lm)
         fn, args = P.forward_program(
-            inner, inner.abstract_params(), mesh, task.rules, task.batch, 1, task.capacity
+            inner,
+            inner.abstract_params(),
+            mesh,
+            task.rules,
+            task.batch,
+            1,
+            task.capacity,
+            param_layouts=task.layouts or None,
         )
         return fn, {}, args, mesh
     ds = [drafters[n] for n in task.drafters.split('+') if n]
@@ -286,9 +349,9 @@ def _coll(c: dict) -> str:
 
 def _fit_table(recs, chip) -> list[str]:
     lines = [
-        '| rules | B | k | compiled | peak GiB / chip | of HBM | all-gathers per step | '
-        'other collectives | relayout copies ≥ 1 MiB |',
-        '|---|---|---|---|---|---|---|---|---|',
+        '| rules | mesh data × model | B | k | compiled | peak GiB / chip | of HBM | '
+        'all-gathers per step | other collectives | relayout copies ≥ 1 MiB |',
+        '|---|---|---|---|---|---|---|---|---|---|',
     ]
     for r in recs:
         coll = dict(r['collectives'])
@@ -296,19 +359,21 @@ def _fit_table(recs, chip) -> list[str]:
         g = 'none' if not gathers else f'×{gathers[0]} ({gathers[1] / 2**30:.2f} GiB)'
         state = 'yes' if r['ok'] else f"no: {r['error'][:120]}"
         frac = f"{r['peak_bytes'] / chip.hbm_bytes:.0%}" if r['ok'] else '–'
+        mesh = f"{SLICES[r['slice']].chips // r['model_axis']} × {r['model_axis']}"
         lines.append(
-            f"| {r['rules']} | {r['batch']} | {r['k']} | {state} | "
+            f"| {r['rules']} | {mesh} | {r['batch']} | {r['k']} | {state} | "
             f"{_gib(r['peak_bytes']) if r['ok'] else '–'} | {frac} | {g} | {_coll(coll)} | "
             f"{r['n_copies'] if r['ok'] else '–'} |"
         )
     return lines
 
 
-def _ratio_table(recs, chip) -> tuple[list[str], dict]:
+def _ratio_table(recs, chip, unread) -> tuple[list[str], dict]:
     by_b: dict[int, dict[int, tuple[float, str]]] = {}
     for r in recs:
         if r['ok']:
-            by_b.setdefault(r['batch'], {})[r['k']] = estimate_seconds(r, chip)
+            t = estimate_seconds(r, chip, unread(r['batch'], r['k']))
+            by_b.setdefault(r['batch'], {})[r['k']] = t
     ks = sorted({k for v in by_b.values() for k in v})
     lines = [
         f"| B | T_step (µs) | how | {' | '.join(f'k={k}' for k in ks)} |",
@@ -327,13 +392,11 @@ def _ratio_table(recs, chip) -> tuple[list[str], dict]:
 
 
 def _streamed_bytes(lm) -> int:
-    """Bytes of weights a one-token forward of ``lm`` streams: every parameter array but
-    those only read by row (an input table, a feature drafter's copy of the verifier's)."""
-    params = lm.abstract_params()
-    total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-    if 'embed' in params and not getattr(lm.config, 'tie_embeddings', False):
-        total -= params['embed'].size * params['embed'].dtype.itemsize
-    return int(total)
+    """Bytes of weights a one-token forward of a feature drafter streams: every parameter
+    array but its copy of the verifier's input table (read by row)."""
+    params = dict(lm.abstract_params())
+    params.pop('embed', None)
+    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)))
 
 
 def _drafter_costs(cfg, here, b, t_step, chip, model_axis) -> dict[str, tuple[float, str]]:
@@ -342,7 +405,7 @@ def _drafter_costs(cfg, here, b, t_step, chip, model_axis) -> dict[str, tuple[fl
     out = {}
     for r in here:
         if r['program'] == 'drafter_forward' and r['ok'] and r['batch'] == b:
-            t, how = estimate_seconds(r, chip)
+            t, how = estimate_seconds(r, chip)  # the drafter's whole cache: an upper bound
             out[r['drafters']] = (t / t_step, f'compiled forward, {how}')
     for name, spec in cfg.drafters.items():
         if spec['kind'] == 'lookup':
@@ -387,7 +450,7 @@ def _projection(cfg, ratios, costs) -> list[str]:
     return lines
 
 
-def _estimates(cfg, sl, recs, chip) -> list[str]:
+def _estimates(cfg, sl, recs, chip, unread) -> list[str]:
     """The analytic estimates (`hf.estimate_bytes`, `hardware.roofline_seconds`) against
     the compiled figures of the recommended rules' steps."""
     from specjax.hardware import roofline_seconds  # pylint: disable=import-outside-toplevel
@@ -408,11 +471,17 @@ def _estimates(cfg, sl, recs, chip) -> list[str]:
         est = estimate_bytes(lm.config, r['batch'], {'data': 1, 'model': chips}, cfg.recommend)
         t_an = (
             roofline_seconds(
-                lm.config, n_params, r['k'], r['batch'], 128, chip.hbm_bandwidth, chip.peak_flops
+                lm.config,
+                n_params,
+                r['k'],
+                r['batch'],
+                CONTEXT,
+                chip.hbm_bandwidth,
+                chip.peak_flops,
             )
             / chips
         )
-        t_c, how = estimate_seconds(r, chip)
+        t_c, how = estimate_seconds(r, chip, unread(r['batch'], r['k']))
         lines.append(
             f"| {r['batch']} | {r['k']} | {_gib(est['total'])} | {_gib(r['argument_bytes'])} | "
             f"{est['total'] / r['argument_bytes']:.2f} | {_gib(r['peak_bytes'])} | "
@@ -473,11 +542,15 @@ def render(journal: Path, configs: dict, command: str) -> str:
             if fit:
                 out += (
                     [f'Decode step (k = 1) per rule set, KV cache of {cfg.capacity} slots:', '']
-                    + _fit_table(sorted(fit, key=lambda r: (r['rules'], r['batch'])), chip)
+                    + _fit_table(
+                        sorted(fit, key=lambda r: (r['rules'], -r['model_axis'], r['batch'])),
+                        chip,
+                    )
                     + ['']
                 )
             rec_fwd = [r for r in fwd if r['rules'] == cfg.recommend]
-            table, ratios = _ratio_table(rec_fwd, chip)
+            unread = _unread_cache(cfg, sl)
+            table, ratios = _ratio_table(rec_fwd, chip, unread)
             out += [f'T_step and T_score(k) / T_step under `{cfg.recommend}`:', ''] + table + ['']
             if ratios:
                 b = min(ratios)
@@ -497,7 +570,7 @@ def render(journal: Path, configs: dict, command: str) -> str:
                 'T: `hardware.roofline_seconds` over 128 cached tokens, ÷ chips):',
                 '',
             ]
-            out += _estimates(cfg, sl, rec_fwd, chip) + ['']
+            out += _estimates(cfg, sl, rec_fwd, chip, unread) + ['']
             progs = [r for r in here if r['program'] not in ('forward', 'drafter_forward')]
             if progs:
                 out += [
@@ -506,7 +579,8 @@ def render(journal: Path, configs: dict, command: str) -> str:
                     f'{cfg.new_tokens} new tokens):',
                     '',
                     '| program | rule | drafters | compiled | peak GiB / chip | '
-                    'collectives per round (loop body) | relayout copies ≥ 1 MiB | compile s |',
+                    'collectives per round (loop body) | relayout copies ≥ 1 MiB | '
+                    'compile s (wall, this host) |',
                     '|---|---|---|---|---|---|---|---|',
                 ]
                 for r in progs:

@@ -93,11 +93,13 @@ def abstract_tree(tree, shardings):
 
 
 @_for_tpu
-def forward_program(lm, params, mesh, rules, batch: int, k: int, capacity: int):
+def forward_program(
+    lm, params, mesh, rules, batch: int, k: int, capacity: int, param_layouts='auto'
+):
     """``(jitted, args)``: the sharded forward of ``k`` tokens per row over a cache of
     ``capacity`` slots (`specjax.sharding.make_sharded_forward`: decode rules, the cache
-    donated)."""
-    fwd = shd.make_sharded_forward(lm, mesh, batch, k, rules)
+    donated, the weights' layouts the compiler's choice unless ``param_layouts=None``)."""
+    fwd = shd.make_sharded_forward(lm, mesh, batch, k, rules, param_layouts=param_layouts)
     aparams = abstract_tree(params, fwd.param_shardings)
     cache = jax.eval_shape(lambda: lm.init_cache(batch, capacity))
     acache = abstract_tree(cache, fwd.cache_shardings)
