@@ -25,6 +25,7 @@ each config names the run it came from).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
@@ -86,17 +87,29 @@ def estimate_seconds(
     return max(rec['flops'] / chip.peak_flops, moved / chip.hbm_bandwidth), 'roofline'
 
 
-def _unread_cache(cfg, sl: str):
-    """batch -> the per-chip bytes of a forward's KV cache past `CONTEXT` slots."""
+@functools.cache
+def _served(verifier: str, max_len: int, dtype: str, chips: int):
+    """A deployment's served verifier (a 70B's abstract model takes ~10 s to build: once
+    per page and slice)."""
+    lm, params = abstract_model(verifier, max_len=max_len, dtype=dtype)
+    return P.serve_form(lm, params, chips)
+
+
+@functools.cache
+def _estimate_bytes(config, batch: int, chips: int, rules: str) -> dict:
     from specjax.models.hf import estimate_bytes  # pylint: disable=import-outside-toplevel
 
+    return estimate_bytes(config, batch, {'data': 1, 'model': chips}, rules)
+
+
+def _unread_cache(cfg, sl: str):
+    """batch -> the per-chip bytes of a forward's KV cache past `CONTEXT` slots."""
     chips = SLICES[sl].chips
-    lm, params = abstract_model(cfg.verifier, max_len=cfg.capacity, dtype=cfg.dtype)
-    lm, _ = P.serve_form(lm, params, chips)
+    lm, _ = _served(cfg.verifier, cfg.capacity, cfg.dtype, chips)
 
     def unread(batch: int, k: int = 1) -> float:
-        kv = estimate_bytes(lm.config, batch, {'data': 1, 'model': chips}, cfg.recommend)
-        return kv['kv_cache'] * max(0.0, 1 - (CONTEXT + k) / cfg.capacity)
+        kv = _estimate_bytes(lm.config, batch, chips, cfg.recommend)['kv_cache']
+        return kv * max(0.0, 1 - (CONTEXT + k) / cfg.capacity)
 
     return unread
 
@@ -460,11 +473,9 @@ def _estimates(cfg, sl, recs, chip, unread) -> list[str]:
     """The analytic estimates (`hf.estimate_bytes`, `hardware.roofline_seconds`) against
     the compiled figures of the recommended rules' steps."""
     from specjax.hardware import roofline_seconds  # pylint: disable=import-outside-toplevel
-    from specjax.models.hf import estimate_bytes  # pylint: disable=import-outside-toplevel
 
     chips = SLICES[sl].chips
-    lm, params = abstract_model(cfg.verifier, max_len=cfg.capacity, dtype=cfg.dtype)
-    lm, params = P.serve_form(lm, params, chips)
+    lm, params = _served(cfg.verifier, cfg.capacity, cfg.dtype, chips)
     n_params = sum(x.size for x in jax.tree.leaves(params))
     lines = [
         '| B | k | estimate_bytes GiB | compiled arguments GiB | ÷ | + temporaries: peak GiB | '
@@ -474,7 +485,7 @@ def _estimates(cfg, sl, recs, chip, unread) -> list[str]:
     for r in sorted(recs, key=lambda r: (r['batch'], r['k'])):
         if not r['ok'] or r['k'] not in (1, 4):
             continue
-        est = estimate_bytes(lm.config, r['batch'], {'data': 1, 'model': chips}, cfg.recommend)
+        est = _estimate_bytes(lm.config, r['batch'], chips, cfg.recommend)
         t_an = (
             roofline_seconds(
                 lm.config,
