@@ -159,6 +159,14 @@ def test_a_bad_drafter_folder_names_its_field(folder, tmp_path, capsys):
         ),
         ("--config.mesh.model=16", ["mesh: got", "devices"]),
         ("--config.mesh.data=3 --config.mesh.model=3", ["mesh: got", "devices"]),
+        # 8 devices (tests/conftest.py): a mesh of 3 or 6 does not tile them ...
+        (
+            "--config.mesh.model=3",
+            ["mesh: got", "(1 × 3 = 3) dividing", "8 devices: one of 1, 2, 4, 8"],
+        ),
+        ("--config.mesh.data=2 --config.mesh.model=3", ["mesh: got", "(2 × 3 = 6)", "8 devices"]),
+        # ... and the verifier's 4 query heads do not split over 8 model shards.
+        ("--config.mesh.model=8", ["mesh.model: got 8", "4 query heads", "one of 1, 2, 4"]),
     ],
 )
 def test_max_len_and_mesh_are_checked_before_anything_is_written(
@@ -178,3 +186,24 @@ def test_the_library_loader_names_the_file(folder, tmp_path, damage):
         with pytest.raises(ConfigError) as e:
             load(bad)
         assert str(bad) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_mesh_that_tiles_the_devices_and_splits_the_heads_passes(folder):
+    """A mesh whose data × model divides the 8 devices and whose model divides the
+    verifier's 4 query heads passes the checks (the library call)."""
+    import importlib.util  # pylint: disable=import-outside-toplevel
+
+    from specjax.runner import hf_deployment  # pylint: disable=import-outside-toplevel
+
+    spec = importlib.util.spec_from_file_location(
+        "real_models", REPO / "configs" / "real_models.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for data, model in [(1, 1), (2, 4), (4, 2), (1, 4), (8, 1)]:
+        config = module.get_config("runlocal")
+        config.verifier = str(folder)
+        for name in ("code", "prose", "reasoning"):
+            config.drafters[name].path = str(folder)
+        config.mesh.data, config.mesh.model = data, model
+        hf_deployment.validate_hf(config)

@@ -151,6 +151,16 @@ def _check_folders(config) -> None:
     mesh = _mesh(config)
     if mesh is None:
         return
+    model = int(mesh.shape['model'])
+    heads = checked[0][2].config.n_heads
+    check(
+        heads % model == 0,
+        'mesh.model',
+        model,
+        f'a divisor of the verifier\'s {heads} query heads (tensor parallelism splits them '
+        f'over the model axis; verifier {checked[0][1]}: num_attention_heads={heads}): '
+        f'one of {", ".join(str(d) for d in _divisors(heads))}',
+    )
     for field, path, ckpt in checked:
         try:
             shd.param_shardings(ckpt.lm, mesh, config.get('rules') or 'tp')
@@ -165,23 +175,35 @@ def _check_folders(config) -> None:
 
 
 def _mesh(config):
+    import jax  # pylint: disable=import-outside-toplevel
+
     from specjax import sharding as shd  # pylint: disable=import-outside-toplevel
 
     mesh = config.get('mesh') or {}
     data, model = int(mesh.get('data', 1)), int(mesh.get('model', 1))
     if data * model == 1:
         return None
+    n_dev = jax.device_count()
+    check(
+        n_dev % (data * model) == 0,
+        'mesh',
+        dict(mesh),
+        f'data × model ({data} × {model} = {data * model}) dividing this machine\'s {n_dev} '
+        f'devices: one of {", ".join(str(d) for d in _divisors(n_dev))}',
+    )
     try:
         return shd.make_mesh(data, model)
     except (ValueError, RuntimeError) as e:
-        import jax  # pylint: disable=import-outside-toplevel
-
         raise ConfigError.invalid(
             'mesh',
             dict(mesh),
-            f'data × model at most this machine\'s {jax.device_count()} devices '
+            f'data × model at most this machine\'s {n_dev} devices '
             f'({" ".join(str(e).split())[:200]})',
         ) from None
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def load_hf_deployment(config):
