@@ -49,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specjax.atomic import fsync_dir
 from specjax.models.zoo_recipe import (
     ACCEPTANCE_WINDOW,
     DOMAINS,
@@ -364,7 +365,7 @@ def publish(work: Path, out: Path) -> None:
             os.rename(backup, out)
         shutil.rmtree(staged, ignore_errors=True)
         raise
-    _fsync_dir(out.parent)
+    fsync_dir(out.parent)
     shutil.rmtree(backup, ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)  # what a copy left behind
 
@@ -380,22 +381,9 @@ def recover_publish(out: Path) -> None:
         else:
             os.rename(backup, out)  # killed between the two renames: the old zoo back
             log.warning('%s: the zoo a killed build had moved aside is back', out)
-            _fsync_dir(out.parent)
+            fsync_dir(out.parent)
     if staged.exists():
         shutil.rmtree(staged, ignore_errors=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def prepare_data(b: Build) -> None:

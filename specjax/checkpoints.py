@@ -31,6 +31,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from specjax.atomic import atomic_file
+
 FORMAT = 'specjax-params-npz/1'
 _META_KEY = '__specjax_meta__'
 
@@ -246,10 +248,8 @@ def save_params_file(path: str, params) -> str:
     header['sha256'] = tree_sha256(params)
     arrays[_META_KEY] = np.frombuffer(json.dumps(header).encode(), np.uint8)
     os.makedirs(os.path.dirname(os.path.abspath(path)) or '.', exist_ok=True)
-    tmp = f'{path}.tmp-{os.getpid()}'
-    with open(tmp, 'wb') as f:
+    with atomic_file(path) as f:
         np.savez(f, **arrays)
-    os.replace(tmp, path)
     return header['sha256']
 
 

@@ -145,13 +145,13 @@ class Generated:
     temperature: float
 
     def save(self, path) -> None:
-        tmp = f'{path}.tmp.npz'
-        np.savez_compressed(
-            tmp, **{f.name: np.asarray(getattr(self, f.name)) for f in dataclasses.fields(self)}
-        )
-        import os  # pylint: disable=import-outside-toplevel
+        """Writes the generations to ``path`` (.npz) atomically (`specjax.atomic`)."""
+        from specjax.atomic import atomic_file  # pylint: disable=import-outside-toplevel
 
-        os.replace(tmp, path)
+        with atomic_file(path) as out:
+            np.savez_compressed(
+                out, **{f.name: np.asarray(getattr(self, f.name)) for f in dataclasses.fields(self)}
+            )
 
     @classmethod
     def load(cls, path) -> 'Generated':

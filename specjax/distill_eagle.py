@@ -94,11 +94,11 @@ class Features:
     layer_ids: np.ndarray | None = None
 
     def save(self, path) -> None:
-        import os  # pylint: disable=import-outside-toplevel
+        """Writes the features to ``path`` (.npz) atomically (`specjax.atomic`)."""
+        from specjax.atomic import atomic_file  # pylint: disable=import-outside-toplevel
 
-        tmp = f'{path}.tmp.npz'
-        np.savez(tmp, **{k: v for k, v in dataclasses.asdict(self).items() if v is not None})
-        os.replace(tmp, path)
+        with atomic_file(path) as f:
+            np.savez(f, **{k: v for k, v in dataclasses.asdict(self).items() if v is not None})
 
     @classmethod
     def load(cls, path) -> 'Features':

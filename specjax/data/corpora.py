@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -33,6 +32,7 @@ import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
 
+from specjax.atomic import atomic_write_text
 from specjax.data import reasoning
 
 DOMAINS = ("code", "prose", "reasoning")
@@ -225,9 +225,7 @@ def kjv_documents(cache: Path) -> list[Document]:
             what,
             "fix: the `bible` binary needs libreadline (apt-get install libreadline8)",
         )
-        tmp = dump_path.with_suffix(".tmp")
-        tmp.write_text(dump, encoding="utf-8")
-        os.replace(tmp, dump_path)
+        atomic_write_text(dump_path, dump)
     try:
         docs = parse_kjv_dump(dump_path.read_text(encoding="utf-8"))
     except ValueError as e:
@@ -265,12 +263,6 @@ def domain_documents(name: str, cache: Path | None = None) -> list[Document]:
     raise ValueError(f"unknown domain {name!r} (expected one of {DOMAINS})")
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def build_domain(name: str, cache: Path | None = None, force: bool = False) -> dict:
     """Builds ``<cache>/<name>/{train,heldout}.txt`` unless already current.
 
@@ -304,14 +296,14 @@ def build_domain(name: str, cache: Path | None = None, force: bool = False) -> d
         meta["python_version"] = sys.version.split()[0]
     for split, part in (("train", train), ("heldout", held)):
         text = "".join(t for _, t in part)
-        _atomic_write(out / f"{split}.txt", text)
+        atomic_write_text(out / f"{split}.txt", text)
         data = text.encode("utf-8")
         meta[split] = {
             "documents": len(part),
             "bytes": len(data),
             "sha256": hashlib.sha256(data).hexdigest(),
         }
-    _atomic_write(meta_path, json.dumps(meta, indent=1) + "\n")
+    atomic_write_text(meta_path, json.dumps(meta, indent=1) + "\n")
     return meta
 
 

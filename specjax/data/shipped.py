@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
+from specjax.atomic import atomic_file, atomic_write_text
 from specjax.data import corpora, reasoning
 
 HELDOUT_TARGET_BYTES = 32_000
@@ -192,10 +193,10 @@ def write_shipped_files(cache: Path | None = None, package_dir: Path | None = No
         for sub in ("heldout", "prompts"):
             (package_dir / sub).mkdir(parents=True, exist_ok=True)
         path = package_dir / "heldout" / f"{domain}.txt"
-        path.write_text(text, encoding="utf-8")
+        atomic_write_text(path, text)
         written.append(path)
         path = package_dir / "prompts" / f"{domain}.jsonl"
-        with path.open("w", encoding="utf-8") as f:
+        with atomic_file(path, "w") as f:
             for k, p in enumerate(prompts):
                 rec = {
                     "id": f"{domain}-{k:02d}",

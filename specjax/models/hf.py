@@ -51,6 +51,7 @@ import ml_dtypes
 import numpy as np
 
 from specjax import sharding as shd
+from specjax.atomic import atomic_write_bytes, atomic_write_text
 from specjax.models.api import TransformerLM
 from specjax.models.fused import separate_leaf
 from specjax.models.hf_config import FAMILIES, _fail, config_from_hf, hf_config, read_config_json
@@ -421,16 +422,15 @@ def save_hf(
         total += off
         write_file(root / fname, header, [(name, make) for name, make, _, _ in group])
     if len(shards) > 1:
-        (root / INDEX).write_text(
-            json.dumps({'metadata': {'total_size': total}, 'weight_map': weight_map}, indent=2)
+        atomic_write_text(
+            root / INDEX,
+            json.dumps({'metadata': {'total_size': total}, 'weight_map': weight_map}, indent=2),
         )
     elif (root / INDEX).exists():
         (root / INDEX).unlink()
-    (root / 'config.json').write_text(json.dumps(cfg_json, indent=2))
+    atomic_write_text(root / 'config.json', json.dumps(cfg_json, indent=2))
     if tokenizer_json is not None:
-        (root / 'tokenizer.json').write_text(
-            Path(tokenizer_json).read_text(encoding='utf-8'), encoding='utf-8'
-        )
+        atomic_write_bytes(root / 'tokenizer.json', Path(tokenizer_json).read_bytes())
     return root
 
 

@@ -15,7 +15,6 @@ maps). The deployment that puts them beside the verifier is
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from specjax.atomic import atomic_file, atomic_write_text
 from specjax.errors import NPZ_ERRORS, ConfigError
 from specjax.models.api import order_weights
 from specjax.models.cache import table_values
@@ -72,13 +72,10 @@ def save_drafter(
             flat['bf16:' + '/'.join(str(getattr(k, 'key', k)) for k in kp)] = a
         else:
             flat['/'.join(str(getattr(k, 'key', k)) for k in kp)] = a
-    tmp = path.with_name(path.stem + '.tmp.npz')
-    np.savez(tmp, **flat)
-    os.replace(tmp, path)
+    with atomic_file(path) as f:
+        np.savez(f, **flat)
     meta = {'config': lm.config.to_dict(), 'verifier_vocab': lm.verifier_vocab, **info}
-    jtmp = path.with_suffix('.json.tmp')
-    jtmp.write_text(json.dumps(meta, indent=1))
-    os.replace(jtmp, path.with_suffix('.json'))
+    atomic_write_text(path.with_suffix('.json'), json.dumps(meta, indent=1))
     return path
 
 

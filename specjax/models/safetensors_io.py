@@ -15,7 +15,6 @@ import dataclasses
 import json
 import math
 import mmap
-import os
 import struct
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from specjax.atomic import atomic_file
 from specjax.errors import ConfigError
 
 __all__ = ['ST_DTYPES', 'ST_NAMES', 'TensorInfo', 'TensorMaps', 'read_header', 'write_file']
@@ -138,8 +138,7 @@ def write_file(
     path = Path(path)
     blob = json.dumps(header, separators=(',', ':')).encode()
     blob += b' ' * (-len(blob) % 8)  # 8-byte alignment of the data
-    tmp = path.with_name(path.name + '.tmp')
-    with open(tmp, 'wb') as fh:
+    with atomic_file(path) as fh:
         fh.write(struct.pack('<Q', len(blob)))
         fh.write(blob)
         for name, make in tensors:
@@ -153,4 +152,3 @@ def write_file(
             dt = ST_DTYPES[rec['dtype']]
             fh.write(arr.astype(dt.newbyteorder('<'), copy=False).tobytes())
             del arr
-    os.replace(tmp, path)

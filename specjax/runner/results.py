@@ -22,7 +22,7 @@ rather than rewriting the whole file through a temporary file and a rename.
 
 Whole-file writes that must be atomic (``config.json``, the merged ``results.jsonl`` of a
 multi-host sweep, reports) use `atomic_write_text`: temporary file, ``fsync``,
-``os.replace``.
+``os.replace`` (`specjax.atomic`, which the layers below the runner use too).
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ import fcntl
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from absl import logging
+
+from specjax.atomic import atomic_write_bytes, atomic_write_text, fsync_dir
 
 __all__ = [
     "RESULTS_NAME",
@@ -87,7 +88,7 @@ def append_result(path: str | os.PathLike, record: dict[str, Any]) -> None:
     finally:
         os.close(fd)
     if created:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
 
 def repair(path: str | os.PathLike) -> int:
@@ -231,39 +232,5 @@ def merge_results(workdir: str | os.PathLike, order: list[str] | None = None) ->
     return rows
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Writes `text` to `path` via a temporary file in the same directory and a rename."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Writes `data` to `path` via a temporary file in the same directory and a rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # not supported on every filesystem
-    finally:
-        os.close(fd)

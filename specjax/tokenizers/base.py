@@ -22,6 +22,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from specjax.atomic import atomic_write_text
+
 #: Bumped when the JSON layout written by `Tokenizer.save` changes incompatibly.
 FORMAT_VERSION = 1
 
@@ -139,9 +141,7 @@ class Tokenizer(abc.ABC):
         """Writes the tokenizer as a single JSON file (atomically)."""
         path = Path(path)
         obj = {"format_version": FORMAT_VERSION, **self.to_json()}
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(obj, ensure_ascii=False), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write_text(path, json.dumps(obj, ensure_ascii=False))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Tokenizer:
