@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test-tpu plan-tpu tpu-extra reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters train-eagle eval-drafters benchmark benchmark-real benchmark-real-bf16 benchmark-real-trees benchmark-real-eagle benchmark-real-headline benchmark-device docs docs-seed docs-seed-real clean-venv
+.PHONY: test-tpu plan-tpu tpu-extra reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters train-eagle eval-drafters benchmark benchmark-real-headline benchmark-device docs docs-seed docs-seed-real clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,13 +18,13 @@ reproduce: $(STAMP)
 	$(PY) -m specjax.main --config=configs/seed_reproduction.py:runlocal --workdir=runs/seed_reproduction
 
 # The seed's table on the real verifier, SmolLM2-135M-Instruct, and its drafters
-# (configs/seed_reproduction_real.py: its docstring gives the sizes and the time estimate).
+# (configs/seed_reproduction_real.py gives the sizes; docs/results/seed_report_real.md the time).
 reproduce-real: $(STAMP)
 	$(PY) -m specjax.main --config=configs/seed_reproduction_real.py --workdir=runs/seed_reproduction_real
 
 # The three sweeps on the zoo (γ × drafter τ, tokenizer pairings, the KL ceiling), each in a
 # fresh workdir at its published size, then its results page docs/results/sweep_<name>.md
-# (plots in docs/results/sweep_<name>/); configs/sweep_*.py give the sizes and times.
+# (plots in docs/results/sweep_<name>/); configs/sweep_*.py give the sizes, the pages the times.
 sweeps: $(STAMP)
 	rm -rf runs/sweep_gamma_temperature runs/sweep_tokenizer_pairings runs/sweep_kl_ceiling
 	$(PY) -m specjax.main --config=configs/sweep_gamma_temperature.py:published --workdir=runs/sweep_gamma_temperature
@@ -126,50 +126,15 @@ eval-drafters: $(STAMP)
 	$(PY) experiments/train_drafters.py --stage=eval --domains=code,prose --new_tokens=128 \
 		--out=runs/drafters_shipped
 
-# Speed on the real verifier (SmolLM2-135M-Instruct): docs/results/real_speed.md's command,
-# ~25 min on 2 cores, on an idle machine.
-benchmark-real: $(STAMP)
-	$(PY) experiments/benchmark_real.py --parts machine,ratio,spec,peer \
-		--dtypes float32:tied,float32,bfloat16 --ratio_batches 1,8 --ks 1,2,3,5,9 \
-		--drafters code,prose,lookup,reasoning --gammas 3,5 --batches 1 --taus 1.0,0.0 \
-		--repeats 2 --write_docs --out runs/benchmark_real
-
-# The speculative engine on the bf16 verifier, where scoring up to 9 tokens costs one step
-# on this CPU (docs/performance.md), against bf16 and f32 plain decoding in the same paired
-# rounds: docs/results/real_speed_bf16.md, ~30 min on 2 idle cores.
-benchmark-real-bf16: $(STAMP)
-	$(PY) experiments/benchmark_real.py --parts machine,ratio,spec --dtypes float32,bfloat16 \
-		--ratio_batches 1,8 --ks 1,2,4,6,9 --dtype bfloat16 --ar_reference float32 \
-		--drafters code,prose,lookup --gammas 3,5,8 --batches 1 --taus 1.0,0.0 --repeats 2 \
-		--write_docs --doc_name real_speed_bf16 --out runs/benchmark_real_bf16
-
-# The bf16 verifier with its weights stored [out, in], one drafter or several in one token
-# tree per row ('+'), against f32 plain decoding in the same rounds (~40 min on 2 cores).
-benchmark-real-trees: $(STAMP)
-	$(PY) experiments/benchmark_real.py --parts machine,ratio,spec \
-		--dtypes float32,bfloat16,bfloat16:out_first --ratio_batches 1,8 --ks 1,2,4,7,10 \
-		--dtype bfloat16:out_first --ar_reference float32 \
-		--drafters code,lookup,lookup+code,lookup+code+prose --gammas 3,4 --batches 1 \
-		--taus 1.0,0.0 --repeats 2 --write_docs --doc_name real_speed_trees \
-		--out runs/benchmark_real_trees
-
-# The feature drafter alone and in a tree with prompt lookup, batch 1 (2 prompts per domain)
-# and batch 8 (~20 min on 2 cores): docs/results/real_speed_eagle{,_batch}.md.
-# The README's real-model figures: the shipped eagle (and lookup + eagle) at τ 1 and 0, 24 plan prompts
+# Speed on the real verifier (SmolLM2-135M-Instruct), the page the README quotes
+# (docs/results/real_speed_headline.md): its T_score(k) / T_step on this machine, then the
+# shipped eagle (and lookup + eagle in one token tree) against plain decoding at τ 1 and 0,
+# bf16 [out, in], batch 1, 24 plan prompts. ~20 min on 2 cores, on an idle machine.
 benchmark-real-headline: $(STAMP)
 	$(PY) experiments/benchmark_real.py --parts machine,ratio,spec --dtypes bfloat16:out_first \
 		--ratio_batches 1 --ks 1,4,7 --dtype bfloat16:out_first --drafters eagle,lookup+eagle \
 		--gammas 3 --batches 1 --taus 1.0,0.0 --repeats 2 --prompts_per_domain 8 --write_docs \
 		--doc_name real_speed_headline --out runs/benchmark_real_headline
-
-benchmark-real-eagle: $(STAMP)
-	$(PY) experiments/benchmark_real.py --parts machine,ratio,spec --dtypes bfloat16:out_first \
-		--ratio_batches 1,8 --ks 1,2,4,7,10 --dtype bfloat16:out_first \
-		--drafters eagle,lookup+eagle --gammas 2,3,4 --batches 1 --taus 1.0,0.0 --repeats 2 \
-		--prompts_per_domain 2 --write_docs --doc_name real_speed_eagle --out runs/br1
-	$(PY) experiments/benchmark_real.py --parts spec --dtype bfloat16:out_first \
-		--drafters eagle --gammas 2,3 --batches 8 --taus 1.0,0.0 --repeats 2 \
-		--write_docs --doc_name real_speed_eagle_batch --out runs/br8
 
 # The same benchmark on a GPU/TPU in under 5 minutes, with an interpreter that already has
 # jax for the accelerator (no venv bootstrap: accelerator hosts may have no network).
@@ -177,26 +142,16 @@ benchmark-device:
 	$(PYTHON) experiments/benchmark.py --out runs/benchmark_device --batches 1,8,32 \
 		--gammas 2,4,8 --repeats 3 --peer=false --require_accelerator
 
-# Every generated results page in docs/results/, each by its own command (experiments/README.md
-# lists them; about an hour on 2 idle cores, most of it benchmark-real). Run it on an idle
-# machine: the pages record the load at their start and end.
+# The engine's results pages (docs/results/zoo.md, engine_speed.md, batching.md,
+# real_speed_headline.md) and the seed table's, each by its own command; `make docs-seed-real`,
+# `make sweeps`, `make sweeps-real`, `make train-eagle` and `make plan-tpu` write the others
+# (experiments/README.md lists every page's command). Run it on an idle machine: the pages
+# record the load at their start and end.
 docs: $(STAMP) docs-seed
 	$(PY) experiments/evaluate_zoo.py --write_docs
 	$(PY) experiments/benchmark.py --batches 1,8,32 --gammas 2,4,8 --repeats 3 --write_docs
-	$(PY) experiments/benchmark_plans.py --write_docs
 	$(PY) experiments/benchmark_batching.py --write_docs
-	$(MAKE) benchmark-real
-	$(MAKE) benchmark-real-bf16
-	$(MAKE) benchmark-real-trees
-	$(MAKE) benchmark-real-eagle
-	$(PY) experiments/compare_layouts.py --layouts float32,bfloat16,bfloat16:out_first \
-		--batches 1,8 --ks 1,2,4,9 --rounds 3 --reps 16 --write_docs --doc_name weight_order \
-		--out runs/weight_order
-	$(PY) experiments/compare_layouts.py --layouts float32,bfloat16:einsum,bfloat16 --batches 1,8 \
-		--ks 1,2,3,5,9 --rounds 5 --reps 16 --write_docs --doc_name products --out runs/products
-	$(PY) experiments/benchmark_real.py --parts machine,spec --drafters code,prose,lookup \
-		--gammas 3 --batches 1,8 --taus 0.0,1.0 --repeats 2 --write_docs \
-		--doc_name real_speed_batch --out runs/benchmark_real_batch
+	$(MAKE) benchmark-real-headline
 
 # The seed table's page: `make reproduce`'s run in a fresh workdir, then its page.
 docs-seed: $(STAMP)

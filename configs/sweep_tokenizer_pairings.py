@@ -12,20 +12,18 @@ grid: each drafter alone, every pair and the triple of code / prose / reasoning,
 lookup with each of them, prose512 with a same-group and a cross-group partner, and a
 three-tokenizer triple (15 pairings) × policy ∈ {naive, all_on}: 30 cells.
 
-Sizes (2-core CPU, shared):
+Sizes (how long each published run took, and on which machine, is on its page):
 
-* default: 24 plans per domain × 4 steps × ≤ 32 tokens — not run here (over an hour).
+* default: 24 plans per domain × 4 steps × ≤ 32 tokens (not published).
 * ``published`` (`make sweeps`, docs/results/sweep_tokenizer_pairings.md): 2 plans per
   domain × 4 steps × ≤ 32 tokens (the whole grid): the seed reproduction's runlocal shapes, so
-  the programs it compiled are reused from the persistent cache. Measured 12 min (723 s;
-  2026-12-02) on this 2-core machine with other jobs running (load average ~5): most of it
-  compiling each new pairing's programs (a pairing's first cell 20–75 s, the others ~2 s).
-* ``real`` (`make sweeps-real`): SmolLM2-135M-Instruct with its drafters code and prose
-  (distilled, the verifier's tokenizer), reasoning (own tokenizer) and lookup: every pair of
-  the four, the triple code / prose / reasoning and the four together (8 pairings × 2
-  policies = 16 cells), 1 plan per domain × 1 step × ≤ 16 tokens. Estimate for ≤ 12 min:
-  loading ~45 s; each pairing compiles its own programs (~2–3 × ~20 s) and its cells run
-  ~2–4 s each: ~45 + 8 × 60 + 16 × 4 ≈ 590 s.
+  the programs it compiled are reused from the persistent cache; each new pairing compiles
+  its own programs in its first cell.
+* ``real`` (`make sweeps-real`, docs/results/sweep_tokenizer_pairings_real.md):
+  SmolLM2-135M-Instruct with its drafters code and prose (distilled, the verifier's
+  tokenizer), reasoning (own tokenizer) and lookup: every pair of the four, the triple code /
+  prose / reasoning and the four together (8 pairings × 2 policies = 16 cells), 1 plan per
+  domain × 1 step × ≤ 16 tokens; each pairing compiles its own programs.
 * ``runlocal`` (tests): 2 plans per domain × 2 steps, three pairings.
 """
 

@@ -4,7 +4,7 @@
   python experiments/benchmark_batching.py --batches 8,32 --n_prompts 96 --chunks 8,16,32
   python experiments/benchmark_batching.py --write_docs          # docs/results/batching.md
   python experiments/benchmark_batching.py --verifier smollm2 --drafter eagle --gamma 2 \
-      --n_prompts 24 --chunks 8 --write_docs --doc_name batching_real_xeon
+      --n_prompts 24 --chunks 8 --out runs/bbatch   # docs/performance.md, run batching_real_xeon
 
 Workload: the shipped plan prompts (`specjax.data.load_prompts`, cycled to `--n_prompts`)
 with per-prompt budgets drawn uniformly from [--new_tokens_min, --new_tokens_max] (fixed

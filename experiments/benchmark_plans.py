@@ -2,7 +2,7 @@ r"""Plan-runner wall clock against the cost model's prediction: are its ratios r
 
   python experiments/benchmark_plans.py --out runs/benchmark_plans
   python experiments/benchmark_plans.py --plans_per_domain 2 --plan_steps 2 --repeats 1
-  python experiments/benchmark_plans.py --write_docs    # docs/results/plan_runner.md
+  python experiments/benchmark_plans.py --write_docs    # <docs_dir>/plan_runner.md
 
 The runner reports throughput as tokens per unit of modelled cost (`metrics.itemised_cost`,
 in verifier calls: SPEC §7). This script runs the plan runner on the shipped zoo for the
@@ -27,8 +27,9 @@ free, as a memory-bound accelerator does). The forwards are timed once after eve
 run and their medians taken, so the prices and the wall clocks share a time window. The
 engine seconds per modelled verifier call of each run say where the seed's prices do not
 hold: they price a speculative round like one autoregressive step. Prints a table, writes
-``benchmark_plans.json`` under --out; ``--write_docs`` writes docs/results/plan_runner.md
-(``--docs_dir``). About 4 minutes at the defaults on 2 idle cores (compilation included).
+``benchmark_plans.json`` under --out; ``--write_docs`` writes <docs_dir>/plan_runner.md
+(``--docs_dir``; not a kept page: its figures are in docs/performance.md, run plan_runner).
+About 4 minutes at the defaults on 2 idle cores (compilation included).
 """
 
 from __future__ import annotations
@@ -303,7 +304,7 @@ def print_result(res: dict) -> None:
 
 
 def render_page(res: dict) -> list[str]:
-    """docs/results/plan_runner.md's body (below the provenance header), every figure the
+    """The plan_runner page's body (below the provenance header), every figure the
     run's own."""
     runs = res["runs"]
     single = runs.get("single")

@@ -1,7 +1,7 @@
 r"""Speed on the real verifier: SmolLM2-135M-Instruct (GGUF, dequantized) on this machine.
 
   python experiments/benchmark_real.py      # every default: ~80 engine programs, over an hour here
-  make benchmark-real                       # the published page's command, ~25 min on 2 cores
+  make benchmark-real-headline              # docs/results/real_speed_headline.md's command
   python experiments/benchmark_real.py --parts ratio --dtypes float32,bfloat16
   python experiments/benchmark_real.py --parts spec --drafters code,lookup --gammas 2,4 --batches 1
   python experiments/benchmark_real.py --parts spec --dtype bfloat16 --drafters lookup,lookup+code+prose
@@ -24,8 +24,9 @@ Parts (``--parts``, in this order; one process, nothing timed concurrently):
            prompt-lookup decoding (`prompt_lookup_num_tokens`), assisted generation with the
            code drafter exported to an HF folder; greedy tokens identical to specjax's.
 
-Writes ``real_speed.json`` under --out; ``--write_docs`` writes docs/results/real_speed.md
-(``--docs_dir``, ``--doc_name``) with the command, commit, date and machine on top.
+Writes ``real_speed.json`` under --out; ``--write_docs`` writes <docs_dir>/<doc_name>.md
+(``--docs_dir``, ``--doc_name``) with the command, commit, date and machine on top. The kept
+page is docs/results/real_speed_headline.md; other runs are listed in docs/performance.md.
 """
 
 from __future__ import annotations

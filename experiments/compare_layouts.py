@@ -19,8 +19,9 @@ the rounds, T_score(k) / T_step, and each layout's time over the first layout's,
 the median of the per-round paired ratios (a layout and the first one timed back to back).
 The logits of every layout are checked equal to the first's (max |Δ| printed).
 
-Writes ``layouts.json`` under --out, and with ``--write_docs`` docs/results/layouts.md
-(command, commit, date, machine and load on top).
+Writes ``layouts.json`` under --out, and with ``--write_docs`` <docs_dir>/<doc_name>.md
+(command, commit, date, machine and load on top; the runs it made are listed in
+docs/performance.md).
 """
 
 from __future__ import annotations

@@ -281,7 +281,8 @@ def _agreement_lines(r: dict, tol: float = 0.15) -> list[str]:
 
 def real_speed_page(r: dict) -> list[str]:
     """The body (below the provenance header) of experiments/benchmark_real.py's pages,
-    docs/results/real_speed*.md, from one run's result (every figure is the run's)."""
+    docs/results/real_speed_headline.md among them, from one run's result (every figure is
+    the run's)."""
     lines = [f"Stream bandwidth {r['stream_bytes_per_s'] / 1e9:.1f} GB/s.", ""]
     if r.get("ratio"):
         lines += ratio_tables(r["ratio"])

@@ -416,9 +416,9 @@ def order_eagle(lm: EagleLM, params: dict, out_first: bool = True) -> tuple[Eagl
     `TransformerConfig.out_first`) or back; the same outputs up to the products' rounding.
 
     Drafters are trained in the default ``[in, out]`` order; a verifier loaded
-    ``out_first`` (the faster bf16 one-row products on XLA:CPU, docs/results/products.md)
+    ``out_first`` (the faster bf16 one-row products on XLA:CPU, docs/performance.md)
     wants its drafter in the same order: a bf16 ``[in, out]`` layer cost twice a verifier
-    layer's time per token (docs/results/real_speed_eagle.md's c).
+    layer's time per token (run real_speed_eagle's c, docs/performance.md).
     """
     if bool(lm.config.out_first) == bool(out_first):
         return lm, params

@@ -92,8 +92,8 @@ def fuse_params(cfg: TransformerConfig, params: dict, place=None) -> dict:
     ``dataclasses.replace(cfg, fused_projections=True)``.
 
     A decode step on a memory-bound machine reads every weight once either way; fused, a
-    block makes 4 matrix products instead of 7 (on the 2-core CPU of docs/results/
-    real_speed.md, one product per weight read costs a fixed overhead that fusing saves).
+    block makes 4 matrix products instead of 7 (on the 2-core CPU of docs/performance.md's
+    run real_speed, one product per weight read costs a fixed overhead that fusing saves).
     Head order is kept: query head ``k·G + j`` is ``wqkv[:, k, j]``, KV head k's key and
     value ``wqkv[:, k, G]`` and ``wqkv[:, k, G + 1]``; ``w_gate_up[:, 0]`` is the gate.
 

@@ -30,7 +30,7 @@ def project(x: jax.Array, w: jax.Array, dt, out_dtype=None, out_first: bool = Fa
     and they take it only from two rows up (one row takes another path, several times
     slower than f32), so a one-row half-precision product (``B = T = 1``: a decode
     step at batch 1) is padded with a zero row, dropped after (no value depends on it).
-    Measured on the 2-core Xeon with AVX-512 BF16 (docs/results/products.md): SmolLM2 in
+    Measured on the 2-core Xeon with AVX-512 BF16 (docs/performance.md, run products): SmolLM2 in
     bf16, one-token step 42.3 -> 36.2 ms and T_score(9) / T_step 1.44 -> 1.01 at batch 1
     with the f32 accumulation and the pad; f32 is unchanged by them. On an accelerator the pad is free
     (the matrix unit pads rows anyway), so programs traced for another platform
