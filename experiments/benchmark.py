@@ -112,13 +112,7 @@ def validate() -> None:
     sf.number("--verifier_temperature", FLAGS.verifier_temperature, 0.0, 100.0)
     sf.integer("--bucket", FLAGS.bucket, 1, max_len // 2)
     if FLAGS.require_accelerator:
-        sf.check(
-            jax.default_backend() != "cpu",
-            "--require_accelerator",
-            True,
-            f"false where JAX sees only the CPU (devices: {jax.devices()}; install "
-            "jax[cuda] or jax[tpu])",
-        )
+        sf.accelerator("--require_accelerator")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -376,3 +376,61 @@ def test_final_writes_leave_the_old_file_when_interrupted(tmp_path, monkeypatch)
     seed_table._atomic(md, "new page")
     assert md.read_text() == "new page"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["page.md", "plot.png"]
+
+
+def _jax_sees_only_the_cpu(env: dict) -> bool:
+    """Whether JAX, started under `env`, finds no GPU or TPU (its C++ noise discarded)."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import jax; print(jax.default_backend())"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return probe.stdout.strip() == "cpu"
+
+
+@pytest.mark.parametrize("platforms", ["cpu", None], ids=["JAX_PLATFORMS=cpu", "unset"])
+def test_require_accelerator_without_one_is_one_line(tmp_path, platforms):
+    """benchmark.py --require_accelerator where JAX sees only the CPU: one line, exit 2,
+    nothing written; unset, JAX also tries libtpu, whose C++ warnings (no TPU chip) must
+    not precede the line."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    if platforms is not None:
+        env["JAX_PLATFORMS"] = platforms
+    elif not _jax_sees_only_the_cpu(env):
+        pytest.skip("this machine has an accelerator: --require_accelerator passes")
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "experiments/benchmark.py", "--require_accelerator", f"--out={out}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    _one_line(
+        proc,
+        "benchmark",
+        "--require_accelerator: got True",
+        "false where JAX sees only the CPU",
+        f"JAX_PLATFORMS={platforms or 'unset'}",
+    )
+    assert not any(tmp_path.iterdir())
+
+
+def test_held_stderr_is_dropped_or_released(capfd):
+    """`script_flags.StderrHeld`: what C++ writes to file descriptor 2 inside is dropped
+    unless `release` is called (the check passed)."""
+    from specjax.runner.script_flags import StderrHeld  # pylint: disable=import-outside-toplevel
+
+    with StderrHeld():
+        os.write(2, b"plugin noise\n")
+    assert capfd.readouterr().err == ""
+    held = StderrHeld()
+    with held:
+        os.write(2, b"plugin noise\n")
+    assert capfd.readouterr().err == ""
+    held.release()
+    assert capfd.readouterr().err == "plugin noise\n"

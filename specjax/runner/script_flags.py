@@ -23,7 +23,8 @@ else: log records are held while validating (`specjax.runner.cli.hold_logs`).
 The checks (each returns the parsed value or raises `specjax.errors.ConfigError` naming
 the flag, the value and what is allowed): `integer`, `integers`, `number`, `numbers`,
 `names`, `dtype`, `out_dir`, `out_file`, `in_dir`, `in_file`, `npz_file`, `drafter_file`,
-`zoo`, `rule`, `doc_name`, `packages`.
+`zoo`, `rule`, `doc_name`, `packages`, `accelerator` (the last starts JAX's backends with
+their C++ warnings held: `StderrHeld`).
 
 A script whose ``--out`` names a file rather than a folder (`experiments/distributed_generate.py`:
 one file per process) passes ``out="file"`` to `run`.
@@ -62,6 +63,8 @@ __all__ = [
     "rule",
     "doc_name",
     "packages",
+    "accelerator",
+    "StderrHeld",
     "out_file",
     "common",
     "fail",
@@ -442,6 +445,74 @@ def doc_name(field: str, value: Any) -> str:
         "a file name (no '/')",
     )
     return value
+
+
+def accelerator(flag: str) -> str:
+    """JAX's default backend (``"gpu"``, ``"tpu"``), or a `ConfigError` naming `flag` when
+    JAX sees only the CPU or cannot start the backend ``JAX_PLATFORMS`` asks for.
+
+    The backends start with the process's stderr (file descriptor 2) held (`StderrHeld`):
+    a plugin that finds no chip writes its warnings there from C++ (libtpu without a TPU:
+    "could not determine TPU accelerator type", worker hostnames), which neither absl's
+    logging nor `cli.hold_logs` can hold. They are dropped when the check fails, so the
+    error is the only line, and written out when it passes.
+    """
+    import jax  # pylint: disable=import-outside-toplevel
+
+    asked = os.environ.get("JAX_PLATFORMS") or "unset: every installed backend"
+    held = StderrHeld()
+    try:
+        with held:
+            backend, devices = jax.default_backend(), jax.devices()
+    except (RuntimeError, AssertionError) as e:  # JAX_PLATFORMS: none starts, none installed
+        first = " ".join(str(e).split())[:200] or "no backend it names is installed"
+        raise ConfigError.invalid(
+            flag, True, f"false where JAX starts no accelerator (JAX_PLATFORMS={asked}: {first})"
+        ) from None
+    check(
+        backend != "cpu",
+        flag,
+        True,
+        f"false where JAX sees only the CPU (JAX_PLATFORMS={asked}; {len(devices)} "
+        f"{devices[0].platform} device(s); install jax[cuda] or jax[tpu])",
+    )
+    held.release()
+    return backend
+
+
+class StderrHeld:
+    """Within it, whatever is written to file descriptor 2 (C++ libraries' warnings, and
+    Python's `sys.stderr`) is kept aside; `release` writes it out (call it once what was
+    done inside is known to be fine), else it is dropped."""
+
+    def __init__(self) -> None:
+        self.held = b""
+
+    def __enter__(self) -> "StderrHeld":
+        import tempfile  # pylint: disable=import-outside-toplevel
+
+        sys.stderr.flush()
+        self._sink = tempfile.TemporaryFile()
+        self._saved = os.dup(2)
+        os.dup2(self._sink.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        try:
+            sys.stderr.flush()
+        finally:
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
+        with self._sink:
+            self._sink.seek(0)
+            self.held = self._sink.read()
+        return False
+
+    def release(self) -> None:
+        if self.held:
+            sys.stderr.flush()
+            os.write(2, self.held)
+        self.held = b""
 
 
 def packages(names: Sequence[str], why: str) -> None:
