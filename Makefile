@@ -73,12 +73,13 @@ test-tpu: tpu-extra
 	JAX_PLATFORMS=cpu $(PY) -m pytest -q -p no:xdist -m tpu tests/test_tpu_compile.py tests/test_tpu_form.py
 
 # The TPU deployment planner: SmolLM2 on one v5e chip and the field report's deployment on a
-# v5e-16 and a v5p-8 (configs/plan_tpu.py), journaled in runs/plan_tpu (a rerun resumes),
-# then docs/results/tpu_plan.md. ~25 min for smollm2 and ~60 min for field_report on 2 cores.
+# v5e-16 and a v5p-8 (configs/plan_tpu.py), journaled in docs/results/tpu_plan/plan.jsonl
+# (committed beside the page: a rerun resumes and compiles only what the journal lacks),
+# then docs/results/tpu_plan.md. ~1 h for smollm2 and ~2 h for field_report on 2 cores.
 plan-tpu: tpu-extra
-	JAX_PLATFORMS=cpu $(PY) -m specjax.tpu.plan --config=configs/plan_tpu.py:smollm2 --workdir=runs/plan_tpu
-	JAX_PLATFORMS=cpu $(PY) -m specjax.tpu.plan --config=configs/plan_tpu.py:field_report --workdir=runs/plan_tpu
-	JAX_PLATFORMS=cpu $(PY) -m specjax.tpu.plan --config=configs/plan_tpu.py:smollm2 --config=configs/plan_tpu.py:field_report --workdir=runs/plan_tpu --page=docs/results/tpu_plan.md --norun
+	JAX_PLATFORMS=cpu $(PY) -m specjax.tpu.plan --config=configs/plan_tpu.py:smollm2 --workdir=docs/results/tpu_plan
+	JAX_PLATFORMS=cpu $(PY) -m specjax.tpu.plan --config=configs/plan_tpu.py:field_report --workdir=docs/results/tpu_plan
+	JAX_PLATFORMS=cpu $(PY) -m specjax.tpu.plan --config=configs/plan_tpu.py:smollm2 --config=configs/plan_tpu.py:field_report --workdir=docs/results/tpu_plan --page=docs/results/tpu_plan.md --norun
 
 train-zoo: $(STAMP)
 	$(PY) experiments/train_zoo.py

@@ -103,15 +103,32 @@ def get_config(name: str = 'smollm2'):
             'code': {'kind': 'cross', 'model': 'qwen2.5-coder-1.5b'},
             'prose': {'kind': 'transformer', 'model': 'llama-3.2-3b'},
             'reasoning': {'kind': 'cross', 'model': 'mistral-7b'},
+            # The other kinds at the verifier's shapes: an EAGLE head (one layer of the
+            # verifier's width), a subset-vocabulary drafter and prompt lookup.
+            'eagle': {'kind': 'eagle'},
+            'subset': {'kind': 'subset'},
+            'lookup': {'kind': 'lookup'},
         }
         c.alphas = {
             n: (a, 'field report, per-drafter acceptance')
             for n, a in FIELD_REPORT_ACCEPTANCE.items()
         }
         c.seed_costs = dict(FIELD_REPORT_COSTS)  # the seed table's c_i: params ratios
-        c.generates = [('rejection', 'prose'), ('token_tree', 'code+prose+reasoning')]
-        c.state_programs = False
-        c.state_drafters = ''
+        # The seed table at TPU prices: this run's per-plan counts (`make reproduce`).
+        c.seed_run = 'runs/seed_reproduction'
+        c.generates = [
+            ('rejection', 'prose'),
+            ('token_tree', 'code+prose+reasoning'),
+            ('rejection', 'code'),
+            ('rejection', 'eagle'),
+            ('rejection', 'subset'),
+            ('rejection', 'lookup'),
+            ('block_verification', 'prose'),
+            ('coupled', 'prose'),
+            ('shared_block', 'prose+reasoning'),
+            ('coupled_block', 'prose+eagle'),
+        ]
+        c.state_drafters = 'code+prose+reasoning'
     else:
         raise ValueError(f"plan_tpu config: got {name!r}; allowed: 'smollm2', 'field_report'")
     return c

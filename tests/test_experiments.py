@@ -7,6 +7,8 @@ import json
 import pytest
 from test_cli import specjax
 
+from specjax.runner import seed_table
+
 CONFIGS = [
     "configs/seed_reproduction.py",
     "configs/ablation_invariants.py",
@@ -98,3 +100,10 @@ def test_plans_experiment_end_to_end_on_synthetic(tmp_path):
         == {"truncation_overhead_ratio": 0.15, "acceptance_floor": 0.45, "depth_ceiling": 2.5}
         for r in rows
     )
+    # The run's own per-plan counts, priced afresh at its own c_i, give its own column.
+    costs = dict(zip(rows[0]["pairing"], rows[0]["drafter_costs"]))
+    cons = json.loads((workdir / "config.json").read_text())["consensus_cost"]
+    again = seed_table.reprice(rows, costs, consensus_cost=cons)
+    for name in ("naive", "all_on", "auto"):
+        want = summary["policies"][name]["throughput_ratio_vs_single"]["value"]
+        assert again[name]["value"] == pytest.approx(want, rel=1e-9), name

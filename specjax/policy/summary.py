@@ -52,11 +52,18 @@ def plan_totals(
     consensus_cost: float,
 ) -> dict:
     """Per-plan counts a bootstrap needs: the PLAN_FIELDS, each drafter's own-test counts,
-    and the cost totals at the zoo's c_i and (if given) the seed's."""
+    the cost totals at the zoo's c_i and (if given) the seed's, and the priced counts
+    (``n:<item>`` for each of `metrics.COST_ITEMS`)."""
     out = {f: np.asarray(counts[f]).tolist() for f in PLAN_FIELDS}
     out["own_accepted"] = np.asarray(counts["own_accepted_at"]).sum(-1).tolist()
     out["own_reached"] = np.asarray(counts["own_reached_at"]).sum(-1).tolist()
     out["cost"] = metrics.itemised_cost(counts, costs, consensus_cost)["total"].tolist()
+    # The priced counts themselves, per plan (``n:<item>``, drafter items [P, K]): a run
+    # can be priced afresh at other c_i (another machine's, a TPU plan's) from its rows
+    # (`specjax.runner.seed_table.reprice`).
+    for item in metrics.COST_ITEMS:
+        if item in counts:
+            out[f"n:{item}"] = np.asarray(counts[item]).tolist()
     if seed_costs is not None:
         out["cost_seed"] = metrics.itemised_cost(counts, seed_costs, consensus_cost)[
             "total"

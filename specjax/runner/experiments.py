@@ -112,7 +112,7 @@ def _baselines(config, cell, dep, pcfg, prompts, workdir: Path):
     costs, seed_costs = _costs(dep)
     key = json.dumps(
         {
-            "v": 4,  # 4: timed with warm programs only (engine.programs.run_program)
+            "v": 5,  # 5: per-plan priced counts (n:<item>); 4: warm programs only
             "pairing": list(dep.names),
             "gamma": pcfg.gamma,
             "tv": pcfg.verifier_temperature,
