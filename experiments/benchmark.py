@@ -51,14 +51,15 @@ import jax
 import numpy as np
 from absl import flags
 
-from specjax import metrics, provenance
-from specjax.benchmark_tables import print_tables, render_page
+from specjax import metrics
 from specjax.data import load_prompts
 from specjax.engine.autoregressive import autoregressive_generate
 from specjax.engine.deployment import from_zoo
 from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
+from specjax.measure.benchmark_tables import print_tables, render_page
 from specjax.models.zoo import load_zoo
+from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 from specjax.timing import matmul_floor, time_forward, time_prefill
 
@@ -89,7 +90,7 @@ def define_flags():
         True,
         "with --peer: also the side-by-side against "
         "transformers' assisted generation on the zoo's own weights exported to "
-        "HF format (specjax.peer), batch 1, greedy and sampled",
+        "HF format (specjax.measure.peer), batch 1, greedy and sampled",
     )
     flags.DEFINE_bool(
         "require_accelerator",
@@ -439,7 +440,7 @@ def measure(zoo, full, names, cfg: Config) -> tuple[dict, list[dict]]:
 
 def run_peers(zoo, full, names, per_batch, cfg: Config) -> tuple[dict | None, dict | None]:
     """transformers at the same shapes (random weights), and the same-weights side-by-side
-    (`specjax.peer`); None where not asked for or transformers / torch are absent."""
+    (`specjax.measure.peer`); None where not asked for or transformers / torch are absent."""
     peer = same_weights = None
     if not cfg.peer:
         return peer, same_weights
@@ -458,7 +459,7 @@ def run_peers(zoo, full, names, per_batch, cfg: Config) -> tuple[dict | None, di
             per_batch[b]["ar_over_peer"] = per_batch[b]["ar_tokens_per_s"] / peer["plain"][b]
     if cfg.same_weights:
         try:
-            from specjax import peer as peer_lib  # pylint: disable=import-outside-toplevel
+            from specjax.measure import peer as peer_lib  # pylint: disable=import-outside-toplevel
 
             same_weights = peer_lib.run(
                 zoo, Path(cfg.out) / "same_weights", gamma=4, new_tokens=cfg.new_tokens
@@ -466,7 +467,10 @@ def run_peers(zoo, full, names, per_batch, cfg: Config) -> tuple[dict | None, di
         except ImportError as e:  # transformers / torch absent: the peer is optional
             print(f"same-weights peer skipped: {e}")
         else:
-            print("\nspecjax vs transformers' assisted generation, same weights (specjax.peer):")
+            print(
+                "\nspecjax vs transformers' assisted generation, same weights "
+                "(specjax.measure.peer):"
+            )
             peer_lib.print_result(same_weights)
     return peer, same_weights
 

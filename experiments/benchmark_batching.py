@@ -24,8 +24,9 @@ once as a discarded warm-up, since XLA:CPU's first execution is slower) and per 
 wall clock (host work and transfers included), continuous / static, chunks, refills and
 the refills' share of the continuous seconds (prefill of the padded prompts: on a CPU a
 large part of a short-answer workload), and whether each prompt's tokens equal its static
-tokens, with where each differing prompt first differs (`specjax.evaluation.first_differences`: both tokens'
-probabilities and places in the cumulative distribution). ``--static_also=4`` runs the
+tokens, with where each differing prompt first differs
+(`specjax.measure.evaluation.first_differences`: both tokens' probabilities and places in the
+cumulative distribution). ``--static_also=4`` runs the
 queue statically at other batch sizes too (untimed), which tells batching from batch
 composition. Medians of --repeats; the machine's load average is printed and stored (timings
 on a shared machine move by tens of percent). Prints a table and writes
@@ -45,15 +46,15 @@ import jax
 import numpy as np
 from absl import flags
 
-from specjax import provenance
 from specjax.data import load_prompts
 from specjax.engine.autoregressive import autoregressive_generate
 from specjax.engine.batching import continuous_generate
 from specjax.engine.deployment import Deployment, from_zoo
 from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
-from specjax.evaluation import first_differences
+from specjax.measure.evaluation import first_differences
 from specjax.models.zoo import load_zoo
+from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS

@@ -1,11 +1,11 @@
-r"""specjax against transformers' assisted generation, on the same weights (`specjax.peer`).
+r"""specjax against transformers' assisted generation, on the same weights (`specjax.measure.peer`).
 
   python experiments/benchmark_peer.py --out runs/benchmark_peer
   python experiments/benchmark_peer.py --gamma 4 --prompts_per_domain 2 --new_tokens 32
 
 The zoo's verifier and its best drafter exported to Hugging Face Llama folders, then the
 same prompts decoded by specjax and by `transformers` (plain and assisted generation),
-greedy and sampled, batch 1; see `specjax.peer` for what is measured. Prints a table and
+greedy and sampled, batch 1; see `specjax.measure.peer` for what is measured. Prints a table and
 writes ``benchmark_peer.json`` under --out. Needs torch and transformers. About 3 minutes
 at the defaults on 2 cores.
 """
@@ -16,7 +16,8 @@ from pathlib import Path
 
 from absl import flags
 
-from specjax import peer, provenance
+from specjax.measure import peer
+from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS

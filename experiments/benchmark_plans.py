@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 from absl import flags
 
-from specjax import provenance
+from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS

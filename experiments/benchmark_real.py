@@ -40,10 +40,11 @@ from pathlib import Path
 import numpy as np
 from absl import flags
 
-from specjax import drafter_entries as entries
-from specjax import metrics, provenance
-from specjax.benchmark_tables import real_speed_page
-from specjax.hardware import score_ratios, stream_bandwidth
+from specjax import metrics
+from specjax.measure import drafter_entries as entries
+from specjax.measure.benchmark_tables import real_speed_page
+from specjax.measure.hardware import score_ratios, stream_bandwidth
+from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 from specjax.timing import forward_timer
 from specjax.verify import registry
@@ -569,8 +570,8 @@ def part_peer(result: dict, dep, f32) -> None:
     if missing:
         print(f"peer skipped: {', '.join(missing)} not installed")
         return
-    from specjax import peer_real  # pylint: disable=import-outside-toplevel
     from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
+    from specjax.measure import peer_real  # pylint: disable=import-outside-toplevel
 
     prompts = {}
     for q in load_prompts():

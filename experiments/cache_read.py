@@ -23,11 +23,11 @@ import jax
 import jax.numpy as jnp
 from absl import flags
 
-from specjax import provenance
 from specjax.engine.deployment import from_zoo
 from specjax.models import transformer
 from specjax.models.api import causal_block_mask
 from specjax.models.zoo import load_zoo
+from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 from specjax.timing import matmul_floor
 

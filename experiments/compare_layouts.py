@@ -34,9 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from specjax import provenance
 from specjax.errors import ConfigError
 from specjax.models import cache, products
+from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 from specjax.timing import forward_timer
 

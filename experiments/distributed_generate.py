@@ -37,7 +37,7 @@ def define_flags():
     flags.DEFINE_integer("num_processes", None, "processes in all (None: auto)")
     flags.DEFINE_integer("process_id", None, "this process's index (None: auto)")
     flags.DEFINE_integer("local_devices", 0, "CPU devices per process (0: leave the platform's)")
-    flags.DEFINE_string("rules", "fsdp_tp", "a rule set of specjax.sharding")
+    flags.DEFINE_string("rules", "fsdp_tp", "a rule set of specjax.runtime.sharding")
     flags.DEFINE_integer("model_axis", 2, "size of the 'model' mesh axis")
     flags.DEFINE_integer("gamma", 3, "draft tokens per round")
     flags.DEFINE_list(
@@ -53,8 +53,8 @@ def validate() -> None:
     `ConfigError` naming the flag, its value and what is allowed."""
     from absl import flags  # pylint: disable=import-outside-toplevel
 
-    from specjax import sharding as shd  # pylint: disable=import-outside-toplevel
     from specjax.runner import script_flags as sf  # pylint: disable=import-outside-toplevel
+    from specjax.runtime import sharding as shd  # pylint: disable=import-outside-toplevel
 
     f = flags.FLAGS
     if f.coordinator is not None:
@@ -185,10 +185,10 @@ def main(argv) -> int:
     # No persistent compilation cache: a process that found its programs cached would reach
     # the first collective long before the other finished compiling, and gloo gives a
     # peer 30 s to arrive. Both compile cold, and start each call together (barrier).
-    from specjax import provenance  # pylint: disable=import-outside-toplevel
-    from specjax import sharding as shd  # pylint: disable=import-outside-toplevel
     from specjax.engine import generate as gen  # pylint: disable=import-outside-toplevel
     from specjax.engine.spec import EngineConfig  # pylint: disable=import-outside-toplevel
+    from specjax.runner import provenance  # pylint: disable=import-outside-toplevel
+    from specjax.runtime import sharding as shd  # pylint: disable=import-outside-toplevel
 
     prov = provenance.provenance()
     dep = _deployment()

@@ -7,7 +7,7 @@ r"""A feature drafter's teacher-forced α on held-out replies, by drafter temper
 
 For the feature drafter ``--eagle`` (the shipped ``eagle``, or a file train_eagle.py wrote)
 and each ``label=FILE`` of ``--features`` (held-out verifier features, ``feat_*heldout_*.npz``
-from ``train_eagle.py --stage=features``), `specjax.distill_eagle.feature_alpha` at every
+from ``train_eagle.py --stage=features``), `specjax.train.distill_eagle.feature_alpha` at every
 drafter temperature of ``--temperatures``: Leviathan α = Σ min(p, q_T) at draft step 1 and
 2 (verifier τ 1), and how often the verifier's argmax is among the drafter's m most likely
 ids at step 1 for m = 1 … ``--top_m`` — the root acceptance at verifier τ 0 of m twins
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from absl import flags
 
-from specjax import provenance
+from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS
@@ -39,7 +39,7 @@ def define_flags():
     flags.DEFINE_integer("top_m", 3, "top-m coverage of the verifier's argmax, m = 1..top_m", 1)
 
 
-#: What `specjax.distill_eagle.Features.load` reads from a features file.
+#: What `specjax.train.distill_eagle.Features.load` reads from a features file.
 FEATURE_KEYS = ("tokens", "length", "prompt_len", "feats")
 
 
@@ -79,9 +79,9 @@ def validate() -> None:
 def main(argv):
     del argv
     files, temps = _features(), [float(t) for t in FLAGS.temperatures]  # checked by `validate`
-    from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
     from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
     from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill_eagle  # pylint: disable=import-outside-toplevel
 
     prov = provenance.provenance()
     model = smollm2(max_len=1024, dtype="float32")

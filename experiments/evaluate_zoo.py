@@ -7,9 +7,9 @@ Loads the zoo (`specjax.models.zoo.load_zoo`, `--zoo`, default the shipped one),
 every model's parameters, takes its tokenizer and token shares from the manifest, prices
 each drafter at c_i = its parameters ÷ the verifier's, and re-measures every drafter's
 acceptance α = Σ min(p, q) per domain in verifier space on the shipped held-out text
-(`specjax.evaluation.acceptance_rates`: verifier τ = 1, each drafter at its default τ, windows of
-`--window` verifier tokens; `--heldout_bytes` cuts the text for a quick check), next to
-the α the manifest recorded when the zoo was built (`experiments/train_zoo.py`). Writes
+(`specjax.measure.evaluation.acceptance_rates`: verifier τ = 1, each drafter at its default
+τ, windows of `--window` verifier tokens; `--heldout_bytes` cuts the text for a quick
+check), next to the α the manifest recorded when the zoo was built (`experiments/train_zoo.py`). Writes
 ``zoo.json`` under --out; ``--write_docs`` writes docs/results/zoo.md (``--docs_dir``).
 """
 
@@ -21,11 +21,11 @@ import jax
 import numpy as np
 from absl import flags
 
-from specjax import provenance
 from specjax.data import load_heldout
 from specjax.engine.deployment import from_zoo
-from specjax.evaluation import acceptance_rates
+from specjax.measure.evaluation import acceptance_rates
 from specjax.models import zoo as zoo_lib
+from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS

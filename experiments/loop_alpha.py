@@ -24,7 +24,7 @@ reports from the in-graph counters (`Counters`):
     gain without the noise of the accept draws or of the paths.
 
 With ``--predict`` (feature drafters, rule 1, τ 1) each row also carries the figures
-`specjax.loop_law` predicts on the loop's own committed paths from the drafter's
+`specjax.measure.loop_law` predicts on the loop's own committed paths from the drafter's
 teacher-forced acceptance there (``predicted_step_alpha``, ``predicted_tokens_per_round``,
 standard errors over paths): given the paths, the loop's counters should match them at
 step 1 up to the accept draws' noise (deeper steps are teacher-forced approximately).
@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 from absl import flags
 
-from specjax import provenance
+from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 from specjax.verify import registry
 
@@ -74,7 +74,7 @@ def define_flags():
         False,
         "feature drafters under rule 1 at τ 1: also predict the per-step α and tokens per "
         "round from the drafter's teacher-forced acceptance on the loop's own paths "
-        "(`specjax.loop_law`; the verifier's features over them, one prefill): the law's "
+        "(`specjax.measure.loop_law`; the verifier's features over them, one prefill): the law's "
         "check of the loop",
     )
     flags.DEFINE_list(
@@ -213,13 +213,14 @@ def measure(
 
 
 def predict(dep, paths, gamma: int) -> dict:
-    """`specjax.loop_law`'s per-step α and tokens per round (standard errors over paths)
+    """`specjax.measure.loop_law`'s per-step α and tokens per round (standard errors over paths)
     for ``dep``'s feature drafter on ``paths`` ((prompt ids, committed ids) per row): the
     verifier's features over each path, the drafter teacher forced on them at τ 1."""
     import types  # pylint: disable=import-outside-toplevel
 
-    from specjax import distill, loop_law  # pylint: disable=import-outside-toplevel
-    from specjax import distill_eagle as de  # pylint: disable=import-outside-toplevel
+    from specjax.measure import loop_law  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill_eagle as de  # pylint: disable=import-outside-toplevel
 
     gen = distill.Generated.from_pairs(paths, 1.0)
     model = types.SimpleNamespace(lm=dep.verifier, params=dep.v_params)

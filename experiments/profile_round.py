@@ -69,10 +69,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from specjax import drafter_entries as entries
-from specjax import provenance
 from specjax.errors import ConfigError
-from specjax.round_anatomy import (
+from specjax.measure import drafter_entries as entries
+from specjax.measure.round_anatomy import (
     Forward,
     catch_up,
     counters_class,
@@ -83,6 +82,7 @@ from specjax.round_anatomy import (
     thunk_profile,
     variants,
 )
+from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 from specjax.runner.results import atomic_write_text
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import jax
 from absl import flags
 
-from specjax import provenance
 from specjax.errors import ConfigError
+from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS

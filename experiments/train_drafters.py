@@ -12,15 +12,15 @@ r"""Drafters distilled from SmolLM2-135M-Instruct (`make train-drafters`).
 Stages (each writes its files atomically under --out and is skipped when they exist, so
 a killed run resumes):
   generate  the verifier's replies to --prompts train-split prompts per domain, in its chat
-            template, with its top-k log-probs (`specjax.distill.generate`):
+            template, with its top-k log-probs (`specjax.train.distill.generate`):
             ``gen_{domain}.npz``; and to the 24 shipped (held-out) plan prompts:
             ``heldout_{domain}.npz``.
-  train     one `SubsetVocabLM` per domain (`specjax.distill.train_drafter`):
+  train     one `SubsetVocabLM` per domain (`specjax.train.distill.train_drafter`):
             ``drafter_{domain}{tag}.npz`` + ``.json`` (recipe, coverage, loss, time).
   eval      each drafter's Leviathan α against the verifier on every domain's held-out
-            replies (`specjax.evaluation.acceptance_rates` on the joined text), and the
+            replies (`specjax.measure.evaluation.acceptance_rates` on the joined text), and the
             distilled drafters' α and top-1 agreement on the reply positions alone
-            (`specjax.distill.reply_alpha`): ``eval{tag}.json``. Without drafters under
+            (`specjax.train.distill.reply_alpha`): ``eval{tag}.json``. Without drafters under
             --out it evaluates the shipped ones (writing the held-out replies it needs).
   ship      copies the drafters in bf16 into specjax/zoo_smollm2/ with a manifest.
 
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from absl import flags
 
-from specjax import provenance
+from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS
@@ -94,8 +94,8 @@ def _verifier():
 def _heldout(out: Path, model, d: str):
     """The verifier's replies to the shipped (held-out) plan prompts of domain ``d``:
     ``heldout_{d}.npz``, written once."""
-    from specjax import distill  # pylint: disable=import-outside-toplevel
     from specjax.data.shipped import load_prompts  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill  # pylint: disable=import-outside-toplevel
 
     path = out / f"heldout_{d}.npz"
     if not path.exists():
@@ -113,10 +113,10 @@ def _heldout(out: Path, model, d: str):
 
 
 def stage_generate(out: Path, model) -> None:
-    from specjax import distill  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill  # pylint: disable=import-outside-toplevel
 
     if FLAGS.rows_from == "corpus":
-        from specjax.distill_eagle import text_rows  # pylint: disable=import-outside-toplevel
+        from specjax.train.distill_eagle import text_rows  # pylint: disable=import-outside-toplevel
 
         for d in FLAGS.domains:
             path = out / f"gen_{d}.npz"
@@ -149,7 +149,7 @@ def stage_generate(out: Path, model) -> None:
 
 
 def stage_train(out: Path, model) -> None:
-    from specjax import distill  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill  # pylint: disable=import-outside-toplevel
 
     for d in FLAGS.domains:
         path = out / f"drafter_{d}{FLAGS.tag}.npz"
@@ -199,10 +199,10 @@ def stage_train(out: Path, model) -> None:
 def stage_eval(out: Path, model, prov: dict) -> None:
     """α of every drafter of the real deployment (the distilled ones, the zoo's cross-
     vocabulary reasoning drafter, prompt lookup) on each domain's held-out replies."""
-    from specjax import distill  # pylint: disable=import-outside-toplevel
     from specjax.engine.deployment import LOOKUP, from_smollm2  # pylint: disable=import-outside-toplevel
-    from specjax.evaluation import acceptance_rates  # pylint: disable=import-outside-toplevel
+    from specjax.measure.evaluation import acceptance_rates  # pylint: disable=import-outside-toplevel
     from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill  # pylint: disable=import-outside-toplevel
 
     files = {
         d: str(out / f"drafter_{d}{FLAGS.tag}.npz")

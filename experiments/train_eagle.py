@@ -1,4 +1,4 @@
-r"""A feature drafter (EAGLE) for SmolLM2-135M-Instruct (`specjax.distill_eagle`).
+r"""A feature drafter (EAGLE) for SmolLM2-135M-Instruct (`specjax.train.distill_eagle`).
 
   python experiments/train_eagle.py --data=runs/eagle_data      # every stage
   python experiments/train_eagle.py --stage=features --data=runs/eagle_data
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from absl import flags
 
-from specjax import provenance
+from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS
@@ -104,7 +104,7 @@ def define_flags():
         "eval_loop_gamma",
         3,
         "--stage=eval also predicts the loop's per-step α and tokens per round at this γ "
-        "from the held-out positions (`specjax.loop_law`; 0: off)",
+        "from the held-out positions (`specjax.measure.loop_law`; 0: off)",
         lower_bound=0,
     )
     flags.DEFINE_string(
@@ -172,7 +172,7 @@ def _feat_path(out: Path, name: str) -> Path:
 
 
 def stage_features(out: Path, model) -> None:
-    from specjax import distill, distill_eagle  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill, distill_eagle  # pylint: disable=import-outside-toplevel
 
     for name, src in _sources().items():
         path = _feat_path(out, name)
@@ -191,7 +191,7 @@ def stage_features(out: Path, model) -> None:
 
 
 def _recipe():
-    from specjax.distill_eagle import EagleRecipe  # pylint: disable=import-outside-toplevel
+    from specjax.train.distill_eagle import EagleRecipe  # pylint: disable=import-outside-toplevel
 
     return EagleRecipe(
         steps=FLAGS.steps,
@@ -214,8 +214,8 @@ def _recipe():
 def stage_train(out: Path, model) -> None:
     import dataclasses  # pylint: disable=import-outside-toplevel
 
-    from specjax import distill_eagle as de  # pylint: disable=import-outside-toplevel
     from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill_eagle as de  # pylint: disable=import-outside-toplevel
 
     path = out / f"eagle{FLAGS.tag}.npz"
     if path.exists():
@@ -257,8 +257,8 @@ def _data_info() -> dict:
 
 
 def stage_eval(out: Path, model) -> None:
-    from specjax import distill_eagle as de  # pylint: disable=import-outside-toplevel
     from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill_eagle as de  # pylint: disable=import-outside-toplevel
 
     src = out / f"eagle{FLAGS.tag}.npz"
     if not src.exists():
@@ -292,9 +292,9 @@ def stage_eval(out: Path, model) -> None:
 
 
 def _loop_law(de, lm, params, held) -> dict:
-    """`specjax.loop_law.loop_alpha` at --eval_loop_gamma on the first --eval_loop_tokens
+    """`specjax.measure.loop_law.loop_alpha` at --eval_loop_gamma on the first --eval_loop_tokens
     reply tokens of each held-out row."""
-    from specjax import loop_law  # pylint: disable=import-outside-toplevel
+    from specjax.measure import loop_law  # pylint: disable=import-outside-toplevel
 
     g = FLAGS.eval_loop_gamma
     pos = de.feature_alpha_positions(lm, params, held, steps=min(g, 3))
@@ -317,7 +317,7 @@ def _loop_summary(r: dict) -> dict:
 
 def _paired(a: dict, b: dict) -> dict:
     """This drafter minus --eval_against on the same held-out texts (`paired_difference`)."""
-    from specjax import loop_law  # pylint: disable=import-outside-toplevel
+    from specjax.measure import loop_law  # pylint: disable=import-outside-toplevel
 
     return {"against": FLAGS.eval_against, **loop_law.paired_difference(a, b)}
 

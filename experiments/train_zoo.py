@@ -87,16 +87,16 @@ def train_model(
     """Trains one model on a token stream and writes its params file.
 
     Checkpoints go to ``workdir`` every ``CHECKPOINT_EVERY`` steps, so a killed run resumes
-    where it stopped (bit-identically, see `specjax.train`); a workdir left by a different
+    where it stopped (bit-identically, see `specjax.train.loop`); a workdir left by a different
     config, seed or token stream is wiped first. ``wall_s`` adds up the sessions.
     """
     import jax
 
-    from specjax import checkpoints
     from specjax.models.api import TransformerLM, count_params
     from specjax.models.transformer import TransformerConfig
     from specjax.runner.results import atomic_write_text
-    from specjax.train import TrainConfig, train
+    from specjax.train import checkpoints
+    from specjax.train.loop import TrainConfig, train
 
     logging.basicConfig(
         level=logging.INFO,
@@ -105,7 +105,7 @@ def train_model(
         force=True,
     )
     _quiet_jax()
-    logging.getLogger('specjax.train').setLevel(logging.INFO)
+    logging.getLogger('specjax.train.loop').setLevel(logging.INFO)
     lm = TransformerLM(TransformerConfig(**config))
     tc = TrainConfig(
         seed=seed,
@@ -296,7 +296,7 @@ def main(argv) -> int:
         shutil.rmtree(b.work, ignore_errors=True)  # the checkpoints stay, for a resume
         raise
     shutil.rmtree(cfg.workdir / 'ckpt', ignore_errors=True)
-    from specjax import evaluation  # pylint: disable=import-outside-toplevel
+    from specjax.measure import evaluation  # pylint: disable=import-outside-toplevel
 
     evaluation.print_zoo_report(manifest, cfg.out, DOMAINS)
     return 0
@@ -535,8 +535,8 @@ def write_first_manifest(b: Build) -> dict:
 def measure(b: Build, manifest: dict) -> None:
     """Loads the zoo being built through the zoo loader and records each model's held-out
     loss against a unigram, each drafter's acceptance per domain and decode speed."""
-    from specjax import evaluation  # pylint: disable=import-outside-toplevel
     from specjax.data import load_heldout  # pylint: disable=import-outside-toplevel
+    from specjax.measure import evaluation  # pylint: disable=import-outside-toplevel
     from specjax.models import zoo as zoo_lib  # pylint: disable=import-outside-toplevel
 
     zoo = zoo_lib.load_zoo(b.work, names=DRAFTERS + EXTRA_DRAFTERS)
@@ -577,7 +577,7 @@ def model_tokens(streams: dict, spec: dict) -> np.ndarray:
     """A model's training stream: each domain's tokens in the recipe's shares.
 
     The largest stream with exactly those shares that every domain's tokens allow; the
-    domains are concatenated in order (`specjax.train` samples windows uniformly, so a
+    domains are concatenated in order (`specjax.train.loop` samples windows uniformly, so a
     domain's share of the tokens is its share of the batches).
     """
     shares = _shares(spec['domains'])

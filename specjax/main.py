@@ -61,7 +61,7 @@ def main(argv: Sequence[str]) -> None:
         fail(config_error_in(e) or _validation_error(e))
     logs.release()
 
-    from specjax import compile_cache  # pylint: disable=import-outside-toplevel
+    from specjax.runtime import compile_cache  # pylint: disable=import-outside-toplevel
 
     compile_cache.enable()
     # The sweep itself: only a ConfigError is bad input here; anything else is a bug

@@ -166,7 +166,7 @@ def _write_docs_page(page, workdir: Path, version: dict, markdown: str) -> Path:
     command that ran the cells (from the run's version.json) and this command."""
     import shutil  # pylint: disable=import-outside-toplevel
 
-    from specjax import provenance  # pylint: disable=import-outside-toplevel
+    from specjax.runner import provenance  # pylint: disable=import-outside-toplevel
 
     page = Path(page)
     prov = provenance.provenance()
@@ -223,7 +223,7 @@ def write_sweep_page(
     report no longer draws are removed."""
     import shutil  # pylint: disable=import-outside-toplevel
 
-    from specjax import provenance  # pylint: disable=import-outside-toplevel
+    from specjax.runner import provenance  # pylint: disable=import-outside-toplevel
 
     page = Path(page)
     prov = provenance.provenance()

@@ -7,7 +7,7 @@ if _flag not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' + _flag).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # Value checks in the code paths (finite, normalised distributions, committed lengths,
-# rollback; SPEC §9, `specjax.debug`), read at trace time. `make test-all` runs the whole
+# rollback; SPEC §9, `specjax.runtime.debug`), read at trace time. `make test-all` runs the whole
 # suite with them on; `make test` leaves them to the tests that turn them on themselves
 # (test_engine's value-check test covers every rule on transformer caches): a checked
 # program is larger, carries host callbacks and is never cached on disk (~20% of the run).
@@ -16,7 +16,7 @@ os.environ.setdefault('SPECJAX_CHECKS', '0')
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from specjax import compile_cache  # noqa: E402
+from specjax.runtime import compile_cache  # noqa: E402
 
 compile_cache.enable()  # xdist workers and the subprocess tests share compiled programs
 

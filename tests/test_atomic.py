@@ -74,13 +74,13 @@ def test_a_writer_killed_midway_leaves_the_old_file_and_a_hidden_temporary(tmp_p
 
 
 def _params_file(path: Path) -> None:
-    from specjax import checkpoints  # pylint: disable=import-outside-toplevel
+    from specjax.train import checkpoints  # pylint: disable=import-outside-toplevel
 
     checkpoints.save_params_file(str(path), {"w": np.arange(6, dtype=np.float32)})
 
 
 def _generated(path: Path) -> None:
-    from specjax.distill import Generated  # pylint: disable=import-outside-toplevel
+    from specjax.train.distill import Generated  # pylint: disable=import-outside-toplevel
 
     z = np.zeros((2, 3), np.int32)
     Generated(
@@ -89,7 +89,7 @@ def _generated(path: Path) -> None:
 
 
 def _features(path: Path) -> None:
-    from specjax.distill_eagle import Features  # pylint: disable=import-outside-toplevel
+    from specjax.train.distill_eagle import Features  # pylint: disable=import-outside-toplevel
 
     z = np.zeros((2, 3), np.int32)
     Features(z, np.ones(2, np.int32), np.ones(2, np.int32), np.zeros((2, 3, 4), np.float16)).save(

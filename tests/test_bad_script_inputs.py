@@ -252,9 +252,9 @@ def test_a_bad_environment_is_one_line_naming_the_variable(tmp_path, name, value
 def test_a_library_import_never_reads_the_environment(monkeypatch):
     """A bad value is refused where it is used, naming the variable (the modules read
     no variable when imported)."""
-    from specjax import debug
     from specjax.engine import programs
     from specjax.errors import ConfigError
+    from specjax.runtime import debug
 
     monkeypatch.setenv("SPECJAX_MAX_PROGRAMS", "abc")
     monkeypatch.setenv("SPECJAX_CHECKS", "maybe")

@@ -444,7 +444,7 @@ def test_first_differences():
     token lists part, both tokens' probabilities and cumulative places under the verifier's
     law after prompt + common prefix (τ 1; τ 0 reports that same law), and a row that only
     ends earlier."""
-    from specjax.evaluation import first_differences  # pylint: disable=import-outside-toplevel
+    from specjax.measure.evaluation import first_differences  # pylint: disable=import-outside-toplevel
     from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
     from specjax.models.transformer import (  # pylint: disable=import-outside-toplevel
         TransformerConfig,

@@ -75,7 +75,7 @@ def test_the_speed_page_flags_a_score_ratio_its_own_table_contradicts():
     (linear between the measured widths): 1.3 at k = 4 agrees, 1.7 does not; a two-drafter
     tree at γ 3 scores k = 7 (1.6 in the table); a row of another layout, or a width
     outside the table's, is not compared."""
-    from specjax.benchmark_tables import ratio_disagreements, real_speed_page
+    from specjax.measure.benchmark_tables import ratio_disagreements, real_speed_page
 
     assert ratio_disagreements(_speed_result(1.3)) == []
     bad = ratio_disagreements(_speed_result(1.7))
@@ -96,7 +96,7 @@ def test_the_speed_page_flags_a_score_ratio_its_own_table_contradicts():
 def test_speedup_interval_covers_the_calls_and_the_page_prints_it():
     """The bootstrap interval of spec ÷ AR over calls: a ratio of pooled sums, containing
     the pooled ratio, wider when the calls disagree, a point when they all agree."""
-    from specjax.benchmark_tables import real_speed_page  # pylint: disable=import-outside-toplevel
+    from specjax.measure.benchmark_tables import real_speed_page  # pylint: disable=import-outside-toplevel
     from specjax.metrics import speedup_interval  # pylint: disable=import-outside-toplevel
 
     rng = np.random.default_rng(0)
@@ -118,7 +118,7 @@ def test_speedup_interval_covers_the_calls_and_the_page_prints_it():
 
 
 def test_drafter_entries():
-    from specjax import drafter_entries as e  # pylint: disable=import-outside-toplevel
+    from specjax.measure import drafter_entries as e  # pylint: disable=import-outside-toplevel
 
     assert e.members("lookup+eagle*2") == ["lookup", "eagle", "eagle"]
     assert e.labels(e.members("eagle*3")) == ["eagle", "eagle#2", "eagle#3"]

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from specjax import checkpoints as ckpt
+from specjax.train import checkpoints as ckpt
 
 # When tensorstore reports damaged files, orbax's asyncio runner closes its event loop
 # while sibling reads are still in flight; their completion callbacks then hit the closed

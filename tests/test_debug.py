@@ -1,4 +1,4 @@
-"""specjax.debug: value checks fire on bad values (inside jit and vmap), stay silent on
+"""specjax.runtime.debug: value checks fire on bad values (inside jit and vmap), stay silent on
 good ones, and trace nothing when off."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from specjax import debug
+from specjax.runtime import debug
 
 
 @pytest.fixture

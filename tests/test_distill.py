@@ -1,4 +1,4 @@
-"""Distilled drafters (`specjax.distill`): the verifier's generations and the training.
+"""Distilled drafters (`specjax.train.distill`): the verifier's generations and the training.
 
 1. `generate`: at τ → 0 (1e-4) the verifier's greedy continuation, computed independently
    one token at a time with `logits_full`, for ragged prompts in one batch and across
@@ -32,10 +32,10 @@ from test_subset_vocab_engine import (
     greedy_reference,
 )
 
-from specjax import distill
 from specjax.data import corpora
 from specjax.models.subset_vocab import SubsetVocabLM, most_frequent_ids
 from specjax.tokenizers import ByteTokenizer
+from specjax.train import distill
 
 TEXTS = ["def f(x):", "a", "Genesis 1\nIn the b", "Q: 2", "abc", "hello, world"]  # ragged
 NEW, TOP_K, BUCKET, BATCH = 24, 5, 32, 4  # 6 prompts: two batches of 4 rows, one width
@@ -405,7 +405,7 @@ def test_text_rows_continue_each_prompt_with_its_own_document(monkeypatch):
     text after its questions) is refused."""
     import types  # pylint: disable=import-outside-toplevel
 
-    from specjax.distill_eagle import text_rows  # pylint: disable=import-outside-toplevel
+    from specjax.train.distill_eagle import text_rows  # pylint: disable=import-outside-toplevel
 
     _, _, docs = _synthetic_corpora(monkeypatch)
     byte_tok = types.SimpleNamespace(encode=lambda t: list(t.encode()))

@@ -1,4 +1,4 @@
-"""Training the feature drafter (`specjax.distill_eagle`) on a tiny verifier: its
+"""Training the feature drafter (`specjax.train.distill_eagle`) on a tiny verifier: its
 features, its data files with verifier states, the time-budgeted schedule, and α rising
 with training. The drafter's cache path, losslessness and greedy equality are
 tests/test_eagle.py's."""
@@ -14,7 +14,7 @@ from test_eagle import TINY, V, _verifier
 def _random_features(v_lm, v_params, rows: int, width: int, seed: int):
     """(`Features` of random full-width rows, prompts of 2 tokens; the verifier's f32 final
     features over them)."""
-    from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill_eagle  # pylint: disable=import-outside-toplevel
 
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, v_lm.vocab_size, (rows, width)).astype(np.int32)
@@ -33,7 +33,7 @@ def test_training_on_the_verifiers_features_raises_alpha():
     60 training steps, held-out α at step 1 and 2 above the untrained drafter's."""
     import types  # pylint: disable=import-outside-toplevel
 
-    from specjax import distill, distill_eagle  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill, distill_eagle  # pylint: disable=import-outside-toplevel
 
     v_lm, v_params = _verifier(TINY, seed=5, sharpen=2.0)
     hexes = types.SimpleNamespace(encode=lambda t: [int(c, 16) for c in t])  # ids 0..11
@@ -73,7 +73,7 @@ def test_a_time_budget_sizes_the_schedule(monkeypatch):
     each), so the verdict counts steps, never the machine's speed or load."""
     import types  # pylint: disable=import-outside-toplevel
 
-    from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill_eagle  # pylint: disable=import-outside-toplevel
 
     v_lm, v_params = _verifier(TINY, seed=5)
     data, _ = _random_features(v_lm, v_params, rows=16, width=12, seed=1)
@@ -106,7 +106,7 @@ def test_features_hold_states_and_give_each_drafter_its_own(tmp_path):
     """`distill_eagle.Features` with verifier states: saved and loaded, concatenated, and
     a subset of them selected for a drafter reading fewer; a drafter reading states the
     file does not hold is refused."""
-    from specjax.distill_eagle import Features
+    from specjax.train.distill_eagle import Features
 
     rng = np.random.default_rng(0)
     D, n = 4, 3
@@ -152,9 +152,9 @@ def test_a_two_layer_drafter_is_built_saved_and_loaded(tmp_path):
     the same drafter: same config, same logits on the same features."""
     import types  # pylint: disable=import-outside-toplevel
 
-    from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
     from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
     from specjax.models.api import causal_block_mask  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill_eagle  # pylint: disable=import-outside-toplevel
 
     v_lm, v_params = _verifier(TINY, seed=5, sharpen=2.0)
     model = types.SimpleNamespace(lm=v_lm, params=v_params, tokenizer=None)
@@ -183,7 +183,7 @@ def test_the_acceptance_loss_is_one_minus_alpha():
 
     import jax  # pylint: disable=import-outside-toplevel
 
-    from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill_eagle  # pylint: disable=import-outside-toplevel
 
     v_lm, v_params = _verifier(TINY, seed=5, sharpen=2.0)
     model = types.SimpleNamespace(lm=v_lm, params=v_params, tokenizer=None)
@@ -228,7 +228,7 @@ def test_feature_alpha_by_temperature_and_top_m():
     argmax (m = 1 is top-1 agreement, coverage grows with m and is 1 at m = K)."""
     import types  # pylint: disable=import-outside-toplevel
 
-    from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill_eagle  # pylint: disable=import-outside-toplevel
 
     v_lm, v_params = _verifier(TINY, seed=5, sharpen=2.0)
     model = types.SimpleNamespace(lm=v_lm, params=v_params, tokenizer=None)

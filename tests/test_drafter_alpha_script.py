@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def write_features(folder: Path) -> Path:
     """Held-out `Features` of two short plan replies under SmolLM2 (f32), saved in `folder`."""
-    from specjax import distill, distill_eagle  # pylint: disable=import-outside-toplevel
     from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill, distill_eagle  # pylint: disable=import-outside-toplevel
 
     model = smollm2(max_len=256)
     rows = [

@@ -369,7 +369,7 @@ def test_sharded_feature_drafter_equals_unsharded():
     """Verifier and feature drafter placed on a 2 × 4 mesh (fsdp_tp): the FeatureCache is
     built and carried inside the engine's programs from sharded inputs; τ 1 tokens and
     acceptance equal the single-device run."""
-    from specjax import sharding as shd
+    from specjax.runtime import sharding as shd
 
     v_lm, v_params = _verifier(TINY, seed=5, sharpen=4.0)
     d_lm, d_params = _eagle(v_lm, v_params, np.arange(12)[:9], seed=2, scale=2.0)

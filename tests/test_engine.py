@@ -405,9 +405,9 @@ def test_per_drafter_gamma_needs_one_chain_per_row():
 )
 def test_value_checks_pass_in_the_code_paths(rule, s):
     """SPEC §9 value checks (committed length within [1, γ+1], caches rolled back, p and q
-    distributions) traced in with `specjax.debug` on, on transformer caches, for every rule
+    distributions) traced in with `specjax.runtime.debug` on, on transformer caches, for every rule
     (`make test` runs the others with checks off; `make test-all` runs everything checked)."""
-    from specjax import debug
+    from specjax.runtime import debug
 
     v, vp, specs, data = suite.tiny_transformers()
     prompts = [[1, 2, 3], [4, 5]]

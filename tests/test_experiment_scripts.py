@@ -102,7 +102,7 @@ def test_command_line_is_the_command_as_typed():
     """A page names the command a reader can paste: scripts by path, package modules as
     `python -m` (which records the module's file as argv[0])."""
     import specjax
-    from specjax import provenance
+    from specjax.runner import provenance
 
     pkg = Path(specjax.__file__).parent
     assert provenance.command_line([str(pkg / "report.py"), "--workdir=runs/x"]) == (

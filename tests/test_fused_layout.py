@@ -16,11 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import sharding as shd
 from specjax.models import hf
 from specjax.models.api import TransformerLM, causal_block_mask, fuse_projections
 from specjax.models.fused import fuse_params, separate_leaf, unfuse_params
 from specjax.models.transformer import TransformerConfig
+from specjax.runtime import sharding as shd
 
 ATOL = 1e-6
 

@@ -1,4 +1,4 @@
-"""`specjax.hardware`: the floors the benchmarks print beside measured times (weight bytes a
+"""`specjax.measure.hardware`: the floors the benchmarks print beside measured times (weight bytes a
 forward reads, the accelerator roofline, the ratio tables), and the SmolLM2 layout specs
 the real-model benchmarks parse (`specjax.models.gguf.parse_layout`)."""
 
@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import hardware
 from specjax.errors import ConfigError
+from specjax.measure import hardware
 from specjax.models.api import TransformerLM
 from specjax.models.gguf import LAYOUT_TOKENS, parse_layout
 from specjax.models.transformer import TransformerConfig

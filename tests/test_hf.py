@@ -23,13 +23,13 @@ transformers = pytest.importorskip("transformers")
 
 import hf_fixtures as F  # noqa: E402
 
-from specjax import sharding as shd  # noqa: E402
 from specjax.engine import generate as gen  # noqa: E402
 from specjax.engine.autoregressive import autoregressive_generate  # noqa: E402
 from specjax.errors import ConfigError  # noqa: E402
 from specjax.models import hf  # noqa: E402
 from specjax.models.api import TransformerLM, advance, causal_block_mask  # noqa: E402
 from specjax.models.transformer import TransformerConfig  # noqa: E402
+from specjax.runtime import sharding as shd  # noqa: E402
 
 ATOL = 1e-4
 V = 96

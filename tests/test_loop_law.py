@@ -1,4 +1,4 @@
-"""`specjax.loop_law`: the loop's round law given the text, against a simulation of rule 1
+"""`specjax.measure.loop_law`: the loop's round law given the text, against a simulation of rule 1
 itself; and `distill_eagle.feature_alpha_positions`, the per-position inputs it takes."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specjax import loop_law
+from specjax.measure import loop_law
 
 
 def _simulate_rule1(p, q, gamma: int, n_rows: int, seed: int):
@@ -143,7 +143,7 @@ def test_feature_alpha_positions_agree_with_feature_alpha():
     from test_distill_eagle import _random_features
     from test_eagle import TINY, _verifier
 
-    from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill_eagle  # pylint: disable=import-outside-toplevel
 
     v_lm, v_params = _verifier(TINY, seed=5, sharpen=2.0)
     model = types.SimpleNamespace(lm=v_lm, params=v_params, tokenizer=None)
@@ -171,7 +171,7 @@ def test_the_loop_loss_is_the_laws_weighted_acceptance():
 
     import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
-    from specjax import distill_eagle  # pylint: disable=import-outside-toplevel
+    from specjax.train import distill_eagle  # pylint: disable=import-outside-toplevel
 
     rng = np.random.default_rng(4)
     B, W, V, n, g = 3, 11, 9, 6, 3
@@ -236,7 +236,6 @@ def test_the_engine_drafts_where_and_as_the_law_says():
 
     from test_eagle import TINY, _eagle, _verifier
 
-    from specjax import distill, distill_eagle  # pylint: disable=import-outside-toplevel
     from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
         row_keys_for,
         speculative_generate,
@@ -246,6 +245,7 @@ def test_the_engine_drafts_where_and_as_the_law_says():
         EngineConfig,
         feature_maps,
     )
+    from specjax.train import distill, distill_eagle  # pylint: disable=import-outside-toplevel
 
     v_lm, v_params = _verifier(TINY, seed=5)
     keep = np.array([0, 1, 2, 4, 5, 7, 9, 11])

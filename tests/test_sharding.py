@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from specjax import sharding as shd
 from specjax.models.api import advance, causal_block_mask
+from specjax.runtime import sharding as shd
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 

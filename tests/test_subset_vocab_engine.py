@@ -178,7 +178,7 @@ def test_two_subset_drafters_are_lossless(rule, form):
 # ----------------------------------------------------------------------------------------
 
 # A tiny transformer verifier over bytes (tied embeddings, unscaled inputs: the config a
-# distilled drafter's inner model gets from `specjax.distill.train_drafter`). Its subset
+# distilled drafter's inner model gets from `specjax.train.distill.train_drafter`). Its subset
 # drafters with K = GREEDY_KEPT share one engine program with the distilled drafter of
 # tests/test_distill.py (same SubsetVocabLM, same engine config and shapes).
 BYTE_CONFIG = TransformerConfig(

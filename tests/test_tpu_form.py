@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import backend
-from specjax import sharding as shd
 from specjax.models import cache as cache_mod
 from specjax.models.api import TransformerConfig, TransformerLM, causal_block_mask
 from specjax.models.kv_heads import kv_repeat_for, repeat_kv_heads
+from specjax.runtime import backend
+from specjax.runtime import sharding as shd
 from specjax.tpu.aot import hlo_ops, shape_bytes
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from specjax.train import TrainConfig, eval_loss, sample_windows, train
+from specjax.train.loop import TrainConfig, eval_loss, sample_windows, train
 
 
 def _toy_stream(n, vocab=32, seed=0):
@@ -110,7 +110,7 @@ def test_time_budget_stops_and_checkpoints(tmp_path, tiny_lm):
     _, hist = train(tiny_lm, cfg, TRAIN, HELD_OUT, workdir=str(tmp_path))
     assert hist['stopped'] == 'time_budget' and hist['final_step'] == 1
     assert hist['eval_step'] == [1]
-    from specjax.checkpoints import latest_step
+    from specjax.train.checkpoints import latest_step
 
     assert latest_step(str(tmp_path / 'checkpoints')) == 1
 
@@ -126,7 +126,7 @@ def test_resume_after_sigkill_of_the_process(tmp_path, tiny_lm, tiny_config):
         from tests.test_train import TRAIN, SMALL
         from specjax.models.api import TransformerLM
         from specjax.models.transformer import TransformerConfig
-        from specjax.train import TrainConfig, train
+        from specjax.train.loop import TrainConfig, train
         def die(step, metrics):
             if step == 10:
                 os.kill(os.getpid(), signal.SIGKILL)

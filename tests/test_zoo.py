@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import evaluation
 from specjax.data import REASONING_SPECIAL_TOKENS, load_heldout
 from specjax.engine.deployment import from_zoo
 from specjax.errors import ConfigError
+from specjax.measure import evaluation
 from specjax.models import zoo as zoo_lib
 from specjax.models.api import count_params
 

@@ -30,7 +30,6 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from specjax import debug
 from specjax.engine.drafting import (  # noqa: F401  (consume, consume_width, pack_valid: API)
     Drafted,
     consume,
@@ -42,6 +41,7 @@ from specjax.engine.drafting import (  # noqa: F401  (consume, consume_width, pa
 from specjax.engine.features import feature_layout, pick_features, reads_features
 from specjax.engine.spec import DrafterData, DrafterStatic, EngineConfig
 from specjax.engine.state import DecodeState, count_round
+from specjax.runtime import debug
 from specjax.verify import registry
 from specjax.verify.distributions import gumbel_argmax, sampling_probs
 from specjax.verify.streams import (

@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.engine.decode import pack_valid
+from specjax.engine.gammas import check_gamma
 from specjax.engine.spec import DrafterData, DrafterSpec, DrafterStatic
 from specjax.errors import ConfigError, check
-from specjax.gammas import check_gamma
 from specjax.models.api import causal_block_mask, forward_rows
 from specjax.verify.distributions import sampling_probs, to_verifier_space
 

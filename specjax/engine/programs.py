@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import debug
 from specjax.errors import ConfigError, env_value
+from specjax.runtime import debug
 
 __all__ = [
     'check_finite',

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specjax.engine.gammas import check_gamma
 from specjax.errors import ConfigError
-from specjax.gammas import check_gamma
 from specjax.verify import registry
 
 
@@ -106,7 +106,7 @@ def share_drafting(statics: Sequence[DrafterStatic], d_data: Sequence[Any]) -> t
 
 def widest_chain(gamma: int, drafters) -> int:
     """The longest chain a call drafts: the largest γ_i of its drafters (the config's γ
-    for those without one). `specjax.gammas.widest_gamma` also counts the config's γ."""
+    for those without one). `specjax.engine.gammas.widest_gamma` also counts the config's γ."""
     return max(d.own_gamma(gamma) for d in drafters)
 
 

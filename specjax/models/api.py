@@ -33,7 +33,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax import sharding as shd
 from specjax.models.cache import (
     Cache,
     advance,
@@ -45,6 +44,7 @@ from specjax.models.cache import (
 )
 from specjax.models.fused import fuse_params, order_params
 from specjax.models.transformer import Transformer, TransformerConfig, scale_noise
+from specjax.runtime import sharding as shd
 
 __all__ = [
     'LM',
@@ -298,7 +298,7 @@ def fuse_projections(lm: TransformerLM, params, mesh=None, rules=None):
     """``(lm', params')``: the same model in the fused projection layout
     (``TransformerConfig.fused_projections``: q/k/v in one product, gate/up in one), the
     same logits up to the products' rounding. ``mesh`` / ``rules``: place each fused leaf
-    on its shards (``specjax.sharding``: the fused q/k/v table splits over KV heads)."""
+    on its shards (``specjax.runtime.sharding``: the fused q/k/v table splits over KV heads)."""
     new = TransformerLM(dataclasses.replace(lm.config, fused_projections=True))
     return new, fuse_params(lm.config, params, _placer(new, mesh, rules))
 

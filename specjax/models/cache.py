@@ -44,16 +44,16 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax import backend
+from specjax.runtime import backend
 
 #: Gathers and scatters of 16-bit floats as uint16 bits: None (default) where programs are
-#: traced for the CPU only (`specjax.backend.platform`: a compile-only TPU target is not),
+#: traced for the CPU only (`specjax.runtime.backend.platform`: a compile-only TPU target is not),
 #: True / False everywhere (a paired comparison, a test). Read at trace time.
 HALF_AS_BITS: bool | None = None
 
 
 #: Keys stored slots-major, ``[B, KV, S, hd]`` like the values, instead of ``[B, KV, hd, S]``:
-#: None (default) where programs are traced for a TPU (`specjax.backend.platform`) and the
+#: None (default) where programs are traced for a TPU (`specjax.runtime.backend.platform`) and the
 #: heads are at least a 128-wide lane, True / False everywhere (a test). Read at trace
 #: time. On a TPU the minor dimension is the lane: with slots minor a block's keys are
 #: columns, and at batch > 1 the compiler relaid every layer's keys in and out of each call
@@ -147,7 +147,7 @@ class PerLayer(tuple):
 
     ``shape`` / ``dtype`` are those of one layer, so a tree of logical axis names that
     holds *one* name tuple for the field (``Cache.logical_axes()``) maps onto every layer
-    (``specjax.sharding`` broadcasts a sharding over the layers as a tree prefix).
+    (``specjax.runtime.sharding`` broadcasts a sharding over the layers as a tree prefix).
     """
 
     @property

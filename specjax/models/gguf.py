@@ -48,7 +48,6 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from specjax import sharding as shd
 from specjax.errors import ConfigError, env_value
 from specjax.models.api import TransformerLM
 from specjax.models.api import fuse_projections as _fuse_projections
@@ -57,6 +56,7 @@ from specjax.models.cache import table_bits
 from specjax.models.gguf_reader import TENSOR_TYPES, _fail, _metadata, _open, dequantize
 from specjax.models.hf import _entries, config_from_hf, place_leaf
 from specjax.models.transformer import TransformerConfig
+from specjax.runtime import sharding as shd
 from specjax.tokenizers.gguf import render_chat, tokenizer_from_metadata
 
 __all__ = [
@@ -425,7 +425,7 @@ def load_gguf_model(
       max_len: KV-cache capacity (default: the file's context, capped at 4096).
       dtype / param_dtype: compute and storage dtypes ('float32' or 'bfloat16'; the
         weights are dequantized to f32 and rounded once to ``param_dtype``).
-      mesh / rules: stream the parameters into shards on ``mesh`` (``specjax.sharding``).
+      mesh / rules: stream the parameters into shards on ``mesh`` (``specjax.runtime.sharding``).
       untie_head: store a tied head as its own ``[D, V]`` array (see `read_gguf`).
       weights: False reads no tensor: ``params`` are the model's ``jax.ShapeDtypeStruct``
         leaves (`TransformerLM.abstract_params`), for checks that need the config, the

@@ -50,13 +50,13 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from specjax import sharding as shd
 from specjax.atomic import atomic_write_bytes, atomic_write_text
 from specjax.models.api import TransformerLM
 from specjax.models.fused import separate_leaf
 from specjax.models.hf_config import FAMILIES, _fail, config_from_hf, hf_config, read_config_json
 from specjax.models.safetensors_io import ST_NAMES, TensorInfo, TensorMaps, read_header, write_file
 from specjax.models.transformer import TransformerConfig
+from specjax.runtime import sharding as shd
 
 __all__ = [
     'FAMILIES',
@@ -279,7 +279,7 @@ def load_hf_params(ckpt: HFCheckpoint, shardings=None) -> dict:
     Args:
       ckpt: from `read_checkpoint`.
       shardings: None (default device) or a params-shaped pytree of ``jax.sharding``
-        objects (e.g. from `specjax.sharding.param_shardings`): each device then receives
+        objects (e.g. from `specjax.runtime.sharding.param_shardings`): each device then receives
         only its slice, read straight from the memory map.
 
     Returns:
@@ -317,7 +317,7 @@ def load_hf(
       max_len: KV-cache capacity (see `config_from_hf`).
       dtype / param_dtype: compute and storage dtypes.
       mesh / rules: place the parameters on ``mesh`` by logical-axis ``rules`` (a rules
-        tuple or a name in `specjax.sharding.RULE_SETS`) while streaming.
+        tuple or a name in `specjax.runtime.sharding.RULE_SETS`) while streaming.
     """
     ckpt = read_checkpoint(path, max_len=max_len, dtype=dtype, param_dtype=param_dtype)
     lm = ckpt.lm
@@ -446,7 +446,7 @@ def estimate_bytes(
     ``mesh_shape`` (``{'data': n, 'model': m}``; None: one device).
 
     Counts each array's largest per-device slice (dimensions that do not divide their
-    mesh axes are replicated, as `specjax.sharding` places them).
+    mesh axes are replicated, as `specjax.runtime.sharding` places them).
     """
     lm = TransformerLM(cfg)
     rules = shd.resolve_rules(rules)

@@ -68,7 +68,7 @@ class HistoryCache:
 
     @staticmethod
     def logical_axes() -> 'HistoryCache':
-        """Logical axis names of each field (`specjax.sharding.cache_like_shardings`)."""
+        """Logical axis names of each field (`specjax.runtime.sharding.cache_like_shardings`)."""
         return HistoryCache(tokens=('batch', 'cache_length'), length=('batch',))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax import backend
+from specjax.runtime import backend
 
 __all__ = ['HALF_MIN_ROWS', 'PRODUCTS', 'project']
 
@@ -34,8 +34,8 @@ def project(x: jax.Array, w: jax.Array, dt, out_dtype=None, out_first: bool = Fa
     bf16, one-token step 42.3 -> 36.2 ms and T_score(9) / T_step 1.44 -> 1.01 at batch 1
     with the f32 accumulation and the pad; f32 is unchanged by them. On an accelerator the pad is free
     (the matrix unit pads rows anyway), so programs traced for another platform
-    (`specjax.backend.platform`) are not padded. `PRODUCTS = 'einsum'` traces the products as
-    before (an einsum in ``dt``), for paired comparisons.
+    (`specjax.runtime.backend.platform`) are not padded. `PRODUCTS = 'einsum'` traces the
+    products as before (an einsum in ``dt``), for paired comparisons.
 
     ``out_first`` makes the product ``[B·T, K] × [N, K]ᵀ`` (contracting both last dims;
     no transpose is materialised). On the same Xeon, bf16 with f32 accumulation, SmolLM2's

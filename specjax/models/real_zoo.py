@@ -2,7 +2,7 @@
 
 ``specjax/zoo_smollm2/`` holds one ``{name}.npz`` (parameters, bf16 floats) and one
 ``{name}.json`` (config, recipe, training record, held-out α) per distilled drafter, made
-by ``make train-drafters`` (`experiments/train_drafters.py`, `specjax.distill`)::
+by ``make train-drafters`` (`experiments/train_drafters.py`, `specjax.train.distill`)::
 
     lm, params, info = load_drafter('code')              # the shipped code drafter
     lm, params, info = load_drafter('runs/drafters/drafter_code.npz')

@@ -4,7 +4,7 @@ RMSNorm (pre-norm), rotary positions with explicit position ids, SwiGLU MLP,
 grouped-query attention, untied or tied embeddings. Every parameter carries logical axis
 names in its ``out_sharding`` metadata (``nnx.with_partitioning``'s key; the older
 ``sharding_names`` is deprecated in flax 0.12) with eager sharding off, so building the
-model never needs a mesh: placement is ``specjax.sharding``'s job.
+model never needs a mesh: placement is ``specjax.runtime.sharding``'s job.
 
 The module is driven through the functional API in ``specjax.models.api``; it never owns
 a cache. ``Transformer.__call__`` takes the cache arrays, writes the block's keys/values
@@ -33,7 +33,7 @@ from specjax.models.cache import (
 )
 from specjax.models.products import project
 from specjax.models.rope import parse_rope_scaling, rotary
-from specjax.sharding import with_logical_constraint
+from specjax.runtime.sharding import with_logical_constraint
 
 _DTYPES = ('float32', 'bfloat16', 'float16')
 _NEG = float(np.finfo(np.float32).min)  # finite, so a fully masked row gives no NaN
@@ -177,7 +177,7 @@ def _param(rngs: nnx.Rngs, shape, axes, init_std: float | None, dtype) -> nnx.Pa
     """A parameter with logical axes (``out_sharding``) and its init rule (``init_std``).
 
     Eager sharding is off: logical names mean nothing without rules, and placement is
-    ``specjax.sharding``'s job.
+    ``specjax.runtime.sharding``'s job.
     """
     value = init_value(rngs.params(), shape, init_std, jnp.dtype(dtype))
     return nnx.Param(value, out_sharding=axes, eager_sharding=False, init_std=init_std)

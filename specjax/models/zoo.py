@@ -17,7 +17,7 @@ listed in ``drafter_order`` (code, prose, reasoning: the seed's 1.5B / 3B / 7B).
 `load_zoo` verifies every file it reads against the manifest before using it; every
 failure is a one-line `ConfigError` naming the file or model and what is wrong.
 The zoo only loads; `specjax.engine.deployment.from_zoo` assembles a deployment from the
-loaded models (the models layer never imports the engine), and `specjax.evaluation`
+loaded models (the models layer never imports the engine), and `specjax.measure.evaluation`
 measures them (held-out loss, unigram baseline, acceptance in verifier space, decode speed:
 what the training script records and the tests re-measure).
 """
@@ -33,11 +33,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from specjax import checkpoints
 from specjax.errors import ConfigError, env_value
 from specjax.models.api import TransformerLM, count_params
 from specjax.models.transformer import TransformerConfig
 from specjax.tokenizers import Tokenizer, load_tokenizer
+from specjax.train import checkpoints
 
 __all__ = [
     'ZOO_FORMAT',

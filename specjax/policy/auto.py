@@ -60,8 +60,8 @@ import numpy as np
 
 from specjax import metrics
 from specjax.engine.decode import consume_width
+from specjax.engine.gammas import check_gamma, drafter_gammas, widest_gamma
 from specjax.errors import ConfigError
-from specjax.gammas import check_gamma, drafter_gammas, widest_gamma
 
 
 class AutoRouter:

@@ -28,9 +28,9 @@ import numpy as np
 from specjax.engine.autoregressive import autoregressive_generate
 from specjax.engine.decode import consume_width
 from specjax.engine.deployment import Deployment
+from specjax.engine.gammas import check_gamma, drafter_gammas
 from specjax.engine.generate import speculative_generate
 from specjax.engine.spec import EngineConfig
-from specjax.gammas import check_gamma, drafter_gammas
 from specjax.metrics import price_key
 from specjax.policy.plan_config import PlanConfig
 from specjax.policy.plan_state import CallState, padded_rows

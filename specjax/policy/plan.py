@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.engine.deployment import Deployment, prefix_distributions
-from specjax.gammas import widest_gamma
+from specjax.engine.gammas import widest_gamma
 from specjax.metrics import price_key
 from specjax.policy import boundary as boundary_lib
 from specjax.policy.consensus import BranchOutcome, branch_statistics, decide_step, exact_match

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from specjax import metrics
+from specjax.engine.gammas import drafter_gammas, widest_gamma
 from specjax.errors import ConfigError
 from specjax.field_report import FIELD_REPORT_COSTS
-from specjax.gammas import drafter_gammas, widest_gamma
 from specjax.policy import names as policy_names
 from specjax.policy.auto import AutoRouter
 from specjax.policy.engine_calls import enable_shared_calls

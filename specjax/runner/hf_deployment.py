@@ -35,7 +35,7 @@ def drafter_names(config) -> list[str]:
 
 def validate_hf(config) -> None:
     """Checks the hf fields (paths exist and hold a config.json) before anything loads."""
-    from specjax import sharding as shd  # pylint: disable=import-outside-toplevel
+    from specjax.runtime import sharding as shd  # pylint: disable=import-outside-toplevel
 
     v = config.get('verifier')
     check(
@@ -115,9 +115,9 @@ def _check_folders(config) -> None:
     present and complete, tokenizer), ``max_len`` within every model's context, and the
     mesh buildable on this machine's devices with every model's parameters placeable on
     it. Each problem is one `ConfigError` naming the config field."""
-    from specjax import sharding as shd  # pylint: disable=import-outside-toplevel
     from specjax.models.hf import check_hf_model  # pylint: disable=import-outside-toplevel
     from specjax.models.hf_config import context_length  # pylint: disable=import-outside-toplevel
+    from specjax.runtime import sharding as shd  # pylint: disable=import-outside-toplevel
 
     max_len = config.get('max_len')
     check(
@@ -177,7 +177,7 @@ def _check_folders(config) -> None:
 def _mesh(config):
     import jax  # pylint: disable=import-outside-toplevel
 
-    from specjax import sharding as shd  # pylint: disable=import-outside-toplevel
+    from specjax.runtime import sharding as shd  # pylint: disable=import-outside-toplevel
 
     mesh = config.get('mesh') or {}
     data, model = int(mesh.get('data', 1)), int(mesh.get('model', 1))

@@ -11,8 +11,8 @@ import functools
 import os
 from pathlib import Path
 
+from specjax.engine.gammas import drafter_gammas
 from specjax.errors import ConfigError, env_value, user_path
-from specjax.gammas import drafter_gammas
 from specjax.policy.boundary import BoundaryThresholds
 from specjax.policy.plan_config import PlanConfig
 from specjax.verify import registry

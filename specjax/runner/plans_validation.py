@@ -28,8 +28,8 @@ from __future__ import annotations
 import difflib
 import math
 
+from specjax.engine.gammas import drafter_gammas, is_gamma, widest_gamma
 from specjax.errors import ConfigError, check
-from specjax.gammas import drafter_gammas, is_gamma, widest_gamma
 from specjax.verify import registry
 
 __all__ = ["LIMITS", "validate"]

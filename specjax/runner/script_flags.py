@@ -136,7 +136,7 @@ def _flags():
 
 
 def common(out_is_file: bool = False) -> None:
-    """The flags `specjax.provenance.define_common_flags` declares, where the script has
+    """The flags `specjax.runner.provenance.define_common_flags` declares, where the script has
     them: ``--out`` a folder that exists or can be created (`out_is_file`: a file that
     can be written), ``--repeats`` >= 1, and with ``--write_docs`` a ``--docs_dir`` that can
     be written."""

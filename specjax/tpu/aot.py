@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from specjax.backend import tracing_for
+from specjax.runtime.backend import tracing_for
 
 __all__ = ['COLLECTIVES', 'Compiled', 'HloOp', 'compile_for', 'hlo_ops', 'shape_bytes']
 

@@ -257,7 +257,7 @@ def _seed_table(cfg, sl: str, ratios: dict, costs: dict) -> list[str]:
 def _estimates(cfg, sl, recs, chip, unread) -> list[str]:
     """The analytic estimates (`hf.estimate_bytes`, `hardware.roofline_seconds`) against
     the compiled figures of the recommended rules' steps."""
-    from specjax.hardware import roofline_seconds  # pylint: disable=import-outside-toplevel
+    from specjax.measure.hardware import roofline_seconds  # pylint: disable=import-outside-toplevel
 
     chips = SLICES[sl].chips
     lm, params = _served(cfg.verifier, cfg.capacity, cfg.dtype, chips)

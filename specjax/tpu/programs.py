@@ -23,8 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from specjax import sharding as shd
-from specjax.backend import tracing_for
 from specjax.engine.autoregressive import autoregressive_call
 from specjax.engine.generate import speculative_call
 from specjax.engine.spec import (
@@ -41,6 +39,8 @@ from specjax.models.eagle import EagleLM, eagle_config
 from specjax.models.kv_heads import serve_form as _serve_form
 from specjax.models.ngram import PromptLookupLM
 from specjax.models.subset_vocab import SubsetVocabLM
+from specjax.runtime import sharding as shd
+from specjax.runtime.backend import tracing_for
 from specjax.verify import registry
 
 __all__ = [

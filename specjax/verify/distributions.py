@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax import debug
+from specjax.runtime import debug
 from specjax.verify.streams import argmax_first, categorical_data, key_data
 
 _NEG_INF = -jnp.inf

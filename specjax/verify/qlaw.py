@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax import debug
+from specjax.runtime import debug
 
 
 @struct.dataclass
@@ -134,7 +134,7 @@ def scaled_residual(p: jax.Array, w: jax.Array, q):
 
 
 def check_q(q, what: str, allow_zero_rows: bool = True) -> None:
-    """`specjax.debug`'s distribution check (rows summing to 1, or all-zero padding)."""
+    """`specjax.runtime.debug`'s distribution check (rows summing to 1, or all-zero padding)."""
     if is_sparse(q):
         debug.check_distribution(q.vals, what, allow_zero_rows=allow_zero_rows)
         debug.check(jnp.all((q.ids >= 0) & (q.ids <= q.vocab)), f'{what}: an id outside [0, V]')

@@ -44,7 +44,7 @@ class Rule:
             their first drafts without replacement in each row's slot order
             (`specjax.engine.drafting.draft_group`); the rule stays exact with that law.
         plan: a plan config or a sweep's `grid.rule` may name it (`PlanConfig.rule`).
-        rule1: Leviathan's token-level test on one chain, what `specjax.loop_law` predicts.
+        rule1: Leviathan's token-level test on one chain, what `specjax.measure.loop_law` predicts.
         summary: one line for tables and error messages.
     """
 

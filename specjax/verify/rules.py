@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax import debug
+from specjax.runtime import debug
 from specjax.verify.distributions import accept_test, gumbel_argmax, residual
 from specjax.verify.qlaw import check_q, q_at, q_dense, residual_update, scaled_residual
 from specjax.verify.rule import Rule, register
@@ -169,7 +169,7 @@ def _check(p_root, p_nodes, q, drafts, active):
     chex.assert_shape(p_nodes, (s, gamma, v))
     chex.assert_shape(drafts, (s, gamma))
     chex.assert_shape(active, (s,))
-    # Value checks (SPEC §9), traced only when `specjax.debug` is enabled (the tests).
+    # Value checks (SPEC §9), traced only when `specjax.runtime.debug` is enabled (the tests).
     debug.check_distribution(p_root, 'verify: p_root')
     debug.check_distribution(p_nodes, 'verify: p_nodes')
     # q rows of a chain shorter than γ are zero padding (the engine cuts them).

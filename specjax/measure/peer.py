@@ -38,14 +38,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.data import load_prompts
+from specjax.engine.autoregressive import autoregressive_generate
+from specjax.engine.deployment import from_zoo
+from specjax.engine.generate import row_keys_for, speculative_generate
+from specjax.engine.spec import EngineConfig
+from specjax.models import hf
+from specjax.models.zoo import load_zoo
+
 __all__ = ["run", "print_result"]
 
 
 def _specjax(zoo, drafter, prompts, d_prompts, gamma, tau, new_tokens, seed):
-    from specjax.engine.autoregressive import autoregressive_generate
-    from specjax.engine.deployment import from_zoo
-    from specjax.engine.generate import row_keys_for, speculative_generate
-    from specjax.engine.spec import EngineConfig
 
     dep = from_zoo(zoo, [drafter], temperatures=[tau])  # greedy drafts at τ = 0, like HF
     width = max(len(p) for p in prompts)
@@ -183,15 +187,12 @@ def _export(out_dir: Path, name: str, m):
     import torch
     import transformers
 
-    from specjax.models import hf
-
     path = hf.save_hf(out_dir / "hf" / name, m.lm, m.params, family="llama")
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
 def _prompt_texts(prompts_per_domain: int) -> list[str]:
     """The first `prompts_per_domain` shipped plan prompts of every domain, domains sorted."""
-    from specjax.data import load_prompts
 
     by_domain = {}
     for p in load_prompts():
@@ -285,8 +286,6 @@ def run(
     exported HF folders are written under `out_dir`)."""
     import torch
     import transformers
-
-    from specjax.models.zoo import load_zoo
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

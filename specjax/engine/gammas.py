@@ -5,8 +5,8 @@ drafts per chain); ``gammas`` is one γ_i per drafter, ``None`` meaning the conf
 (`grid.drafter_gamma`, `DrafterSpec.gamma`). A drafter's own γ_i applies where it drafts one
 chain per row; drafters sharing a block draft the config's γ.
 
-It sits beside `specjax.errors`, below every package, so the engine, the policy layer and
-the runner can all read γ the same way.
+It sits in the engine, whose draft window γ is, so the engine, the policy layer and the
+runner above it all read γ the same way.
 """
 
 from __future__ import annotations

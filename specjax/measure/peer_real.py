@@ -20,6 +20,11 @@ import statistics
 import time
 from pathlib import Path
 
+from specjax.engine.autoregressive import autoregressive_generate
+from specjax.engine.generate import row_keys_for
+from specjax.models.gguf import smollm2_path
+from specjax.models.real_zoo import export_hf, load_drafter
+
 __all__ = ["assisted", "greedy_identity", "load_target", "run", "tokens_per_s"]
 
 
@@ -28,8 +33,6 @@ def load_target():
     every core."""
     import torch  # pylint: disable=import-outside-toplevel
     import transformers  # pylint: disable=import-outside-toplevel
-
-    from specjax.models.gguf import smollm2_path  # pylint: disable=import-outside-toplevel
 
     torch.set_num_threads(os.cpu_count() or 1)
     p = smollm2_path()
@@ -56,10 +59,6 @@ def _generate(target, row, n_new: int, **kw):
 def greedy_identity(verifier, v_params, target, ids, n_new: int) -> list[bool]:
     """Per prompt (verifier token ids): specjax's AR at τ = 0 gives transformers' greedy
     tokens for ``n_new`` tokens."""
-    from specjax.engine.autoregressive import (  # pylint: disable=import-outside-toplevel
-        autoregressive_generate,
-    )
-    from specjax.engine.generate import row_keys_for  # pylint: disable=import-outside-toplevel
 
     same = []
     for row in ids:
@@ -100,8 +99,6 @@ def assisted(target, ids, n_new: int, repeats: int, drafter, out_dir, gammas=(2,
     verifier's ids) to ``out_dir/hf_code_drafter``."""
     import torch  # pylint: disable=import-outside-toplevel
     import transformers  # pylint: disable=import-outside-toplevel
-
-    from specjax.models.real_zoo import export_hf, load_drafter  # pylint: disable=import-outside-toplevel
 
     drafter_dir = Path(out_dir) / "hf_code_drafter"
     lm, params, _ = load_drafter(drafter)

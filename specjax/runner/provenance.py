@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
+from specjax.runner.results import append_result, atomic_write_text
+
 __all__ = [
     "DOCS_DIR",
     "REPO_ROOT",
@@ -49,7 +51,9 @@ __all__ = [
     "define_common_flags",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+#: The specjax package directory (this module is specjax/runner/provenance.py).
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+REPO_ROOT = PACKAGE_DIR.parent
 DOCS_DIR = REPO_ROOT / "docs" / "results"
 
 # lscpu keys kept (and the /proc/cpuinfo fallback's equivalents).
@@ -173,7 +177,7 @@ def _package_module(script: str) -> str | None:
     """``specjax.x.y`` when `script` is a module file of this package, else None."""
     try:
         path = Path(script).resolve()
-        package = Path(__file__).resolve().parent
+        package = PACKAGE_DIR
         rel = path.relative_to(package.parent)
     except (OSError, ValueError):
         return None
@@ -212,8 +216,6 @@ def write_json(
     to ``path`` atomically; returns the path. Non-JSON values are written with ``str``."""
     import json  # pylint: disable=import-outside-toplevel
 
-    from specjax.runner.results import atomic_write_text  # pylint: disable=import-outside-toplevel
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {**result, "provenance": _with_end(prov)}
@@ -226,7 +228,6 @@ def append_row(
 ) -> dict[str, Any]:
     """Appends ``row`` with ``"provenance": prov`` to the JSON-lines journal ``path`` as one
     atomic, fsynced line (`specjax.runner.results.append_result`); returns the record."""
-    from specjax.runner.results import append_result  # pylint: disable=import-outside-toplevel
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -263,7 +264,6 @@ def write_page(
 ) -> Path:
     """Writes ``<docs_dir>/<name>.md`` atomically: `page_header` (the load at its end taken
     now) followed by the ``body`` lines; returns the path."""
-    from specjax.runner.results import atomic_write_text  # pylint: disable=import-outside-toplevel
 
     path = Path(docs_dir) / f"{name}.md"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specjax.hardware import ratio_tables
+from specjax.measure.hardware import ratio_tables
 from specjax.verify import registry
 
 
@@ -180,11 +180,12 @@ def _rows_table(rows: list[dict]) -> list[str]:
 
 
 def _same_weights_table(sw: dict) -> list[str]:
-    """specjax against transformers' assisted generation on the zoo's weights (`specjax.peer`)."""
+    """specjax against transformers' assisted generation on the zoo's weights
+    (`specjax.measure.peer`)."""
     lines = [
         "",
         f"Against transformers' assisted generation on the zoo's own weights "
-        f"exported to HF format (`specjax.peer`, drafter {sw['drafter']}, "
+        f"exported to HF format (`specjax.measure.peer`, drafter {sw['drafter']}, "
         f"γ = {sw['gamma']}, batch 1, {sw['prompts']} prompts × {sw['new_tokens']} "
         "tokens):",
         "",

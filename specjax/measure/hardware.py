@@ -15,6 +15,8 @@ import time
 import jax
 import jax.numpy as jnp
 
+from specjax.timing import forward_timer
+
 __all__ = [
     "ACCELERATORS",
     "ratio_tables",
@@ -83,7 +85,6 @@ def score_ratios(label: str, lm, params, batches, ks, bw: float, context: int = 
     A row holds the weight bytes a forward reads, the bandwidth floor (those bytes ÷ ``bw``),
     the times, T_score(k) / T_step, and the `roofline` projection of the same forwards.
     """
-    from specjax.timing import forward_timer  # pylint: disable=import-outside-toplevel
 
     n = sum(int(x.size) for x in jax.tree.leaves(params))
     wbytes = weight_bytes(params, tied=lm.config.tie_embeddings)

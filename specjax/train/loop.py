@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax import checkpoints
+from specjax.train import checkpoints
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """How good the zoo's models are: what experiments/train_zoo.py records in the manifest and
 the tests re-measure.
 
-  heldout_loss          next-token loss of a text, nats/token and nats/byte (`train.eval_loss`)
+  heldout_loss          next-token loss of a text, nats/token and nats/byte (`train.loop.eval_loss`)
   unigram_counts / unigram_loss   the add-one-smoothed unigram baseline on the same tokens
   acceptance_rates      each drafter's mean α = Σ_x min(p, q) on a text, in verifier space
   decode_tokens_per_s   greedy decoding speed at batch 1
@@ -21,9 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.engine.deployment import from_zoo
+from specjax.field_report import FIELD_REPORT_ACCEPTANCE
 from specjax.models.api import advance
 from specjax.tokenizers import Tokenizer
-from specjax.train import eval_loss
+from specjax.train.loop import eval_loss
 from specjax.verify.distributions import sampling_probs, to_verifier_space
 
 __all__ = [
@@ -48,7 +50,7 @@ def heldout_loss(
     """Next-token loss of ``text`` in nats/token and nats/byte.
 
     Consecutive windows of ``seq_len`` predictions (default: the model's ``max_len``),
-    as `specjax.train.eval_loss`; the first token of the text is context only, so bytes
+    as `specjax.train.loop.eval_loss`; the first token of the text is context only, so bytes
     are counted over the predicted tokens.
     """
     ids = np.asarray(tokenizer.encode(text), np.int32)
@@ -260,7 +262,6 @@ def record_heldout(zoo, records: dict, heldout: dict, corpora: dict, counts: dic
 def record_acceptance(zoo, records: dict, heldout: dict, window: int) -> None:
     """Each drafter's re-spelling width M and its α per domain on the held-out text, into
     ``records[name]['retok_width']`` and ``['acceptance']``."""
-    from specjax.engine.deployment import from_zoo  # pylint: disable=import-outside-toplevel
 
     dep = from_zoo(zoo)
     for name, data in zip(dep.names, dep.d_data):
@@ -273,11 +274,10 @@ def record_acceptance(zoo, records: dict, heldout: dict, window: int) -> None:
 
 def zoo_measurement(train_bytes: int, window: int) -> dict:
     """How the manifest's measurements were made (recorded in it)."""
-    from specjax.field_report import FIELD_REPORT_ACCEPTANCE  # pylint: disable=import-outside-toplevel
 
     return dict(
         heldout_text='specjax.data.load_heldout(domain) (shipped, ~32 KB each)',
-        heldout_loss='consecutive windows of 256 predicted tokens (specjax.train.eval_loss); '
+        heldout_loss='consecutive windows of 256 predicted tokens (specjax.train.loop.eval_loss); '
         'nats/byte = total nats / bytes of the predicted tokens',
         unigram="add-one smoothed unigram of the model's tokenizer, fitted on the same "
         f'train prefix ({train_bytes} B) of the domain',
@@ -295,7 +295,6 @@ def zoo_measurement(train_bytes: int, window: int) -> dict:
 def print_zoo_report(manifest: dict, out, domains) -> None:
     """The built zoo (`manifest`, written to `out`) on stdout: sizes, held-out loss per
     domain against the unigram, each drafter's α per domain against the field report's."""
-    from specjax.field_report import FIELD_REPORT_ACCEPTANCE  # pylint: disable=import-outside-toplevel
 
     domains = tuple(domains)
     models = manifest['models']

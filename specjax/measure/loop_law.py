@@ -18,7 +18,7 @@ needs only the posterior accept probability of the draft of x_{t+1} at that dept
 `round_states` runs it forward; `loop_alpha` weighs each position's expected acceptance
 by the probability that the loop drafts there at each step: the loop's per-step α,
 tokens per round and the share of positions that start a round, predicted from
-teacher-forced quantities alone (`specjax.distill_eagle.feature_alpha_positions` computes
+teacher-forced quantities alone (`specjax.train.distill_eagle.feature_alpha_positions` computes
 them for a feature drafter). The expectation is exact for rule 1 when the drafter's law
 at depth k is the one given (teacher-forced evaluation approximates a deep draft's
 context; see there).

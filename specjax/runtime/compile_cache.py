@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specjax.errors import dir_problem, env_value
+
 ENV = "SPECJAX_COMPILE_CACHE"
 
 
 def check_dir(value: str) -> bool | str:
     """True when `value` (a ``$SPECJAX_COMPILE_CACHE`` value) is empty or names a directory
     that exists and is writable or can be created; else why not (a short reason)."""
-    from specjax.errors import dir_problem  # pylint: disable=import-outside-toplevel
 
     return True if not value else (dir_problem(value) or True)
 
@@ -27,7 +28,6 @@ def check_dir(value: str) -> bool | str:
 def cache_dir() -> str | None:
     """The cache's directory: ``$SPECJAX_COMPILE_CACHE`` if set (None when empty), else
     ``~/.cache/specjax/xla`` (None when there is no home directory)."""
-    from specjax.errors import env_value  # pylint: disable=import-outside-toplevel
 
     value = env_value(ENV)  # a ConfigError naming the variable when it is not allowed
     if value is not None:

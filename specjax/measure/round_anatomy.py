@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from specjax import metrics
 from specjax.timing import forward_timer
 
 # ----------------------------------------------------------------------------------------
@@ -528,8 +529,6 @@ def end_to_end(loaded, pkgs, run, batch, gamma, t_step, t_score, t_draft) -> lis
     (``members`` the chains' drafters, ``engine_config(mods, gamma, max_new)``,
     ``new_tokens``, ``temperature``, ``bucket``, ``repeats``)."""
     import statistics  # pylint: disable=import-outside-toplevel
-
-    from specjax import metrics  # pylint: disable=import-outside-toplevel
 
     runs = {}
     for pkg in pkgs:

@@ -36,6 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from specjax.atomic import atomic_file
+from specjax.data import corpora, reasoning
+from specjax.errors import NPZ_ERRORS, unreadable
 from specjax.models.api import causal_block_mask, embedding_table, forward_rows
 from specjax.models.subset_vocab import SubsetVocabLM, most_frequent_ids
 from specjax.models.transformer import TransformerConfig
@@ -81,7 +84,6 @@ def domain_pairs(domain: str) -> dict[str, str]:
     """Every train-split prompt of ``domain`` -> the corpus text that follows it (its
     document's first occurrence): code, a function's head -> the rest of its file; prose, a
     book's heading and a verse -> the verses after it; reasoning, a question -> ''."""
-    from specjax.data import corpora, reasoning  # pylint: disable=import-outside-toplevel
 
     pairs: list[tuple[str, str]] = []
     if domain == 'code':
@@ -146,7 +148,6 @@ class Generated:
 
     def save(self, path) -> None:
         """Writes the generations to ``path`` (.npz) atomically (`specjax.atomic`)."""
-        from specjax.atomic import atomic_file  # pylint: disable=import-outside-toplevel
 
         with atomic_file(path) as out:
             np.savez_compressed(
@@ -157,7 +158,6 @@ class Generated:
     def load(cls, path) -> 'Generated':
         """The generations `save` wrote to ``path``; a damaged or foreign file is one
         `ConfigError` line naming it."""
-        from specjax.errors import NPZ_ERRORS, unreadable  # pylint: disable=import-outside-toplevel
 
         try:
             with np.load(path) as z:
@@ -562,7 +562,7 @@ def reply_alpha(
     Each row (its own prompt, then the verifier's reply) is scored whole by both models;
     only the positions that predict a generated token count — the positions a speculative
     round meets — not the template and prompt, and no row sees another's text (what
-    `specjax.evaluation.acceptance_rates` on the joined text counts as well).
+    `specjax.measure.evaluation.acceptance_rates` on the joined text counts as well).
 
     Returns:
       ``alpha``: mean Σ_x min(p(x), q(x)) with p, q at ``temperature`` (Leviathan α);

@@ -3,7 +3,7 @@
 Three steps, each a function:
 
   * `verifier_features` — the verifier's final-normed hidden states over its generations
-    (`specjax.distill.Generated`), one forward per batch of rows: the drafter's inputs and
+    (`specjax.train.distill.Generated`), one forward per batch of rows: the drafter's inputs and
     regression targets, and (through the verifier's tied head) its exact next-token
     distribution at every position;
   * `train_eagle` — teacher-forced training on the reply positions: smooth-L1 between the
@@ -27,10 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax.distill import Generated, lr_schedule, optimizer
+from specjax.atomic import atomic_file
+from specjax.errors import NPZ_ERRORS, unreadable
 from specjax.models.api import embedding_table
 from specjax.models.eagle import EagleLM, eagle_config
 from specjax.models.subset_vocab import most_frequent_ids
+from specjax.train import distill
+from specjax.train.distill import Generated, lr_schedule, optimizer
 
 __all__ = [
     'EagleRecipe',
@@ -67,7 +70,7 @@ class EagleRecipe:
     # them): the acceptance rate itself as a loss (DistillSpec's total variation). Its
     # optimum is CE's (q = p on the kept ids); its gradient weighs only the ids where q < p.
     tv_weight: float = 0.0
-    # Weight of 1 − the loop's expected acceptance per draft (`specjax.loop_law`): each
+    # Weight of 1 − the loop's expected acceptance per draft (`specjax.measure.loop_law`): each
     # position's Σ min(p, q_k) weighted by the probability that a rule-1 loop at γ
     # ``loop_gamma`` drafts there at step k, given the row's text (the weights from the
     # drafter's own accept probabilities, held constant): TV where the loop drafts.
@@ -95,7 +98,6 @@ class Features:
 
     def save(self, path) -> None:
         """Writes the features to ``path`` (.npz) atomically (`specjax.atomic`)."""
-        from specjax.atomic import atomic_file  # pylint: disable=import-outside-toplevel
 
         with atomic_file(path) as f:
             np.savez(f, **{k: v for k, v in dataclasses.asdict(self).items() if v is not None})
@@ -104,7 +106,6 @@ class Features:
     def load(cls, path) -> 'Features':
         """The features `save` wrote to ``path``; a damaged or foreign file is one
         `ConfigError` line naming it."""
-        from specjax.errors import NPZ_ERRORS, unreadable  # pylint: disable=import-outside-toplevel
 
         try:
             with np.load(path) as z:
@@ -178,7 +179,6 @@ def text_rows(model, domain: str, n: int, reply_tokens: int, seed: int = 0) -> G
     ``top_logp`` hold no entries, ``temperature`` is NaN): the verifier only prefills
     these rows — its law at each position comes from its features — which costs a
     fraction of generating as many (EAGLE-1 trained on fixed text, not the target's)."""
-    from specjax import distill  # pylint: disable=import-outside-toplevel
 
     pairs = distill.domain_pairs(domain)
     prompts = distill.domain_prompts(domain, n, seed=seed)
@@ -312,7 +312,7 @@ def _step_losses(lm: EagleLM, params, tokens, feats, vin, mask, recipe: EagleRec
 
 def _loop_tv(p, logqs, tokens, keep, mask, gamma: int, lm: EagleLM):
     """1 − the expected acceptance of the drafts a rule-1 loop at γ ``gamma`` makes along
-    these rows (`specjax.loop_law.round_states`, in-graph): each position's Σ min(p, q_k)
+    these rows (`specjax.measure.loop_law.round_states`, in-graph): each position's Σ min(p, q_k)
     (p, q over the kept ids; q_k the step-k pass, deeper steps the last one) weighted by
     the probability that the loop drafts there at step k given the text, the weights
     held constant (from the drafter's accept probabilities min(1, q(x) / p(x)) at the
@@ -497,7 +497,7 @@ def feature_alpha(
 def feature_alpha_positions(
     lm: EagleLM, params, data: Features, steps: int = 3, batch: int = 8, temperature: float = 1.0
 ) -> dict[str, np.ndarray]:
-    """Per-position acceptance of the drafter, teacher forced, for `specjax.loop_law`.
+    """Per-position acceptance of the drafter, teacher forced, for `specjax.measure.loop_law`.
 
     Step 1 reads the verifier's feature at t - 1 (as `feature_alpha`); step k > 1 the
     drafter's own step-(k - 1) outputs at every earlier position (so its attention reads

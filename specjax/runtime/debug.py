@@ -13,7 +13,7 @@ differs from an unchecked one.
 
 Usage, inside or outside ``jit``::
 
-    from specjax import debug
+    from specjax.runtime import debug
     debug.check(jnp.all(jnp.isfinite(p)), 'probabilities are not finite')
     debug.check_distribution(p, 'verifier p')
 """

@@ -1,0 +1,15 @@
+"""Measurement: what a run is measured by, on this machine and against the field.
+
+hardware          stream bandwidth, weight bytes per forward, the accelerator roofline, and
+                  T_score(k) / T_step beside them (experiments/benchmark_real.py's ratio part)
+round_anatomy     experiments/profile_round.py's tools: HLO census, per-thunk profile, budgets
+benchmark_tables  experiments/benchmark.py's tables and page; benchmark_real.py's page
+peer              specjax against transformers' assisted generation on the zoo's weights
+peer_real         transformers on the real verifier's GGUF weights (benchmark_real.py's peer)
+evaluation        how good the zoo's models are (held-out loss, acceptance, decode speed)
+drafter_entries   the speed scripts' drafter entries ('lookup+eagle*2')
+loop_law          what teacher-forced acceptance predicts for the loop's rounds
+
+The machine's timers and prices (`specjax.timing`, `specjax.prices`,
+`specjax.price_programs`) still sit at the package root.
+"""
