@@ -92,7 +92,13 @@ class FreeLM:
 
 
 def _sharding(x):
-    return getattr(x, "sharding", None) if isinstance(x, jax.Array) else None
+    """The sharding an array was placed with; None for host values and for uncommitted
+    arrays (jit places those as the program wants, so their rebuilt copies must be
+    uncommitted too: committed to one device, a program compiled over a mesh refuses
+    them)."""
+    if not isinstance(x, jax.Array) or not getattr(x, "committed", True):
+        return None
+    return getattr(x, "sharding", None)
 
 
 def _snap(x):

@@ -145,7 +145,10 @@ def test_deployment_and_memory_table(folders):
 
 
 @pytest.mark.slow
-def test_cli_runs_the_config(folders, tmp_path):
+@pytest.mark.parametrize("mesh", [[], ["--config.mesh.model=2"]], ids=["one_device", "model2"])
+def test_cli_runs_the_config(folders, tmp_path, mesh):
+    """The config end to end through the CLI; on one device and over a 'model' axis of 2
+    of the 8 test devices (the verifier, its caches and every priced program sharded)."""
     paths, _ = folders
     cmd = [
         sys.executable,
@@ -158,9 +161,11 @@ def test_cli_runs_the_config(folders, tmp_path):
         "--config.plan_steps=1",
     ]
     cmd += [f"--config.drafters.{n}.path={paths[n]}" for n in ("code", "prose", "reasoning")]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd + mesh, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "run" / "results.jsonl").read_text().count("\n") == 1
+    if mesh:
+        return
     bad = subprocess.run(
         cmd[:5] + ["--config.verifier=/nonexistent"],
         cwd=ROOT,

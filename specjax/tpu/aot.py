@@ -2,7 +2,7 @@
 
 `compile_for` lowers a jitted function over abstract arguments (``jax.ShapeDtypeStruct``
 with shardings on a compile-only mesh, `specjax.tpu.targets`), traced for the TPU
-(`specjax.backend.tracing_for`), and compiles it with XLA:TPU. `Compiled` holds what the
+(`specjax.runtime.backend.tracing_for`), and compiles it with XLA:TPU. `Compiled` holds what the
 compiled object can tell: per-chip memory (`memory_analysis`: arguments, outputs, aliased
 (donated) bytes, temporaries, generated code; peak = arguments + outputs − aliased +
 temporaries), cost (`cost_analysis`: FLOPs, bytes accessed, the compiler's own time

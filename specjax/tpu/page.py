@@ -327,7 +327,7 @@ def render(recs: list[dict], configs: dict, command: str) -> str:
         '',
         'Served form (`specjax.tpu.programs.serve_form`): KV heads repeated until the model '
         'axis divides them; a tied head stored as its own [D, V] array. Decode rules '
-        '(`specjax.sharding.decode_rules`): under fsdp and fsdp_tp the batch is not split '
+        '(`specjax.runtime.sharding.decode_rules`): under fsdp and fsdp_tp the batch is not split '
         "over 'data', so no weight moves. Caches are donated.",
         '',
     ]

@@ -64,7 +64,7 @@ def serve_form(lm, params, model_shards: int):
 
 
 def _for_tpu(fn):
-    """Builds a program's arguments as a TPU traces them (`specjax.backend.tracing_for`):
+    """Builds a program's arguments as a TPU traces them (`specjax.runtime.backend.tracing_for`):
     the caches' layout and shardings are the TPU's (`specjax.models.cache.values_slots_minor`)."""
 
     @functools.wraps(fn)
@@ -97,7 +97,7 @@ def forward_program(
     lm, params, mesh, rules, batch: int, k: int, capacity: int, param_layouts='auto'
 ):
     """``(jitted, args)``: the sharded forward of ``k`` tokens per row over a cache of
-    ``capacity`` slots (`specjax.sharding.make_sharded_forward`: decode rules, the cache
+    ``capacity`` slots (`specjax.runtime.sharding.make_sharded_forward`: decode rules, the cache
     donated, the weights' layouts the compiler's choice unless ``param_layouts=None``)."""
     fwd = shd.make_sharded_forward(lm, mesh, batch, k, rules, param_layouts=param_layouts)
     aparams = abstract_tree(params, fwd.param_shardings)
