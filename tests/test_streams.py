@@ -145,10 +145,13 @@ def test_two_level_inverse_cdf_has_the_law_of_its_weights():
     w[640:900] = 0.0  # whole blocks without mass
     w[-5:] = 0.0  # a zero tail
     w = 7.3 * w
-    n = 200_000
+    n, chunk = 200_000, 20_000  # drawn in chunks: [n, V] f32 at once is 2.4 GB per copy
     u = jax.random.uniform(jax.random.key(0), (n,))
-    probs = jnp.broadcast_to(jnp.asarray(w, jnp.float32), (n, v))
-    got = np.asarray(jax.jit(streams.sample_rows_u)(u, probs))
+    probs = jnp.broadcast_to(jnp.asarray(w, jnp.float32), (chunk, v))
+    two_level = jax.jit(streams.sample_rows_u)
+    flat_cdf = jax.jit(streams._inverse_cdf)  # pylint: disable=protected-access
+    parts = [u[i : i + chunk] for i in range(0, n, chunk)]
+    got = np.concatenate([np.asarray(two_level(c, probs)) for c in parts])
     assert w[got].min() > 0, "a zero-weight id was drawn"
     p = w / w.sum()
     counts = np.bincount(got, minlength=v)
@@ -158,7 +161,7 @@ def test_two_level_inverse_cdf_has_the_law_of_its_weights():
     stat = ((obs - exp) ** 2 / exp).sum()
     p_value = stats.chi2.sf(stat, len(obs) - 1)
     assert p_value >= 1e-3, f"two-level inverse CDF: χ² rejects (p = {p_value:.3g})"
-    flat = np.asarray(jax.jit(streams._inverse_cdf)(u, probs))  # pylint: disable=protected-access
+    flat = np.concatenate([np.asarray(flat_cdf(c, probs)) for c in parts])
     assert (flat == got).mean() > 0.9999
     ends = jnp.array([0.0, 1.0 - 2.0**-24, 0.5])
     at = np.asarray(streams.sample_rows_u(ends, jnp.asarray(np.stack([w] * 3), jnp.float32)))

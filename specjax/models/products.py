@@ -59,7 +59,7 @@ def project(x: jax.Array, w: jax.Array, dt, out_dtype=None, out_first: bool = Fa
     x2 = x.reshape(rows, -1).astype(dt)
     k = x2.shape[1]
     w2 = (w.reshape(-1, k) if out_first else w.reshape(k, -1)).astype(dt)
-    half = dt != jnp.float32
+    half = dt.itemsize == 2
     if half and rows < HALF_MIN_ROWS and backend.platform() == 'cpu':
         x2 = jnp.pad(x2, ((0, HALF_MIN_ROWS - rows), (0, 0)))
     acc = jnp.float32 if half else out_dtype

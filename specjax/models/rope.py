@@ -44,8 +44,11 @@ def parse_rope_scaling(value) -> tuple:
 def rope_inv_freq(head_dim: int, theta: float, scaling: tuple = ()) -> np.ndarray:
     """f32[head_dim // 2] rotary inverse frequencies, with HF's 'linear' / 'llama3' scaling."""
     half = head_dim // 2
-    # f32 throughout, as transformers computes it (and as zoo models were trained).
-    inv = (1.0 / (theta ** (np.arange(half, dtype=np.float32) / half))).astype(np.float32)
+    # The f32 table transformers computes: 1 / f32(theta ** f32(i / half)). Its f32 power
+    # is accurate to the last bit, NumPy's f32 power is not (it differed in the last bit
+    # at 5 of SmolLM2's 32 frequencies), so the power is taken in f64 and rounded.
+    exponent = (np.arange(half, dtype=np.float32) / np.float32(half)).astype(np.float64)
+    inv = np.float32(1.0) / (np.float64(theta) ** exponent).astype(np.float32)
     s = dict(scaling)
     if s.get('rope_type') == 'linear':
         inv = inv / np.float32(s['factor'])
@@ -72,9 +75,11 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: tuple = ()) -> np.ndarra
 def rotary(x: jax.Array, positions: jax.Array, theta: float, scaling: tuple = ()) -> jax.Array:
     """Rotates ``x: [B, T, N, hd]`` by ``positions: i32[B, T]`` (rotate-half convention)."""
     inv_freq = rope_inv_freq(x.shape[-1], theta, scaling)
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, half]
+    # f32 angles, sin and cos (f64 in an f64 model: an exactness check's reference).
+    acc = jnp.promote_types(x.dtype, jnp.float32)
+    angles = positions.astype(acc)[..., None] * inv_freq.astype(acc)  # [B, T, half]
     sin = jnp.sin(angles)[:, :, None, :]
     cos = jnp.cos(angles)[:, :, None, :]
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    x1, x2 = jnp.split(x.astype(acc), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)

@@ -35,7 +35,7 @@ from specjax.models.products import project
 from specjax.models.rope import parse_rope_scaling, rotary
 from specjax.runtime.sharding import with_logical_constraint
 
-_DTYPES = ('float32', 'bfloat16', 'float16')
+_DTYPES = ('float32', 'bfloat16', 'float16', 'float64')
 _NEG = float(np.finfo(np.float32).min)  # finite, so a fully masked row gives no NaN
 
 
@@ -46,7 +46,18 @@ def _dtype_name(value, field: str) -> str:
         name = None
     if name not in _DTYPES:
         raise ValueError(f'TransformerConfig.{field}={value!r}: must be one of {_DTYPES}')
+    if name == 'float64' and not jax.config.jax_enable_x64:
+        raise ValueError(
+            f'TransformerConfig.{field}={value!r}: float64 needs jax_enable_x64 (an exactness '
+            "check's dtype: jax.config.update('jax_enable_x64', True) first)"
+        )
     return name
+
+
+def accumulation(dtype) -> jnp.dtype:
+    """The dtype products and reductions accumulate in: f32 for f32 and half-precision
+    compute, f64 for f64 (an exactness check against a float64 reference)."""
+    return jnp.promote_types(jnp.dtype(dtype), jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +73,7 @@ class TransformerConfig:
     max_len: int = 512  # context length (positions; the largest KV-cache capacity)
     rope_theta: float = 10_000.0  # rotary base
     tie_embeddings: bool = False  # output projection = embedding matrix transposed
-    dtype: str = 'float32'  # compute dtype (logits are always f32)
+    dtype: str = 'float32'  # compute dtype (logits f32; f64 only under jax_enable_x64)
     param_dtype: str = 'float32'  # storage dtype of parameters
     # Fields for imported Hugging Face families (specjax.models.hf). `to_dict` omits them
     # at their defaults, so zoo manifests and recipe hashes written before them are unchanged.
@@ -205,9 +216,10 @@ class RMSNorm(nnx.Module):
         self.scale = _param(rngs, (dim,), ('embed',), None, cfg.param_dtype)
 
     def __call__(self, x):
-        x32 = x.astype(jnp.float32)
+        acc = accumulation(x.dtype)
+        x32 = x.astype(acc)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (normed * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+        return (normed * self.scale[...].astype(acc)).astype(x.dtype)
 
 
 CACHE_CHUNK = 128  # slots per block of the blocked cache read (`cache_attention`)
@@ -257,7 +269,7 @@ def cache_attention(
             'bkqh,bksh->bkqs' if rows else 'bkqh,bkhs->bkqs',
             q,
             k_blk,
-            preferred_element_type=jnp.float32,
+            preferred_element_type=accumulation(dt),
         )
         slot = start + jnp.arange(c)
         valid = ((slot[None, :] >= lo) & (slot[None, :] < length[:, None]))[:, None, None, :]
@@ -267,14 +279,14 @@ def cache_attention(
         r = jnp.exp(m - m_new)
         z = z * r + jnp.sum(e, axis=-1)
         o = o * r[..., None] + jnp.einsum(
-            'bkqs,bksh->bkqh', e.astype(dt), v_blk, preferred_element_type=jnp.float32
+            'bkqs,bksh->bkqh', e.astype(dt), v_blk, preferred_element_type=accumulation(dt)
         )
         return m_new, z, o
 
     init = (
-        jnp.full((B, KV, Q), _NEG, jnp.float32),
-        jnp.zeros((B, KV, Q), jnp.float32),
-        jnp.zeros((B, KV, Q, hd), jnp.float32),
+        jnp.full((B, KV, Q), _NEG, accumulation(dt)),
+        jnp.zeros((B, KV, Q), accumulation(dt)),
+        jnp.zeros((B, KV, Q, hd), accumulation(dt)),
     )
     if whole:
         return block(0, 0, *init)
@@ -363,7 +375,7 @@ class Attention(nnx.Module):
 
         # The block attends to its own keys directly, so its logits never depend on where
         # (or whether) it lands in the cache; the cache supplies only committed slots.
-        s_blk = jnp.einsum('btkgh,bskh->bkgts', qg, k, preferred_element_type=jnp.float32)
+        s_blk = jnp.einsum('btkgh,bskh->bkgts', qg, k, preferred_element_type=accumulation(dt))
         s_blk = jnp.where(block_mask[:, None, None, :, :], s_blk, _NEG)
         if cache is None:
             probs = jax.nn.softmax(s_blk, axis=-1).astype(dt)
@@ -389,7 +401,7 @@ class Attention(nnx.Module):
             scale_c = jnp.exp(m_c - m)
             z = z_c * scale_c + jnp.sum(e_b, axis=-1)
             o_b = jnp.einsum(
-                'bkgts,bksh->bkgth', e_b.astype(dt), vt, preferred_element_type=jnp.float32
+                'bkgts,bksh->bkgth', e_b.astype(dt), vt, preferred_element_type=accumulation(dt)
             )
             out = ((o_c.reshape(B, kv, g, T, hd) * scale_c[..., None] + o_b) / z[..., None]).astype(
                 dt
@@ -531,8 +543,9 @@ class Transformer(nnx.Module):
         else:
             head, of = self.lm_head[...], cfg.out_first
         xh = x if logits_at is None else block_rows(x, logits_at)
-        logits = project(xh, head, dt, out_dtype=jnp.float32, out_first=of)
-        logits = with_logical_constraint(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
+        acc = accumulation(dt)  # logits f32 (f64 in an f64 exactness check)
+        logits = project(xh, head, dt, out_dtype=acc, out_first=of)
+        logits = with_logical_constraint(logits.astype(acc), ('batch', 'length', 'vocab'))
         if with_hidden:
             if hidden_layers is not None:
                 taken[cfg.n_layers] = x
