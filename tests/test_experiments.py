@@ -101,7 +101,7 @@ def test_plans_experiment_end_to_end_on_synthetic(tmp_path):
         for r in rows
     )
     # The run's own per-plan counts, priced afresh at its own c_i, give its own column.
-    costs = dict(zip(rows[0]["pairing"], rows[0]["drafter_costs"]))
+    costs = rows[0]["drafter_costs"]
     cons = json.loads((workdir / "config.json").read_text())["consensus_cost"]
     again = seed_table.reprice(rows, costs, consensus_cost=cons)
     for name in ("naive", "all_on", "auto"):
