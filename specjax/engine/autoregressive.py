@@ -109,30 +109,16 @@ def ar_loop(
     return out
 
 
-@functools.partial(jax.jit, static_argnames=_AR_STATICS + ("shapes",))
-def _ar_from_prompts(
-    v_params,
-    prompt,
-    prompt_len,
-    row_keys,
-    stop_table,
-    active,
-    temperature,
-    max_new,
-    *,
-    verifier,
-    coupled,
-    shapes: CallShapes,
-    top_k,
-    top_p,
-    return_state,
-):
+def _prompt_state(verifier, v_params, prompt, prompt_len, shapes: CallShapes) -> EngineState:
+    """The state a call from prompts starts from: the verifier's cache prefilled with every
+    prompt token but the last (the first step's root), the prompts in a token buffer of
+    `shapes.buf_len`, no drafter caches."""
     b = prompt.shape[0]
     vcache, _ = prefill_cache(
         verifier, v_params, prompt, prompt_len - 1, shapes.v_cap, shapes.v_groups
     )
     tokens = jnp.zeros((b, shapes.buf_len), jnp.int32).at[:, : prompt.shape[1]].set(prompt)
-    carry = EngineState(
+    return EngineState(
         tokens=tokens,
         length=prompt_len,
         vcache=vcache,
@@ -140,20 +126,17 @@ def _ar_from_prompts(
         dsynced=jnp.zeros((0, b), jnp.int32),
         dlogits=(),
     )
-    return ar_loop(
-        verifier,
-        v_params,
-        carry,
-        row_keys,
-        stop_table,
-        active,
-        temperature,
-        max_new,
-        coupled,
-        top_k,
-        top_p,
-        return_state,
-    )
+
+
+@functools.partial(jax.jit, static_argnames=_AR_STATICS + ("shapes",))
+def _ar_from_prompts(
+    v_params, prompt, prompt_len, *inputs, verifier, shapes: CallShapes, **statics
+):
+    """The program of a call from prompts: `_prompt_state`, then the loop of
+    `_ar_from_state` (`inputs`: its arguments after the state; `statics`: its static
+    arguments other than the verifier)."""
+    carry = _prompt_state(verifier, v_params, prompt, prompt_len, shapes)
+    return ar_loop(verifier, v_params, carry, *inputs, **statics)
 
 
 @functools.partial(jax.jit, static_argnames=_AR_STATICS)
@@ -172,6 +155,7 @@ def _ar_from_state(
     top_p,
     return_state,
 ):
+    """The program of a call continuing a carried state: `ar_loop` from `carry`."""
     return ar_loop(
         verifier,
         v_params,

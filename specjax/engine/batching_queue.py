@@ -132,6 +132,7 @@ def check_queue(
     verifier,
     prompts,
     row_keys,
+    *,
     batch,
     chunk,
     max_new_tokens,

@@ -175,24 +175,14 @@ def decode_state(cfg, drafters, carry: EngineState, row_keys, max_new, catchups=
 
 
 def _spec_loop(
-    cfg,
-    verifier,
-    drafters,
-    v_params,
-    d_data,
-    slots,
-    stop_table,
-    v_temperature,
-    max_new,
-    carry: EngineState,
-    row_keys,
-    return_state,
-    catchups=None,
+    cfg, verifier, drafters, head: tuple, carry: EngineState, row_keys, return_state, catchups=None
 ):
+    """The speculative loop of both programs: rounds from `carry` until every row is done,
+    then the call's outputs. `head`: the arguments both programs open with (v_params,
+    d_data, slots, stop_table, v_temperature, max_new; `_device_inputs`)."""
+    max_new = head[-1]
     state = decode_state(cfg, drafters, carry, row_keys, max_new, catchups)
-    body = round_body(
-        cfg, verifier, drafters, v_params, d_data, slots, stop_table, v_temperature, max_new
-    )
+    body = round_body(cfg, verifier, drafters, *head)
     state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
     return _outputs(state, return_state)
 
@@ -237,6 +227,9 @@ def _spec_from_prompts(
     shapes: CallShapes,
     return_state,
 ):
+    """The program of a speculative call from prompts: the verifier's and every drafter's
+    caches prefilled (a feature drafter's from the verifier's features of its prompt), then
+    `_spec_loop`."""
     b = prompt.shape[0]
     features, picks = feature_layout(verifier, [d.lm for d in drafters])
     vout = prefill_cache(
@@ -270,20 +263,8 @@ def _spec_from_prompts(
         dsynced=jnp.broadcast_to(prompt_len, (len(drafters), b)),
         dlogits=tuple(dlogits),
     )
-    return _spec_loop(
-        cfg,
-        verifier,
-        drafters,
-        v_params,
-        d_data,
-        slots,
-        stop_table,
-        v_temperature,
-        max_new,
-        carry,
-        row_keys,
-        return_state,
-    )
+    head = (v_params, d_data, slots, stop_table, v_temperature, max_new)
+    return _spec_loop(cfg, verifier, drafters, head, carry, row_keys, return_state)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "verifier", "drafters", "return_state"))
@@ -302,23 +283,12 @@ def _spec_from_state(
     drafters,
     return_state,
 ):
+    """The program of a speculative call continuing a carried state: the drafters behind
+    its text catch up (`_catch_up`), then `_spec_loop`."""
     gamma = widest_chain(cfg.gamma, drafters)
     carry, catchups = _catch_up(drafters, d_data, carry, gamma)
-    return _spec_loop(
-        cfg,
-        verifier,
-        drafters,
-        v_params,
-        d_data,
-        slots,
-        stop_table,
-        v_temperature,
-        max_new,
-        carry,
-        row_keys,
-        return_state,
-        catchups=catchups,
-    )
+    head = (v_params, d_data, slots, stop_table, v_temperature, max_new)
+    return _spec_loop(cfg, verifier, drafters, head, carry, row_keys, return_state, catchups)
 
 
 def _catch_up(drafters, d_data, carry: EngineState, gamma: int):

@@ -239,12 +239,32 @@ def generate_program(
     return_state: bool = False,
 ):
     """``(fn, statics, args)``: the speculative generate from prompts, arguments abstract."""
+    fn, statics, args = _speculative_call(
+        verifier,
+        v_params,
+        drafters,
+        _prompts(batch, prompt_len, verifier.vocab_size),
+        [_prompts(batch, prompt_len, d.vocab) for d in drafters],
+        rule=rule,
+        gamma=gamma,
+        batch=batch,
+        new_tokens=new_tokens,
+        reserve=reserve,
+        return_state=return_state,
+    )
+    return fn, statics, _abstract_args(args, verifier, drafters, mesh, rules)
+
+
+def _speculative_call(
+    verifier, v_params, drafters, prompts, d_prompts, *, rule, gamma, batch, new_tokens, **kw
+):
+    """`speculative_call` of `drafters` under `rule` at γ for `batch` rows (zero row keys):
+    one chain for a one-chain rule, else one per drafter, every row the same slots; `kw`
+    (state, reserve, return_state) passed on."""
     n_slots = 1 if registry.get(rule).one_chain else len(drafters)
     cfg = EngineConfig(gamma=gamma, rule=rule, n_slots=n_slots, max_new_tokens=new_tokens)
-    prompts = _prompts(batch, prompt_len, verifier.vocab_size)
-    d_prompts = [_prompts(batch, prompt_len, d.vocab) for d in drafters]
     slots = np.tile(np.arange(n_slots, dtype=np.int32), (batch, 1))
-    fn, statics, args = speculative_call(
+    return speculative_call(
         cfg,
         verifier,
         v_params,
@@ -254,10 +274,8 @@ def generate_program(
         d_prompts,
         np.zeros((batch, 2), np.uint32),
         slots=slots,
-        reserve=reserve,
-        return_state=return_state,
+        **kw,
     )
-    return fn, statics, _abstract_args(args, verifier, drafters, mesh, rules)
 
 
 @_for_tpu
@@ -313,22 +331,19 @@ def state_programs(
     out_shape = jax.eval_shape(lambda *a: fn(*a, **statics), *args)
     state: EngineState = out_shape['state']
     state_abs = abstract_tree(state, _named(mesh))
-    n_slots = 1 if registry.get(rule).one_chain else len(drafters)
-    cfg = EngineConfig(gamma=gamma, rule=rule, n_slots=n_slots, max_new_tokens=new_tokens)
     # The continuation's host-side arguments come from the call builder with a stand-in
     # state of the same structure (its values are never read: only shapes go on).
     concrete = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), state)
-    slots = np.tile(np.arange(n_slots, dtype=np.int32), (batch, 1))
-    c_fn, c_statics, c_args = speculative_call(
-        cfg,
+    c_fn, c_statics, c_args = _speculative_call(
         verifier,
         v_params,
-        [d.spec for d in drafters],
-        [d.data for d in drafters],
+        drafters,
         None,
         None,
-        np.zeros((batch, 2), np.uint32),
-        slots=slots,
+        rule=rule,
+        gamma=gamma,
+        batch=batch,
+        new_tokens=new_tokens,
         state=concrete,
         return_state=True,
     )
