@@ -219,52 +219,50 @@ def autoregressive_call(
     if state is None:
         prompt, plen = pad_prompts(prompts, bucket=bucket, min_width=min_width)
         b = prompt.shape[0]
-        check_context("verifier", verifier, prompt.shape[1] + max_new_tokens + reserve + 1)
-        buf_len = prompt.shape[1] + max_new_tokens + reserve + 1
-        statics['shapes'] = CallShapes(
-            buf_len=buf_len,
-            v_cap=verifier_capacity(verifier, buf_len, 0),
-            v_groups=prefill_groups(plen - 1, int(prompt.shape[1]), bucket),
-        )
+        statics['shapes'] = _prompt_shapes(verifier, prompt, plen, max_new_tokens, reserve, bucket)
     else:
         if prompts is not None:
             raise ConfigError("state: give prompts=None to continue a state, or no state")
         b = int(state.tokens.shape[0])
+    host = _host_inputs(b, row_keys, stop_table, active, temperature, max_new_tokens)
+    if state is None:
+        host.update(prompt=prompt, prompt_len=plen)
+    dev = jax.device_put(host)
+    if state is None:
+        args = (v_params, dev['prompt'], dev['prompt_len'], *_inputs(dev))
+        return _ar_from_prompts, statics, args
+    return _ar_from_state, statics, (v_params, state, *_inputs(dev))
+
+
+def _prompt_shapes(verifier, prompt, plen, max_new_tokens: int, reserve: int, bucket: int):
+    """The `CallShapes` of a call from the padded prompts, the verifier's context checked:
+    a buffer of the prompt width, the new and reserved tokens and the last step's root."""
+    check_context("verifier", verifier, prompt.shape[1] + max_new_tokens + reserve + 1)
+    buf_len = prompt.shape[1] + max_new_tokens + reserve + 1
+    return CallShapes(
+        buf_len=buf_len,
+        v_cap=verifier_capacity(verifier, buf_len, 0),
+        v_groups=prefill_groups(plen - 1, int(prompt.shape[1]), bucket),
+    )
+
+
+def _host_inputs(b: int, row_keys, stop_table, active, temperature, max_new_tokens) -> dict:
+    """An autoregressive call's per-row inputs on the host (`active` default: every row)."""
     active = np.ones((b,), bool) if active is None else np.asarray(active, bool).reshape(b)
-    host = dict(
+    return dict(
         row_keys=np.asarray(row_keys),
         stop_table=np.asarray(stop_table, bool),
         active=active,
         temperature=np.float32(temperature),
         max_new=np.int32(max_new_tokens),
     )
-    if state is None:
-        host.update(prompt=prompt, prompt_len=plen)
-        dev = jax.device_put(host)
-        args = (
-            v_params,
-            dev['prompt'],
-            dev['prompt_len'],
-            dev['row_keys'],
-            dev['stop_table'],
-            dev['active'],
-            dev['temperature'],
-            dev['max_new'],
-        )
-        fn = _ar_from_prompts
-    else:
-        dev = jax.device_put(host)
-        args = (
-            v_params,
-            state,
-            dev['row_keys'],
-            dev['stop_table'],
-            dev['active'],
-            dev['temperature'],
-            dev['max_new'],
-        )
-        fn = _ar_from_state
-    return fn, statics, args
+
+
+def _inputs(dev: dict) -> tuple:
+    """The arguments both programs end with (after the prompts or the state), on the device."""
+    return tuple(
+        dev[name] for name in ('row_keys', 'stop_table', 'active', 'temperature', 'max_new')
+    )
 
 
 autoregressive_generate.__signature__ = inspect.signature(autoregressive_call)

@@ -396,61 +396,72 @@ def speculative_call(
     Returns:
       (the jitted program, its static keyword arguments, its positional arguments).
     """
-    k = len(drafters)
-    if k < 1:
+    windows = _check_drafter_set(cfg, verifier, drafters)
+    fresh = state is None or prompts is not None
+    if fresh:
+        prompt, plen = pad_prompts(prompts, bucket=bucket, min_width=min_width)
+    b = prompt.shape[0] if fresh else int(state.tokens.shape[0])
+    host = _host_inputs(cfg, verifier, v_params, drafters, d_data, b, row_keys, slots, stop_table)
+    statics = _spec_statics(cfg, verifier, drafters, return_state, d_data)
+    if not fresh:
+        _check_state(drafters, state)
+        dev, head = _device_inputs(host, v_params, d_data)
+        return _spec_from_state, statics, head + (state, dev['row_keys'])
+    shapes, d_arr, d_len = _prompt_shapes(
+        cfg,
+        verifier,
+        drafters,
+        d_data,
+        windows,
+        prompt,
+        plen,
+        drafter_prompts,
+        bucket,
+        drafter_min_width,
+        reserve,
+    )
+    if state is not None:
+        raise ConfigError("state: give prompts=None to continue a state, or no state")
+    host.update(prompt=prompt, prompt_len=plen, d_prompts=d_arr, d_prompt_len=d_len)
+    dev, head = _device_inputs(host, v_params, d_data)
+    tail = ('prompt', 'prompt_len', 'd_prompts', 'd_prompt_len', 'row_keys')
+    return _spec_from_prompts, dict(statics, shapes=shapes), head + tuple(dev[n] for n in tail)
+
+
+def _check_drafter_set(cfg: EngineConfig, verifier, drafters) -> list:
+    """A call's drafters checked (at least one; their γ and features against the config
+    and the verifier): each drafter's window γ_k (`check_drafters`)."""
+    if len(drafters) < 1:
         raise ConfigError(
             "drafters: got none; allowed: ≥ 1 drafter (use "
             "autoregressive_generate for the verifier alone)"
         )
     windows = check_drafters(cfg, drafters)
     check_features(verifier, drafters)
-    fresh = state is None or prompts is not None
-    if fresh:
-        prompt, plen = pad_prompts(prompts, bucket=bucket, min_width=min_width)
-        b = prompt.shape[0]
-    else:
-        b = int(state.tokens.shape[0])
-    host = _host_inputs(cfg, verifier, v_params, drafters, d_data, b, row_keys, slots, stop_table)
-    statics = _spec_statics(cfg, verifier, drafters, return_state, d_data)
-    if fresh:
-        if (
-            drafter_prompts is None
-            or len(drafter_prompts) != k
-            or any(len(dp) != b for dp in drafter_prompts)
-        ):
-            raise ConfigError(f"drafter_prompts: need {k} lists of {b} prompts")
-        shapes, d_arr, d_len = _prompt_shapes(
-            cfg,
-            verifier,
-            drafters,
-            d_data,
-            windows,
-            prompt,
-            plen,
-            drafter_prompts,
-            bucket,
-            drafter_min_width,
-            reserve,
+    return windows
+
+
+def _check_drafter_prompts(drafter_prompts, k: int, b: int) -> None:
+    """The drafters' prompts of a call from prompts: one list of `b` per drafter."""
+    if (
+        drafter_prompts is None
+        or len(drafter_prompts) != k
+        or any(len(dp) != b for dp in drafter_prompts)
+    ):
+        raise ConfigError(f"drafter_prompts: need {k} lists of {b} prompts")
+
+
+def _check_state(drafters, state: EngineState) -> None:
+    """A carried state a speculative call continues: one cache per drafter of the call,
+    holding the features its feature drafters read."""
+    k = len(drafters)
+    if len(state.dcaches) != k:
+        raise ConfigError(
+            f"state: holds {len(state.dcaches)} drafter caches; allowed: "
+            f"one per drafter of this call ({k}); continue a verifier-only "
+            "state with autoregressive_generate"
         )
-        if state is not None:
-            raise ConfigError("state: give prompts=None to continue a state, or no state")
-        host.update(prompt=prompt, prompt_len=plen, d_prompts=d_arr, d_prompt_len=d_len)
-        dev, head = _device_inputs(host, v_params, d_data)
-        tail = ('prompt', 'prompt_len', 'd_prompts', 'd_prompt_len', 'row_keys')
-        args = head + tuple(dev[name] for name in tail)
-        fn, statics['shapes'] = _spec_from_prompts, shapes
-    else:
-        if len(state.dcaches) != k:
-            raise ConfigError(
-                f"state: holds {len(state.dcaches)} drafter caches; allowed: "
-                f"one per drafter of this call ({k}); continue a verifier-only "
-                "state with autoregressive_generate"
-            )
-        check_state_features(drafters, state)
-        dev, head = _device_inputs(host, v_params, d_data)
-        args = head + (state, dev['row_keys'])
-        fn = _spec_from_state
-    return fn, statics, args
+    check_state_features(drafters, state)
 
 
 speculative_generate.__signature__ = inspect.signature(speculative_call)
@@ -516,9 +527,10 @@ def _prompt_shapes(
     drafter_min_width,
     reserve: int,
 ):
-    """The shapes of a speculative call from prompts, its contexts checked — (CallShapes,
-    the drafters' padded prompts, their lengths)."""
+    """The shapes of a speculative call from prompts, the drafters' prompts and every
+    context checked — (CallShapes, the drafters' padded prompts, their lengths)."""
     k = len(drafters)
+    _check_drafter_prompts(drafter_prompts, k, prompt.shape[0])
     gamma = max(windows)
     buf_len = prompt.shape[1] + cfg.max_new_tokens + reserve + gamma + 1
     check_context(

@@ -288,98 +288,132 @@ def real_speed_page(r: dict) -> list[str]:
     if r.get("ratio"):
         lines += ratio_tables(r["ratio"])
     if r.get("spec"):
-        lines += [
-            f"## Speculative vs autoregressive ({r.get('new_tokens')} new tokens, "
-            f"{r.get('prompts_per_domain')} plan prompt(s) per domain in the chat template, "
-            f"medians of {r.get('repeats')} paired runs)",
-            "",
-            "One drafter: rule 1 (rejection) unless another is named beside it. "
-            "Drafters joined by `+`: one token tree per row, "
-            "a chain of γ from each drafter, scored in one (S·γ+1)-token forward (the "
-            "T_score column) and verified by the rule named beside it; α is then the "
-            "drafters' own α pooled (each chain tested alone), per drafter below the "
-            "table, and the hardware-aware prediction is E·T_step / (γ·ΣT_draft + "
-            "T_score(S·γ+1)). Row use: the rows' rounds ÷ (B × the call's rounds) — a call "
-            "runs until its slowest row is done, while the prediction counts every row busy. "
-            "Spec / AR: the median of the paired runs' ratios and, in parentheses, a 95% "
-            "bootstrap interval over the calls (each prompt a call at batch 1; the repeats "
-            "pooled): which prompts, and which sample paths, were measured.",
-            "",
-            "| B | τ | drafter (τ_i) | γ | AR tok/s | spec tok/s | spec / AR | hw-aware | "
-            "measured / hw-aware | α | tokens / round | row use | c | T_score / T_step |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for x in r["spec"]:
-            tree = f", {x['rule']}" if x.get("slots", 1) > 1 or not _rule(x).rule1 else ""
-            lines.append(
-                f"| {x['batch']} | {x['tau']:g} | {x['drafter']} "
-                f"({x.get('drafter_tau', float('nan')):g}{tree}) | {x['gamma']} | "
-                f"{x['ar_tokens_per_s']:.1f} | {x['spec_tokens_per_s']:.1f} | "
-                f"{x['measured_speedup']:.2f}{_interval(x)} | "
-                f"{x['hardware_aware_speedup']:.2f} | "
-                f"{x['measured_over_hardware_aware']:.2f} | {x['alpha']:.2f} | "
-                f"{x['tokens_per_round']:.2f} | {_use(x)} | {x['c']:.3f} | "
-                f"{x['t_score_over_t_step']:.2f} |"
-            )
-        lines.append("")
+        lines += _spec_table(r)
         lines += _agreement_lines(r)
-        trees = [x for x in r["spec"] if x.get("slots", 1) > 1]
-        if trees:
-            lines += ["Per-drafter α in the trees (each chain tested alone):", ""]
-            lines += [
-                f"- B {x['batch']}, τ {x['tau']:g}, {x['drafter']}, γ {x['gamma']}: "
-                + ", ".join(f"{n} {a:.2f}" for n, a in x["alpha_by_drafter"].items())
-                for x in trees
-            ]
-            lines.append("")
-        # One-chain rules other than rule 1 measure their kept drafts against rule 1's.
-        blocks = [x for x in r["spec"] if _rule(x).one_chain and not _rule(x).rule1]
-        if blocks:
-            lines += [
-                "Block verification against rule 1 on the same blocks (each round's expected "
-                "drafts kept given its drafts, p and q, under both rules; the accept draws' "
-                "noise paired out, the paths' not):",
-                "",
-            ]
-            lines += [
-                f"- B {x['batch']}, τ {x['tau']:g}, {x['drafter']}, γ {x['gamma']}: "
-                f"{x['kept_per_round']:.3f} against {x['kept_per_round_rule1']:.3f} drafts kept "
-                f"per round ({x['kept_per_round'] / x['kept_per_round_rule1'] - 1:+.1%})"
-                for x in blocks
-                if x.get("kept_per_round_rule1")
-            ]
-            lines.append("")
-        refs = [x for x in r["spec"] if "spec_over_reference_ar" in x]
-        if refs:
-            ref_dtype = next(a["reference_dtype"] for a in r["ar"] if a.get("reference_dtype"))
-            lines += [
-                f"Against plain decoding of the same model in {ref_dtype} (its own numerics), "
-                "timed in the same paired rounds (median of the per-round ratios):",
-                "",
-                f"| B | τ | drafter | γ | spec tok/s | AR ({ref_dtype}) tok/s | "
-                f"spec / AR ({ref_dtype}) |",
-                "|---|---|---|---|---|---|---|",
-            ]
-            lines += [
-                f"| {x['batch']} | {x['tau']:g} | {x['drafter']} | {x['gamma']} | "
-                f"{x['spec_tokens_per_s']:.1f} | {x['reference_ar_tokens_per_s']:.1f} | "
-                f"{x['spec_over_reference_ar']:.2f} |"
-                for x in refs
-            ]
-            lines.append("")
+        lines += _tree_alphas(r["spec"])
+        lines += _block_against_rule1(r["spec"])
+        lines += _against_reference(r)
     if r.get("peer"):
-        p = r["peer"]
-        lines += [
-            "## transformers on the same weights (f32, eager, batch 1, greedy)",
-            "",
-            f"Greedy tokens identical to specjax's for {r.get('new_tokens')} tokens on the "
-            f"three prompts: {p['greedy_identical']}.",
-            "",
-            "| transformers | tok/s |",
-            "|---|---|",
-        ]
-        lines += [f"| {k} | {v:.1f} |" for k, v in p.items() if k != "greedy_identical"]
-        lines.append("")
+        lines += _peer_lines(r)
+    return lines
+
+
+def _spec_table(r: dict) -> list[str]:
+    """The speculative ÷ autoregressive table: one row per spec row of the run, its
+    heading and how to read it."""
+    lines = [
+        f"## Speculative vs autoregressive ({r.get('new_tokens')} new tokens, "
+        f"{r.get('prompts_per_domain')} plan prompt(s) per domain in the chat template, "
+        f"medians of {r.get('repeats')} paired runs)",
+        "",
+        "One drafter: rule 1 (rejection) unless another is named beside it. "
+        "Drafters joined by `+`: one token tree per row, "
+        "a chain of γ from each drafter, scored in one (S·γ+1)-token forward (the "
+        "T_score column) and verified by the rule named beside it; α is then the "
+        "drafters' own α pooled (each chain tested alone), per drafter below the "
+        "table, and the hardware-aware prediction is E·T_step / (γ·ΣT_draft + "
+        "T_score(S·γ+1)). Row use: the rows' rounds ÷ (B × the call's rounds) — a call "
+        "runs until its slowest row is done, while the prediction counts every row busy. "
+        "Spec / AR: the median of the paired runs' ratios and, in parentheses, a 95% "
+        "bootstrap interval over the calls (each prompt a call at batch 1; the repeats "
+        "pooled): which prompts, and which sample paths, were measured.",
+        "",
+        "| B | τ | drafter (τ_i) | γ | AR tok/s | spec tok/s | spec / AR | hw-aware | "
+        "measured / hw-aware | α | tokens / round | row use | c | T_score / T_step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for x in r["spec"]:
+        tree = f", {x['rule']}" if x.get("slots", 1) > 1 or not _rule(x).rule1 else ""
+        lines.append(
+            f"| {x['batch']} | {x['tau']:g} | {x['drafter']} "
+            f"({x.get('drafter_tau', float('nan')):g}{tree}) | {x['gamma']} | "
+            f"{x['ar_tokens_per_s']:.1f} | {x['spec_tokens_per_s']:.1f} | "
+            f"{x['measured_speedup']:.2f}{_interval(x)} | "
+            f"{x['hardware_aware_speedup']:.2f} | "
+            f"{x['measured_over_hardware_aware']:.2f} | {x['alpha']:.2f} | "
+            f"{x['tokens_per_round']:.2f} | {_use(x)} | {x['c']:.3f} | "
+            f"{x['t_score_over_t_step']:.2f} |"
+        )
+    lines.append("")
+    return lines
+
+
+def _tree_alphas(spec: list[dict]) -> list[str]:
+    """Each tree row's per-drafter α (each chain tested alone); none without trees."""
+    trees = [x for x in spec if x.get("slots", 1) > 1]
+    if not trees:
+        return []
+    lines = ["Per-drafter α in the trees (each chain tested alone):", ""]
+    lines += [
+        f"- B {x['batch']}, τ {x['tau']:g}, {x['drafter']}, γ {x['gamma']}: "
+        + ", ".join(f"{n} {a:.2f}" for n, a in x["alpha_by_drafter"].items())
+        for x in trees
+    ]
+    lines.append("")
+    return lines
+
+
+def _block_against_rule1(spec: list[dict]) -> list[str]:
+    """One-chain rules other than rule 1: their kept drafts per round against rule 1's on
+    the same blocks; none without such rows."""
+    blocks = [x for x in spec if _rule(x).one_chain and not _rule(x).rule1]
+    if not blocks:
+        return []
+    lines = [
+        "Block verification against rule 1 on the same blocks (each round's expected "
+        "drafts kept given its drafts, p and q, under both rules; the accept draws' "
+        "noise paired out, the paths' not):",
+        "",
+    ]
+    lines += [
+        f"- B {x['batch']}, τ {x['tau']:g}, {x['drafter']}, γ {x['gamma']}: "
+        f"{x['kept_per_round']:.3f} against {x['kept_per_round_rule1']:.3f} drafts kept "
+        f"per round ({x['kept_per_round'] / x['kept_per_round_rule1'] - 1:+.1%})"
+        for x in blocks
+        if x.get("kept_per_round_rule1")
+    ]
+    lines.append("")
+    return lines
+
+
+def _against_reference(r: dict) -> list[str]:
+    """The spec rows timed against plain decoding in the reference dtype (the model's own
+    numerics); none without such rows."""
+    refs = [x for x in r["spec"] if "spec_over_reference_ar" in x]
+    if not refs:
+        return []
+    ref_dtype = next(a["reference_dtype"] for a in r["ar"] if a.get("reference_dtype"))
+    lines = [
+        f"Against plain decoding of the same model in {ref_dtype} (its own numerics), "
+        "timed in the same paired rounds (median of the per-round ratios):",
+        "",
+        f"| B | τ | drafter | γ | spec tok/s | AR ({ref_dtype}) tok/s | spec / AR ({ref_dtype}) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {x['batch']} | {x['tau']:g} | {x['drafter']} | {x['gamma']} | "
+        f"{x['spec_tokens_per_s']:.1f} | {x['reference_ar_tokens_per_s']:.1f} | "
+        f"{x['spec_over_reference_ar']:.2f} |"
+        for x in refs
+    ]
+    lines.append("")
+    return lines
+
+
+def _peer_lines(r: dict) -> list[str]:
+    """transformers on the same weights: its greedy agreement and speeds."""
+    p = r["peer"]
+    lines = [
+        "## transformers on the same weights (f32, eager, batch 1, greedy)",
+        "",
+        f"Greedy tokens identical to specjax's for {r.get('new_tokens')} tokens on the "
+        f"three prompts: {p['greedy_identical']}.",
+        "",
+        "| transformers | tok/s |",
+        "|---|---|",
+    ]
+    lines += [f"| {k} | {v:.1f} |" for k, v in p.items() if k != "greedy_identical"]
+    lines.append("")
     return lines
 
 

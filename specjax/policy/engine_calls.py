@@ -208,7 +208,40 @@ def run_carried(
     drafts: rows of one set at different γ are different calls (one program per (drafter,
     γ, padded rows)); it is bounded by the carried state's window (`states.gamma`).
     """
-    k = len(dep.drafters)
+    n = len(sets)
+    gammas = _row_gammas(states, sets, gammas)
+    tokens, seconds = [None] * n, np.zeros(n)
+    where, prefills, priced = [None] * n, [()] * n, [{} for _ in range(n)]
+    counters, calls, block = None, [], [0] * n
+    for u, g_row in dict.fromkeys(zip(sets, gammas)):
+        rows = [i for i in range(n) if sets[i] == u and gammas[i] == g_row]
+        run = _run_set(states, dep, cfg, rule, u, g_row, rows, plans, keys)
+        calls.append(run.call)
+        if counters is None:
+            counters = _counter_table(run.counters, n, states.gamma)
+        for j, i in enumerate(rows):
+            tokens[i] = run.call.new_tokens[j]
+            seconds[i] = run.seconds / len(rows)  # padding copies are charged too
+            priced[i] = {key: x / len(rows) for key, x in run.forwards.items()}
+            where[i] = (len(calls) - 1, j)
+            prefills[i] = run.prefills[j]
+            block[i] = run.drafts_per_round
+            counters = _set_row(counters, run.counters, i, j)
+    return CarriedRows(
+        tokens=tokens,
+        counters=counters,
+        seconds=seconds,
+        calls=calls,
+        where=where,
+        prefills=prefills,
+        drafts_per_round=block,
+        priced=priced,
+    )
+
+
+def _row_gammas(states, sets, gammas) -> list:
+    """`run_carried`'s per-row γ checked (None: the drafter's own): within the carried
+    state's window, and for lone drafters only."""
     n = len(sets)
     gammas = [None] * n if gammas is None else list(gammas)
     if len(gammas) != n:
@@ -221,109 +254,126 @@ def run_carried(
                     f"row gamma: got {g!r} for the set {tuple(sets[i])!r}, allowed: a γ for a "
                     "lone drafter only (drafters sharing a block draft the config's γ)"
                 )
-    tokens, seconds = [None] * n, np.zeros(n)
-    where, prefills, priced = [None] * n, [()] * n, [{} for _ in range(n)]
-    counters, calls, block = None, [], [0] * n
-    for u, g_row in dict.fromkeys(zip(sets, gammas)):
-        rows = [i for i in range(n) if sets[i] == u and gammas[i] == g_row]
-        sub = dep.subset([dep.names[j] for j in u])
-        if len(u) > 1:  # chains of one block share its width: the config's γ
-            sub = sub.with_gammas([None] * len(u))
-        elif g_row is not None:
-            sub = sub.with_gammas([g_row])
-        # One chain: the plan's one-drafter rule (rule 1, block verification, coupled).
-        set_rule = cfg.call_rule(1) if len(u) == 1 else rule
-        ecfg = EngineConfig(
-            gamma=cfg.gamma,
-            rule=set_rule,
-            verifier_temperature=cfg.verifier_temperature,
-            n_slots=len(u),
-            max_new_tokens=cfg.max_step_tokens,
+    return gammas
+
+
+@dataclasses.dataclass
+class _SetRun:
+    """One engine call of `run_carried`: a drafter set's rows (at one γ) from carried state."""
+
+    call: CallState  # the call's state and new tokens, one row per padded row
+    counters: Any  # numpy counters over all K drafters, one row per padded row
+    seconds: float  # the call's measured seconds and its state programs'
+    forwards: dict  # price key → units of the call's work (its rows' and padding's)
+    prefills: list  # per row: drafters prefilled for its plan before the call
+    drafts_per_round: int  # drafts the verifier's block scores per round (Σ γ_i)
+
+
+def _set_engine(dep: Deployment, cfg: PlanConfig, rule: str, u: tuple, g_row):
+    """(the sub-deployment, the engine config) of drafter set `u` at row γ `g_row`: chains
+    of one block share its width (the config's γ); one chain runs the plan's one-drafter
+    rule (rule 1, block verification, coupled)."""
+    sub = dep.subset([dep.names[j] for j in u])
+    if len(u) > 1:
+        sub = sub.with_gammas([None] * len(u))
+    elif g_row is not None:
+        sub = sub.with_gammas([g_row])
+    set_rule = cfg.call_rule(1) if len(u) == 1 else rule
+    ecfg = EngineConfig(
+        gamma=cfg.gamma,
+        rule=set_rule,
+        verifier_temperature=cfg.verifier_temperature,
+        n_slots=len(u),
+        max_new_tokens=cfg.max_step_tokens,
+    )
+    return sub, ecfg
+
+
+def _run_set(states, dep, cfg, rule, u: tuple, g_row, rows: list, plans, keys) -> _SetRun:
+    """The engine call of `rows` (drafter set `u` at γ `g_row`), padded to `padded_rows`:
+    drafters that have not run for a row's plan prefilled first, the plans' states
+    gathered, the call run and priced (`_call_prices`)."""
+    sub, ecfg = _set_engine(dep, cfg, rule, u, g_row)
+    drafts_per_round = sum(drafter_gammas(cfg.gamma, [d.gamma for d in sub.drafters]))
+    done = states.ensure(u, [plans[i] for i in rows])
+    prefilled = [tuple(j for j in u if plans[i] in done.get(j, ())) for i in rows]
+    padded = padded_rows(rows)
+    call_plans = [plans[i] for i in padded]
+    state = states.gather(call_plans, list(u))
+    round_key = register_round(
+        ecfg,
+        sub.verifier,
+        sub.v_params,
+        sub.drafters,
+        sub.d_data,
+        state,
+        keys[np.asarray(padded)],
+        dep.stop_table,
+        states.v_cap,
+    )
+    res = speculative_generate(
+        ecfg,
+        sub.verifier,
+        sub.v_params,
+        sub.drafters,
+        sub.d_data,
+        None,
+        None,
+        keys[np.asarray(padded)],
+        stop_table=dep.stop_table,
+        state=state,
+        return_state=True,
+    )
+    call = CallState(
+        state=res.state,
+        drafters=tuple(u),
+        plans=call_plans,
+        new_tokens=[res.new_tokens(r) for r in range(len(padded))],
+        dsynced=np.asarray(res.state.dsynced),
+    )
+    c = _expand_counters(jax.tree.map(np.asarray, res.counters), list(u), len(dep.drafters))
+    state_secs, state_priced = states.take_charges()
+    trips = int(c.rounds.max())
+    fwd = call_forwards(states, sub, len(u), cfg.gamma, len(padded), trips)
+    fwd[round_key] = trips
+    for key, x in state_priced.items():
+        fwd[key] = fwd.get(key, 0) + x
+    _add_prefill_prices(fwd, states, dep, done)
+    return _SetRun(
+        call=call,
+        counters=c,
+        seconds=float(res.seconds) + state_secs,
+        forwards=fwd,
+        prefills=prefilled,
+        drafts_per_round=drafts_per_round,
+    )
+
+
+def _add_prefill_prices(fwd: dict, states, dep: Deployment, done: dict) -> None:
+    """Adds to `fwd` the drafter prefills run before a call (`done`: drafter → the plans
+    it was prefilled for), one forward each over their padded rows."""
+    for j_d, need in done.items():
+        key = price_key(
+            "draft",
+            dep.names[j_d],
+            states.d_width[j_d],
+            len(padded_rows(need)),
+            states.d_capacity(j_d),
         )
-        drafts_per_round = sum(drafter_gammas(cfg.gamma, [d.gamma for d in sub.drafters]))
-        done = states.ensure(u, [plans[i] for i in rows])
-        for i in rows:
-            prefills[i] = tuple(j for j in u if plans[i] in done.get(j, ()))
-        padded = padded_rows(rows)
-        call_plans = [plans[i] for i in padded]
-        state = states.gather(call_plans, list(u))
-        round_key = register_round(
-            ecfg,
-            sub.verifier,
-            sub.v_params,
-            sub.drafters,
-            sub.d_data,
-            state,
-            keys[np.asarray(padded)],
-            dep.stop_table,
-            states.v_cap,
-        )
-        res = speculative_generate(
-            ecfg,
-            sub.verifier,
-            sub.v_params,
-            sub.drafters,
-            sub.d_data,
-            None,
-            None,
-            keys[np.asarray(padded)],
-            stop_table=dep.stop_table,
-            state=state,
-            return_state=True,
-        )
-        new = [res.new_tokens(r) for r in range(len(padded))]
-        calls.append(
-            CallState(
-                state=res.state,
-                drafters=tuple(u),
-                plans=call_plans,
-                new_tokens=new,
-                dsynced=np.asarray(res.state.dsynced),
-            )
-        )
-        c = _expand_counters(jax.tree.map(np.asarray, res.counters), list(u), k)
-        if counters is None:  # per-position counters sized for the widest window
-            counters = jax.tree.map(
-                lambda x: np.zeros(
-                    (n,) + x.shape[1:-1] + (max(x.shape[-1], states.gamma),)
-                    if x.ndim >= 3
-                    else (n,) + x.shape[1:],
-                    x.dtype,
-                ),
-                c,
-            )
-        state_secs, state_priced = states.take_charges()
-        secs = float(res.seconds) + state_secs
-        trips = int(c.rounds.max())
-        fwd = call_forwards(states, sub, len(u), cfg.gamma, len(padded), trips)
-        fwd[round_key] = trips
-        for key, x in state_priced.items():
-            fwd[key] = fwd.get(key, 0) + x
-        for j_d, need in done.items():  # drafter prefills before the call
-            key = price_key(
-                "draft",
-                dep.names[j_d],
-                states.d_width[j_d],
-                len(padded_rows(need)),
-                states.d_capacity(j_d),
-            )
-            fwd[key] = fwd.get(key, 0) + 1
-        for j, i in enumerate(rows):
-            tokens[i] = new[j]
-            seconds[i] = secs / len(rows)  # padding copies are charged too
-            priced[i] = {key: x / len(rows) for key, x in fwd.items()}
-            where[i] = (len(calls) - 1, j)
-            block[i] = drafts_per_round
-            counters = _set_row(counters, c, i, j)
-    return CarriedRows(
-        tokens=tokens,
-        counters=counters,
-        seconds=seconds,
-        calls=calls,
-        where=where,
-        prefills=prefills,
-        drafts_per_round=block,
-        priced=priced,
+        fwd[key] = fwd.get(key, 0) + 1
+
+
+def _counter_table(c, n: int, gamma: int):
+    """Zero counters of `c`'s layout for `n` rows, per-position counters sized for the
+    widest window (`gamma`: a call with a shorter one fills them in part)."""
+    return jax.tree.map(
+        lambda x: np.zeros(
+            (n,) + x.shape[1:-1] + (max(x.shape[-1], gamma),)
+            if x.ndim >= 3
+            else (n,) + x.shape[1:],
+            x.dtype,
+        ),
+        c,
     )
 
 

@@ -297,7 +297,23 @@ def _estimates(cfg, sl, recs, chip, unread) -> list[str]:
 
 def render(recs: list[dict], configs: dict, command: str) -> str:
     """The results page of a journal (markdown)."""
+    out = _preamble(recs, command)
+    for dep_name, cfg in configs.items():
+        mine = [r for r in recs if r['deployment'] == dep_name]
+        if not mine:
+            continue
+        out += [f'## {cfg.title}', '', cfg.description, '']
+        for sl in cfg.slices:
+            chip = SLICES[sl].spec
+            here = [r for r in mine if r['slice'] == sl]
+            if here:
+                out += _slice_section(cfg, sl, chip, here)
+    return '\n'.join(out) + '\n'
 
+
+def _preamble(recs: list[dict], command: str) -> list[str]:
+    """The page's title and how its figures were made: the command and commit, the
+    compile dates, the compiler's versions, the chips and the served form."""
     commit = os.popen('git rev-parse --short HEAD 2>/dev/null').read().strip() or 'unknown'
     try:
         import libtpu  # pylint: disable=import-outside-toplevel
@@ -306,7 +322,7 @@ def render(recs: list[dict], configs: dict, command: str) -> str:
     except ImportError:
         libtpu_v = 'absent'
     dates = sorted(r['date'] for r in recs)
-    out = [
+    return [
         '# Planning on TPU: what fits and what a round costs (compiled, not measured)',
         '',
         f'Written by `{command}` at commit `{commit}`; the programs compiled '
@@ -331,85 +347,102 @@ def render(recs: list[dict], configs: dict, command: str) -> str:
         "over 'data', so no weight moves. Caches are donated.",
         '',
     ]
-    for dep_name, cfg in configs.items():
-        mine = [r for r in recs if r['deployment'] == dep_name]
-        if not mine:
-            continue
-        out += [f'## {cfg.title}', '', cfg.description, '']
-        for sl in cfg.slices:
-            chip = SLICES[sl].spec
-            here = [r for r in mine if r['slice'] == sl]
-            if not here:
-                continue
-            fwd = [r for r in here if r['program'] == 'forward']
-            out += [f'### {sl} ({SLICES[sl].chips} × {chip.name})', '']
-            fit = [r for r in fwd if r['k'] == 1]
-            if fit:
-                out += (
-                    [f'Decode step (k = 1) per rule set, KV cache of {cfg.capacity} slots:', '']
-                    + _fit_table(
-                        sorted(fit, key=lambda r: (r['rules'], -r['model_axis'], r['batch'])),
-                        chip,
-                    )
-                    + ['']
-                )
-            rec_fwd = [r for r in fwd if r['rules'] == cfg.recommend]
-            unread = _unread_cache(cfg, sl)
-            table, ratios = _ratio_table(rec_fwd, chip, unread, compiler=False)
-            out += [
-                f'T_step and T_score(k) / T_step under `{cfg.recommend}`, by the roofline of '
-                'the compiled programs:',
-                '',
-            ]
-            out += table + ['']
-            by_compiler, _ = _ratio_table(rec_fwd, chip, unread, compiler=True)
-            if any('| compiler |' in line for line in by_compiler):
-                out += [
-                    "The same by the compiler's own estimate (`optimal_seconds`). It is not "
-                    'monotone in k (a one-token step estimated dearer than an 8-token '
-                    'score), so the projections below use the roofline:',
-                    '',
-                ]
-                out += by_compiler + ['']
-            if ratios:
-                b = min(ratios)
-                t_step, rr = ratios[b]
-                costs = _drafter_costs(cfg, here, b, t_step, chip, SLICES[sl].chips)
-                out += [
-                    f"Projected speculative ÷ autoregressive at B {b} (Leviathan et al.'s "
-                    'hardware-aware formula, one chain: E[tokens per round] · T_step ÷ '
-                    '(γ · T_draft + T_score(γ+1)); the best γ of 1–7 this page has '
-                    'T_score for):',
-                    '',
-                ]
-                out += _projection(cfg, rr, costs) + ['']
-                out += _seed_table(cfg, sl, rr, costs)
-            out += [
-                'The analytic estimates against the compiled figures (the recommended '
-                "rules' steps; `hf.estimate_bytes`: weights and KV cache per chip; analytic "
-                'T: `hardware.roofline_seconds` over 128 cached tokens, ÷ chips):',
-                '',
-            ]
-            out += _estimates(cfg, sl, rec_fwd, chip, unread) + ['']
-            progs = [r for r in here if r['program'] not in ('forward', 'drafter_forward')]
-            if progs:
-                out += [
-                    'The engine\'s programs (generates and plan calls, batch '
-                    f'{cfg.generate_batch}, γ {cfg.gamma}, {cfg.prompt_len}-token prompts, '
-                    f'{cfg.new_tokens} new tokens):',
-                    '',
-                    '| program | rule | drafters | compiled | peak GiB / chip | '
-                    'collectives per round (loop body) | relayout copies ≥ 1 MiB | '
-                    'compile s (wall, this host) |',
-                    '|---|---|---|---|---|---|---|---|',
-                ]
-                for r in progs:
-                    ok = 'yes' if r['ok'] else f"no: {r['error'][:100]}"
-                    out.append(
-                        f"| {r['program']} | {r['rule'] or '–'} | {r['drafters'] or '–'} | {ok} | "
-                        f"{_gib(r['peak_bytes']) if r['ok'] else '–'} | "
-                        f"{_coll(r['collectives_in_loop']) if r['ok'] else '–'} | "
-                        f"{r['n_copies'] if r['ok'] else '–'} | {r['compile_s']:.0f} |"
-                    )
-                out.append('')
-    return '\n'.join(out) + '\n'
+
+
+def _slice_section(cfg, sl: str, chip, here: list[dict]) -> list[str]:
+    """A deployment's section for one slice of `chip`s (`here`: its records there): the
+    decode step's fit, the step's and scores' times, the projections, the estimates, the
+    engine's programs."""
+    fwd = [r for r in here if r['program'] == 'forward']
+    out = [f'### {sl} ({SLICES[sl].chips} × {chip.name})', '']
+    fit = [r for r in fwd if r['k'] == 1]
+    if fit:
+        out += (
+            [f'Decode step (k = 1) per rule set, KV cache of {cfg.capacity} slots:', '']
+            + _fit_table(
+                sorted(fit, key=lambda r: (r['rules'], -r['model_axis'], r['batch'])),
+                chip,
+            )
+            + ['']
+        )
+    rec_fwd = [r for r in fwd if r['rules'] == cfg.recommend]
+    unread = _unread_cache(cfg, sl)
+    ratio_lines, ratios = _step_times(cfg, rec_fwd, chip, unread)
+    out += ratio_lines
+    if ratios:
+        out += _projections(cfg, sl, here, chip, ratios)
+    out += [
+        'The analytic estimates against the compiled figures (the recommended '
+        "rules' steps; `hf.estimate_bytes`: weights and KV cache per chip; analytic "
+        'T: `hardware.roofline_seconds` over 128 cached tokens, ÷ chips):',
+        '',
+    ]
+    out += _estimates(cfg, sl, rec_fwd, chip, unread) + ['']
+    progs = [r for r in here if r['program'] not in ('forward', 'drafter_forward')]
+    if progs:
+        out += _programs_table(cfg, progs)
+    return out
+
+
+def _step_times(cfg, rec_fwd: list[dict], chip, unread) -> tuple[list[str], dict]:
+    """T_step and T_score(k) ÷ T_step of the recommended rules' steps, by the roofline and
+    (where it gives them) by the compiler — (the lines, the roofline's ratios by batch)."""
+    table, ratios = _ratio_table(rec_fwd, chip, unread, compiler=False)
+    out = [
+        f'T_step and T_score(k) / T_step under `{cfg.recommend}`, by the roofline of '
+        'the compiled programs:',
+        '',
+    ]
+    out += table + ['']
+    by_compiler, _ = _ratio_table(rec_fwd, chip, unread, compiler=True)
+    if any('| compiler |' in line for line in by_compiler):
+        out += [
+            "The same by the compiler's own estimate (`optimal_seconds`). It is not "
+            'monotone in k (a one-token step estimated dearer than an 8-token '
+            'score), so the projections below use the roofline:',
+            '',
+        ]
+        out += by_compiler + ['']
+    return out, ratios
+
+
+def _projections(cfg, sl: str, here: list[dict], chip, ratios: dict) -> list[str]:
+    """The projected speculative ÷ autoregressive per drafter at the smallest batch, and
+    the seed table at this slice's prices."""
+    b = min(ratios)
+    t_step, rr = ratios[b]
+    costs = _drafter_costs(cfg, here, b, t_step, chip, SLICES[sl].chips)
+    out = [
+        f"Projected speculative ÷ autoregressive at B {b} (Leviathan et al.'s "
+        'hardware-aware formula, one chain: E[tokens per round] · T_step ÷ '
+        '(γ · T_draft + T_score(γ+1)); the best γ of 1–7 this page has '
+        'T_score for):',
+        '',
+    ]
+    out += _projection(cfg, rr, costs) + ['']
+    out += _seed_table(cfg, sl, rr, costs)
+    return out
+
+
+def _programs_table(cfg, progs: list[dict]) -> list[str]:
+    """The engine's programs (generates and plan calls) compiled on the slice."""
+    out = [
+        'The engine\'s programs (generates and plan calls, batch '
+        f'{cfg.generate_batch}, γ {cfg.gamma}, {cfg.prompt_len}-token prompts, '
+        f'{cfg.new_tokens} new tokens):',
+        '',
+        '| program | rule | drafters | compiled | peak GiB / chip | '
+        'collectives per round (loop body) | relayout copies ≥ 1 MiB | '
+        'compile s (wall, this host) |',
+        '|---|---|---|---|---|---|---|---|',
+    ]
+    for r in progs:
+        ok = 'yes' if r['ok'] else f"no: {r['error'][:100]}"
+        out.append(
+            f"| {r['program']} | {r['rule'] or '–'} | {r['drafters'] or '–'} | {ok} | "
+            f"{_gib(r['peak_bytes']) if r['ok'] else '–'} | "
+            f"{_coll(r['collectives_in_loop']) if r['ok'] else '–'} | "
+            f"{r['n_copies'] if r['ok'] else '–'} | {r['compile_s']:.0f} |"
+        )
+    out.append('')
+    return out
