@@ -28,6 +28,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -253,14 +254,22 @@ def _op(o):
     return None if o is None else {'bytes': o.bytes, 'shape': o.shape[:120], 'in_loop': o.in_loop}
 
 
-def run_tasks(cfg, workdir: Path, log=print) -> Path:
-    """Compiles every task of ``cfg`` not yet in ``workdir/plan.jsonl``; returns its path."""
+def missing(cfg, workdir: Path) -> list[Task]:
+    """The tasks of ``cfg`` that ``workdir/plan.jsonl`` does not hold yet."""
+    done = _read_journal(workdir / 'plan.jsonl')
+    return [t for t in _tasks(cfg) if t.key not in done]
+
+
+def run_tasks(cfg, workdir: Path, log=print, limit: int = 0) -> Path:
+    """Compiles the tasks of ``cfg`` not yet in ``workdir/plan.jsonl`` (at most ``limit``
+    of them when > 0); returns its path."""
     workdir.mkdir(parents=True, exist_ok=True)
     journal = workdir / 'plan.jsonl'
-    done = _read_journal(journal)
     cache: dict = {}
-    todo = [t for t in _tasks(cfg) if t.key not in done]
-    log(f'{len(todo)} programs to compile ({len(done)} in the journal)')
+    todo = missing(cfg, workdir)
+    log(f'{len(todo)} programs to compile')
+    if limit > 0:
+        todo = todo[:limit]
     for i, task in enumerate(todo):
         fn, st, args, mesh = _program(cfg, task, cache)
         with jax.set_mesh(mesh):
@@ -305,6 +314,14 @@ flags.DEFINE_multi_string('config', [], 'configs/plan_tpu.py:<deployment> (repea
 flags.DEFINE_string('workdir', 'runs/plan_tpu', 'Where the journal plan.jsonl lives.')
 flags.DEFINE_string('page', '', 'Write the results page here (markdown) after compiling.')
 flags.DEFINE_bool('run', True, 'Compile what the journal lacks (--norun: only write the page).')
+flags.DEFINE_integer(
+    'programs_per_process',
+    8,
+    'Compile in child processes of at most this many programs each (the compile-only '
+    "client keeps ~0.3-0.5 GB per 70B program until its process exits); 0: all in this one.",
+    lower_bound=0,
+)
+flags.DEFINE_integer('limit', 0, 'Compile at most this many programs (0: all).', lower_bound=0)
 
 
 def _load(arg: str):
@@ -316,6 +333,27 @@ def _load(arg: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config(name)
+
+
+def _compile(arg: str, cfg, workdir: Path, per_process: int) -> None:
+    """Compiles what the journal lacks for ``cfg``: here, or in child processes of at most
+    ``per_process`` programs each (each appends to the journal; a child that compiles
+    nothing stops the loop with its exit code)."""
+    if per_process <= 0:
+        run_tasks(cfg, workdir)
+        return
+    while True:
+        left = len(missing(cfg, workdir))
+        if not left:
+            return
+        print(f'{cfg.name}: {left} programs to compile, {per_process} per process', flush=True)
+        cmd = [sys.executable, '-m', 'specjax.tpu.plan', f'--config={arg}']
+        cmd += [f'--workdir={workdir}', '--programs_per_process=0', f'--limit={per_process}']
+        code = subprocess.run(cmd, check=False).returncode
+        if code != 0 or len(missing(cfg, workdir)) >= left:
+            raise ConfigError(
+                f'--config={arg}: a compile process exited {code} with {left} programs left'
+            )
 
 
 def main(argv) -> int:
@@ -335,9 +373,11 @@ def main(argv) -> int:
         for s in cfg.slices:
             get_slice(s)
         configs[cfg.name] = cfg
-    for cfg in configs.values():
-        if FLAGS.run:
-            run_tasks(cfg, workdir)
+    for arg, cfg in zip(args, configs.values()):
+        if FLAGS.run and FLAGS.limit:
+            run_tasks(cfg, workdir, limit=FLAGS.limit)
+        elif FLAGS.run:
+            _compile(arg, cfg, workdir, FLAGS.programs_per_process)
     if FLAGS.page:
         command = 'python -m specjax.tpu.plan ' + ' '.join(
             a for a in sys.argv[1:] if not a.startswith(('--page', '--norun'))
