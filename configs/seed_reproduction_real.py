@@ -24,7 +24,7 @@ of the grid.
 Sizes. ``runlocal``: 3 plans (one per domain) × 2 steps × ≤ 24 tokens, γ = 3, one seed
 (15 cells). The default: 4 plans per domain (12 plans) × 2 steps × ≤ 32 tokens, γ = 3, seeds
 0 and 1 (30 cells); the ``routing`` variant 12 cells. Both time every program's machine
-prices (`specjax.prices`) in the run's own process. How long the runs took, and on which
+prices (`specjax.measure.prices`) in the run's own process. How long the runs took, and on which
 machine: docs/results/seed_report_real.md and docs/results/routing_real.md.
 """
 

@@ -58,10 +58,10 @@ from specjax.engine.deployment import from_zoo
 from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
 from specjax.measure.benchmark_tables import print_tables, render_page
+from specjax.measure.timing import matmul_floor, time_forward, time_prefill
 from specjax.models.zoo import load_zoo
 from specjax.runner import provenance
 from specjax.runner import script_flags as sf
-from specjax.timing import matmul_floor, time_forward, time_prefill
 
 FLAGS = flags.FLAGS
 PAGE = "engine_speed"

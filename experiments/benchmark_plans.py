@@ -118,7 +118,7 @@ def _plan_prompts(plans_per_domain: int) -> list[str]:
 def _price_timers(dep, pcfg, prompts) -> dict:
     """Forward timers at the runs' shapes: T_step ("step"), T_score ("score"), and T_draft of
     each drafter (by index)."""
-    from specjax.timing import forward_timer  # pylint: disable=import-outside-toplevel
+    from specjax.measure.timing import forward_timer  # pylint: disable=import-outside-toplevel
 
     plan_steps, max_step_tokens, gamma = pcfg.plan_steps, pcfg.max_step_tokens, pcfg.gamma
     rows = 1 << max(len(prompts) - 1, 0).bit_length()

@@ -44,9 +44,9 @@ from specjax import metrics
 from specjax.measure import drafter_entries as entries
 from specjax.measure.benchmark_tables import real_speed_page
 from specjax.measure.hardware import score_ratios, stream_bandwidth
+from specjax.measure.timing import forward_timer
 from specjax.runner import provenance
 from specjax.runner import script_flags as sf
-from specjax.timing import forward_timer
 from specjax.verify import registry
 
 #: The one-chain rules (`--chain_rules`).

@@ -10,7 +10,7 @@ the cache read whole (one dot over every slot, `CACHE_MIN_BLOCKS` set past the b
 and read in blocks (`specjax.models.transformer.cache_attention`: only the blocks of
 `CACHE_CHUNK` slots that hold a committed slot; here from two blocks on), alternately in one process (paired; the
 minimum over `--repeats` runs), next to the verifier's matmul floor at the same batch
-(`specjax.timing.matmul_floor`). Prints a table and writes ``cache_read.json`` under --out;
+(`specjax.measure.timing.matmul_floor`). Prints a table and writes ``cache_read.json`` under --out;
 about 2 minutes at the defaults on 2 cores.
 """
 
@@ -24,12 +24,12 @@ import jax.numpy as jnp
 from absl import flags
 
 from specjax.engine.deployment import from_zoo
+from specjax.measure.timing import matmul_floor
 from specjax.models import transformer
 from specjax.models.api import causal_block_mask
 from specjax.models.zoo import load_zoo
 from specjax.runner import provenance
 from specjax.runner import script_flags as sf
-from specjax.timing import matmul_floor
 
 FLAGS = flags.FLAGS
 

@@ -35,10 +35,10 @@ import numpy as np
 from absl import flags
 
 from specjax.errors import ConfigError
+from specjax.measure.timing import forward_timer
 from specjax.models import cache, products
 from specjax.runner import provenance
 from specjax.runner import script_flags as sf
-from specjax.timing import forward_timer
 
 FLAGS = flags.FLAGS
 #: Tokens of this script beside the loader's (`specjax.models.gguf.LAYOUT_TOKENS`).

@@ -13,7 +13,7 @@ on the size of the weights.
 For every `d_model:n_layers` in `--sizes` (random weights, the zoo verifier's proportions:
 d_ff = 2.69·d, heads of 64, vocabulary 1,024) this times a one-token forward at batch 1 over
 `--context` cached tokens and every block width in `--blocks`, jitted in a `lax.scan`
-(`specjax.timing.time_forward`), prints T_step, each T_score / T_step and the speed-up
+(`specjax.measure.timing.time_forward`), prints T_step, each T_score / T_step and the speed-up
 the zoo's measured α would give at that ratio (`--alpha`, `--c`), and writes
 ``score_ratio.json`` under --out. About 4 minutes at the defaults on 2 cores (the d 2048
 verifier is 1 GiB of weights).
@@ -100,12 +100,12 @@ def validate() -> None:
 
 
 def measure(sizes, blocks, context=100, capacity=192, alpha=0.63, c=0.05) -> list[dict]:
+    from specjax.measure.timing import time_forward  # pylint: disable=import-outside-toplevel
     from specjax.metrics import (
         hardware_aware_speedup,  # pylint: disable=import-outside-toplevel
         leviathan_expected_tokens,
     )
     from specjax.models.api import TransformerLM  # pylint: disable=import-outside-toplevel
-    from specjax.timing import time_forward  # pylint: disable=import-outside-toplevel
 
     rows = []
     for d, layers in sizes:

@@ -317,7 +317,7 @@ def price_key(kind: str, model: str, width: int, rows: int, capacity: int) -> st
     of `width` tokens per row over `rows` padded rows into a cache of `capacity` slots, by
     the verifier (``kind='verify'``, model ``'verifier'``) or drafter `model` (``'draft'``);
     for ``'round'`` the rest of one loop trip of the program `model` names (its block
-    width), for ``'state'`` one run of the state program `model` names (`specjax.prices`)."""
+    width), for ``'state'`` one run of the state program `model` names (`specjax.measure.prices`)."""
     key = f"{kind}:{model}:{int(width)}x{int(rows)}@{int(capacity)}"
     parse_price_key(key)
     return key
@@ -359,7 +359,7 @@ def itemised_seconds(
 
     The machine prices' counterpart of `itemised_cost`: where that prices work in verifier
     calls by the cost model, this prices the same run's forward passes at the seconds this
-    machine measured for each shape (`specjax.prices.measure_prices`), so that predicted ÷
+    machine measured for each shape (`specjax.measure.prices.measure_prices`), so that predicted ÷
     wall checks the cost model against the clock (SPEC §10).
 
     Args:

@@ -1,4 +1,4 @@
-"""The benchmarks' timing loops (specjax.timing) time what they say. The scripts themselves
+"""The benchmarks' timing loops (specjax.measure.timing) time what they say. The scripts themselves
 run end to end in tests/test_experiment_scripts.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ def test_forward_timer_writes_the_cache_in_place(tiny_lm, tiny_params):
     """The timed forward loop carries its cache as the engine does: no copy of a layer's
     cache per rep (a loop that closed over the cache copied it on every rep, adding 0.85 ms
     to a 3.6 ms step of the zoo verifier at batch 32 and biasing T_step and T_score)."""
-    from specjax.timing import forward_timer  # pylint: disable=import-outside-toplevel
+    from specjax.measure.timing import forward_timer  # pylint: disable=import-outside-toplevel
 
     batch, capacity = 2, 32
     run = forward_timer(tiny_lm, tiny_params, batch, 3, 12, capacity, reps=4)

@@ -23,6 +23,7 @@ from specjax import testing as suite
 from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
 from specjax.errors import ConfigError
+from specjax.measure.prices import measure_prices
 from specjax.policy.auto import AutoRouter
 from specjax.policy.boundary import BoundaryThresholds, replay_step_decisions
 from specjax.policy.consensus import BranchOutcome, SeedConsensus
@@ -31,7 +32,6 @@ from specjax.policy.plan import run_plans
 from specjax.policy.plan_config import PlanConfig
 from specjax.policy.summary import summarize
 from specjax.policy.switches import Policy
-from specjax.prices import measure_prices
 from specjax.testing import sequence_distribution
 
 N = 100_000

@@ -10,6 +10,6 @@ evaluation        how good the zoo's models are (held-out loss, acceptance, deco
 drafter_entries   the speed scripts' drafter entries ('lookup+eagle*2')
 loop_law          what teacher-forced acceptance predicts for the loop's rounds
 
-The machine's timers and prices (`specjax.timing`, `specjax.prices`,
-`specjax.price_programs`) still sit at the package root.
+The machine's timers and prices (`specjax.measure.timing`, `specjax.measure.prices`,
+`specjax.measure.price_programs`) still sit at the package root.
 """

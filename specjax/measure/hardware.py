@@ -15,7 +15,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from specjax.timing import forward_timer
+from specjax.measure.timing import forward_timer
 
 __all__ = [
     "ACCELERATORS",
@@ -81,7 +81,7 @@ def score_ratios(label: str, lm, params, batches, ks, bw: float, context: int = 
     """T_step and T_score(k) of ``lm`` per batch size, beside its floors: one row per batch.
 
     The one-token and k-token forwards over ``context`` cached tokens are each jitted in a
-    `lax.scan` (`specjax.timing.forward_timer`), timed interleaved three times, min kept.
+    `lax.scan` (`specjax.measure.timing.forward_timer`), timed interleaved three times, min kept.
     A row holds the weight bytes a forward reads, the bandwidth floor (those bytes ÷ ``bw``),
     the times, T_score(k) / T_step, and the `roofline` projection of the same forwards.
     """

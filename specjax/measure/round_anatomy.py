@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax import metrics
-from specjax.timing import forward_timer
+from specjax.measure.timing import forward_timer
 
 # ----------------------------------------------------------------------------------------
 # A package's modules (the current one, or an older copy renamed for paired timing)

@@ -12,11 +12,11 @@ token:
     price per round(S, γ)     = T_verify(1 + |S|·γ) + Σ_{i∈S} (T_consume,i + (γ − 1)·T_step,i)
                                 with machine prices (seconds: a verifier forward over the
                                 block, each drafter's consuming forward and its γ − 1
-                                one-token drafting forwards, `specjax.prices`), else
+                                one-token drafting forwards, `specjax.measure.prices`), else
                               = 1 + γ · Σ_{i∈S} c_i   (the cost model, in verifier calls)
 
 Machine prices are used when the router is given `measure` (the runner passes
-`specjax.prices.measure_prices` of the cell's deployment): at the start of the run
+`specjax.measure.prices.measure_prices` of the cell's deployment): at the start of the run
 (`start`, called by `policy.plan.run_plans` with the carried state) it measures every
 forward its options can run, in the run's own process, at one padded row and the carried
 caches' capacities, and keeps them (`prices`) for the result row. Without it, the cost
@@ -77,7 +77,7 @@ class AutoRouter:
       gamma_candidates: the γ a lone drafter may run at (each in [1, the run's widest γ]);
         None: its own γ_i only. A drafter's own γ_i is always a candidate.
       names: the drafters' names (for the price keys; default d0, d1, ...).
-      measure: price keys → seconds (machine prices, `specjax.prices.measure_prices`);
+      measure: price keys → seconds (machine prices, `specjax.measure.prices.measure_prices`);
         None: the cost model.
     """
 

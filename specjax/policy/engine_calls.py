@@ -7,7 +7,7 @@ makes one engine call per distinct drafter set, with only that set's drafters, p
 `plan_state.padded_count`); `commit_carried` carries each plan's state past the step;
 `autoregressive_carried` runs the verifier alone over every plan's row (the baseline) or
 over the rows of the plans that fell back. Each call's work is counted by price key
-(`specjax.prices`): its forwards, the rest of its loop trips and its state programs. Inside
+(`specjax.measure.prices`): its forwards, the rest of its loop trips and its state programs. Inside
 `shared_calls` (or after `enable_shared_calls`) identical stateless computations of
 different policies (the KL check on a prefix) are computed once, and their measured
 seconds are charged to every caller.
@@ -31,10 +31,10 @@ from specjax.engine.deployment import Deployment
 from specjax.engine.gammas import check_gamma, drafter_gammas
 from specjax.engine.generate import speculative_generate
 from specjax.engine.spec import EngineConfig
+from specjax.measure.price_programs import register_ar_round, register_round
 from specjax.metrics import price_key
 from specjax.policy.plan_config import PlanConfig
 from specjax.policy.plan_state import CallState, padded_rows
-from specjax.price_programs import register_ar_round, register_round
 
 #: fold_in tags of the plan streams.
 _TAG_PLANS, _TAG_FALLBACK = 0x706C616E, 0x66616C6C

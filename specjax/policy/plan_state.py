@@ -36,7 +36,7 @@ from specjax.engine.prefill import prefill
 from specjax.engine.programs import run_program
 from specjax.engine.state import EngineState
 from specjax.errors import ConfigError
-from specjax.price_programs import register_state
+from specjax.measure.price_programs import register_state
 
 __all__ = ['PlanStates', 'CallState']
 
@@ -162,7 +162,7 @@ class PlanStates:
 
     Attributes:
       hist: host copies of each plan's verifier tokens (prompt + committed).
-      seconds / priced: seconds and price keys (`specjax.price_programs`) of the programs
+      seconds / priced: seconds and price keys (`specjax.measure.price_programs`) of the programs
         that prefilled, gathered and committed, not yet charged to a plan (`take_charges`).
     """
 

@@ -147,7 +147,7 @@ def summarize(
       names / costs / seed_costs: the drafters, their c_i, and c_i at the seed's sizes.
       single / autoregressive: `plan_totals` of the single-drafter baselines (by name) and
         of the verifier alone, over the same plans.
-      prices: machine prices (price key → seconds of one forward, `specjax.prices`) of
+      prices: machine prices (price key → seconds of one forward, `specjax.measure.prices`) of
         every key in `stats.priced`; when given, the row has ``predicted_seconds`` (Σ counts
         × prices, `metrics.itemised_seconds`), its items, ``predicted_over_wall`` (÷ the
         measured ``seconds``) and the per-plan predicted seconds.

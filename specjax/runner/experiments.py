@@ -20,13 +20,13 @@ from specjax import metrics
 from specjax.engine.gammas import drafter_gammas, widest_gamma
 from specjax.errors import ConfigError
 from specjax.field_report import FIELD_REPORT_COSTS
+from specjax.measure.prices import measure_prices
 from specjax.policy import names as policy_names
 from specjax.policy.auto import AutoRouter
 from specjax.policy.engine_calls import enable_shared_calls
 from specjax.policy.plan import run_plans
 from specjax.policy.summary import plan_totals, summarize
 from specjax.policy.switches import Policy
-from specjax.prices import measure_prices
 from specjax.runner.plans_setup import (
     DEPLOYMENTS,
     SYNTHETIC_PROMPTS,
@@ -241,7 +241,9 @@ def plans(config, cell: dict, workdir: Path) -> dict:
         prices=prices,
     )
     if prices is not None:
-        row["machine_prices"] = prices  # price key → seconds of one forward (specjax.prices)
+        row["machine_prices"] = (
+            prices  # price key → seconds of one forward (specjax.measure.prices)
+        )
         row["regime"] = _regime(dep, stats.priced, pcfg.gamma)
     ref = base.get("reference_texts")
     if ref is not None:
@@ -274,7 +276,7 @@ def plans(config, cell: dict, workdir: Path) -> dict:
     if stats.gamma_routes:
         row["gamma_routes"] = [{str(p): g for p, g in r.items()} for r in stats.gamma_routes]
     if router is not None and router.prices is not None:
-        row["auto_machine_prices"] = router.prices  # what auto chose by (specjax.prices)
+        row["auto_machine_prices"] = router.prices  # what auto chose by (specjax.measure.prices)
     return row
 
 

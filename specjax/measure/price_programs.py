@@ -1,6 +1,6 @@
-"""What the machine prices of rounds and state programs time (`specjax.prices`).
+"""What the machine prices of rounds and state programs time (`specjax.measure.prices`).
 
-A run's forwards are priced by shape (`specjax.timing.forward_timer`). The rest of the work
+A run's forwards are priced by shape (`specjax.measure.timing.forward_timer`). The rest of the work
 its timed programs do is priced here, with the engine's own code:
 
 * ``round`` keys: one loop trip of a speculative call (`engine.decode.speculative_round`)
@@ -175,7 +175,7 @@ def time_key(key: str, repeats: int = 3) -> float:
     if make is None:
         raise ValueError(
             f"price key: no template for {key!r} in this process; allowed: round and state "
-            "keys of programs this process ran (specjax.price_programs)"
+            "keys of programs this process ran (specjax.measure.price_programs)"
         )
     run = make()
     return min(run() for _ in range(max(int(repeats), 1)))

@@ -10,14 +10,14 @@ capacity); `measure_prices` times one forward of each such shape, and
 How a price is measured: a compiled `lax.scan` loop of `reps` forwards of the shape (the
 model's own `forward`, its cache carried through the loop as the engine carries it, over a
 cache filled to half its capacity), compiled ahead of time and run once before it is timed
-(`specjax.timing.forward_timer`): no compilation and no first execution is in a price; the
+(`specjax.measure.timing.forward_timer`): no compilation and no first execution is in a price; the
 price is the minimum over `repeats` runs. Prices are measured in the run's own process and
 window (the runner measures a cell's keys right before the cell is priced, and the router
 `auto` measures its candidates' before the cell runs), cached per process by (model
 parameters, key), and recorded in the result row (``machine_prices``), so the predicted
 figure is traceable.
 
-The rest of a timed program is priced too (`specjax.price_programs`): a ``round`` key is
+The rest of a timed program is priced too (`specjax.measure.price_programs`): a ``round`` key is
 one loop trip of an engine call without its forwards (sampling, the rule, the counters and
 the commit, timed by the engine's own round with free models), a ``state`` key one run of a
 carried-state program (gather, commit, place a prefill). Their templates are registered by
@@ -32,8 +32,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from specjax import metrics, price_programs
-from specjax.timing import forward_timer
+from specjax import metrics
+from specjax.measure import price_programs
+from specjax.measure.timing import forward_timer
 
 #: (id(params), price key) → (params kept alive, seconds).
 _CACHE: dict = {}
