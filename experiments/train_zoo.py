@@ -39,7 +39,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -49,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specjax.atomic import fsync_dir
+from specjax.atomic import publish_dir, recover_dir
 from specjax.models.zoo_recipe import (
     ACCEPTANCE_WINDOW,
     DOMAINS,
@@ -275,7 +274,8 @@ def main(argv) -> int:
     )
     _quiet_jax()
     t_start = time.monotonic()
-    recover_publish(cfg.out)  # a build killed while publishing: its old zoo back first
+    if recover_dir(cfg.out):  # a build killed while publishing: its old zoo back first
+        log.warning('%s: the zoo a killed build had moved aside is back', cfg.out)
     b = Build(cfg=cfg, work=cfg.workdir / 'zoo')  # moved to --out at the end
     shutil.rmtree(b.work, ignore_errors=True)
     (b.work / 'tokenizers').mkdir(parents=True)
@@ -291,7 +291,7 @@ def main(argv) -> int:
         )
         _write_manifest(b.work, manifest)
         load_zoo(b.work)  # the final manifest still verifies
-        publish(b.work, cfg.out)
+        publish_dir(b.work, cfg.out)
     except BaseException:
         shutil.rmtree(b.work, ignore_errors=True)  # the checkpoints stay, for a resume
         raise
@@ -300,90 +300,6 @@ def main(argv) -> int:
 
     evaluation.print_zoo_report(manifest, cfg.out, DOMAINS)
     return 0
-
-
-# ----------------------------------------------------------------------------------------
-# Publishing: the new zoo replaces the old one with renames
-# ----------------------------------------------------------------------------------------
-
-
-def _staged(out: Path) -> Path:
-    return out.parent / f'.{out.name}.new'  # the new zoo, complete, beside --out
-
-
-def _backup(out: Path) -> Path:
-    return out.parent / f'.{out.name}.old'  # the old zoo while the new one is renamed in
-
-
-def _same_filesystem(a: Path, b: Path) -> bool:
-    return a.stat().st_dev == b.stat().st_dev
-
-
-def _fsync_tree(root: Path) -> None:
-    """Every file under `root` and every directory on disk (a power cut keeps the zoo)."""
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames + ['.']:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            except OSError:
-                pass  # a directory fsync is not supported everywhere
-            finally:
-                os.close(fd)
-
-
-def publish(work: Path, out: Path) -> None:
-    """Moves the zoo built at `work` to `out`, replacing the zoo there, with renames, so that
-    a kill at any moment leaves a complete zoo at `out` or, for the instant between two
-    renames, the old one at ``.<out>.old`` (`recover_publish`, run as the next build starts,
-    renames it back):
-
-    1. the new zoo goes beside `out` as ``.<out>.new`` (a rename on the same filesystem,
-       else a copy), fsynced;
-    2. the old zoo, if any, is renamed ``.<out>.old``;
-    3. ``.<out>.new`` is renamed `out`;
-    4. ``.<out>.old`` is removed.
-
-    An error (not a kill) before step 3 puts the old zoo back and removes the staged one.
-    """
-    out.parent.mkdir(parents=True, exist_ok=True)
-    recover_publish(out)
-    staged, backup = _staged(out), _backup(out)
-    if _same_filesystem(work, out.parent):
-        os.rename(work, staged)
-    else:
-        shutil.copytree(work, staged)
-    moved_old = False
-    try:
-        _fsync_tree(staged)
-        if out.exists() or out.is_symlink():
-            os.rename(out, backup)
-            moved_old = True
-        os.rename(staged, out)
-    except BaseException:
-        if moved_old and not out.exists():
-            os.rename(backup, out)
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
-    fsync_dir(out.parent)
-    shutil.rmtree(backup, ignore_errors=True)
-    shutil.rmtree(work, ignore_errors=True)  # what a copy left behind
-
-
-def recover_publish(out: Path) -> None:
-    """Undoes what a build killed while publishing (`publish`) left: the old zoo renamed
-    back to `out` when `out` is missing, else removed; a staged new zoo removed (the
-    checkpoints under --workdir rebuild it)."""
-    staged, backup = _staged(out), _backup(out)
-    if backup.exists():
-        if out.exists() or out.is_symlink():
-            shutil.rmtree(backup, ignore_errors=True)  # killed after the new zoo was in
-        else:
-            os.rename(backup, out)  # killed between the two renames: the old zoo back
-            log.warning('%s: the zoo a killed build had moved aside is back', out)
-            fsync_dir(out.parent)
-    if staged.exists():
-        shutil.rmtree(staged, ignore_errors=True)
 
 
 def prepare_data(b: Build) -> None:

@@ -1,11 +1,10 @@
-"""experiments/train_zoo.py publishes a new zoo with renames (`publish`): at every instant a
-complete zoo is at --out, or (between two renames) the old one beside it, which the next
-build puts back (`recover_publish`). Deterministic: the failures and the kills (SIGKILL, no
-cleanup) are injected at each step; no sleeps (#51)."""
+"""A zoo is published with renames (`specjax.atomic.publish_dir`, experiments/train_zoo.py's
+last step): at every instant a complete zoo is at --out, or (between two renames) the old
+one beside it, which the next build puts back (`recover_dir`). Deterministic: the failures
+and the kills (SIGKILL, no cleanup) are injected at each step; no sleeps (#51)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -14,17 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from specjax import atomic
+
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "experiments" / "train_zoo.py"
-
-
-@pytest.fixture(scope="module", name="tz")
-def fixture_tz():
-    spec = importlib.util.spec_from_file_location("train_zoo_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def _zoo(root: Path, tag: str) -> Path:
@@ -60,17 +51,17 @@ def _leftovers(out: Path) -> list[str]:
 @pytest.mark.parametrize("same_fs", [True, False], ids=["rename", "copy"])
 @pytest.mark.parametrize("old", [True, False], ids=["over-a-zoo", "no-zoo-before"])
 def test_publish_puts_the_new_zoo_in_place_and_nothing_beside_it(
-    tz, tmp_path, monkeypatch, same_fs, old
+    tmp_path, monkeypatch, same_fs, old
 ):
     work, out, new_tree, _ = _setup(tmp_path, old)
-    monkeypatch.setattr(tz, "_same_filesystem", lambda a, b: same_fs)
-    tz.publish(work, out)
+    monkeypatch.setattr(atomic, "_same_filesystem", lambda a, b: same_fs)
+    atomic.publish_dir(work, out)
     assert _tree(out) == new_tree
     assert _leftovers(out) == [] and not work.exists()
 
 
 @pytest.mark.parametrize("step", [1, 2, 3], ids=["stage", "old-aside", "new-in"])
-def test_an_error_at_a_step_of_publish_leaves_the_old_zoo(tz, tmp_path, monkeypatch, step):
+def test_an_error_at_a_step_of_publish_leaves_the_old_zoo(tmp_path, monkeypatch, step):
     """An OSError at the `step`-th rename (the new zoo staged beside --out, the old one moved
     aside, the new one renamed in): the old zoo at --out, nothing staged left beside it."""
     work, out, _, old_tree = _setup(tmp_path)
@@ -84,7 +75,7 @@ def test_an_error_at_a_step_of_publish_leaves_the_old_zoo(tz, tmp_path, monkeypa
 
     monkeypatch.setattr(os, "rename", rename)
     with pytest.raises(OSError, match="injected"):
-        tz.publish(work, out)
+        atomic.publish_dir(work, out)
     monkeypatch.setattr(os, "rename", real_rename)
     assert _tree(out) == old_tree
     assert _leftovers(out) == []
@@ -92,14 +83,12 @@ def test_an_error_at_a_step_of_publish_leaves_the_old_zoo(tz, tmp_path, monkeypa
 
 # The publisher: dies (SIGKILL) at a step of `publish`.
 _KILLED = r"""
-import importlib.util, os, signal, sys
+import os, shutil, signal, sys
 from pathlib import Path
+from specjax import atomic
 
-script, point, work, out = sys.argv[1:]
-spec = importlib.util.spec_from_file_location("train_zoo_killed", script)
-tz = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(tz)
-real_rename, real_fsync, real_rmtree = os.rename, os.fsync, tz.shutil.rmtree
+point, work, out = sys.argv[1:]
+real_rename, real_fsync, real_rmtree = os.rename, os.fsync, shutil.rmtree
 renames = [0]
 def die():
     os.kill(os.getpid(), signal.SIGKILL)
@@ -119,11 +108,11 @@ def rmtree(path, *a, **k):
         (Path(path) / "manifest.json").unlink()  # half removed
         die()
     real_rmtree(path, *a, **k)
-os.rename, os.fsync, tz.shutil.rmtree = rename, fsync, rmtree
-tz.publish(Path(work), Path(out))
+os.rename, os.fsync, shutil.rmtree = rename, fsync, rmtree
+atomic.publish_dir(Path(work), Path(out))
 """
 
-# point -> what the next build finds at --out after `recover_publish`
+# point -> what the next build finds at --out after `recover_dir`
 KILLS = {
     "before-rename-1": "old",  # nothing moved yet
     "after-rename-1": "old",  # the new zoo staged beside --out
@@ -135,16 +124,16 @@ KILLS = {
 
 
 @pytest.mark.parametrize("point", list(KILLS))
-def test_a_kill_at_a_step_of_publish_leaves_a_complete_zoo(tz, tmp_path, point):
+def test_a_kill_at_a_step_of_publish_leaves_a_complete_zoo(tmp_path, point):
     """Killed at `point`: --out holds the old or the new zoo, whole, or (between the two
     renames only) is missing with the old zoo whole beside it; the next build's
-    `recover_publish` leaves the old zoo (killed before the new one was renamed in) or the
+    `recover_dir` leaves the old zoo (killed before the new one was renamed in) or the
     new one, and nothing beside it."""
     work, out, new_tree, old_tree = _setup(tmp_path)
     killer = tmp_path / "killed.py"
     killer.write_text(_KILLED)
     proc = subprocess.run(
-        [sys.executable, str(killer), str(SCRIPT), point, str(work), str(out)],
+        [sys.executable, str(killer), point, str(work), str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -154,10 +143,10 @@ def test_a_kill_at_a_step_of_publish_leaves_a_complete_zoo(tz, tmp_path, point):
     at_out = _tree(out)
     if at_out is None:
         assert point == "after-rename-2"
-        assert _tree(tz._backup(out)) == old_tree  # pylint: disable=protected-access
+        assert _tree(atomic.backup_name(out)) == old_tree
     else:
         assert at_out in (old_tree, new_tree)
-    tz.recover_publish(out)
+    atomic.recover_dir(out)
     assert _tree(out) == (old_tree if KILLS[point] == "old" else new_tree)
     assert _leftovers(out) == []
     print(
