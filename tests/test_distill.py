@@ -35,7 +35,7 @@ from test_subset_vocab_engine import (
 from specjax.data import corpora
 from specjax.models.subset_vocab import SubsetVocabLM, most_frequent_ids
 from specjax.tokenizers import ByteTokenizer
-from specjax.train import distill
+from specjax.train import distill, distill_data
 
 TEXTS = ["def f(x):", "a", "Genesis 1\nIn the b", "Q: 2", "abc", "hello, world"]  # ragged
 NEW, TOP_K, BUCKET, BATCH = 24, 5, 32, 4  # 6 prompts: two batches of 4 rows, one width
@@ -109,7 +109,7 @@ def test_generate_at_tau_zero_is_the_greedy_continuation(greedy):
         "ended": int((~valid[:, -1]).sum()),
     }
     # One compiled program per settings: a second call reuses it.
-    before = distill._generate_program.cache_info().hits  # pylint: disable=protected-access
+    before = distill_data._generate_program.cache_info().hits  # pylint: disable=protected-access
     distill.generate(
         model,
         TEXTS[:2],
@@ -120,7 +120,7 @@ def test_generate_at_tau_zero_is_the_greedy_continuation(greedy):
         bucket=BUCKET,
         log=_quiet,
     )
-    assert distill._generate_program.cache_info().hits == before + 1  # pylint: disable=protected-access
+    assert distill_data._generate_program.cache_info().hits == before + 1  # pylint: disable=protected-access
 
 
 def test_generate_top_k_log_probs_are_the_full_forwards(greedy):

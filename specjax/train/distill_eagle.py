@@ -3,7 +3,7 @@
 Three steps, each a function:
 
   * `verifier_features` — the verifier's final-normed hidden states over its generations
-    (`specjax.train.distill.Generated`), one forward per batch of rows: the drafter's inputs and
+    (`specjax.train.distill_data.Generated`), one forward per batch of rows: the drafter's inputs and
     regression targets, and (through the verifier's tied head) its exact next-token
     distribution at every position;
   * `train_eagle` — teacher-forced training on the reply positions: smooth-L1 between the
@@ -32,8 +32,9 @@ from specjax.errors import NPZ_ERRORS, unreadable
 from specjax.models.api import embedding_table
 from specjax.models.eagle import EagleLM, eagle_config
 from specjax.models.subset_vocab import most_frequent_ids
-from specjax.train import distill
-from specjax.train.distill import Generated, lr_schedule, optimizer
+from specjax.train import distill_data
+from specjax.train.distill import lr_schedule, optimizer
+from specjax.train.distill_data import Generated
 
 __all__ = [
     'EagleRecipe',
@@ -172,16 +173,16 @@ class Features:
 
 def text_rows(model, domain: str, n: int, reply_tokens: int, seed: int = 0) -> Generated:
     """Rows of corpus text in `Generated`'s layout, for `verifier_features`: the ``n``
-    train-split prompts `distill.domain_prompts` draws with ``seed`` (the same ones the
-    verifier answers in `distill.generate` with that seed), each in the verifier's chat
+    train-split prompts `distill_data.domain_prompts` draws with ``seed`` (the same ones the
+    verifier answers in `distill_data.generate` with that seed), each in the verifier's chat
     template, then the first ``reply_tokens`` tokens of the text that follows it in its
-    document (`distill.domain_pairs`) as the reply. Nothing is sampled (``top_ids`` /
+    document (`distill_data.domain_pairs`) as the reply. Nothing is sampled (``top_ids`` /
     ``top_logp`` hold no entries, ``temperature`` is NaN): the verifier only prefills
     these rows — its law at each position comes from its features — which costs a
     fraction of generating as many (EAGLE-1 trained on fixed text, not the target's)."""
 
-    pairs = distill.domain_pairs(domain)
-    prompts = distill.domain_prompts(domain, n, seed=seed)
+    pairs = distill_data.domain_pairs(domain)
+    prompts = distill_data.domain_prompts(domain, n, seed=seed)
     tok = model.tokenizer
     rows = [
         (tok.encode(model.chat(p)), tok.encode(pairs[p])[:reply_tokens])
