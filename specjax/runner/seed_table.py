@@ -238,8 +238,7 @@ def reprice(
                 f"reprice: costs={sorted(costs)} lack drafters {missing} of the pairing {names}"
             )
         c = [float(costs[n]) for n in names]
-        cons = r.get("consensus_cost", consensus_cost)
-        cons = consensus_cost if consensus_cost is not None else cons
+        cons = consensus_cost if consensus_cost is not None else r.get("consensus_cost")
         r = dict(r, per_plan=dict(r["per_plan"]), baselines=dict(r["baselines"]))
         r["per_plan"]["cost_repriced"] = _priced_total(r["per_plan"], c, score_cost, cons, r)
         r["baselines"]["single"] = {
