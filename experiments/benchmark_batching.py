@@ -134,11 +134,11 @@ def validate() -> None:
     `ConfigError` naming the flag, its value and what is allowed."""
     modes = sf.names("--modes", FLAGS.modes, MODES)
     if FLAGS.verifier == "smollm2":
-        from specjax.engine.deployment import (  # pylint: disable=import-outside-toplevel
+        from specjax.models.gguf import parse_layout  # pylint: disable=import-outside-toplevel
+        from specjax.runner.deployments.smollm2 import (  # pylint: disable=import-outside-toplevel
             SMOLLM2_DRAFTERS,
             SMOLLM2_EXTRA,
         )
-        from specjax.models.gguf import parse_layout  # pylint: disable=import-outside-toplevel
 
         parse_layout(FLAGS.dtype, "--dtype")
         drafters, max_len = (*SMOLLM2_DRAFTERS, *SMOLLM2_EXTRA), SMOLLM2_MAX_LEN
@@ -469,8 +469,8 @@ def main(argv):
     del argv
     prov = provenance.provenance()
     if FLAGS.verifier == "smollm2":
-        from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
         from specjax.models import gguf  # pylint: disable=import-outside-toplevel
+        from specjax.runner.deployments.smollm2 import from_smollm2  # pylint: disable=import-outside-toplevel
 
         model = gguf.smollm2_layout(FLAGS.dtype, max_len=1024, field="--dtype")
         dt = FLAGS.dtype.partition(":")[0]

@@ -166,11 +166,11 @@ def _validator(name: str):
 def validate() -> None:
     """Every flag, before anything is printed, loaded or written (`sf.run`): a
     `ConfigError` naming the flag, its value and what is allowed."""
-    from specjax.engine.deployment import (  # pylint: disable=import-outside-toplevel
+    from specjax.models.gguf import parse_layout  # pylint: disable=import-outside-toplevel
+    from specjax.runner.deployments.smollm2 import (  # pylint: disable=import-outside-toplevel
         SMOLLM2_DRAFTERS,
         SMOLLM2_EXTRA,
     )
-    from specjax.models.gguf import parse_layout  # pylint: disable=import-outside-toplevel
 
     parts = sf.names("--parts", FLAGS.parts, PARTS)
     for spec in FLAGS.dtypes:
@@ -595,7 +595,7 @@ def part_peer(result: dict, dep, f32) -> None:
 
 def main(argv):
     del argv
-    from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
+    from specjax.runner.deployments.smollm2 import from_smollm2  # pylint: disable=import-outside-toplevel
 
     prov = provenance.provenance()
     m = prov["machine"]

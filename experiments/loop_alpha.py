@@ -87,11 +87,11 @@ def define_flags():
 
 def _parse(entry: str) -> tuple[str, str, str]:
     """(label, drafter name, file or '') of one --drafters entry."""
-    from specjax.engine.deployment import (  # pylint: disable=import-outside-toplevel
+    from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
+    from specjax.runner.deployments.smollm2 import (  # pylint: disable=import-outside-toplevel
         SMOLLM2_DRAFTERS,
         SMOLLM2_EXTRA,
     )
-    from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
 
     label, _, path = entry.partition("=")
     if path:
@@ -240,7 +240,7 @@ def predict(dep, paths, gamma: int) -> dict:
 def main(argv):
     del argv
     from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
-    from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
+    from specjax.runner.deployments.smollm2 import from_smollm2  # pylint: disable=import-outside-toplevel
 
     prov = provenance.provenance()
     entries = [_parse(e) for e in FLAGS.drafters]  # checked by `validate`

