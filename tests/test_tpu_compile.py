@@ -52,6 +52,20 @@ def test_sharded_step_gathers_nothing_and_donates_its_cache():
         assert not c.copies(min_bytes=1 << 16), [o.shape for o in c.copies(1 << 16)]
 
 
+def test_one_row_step_reads_its_weights_once():
+    # Unpadded, XLA:TPU rewrote a one-row bf16 product with f32 accumulation into an f32
+    # multiply-and-reduce that first wrote f32 copies of the weights: the batch-1 decode
+    # step read ~2x the bytes of a two-token score (Llama-3.1-70B on a v5p-8).
+    mesh = slice_mesh("v5p-8", 1, 4)
+    lm, params = P.serve_form(*_verifier(d_model=1024, d_ff=2048, n_heads=8), 4)  # unpadded: 1.16x
+    read = {}
+    for k in (1, 2):
+        fn, args = P.forward_program(lm, params, mesh, "tp", 1, k, 128)
+        c = _compile(fn, args, mesh=mesh)
+        read[k] = c.bytes_accessed
+    assert read[1] <= 1.05 * read[2], read
+
+
 def test_fsdp_decodes_without_moving_weights():
     mesh = slice_mesh("v5e-4", 2, 2)
     lm, params = P.serve_form(*_verifier(), 2)

@@ -10,12 +10,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.runtime import backend
-
 __all__ = ['HALF_MIN_ROWS', 'PRODUCTS', 'project']
 
 PRODUCTS = 'flat'  # weight products: 'flat' (`project`) or 'einsum' (before it); trace time
-HALF_MIN_ROWS = 2  # on the CPU, a half-precision product of fewer rows is padded to this many
+HALF_MIN_ROWS = 2  # a half-precision product of fewer rows is padded to this many (any platform)
 
 
 def project(x: jax.Array, w: jax.Array, dt, out_dtype=None, out_first: bool = False) -> jax.Array:
@@ -32,10 +30,14 @@ def project(x: jax.Array, w: jax.Array, dt, out_dtype=None, out_first: bool = Fa
     step at batch 1) is padded with a zero row, dropped after (no value depends on it).
     Measured on the 2-core Xeon with AVX-512 BF16 (docs/performance.md, run products): SmolLM2 in
     bf16, one-token step 42.3 -> 36.2 ms and T_score(9) / T_step 1.44 -> 1.01 at batch 1
-    with the f32 accumulation and the pad; f32 is unchanged by them. On an accelerator the pad is free
-    (the matrix unit pads rows anyway), so programs traced for another platform
-    (`specjax.runtime.backend.platform`) are not padded. `PRODUCTS = 'einsum'` traces the
-    products as before (an einsum in ``dt``), for paired comparisons.
+    with the f32 accumulation and the pad; f32 is unchanged by them. The pad is kept on
+    every platform: on a TPU a one-row product with f32 accumulation is rewritten by XLA
+    into an f32 multiply-and-reduce that first writes an f32 copy of the weight (XLA:TPU,
+    libtpu 0.0.42: the attention weights of Llama-3.1-70B's decode step converted per call,
+    74.1 GB accessed per chip on a v5p-8 against 48.5 GB at two rows and a step estimated
+    at 31.5 against 20.6 ms); padded, the product stays on the matrix unit, which pads rows
+    to its tile anyway. `PRODUCTS = 'einsum'` traces the products as before (an einsum
+    in ``dt``), for paired comparisons.
 
     ``out_first`` makes the product ``[B·T, K] × [N, K]ᵀ`` (contracting both last dims;
     no transpose is materialised). On the same Xeon, bf16 with f32 accumulation, SmolLM2's
@@ -60,7 +62,7 @@ def project(x: jax.Array, w: jax.Array, dt, out_dtype=None, out_first: bool = Fa
     k = x2.shape[1]
     w2 = (w.reshape(-1, k) if out_first else w.reshape(k, -1)).astype(dt)
     half = dt.itemsize == 2
-    if half and rows < HALF_MIN_ROWS and backend.platform() == 'cpu':
+    if half and rows < HALF_MIN_ROWS:
         x2 = jnp.pad(x2, ((0, HALF_MIN_ROWS - rows), (0, 0)))
     acc = jnp.float32 if half else out_dtype
     if out_first:
