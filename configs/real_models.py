@@ -15,7 +15,7 @@ verified through the token-level intersection of the two vocabularies, matched b
 into their shards on the mesh.
 
 Per-device memory (bf16 parameters and KV cache, batch 16 rows x 4096 positions;
-`specjax.runner.hf_deployment.memory_table` prints it for the folders given, from their
+`specjax.runner.deployments.hf.memory_table` prints it for the folders given, from their
 config.json alone):
 
   ===========================  ===============  ===============  ===============
@@ -45,7 +45,7 @@ from specjax.configs.common import parse_config_arg, plans_defaults
 
 def defaults() -> ml_collections.ConfigDict:
     c = plans_defaults()  # shared fields, each commented (specjax/configs/common.py)
-    c.deployment = "hf"  # Hugging Face folders by local path (runner/hf_deployment.py)
+    c.deployment = "hf"  # Hugging Face folders by local path (runner/deployments/hf.py)
     c.verifier = ""  # the verifier's folder (--config.verifier=PATH)
     c.drafters = (
         ml_collections.ConfigDict()

@@ -43,7 +43,7 @@ def _policies(drafters) -> list:
 
 def defaults() -> ml_collections.ConfigDict:
     c = plans_defaults()  # shared fields, each commented (specjax/configs/common.py)
-    c.deployment = "smollm2"  # SmolLM2-135M-Instruct + its drafters (runner/smollm2_deployment.py)
+    c.deployment = "smollm2"  # SmolLM2-135M-Instruct + its drafters (runner/deployments/smollm2.py)
     c.dtype = "float32"  # verifier's and distilled drafters' dtype: 'float32' or 'bfloat16'
     c.max_len = 1024  # the verifier's context (KV-cache capacity), <= SmolLM2's 8192
     c.seed_table = True  # write summary.json + seed_report.md (the seed's table)

@@ -54,7 +54,7 @@ from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
 from specjax.measure.evaluation import first_differences
 from specjax.models.zoo import load_zoo
-from specjax.runner import provenance
+from specjax.runner import deployments, provenance
 from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS
@@ -133,7 +133,7 @@ def validate() -> None:
     """Every flag, before anything is printed, loaded or written (`sf.run`): a
     `ConfigError` naming the flag, its value and what is allowed."""
     modes = sf.names("--modes", FLAGS.modes, MODES)
-    if FLAGS.verifier == "smollm2":
+    if deployments.get(FLAGS.verifier, "--verifier").weight_layouts:
         from specjax.models.gguf import parse_layout  # pylint: disable=import-outside-toplevel
         from specjax.runner.deployments.smollm2 import (  # pylint: disable=import-outside-toplevel
             SMOLLM2_DRAFTERS,
@@ -421,7 +421,7 @@ def render_page(result: dict) -> list[str]:
     lines = [
         (
             "SmolLM2-135M-Instruct (" + f.get("dtype", "") + ", chat template); "
-            if verifier == "smollm2"
+            if deployments.get(verifier, "verifier").weight_layouts
             else ""
         )
         + f"N = {f['n_prompts']} prompts, budgets {f['new_tokens_min']}–{f['new_tokens_max']}"
@@ -468,7 +468,7 @@ def render_page(result: dict) -> list[str]:
 def main(argv):
     del argv
     prov = provenance.provenance()
-    if FLAGS.verifier == "smollm2":
+    if deployments.get(FLAGS.verifier, "--verifier").weight_layouts:
         from specjax.models import gguf  # pylint: disable=import-outside-toplevel
         from specjax.runner.deployments.smollm2 import from_smollm2  # pylint: disable=import-outside-toplevel
 

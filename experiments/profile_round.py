@@ -82,7 +82,7 @@ from specjax.measure.round_anatomy import (
     thunk_profile,
     variants,
 )
-from specjax.runner import provenance
+from specjax.runner import deployments, provenance
 from specjax.runner import script_flags as sf
 from specjax.runner.results import atomic_write_text
 
@@ -166,7 +166,7 @@ def validate() -> None:
     `ConfigError` naming the flag, its value and what is allowed."""
     sf.integers("--batches", FLAGS.batches, 1, 1024)
     gammas = sf.integers("--gammas", FLAGS.gammas, 1, 64)
-    if FLAGS.verifier == "smollm2":
+    if deployments.get(FLAGS.verifier, "--verifier").weight_layouts:
         from specjax.models.gguf import parse_layout  # pylint: disable=import-outside-toplevel
         from specjax.runner.deployments.smollm2 import (  # pylint: disable=import-outside-toplevel
             SMOLLM2_DRAFTERS,
@@ -446,7 +446,7 @@ def _load_packages(pkgs: list[str]) -> dict:
     loaded = {}
     for pkg in pkgs:
         mods = load_package(pkg)
-        if FLAGS.verifier == "smollm2":
+        if deployments.get(FLAGS.verifier, "--verifier").weight_layouts:
             gguf = importlib.import_module(f"{pkg}.models.gguf")
             model = gguf.smollm2_layout(FLAGS.dtype, max_len=1024, field="--dtype")
             dt = FLAGS.dtype.partition(":")[0]

@@ -193,7 +193,7 @@ def test_a_mesh_that_tiles_the_devices_and_splits_the_heads_passes(folder):
     verifier's 4 query heads passes the checks (the library call)."""
     import importlib.util  # pylint: disable=import-outside-toplevel
 
-    from specjax.runner import hf_deployment  # pylint: disable=import-outside-toplevel
+    from specjax.runner.deployments import hf as hf_deployment  # pylint: disable=import-outside-toplevel
 
     spec = importlib.util.spec_from_file_location(
         "real_models", REPO / "configs" / "real_models.py"

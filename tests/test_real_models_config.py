@@ -80,7 +80,8 @@ def test_deployment_and_memory_table(folders):
     from specjax.engine import generate as gen
     from specjax.engine.deployment import build_deployment
     from specjax.engine.spec import EngineConfig
-    from specjax.runner import experiments, hf_deployment
+    from specjax.runner import experiments
+    from specjax.runner.deployments import hf as hf_deployment
 
     paths, models = folders
     c = _config(paths)

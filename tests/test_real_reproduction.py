@@ -129,7 +129,7 @@ def _no_weights(*args, **kwargs):
 @needs_wheel
 def test_validation_reads_no_weights_and_names_the_inputs(monkeypatch):
     from specjax.runner import plans_validation  # pylint: disable=import-outside-toplevel
-    from specjax.runner import smollm2_deployment as sd  # pylint: disable=import-outside-toplevel
+    from specjax.runner.deployments import smollm2 as sd  # pylint: disable=import-outside-toplevel
 
     monkeypatch.setattr(gguf, "load_gguf_params", _no_weights)
     inputs = plans_validation.validate(_config("runlocal,lookup"))
@@ -152,8 +152,8 @@ def test_validation_reads_no_weights_and_names_the_inputs(monkeypatch):
 @needs_wheel
 def test_shrunk_runlocal_end_to_end(tmp_path):
     """One plan per domain, one step of ≤ 8 tokens, two policies, through the sweep."""
-    from specjax.runner import smollm2_deployment as sd  # pylint: disable=import-outside-toplevel
     from specjax.runner import sweep  # pylint: disable=import-outside-toplevel
+    from specjax.runner.deployments import smollm2 as sd  # pylint: disable=import-outside-toplevel
 
     sd.verifier.cache_clear()
     sd.deployment.cache_clear()

@@ -262,7 +262,7 @@ def _unknown_field(key: str, raw: str, node: Any, parent: str) -> ConfigError:
 
 def real_sweep(c) -> None:
     """The sweeps' ``real`` size (`make sweeps-real`): the real verifier, SmolLM2-135M-Instruct
-    with its drafters (runner/smollm2_deployment.py), one plan per domain, one step of ≤ 16
+    with its drafters (runner/deployments/smollm2.py), one plan per domain, one step of ≤ 16
     tokens; each sweep config sets its own grid on top."""
     c.deployment = "smollm2"
     c.dtype = "float32"

@@ -28,8 +28,6 @@ from specjax.policy.plan import run_plans
 from specjax.policy.summary import plan_totals, summarize
 from specjax.policy.switches import Policy
 from specjax.runner.plans_setup import (
-    DEPLOYMENTS,
-    SYNTHETIC_PROMPTS,
     cell_deployment,
     load_deployment,
     load_zoo_checked,
@@ -45,8 +43,6 @@ from specjax.runner.registry import register_experiment
 #: validation, importable from here as before.
 __all__ = [
     "AUTO_GAMMAS",
-    "DEPLOYMENTS",
-    "SYNTHETIC_PROMPTS",
     "auto_gamma_candidates",
     "load_deployment",
     "load_zoo_checked",

