@@ -1,7 +1,9 @@
 """A decoder-only Llama-style transformer in flax.nnx.
 
 RMSNorm (pre-norm), rotary positions with explicit position ids, SwiGLU MLP,
-grouped-query attention, untied or tied embeddings. Every parameter carries logical axis
+grouped-query attention, untied or tied embeddings; and the switches other families need
+(Gemma 3: q/k norms, post-norms with ``(1 + w)`` scales, GeGLU, a query scale, local
+layers with a sliding window and their own rotary base), off by default. Every parameter carries logical axis
 names in its ``out_sharding`` metadata (``nnx.with_partitioning``'s key; the older
 ``sharding_names`` is deprecated in flax 0.12) with eager sharding off, so building the
 model never needs a mesh: placement is ``specjax.runtime.sharding``'s job.
@@ -37,6 +39,8 @@ from specjax.runtime.sharding import with_logical_constraint
 
 _DTYPES = ('float32', 'bfloat16', 'float16', 'float64')
 _NEG = float(np.finfo(np.float32).min)  # finite, so a fully masked row gives no NaN
+#: MLP gate activations (`TransformerConfig.mlp_act`): SwiGLU's and GeGLU's (tanh GELU).
+_ACTS = {'silu': jax.nn.silu, 'gelu_tanh': lambda x: jax.nn.gelu(x, approximate=True)}
 
 
 def _dtype_name(value, field: str) -> str:
@@ -88,6 +92,19 @@ class TransformerConfig:
     out_first: bool = False  # projection weights stored output dims first ([out, in], as
     #                          HF and GGUF keep them: wq [H, hd, D], lm_head [V, D]); the
     #                          products contract their last dims; same function
+    # Architecture switches of other families (Gemma 3: `specjax.models.families.gemma3`);
+    # at their defaults a model is the Llama-style one above, program for program.
+    head_size: int = 0  # query/key/value head size; 0: d_model // n_heads
+    qk_norm: bool = False  # RMSNorm over each query and key head (before rotary)
+    post_norms: bool = False  # RMSNorm on the attention's and the MLP's outputs too
+    #                           (Gemma's four norms per block)
+    norm_plus_one: bool = False  # every RMSNorm scales by (1 + w) (Gemma), not w
+    mlp_act: str = 'silu'  # gate activation: 'silu' (SwiGLU) or 'gelu_tanh' (GeGLU)
+    query_pre_attn_scalar: float = 0.0  # queries times this ** -1/2; 0: head_size
+    sliding_window: int = 0  # local layers attend to keys at positions (p - window, p]
+    local_layers: tuple = ()  # indices of the local (sliding-window) layers
+    rope_local_theta: float = 0.0  # rotary base of the local layers (unscaled); 0: as
+    #                                 the global layers (rope_theta, rope_scaling)
 
     def __post_init__(self):
         def check_int(field, lo, hi=None, extra=''):
@@ -108,7 +125,14 @@ class TransformerConfig:
                 f'TransformerConfig.n_kv_heads={self.n_kv_heads}: must divide '
                 f'n_heads={self.n_heads} (allowed: a divisor of {self.n_heads})'
             )
-        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+        check_int('head_size', 0)
+        if self.head_size % 2:
+            raise ValueError(
+                f'TransformerConfig.head_size={self.head_size}: must be even (rotary pairs)'
+            )
+        if not self.head_size and (
+            self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2
+        ):
             raise ValueError(
                 f'TransformerConfig.n_heads={self.n_heads}: d_model={self.d_model} '
                 f'must split into n_heads heads of even size (rotary pairs)'
@@ -126,15 +150,56 @@ class TransformerConfig:
             raise ValueError(f'TransformerConfig.norm_eps={self.norm_eps!r}: must be in (0, 1)')
         object.__setattr__(self, 'norm_eps', float(self.norm_eps))
         object.__setattr__(self, 'rope_scaling', parse_rope_scaling(self.rope_scaling))
-        for f in ('qkv_bias', 'embed_input_scale', 'fused_projections', 'out_first'):
+        for f in (
+            'qkv_bias',
+            'embed_input_scale',
+            'fused_projections',
+            'out_first',
+            'qk_norm',
+            'post_norms',
+            'norm_plus_one',
+        ):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(
                     f'TransformerConfig.{f}={getattr(self, f)!r}: must be True or False'
                 )
+        if self.mlp_act not in _ACTS:
+            raise ValueError(
+                f'TransformerConfig.mlp_act={self.mlp_act!r}: must be one of {tuple(_ACTS)}'
+            )
+        for f in ('query_pre_attn_scalar', 'rope_local_theta'):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ValueError(f'TransformerConfig.{f}={v!r}: must be a number >= 0')
+            object.__setattr__(self, f, float(v))
+        check_int('sliding_window', 0)
+        try:
+            local = tuple(sorted({int(i) for i in self.local_layers}))
+        except (TypeError, ValueError):
+            local = None
+        if local is None or any(not 0 <= i < self.n_layers for i in local):
+            raise ValueError(
+                f'TransformerConfig.local_layers={self.local_layers!r}: must be layer '
+                f'indices in [0, {self.n_layers})'
+            )
+        if local and not self.sliding_window:
+            raise ValueError(f'TransformerConfig.local_layers={local}: needs sliding_window >= 1')
+        object.__setattr__(self, 'local_layers', local)
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.head_size or self.d_model // self.n_heads
+
+    def layer_window(self, i: int) -> int:
+        """Layer ``i``'s sliding window (0: it attends to every earlier position)."""
+        return self.sliding_window if i in self.local_layers else 0
+
+    def layer_rope(self, i: int) -> tuple[float, tuple]:
+        """Layer ``i``'s rotary base and scaling: a local layer's own base, unscaled,
+        where the config has one (Gemma 3's), else the model's."""
+        if i in self.local_layers and self.rope_local_theta:
+            return self.rope_local_theta, ()
+        return self.rope_theta, self.rope_scaling
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -143,6 +208,8 @@ class TransformerConfig:
                 del d[f]
         if 'rope_scaling' in d:
             d['rope_scaling'] = [list(kv) for kv in d['rope_scaling']]
+        if 'local_layers' in d:
+            d['local_layers'] = list(d['local_layers'])
         return d
 
     @classmethod
@@ -163,6 +230,15 @@ _LATER_FIELDS = (
     'embed_input_scale',
     'fused_projections',
     'out_first',
+    'head_size',
+    'qk_norm',
+    'post_norms',
+    'norm_plus_one',
+    'mlp_act',
+    'query_pre_attn_scalar',
+    'sliding_window',
+    'local_layers',
+    'rope_local_theta',
 )
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
 _TRUNC_STD = 0.87962566103423978  # std of a standard normal truncated to [-2, 2]
@@ -209,17 +285,31 @@ def _fan_in_std(fan_in: int, scale: float = 1.0) -> float:
 
 
 class RMSNorm(nnx.Module):
+    """RMSNorm over the last axis, scaled by ``w`` (by ``1 + w``, ``w`` starting at 0,
+    where `TransformerConfig.norm_plus_one`: Gemma's)."""
+
     def __init__(
-        self, dim: int, cfg: TransformerConfig, *, rngs: nnx.Rngs, eps: float | None = None
+        self,
+        dim: int,
+        cfg: TransformerConfig,
+        *,
+        rngs: nnx.Rngs,
+        eps: float | None = None,
+        axis: str = 'embed',
     ):
         self.eps = cfg.norm_eps if eps is None else eps
-        self.scale = _param(rngs, (dim,), ('embed',), None, cfg.param_dtype)
+        self.plus_one = cfg.norm_plus_one
+        init = 0.0 if self.plus_one else None
+        self.scale = _param(rngs, (dim,), (axis,), init, cfg.param_dtype)
 
     def __call__(self, x):
         acc = accumulation(x.dtype)
         x32 = x.astype(acc)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (normed * self.scale[...].astype(acc)).astype(x.dtype)
+        scale = self.scale[...].astype(acc)
+        if self.plus_one:
+            scale = 1.0 + scale
+        return (normed * scale).astype(x.dtype)
 
 
 CACHE_CHUNK = 128  # slots per block of the blocked cache read (`cache_attention`)
@@ -227,11 +317,21 @@ CACHE_MIN_BLOCKS = 4  # caches of fewer blocks are read whole
 
 
 def cache_attention(
-    q, cache_k, cache_v, length, dt, chunk: int | None = None, min_blocks: int | None = None
+    q,
+    cache_k,
+    cache_v,
+    length,
+    dt,
+    chunk: int | None = None,
+    min_blocks: int | None = None,
+    q_pos=None,
+    window: int = 0,
 ):
     """Attention of ``q: [B, KV, Q, hd]`` over the committed slots of one layer's cache
     (keys ``cache_k: [B, KV, hd, S]``, or ``[B, KV, S, hd]`` where `cache.keys_slots_major`;
-    values ``cache_v: [B, KV, S, hd]``).
+    values ``cache_v: [B, KV, S, hd]``). With a ``window`` (and ``q_pos: i32[B, Q]``, each
+    query row's position) a row sees only slots ``j > q_pos - window``: a committed slot's
+    position is its index (the API's convention: the caller commits tokens in order).
 
     Returns ``(m, z, o)``: per query row the max score ``m`` (``_NEG`` where nothing is
     committed), ``z = Σ exp(s − m)`` and the unnormalised ``o = Σ exp(s − m) v``, f32,
@@ -273,6 +373,8 @@ def cache_attention(
         )
         slot = start + jnp.arange(c)
         valid = ((slot[None, :] >= lo) & (slot[None, :] < length[:, None]))[:, None, None, :]
+        if window:  # [B, 1, Q, c]: the slots inside each query row's window
+            valid = valid & (slot[None, None, :] > q_pos[:, :, None] - window)[:, None]
         s = jnp.where(valid, s, _NEG)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         e = jnp.where(valid, jnp.exp(s - m_new[..., None]), 0.0)
@@ -303,8 +405,10 @@ def cache_attention(
 class Attention(nnx.Module):
     """Grouped-query attention over committed cache slots plus the current block."""
 
-    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs, layer: int = 0):
         self.cfg = cfg
+        self.window = cfg.layer_window(layer)  # 0: global
+        self.theta, self.scaling = cfg.layer_rope(layer)
         d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         pd = cfg.param_dtype
         out_scale = 1.0 / (2 * cfg.n_layers)  # residual branches start small
@@ -340,6 +444,9 @@ class Attention(nnx.Module):
             self.bq = _param(rngs, (h, hd), ('heads', 'head_dim'), 0.0, pd)
             self.bk = _param(rngs, (kv, hd), ('kv_heads', 'head_dim'), 0.0, pd)
             self.bv = _param(rngs, (kv, hd), ('kv_heads', 'head_dim'), 0.0, pd)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg, rngs=rngs, axis='head_dim')
+            self.k_norm = RMSNorm(hd, cfg, rngs=rngs, axis='head_dim')
 
     def __call__(self, x, positions, block_mask, cache=None):
         """Args:
@@ -368,14 +475,20 @@ class Attention(nnx.Module):
                 q, k, v = (
                     y + b[...].astype(dt) for y, b in ((q, self.bq), (k, self.bk), (v, self.bv))
                 )
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = with_logical_constraint(q, ('batch', 'length', 'heads', 'head_dim'))
-        q = rotary(q, positions, cfg.rope_theta, cfg.rope_scaling) * jnp.asarray(hd**-0.5, dt)
-        k = rotary(k, positions, cfg.rope_theta, cfg.rope_scaling)
+        q_scale = (cfg.query_pre_attn_scalar or hd) ** -0.5
+        q = rotary(q, positions, self.theta, self.scaling) * jnp.asarray(q_scale, dt)
+        k = rotary(k, positions, self.theta, self.scaling)
         qg = q.reshape(B, T, kv, g, hd)
 
         # The block attends to its own keys directly, so its logits never depend on where
         # (or whether) it lands in the cache; the cache supplies only committed slots.
         s_blk = jnp.einsum('btkgh,bskh->bkgts', qg, k, preferred_element_type=accumulation(dt))
+        if self.window:  # a local layer: block keys within the window of each query
+            near = positions[:, :, None] - positions[:, None, :] < self.window
+            block_mask = block_mask & near
         s_blk = jnp.where(block_mask[:, None, None, :, :], s_blk, _NEG)
         if cache is None:
             probs = jax.nn.softmax(s_blk, axis=-1).astype(dt)
@@ -391,7 +504,10 @@ class Attention(nnx.Module):
             # Query rows (g, t) of each KV head against its slots: batch dims (B, KV)
             # leading, as the cache is laid out (keys [hd, S], values [S, hd]: no repacks).
             qc = qg.transpose(0, 2, 3, 1, 4).reshape(B, kv, g * T, hd)
-            m_c, z_c, o_c = cache_attention(qc, cache_k, cache_v, length, dt)
+            window = {}
+            if self.window:  # query row g·T + t is at positions[:, t]
+                window = dict(q_pos=jnp.tile(positions, (1, g)), window=self.window)
+            m_c, z_c, o_c = cache_attention(qc, cache_k, cache_v, length, dt, **window)
             m_c, z_c = m_c.reshape(B, kv, g, T), z_c.reshape(B, kv, g, T)
             # Softmax over [committed slots, block tokens] without concatenating them: the
             # cache's (max, sum, unnormalised output) merged with the block's, normalised
@@ -423,6 +539,7 @@ class Attention(nnx.Module):
 class MLP(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         self.dtype = cfg.dtype
+        self.act = cfg.mlp_act
         self.fused = cfg.fused_projections
         self.out_first = cfg.out_first
         d, f, pd = cfg.d_model, cfg.d_ff, cfg.param_dtype
@@ -443,21 +560,34 @@ class MLP(nnx.Module):
         else:
             gate = project(x, self.w_gate[...], dt, out_first=of)
             up = project(x, self.w_up[...], dt, out_first=of)
-        h = with_logical_constraint(jax.nn.silu(gate) * up, ('batch', 'length', 'mlp'))
+        h = with_logical_constraint(_ACTS[self.act](gate) * up, ('batch', 'length', 'mlp'))
         return project(h, self.w_down[...], dt, out_first=of)
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    """Pre-norm attention and MLP (``layer``: its index, which picks its window and
+    rotary base); with `TransformerConfig.post_norms` each branch's output is normed too
+    before it joins the residual stream (Gemma's four norms)."""
+
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs, layer: int = 0):
         self.attn_norm = RMSNorm(cfg.d_model, cfg, rngs=rngs)
-        self.attn = Attention(cfg, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs, layer=layer)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
+        self.post_norms = cfg.post_norms
+        if cfg.post_norms:
+            self.attn_post_norm = RMSNorm(cfg.d_model, cfg, rngs=rngs)
+            self.mlp_post_norm = RMSNorm(cfg.d_model, cfg, rngs=rngs)
 
     def __call__(self, x, positions, block_mask, cache=None):
         a, new_cache = self.attn(self.attn_norm(x), positions, block_mask, cache)
+        if self.post_norms:
+            a = self.attn_post_norm(a)
         x = x + a
-        x = x + self.mlp(self.mlp_norm(x))
+        m = self.mlp(self.mlp_norm(x))
+        if self.post_norms:
+            m = self.mlp_post_norm(m)
+        x = x + m
         return with_logical_constraint(x, ('batch', 'length', 'embed')), new_cache
 
 
@@ -474,7 +604,7 @@ class Transformer(nnx.Module):
             rngs, (cfg.vocab_size, cfg.d_model), ('vocab', 'embed'), std, cfg.param_dtype
         )
         for i in range(cfg.n_layers):
-            setattr(self, f'layer_{i}', Block(cfg, rngs=rngs))
+            setattr(self, f'layer_{i}', Block(cfg, rngs=rngs, layer=i))
         self.final_norm = RMSNorm(cfg.d_model, cfg, rngs=rngs)
         if not cfg.tie_embeddings:
             self.lm_head = _weight(
