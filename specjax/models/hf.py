@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints (Llama, Qwen2, Mistral) in and out of specjax's transformer.
+"""Hugging Face checkpoints (every registered family, `specjax.models.families`: Llama,
+Qwen2, Mistral) in and out of specjax's transformer.
 
 A Hugging Face model folder is ``config.json`` plus ``model.safetensors`` or shards
 ``model-0000i-of-0000n.safetensors`` listed in ``model.safetensors.index.json``::
@@ -51,6 +52,7 @@ import ml_dtypes
 import numpy as np
 
 from specjax.atomic import atomic_write_bytes, atomic_write_text
+from specjax.models import families
 from specjax.models.api import TransformerLM
 from specjax.models.fused import separate_leaf
 from specjax.models.hf_config import FAMILIES, _fail, config_from_hf, hf_config, read_config_json
@@ -95,7 +97,10 @@ class _Entry:
     to_hf: Callable[[np.ndarray], np.ndarray]  # specjax array -> HF layout
 
 
-def _entries(cfg: TransformerConfig) -> list[_Entry]:
+def _entries(cfg: TransformerConfig, family=None) -> list[_Entry]:
+    """Every leaf of ``cfg``'s params with its HF tensor, named as ``family`` names them
+    (a registered family or its name; None: Llama's names)."""
+    names = families.get(family or 'llama').hf_names
     d, h, kv, hd, f, v = (
         cfg.d_model,
         cfg.n_heads,
@@ -115,36 +120,41 @@ def _entries(cfg: TransformerConfig) -> list[_Entry]:
         p, L = f'layer_{i}', f'model.layers.{i}'
         qf, qb = heads_in(h)
         kf, kb = heads_in(kv)
-        out += [
-            _Entry((p, 'attn_norm', 'scale'), f'{L}.input_layernorm.weight', (d,), ident, ident),
-            _Entry((p, 'attn', 'wq'), f'{L}.self_attn.q_proj.weight', (h * hd, d), qf, qb),
-            _Entry((p, 'attn', 'wk'), f'{L}.self_attn.k_proj.weight', (kv * hd, d), kf, kb),
-            _Entry((p, 'attn', 'wv'), f'{L}.self_attn.v_proj.weight', (kv * hd, d), kf, kb),
-            _Entry(
+        layer = [
+            ((p, 'attn_norm', 'scale'), (d,), ident, ident),
+            ((p, 'attn', 'wq'), (h * hd, d), qf, qb),
+            ((p, 'attn', 'wk'), (kv * hd, d), kf, kb),
+            ((p, 'attn', 'wv'), (kv * hd, d), kf, kb),
+            (
                 (p, 'attn', 'wo'),
-                f'{L}.self_attn.o_proj.weight',
                 (d, h * hd),
                 lambda x: x.T.reshape(h, hd, d),
                 lambda x: x.reshape(h * hd, d).T,
             ),
-            _Entry(
-                (p, 'mlp_norm', 'scale'), f'{L}.post_attention_layernorm.weight', (d,), ident, ident
-            ),
-            _Entry((p, 'mlp', 'w_gate'), f'{L}.mlp.gate_proj.weight', (f, d), tr, tr),
-            _Entry((p, 'mlp', 'w_up'), f'{L}.mlp.up_proj.weight', (f, d), tr, tr),
-            _Entry((p, 'mlp', 'w_down'), f'{L}.mlp.down_proj.weight', (d, f), tr, tr),
         ]
+        if cfg.qk_norm:
+            layer += [((p, 'attn', n, 'scale'), (hd,), ident, ident) for n in ('q_norm', 'k_norm')]
+        if cfg.post_norms:
+            layer.append(((p, 'attn_post_norm', 'scale'), (d,), ident, ident))
+        layer += [
+            ((p, 'mlp_norm', 'scale'), (d,), ident, ident),
+            ((p, 'mlp', 'w_gate'), (f, d), tr, tr),
+            ((p, 'mlp', 'w_up'), (f, d), tr, tr),
+            ((p, 'mlp', 'w_down'), (d, f), tr, tr),
+        ]
+        if cfg.post_norms:
+            layer.append(((p, 'mlp_post_norm', 'scale'), (d,), ident, ident))
         if cfg.qkv_bias:
             for name, n in (('q', h), ('k', kv), ('v', kv)):
-                out.append(
-                    _Entry(
+                layer.append(
+                    (
                         (p, 'attn', f'b{name}'),
-                        f'{L}.self_attn.{name}_proj.bias',
                         (n * hd,),
                         (lambda x, n=n: x.reshape(n, hd)),
                         (lambda x, n=n: x.reshape(n * hd)),
                     )
                 )
+        out += [_Entry(path, f'{L}.{names[path[1:]]}', *rest) for path, *rest in layer]
     out.append(_Entry(('final_norm', 'scale'), 'model.norm.weight', (d,), ident, ident))
     if not cfg.tie_embeddings:
         out.append(_Entry(('lm_head',), 'lm_head.weight', (v, d), tr, tr))
@@ -216,7 +226,7 @@ def read_checkpoint(
                     f'{root / INDEX}: tensor {name} is listed in {fname} but stored '
                     f'in {tensors[name].file.name}'
                 )
-    entries = _entries(cfg)
+    entries = _entries(cfg, family)
     wanted = {e.hf_name for e in entries}
     for e in entries:
         t = tensors.get(e.hf_name)
@@ -292,7 +302,7 @@ def load_hf_params(ckpt: HFCheckpoint, shardings=None) -> dict:
     params: dict = {}
     maps = TensorMaps()
     try:
-        for e in _entries(cfg):
+        for e in _entries(cfg, ckpt.family):
             t = ckpt.tensors[e.hf_name]
             place_leaf(params, e.path, e.to_jax(maps.view(t)), dtype, shardings)  # a view, no copy
             maps.release(t)
@@ -341,19 +351,26 @@ def _host(x) -> np.ndarray:
     return np.asarray(x)
 
 
+def _folds(cfg: TransformerConfig, family) -> bool:
+    """Whether a tied table with Gemma's input scale is exported untied with the scale
+    folded into ``embed_tokens`` (a family with no input scale of its own)."""
+    return cfg.tie_embeddings and cfg.embed_input_scale and not family.scales_embedding
+
+
 def _export_tensors(
-    lm: TransformerLM, params
+    lm: TransformerLM, params, family='llama'
 ) -> Iterator[tuple[str, Callable[[], np.ndarray], tuple, np.dtype]]:
     """(hf name, producer of its array, shape, dtype) in checkpoint order."""
     cfg = lm.config
-    fold = cfg.tie_embeddings and cfg.embed_input_scale  # Gemma-style: untie on export
+    family = families.get(family, 'hf export family')
+    fold = _folds(cfg, family)  # Gemma-style scale, a family without it: untie on export
     export_cfg = dataclasses.replace(
         cfg,
         tie_embeddings=cfg.tie_embeddings and not fold,
         fused_projections=False,
         out_first=False,
     )
-    entries = _entries(export_cfg)
+    entries = _entries(export_cfg, family)
     dt = np.dtype(lm.abstract_params()['embed'].dtype)
     for e in entries:
         leaf_path = e.path
@@ -389,9 +406,9 @@ def save_hf(
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     cfg_json = hf_config(lm.config, family)
-    if lm.config.tie_embeddings and lm.config.embed_input_scale:
+    if _folds(lm.config, families.get(family, 'hf export family')):
         cfg_json['tie_word_embeddings'] = False
-    items = list(_export_tensors(lm, params))
+    items = list(_export_tensors(lm, params, family))
     # Plan the files: consecutive tensors up to max_shard_bytes each.
     shards: list[list] = [[]]
     size = 0
