@@ -53,24 +53,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.engine.autoregressive import ar_loop
+from specjax.engine.autoregressive import ARInputs, ARLoop
 from specjax.engine.batching_queue import Queue, Rows, Tally, check_queue, pad_rows
 from specjax.engine.checks import check_features
-from specjax.engine.decode import round_budget, speculative_round
-from specjax.engine.features import feature_layout, pick_features
-from specjax.engine.generate import (
-    CallShapes,
-)
-from specjax.engine.prefill import prefill_cache
+from specjax.engine.decode import RoundInputs, SpecLoop
+from specjax.engine.prefill import CallShapes, prompt_state
 from specjax.engine.programs import check_finite, compile_program, run_program
-from specjax.engine.spec import (
-    DrafterData,
-    DrafterSpec,
-    EngineConfig,
-    share_drafting,
-    widest_chain,
-)
-from specjax.engine.state import Counters, DecodeState, EngineState
+from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig, share_drafting
+from specjax.engine.state import EngineState
 from specjax.verify import registry
 
 __all__ = ['ContinuousResult', 'continuous_generate', 'refill_sizes']
@@ -126,166 +116,56 @@ _REFILL_STATICS = ("verifier", "drafter_lms", "shapes")
 
 
 def _prefill_rows(
-    v_params,
-    d_params,
-    prompt,
-    prompt_len,
-    d_prompts,
-    d_prompt_len,
-    *,
-    verifier,
-    drafter_lms,
+    v_params, d_params, prompt, prompt_len, d_prompts, d_prompt_len, *, verifier, drafter_lms,
     shapes: CallShapes,
-) -> EngineState:
-    """The state of R fresh rows, as the static engine's prefill makes it."""
-    r = prompt.shape[0]
-    features, picks = feature_layout(verifier, drafter_lms)
-    vout = prefill_cache(
-        verifier, v_params, prompt, prompt_len - 1, shapes.v_cap, with_hidden=features
-    )
-    vcache = vout[0]
-    dcaches, dlogits = [], []
-    for lm, params, dp, dl, cap, pick in zip(
-        drafter_lms, d_params, d_prompts, d_prompt_len, shapes.d_caps, picks
-    ):
-        feats = None
-        if pick is not None:
-            feats = (pick_features(vout[2], pick, features), prompt_len - 1)
-        c, lg = prefill_cache(lm, params, dp, dl, cap, features=feats)
-        dcaches.append(c)
-        dlogits.append(lg)
-    tokens = jnp.zeros((r, shapes.buf_len), jnp.int32).at[:, : prompt.shape[1]].set(prompt)
-    return EngineState(
-        tokens=tokens,
-        length=prompt_len,
-        vcache=vcache,
-        dcaches=tuple(dcaches),
-        dsynced=jnp.broadcast_to(prompt_len, (len(drafter_lms), r)),
-        dlogits=tuple(dlogits),
+) -> EngineState:  # fmt: skip
+    """The state of R fresh rows, as the static engine's prefill makes it (`prompt_state`)."""
+    return prompt_state(
+        verifier,
+        v_params,
+        prompt,
+        prompt_len,
+        shapes,
+        drafter_lms=drafter_lms,
+        d_params=d_params,
+        d_prompts=d_prompts,
+        d_prompt_len=d_prompt_len,
     )
 
 
 @functools.partial(jax.jit, static_argnames=_REFILL_STATICS, donate_argnames=("state",))
-def _refill(
-    v_params,
-    d_params,
-    state,
-    idx,
-    prompt,
-    prompt_len,
-    d_prompts,
-    d_prompt_len,
-    *,
-    verifier,
-    drafter_lms,
-    shapes: CallShapes,
-):
-    fresh = _prefill_rows(
-        v_params,
-        d_params,
-        prompt,
-        prompt_len,
-        d_prompts,
-        d_prompt_len,
-        verifier=verifier,
-        drafter_lms=drafter_lms,
-        shapes=shapes,
-    )
-    return state.set_rows(idx, fresh)
+def _refill(v_params, d_params, state, idx, *prompts, **statics):
+    """The refill: the rows of `prompts` (prompt, prompt_len, d_prompts, d_prompt_len)
+    prefilled and written into `state` at rows `idx`."""
+    return state.set_rows(idx, _prefill_rows(v_params, d_params, *prompts, **statics))
 
 
 @functools.partial(
     jax.jit, static_argnames=("cfg", "verifier", "drafters"), donate_argnames=("carry",)
 )
 def _spec_chunk(
-    v_params,
-    d_data,
-    slots,
-    stop_table,
-    v_temperature,
-    max_new,
-    chunk,
-    carry,
-    row_keys,
-    *,
-    cfg,
-    verifier,
-    drafters,
-):
+    v_params, d_data, slots, stop_table, v_temperature, max_new, chunk, carry, row_keys, *, cfg,
+    verifier, drafters,
+):  # fmt: skip
     """`chunk` rounds of every row with budget left (`max_new` i32[B], 0 for an idle row),
     fewer for a row that finishes; the loop ends when every row is done."""
-    b = carry.tokens.shape[0]
-    gamma = widest_chain(cfg.gamma, drafters)
-    state = DecodeState(
-        tokens=carry.tokens,
-        length=carry.length,
-        start=carry.length,
-        done=jnp.zeros((b,), bool),
-        row_keys=row_keys,
-        vcache=carry.vcache,
-        dcaches=carry.dcaches,
-        dsynced=carry.dsynced,
-        dlogits=carry.dlogits,
-        counters=Counters.zeros(b, len(drafters), gamma),
-    )
-    state = state.replace(done=round_budget(cfg, state, max_new, gamma) <= 0)
-
-    def body(s):
-        r = speculative_round(
-            cfg,
-            verifier,
-            drafters,
-            v_params,
-            d_data,
-            slots,
-            stop_table,
-            s,
-            v_temperature=v_temperature,
-            max_new=max_new,
-        )
-        # Every live row has run as many rounds as the others: they pause together.
-        return r.replace(done=r.done | (r.counters.rounds >= chunk))
-
-    state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+    loop = SpecLoop(cfg, verifier, drafters)
+    inputs = RoundInputs.of(v_params, d_data, slots, stop_table, v_temperature, max_new)
+    state = loop.start(carry, row_keys, max_new)
+    # Every live row has run as many rounds as the others: they pause together.
+    pause = lambda r: r.replace(done=r.done | (r.counters.rounds >= chunk))  # noqa: E731
+    state = loop.run(inputs, state, after=pause)
     c = state.counters
     return state.carry(), dict(
         rounds=c.rounds, from_draft=c.from_draft, proposed=c.proposed, accepted=c.accepted
     )
 
 
-@functools.partial(
-    jax.jit, static_argnames=("verifier", "coupled", "top_k", "top_p"), donate_argnames=("carry",)
-)
-def _ar_chunk(
-    v_params,
-    carry,
-    row_keys,
-    stop_table,
-    active,
-    temperature,
-    max_new,
-    *,
-    verifier,
-    coupled,
-    top_k,
-    top_p,
-):
+@functools.partial(jax.jit, static_argnames=("loop",), donate_argnames=("carry",))
+def _ar_chunk(v_params, carry, row_keys, stop_table, active, temperature, max_new, *, loop):
     """Up to `max_new` i32[B] tokens per active row (the chunk, cut to the budget left)."""
-    out = ar_loop(
-        verifier,
-        v_params,
-        carry,
-        row_keys,
-        stop_table,
-        active,
-        temperature,
-        max_new,
-        coupled,
-        top_k,
-        top_p,
-        return_state=True,
-    )
-    return out['state'], {}
+    inputs = ARInputs.of(v_params, row_keys, stop_table, temperature, max_new)
+    return loop.run(inputs, carry, active, return_state=True)['state'], {}
 
 
 # ----------------------------------------------------------------------------------------
@@ -459,12 +339,8 @@ def _spec_chunk_program(cfg: EngineConfig, verifier, v_params, q: Queue) -> _Pro
 
 def _ar_chunk_program(cfg: EngineConfig, verifier, v_params, q: Queue) -> _Program:
     """A chunk of the verifier alone; ``args(state, keys, row_slots, max_new, live)``."""
-    statics = dict(
-        verifier=verifier,
-        coupled=registry.get(cfg.rule).coupled,
-        top_k=cfg.verifier_top_k,
-        top_p=cfg.verifier_top_p,
-    )
+    coupled = registry.get(cfg.rule).coupled
+    statics = dict(loop=ARLoop(verifier, coupled, cfg.verifier_top_k, cfg.verifier_top_p))
     fixed = jax.device_put(
         dict(stop_table=q.stop_table, temperature=np.float32(cfg.verifier_temperature))
     )

@@ -2,7 +2,8 @@
 
 `speculative_generate` is the entry point; the autoregressive baseline
 (`specjax.engine.autoregressive`) shares its call machinery (`GenerateResult`,
-`CallShapes`, `_run`). A call validates its inputs on the host (before any work, numpy
+`CallShapes`, `_run`). The loop itself is `specjax.engine.decode.SpecLoop` over the call's
+`RoundInputs` and its `DecodeState`. A call validates its inputs on the host (before any work, numpy
 only), moves every input to the device in ONE `jax.device_put`, runs the whole generation
 in one ahead-of-time compiled `lax.while_loop` program and fetches tokens and counters in
 ONE `jax.device_get`. Nothing else crosses between host and device inside a call:
@@ -36,7 +37,6 @@ import inspect
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from specjax.engine.checks import (
@@ -46,19 +46,14 @@ from specjax.engine.checks import (
     check_state_features,
     check_vocab_maps,
 )
-from specjax.engine.decode import (
-    consume,
-    consume_width,
-    round_budget,
-    speculative_round,
-)
-from specjax.engine.features import feature_layout, pick_features
+from specjax.engine.decode import RoundInputs, SpecLoop, consume_width
 from specjax.engine.prefill import (
+    CallShapes,
     check_context,
     pad_prompts,
     prefill,
-    prefill_cache,
     prefill_groups,
+    prompt_state,
 )
 from specjax.engine.programs import cached_programs, check_finite, compiled_programs, run_program
 from specjax.engine.spec import (
@@ -66,9 +61,8 @@ from specjax.engine.spec import (
     DrafterSpec,
     EngineConfig,
     share_drafting,
-    widest_chain,
 )
-from specjax.engine.state import Counters, DecodeState, EngineState
+from specjax.engine.state import DecodeState, EngineState
 from specjax.errors import ConfigError
 from specjax.verify.streams import row_keys_for
 
@@ -111,26 +105,6 @@ class GenerateResult:
         return self.tokens[row, self.start[row] : self.length[row]].tolist()
 
 
-@dataclasses.dataclass(frozen=True)
-class CallShapes:
-    """The fixed shapes of a call that starts from prompts (static: one compiled program
-    per distinct value).
-
-    Attributes:
-      buf_len: the token buffer's length per row (prompt width, the new tokens, `reserve`
-        and one block).
-      v_cap / d_caps: the verifier's and each drafter's cache capacity.
-      v_groups / d_groups: the verifier's and each drafter's ragged prefill layout
-        (`prefill_groups`; None: one padded block).
-    """
-
-    buf_len: int
-    v_cap: int
-    d_caps: tuple = ()
-    v_groups: Any = None
-    d_groups: tuple = ()
-
-
 def verifier_capacity(verifier, buf_len: int, gamma: int, n_slots: int = 1) -> int:
     """Slots the verifier's cache can fill in one run: every committed token but the last
     (the buffer less one block), and with S chains the tree's other (S − 1)·γ block slots
@@ -151,58 +125,23 @@ def _outputs(state: DecodeState, return_state: bool):
     return out
 
 
-def decode_state(cfg, drafters, carry: EngineState, row_keys, max_new, catchups=None):
-    """The loop state a speculative call starts from: `carry`'s rows with fresh counters,
-    each row's start at its length, and rows without budget already done."""
-    b = carry.tokens.shape[0]
-    gamma = widest_chain(cfg.gamma, drafters)
-    counters = Counters.zeros(b, len(drafters), gamma)
-    if catchups is not None:
-        counters = counters.replace(catchups=catchups)
-    state = DecodeState(
-        tokens=carry.tokens,
-        length=carry.length,
-        start=carry.length,
-        done=jnp.zeros((b,), bool),
-        row_keys=row_keys,
-        vcache=carry.vcache,
-        dcaches=carry.dcaches,
-        dsynced=carry.dsynced,
-        dlogits=carry.dlogits,
-        counters=counters,
-    )
-    return state.replace(done=round_budget(cfg, state, max_new, gamma) <= 0)
-
-
-def _spec_loop(
-    cfg, verifier, drafters, head: tuple, carry: EngineState, row_keys, return_state, catchups=None
-):
+def _speculative(loop: SpecLoop, inputs: RoundInputs, carry, row_keys, return_state, catchups=None):
     """The speculative loop of both programs: rounds from `carry` until every row is done,
-    then the call's outputs. `head`: the arguments both programs open with (v_params,
-    d_data, slots, stop_table, v_temperature, max_new; `_device_inputs`)."""
-    max_new = head[-1]
-    state = decode_state(cfg, drafters, carry, row_keys, max_new, catchups)
-    body = round_body(cfg, verifier, drafters, *head)
-    state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-    return _outputs(state, return_state)
+    then the call's outputs."""
+    state = loop.start(carry, row_keys, inputs.max_new, catchups)
+    return _outputs(loop.run(inputs, state), return_state)
 
 
-def round_body(
-    cfg, verifier, drafters, v_params, d_data, slots, stop_table, v_temperature, max_new
-):
-    """The loop body of a speculative call: DecodeState → DecodeState, one round."""
-    return functools.partial(
-        speculative_round,
-        cfg,
-        verifier,
-        drafters,
-        v_params,
-        d_data,
-        slots,
-        stop_table,
-        v_temperature=v_temperature,
-        max_new=max_new,
-    )
+def decode_state(cfg, drafters, carry: EngineState, row_keys, max_new, catchups=None):
+    """`SpecLoop.start` for a caller holding the loop's parts (`specjax.measure.price_programs`)."""
+    return SpecLoop(cfg, None, tuple(drafters)).start(carry, row_keys, max_new, catchups)
+
+
+def round_body(cfg, verifier, drafters, *head):
+    """The loop body of a speculative call, DecodeState → DecodeState, for a caller holding
+    the loop's parts and a program's opening arguments (`RoundInputs.of`;
+    `specjax.measure.price_programs`)."""
+    return functools.partial(SpecLoop(cfg, verifier, tuple(drafters)).round, RoundInputs.of(*head))
 
 
 @functools.partial(
@@ -227,44 +166,21 @@ def _spec_from_prompts(
     shapes: CallShapes,
     return_state,
 ):
-    """The program of a speculative call from prompts: the verifier's and every drafter's
-    caches prefilled (a feature drafter's from the verifier's features of its prompt), then
-    `_spec_loop`."""
-    b = prompt.shape[0]
-    features, picks = feature_layout(verifier, [d.lm for d in drafters])
-    vout = prefill_cache(
+    """The program of a speculative call from prompts: every cache prefilled
+    (`prompt_state`), then the loop."""
+    inputs = RoundInputs.of(v_params, d_data, slots, stop_table, v_temperature, max_new)
+    carry = prompt_state(
         verifier,
         v_params,
         prompt,
-        prompt_len - 1,
-        shapes.v_cap,
-        shapes.v_groups,
-        with_hidden=features,
+        prompt_len,
+        shapes,
+        drafter_lms=[d.lm for d in drafters],
+        d_params=[data.params for data in d_data],
+        d_prompts=d_prompts,
+        d_prompt_len=d_prompt_len,
     )
-    vcache = vout[0]
-    dcaches, dlogits = [], []
-    for spec, data, dp, dl, cap, grp, pick in zip(
-        drafters, d_data, d_prompts, d_prompt_len, shapes.d_caps, shapes.d_groups, picks
-    ):
-        # A feature drafter reads the verifier's features of its prompt (all but the last
-        # token's: that one is the first round's root).
-        feats = None
-        if pick is not None:
-            feats = (pick_features(vout[2], pick, features), prompt_len - 1)
-        c, lg = prefill_cache(spec.lm, data.params, dp, dl, cap, grp, features=feats)
-        dcaches.append(c)
-        dlogits.append(lg)
-    tokens = jnp.zeros((b, shapes.buf_len), jnp.int32).at[:, : prompt.shape[1]].set(prompt)
-    carry = EngineState(
-        tokens=tokens,
-        length=prompt_len,
-        vcache=vcache,
-        dcaches=tuple(dcaches),
-        dsynced=jnp.broadcast_to(prompt_len, (len(drafters), b)),
-        dlogits=tuple(dlogits),
-    )
-    head = (v_params, d_data, slots, stop_table, v_temperature, max_new)
-    return _spec_loop(cfg, verifier, drafters, head, carry, row_keys, return_state)
+    return _speculative(SpecLoop(cfg, verifier, drafters), inputs, carry, row_keys, return_state)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "verifier", "drafters", "return_state"))
@@ -284,51 +200,11 @@ def _spec_from_state(
     return_state,
 ):
     """The program of a speculative call continuing a carried state: the drafters behind
-    its text catch up (`_catch_up`), then `_spec_loop`."""
-    gamma = widest_chain(cfg.gamma, drafters)
-    carry, catchups = _catch_up(drafters, d_data, carry, gamma)
-    head = (v_params, d_data, slots, stop_table, v_temperature, max_new)
-    return _spec_loop(cfg, verifier, drafters, head, carry, row_keys, return_state, catchups)
-
-
-def _catch_up(drafters, d_data, carry: EngineState, gamma: int):
-    """Drafters behind the committed text consume it before the first round of a call that
-    continues a state — (the state, catchups i32[B, K] the forwards each row needed)."""
-    # Drafters behind the committed text (a verifier-only step, a fallback) catch up now,
-    # up to γ + 1 verifier tokens per forward (fewer where another tokenizer's pieces do not
-    # fit the block), before the first round; each row counts the forwards it needed.
-    dcaches, dlogits, dsynced, passes = [], [], [], []
-    for kk, (spec, data) in enumerate(zip(drafters, d_data)):
-
-        def behind(c):
-            return jnp.any(c[2] < carry.length)
-
-        def feed(c, spec=spec, data=data):
-            cache, logits, synced, n = c
-            n = n + (synced < carry.length).astype(jnp.int32)
-            cache, logits, synced, _ = consume(
-                spec, data, cache, logits, carry.tokens, synced, carry.length, gamma + 1
-            )
-            return cache, logits, synced, n
-
-        c = jax.lax.while_loop(
-            behind,
-            feed,
-            (
-                carry.dcaches[kk],
-                carry.dlogits[kk],
-                carry.dsynced[kk],
-                jnp.zeros(carry.length.shape, jnp.int32),
-            ),
-        )
-        dcaches.append(c[0])
-        dlogits.append(c[1])
-        dsynced.append(c[2])
-        passes.append(c[3])
-    carry = carry.replace(
-        dcaches=tuple(dcaches), dlogits=tuple(dlogits), dsynced=jnp.stack(dsynced)
-    )
-    return carry, jnp.stack(passes, 1)
+    its text catch up (`SpecLoop.catch_up`), then the loop."""
+    loop = SpecLoop(cfg, verifier, drafters)
+    inputs = RoundInputs.of(v_params, d_data, slots, stop_table, v_temperature, max_new)
+    carry, catchups = loop.catch_up(d_data, carry)
+    return _speculative(loop, inputs, carry, row_keys, return_state, catchups)
 
 
 def drafter_capacity(spec_lm, m: int, d_width: int, v_width: int, buf_len: int, gamma: int) -> int:

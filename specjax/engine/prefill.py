@@ -6,22 +6,55 @@ rows it is ragged: rows sorted by length are prefilled in up to 4 groups, each a
 width (`prefill_groups`, a static layout), instead of every row at the longest prompt's,
 and the cache comes back in the rows' own order. `prefill` is the same as its own compiled
 program, for callers that build engine state piece by piece (plan steps, benchmarks).
+`prompt_state` is the carried state a call from prompts starts from (every cache prefilled
+at the call's `CallShapes`), in the speculative programs and continuous batching's refill.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.engine.features import feature_layout, pick_features
 from specjax.engine.programs import run_program
+from specjax.engine.state import EngineState
 from specjax.errors import ConfigError
 from specjax.models.api import causal_block_mask, forward_rows
 
-__all__ = ['pad_prompts', 'check_context', 'prefill_groups', 'prefill_cache', 'prefill']
+__all__ = [
+    'CallShapes',
+    'pad_prompts',
+    'check_context',
+    'prefill_groups',
+    'prefill_cache',
+    'prefill',
+    'prompt_state',
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class CallShapes:
+    """The fixed shapes of a call that starts from prompts (static: one compiled program
+    per distinct value).
+
+    Attributes:
+      buf_len: the token buffer's length per row (prompt width, the new tokens, `reserve`
+        and one block).
+      v_cap / d_caps: the verifier's and each drafter's cache capacity.
+      v_groups / d_groups: the verifier's and each drafter's ragged prefill layout
+        (`prefill_groups`; None or empty: one padded block).
+    """
+
+    buf_len: int
+    v_cap: int
+    d_caps: tuple = ()
+    v_groups: Any = None
+    d_groups: tuple = ()
 
 
 def pad_prompts(
@@ -202,3 +235,53 @@ def prefill(
         _prefill_program, statics, (params, dev['tokens'], dev['n'])
     )
     return cache, logits, seconds
+
+
+def prompt_state(
+    verifier,
+    v_params,
+    prompt,
+    prompt_len,
+    shapes: CallShapes,
+    *,
+    drafter_lms=(),
+    d_params=(),
+    d_prompts=(),
+    d_prompt_len=(),
+) -> EngineState:
+    """The state of a call from prompts (traced inside its program): the verifier's cache
+    holding each prompt but its last token (the first round's root) and every drafter's its
+    own prompt (a feature drafter's written the verifier's features of its prompt first),
+    the prompts in a token buffer of `shapes.buf_len`, every drafter synced to the prompt.
+
+    Args:
+      prompt / prompt_len: i32[B, P] the verifier's padded prompts and i32[B] their lengths.
+      drafter_lms / d_params / d_prompts / d_prompt_len: per drafter its LM, parameters and
+        padded prompts i32[B, P_k] with lengths i32[B] (none: a verifier-only state).
+    """
+    b = prompt.shape[0]
+    features, picks = feature_layout(verifier, drafter_lms)
+    n = prompt_len - 1
+    vout = prefill_cache(verifier, v_params, prompt, n, shapes.v_cap, shapes.v_groups, features)
+    dcaches, dlogits = [], []
+    d_groups = shapes.d_groups or (None,) * len(drafter_lms)
+    for lm, params, dp, dl, cap, grp, pick in zip(
+        drafter_lms, d_params, d_prompts, d_prompt_len, shapes.d_caps, d_groups, picks
+    ):
+        # A feature drafter reads the verifier's features of its prompt (all but the last
+        # token's: that one is the first round's root).
+        feats = None
+        if pick is not None:
+            feats = (pick_features(vout[2], pick, features), prompt_len - 1)
+        c, lg = prefill_cache(lm, params, dp, dl, cap, grp, features=feats)
+        dcaches.append(c)
+        dlogits.append(lg)
+    tokens = jnp.zeros((b, shapes.buf_len), jnp.int32).at[:, : prompt.shape[1]].set(prompt)
+    return EngineState(
+        tokens=tokens,
+        length=prompt_len,
+        vcache=vout[0],
+        dcaches=tuple(dcaches),
+        dsynced=jnp.broadcast_to(prompt_len, (len(drafter_lms), b)),
+        dlogits=tuple(dlogits),
+    )

@@ -1,22 +1,131 @@
 """The engine's state: the loop state of a speculative call (`DecodeState`), what a later
 call continues from (`EngineState`: caches carried across plan steps and continuous-batching
-refills) and the per-row, per-drafter counters every round updates (`Counters`).
-`specjax.engine.decode` runs the rounds over them."""
+refills), the per-row, per-drafter counters every round updates (`Counters`) and the
+autoregressive loop's state (`ARState`). `specjax.engine.decode` runs the rounds over them.
+
+Every struct is built by keyword (``kw_only``) and its arrays are typed with their shapes
+(jaxtyping): the dimension names are B rows, K drafters, G the call's widest window γ, L the
+token buffer, S slots per row, V the verifier's vocabulary. `check_shapes` (a struct's
+``check()``) checks them against one binding of the names; it reads shapes and dtypes only,
+so the loops call it while tracing (it adds nothing to a program) and tests call it on
+results. Caches stay ``Any``: each model's cache is its own pytree.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import types
+import typing
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import jaxtyping
 from flax import struct
+from jaxtyping import Array, Bool, Float32, Int32, UInt32
 
 from specjax.models.cache import half_set
 
-__all__ = ["Counters", "DecodeState", "EngineState", "count_round"]
+__all__ = [
+    "ARState",
+    "Chains",
+    "Counters",
+    "DecodeState",
+    "EngineState",
+    "check_shapes",
+    "count_round",
+]
 
 
-@struct.dataclass
+# The typed arrays of the engine's structs (jaxtyping), spelt as the docstrings spell shapes:
+# i32_BK is i32[B, K]. Dimension names: B rows, K drafters, G the call's widest window γ, L
+# the token buffer, S slots per row, V the verifier's vocabulary ("_": any size).
+i32_B = Int32[Array, "B"]
+i32_BK = Int32[Array, "B K"]
+i32_BKG = Int32[Array, "B K G"]
+i32_KB = Int32[Array, "K B"]
+i32_BL = Int32[Array, "B L"]
+i32_BS = Int32[Array, "B S"]
+i32_BSG = Int32[Array, "B S G"]
+f32_B = Float32[Array, "B"]
+f32_ = Float32[Array, ""]
+bool_B = Bool[Array, "B"]
+bool_BS = Bool[Array, "B S"]
+bool_V = Bool[Array, "V"]
+keys_B = UInt32[Array, "B _"]
+#: A budget: one for every row, or one per row.
+i32_or_B = Int32[Array, ""] | Int32[Array, "B"]
+
+
+@functools.cache
+def _typed_fields(cls) -> dict:
+    """{field: its annotation} of a struct class's fields typed with a jaxtyping array type
+    (or a union of them, None allowed) or with another such struct."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        ann = hints[f.name]
+        if _arms(ann) and all(issubclass(a, jaxtyping.AbstractArray) for a in _arms(ann)):
+            out[f.name] = ann
+        elif isinstance(ann, type) and dataclasses.is_dataclass(ann) and _typed_fields(ann):
+            out[f.name] = ann
+    return out
+
+
+def _arms(ann) -> tuple:
+    """The classes an annotation allows, None aside."""
+    arms = typing.get_args(ann) if isinstance(ann, types.UnionType) else (ann,)
+    return tuple(a for a in arms if isinstance(a, type) and a is not type(None))
+
+
+def check_shapes(*structs) -> None:
+    """Every typed array of `structs` (and of the structs they hold) against its annotation,
+    each dimension name bound once across all of them (B is every struct's rows). Reads
+    shapes and dtypes only: at trace time it adds nothing to the program.
+
+    Raises:
+      TypeError: naming the struct, the field, its annotation and what it holds.
+    """
+    with jaxtyping.jaxtyped("context"):
+        for s in structs:
+            _check(s)
+
+
+def _check(s) -> None:
+    for name, ann in _typed_fields(type(s)).items():
+        value = getattr(s, name)
+        if dataclasses.is_dataclass(ann):
+            _check(value)
+        elif value is None and isinstance(None, ann):
+            continue
+        elif not isinstance(value, ann):
+            got = getattr(value, "dtype", type(value).__name__)
+            raise TypeError(
+                f"{type(s).__name__}.{name}: got {got}{list(getattr(value, 'shape', ()))}; "
+                f"allowed: {' or '.join(f'{a.dtypes[0]}[{a.dim_str}]' for a in _arms(ann))} "
+                "(each dimension name one size across the checked structs)"
+            )
+
+
+def by_position(cls, values):
+    """A struct of `cls` from its fields' values in field order: where a jitted program's
+    positional arguments (its boundary, which `specjax.tpu` shards by position) become a
+    struct."""
+    return cls(**dict(zip((f.name for f in dataclasses.fields(cls)), values, strict=True)))
+
+
+def zeros_of(cls, **sizes: int) -> dict:
+    """Zeros for every typed array field of `cls`, each of its annotation's dtype and of
+    the shape its dimension names take in `sizes` (e.g. B=2, K=3, G=4), by field name."""
+    out = {}
+    for name, ann in _typed_fields(cls).items():
+        shape = tuple(sizes[d] for d in ann.dim_str.split())
+        out[name] = jnp.zeros(shape, ann.dtypes[0])
+    return out
+
+
+@struct.dataclass(kw_only=True)
 class Counters:
     """Per-row counters of SPEC §7, accumulated inside the graph (K = drafters).
 
@@ -49,57 +158,39 @@ class Counters:
         same blocks. 0 under multi-chain rules.
     """
 
-    rounds: jax.Array
-    committed: jax.Array
-    from_draft: jax.Array
-    reached: jax.Array
-    multi_rounds: jax.Array
-    multi_from_draft: jax.Array
-    multi_reached: jax.Array
-    truncations: jax.Array
-    discarded: jax.Array
-    proposed: jax.Array
-    accepted: jax.Array
-    rejected: jax.Array
-    own_accepted_at: jax.Array
-    own_reached_at: jax.Array
-    pruned: jax.Array
-    pruned_discarded: jax.Array
-    match_at: jax.Array
-    match_reached_at: jax.Array
-    catchups: jax.Array
-    kept_expected: jax.Array
-    kept_rule1: jax.Array
+    rounds: i32_B
+    committed: i32_B
+    from_draft: i32_B
+    reached: i32_B
+    multi_rounds: i32_B
+    multi_from_draft: i32_B
+    multi_reached: i32_B
+    truncations: i32_B
+    discarded: i32_B
+    proposed: i32_BK
+    accepted: i32_BK
+    rejected: i32_BK
+    own_accepted_at: i32_BKG
+    own_reached_at: i32_BKG
+    pruned: i32_B
+    pruned_discarded: i32_B
+    match_at: i32_BKG
+    match_reached_at: i32_BKG
+    catchups: i32_BK
+    kept_expected: f32_B
+    kept_rule1: f32_B
 
     @classmethod
     def zeros(cls, batch: int, n_drafters: int, gamma: int) -> "Counters":
-        z = lambda *s: jnp.zeros(s, jnp.int32)
-        return cls(
-            z(batch),
-            z(batch),
-            z(batch),
-            z(batch),
-            z(batch),
-            z(batch),
-            z(batch),
-            z(batch),
-            z(batch),
-            z(batch, n_drafters),
-            z(batch, n_drafters),
-            z(batch, n_drafters),
-            z(batch, n_drafters, gamma),
-            z(batch, n_drafters, gamma),
-            z(batch),
-            z(batch),
-            z(batch, n_drafters, gamma),
-            z(batch, n_drafters, gamma),
-            z(batch, n_drafters),
-            jnp.zeros((batch,), jnp.float32),
-            jnp.zeros((batch,), jnp.float32),
-        )
+        """Every counter 0, at B = `batch`, K = `n_drafters`, G = `gamma`."""
+        return cls(**zeros_of(cls, B=batch, K=n_drafters, G=gamma))
+
+    def check(self) -> None:
+        """`check_shapes` of these counters."""
+        check_shapes(self)
 
 
-@struct.dataclass
+@struct.dataclass(kw_only=True)
 class DecodeState:
     """The loop state of `generate` (B rows, K drafters, buffer length L).
 
@@ -116,16 +207,20 @@ class DecodeState:
       counters: Counters.
     """
 
-    tokens: jax.Array
-    length: jax.Array
-    start: jax.Array
-    done: jax.Array
-    row_keys: jax.Array
+    tokens: i32_BL
+    length: i32_B
+    start: i32_B
+    done: bool_B
+    row_keys: keys_B
     vcache: Any
     dcaches: tuple
-    dsynced: jax.Array
+    dsynced: i32_KB
     dlogits: tuple
     counters: Counters
+
+    def check(self) -> None:
+        """`check_shapes` of this state (its counters' K and B are its own)."""
+        check_shapes(self)
 
     def carry(self) -> "EngineState":
         return EngineState(
@@ -138,7 +233,7 @@ class DecodeState:
         )
 
 
-@struct.dataclass
+@struct.dataclass(kw_only=True)
 class EngineState:
     """What a later call needs to continue its rows (caches carried across plan steps).
 
@@ -152,12 +247,16 @@ class EngineState:
         drafter behind `length` catches up at the start of the next call).
     """
 
-    tokens: jax.Array
-    length: jax.Array
+    tokens: i32_BL
+    length: i32_B
     vcache: Any
     dcaches: tuple
-    dsynced: jax.Array
+    dsynced: i32_KB
     dlogits: tuple
+
+    def check(self) -> None:
+        """`check_shapes` of this state."""
+        check_shapes(self)
 
     def rows(self, idx) -> "EngineState":
         """The state of rows `idx` (i32[B']), e.g. a plan's committed branch copied into
@@ -199,21 +298,53 @@ def _set_rows(state: EngineState, idx, other: EngineState) -> EngineState:
     )
 
 
+@struct.dataclass(kw_only=True)
+class ARState:
+    """The loop state of the autoregressive baseline (`specjax.engine.autoregressive`).
+
+    Attributes:
+      tokens: i32[B, L] prompt then generated tokens.
+      length: i32[B] tokens in `tokens`.
+      done: bool[B].
+      vcache: the verifier's cache, holding tokens[:length-1].
+    """
+
+    tokens: i32_BL
+    length: i32_B
+    done: bool_B
+    vcache: Any
+
+    def check(self) -> None:
+        """`check_shapes` of this state."""
+        check_shapes(self)
+
+
+@struct.dataclass(kw_only=True)
+class Chains:
+    """The chains a round's verifier scores, picked by each row's slots (G: the block's γ).
+
+    Attributes:
+      slots: i32[B, S] drafter indices per row in priority order, -1 = empty.
+      chain: i32[B, S, G] each slot's drafts (0 in an empty slot).
+      q: f32[B, S, G, V] or a `SparseQ` of that shape, the laws they were drawn from.
+      active: bool[B, S] slots holding a drafter.
+      slot_gamma: i32[B, S] each chain's γ_k.
+    """
+
+    slots: i32_BS
+    chain: i32_BSG
+    q: Any
+    active: bool_BS
+    slot_gamma: i32_BS
+
+
 def count_round(
-    c: Counters,
-    v,
-    slots,
-    active,
-    live,
-    n_commit,
-    gamma,
-    n_drafters,
-    coupled_rule: bool = False,
-    slot_gamma=None,
+    c: Counters, v, chains: Chains, live, n_commit, *, n_drafters: int, coupled_rule: bool
 ) -> Counters:
-    """The counters after one round's verdict `v` (`specjax.engine.decode`);
-    `slot_gamma`: i32[B, S] the chain length γ_k of each slot (default: all γ)."""
-    slot_gamma = jnp.full(slots.shape, gamma, jnp.int32) if slot_gamma is None else slot_gamma
+    """The counters after one round's verdict `v` on `chains` (`specjax.engine.decode`):
+    `live` bool[B] the rows the round ran, `n_commit` i32[B] the tokens each committed."""
+    slots, active, slot_gamma = chains.slots, chains.active, chains.slot_gamma
+    gamma = chains.chain.shape[2]
     li = live.astype(jnp.int32)
     n = v.n
     from_draft = jnp.minimum(n, n_commit)

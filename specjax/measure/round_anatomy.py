@@ -8,6 +8,7 @@ traced from a package's `engine.decode`, never the engine's code path).
 from __future__ import annotations
 
 import collections
+import functools
 import importlib
 import re
 import time
@@ -342,45 +343,36 @@ def variants(mods):
         name = "count_round" if hasattr(decode, "count_round") else "_count"
         return [_Patch(decode, **{name: lambda c, *a, **k: c})]
 
+    # The scratch rounds below take the loop, its inputs and the state (`decode.SpecLoop`,
+    # `decode.RoundInputs`); `positional` gives them the round's signature, as the loop
+    # of experiments/profile_round.py calls it.
+    positional = decode.positional
     return {
         "full": full,
         "argmax": with_patches(lambda: _argmax_patches(mods)),
         "no_counters": with_patches(no_counters),
         "argmax_no_counters": with_patches(lambda: _argmax_patches(mods) + no_counters()),
-        "skeleton": lambda *a, **k: skeleton_round(mods, *a, **k),
-        "verifier_only": lambda *a, **k: verifier_only_round(mods, None, *a, **k),
-        "verifier_1tok": lambda *a, **k: verifier_only_round(mods, 1, *a, **k),
+        "skeleton": positional(functools.partial(skeleton_round, mods)),
+        "verifier_only": positional(functools.partial(verifier_only_round, mods, None)),
+        "verifier_1tok": positional(functools.partial(verifier_only_round, mods, 1)),
     }
 
 
-def verifier_only_round(
-    mods,
-    width,
-    cfg,
-    verifier,
-    drafters,
-    v_params,
-    d_data,
-    slots,
-    stop_table,
-    state,
-    v_temperature=None,
-    max_new=None,
-):
+def verifier_only_round(mods, width, loop, inputs, state):
     """The verifier's block forward alone in the loop (no drafter, zero drafts, one token
     committed per round by argmax): what the round's verifier forward costs in place,
     against T_score measured alone. `width` None: the round's γ + 1 tokens; 1: an AR step."""
     api = mods["api"]
     argmax = getattr(mods["streams"], "argmax_first", lambda x: jnp.argmax(x, -1))
-    gamma = drafters[0].own_gamma(cfg.gamma)
+    gamma = loop.drafters[0].own_gamma(loop.cfg.gamma)
     t = gamma + 1 if width is None else width
     b = state.tokens.shape[0]
     length = state.length
     root = jnp.take_along_axis(state.tokens, (length - 1)[:, None], axis=1)
     block = jnp.concatenate([root, jnp.zeros((b, t - 1), jnp.int32)], 1)
     pos = (length - 1)[:, None] + jnp.arange(t)[None]
-    v_logits, vcache = verifier.forward(
-        v_params, state.vcache, block, pos, api.causal_block_mask(b, t)
+    v_logits, vcache = loop.verifier.forward(
+        inputs.v_params, state.vcache, block, pos, api.causal_block_mask(b, t)
     )
     tok = argmax(v_logits[:, 0]).astype(jnp.int32)
     live = ~state.done
@@ -388,35 +380,24 @@ def verifier_only_round(
         state.tokens, tok, length, live
     )
     new_len = length + live
-    done = state.done | (new_len - state.start >= max_new)
+    done = state.done | (new_len - state.start >= inputs.max_new)
     return state.replace(
         tokens=tokens,
         length=new_len,
         done=done,
-        vcache=verifier.advance(vcache, live.astype(jnp.int32)),
+        vcache=loop.verifier.advance(vcache, live.astype(jnp.int32)),
         counters=state.counters.replace(rounds=state.counters.rounds + live),
     )
 
 
-def skeleton_round(
-    mods,
-    cfg,
-    verifier,
-    drafters,
-    v_params,
-    d_data,
-    slots,
-    stop_table,
-    state,
-    v_temperature=None,
-    max_new=None,
-):
+def skeleton_round(mods, loop, inputs, state):
     """The round's forwards and cache bookkeeping only: greedy drafting, the verifier's
     block, commit the matching prefix and the verifier's argmax (no sampling, no rule, no
     counters). A floor for what a round must cost with this loop structure."""
     decode, api = mods["decode"], mods["api"]
     argmax = getattr(mods["streams"], "argmax_first", lambda x: jnp.argmax(x, -1))
-    spec, data = drafters[0], d_data[0]
+    cfg, verifier, max_new = loop.cfg, loop.verifier, inputs.max_new
+    spec, data = loop.drafters[0], inputs.d_data[0]
     gamma = spec.own_gamma(cfg.gamma)
     b = state.tokens.shape[0]
     length = state.length
@@ -439,7 +420,7 @@ def skeleton_round(
     block = jnp.concatenate([root, xs], 1)
     pos = (length - 1)[:, None] + jnp.arange(gamma + 1)[None]
     v_logits, vcache = verifier.forward(
-        v_params, state.vcache, block, pos, api.causal_block_mask(b, gamma + 1)
+        inputs.v_params, state.vcache, block, pos, api.causal_block_mask(b, gamma + 1)
     )
     target = argmax(v_logits).astype(jnp.int32)  # [B, γ+1]
     n = jnp.sum(jnp.cumprod((xs == target[:, :gamma]).astype(jnp.int32), 1), 1)
