@@ -13,6 +13,13 @@ prefix. Control tokens (``token_type`` 3) are special tokens, user-defined ones 
 added tokens; ``tokenizer.ggml.add_bos_token`` becomes the BOS of `prompt_prefix`. The
 result is an `HFTokenizer` (byte-exact).
 
+SentencePiece conventions (`SENTENCEPIECE`, the model family's choice: its
+``ModelFamily.gguf_sentencepiece``): ``'llama'`` is llama.cpp's SPM tokenizer (merges ranked by
+score); ``'gemma'`` is how transformers rebuilds a Gemma file's vocabulary (Gemma's scores do
+not follow its merge order, the token order does: merges ranked by id; tokens made of
+spaces are spelled with ``▁``; no space prefix), so its ids equal transformers' for the
+same file.
+
 Chat template. ``tokenizer.chat_template`` is a Jinja template (as in HF
 ``tokenizer_config.json``), rendered by `render_chat` in a sandbox the way transformers
 does.
@@ -25,7 +32,16 @@ from __future__ import annotations
 
 from specjax.errors import ConfigError
 
-__all__ = ['PRE_TOKENIZERS', 'tokenizer_spec', 'tokenizer_from_metadata', 'render_chat']
+__all__ = [
+    'PRE_TOKENIZERS',
+    'SENTENCEPIECE',
+    'tokenizer_spec',
+    'tokenizer_from_metadata',
+    'render_chat',
+]
+
+#: SentencePiece conventions of a ``tokenizer.ggml.model = 'llama'`` vocabulary.
+SENTENCEPIECE = ('llama', 'gemma')
 
 # The pre-tokenizers of llama.cpp's ``tokenizer.ggml.pre`` names, in HF tokenizers' terms.
 _GPT2_SPLIT = {
@@ -73,14 +89,18 @@ def _fail(msg: str) -> ConfigError:
     return ConfigError(' '.join(msg.split()))
 
 
-def tokenizer_spec(meta: dict, where: str) -> dict:
-    """A ``tokenizer.json`` (HF tokenizers) rebuilt from ``tokenizer.ggml.*`` metadata."""
+def tokenizer_spec(meta: dict, where: str, sentencepiece: str = 'llama') -> dict:
+    """A ``tokenizer.json`` (HF tokenizers) rebuilt from ``tokenizer.ggml.*`` metadata
+    (``sentencepiece``: the convention of a SentencePiece vocabulary, `SENTENCEPIECE`)."""
+    if sentencepiece not in SENTENCEPIECE:
+        raise _fail(f'{where}: sentencepiece={sentencepiece!r} (allowed: {SENTENCEPIECE})')
     model, tokens, types = _vocabulary(meta, where)
-    added = _added_tokens(tokens, types)
     if model == 'gpt2':
-        return _gpt2_spec(meta, where, tokens, added)
+        return _gpt2_spec(meta, where, tokens, _added_tokens(tokens, types))
+    if model == 'llama' and sentencepiece == 'gemma':
+        return _gemma_spec(meta, where, tokens, types)
     if model == 'llama':
-        return _llama_spec(meta, where, tokens, types, added)
+        return _llama_spec(meta, where, tokens, types, _added_tokens(tokens, types))
     raise _fail(
         f"{where}: metadata tokenizer.ggml.model={model!r} is not supported "
         f"(allowed: 'gpt2', 'llama')"
@@ -107,8 +127,9 @@ def _vocabulary(meta: dict, where: str) -> tuple[str, list[str], list[int]]:
     return model, tokens, types
 
 
-def _added_tokens(tokens: list[str], types: list[int]) -> list[dict]:
-    """The ``added_tokens`` entries: control tokens (type 3, special) and user-defined (4)."""
+def _added_tokens(tokens: list[str], types: list[int], keep=None) -> list[dict]:
+    """The ``added_tokens`` entries: control tokens (type 3, special) and user-defined (4)
+    (``keep``: a predicate on the id, None: all)."""
     return [
         {
             'id': i,
@@ -120,7 +141,7 @@ def _added_tokens(tokens: list[str], types: list[int]) -> list[dict]:
             'special': types[i] == 3,
         }
         for i, t in enumerate(tokens)
-        if types[i] in (3, 4)
+        if types[i] in (3, 4) and (keep is None or keep(i))
     ]
 
 
@@ -177,14 +198,10 @@ def _llama_spec(
             f'{where}: metadata tokenizer.ggml.scores is missing or not one per '
             f'token (a SentencePiece vocabulary needs its scores)'
         )
-    unk = int(meta.get('tokenizer.ggml.unknown_token_id', 0))
-    if not 0 <= unk < len(tokens):
-        raise _fail(
-            f'{where}: metadata tokenizer.ggml.unknown_token_id={unk} is not a '
-            f'token id (allowed: 0..{len(tokens) - 1})'
-        )
+    unk = _unknown(meta, where, tokens)
     space = [{'type': 'Replace', 'pattern': {'String': ' '}, 'content': '▁'}]
-    if meta.get('tokenizer.ggml.add_space_prefix', True):
+    prefix = bool(meta.get('tokenizer.ggml.add_space_prefix', True))
+    if prefix:
         space.insert(0, {'type': 'Prepend', 'prepend': '▁'})
     return {
         'version': '1.0',
@@ -196,28 +213,90 @@ def _llama_spec(
         'normalizer': {'type': 'Sequence', 'normalizers': space},
         'pre_tokenizer': None,
         'post_processor': _bos_processor(meta, tokens, default=True),
-        'decoder': {
-            'type': 'Sequence',
-            'decoders': [
-                {'type': 'Replace', 'pattern': {'String': '▁'}, 'content': ' '},
-                {'type': 'ByteFallback'},
-                {'type': 'Fuse'},
-                {'type': 'Strip', 'content': ' ', 'start': 1, 'stop': 0},
-            ],
-        },
-        'model': {
-            'type': 'BPE',
-            'dropout': None,
-            'unk_token': tokens[unk],
-            'continuing_subword_prefix': None,
-            'end_of_word_suffix': None,
-            'fuse_unk': True,
-            'byte_fallback': True,
-            'ignore_merges': False,
-            'vocab': {t: i for i, t in enumerate(tokens)},
-            'merges': _spm_merges(tokens, scores, types),
-        },
+        'decoder': _spm_decoder(prefix),
+        'model': _spm_model(tokens, tokens[unk], _spm_merges(tokens, scores, types)),
     }
+
+
+def _spm_decoder(prefix: bool) -> dict:
+    steps = [
+        {'type': 'Replace', 'pattern': {'String': '▁'}, 'content': ' '},
+        {'type': 'ByteFallback'},
+        {'type': 'Fuse'},
+    ]
+    if prefix:  # the space prefix added at encoding
+        steps.append({'type': 'Strip', 'content': ' ', 'start': 1, 'stop': 0})
+    return {'type': 'Sequence', 'decoders': steps}
+
+
+def _spm_model(tokens: list[str], unk: str, merges: list) -> dict:
+    return {
+        'type': 'BPE',
+        'dropout': None,
+        'unk_token': unk,
+        'continuing_subword_prefix': None,
+        'end_of_word_suffix': None,
+        'fuse_unk': True,
+        'byte_fallback': True,
+        'ignore_merges': False,
+        'vocab': {t: i for i, t in enumerate(tokens)},
+        'merges': merges,
+    }
+
+
+def _unknown(meta: dict, where: str, tokens: list[str]) -> int:
+    unk = int(meta.get('tokenizer.ggml.unknown_token_id', 0))
+    if not 0 <= unk < len(tokens):
+        raise _fail(
+            f'{where}: metadata tokenizer.ggml.unknown_token_id={unk} is not a '
+            f'token id (allowed: 0..{len(tokens) - 1})'
+        )
+    return unk
+
+
+def _gemma_spec(meta: dict, where: str, tokens: list[str], types: list[int]) -> dict:
+    """The ``tokenizer.json`` transformers builds for a Gemma file's SentencePiece
+    vocabulary (``GemmaTokenizer`` from ``integrations/gguf``): runs of spaces spelled with
+    ``▁``, merges from every split of every piece ranked by the piece's id (then the
+    longer left half, as ``generate_merges`` sorts), spaces as ``▁`` with no prefix, byte
+    fallback, control tokens special and user-defined ones added (except the respelled
+    runs of spaces, which are ordinary pieces there)."""
+    unk = _unknown(meta, where, tokens)
+    spelt = ['▁' * len(t) if ' ' in t and not t.strip() else t for t in tokens]
+    added = _added_tokens(spelt, types, keep=lambda i: spelt[i] == tokens[i])
+    return {
+        'version': '1.0',
+        'truncation': None,
+        'padding': None,
+        'added_tokens': added,
+        'normalizer': {
+            'type': 'Sequence',
+            'normalizers': [{'type': 'Replace', 'pattern': {'String': ' '}, 'content': '▁'}],
+        },
+        'pre_tokenizer': None,
+        'post_processor': _bos_processor(meta, spelt, default=True),
+        'decoder': _spm_decoder(False),
+        'model': _spm_model(spelt, spelt[unk], _id_ranked_merges(spelt)),
+    }
+
+
+def _id_ranked_merges(tokens: list[str]) -> list[list[str]]:
+    """transformers' ``generate_merges(vocab, {token: -id})``: every split ``(a, b)`` of
+    every piece with both halves in the vocabulary, ranked by the piece's id (a later
+    duplicate's), then by the longer left half, then by the longer right half; splits of
+    one piece in the order of their halves' ids."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for piece, rank in vocab.items():
+        local = [
+            (piece[:k], piece[k:])
+            for k in range(1, len(piece))
+            if piece[:k] in vocab and piece[k:] in vocab
+        ]
+        local.sort(key=lambda ab: (vocab[ab[0]], vocab[ab[1]]))
+        merges.extend((a, b, -rank) for a, b in local)
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [[a, b] for a, b, _ in merges]
 
 
 def _spm_merges(tokens: list[str], scores, types: list[int]) -> list[list[str]]:
@@ -272,12 +351,15 @@ def _bos_processor(meta: dict, tokens: list[str], default: bool) -> dict | None:
     }
 
 
-def tokenizer_from_metadata(meta: dict, where: str, name: str, pad_to: int | None = None):
+def tokenizer_from_metadata(
+    meta: dict, where: str, name: str, pad_to: int | None = None, sentencepiece: str = 'llama'
+):
     """The `HFTokenizer` of a GGUF file's metadata (`where` names the file in errors;
-    `pad_to`: as `HFTokenizer`'s, the model's embedding rows)."""
+    `pad_to`: as `HFTokenizer`'s, the model's embedding rows; `sentencepiece`: the
+    convention of a SentencePiece vocabulary, `SENTENCEPIECE`)."""
     from specjax.tokenizers.hf import HFTokenizer  # pylint: disable=import-outside-toplevel
 
-    spec = tokenizer_spec(meta, where)
+    spec = tokenizer_spec(meta, where, sentencepiece)
     try:
         return HFTokenizer(spec, name=name, pad_to=pad_to)
     except ConfigError as e:
