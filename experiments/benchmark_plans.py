@@ -2,7 +2,7 @@ r"""Plan-runner wall clock against the cost model's prediction: are its ratios r
 
   python experiments/benchmark_plans.py --out runs/benchmark_plans
   python experiments/benchmark_plans.py --plans_per_domain 2 --plan_steps 2 --repeats 1
-  python experiments/benchmark_plans.py --write_docs    # <docs_dir>/plan_runner.md
+  python experiments/benchmark_plans.py --write_docs    # runs/benchmark_plans/plan_runner.md
 
 The runner reports throughput as tokens per unit of modelled cost (`metrics.itemised_cost`,
 in verifier calls: SPEC §7). This script runs the plan runner on the shipped zoo for the
@@ -28,7 +28,8 @@ run and their medians taken, so the prices and the wall clocks share a time wind
 engine seconds per modelled verifier call of each run say where the seed's prices do not
 hold: they price a speculative round like one autoregressive step. Prints a table, writes
 ``benchmark_plans.json`` under --out; ``--write_docs`` writes <docs_dir>/plan_runner.md
-(``--docs_dir``; not a kept page: its figures are in docs/performance.md, run plan_runner).
+(``--docs_dir``, default runs/benchmark_plans: docs/results holds one page per question and
+this one has none there; its figures are in docs/performance.md, run plan_runner).
 About 4 minutes at the defaults on 2 idle cores (compilation included).
 """
 
@@ -47,11 +48,15 @@ from specjax.runner import script_flags as sf
 
 FLAGS = flags.FLAGS
 PAGE = "plan_runner"
+#: Where --write_docs writes PAGE by default: not docs/results (no page of its question there).
+DOCS_DIR = "runs/benchmark_plans"
 
 
 def define_flags():
     """The script's flags (defined only when it runs as a script)."""
-    provenance.define_common_flags(out="runs/benchmark_plans", repeats=2, page=PAGE)
+    provenance.define_common_flags(
+        out="runs/benchmark_plans", repeats=2, page=PAGE, docs_dir=DOCS_DIR
+    )
     flags.DEFINE_integer("plans_per_domain", 2, "plan prompts per domain (code, prose, reasoning)")
     flags.DEFINE_integer("plan_steps", 4, "steps per plan")
     flags.DEFINE_integer("max_step_tokens", 32, "token budget of a step")
@@ -361,16 +366,15 @@ def main(argv):
         repeats=FLAGS.repeats,
     )
     print_result(res)
-    print(f"wrote {provenance.write_json(Path(FLAGS.out) / 'benchmark_plans.json', res, prov)}")
-    if FLAGS.write_docs:
-        page = provenance.write_page(
-            PAGE,
-            "Plan-runner wall clock against the cost model (experiments/benchmark_plans.py)",
-            render_page(res),
-            prov,
-            FLAGS.docs_dir,
-        )
-        print(f"wrote {page}")
+    provenance.write_outputs(
+        Path(FLAGS.out) / "benchmark_plans.json",
+        res,
+        prov,
+        page=PAGE if FLAGS.write_docs else None,
+        title="Plan-runner wall clock against the cost model (experiments/benchmark_plans.py)",
+        body=render_page,
+        docs_dir=FLAGS.docs_dir,
+    )
 
 
 if __name__ == "__main__":

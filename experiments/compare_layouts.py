@@ -20,8 +20,9 @@ the median of the per-round paired ratios (a layout and the first one timed back
 The logits of every layout are checked equal to the first's (max |Δ| printed).
 
 Writes ``layouts.json`` under --out, and with ``--write_docs`` <docs_dir>/<doc_name>.md
-(command, commit, date, machine and load on top; the runs it made are listed in
-docs/performance.md).
+(command, commit, date, machine and load on top; ``--docs_dir`` default runs/layouts:
+docs/results holds one page per question and this one has none there; the runs it made
+are listed in docs/performance.md).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def define_flags():
     flags.DEFINE_integer("reps", 32, "forwards per timed loop")
     flags.DEFINE_integer("context", 100, "cached tokens each forward attends over")
     flags.DEFINE_integer("capacity", 0, "cache slots (0: context + 16)")
-    provenance.define_common_flags(out="runs/layouts", page="layouts")
+    provenance.define_common_flags(out="runs/layouts", page="layouts", docs_dir="runs/layouts")
     flags.DEFINE_string(
         "doc_name", "layouts", "name of the page --write_docs writes (<docs_dir>/<doc_name>.md)"
     )

@@ -266,6 +266,15 @@ def itemised_cost(
     Returns:
       item → cost (arrays shaped like the counters' plan axis), plus ``'total'``.
     """
+    c = _checked_prices(c, consensus_cost, score_cost)
+    out = {item: _item_cost(item, counts, c, consensus_cost, score_cost) for item in COST_ITEMS}
+    out["total"] = sum(out[i] for i in COST_ITEMS)
+    return out
+
+
+def _checked_prices(c, consensus_cost: float, score_cost: float) -> np.ndarray:
+    """The drafters' cost coefficients as a float64 vector, after checking them and the two
+    prices (a `ValueError` naming the one not allowed)."""
     c = np.asarray(c, np.float64)
     if c.ndim != 1 or not np.all(np.isfinite(c)) or np.any(c < 0):
         raise ValueError(
@@ -277,28 +286,26 @@ def itemised_cost(
             raise ValueError(
                 f"itemised_cost: {name}={price!r} is not allowed; allowed: a finite number ≥ 0"
             )
-    out = {}
-    for item in COST_ITEMS:
-        if item == "verifier_tokens" and item not in counts:
-            x = np.zeros_like(np.asarray(counts["verifier_calls"], np.float64))
-        else:
-            x = np.asarray(counts[item], np.float64)
-        if np.any(x < 0):
-            raise ValueError(f"itemised_cost: {item} has negative counts")
-        if item in ("drafter_tokens", "drafter_prefills", "kl_passes"):
-            if x.shape[-1] != len(c):
-                raise ValueError(
-                    f"itemised_cost: {item} has {x.shape[-1]} drafters, c has {len(c)}"
-                )
-            out[item] = x @ c
-        elif item == "consensus_rounds":
-            out[item] = x * float(consensus_cost)
-        elif item == "verifier_tokens":
-            out[item] = x * float(score_cost)
-        else:
-            out[item] = x
-    out["total"] = sum(out[i] for i in COST_ITEMS)
-    return out
+    return c
+
+
+def _item_cost(item: str, counts, c: np.ndarray, consensus_cost: float, score_cost: float):
+    """One item of `itemised_cost`: its counts at its price."""
+    if item == "verifier_tokens" and item not in counts:
+        x = np.zeros_like(np.asarray(counts["verifier_calls"], np.float64))
+    else:
+        x = np.asarray(counts[item], np.float64)
+    if np.any(x < 0):
+        raise ValueError(f"itemised_cost: {item} has negative counts")
+    if item in ("drafter_tokens", "drafter_prefills", "kl_passes"):
+        if x.shape[-1] != len(c):
+            raise ValueError(f"itemised_cost: {item} has {x.shape[-1]} drafters, c has {len(c)}")
+        return x @ c
+    if item == "consensus_rounds":
+        return x * float(consensus_cost)
+    if item == "verifier_tokens":
+        return x * float(score_cost)
+    return x
 
 
 # ---------------------------------------------------------------- machine prices

@@ -111,44 +111,15 @@ def run_plans(
     left = cfg.plan_steps - min(done_steps)
     states = None
     if left > 0:
-        # Every plan's state is carried from step to step (specjax.policy.plan_state): the
-        # verifier prefills each prompt once; a step costs its own tokens.
-        states = PlanStates(
-            dep,
-            texts,
-            hist,
-            steps=left,
-            gamma=gamma,
-            max_step_tokens=cfg.max_step_tokens,
-            bucket=cfg.bucket,
-        )
-        if router is not None and hasattr(router, "start"):
-            router.start(states)  # e.g. `auto` measures its machine prices here
-        secs, priced = states.take_charges()
-        priced[price_key("verify", "verifier", states.width, n_plans, states.v_cap)] = 1
-        for i in range(n_plans):
-            stats.add("verifier_prefills", i, 1)
-            stats.add("seconds", i, secs / n_plans)
-            stats.add_priced(i, {key: x / n_plans for key, x in priced.items()})
+        states = _start_states(dep, cfg, texts, hist, left, gamma, router, stats)
     for step in range(cfg.plan_steps):
         todo = [
             i for i, pid in enumerate(plan_ids) if journal is None or journal.get(pid, step) is None
         ]
         if not todo:
             continue
-        if policy is None and single is None and router is None:
-            new, meta = _autoregressive_step(dep, cfg, states, todo, step, stats)
-        elif policy is None:
-            sets = (
-                [(single[i],) for i in todo]
-                if single is not None
-                else [router.choose(i, step) for i in todo]
-            )
-            new, meta = _routed_step(dep, cfg, states, todo, step, stats, sets, router)
-        else:
-            new, meta = _policy_step(
-                dep, cfg, states, todo, step, stats, policy, split.sets, agreement
-            )
+        modes = (policy, single, router, agreement)
+        new, meta = _step_tokens(dep, cfg, states, todo, step, stats, split, modes)
         for j, i in enumerate(todo):
             if fail_hook is not None:
                 fail_hook(step, j)
@@ -167,6 +138,48 @@ def run_plans(
         )
         split.after_batch(stats.decisions[-1] if acts else [])
     return texts, stats
+
+
+def _start_states(dep, cfg, texts, hist, left, gamma, router, stats) -> PlanStates:
+    """Every plan's state, carried from step to step (specjax.policy.plan_state): the
+    verifier prefills each prompt once (charged to ``stats``, a share per plan); a step
+    costs its own tokens."""
+    n_plans = len(texts)
+    states = PlanStates(
+        dep,
+        texts,
+        hist,
+        steps=left,
+        gamma=gamma,
+        max_step_tokens=cfg.max_step_tokens,
+        bucket=cfg.bucket,
+    )
+    if router is not None and hasattr(router, "start"):
+        router.start(states)  # e.g. `auto` measures its machine prices here
+    secs, priced = states.take_charges()
+    priced[price_key("verify", "verifier", states.width, n_plans, states.v_cap)] = 1
+    for i in range(n_plans):
+        stats.add("verifier_prefills", i, 1)
+        stats.add("seconds", i, secs / n_plans)
+        stats.add_priced(i, {key: x / n_plans for key, x in priced.items()})
+    return states
+
+
+def _step_tokens(dep, cfg, states, todo, step, stats, split, modes) -> tuple:
+    """One step's new tokens and journal meta for the plans ``todo``, by the run's mode
+    (``modes``: policy, single, router, agreement): the verifier alone, one routed branch
+    per plan, or the policy's parallel branches and step decision."""
+    policy, single, router, agreement = modes
+    if policy is None and single is None and router is None:
+        return _autoregressive_step(dep, cfg, states, todo, step, stats)
+    if policy is None:
+        sets = (
+            [(single[i],) for i in todo]
+            if single is not None
+            else [router.choose(i, step) for i in todo]
+        )
+        return _routed_step(dep, cfg, states, todo, step, stats, sets, router)
+    return _policy_step(dep, cfg, states, todo, step, stats, policy, split.sets, agreement)
 
 
 def _resume(dep, prompts, plan_ids, journal):

@@ -156,13 +156,36 @@ def summarize(
     c = stats.counts
     own_acc = c["own_accepted_at"].sum((0, 2))
     own_reach = c["own_reached_at"].sum((0, 2))
-    cost = metrics.itemised_cost(c, costs, consensus_cost)
-    total = float(cost["total"].sum())
     tokens = int(c["tokens"].sum())
-    seconds = float(c["seconds"].sum())
-    multi = int(c["multi_rounds"].sum())
     out = {
         **_drafter_figures(c, names, stats.gamma),
+        **_acceptance_figures(stats, tokens),
+        **_consensus_figures(stats, consensus),
+        **_cost_figures(stats, costs, consensus_cost, tokens),
+    }
+    if seed_costs is not None:
+        seed_total = float(metrics.itemised_cost(c, seed_costs, consensus_cost)["total"].sum())
+        out["throughput_cost_seed"] = _f(tokens / seed_total) if seed_total else float("nan")
+    out.update(step_decision_figures(stats, thresholds))
+    if stats.step_records:
+        sup = np.asarray([s["quorum_support"] for s in stats.step_records])
+        out["fallback_rate_quorum"] = _f(np.mean(sup < consensus_threshold))
+        out["consensus_support_mean"] = _f(sup.mean())
+    out["independent_branch_acceptance"] = _f(metrics.acceptance(own_acc.sum(), own_reach.sum()))
+    out["per_plan"] = plan_totals(c, costs, seed_costs, consensus_cost)
+    out.update(predicted_figures(stats, prices))
+    if "predicted_seconds" in out:
+        out["per_plan"]["predicted_seconds"] = out.pop("_predicted_per_plan")
+    out.update(_baseline_ratios(out, single, autoregressive, seed_costs is not None))
+    return out
+
+
+def _acceptance_figures(stats: RunStats, tokens: int) -> dict:
+    """Joint acceptance, shared rounds, tokens per verifier call, truncation and pruning
+    depths."""
+    c = stats.counts
+    multi = int(c["multi_rounds"].sum())
+    return {
         # Joint acceptance only where a prefix was shared (≥ 2 drafters in a block).
         "joint_acceptance": (
             _f(
@@ -183,6 +206,13 @@ def summarize(
         "pruned_depth": _f(metrics.mean_truncation_depth(stats.pruned_discarded, stats.pruned))
         if stats.pruned
         else None,
+    }
+
+
+def _consensus_figures(stats: RunStats, consensus: str) -> dict:
+    """The step decision's fallbacks, the KL checks, the collapses and the boundary's
+    evaluations."""
+    return {
         "consensus_fallback_rate": _f(metrics.consensus_fallback_rate(stats.fallbacks, stats.steps))
         if stats.steps
         else 0.0,
@@ -193,6 +223,17 @@ def summarize(
         "collapses": stats.collapses.counts(),
         "boundary_independent_batches": sum(not d.decision for b in stats.decisions for d in b),
         "boundary_evaluations": sum(len(b) for b in stats.decisions),
+    }
+
+
+def _cost_figures(stats: RunStats, costs, consensus_cost: float, tokens: int) -> dict:
+    """Committed tokens, verifier calls, the itemised modelled cost, seconds, the two
+    throughputs and the plan steps."""
+    c = stats.counts
+    cost = metrics.itemised_cost(c, costs, consensus_cost)
+    total = float(cost["total"].sum())
+    seconds = float(c["seconds"].sum())
+    return {
         "committed_tokens": tokens,
         "verifier_calls": int(stats.verifier_calls),
         "cost_items": {k: _f(v.sum()) for k, v in cost.items()},
@@ -203,21 +244,6 @@ def summarize(
         "plan_steps": int(stats.steps),
         "fallback_steps": int(stats.fallbacks),
     }
-    if seed_costs is not None:
-        seed_total = float(metrics.itemised_cost(c, seed_costs, consensus_cost)["total"].sum())
-        out["throughput_cost_seed"] = _f(tokens / seed_total) if seed_total else float("nan")
-    out.update(step_decision_figures(stats, thresholds))
-    if stats.step_records:
-        sup = np.asarray([s["quorum_support"] for s in stats.step_records])
-        out["fallback_rate_quorum"] = _f(np.mean(sup < consensus_threshold))
-        out["consensus_support_mean"] = _f(sup.mean())
-    out["independent_branch_acceptance"] = _f(metrics.acceptance(own_acc.sum(), own_reach.sum()))
-    out["per_plan"] = plan_totals(c, costs, seed_costs, consensus_cost)
-    out.update(predicted_figures(stats, prices))
-    if "predicted_seconds" in out:
-        out["per_plan"]["predicted_seconds"] = out.pop("_predicted_per_plan")
-    out.update(_baseline_ratios(out, single, autoregressive, seed_costs is not None))
-    return out
 
 
 def predicted_figures(stats: RunStats, prices: Mapping[str, float] | None) -> dict:

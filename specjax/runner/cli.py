@@ -129,6 +129,16 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
         check_environment()
     except ConfigError as e:
         fail(e)
+    argv, overrides = _split_overrides(argv)
+    rest = _parse_quietly(argv)
+    if overrides:
+        _apply_overrides(overrides)
+    return rest
+
+
+def _split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """``argv`` without its ``--config.<field>=<value>`` overrides, and the overrides as
+    (field, value) (none where the program has no ``--config``)."""
     overrides: list[tuple[str, str]] = []
     if "config" in flags.FLAGS:
         kept = argv[:1]
@@ -139,6 +149,12 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
             else:
                 kept.append(arg)
         argv = kept
+    return argv, overrides
+
+
+def _parse_quietly(argv: list[str]) -> list[str]:
+    """absl's parse of ``argv`` (the config file loaded), absl's logging off; any error of
+    the flags or of loading the config file is one line (`fail`)."""
     from absl import logging  # pylint: disable=import-outside-toplevel
 
     absl_logger = logging.get_absl_logger()
@@ -184,17 +200,21 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     finally:
         absl_logger.disabled = was_disabled
         sys.argv = saved_argv
-    if overrides:
-        from specjax.configs.common import apply_override  # pylint: disable=import-outside-toplevel
-
-        config = flags.FLAGS["config"].value
-        if _is_config_dict(config):
-            try:
-                for key, raw in overrides:
-                    apply_override(config, key, raw)
-            except ConfigError as e:
-                fail(e)
     return rest
+
+
+def _apply_overrides(overrides: list[tuple[str, str]]) -> None:
+    """The ``--config.<field>=<value>`` overrides applied to the loaded config (a bad one:
+    one line naming its field)."""
+    from specjax.configs.common import apply_override  # pylint: disable=import-outside-toplevel
+
+    config = flags.FLAGS["config"].value
+    if _is_config_dict(config):
+        try:
+            for key, raw in overrides:
+                apply_override(config, key, raw)
+        except ConfigError as e:
+            fail(e)
 
 
 def _is_config_dict(value) -> bool:

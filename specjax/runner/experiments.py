@@ -195,6 +195,38 @@ def plans(config, cell: dict, workdir: Path) -> dict:
     costs, seed_costs = _costs(dep)
     base = _baselines(config, cell, dep, pcfg, prompts, Path(workdir))
     with_prices = bool(config.get("machine_prices", True))
+    texts, stats, router = _run_policy(config, dep, pcfg, prompts, ids, policy, costs, with_prices)
+    name = policy_names.canonical_name(policy)
+    # Machine prices of every forward shape the cell ran, measured now, in this process
+    # (cached per process: a shape measured for an earlier cell is not measured again).
+    prices = measure_prices(dep, stats.priced) if with_prices else None
+    row = summarize(
+        stats,
+        dep.names,
+        costs,
+        seed_costs=seed_costs,
+        consensus_cost=pcfg.consensus_cost,
+        consensus=pcfg.consensus,
+        consensus_threshold=pcfg.consensus_threshold,
+        thresholds=pcfg.thresholds,
+        single=base["single"],
+        autoregressive=base["autoregressive"],
+        prices=prices,
+    )
+    if prices is not None:
+        row["machine_prices"] = (
+            prices  # price key → seconds of one forward (specjax.measure.prices)
+        )
+        row["regime"] = _regime(dep, stats.priced, pcfg.gamma)
+    row.update(_tv_distance(texts, base.get("reference_texts"), pcfg))
+    row.update(_cell_record(name, policy, pcfg, ids, dep, base, stats, router))
+    return row
+
+
+def _run_policy(config, dep, pcfg, prompts, ids, policy, costs, with_prices) -> tuple:
+    """The cell's plans under ``policy``: a switch policy's parallel branches, the adaptive
+    `auto` router, the oracle router or one drafter alone; (texts, RunStats, the router or
+    None)."""
     router = None
     if isinstance(policy, Policy):
         texts, stats = run_plans(dep, pcfg, prompts, policy=policy)
@@ -219,42 +251,31 @@ def plans(config, cell: dict, workdir: Path) -> dict:
         texts, stats = run_plans(
             dep, pcfg, prompts, single=dep.names.index(policy_names.single_drafter(policy))
         )
-    name = policy_names.canonical_name(policy)
-    # Machine prices of every forward shape the cell ran, measured now, in this process
-    # (cached per process: a shape measured for an earlier cell is not measured again).
-    prices = measure_prices(dep, stats.priced) if with_prices else None
-    row = summarize(
-        stats,
-        dep.names,
-        costs,
-        seed_costs=seed_costs,
-        consensus_cost=pcfg.consensus_cost,
-        consensus=pcfg.consensus,
-        consensus_threshold=pcfg.consensus_threshold,
-        thresholds=pcfg.thresholds,
-        single=base["single"],
-        autoregressive=base["autoregressive"],
-        prices=prices,
-    )
-    if prices is not None:
-        row["machine_prices"] = (
-            prices  # price key → seconds of one forward (specjax.measure.prices)
-        )
-        row["regime"] = _regime(dep, stats.priced, pcfg.gamma)
-    ref = base.get("reference_texts")
+    return texts, stats, router
+
+
+def _tv_distance(texts, ref, pcfg) -> dict:
+    """The row's TV distance to the target and its kind, against the reference plans
+    ``ref`` (None where no reference was computed)."""
     if ref is not None:
         # τ = 0: the target is a point mass (the greedy plan), so the exact TV distance is
         # the fraction of plans off it. Coupled rule: the reference is the verifier's own
         # sample with the same noise, and by the coupling inequality the fraction of plans
         # that differ from it bounds TV from above (0: the policy reproduced the target's
         # sampler plan for plan).
-        row["tv_distance"] = sum(a != b for a, b in zip(texts, ref)) / len(ref)
-        row["tv_distance_kind"] = "exact" if pcfg.verifier_temperature == 0 else "coupling_bound"
-    else:
-        row["tv_distance"] = None  # not computable exactly for a neural verifier at τ > 0
-        row["tv_distance_kind"] = None
+        return {
+            "tv_distance": sum(a != b for a, b in zip(texts, ref)) / len(ref),
+            "tv_distance_kind": "exact" if pcfg.verifier_temperature == 0 else "coupling_bound",
+        }
+    # Not computable exactly for a neural verifier at τ > 0.
+    return {"tv_distance": None, "tv_distance_kind": None}
+
+
+def _cell_record(name, policy, pcfg, ids, dep, base, stats, router) -> dict:
+    """What the cell ran with and what it recorded, so every report reads it from the row
+    (not from defaults)."""
+    row = {}
     row["policy"] = name
-    # What the cell ran with, so every report reads it from the row (not from defaults).
     row["kl_ceiling"] = policy.kl_ceiling if isinstance(policy, Policy) else None
     row["thresholds"] = pcfg.thresholds.kwargs()
     row["plan_ids"] = list(ids)

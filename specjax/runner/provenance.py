@@ -30,7 +30,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from specjax.runner.results import append_result, atomic_write_text
 
@@ -48,6 +48,7 @@ __all__ = [
     "append_row",
     "page_header",
     "write_page",
+    "write_outputs",
     "define_common_flags",
 ]
 
@@ -272,13 +273,37 @@ def write_page(
     return path
 
 
+def write_outputs(
+    json_path: str | os.PathLike,
+    result: dict[str, Any],
+    prov: dict[str, Any],
+    *,
+    page: str | None = None,
+    title: str = "",
+    body: Callable[[dict[str, Any]], list[str]] | None = None,
+    docs_dir: str | os.PathLike = DOCS_DIR,
+) -> None:
+    """A script's writes: its JSON (`write_json`) and, when ``page`` names one, its results
+    page ``<docs_dir>/<page>.md`` (`write_page`, its body ``body(result)``); prints each
+    path."""
+    print(f"wrote {write_json(json_path, result, prov)}")
+    if page is not None:
+        print(f"wrote {write_page(page, title, body(result), prov, docs_dir)}")
+
+
 def define_common_flags(
-    *, out: str | None, repeats: int | None = None, page: str | None = None
+    *,
+    out: str | None,
+    repeats: int | None = None,
+    page: str | None = None,
+    docs_dir: str | None = None,
 ) -> None:
     """Declares the flags every script shares, with this script's defaults: ``--out`` (its
     output directory), ``--repeats`` (timed runs per configuration, when ``repeats`` is
     given) and, when the script writes a results page ``page``, ``--write_docs`` and
-    ``--docs_dir``. Call it from the script's ``define_flags()``, never at import."""
+    ``--docs_dir`` (default ``docs_dir``, else docs/results; a script whose question has no
+    page there writes its page beside its JSON). Call it from the script's
+    ``define_flags()``, never at import."""
     from absl import flags  # pylint: disable=import-outside-toplevel
 
     flags.DEFINE_string("out", out, "output directory")
@@ -290,6 +315,6 @@ def define_common_flags(
         )
         flags.DEFINE_string(
             "docs_dir",
-            str(DOCS_DIR.relative_to(REPO_ROOT)),
+            docs_dir or str(DOCS_DIR.relative_to(REPO_ROOT)),
             "directory of the results pages --write_docs writes",
         )

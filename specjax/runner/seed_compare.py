@@ -265,61 +265,70 @@ def prediction_checks(s: dict | None) -> list[dict]:
     (agree: True / False / None when the rows cannot decide it)."""
     if s is None:
         return []
-    out = []
-    st = s["steps"]
+    return [
+        _naive_falls_back(s),
+        _naive_s_below_i(s),
+        _all_on_isolates(s),
+        _only_truncation_commits(s),
+    ]
 
-    def fb(name):
-        f = figure(s, name, "consensus_fallback_rate")
-        return None if f is None or not _ok(f.get("value")) else f
 
-    f = fb("naive")
-    out.append(
-        {
-            "part": "naive falls back ~100%",
-            "predicted": f"fallback rate ≥ {NEAR_ALL:.0%}",
-            "measured": "not run" if f is None else _fmt(f, True) + f" ({_rows_of(s, 'naive')})",
-            "agree": None if f is None else f["value"] >= NEAR_ALL,
-        }
-    )
-    sd = st.get("naive") or {}
+def _fallback(s: dict, name: str):
+    """Policy ``name``'s consensus fallback rate figure, or None where it has none."""
+    f = figure(s, name, "consensus_fallback_rate")
+    return None if f is None or not _ok(f.get("value")) else f
+
+
+def _naive_falls_back(s: dict) -> dict:
+    f = _fallback(s, "naive")
+    return {
+        "part": "naive falls back ~100%",
+        "predicted": f"fallback rate ≥ {NEAR_ALL:.0%}",
+        "measured": "not run" if f is None else _fmt(f, True) + f" ({_rows_of(s, 'naive')})",
+        "agree": None if f is None else f["value"] >= NEAR_ALL,
+    }
+
+
+def _naive_s_below_i(s: dict) -> dict:
+    sd = s["steps"].get("naive") or {}
     sb = sd.get("s_below_i")
     br = sd.get("branch_reasons") or {}
-    out.append(
-        {
-            "part": "by construction: in a naive block s < i",
-            "predicted": f"s < i on ≥ {NEAR_ALL:.0%} of naive branches",
-            "measured": "not run"
-            if sb is None
-            else f"s < i on {sb:.0%} of {sd['s_below_i_n']} branches; their recorded decisions: "
-            + ", ".join(f"{k} {v}" for k, v in sorted(br.items())),
-            "agree": None if sb is None else sb >= NEAR_ALL,
-        }
-    )
-    f = fb("all_on")
+    return {
+        "part": "by construction: in a naive block s < i",
+        "predicted": f"s < i on ≥ {NEAR_ALL:.0%} of naive branches",
+        "measured": "not run"
+        if sb is None
+        else f"s < i on {sb:.0%} of {sd['s_below_i_n']} branches; their recorded decisions: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(br.items())),
+        "agree": None if sb is None else sb >= NEAR_ALL,
+    }
+
+
+def _all_on_isolates(s: dict) -> dict:
+    f = _fallback(s, "all_on")
     a = _policy(s, "all_on") or {}
     shared = a.get("shared_rounds")
-    out.append(
-        {
-            "part": "all-on falls back while the 0.35-nat ceiling isolates drafters",
-            "predicted": f"all_on: no shared round and fallback rate ≥ {NEAR_ALL:.0%}",
-            "measured": "not run"
-            if f is None
-            else f"shared rounds {shared}, KL max {_fmt(a.get('kl_max'))} vs ceiling "
-            f"{a.get('kl_ceiling')}; fallback {_fmt(f, True)}",
-            "agree": None if f is None else (shared == 0 and f["value"] >= NEAR_ALL),
-        }
-    )
-    switch_pols = [
-        n
-        for n in s["summary"]["policies"]
-        if not policy_names.is_router(n) and policy_names.single_drafter(n) is None
-    ]
+    return {
+        "part": "all-on falls back while the 0.35-nat ceiling isolates drafters",
+        "predicted": f"all_on: no shared round and fallback rate ≥ {NEAR_ALL:.0%}",
+        "measured": "not run"
+        if f is None
+        else f"shared rounds {shared}, KL max {_fmt(a.get('kl_max'))} vs ceiling "
+        f"{a.get('kl_ceiling')}; fallback {_fmt(f, True)}",
+        "agree": None if f is None else (shared == 0 and f["value"] >= NEAR_ALL),
+    }
+
+
+def _commit_sets(s: dict, switch_pols: list[str]) -> tuple:
+    """Of the switch policies run: those predicted to commit (truncation on, no KL
+    ceiling), those that commit, those that fall back, and those not decided."""
+    st = s["steps"]
     predicted, commits, falls, open_ = set(), set(), set(), set()
     for n in switch_pols:
         p = policy_names.parse(n)
         if p.truncate_and_attribute and p.kl_ceiling is None:
             predicted.add(n)
-        f = fb(n)
+        f = _fallback(s, n)
         if f is None:
             continue
         steps = (st.get(n) or {}).get("steps")
@@ -329,6 +338,16 @@ def prediction_checks(s: dict | None) -> list[dict]:
             commits.add(n)
         else:
             open_.add(f"{n} ({_fmt(f, True)} fallback, {steps} steps)")
+    return predicted, commits, falls, open_
+
+
+def _only_truncation_commits(s: dict) -> dict:
+    switch_pols = [
+        n
+        for n in s["summary"]["policies"]
+        if not policy_names.is_router(n) and policy_names.single_drafter(n) is None
+    ]
+    predicted, commits, falls, open_ = _commit_sets(s, switch_pols)
     extra, missing = sorted(commits - predicted), sorted(predicted & falls)
     decided = not open_ and predicted <= commits
     undecided = (
@@ -338,21 +357,18 @@ def prediction_checks(s: dict | None) -> list[dict]:
         else ""
     )
     agree = False if extra or missing else (True if decided else None)
-    out.append(
-        {
-            "part": "only truncation commits",
-            "predicted": "the policies that commit (fallback < "
-            f"{NEAR_ALL:.0%}) are those with truncate_and_attribute on and no KL ceiling: "
-            + (", ".join(sorted(predicted)) or "none run"),
-            "measured": f"commit (interval below {NEAR_ALL:.0%}): "
-            + (", ".join(sorted(commits)) or "none")
-            + undecided,
-            "agree": None if not switch_pols else agree,
-            "extra": extra,
-            "missing": missing,
-        }
-    )
-    return out
+    return {
+        "part": "only truncation commits",
+        "predicted": "the policies that commit (fallback < "
+        f"{NEAR_ALL:.0%}) are those with truncate_and_attribute on and no KL ceiling: "
+        + (", ".join(sorted(predicted)) or "none run"),
+        "measured": f"commit (interval below {NEAR_ALL:.0%}): "
+        + (", ".join(sorted(commits)) or "none")
+        + undecided,
+        "agree": None if not switch_pols else agree,
+        "extra": extra,
+        "missing": missing,
+    }
 
 
 def _prediction(r) -> list[str]:

@@ -208,15 +208,7 @@ def train_drafter(
     if init is None:
         lm, params, coverage = _initial_drafter(data, verifier, recipe)
     else:
-        lm, params = init
-        V = verifier.lm.vocab_size
-        if not isinstance(lm, SubsetVocabLM) or lm.verifier_vocab != V:
-            raise ValueError(
-                f'train_drafter: init={type(lm).__name__} over '
-                f'{getattr(lm, "verifier_vocab", None)} ids (allowed: a SubsetVocabLM over '
-                f"the verifier's {V} ids)"
-            )
-        coverage = _coverage(_token_counts(data, V), np.asarray(params['keep']))
+        lm, params, coverage = _continued_drafter(init, data, verifier)
     if seq is None:
         seq = int(min(lm.max_len, max(data.prompt_len) + data.tokens.shape[1]))
     toks, mask, tid, tlp = _windows(data, seq)
@@ -226,27 +218,9 @@ def train_drafter(
     tx = optimizer(recipe)
     trainable = params['inner']
     opt = tx.init(trainable)
-    soft = recipe.targets == 'soft'
     if recipe.targets not in ('soft', 'hard'):
         raise ValueError(f"DrafterRecipe.targets={recipe.targets!r} (allowed: 'soft', 'hard')")
-
-    def loss_fn(inner, tokens, m, ids, lp):
-        logits = lm.inner.logits_full(inner, jnp.asarray(to_inner)[tokens[:, :-1]])
-        logq = jax.nn.log_softmax(logits, axis=-1)
-        if soft:
-            # Top-k renormalised; zero where no target (no NaN can leak from there).
-            p = jnp.where(m[..., None], jax.nn.softmax(lp, axis=-1), 0.0)
-            ce = -jnp.sum(p * jnp.take_along_axis(logq, ids, axis=-1), axis=-1)
-        else:
-            tgt = jnp.asarray(to_inner)[tokens[:, 1:]]
-            ce = -jnp.take_along_axis(logq, tgt[..., None], axis=-1)[..., 0]
-        return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1)
-
-    @jax.jit
-    def step(inner, opt, tokens, m, ids, lp):
-        loss, g = jax.value_and_grad(loss_fn)(inner, tokens, m, ids, lp)
-        upd, opt = tx.update(g, opt, inner)
-        return optax.apply_updates(inner, upd), opt, loss
+    step = _train_step(lm, to_inner, recipe.targets == 'soft', tx)
 
     rng = np.random.default_rng(recipe.seed)
     hist, t0 = (
@@ -274,6 +248,46 @@ def train_drafter(
     hist['seconds'] = time.perf_counter() - t0
     params = {**params, 'inner': trainable}
     return lm, params, hist
+
+
+def _continued_drafter(init, data: Generated, verifier) -> tuple:
+    """(lm, params, coverage) of an existing drafter ``init`` to continue training from,
+    after checking it is a `SubsetVocabLM` over the verifier's ids."""
+    lm, params = init
+    V = verifier.lm.vocab_size
+    if not isinstance(lm, SubsetVocabLM) or lm.verifier_vocab != V:
+        raise ValueError(
+            f'train_drafter: init={type(lm).__name__} over '
+            f'{getattr(lm, "verifier_vocab", None)} ids (allowed: a SubsetVocabLM over '
+            f"the verifier's {V} ids)"
+        )
+    coverage = _coverage(_token_counts(data, V), np.asarray(params['keep']))
+    return lm, params, coverage
+
+
+def _train_step(lm, to_inner: np.ndarray, soft: bool, tx):
+    """The jitted training step of the drafter's inner model: the cross-entropy to the
+    verifier's top-k law (``soft``) or its sampled tokens, on the kept rows."""
+
+    def loss_fn(inner, tokens, m, ids, lp):
+        logits = lm.inner.logits_full(inner, jnp.asarray(to_inner)[tokens[:, :-1]])
+        logq = jax.nn.log_softmax(logits, axis=-1)
+        if soft:
+            # Top-k renormalised; zero where no target (no NaN can leak from there).
+            p = jnp.where(m[..., None], jax.nn.softmax(lp, axis=-1), 0.0)
+            ce = -jnp.sum(p * jnp.take_along_axis(logq, ids, axis=-1), axis=-1)
+        else:
+            tgt = jnp.asarray(to_inner)[tokens[:, 1:]]
+            ce = -jnp.take_along_axis(logq, tgt[..., None], axis=-1)[..., 0]
+        return jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1)
+
+    @jax.jit
+    def step(inner, opt, tokens, m, ids, lp):
+        loss, g = jax.value_and_grad(loss_fn)(inner, tokens, m, ids, lp)
+        upd, opt = tx.update(g, opt, inner)
+        return optax.apply_updates(inner, upd), opt, loss
+
+    return step
 
 
 def reply_alpha(

@@ -358,17 +358,7 @@ def token_tree(key, p_root, p_nodes, q, drafts, active, gumbel=None) -> Verdict:
         # The residual is kept unnormalised, (r, z) for the law r / z (`residual_update`):
         # a rejection then touches only q's support when q is a `SparseQ`.
         r = p_root if d == 0 else p_nodes[cur, d - 1]
-        z = jnp.float32(1.0)
-        found, slot = jnp.array(False), jnp.int32(0)
-        for k in range(s):
-            x = drafts[k, d]
-            try_k = alive[k] & ~found & ~done
-            ok = accept_test(u[d, k], r[x], z * q_at(q[k, d], x))
-            hit = try_k & ok
-            miss = try_k & ~ok
-            r, z = residual_update(r, z, q[k, d], miss)
-            rej = rej.at[k].add(miss.astype(jnp.int32))
-            found, slot = found | hit, jnp.where(hit, k, slot)
+        r, found, slot, rej = _node_trials(u, r, q, drafts, d, alive, done, rej)
         x = drafts[slot, d]
         stop_here = ~done & ~found
         r_stop = jnp.where(stop_here, r, r_stop)  # the last residual: sampled below
@@ -379,9 +369,7 @@ def token_tree(key, p_root, p_nodes, q, drafts, active, gumbel=None) -> Verdict:
         # Chains leaving the path here: cut by their own rejection at this node, or (never
         # tried, or their token equals none accepted) pruned by a sibling's accepted token.
         left = alive & ~done & (~new_alive | stop_here)
-        was_rejected = rej > rej_before
-        cut_at = jnp.where(left & was_rejected, d, cut_at)
-        pruned_at = jnp.where(left & ~was_rejected, d, pruned_at)
+        cut_at, pruned_at = _left_at(left, rej > rej_before, d, cut_at, pruned_at)
         alive = new_alive
         n = n + (found & ~done).astype(jnp.int32)
         cur = jnp.where(found & ~done, slot, cur)
@@ -408,6 +396,34 @@ def token_tree(key, p_root, p_nodes, q, drafts, active, gumbel=None) -> Verdict:
         kept_expected=jnp.float32(0.0),
         kept_rule1=jnp.float32(0.0),
     )
+
+
+def _node_trials(u, r, q, drafts, d: int, alive, done, rej) -> tuple:
+    """The children at depth ``d`` tried in slot order (`token_tree`; ``u``: its uniforms
+    [γ, S]): child k, on the path and tried while none was accepted, is accepted with
+    min(1, r_k(x_k)/q_k(x_k)), else the residual moves on. Returns the last residual
+    (unnormalised), whether one was accepted, its slot, and the rejections per chain with
+    this node's added."""
+    z = jnp.float32(1.0)
+    found, slot = jnp.array(False), jnp.int32(0)
+    for k in range(q.shape[0]):
+        x = drafts[k, d]
+        try_k = alive[k] & ~found & ~done
+        ok = accept_test(u[d, k], r[x], z * q_at(q[k, d], x))
+        hit = try_k & ok
+        miss = try_k & ~ok
+        r, z = residual_update(r, z, q[k, d], miss)
+        rej = rej.at[k].add(miss.astype(jnp.int32))
+        found, slot = found | hit, jnp.where(hit, k, slot)
+    return r, found, slot, rej
+
+
+def _left_at(left, was_rejected, d: int, cut_at, pruned_at) -> tuple:
+    """Chains ``left`` leaving the path at depth ``d``: cut by their own rejection there,
+    else pruned (never tried, or their token equals none accepted)."""
+    cut_at = jnp.where(left & was_rejected, d, cut_at)
+    pruned_at = jnp.where(left & ~was_rejected, d, pruned_at)
+    return cut_at, pruned_at
 
 
 def coupled(key, p_root, p_nodes, q, drafts, active, gumbel) -> Verdict:

@@ -97,13 +97,7 @@ def from_smollm2(
     Costs c_i are parameter counts over the verifier's (0 for lookup); the runner and
     the benchmarks measure the real ones.
     """
-    names = tuple(names)
-    unknown = [n for n in names if n not in SMOLLM2_DRAFTERS + SMOLLM2_EXTRA]
-    if unknown or not names or len(set(names)) != len(names):
-        raise ConfigError(
-            f'smollm2 deployment names: got {list(names)}; allowed: distinct '
-            f'names from {list(SMOLLM2_DRAFTERS + SMOLLM2_EXTRA)}'
-        )
+    names = _checked_names(names)
     if out_first is None:  # the drafters follow a given verifier's weight order
         out_first = bool(verifier is not None and getattr(verifier.lm.config, 'out_first', False))
     v = (
@@ -113,27 +107,8 @@ def from_smollm2(
     )
     n_v = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(v.params))
     temps = dict(temperatures or {})
-    built = []
-    for n in names:
-        if n == LOOKUP:
-            built.append(prompt_lookup_drafter(v.lm, v.tokenizer, temperature=temps.get(n, 1.0)))
-        elif n == 'reasoning':
-            z = zoo_lib.load_zoo(names=['reasoning']).drafter('reasoning')
-            built.append(
-                (n, z.lm, z.params, z.tokenizer, temps.get(n, z.temperature), z.n_params / n_v)
-            )
-        elif n == 'eagle':  # the feature drafter reads the verifier's table and features
-            lm, params, _ = real_zoo.load_eagle(
-                (drafters or {}).get(n, n), v, dtype=dtype, out_first=out_first
-            )
-            n_d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params['net']))
-            built.append((n, lm, params, v.tokenizer, temps.get(n, 1.0), n_d / n_v))
-        else:
-            lm, params, _ = real_zoo.load_drafter(
-                (drafters or {}).get(n, n), dtype=dtype, out_first=out_first
-            )
-            n_d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params['inner']))
-            built.append((n, lm, params, v.tokenizer, temps.get(n, 1.0), n_d / n_v))
+    files = dict(drafters or {})
+    built = [_drafter(n, v, n_v, dtype, out_first, files, temps) for n in names]
     dep = assemble(v.lm, v.params, v.tokenizer, built, bos=False)
     if not chat or not v.chat_template:
         return dep
@@ -141,6 +116,36 @@ def from_smollm2(
     return dataclasses.replace(
         dep, encode=wrap(dep.encode), drafter_encode=tuple(wrap(e) for e in dep.drafter_encode)
     )
+
+
+def _checked_names(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` as a tuple, after checking they are distinct names `from_smollm2` builds."""
+    names = tuple(names)
+    unknown = [n for n in names if n not in SMOLLM2_DRAFTERS + SMOLLM2_EXTRA]
+    if unknown or not names or len(set(names)) != len(names):
+        raise ConfigError(
+            f'smollm2 deployment names: got {list(names)}; allowed: distinct '
+            f'names from {list(SMOLLM2_DRAFTERS + SMOLLM2_EXTRA)}'
+        )
+    return names
+
+
+def _drafter(n: str, v, n_v: int, dtype: str, out_first: bool, files: dict, temps: dict):
+    """Drafter ``n`` of the verifier ``v`` (``n_v`` parameters) as `assemble` takes it: the
+    prompt-lookup drafter, or (name, lm, params, tokenizer, τ_i, c_i) with c_i its
+    parameters over the verifier's."""
+    if n == LOOKUP:
+        return prompt_lookup_drafter(v.lm, v.tokenizer, temperature=temps.get(n, 1.0))
+    if n == 'reasoning':
+        z = zoo_lib.load_zoo(names=['reasoning']).drafter('reasoning')
+        return (n, z.lm, z.params, z.tokenizer, temps.get(n, z.temperature), z.n_params / n_v)
+    if n == 'eagle':  # the feature drafter reads the verifier's table and features
+        lm, params, _ = real_zoo.load_eagle(files.get(n, n), v, dtype=dtype, out_first=out_first)
+        n_d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params['net']))
+        return (n, lm, params, v.tokenizer, temps.get(n, 1.0), n_d / n_v)
+    lm, params, _ = real_zoo.load_drafter(files.get(n, n), dtype=dtype, out_first=out_first)
+    n_d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params['inner']))
+    return (n, lm, params, v.tokenizer, temps.get(n, 1.0), n_d / n_v)
 
 
 #: The dtypes the verifier and the distilled drafters run in.
