@@ -137,7 +137,8 @@ class ARLoop:
 
 
 def ar_step(
-    verifier, v_params, row_keys, stop_table, temperature, max_new, start, c, *, coupled, top_k, top_p
+    verifier, v_params, row_keys, stop_table, temperature, max_new, start, c, *, coupled,
+    top_k, top_p,
 ):  # fmt: skip
     """`ARLoop.step` for a caller holding the loop's parts (`specjax.measure.price_programs`):
     c = (tokens, length, done, cache) → the same."""

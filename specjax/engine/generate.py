@@ -2,11 +2,11 @@
 
 `speculative_generate` is the entry point; the autoregressive baseline
 (`specjax.engine.autoregressive`) shares its call machinery (`GenerateResult`,
-`CallShapes`, `_run`). The loop itself is `specjax.engine.decode.SpecLoop` over the call's
-`RoundInputs` and its `DecodeState`. A call validates its inputs on the host (before any work, numpy
-only), moves every input to the device in ONE `jax.device_put`, runs the whole generation
-in one ahead-of-time compiled `lax.while_loop` program and fetches tokens and counters in
-ONE `jax.device_get`. Nothing else crosses between host and device inside a call:
+`CallShapes`, `_run`); the loop itself is `specjax.engine.decode.SpecLoop` over the call's
+`RoundInputs` and its `DecodeState`. A call validates its inputs on the host (before any
+work, numpy only), moves every input to the device in ONE `jax.device_put`, runs the whole
+generation in one ahead-of-time compiled `lax.while_loop` program and fetches tokens and
+counters in ONE `jax.device_get`. Nothing else crosses between host and device inside a call:
 parameters are checked for NaN/inf once per parameter array (`check_finite`, memoised),
 shapes are read from shapes, and `seconds` times the compiled executable alone
 (compilation is a separate step, never a rerun).
