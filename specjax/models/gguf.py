@@ -104,6 +104,8 @@ class GGUFFile:
     config: TransformerConfig
     family: str
     tensors: dict[str, Any]  # GGUF name -> gguf ReaderTensor (memory-mapped)
+    folded_scale: bool = False  # untied at load from a table whose inputs are scaled by
+    #                             sqrt(d_model) (Gemma): the scale is in the input table
 
     @property
     def lm(self) -> TransformerLM:
@@ -157,7 +159,8 @@ def read_gguf(
       max_len: KV-cache capacity (default: the file's context length, capped at 4096).
       dtype / param_dtype: compute and storage dtypes of the loaded model.
       untie_head: for a tied model, store the output head as its own ``[D, V]`` copy of
-        the embedding (same values, so the same logits). XLA:CPU reads the tied table's
+        the embedding (same values, so the same logits; a table whose inputs are scaled
+        by sqrt(d_model), Gemma's, keeps the scale in the input table). XLA:CPU reads the tied table's
         transpose as a loop fusion, not a matrix-vector product: SmolLM2's head
         (49,152 x 576) took 12.6 ms against 5.8 ms stored ``[D, V]`` at one row on this
         CPU, measured alternating in one process. Costs the head's bytes in memory once
@@ -173,6 +176,7 @@ def read_gguf(
         hf, max_len=max_len, dtype=dtype, param_dtype=param_dtype, where=f'gguf {p}'
     )
     family = fam.name
+    folded = bool(untie_head and cfg.tie_embeddings and cfg.embed_input_scale)
     if untie_head and cfg.tie_embeddings:
         cfg = dataclasses.replace(cfg, tie_embeddings=False)
     allowed = set(TENSOR_TYPES)
@@ -203,7 +207,7 @@ def read_gguf(
                 f'gguf {p}: tensor {name} has shape {list(shape)} (rows, columns), '
                 f'the metadata implies {list(e.hf_shape)}'
             )
-    return GGUFFile(p, meta, cfg, family, tensors)
+    return GGUFFile(p, meta, cfg, family, tensors, folded)
 
 
 # ----------------------------------------------------------------------------------------
@@ -232,6 +236,11 @@ def load_gguf_params(f: GGUFFile, shardings=None) -> dict:
         w = dequantize(t).reshape(e.hf_shape)
         if fam.gguf_tensor is not None:  # the family's own layout at load (llama: q/k rows)
             w = fam.gguf_tensor(e.hf_name, w, cfg)
+        if f.folded_scale and e.path == ('embed',):
+            # The input scale of the tied table, in the compute dtype as the forward takes
+            # it (`Transformer.__call__`): the same inputs, bit for bit.
+            dt = np.dtype(ml_dtypes.bfloat16) if cfg.dtype == 'bfloat16' else np.dtype(cfg.dtype)
+            w = w.astype(dt) * np.asarray(cfg.d_model**0.5, dt)
         place_leaf(params, e.path, e.to_jax(w), dtype, shardings)
         del w
     return params
@@ -257,17 +266,22 @@ def load_gguf(
 # ----------------------------------------------------------------------------------------
 
 
+def _sentencepiece(meta: dict) -> str:
+    """The SentencePiece convention of the file's family (llama.cpp's where the
+    architecture is no registered family's: a tokenizer needs no model)."""
+    name = families.gguf_architectures().get(meta.get('general.architecture'))
+    return 'llama' if name is None else families.get(name).gguf_sentencepiece
+
+
 def gguf_tokenizer(path_or_meta, *, pad_to: int | None = None, name: str | None = None):
     """The `HFTokenizer` of a GGUF file (or of its metadata dict), rebuilt by
-    `specjax.tokenizers.gguf`."""
+    `specjax.tokenizers.gguf` in its family's SentencePiece convention."""
     if isinstance(path_or_meta, dict):
-        return tokenizer_from_metadata(
-            path_or_meta, f'gguf {name or "metadata"}', name or 'gguf', pad_to
-        )
-    p = Path(path_or_meta)
-    return tokenizer_from_metadata(
-        _metadata(_open(p), f'gguf {p}'), f'gguf {p}', name or p.stem, pad_to
-    )
+        meta, where, name = path_or_meta, f'gguf {name or "metadata"}', name or 'gguf'
+    else:
+        p = Path(path_or_meta)
+        meta, where, name = _metadata(_open(p), f'gguf {p}'), f'gguf {p}', name or p.stem
+    return tokenizer_from_metadata(meta, where, name, pad_to, _sentencepiece(meta))
 
 
 # ----------------------------------------------------------------------------------------
@@ -362,14 +376,15 @@ def load_gguf_model(
     )
     rows = f.config.vocab_size
     where = f'gguf {f.path}'
-    tok = tokenizer_from_metadata(f.metadata, where, f.path.stem)
+    spm = families.get(f.family).gguf_sentencepiece
+    tok = tokenizer_from_metadata(f.metadata, where, f.path.stem, sentencepiece=spm)
     if tok.vocab_size > rows:
         raise _fail(
             f'{where}: tokenizer.ggml.tokens has {tok.vocab_size} tokens but '
             f'token_embd.weight has {rows} rows (allowed: at most {rows})'
         )
     if tok.vocab_size < rows:
-        tok = tokenizer_from_metadata(f.metadata, where, f.path.stem, rows)
+        tok = tokenizer_from_metadata(f.metadata, where, f.path.stem, rows, spm)
     lm = f.lm
     if weights:
         shardings = None if mesh is None else shd.param_shardings(f.lm, mesh, rules)

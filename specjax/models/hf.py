@@ -1,5 +1,5 @@
 """Hugging Face checkpoints (every registered family, `specjax.models.families`: Llama,
-Qwen2, Mistral) in and out of specjax's transformer.
+Qwen2, Mistral, Gemma 3) in and out of specjax's transformer.
 
 A Hugging Face model folder is ``config.json`` plus ``model.safetensors`` or shards
 ``model-0000i-of-0000n.safetensors`` listed in ``model.safetensors.index.json``::
@@ -31,6 +31,9 @@ heads split out)::
     layers.i.{input,post_attention}_layernorm.weight -> layer_i/{attn,mlp}_norm/scale
     model.norm.weight                   [D]         -> final_norm/scale
     lm_head.weight                      [V, D]      -> lm_head [D, V]  (absent when tied)
+    (Gemma 3: self_attn.{q,k}_norm -> attn/{q,k}_norm, post_attention_layernorm ->
+    attn_post_norm, pre_/post_feedforward_layernorm -> mlp_norm / mlp_post_norm: its
+    family's `hf_names`)
 
 Every problem with a folder (missing file or tensor, wrong shape or dtype, unknown
 architecture or unsupported field, truncated or corrupt safetensors file) raises one

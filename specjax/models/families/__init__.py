@@ -2,7 +2,7 @@
 registered by importing them here: a new family is one new module and its name on the
 line below."""
 
-from specjax.models.families import llama, mistral, qwen2  # noqa: F401  (registration)
+from specjax.models.families import gemma3, llama, mistral, qwen2  # noqa: F401  (registration)
 from specjax.models.families.base import (  # noqa: F401
     ModelFamily,
     all_families,

@@ -45,6 +45,24 @@ __all__ = [
 ]
 
 
+#: The `TransformerConfig` fields that say which architecture a model is: a family fixes
+#: them (`ModelFamily.switches`), reads them from its config (`ModelFamily.free`) or
+#: leaves them at their defaults (checked when a model is written as the family).
+ARCHITECTURE_FIELDS = (
+    'qkv_bias',
+    'embed_input_scale',
+    'qk_norm',
+    'post_norms',
+    'norm_plus_one',
+    'mlp_act',
+    'query_pre_attn_scalar',
+    'sliding_window',
+    'local_layers',
+    'rope_local_theta',
+)
+_CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TransformerConfig)}
+
+
 def fail(msg: str) -> ConfigError:
     return ConfigError(' '.join(msg.split()))
 
@@ -100,10 +118,13 @@ class ModelFamily:
     write_hf: Callable[[TransformerConfig], dict]
     read_gguf: Callable[[dict, dict, str], dict] | None = None
     switches: tuple = ()  # ((TransformerConfig field, value), ...) the family fixes
+    free: tuple = ()  # `ARCHITECTURE_FIELDS` its config.json sets (others: their defaults)
     hf_names: dict = dataclasses.field(default_factory=lambda: dict(LLAMA_HF_NAMES))
     gguf_names: dict = dataclasses.field(default_factory=lambda: dict(LLAMA_GGUF_NAMES))
     gguf_tensor: Callable[[str, np.ndarray, TransformerConfig], np.ndarray] | None = None
     scales_embedding: bool = False  # inputs times sqrt(d_model) natively (no fold on export)
+    gguf_sentencepiece: str = 'llama'  # a SentencePiece vocabulary's convention
+    #                                    (`specjax.tokenizers.gguf.SENTENCEPIECE`)
 
     def config_from_hf(
         self,
@@ -143,12 +164,21 @@ class ModelFamily:
         """The ``config.json`` of ``cfg`` written as this family (`save_hf`). A switch the
         family fixes must hold (a Gemma-style tied input scale is folded on export by
         families without one: `specjax.models.hf.save_hf`)."""
-        for field, want in self.switches:
+        fixed = dict(self.switches)
+        for field in ARCHITECTURE_FIELDS:
+            if field in self.free:
+                continue
+            want = fixed.get(field, _CONFIG_DEFAULTS[field])
             have = getattr(cfg, field)
             if field == 'embed_input_scale' and not self.scales_embedding:
                 continue  # folded into the exported tables
             if have != want:
-                fits = [f.name for f in all_families() if dict(f.switches).get(field) == have]
+                fits = [
+                    f.name
+                    for f in all_families()
+                    if field in f.free
+                    or dict(f.switches).get(field, _CONFIG_DEFAULTS[field]) == have
+                ]
                 raise fail(
                     f'hf export family: {self.name!r} needs {field}={want!r} but the model '
                     f'has {field}={have!r} (allowed: {", ".join(fits) or "no family"})'
