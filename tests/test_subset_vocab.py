@@ -5,7 +5,7 @@ Forward logits are the inner transformer's logits scattered into the verifier's 
 exactly 0 at every temperature and under top-k / top-p, and the "other" row is never
 proposed; `maps` validation; the cache helpers delegate to the inner model's;
 `logits_full` equals a cached forward (ragged prefill + one-token steps); the drafter's
-own-ids form (`subset_vocab_maps`) gives the same q. Losslessness through the engine:
+own-ids form (`drafting_maps`, as its kind drafts) gives the same q. Losslessness through the engine:
 tests/test_subset_vocab_engine.py.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from lossless_reference import reference_probs
 
-from specjax.engine.spec import subset_vocab_maps
+from specjax.engine.spec import drafting_maps
 from specjax.models import cache as cache_mod
 from specjax.models.api import TransformerLM, causal_block_mask
 from specjax.models.subset_vocab import NEG_LOGIT, SubsetVocabLM, most_frequent_ids
@@ -272,13 +272,13 @@ def test_the_other_row_is_never_proposed(model):
     "temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 3, 1.0), (1.3, 0, 0.8), (0.0, 0, 1.0)]
 )
 def test_own_ids_form_has_the_same_q(model, full, temperature, top_k, top_p):
-    """`subset_vocab_maps`: the inner model's distribution over its own ids, masked where
+    """`drafting_maps` (its kind's `Drafting`): the inner model's distribution over its own ids, masked where
     `to_verifier` is -1 and moved into the verifier's ids, is the `SubsetVocabLM`'s; every
     verifier id is one piece (its inner id or "other")."""
     from specjax.verify.distributions import to_verifier_space
 
     lm, params = model
-    inner_lm, data = subset_vocab_maps(lm, params)
+    inner_lm, data = drafting_maps(lm, params, lm.verifier_vocab)
     assert inner_lm is lm.inner and not data.identity
     to_v = np.asarray(data.to_verifier)
     np.testing.assert_array_equal(to_v, np.concatenate([KEEP, [-1]]))

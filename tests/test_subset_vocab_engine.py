@@ -11,7 +11,7 @@
    the compiled program.
 
 Each drafter runs in both of its engine forms: the `SubsetVocabLM` with identity maps
-(drafting over the verifier's ids) and its inner model with `subset_vocab_maps` (drafting
+(drafting over the verifier's ids) and its inner model with `drafting_maps` (drafting
 in its own K + 1 ids, as deployments run it).
 """
 
@@ -31,7 +31,7 @@ from specjax import testing as suite
 from specjax.engine import programs
 from specjax.engine.autoregressive import autoregressive_generate
 from specjax.engine.generate import row_keys_for, speculative_generate
-from specjax.engine.spec import DrafterSpec, EngineConfig, identity_maps, subset_vocab_maps
+from specjax.engine.spec import DrafterSpec, EngineConfig, drafting_maps, identity_maps
 from specjax.models.api import TransformerLM
 from specjax.models.subset_vocab import SubsetVocabLM, most_frequent_ids
 from specjax.models.transformer import TransformerConfig
@@ -60,7 +60,7 @@ def _subset_drafter(keep, seed, sharpen):
 def engine_form(lm, params, form):
     """(lm, DrafterData) of a subset drafter in the engine form `form` (module docstring)."""
     if form == "own_ids":
-        return subset_vocab_maps(lm, params)
+        return drafting_maps(lm, params, lm.vocab_size)
     return lm, identity_maps(params, lm.vocab_size)
 
 

@@ -1,6 +1,7 @@
 """Host-side checks of a speculative call's inputs (one-line `ConfigError`s, before any
-program runs): the slots, the drafters' γ, their vocabulary maps, and what feature
-drafters (`specjax.models.eagle`) need from the verifier and from a continued state."""
+program runs): the slots, the drafters' γ, their vocabulary maps, and what each drafter's
+kind needs from the verifier (`DrafterKind.check_verifier`) and what feature drafters
+(`specjax.models.eagle`) need from a continued state."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 from specjax.engine.features import reads_features
 from specjax.engine.spec import DrafterData, DrafterSpec, EngineConfig, validate_drafter
 from specjax.errors import ConfigError
+from specjax.models.drafter_kinds import kind_of
 
 __all__ = [
     "check_slots",
@@ -66,30 +68,11 @@ def check_vocab_maps(drafters: Sequence[DrafterSpec], d_data: Sequence[DrafterDa
 
 
 def check_features(verifier, drafters: Sequence[DrafterSpec]) -> None:
-    """ConfigError unless a verifier that feature drafters read gives its hidden states
-    (`forward_hidden`) at the width each of them reads."""
+    """ConfigError unless the verifier can serve each drafter as its kind needs (a feature
+    drafter: the verifier's hidden states, `forward_hidden`, at the width it reads; its
+    kind's `check_verifier`)."""
     for d in drafters:
-        if not reads_features(d):
-            continue
-        if not hasattr(verifier, "forward_hidden"):
-            raise ConfigError(
-                f"drafter {d.name!r} reads the verifier's features; allowed: a verifier with "
-                f"forward_hidden (a TransformerLM), not {type(verifier).__name__}"
-            )
-        layers = getattr(d.lm, "verifier_layers", None)
-        n_layers = getattr(getattr(verifier, "config", None), "n_layers", None)
-        if layers is not None and (n_layers is None or any(not 0 <= i <= n_layers for i in layers)):
-            raise ConfigError(
-                f"drafter {d.name!r} feature_layers: got {tuple(layers)}; allowed: layer "
-                f"indices in [0, {n_layers}] of a TransformerLM verifier ({n_layers} its "
-                "final-normed state)"
-            )
-        want = getattr(getattr(verifier, "config", None), "d_model", None)
-        if want is not None and d.lm.config.d_model != want:
-            raise ConfigError(
-                f"drafter {d.name!r} d_model: got {d.lm.config.d_model}; allowed: the "
-                f"verifier's width {want}"
-            )
+        kind_of(d.lm).check_verifier(d.lm, verifier, d.name)
 
 
 def check_state_features(drafters, state) -> None:

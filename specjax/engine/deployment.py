@@ -22,7 +22,14 @@ import numpy as np
 
 from specjax.engine.decode import pack_valid
 from specjax.engine.gammas import check_gamma
-from specjax.engine.spec import DrafterData, DrafterSpec, DrafterStatic
+from specjax.engine.spec import (
+    DrafterData,
+    DrafterSpec,
+    DrafterStatic,
+    cross_vocab_maps,
+    drafting_maps,
+    validate_drafter,
+)
 from specjax.errors import ConfigError, check
 from specjax.models.api import causal_block_mask, forward_rows
 from specjax.verify.distributions import sampling_probs, to_verifier_space
@@ -263,38 +270,25 @@ def _in_ids(encode, table: np.ndarray):
 
 def assemble(verifier_lm, v_params, v_tok, drafters, bos: bool = True) -> "Deployment":
     """A deployment from a verifier and drafters given as (name, lm, params, tokenizer,
-    temperature, cost): identity maps for drafters of the verifier's tokenizer (a
-    `SubsetVocabLM` among them drafts as its inner model in its own ids, through
-    `subset_vocab_maps`, a feature drafter with `feature_maps`), token-level-intersection
-    maps otherwise; groups are tokenizer
+    temperature, cost): for drafters of the verifier's tokenizer, the maps their kind
+    drafts with (`spec.drafting_maps`: identity maps; a feature drafter drawn over its
+    head's ids; a `SubsetVocabLM` as its inner model in its own ids, its prompts in those
+    ids), token-level-intersection maps otherwise; groups are tokenizer
     fingerprints; text is spelt with the verifier's tokenizer and each drafter's own; ``stop_table`` marks the verifier tokens
     whose bytes hold a newline. With `bos`, each model's prompts start with the special
     ids its tokenizer's own pipeline puts first (a tokenizer's ``prompt_prefix``: Llama's
     ``<s>``; none for the zoo's tokenizers)."""
-    from specjax.engine.spec import (  # pylint: disable=import-outside-toplevel
-        cross_vocab_maps,
-        feature_maps,
-        identity_maps,
-        subset_vocab_maps,
-        validate_drafter,
-    )
-    from specjax.models.subset_vocab import SubsetVocabLM  # pylint: disable=import-outside-toplevel
     from specjax.tokenizers import intersection_map, retokenization_table  # pylint: disable=import-outside-toplevel
 
     vocab = verifier_lm.vocab_size
     specs, data, groups, encoders = [], [], [], []
     for name, lm, params, tok, t, c in drafters:
         same = tok.fingerprint() == v_tok.fingerprint()
-        subset = same and isinstance(lm, SubsetVocabLM)
-        if subset:  # it drafts in its own K + 1 ids (`subset_vocab_maps`)
-            lm, d = subset_vocab_maps(lm, params)
+        if same:  # as its kind drafts (a subset-vocabulary drafter: its inner model)
+            lm, d = drafting_maps(lm, params, vocab)
         spec = DrafterSpec(name=name, lm=lm, temperature=float(t), cost=float(c))
         validate_drafter(spec)
-        if same and not subset:
-            # A feature drafter draws over its head's ids (`feature_maps`).
-            feature = getattr(lm, 'reads_features', False) and 'keep' in params
-            d = feature_maps(params, vocab) if feature else identity_maps(params, vocab)
-        elif not same:
+        if not same:
             to_v = intersection_map(tok, v_tok)
             retok, retok_len = retokenization_table(v_tok, tok)
             d = cross_vocab_maps(params, to_v, retok, retok_len, vocab)
@@ -302,7 +296,7 @@ def assemble(verifier_lm, v_params, v_tok, drafters, bos: bool = True) -> "Deplo
         data.append(d)
         groups.append(tok.fingerprint())
         enc = _prompt_encoder(tok, bos)
-        if subset:  # the inner model reads its own ids ("other" for the verifier's rest)
+        if same and not d.identity:  # it reads ids of its own (a subset's "other" row)
             enc = _in_ids(enc, np.asarray(d.from_verifier))
         encoders.append(enc)
     stop = np.array([b'\n' in b for b in v_tok.all_token_bytes()], bool)

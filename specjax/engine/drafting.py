@@ -18,6 +18,7 @@ from specjax.engine.features import reads_features
 from specjax.engine.spec import DrafterData, DrafterStatic, EngineConfig
 from specjax.engine.state import DecodeState
 from specjax.models.api import causal_block_mask, forward_rows
+from specjax.models.drafter_kinds import kind_of
 from specjax.verify import registry
 from specjax.verify.distributions import gumbel_argmax, sampling_probs, to_verifier_space
 from specjax.verify.qlaw import SparseQ, check_q, on_ids, point_mass, q_dense, widen
@@ -108,7 +109,7 @@ def draw(
     intersection: at τ > 0 the rest renormalised, at τ 0 the best id left), or its own law
     in a row where nothing is left. ``q`` is the law drawn from, so every rule sees what
     was sampled."""
-    if data.identity and getattr(spec.lm, 'point_mass', False):
+    if data.identity and kind_of(spec.lm).point_mass:
         # A drafter whose law is a point mass at its logits' argmax (prompt lookup):
         # the draw is that token under every rule, temperature and filter, without
         # a softmax and an inverse-CDF pass over the whole vocabulary.
@@ -225,7 +226,7 @@ def q_width(spec: DrafterStatic, data: DrafterData) -> int | None:
     ids (`DrafterData.support`) or a vocabulary mapped one-to-one into the verifier's
     (`DrafterData.injective`); None where it is the verifier's whole vocabulary or the map
     merges ids."""
-    if data.identity and getattr(spec.lm, 'point_mass', False):
+    if data.identity and kind_of(spec.lm).point_mass:
         return 1
     if data.identity:
         return None if data.support is None else data.support.shape[0]
@@ -373,9 +374,7 @@ def draft_group(
         temps,
     )
     first = None
-    if registry.get(cfg.rule).twins_without_replacement and not getattr(
-        spec.lm, 'point_mass', False
-    ):
+    if registry.get(cfg.rule).twins_without_replacement and not kind_of(spec.lm).point_mass:
         # A member's place in each row's slots (S where the row does not verify it).
         n_s = slots.shape[1]
         place = [

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import jax
 
+from specjax.models.drafter_kinds import kind_of
+
 __all__ = ['reads_features', 'feature_layout', 'pick_features']
 
 
 def reads_features(drafter) -> bool:
     """Whether a drafter (a `DrafterStatic` / `DrafterSpec`) drafts from the verifier's
-    hidden states (`specjax.models.eagle`)."""
-    return bool(getattr(drafter.lm, 'reads_features', False))
+    hidden states (its kind's `reads_features`: `specjax.models.eagle`)."""
+    return kind_of(drafter.lm).reads_features
 
 
 def feature_layout(verifier, lms):
@@ -24,16 +26,15 @@ def feature_layout(verifier, lms):
 
     ``request``: False where none reads the verifier's features; True where all read its
     final-normed state alone (`forward_hidden` as is); else the tuple of states to ask
-    `forward_hidden(layers=...)` for, the union of what they read (EAGLE-3 drafters:
-    `EagleLM.verifier_layers`; n_layers stands for the final-normed state). ``picks[k]``:
-    None for a drafter that reads none, else the D-slices of the returned hidden states
-    it reads (`pick_features`).
+    `forward_hidden(layers=...)` for, the union of what they read (their kinds'
+    `verifier_layers`, EAGLE-3's `EagleLM.feature_layers`; n_layers stands for the
+    final-normed state). ``picks[k]``: None for a drafter that reads none, else the
+    D-slices of the returned hidden states it reads (`pick_features`).
     """
+    kinds = [kind_of(lm) for lm in lms]
     wants = [
-        (tuple(getattr(lm, 'verifier_layers', None) or ('final',)))
-        if getattr(lm, 'reads_features', False)
-        else None
-        for lm in lms
+        (tuple(kind.verifier_layers(lm) or ('final',))) if kind.reads_features else None
+        for kind, lm in zip(kinds, lms)
     ]
     if all(w is None for w in wants):
         return False, [None] * len(lms)

@@ -17,6 +17,7 @@ from flax import struct
 
 from specjax.engine.gammas import check_gamma
 from specjax.errors import ConfigError
+from specjax.models.drafter_kinds import kind_of
 from specjax.verify import registry
 
 
@@ -159,15 +160,30 @@ def identity_maps(params, vocab: int) -> DrafterData:
 
 def feature_maps(params, vocab: int) -> DrafterData:
     """DrafterData for a feature drafter (`specjax.models.eagle.EagleLM`): identity maps,
-    and its head's ids ``params['keep']`` as the support its drafts are drawn over.
+    and its head's ids ``params['keep']`` as the support its drafts are drawn over
+    (`drafting_maps` of its kind's `Drafting`)."""
+    return _support_maps(params, params['keep'], vocab, "feature drafter params['keep']")
 
-    Its logits are over the verifier's ids (``NEG_LOGIT``, probability 0, off the head),
-    so identity maps alone are exact too, but then every draft step normalises, sums and
-    searches 49,152 probabilities for SmolLM2 (0.32 ms on the 2-core Xeon, half the
-    drafter's forward) where 4,096 carry all the mass (0.04 ms).
-    """
-    keep = _distinct_ids(params['keep'], "feature drafter params['keep']", vocab)
-    return identity_maps(params, vocab).replace(support=keep)
+
+def _support_maps(params, support, vocab: int, what: str) -> DrafterData:
+    """Identity maps, drafts drawn over the distinct verifier ids ``support``."""
+    return identity_maps(params, vocab).replace(support=_distinct_ids(support, what, vocab))
+
+
+def drafting_maps(lm, params, vocab: int) -> tuple[Any, DrafterData]:
+    """``(lm', DrafterData)`` for a drafter of the verifier's tokenizer, as its kind drafts
+    (`specjax.models.drafter_kinds.kind_of(lm).drafting`): the model the engine runs and
+    its maps — identity maps, drawn over a head's ids where it has a support (a feature
+    drafter), or its own ids mapped one-to-one into the verifier's (a subset-vocabulary
+    drafter: `own_id_maps`)."""
+    kind = kind_of(lm)
+    form = kind.drafting(lm, params)
+    what = f"drafter kind {kind.name!r}: its ids"
+    if form.to_verifier is not None:
+        return form.lm, own_id_maps(form.params, form.to_verifier, form.from_verifier, what)
+    if form.support is not None:
+        return form.lm, _support_maps(form.params, form.support, vocab, what)
+    return form.lm, identity_maps(form.params, vocab)
 
 
 def _distinct_ids(ids, what: str, vocab: int | None = None) -> jax.Array:
@@ -207,28 +223,26 @@ def cross_vocab_maps(
     )
 
 
-def subset_vocab_maps(lm, params) -> tuple[Any, DrafterData]:
-    """``(inner LM, DrafterData)``: a `SubsetVocabLM` (FR-Spec) drafting in its own ``K + 1``
-    ids, the verifier's ids its maps.
-
-    Its inner transformer is the drafter: ``to_verifier`` maps inner id i < K to the kept
-    verifier id ``keep[i]`` and the "other" row K to -1 (never proposed); every verifier token
-    is one piece, its inner id or "other" (``from_verifier`` = ``retok`` = ``to_inner``, so
-    each verifier id stays spellable, as with identity maps). The engine then draws each draft
-    from the drafter's own ``K + 1`` probabilities and scatters only ``q`` into the verifier's
-    ids, where identity maps would make every draft step work over the verifier's whole
-    vocabulary (49,152 ids for SmolLM2 against K = 4,096). The law of every draft and ``q``
-    are those of the `SubsetVocabLM` itself.
+def own_id_maps(params, to_verifier, from_verifier, what: str = 'own ids') -> DrafterData:
+    """DrafterData for a drafter of the verifier's tokenizer drafting in ids of its own
+    (a `SubsetVocabLM`, FR-Spec: its inner transformer over ``K + 1`` ids): ``to_verifier``
+    i32[Vd] maps its id i to a distinct verifier id (-1: never proposed, its "other" row),
+    ``from_verifier`` i32[V] is the id each verifier token is read as; every verifier
+    token is one piece (``retok`` = ``from_verifier``, so each verifier id stays spellable,
+    as with identity maps). The engine then draws each draft from the drafter's own
+    probabilities and scatters only ``q`` into the verifier's ids; the law of every draft
+    and ``q`` are those of the drafter over the verifier's ids.
     """
-    to_inner = jnp.asarray(params['to_inner'], jnp.int32)
-    keep = _distinct_ids(params['keep'], "subset-vocabulary drafter params['keep']")
-    return lm.inner, DrafterData(
-        params=params['inner'],
-        to_verifier=jnp.concatenate([keep, jnp.full((1,), -1, jnp.int32)]),
-        from_verifier=to_inner,
-        retok=to_inner[:, None],
-        retok_len=jnp.ones(to_inner.shape, jnp.int32),
-        injective=True,  # `keep` holds K distinct verifier ids
+    to_v = np.asarray(to_verifier)
+    _distinct_ids(to_v[to_v >= 0], what)
+    from_v = jnp.asarray(from_verifier, jnp.int32)
+    return DrafterData(
+        params=params,
+        to_verifier=jnp.asarray(to_verifier, jnp.int32),
+        from_verifier=from_v,
+        retok=from_v[:, None],
+        retok_len=jnp.ones(from_v.shape, jnp.int32),
+        injective=True,  # distinct verifier ids, checked above
     )
 
 

@@ -42,6 +42,7 @@ from specjax.models.cache import (
     rollback,
     table_values,
 )
+from specjax.models.drafter_kind import DrafterKind, QSupport, register
 from specjax.models.fused import fuse_params, order_params
 from specjax.models.transformer import Transformer, TransformerConfig, scale_noise
 from specjax.runtime import sharding as shd
@@ -51,6 +52,7 @@ __all__ = [
     'Cache',
     'TransformerLM',
     'TransformerConfig',
+    'TRANSFORMER',
     'advance',
     'rollback',
     'compact',
@@ -292,6 +294,25 @@ class TransformerLM:
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         logits, _, _ = self._module(params)(tokens, positions, causal_block_mask(B, T))
         return logits
+
+
+def _transformer_example(verifier, lm, kept):
+    """The drafter's own transformer as given, its weights abstract."""
+    del verifier, kept
+    return lm, lm.abstract_params()
+
+
+#: A drafter with a model of its own over its vocabulary (`TransformerLM`, and any model of
+#: the LM API whose class registers no kind: `specjax.models.drafter_kinds.DEFAULT`).
+TRANSFORMER = register(
+    DrafterKind(
+        name='transformer',
+        lm_type=TransformerLM,
+        q_support=QSupport.DENSE,
+        example=_transformer_example,
+        summary='a transformer of its own: a dense law over its vocabulary',
+    )
+)
 
 
 def fuse_projections(lm: TransformerLM, params, mesh=None, rules=None):

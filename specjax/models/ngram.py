@@ -17,7 +17,7 @@ occurrence of the longest suffix of the context, trying ``max_ngram`` down to
 ``min_ngram`` tokens; with no occurrence it repeats the context's last token. Logits are
 one-hot: 0 at the prediction and `NEG` elsewhere (finite, so softmax stays NaN-free). Its
 sampling law ``q`` is the point mass at the prediction at every temperature and under
-top-k / top-p (`PromptLookupLM.point_mass`: the engine takes the logits' argmax as the
+top-k / top-p (its kind `LOOKUP`'s `QSupport.POINT_MASS`: the engine takes the logits' argmax as the
 draw and its one-hot as ``q``, with no softmax or inverse-CDF pass over the vocabulary):
 every verification rule stays exact, as it always tests the q the drafter sampled from.
 
@@ -33,15 +33,15 @@ block (a verifier's) is outside this model's contract.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from specjax.models.cache import block_rows
+from specjax.models.drafter_kind import DrafterKind, QSupport, register
 
-__all__ = ['HistoryCache', 'PromptLookupLM', 'lookup_predictions', 'NEG']
+__all__ = ['HistoryCache', 'PromptLookupLM', 'LOOKUP', 'lookup_predictions', 'NEG']
 
 #: The logit of every token but the prediction (finite: softmax of a row stays NaN-free).
 NEG = -1e9
@@ -120,9 +120,6 @@ class PromptLookupLM:
     max_len: int
     max_ngram: int = 3
     min_ngram: int = 1
-    # Its sampling law is a point mass at the logits' argmax: the engine takes the argmax
-    # as the draw and its one-hot as q (`specjax.engine.decode`), with no softmax.
-    point_mass: ClassVar[bool] = True
 
     def __post_init__(self):
         for field in ('vocab_size', 'max_len', 'max_ngram', 'min_ngram'):
@@ -214,3 +211,25 @@ class PromptLookupLM:
             jnp.ones((b, t, t), bool),
         )
         return logits
+
+
+def _lookup_example(verifier, lm, kept):
+    """Trigrams down to unigrams over the verifier's vocabulary and context (no weights)."""
+    del lm, kept
+    lookup = PromptLookupLM(
+        vocab_size=verifier.vocab_size, max_len=verifier.max_len, max_ngram=3, min_ngram=1
+    )
+    return lookup, lookup.init_params()
+
+
+#: Prompt lookup: its law is a point mass at its prediction, it has no weights.
+LOOKUP = register(
+    DrafterKind(
+        name='lookup',
+        lm_type=PromptLookupLM,
+        q_support=QSupport.POINT_MASS,
+        has_weights=False,
+        example=_lookup_example,
+        summary='prompt lookup: the token that followed the context\'s suffix, one-hot q',
+    )
+)

@@ -27,6 +27,7 @@ from specjax.atomic import atomic_file, atomic_write_text
 from specjax.errors import NPZ_ERRORS, ConfigError
 from specjax.models.api import order_weights
 from specjax.models.cache import table_values
+from specjax.models.eagle import EAGLE, EagleLM, order_eagle
 from specjax.models.subset_vocab import SubsetVocabLM
 from specjax.models.transformer import TransformerConfig
 
@@ -123,7 +124,7 @@ def load_drafter(name_or_path, dtype: str = 'float32', out_first: bool = False):
 def save_eagle(path, lm, params, info: dict[str, Any], dtype: str | None = None) -> Path:
     """A feature drafter (`specjax.models.eagle`): its trained ``net`` and ``keep`` only
     (the verifier's table and head rows are rebuilt at load)."""
-    info = {'kind': 'eagle', **info, 'feature_layers': list(lm.feature_layers)}
+    info = {'kind': EAGLE.name, **info, 'feature_layers': list(lm.feature_layers)}
     return save_drafter(path, lm, {'net': params['net'], 'keep': params['keep']}, info, dtype)
 
 
@@ -131,8 +132,6 @@ def load_eagle(name_or_path, verifier, dtype: str = 'float32', out_first: bool =
     """(EagleLM, params, info) of a feature drafter file, its frozen table and head the
     verifier's (``verifier``: a model with ``.params['embed']``, e.g. `gguf.smollm2`);
     with ``out_first`` its projections stored ``[out, in]`` (`eagle.order_eagle`)."""
-    from specjax.models.eagle import EagleLM, order_eagle  # pylint: disable=import-outside-toplevel
-
     path = drafter_path(name_or_path)
     lm, saved, info = _read(
         path,
@@ -141,7 +140,7 @@ def load_eagle(name_or_path, verifier, dtype: str = 'float32', out_first: bool =
             cfg, int(info['verifier_vocab']), tuple(info.get('feature_layers', ()))
         ),
     )
-    if info.get('kind') != 'eagle' or set(saved) != {'net', 'keep'}:
+    if info.get('kind') != EAGLE.name or set(saved) != {'net', 'keep'}:
         raise ConfigError(f'drafter {path}: not a feature drafter (train_eagle.py writes those)')
     table = verifier.params['embed']
     if isinstance(table, jax.ShapeDtypeStruct):  # a verifier loaded without weights

@@ -32,9 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.models.api import TransformerLM
+from specjax.models.drafter_kind import DrafterKind, Drafting, QSupport, register
 from specjax.models.transformer import TransformerConfig
 
-__all__ = ['SubsetVocabLM', 'most_frequent_ids', 'NEG_LOGIT']
+__all__ = ['SubsetVocabLM', 'SUBSET', 'most_frequent_ids', 'NEG_LOGIT']
 
 #: The logit of a token outside the subset: exp(-1e9 - max) is exactly 0 in f32, and
 #: unlike -inf it keeps softmax and log-softmax free of NaN.
@@ -153,3 +154,43 @@ class SubsetVocabLM:
 
     def logits_full(self, params, tokens) -> jax.Array:
         return self.scatter(params, self.inner_logits_full(params, tokens))
+
+
+def _subset_drafting(lm: SubsetVocabLM, params) -> Drafting:
+    """Its inner transformer drafts in its own ``K + 1`` ids: inner id i < K is the kept
+    verifier id ``keep[i]``, the "other" row K is never proposed, and every verifier token
+    is read as its inner id or "other" (``to_inner``). The law of every draft and ``q`` are
+    those of the `SubsetVocabLM` itself, drawn over ``K + 1`` ids instead of the verifier's
+    whole vocabulary (49,152 ids for SmolLM2 against K = 4,096)."""
+    keep = jnp.asarray(np.asarray(params['keep']), jnp.int32)
+    return Drafting(
+        lm.inner,
+        params['inner'],
+        to_verifier=jnp.concatenate([keep, jnp.full((1,), -1, jnp.int32)]),
+        from_verifier=jnp.asarray(params['to_inner'], jnp.int32),
+    )
+
+
+def _subset_example(verifier, lm, kept: int):
+    """``lm``'s layers over the verifier's first ``kept`` ids and "other"."""
+    v = verifier.vocab_size
+    sub = SubsetVocabLM(dataclasses.replace(lm.config, vocab_size=kept + 1), v)
+    params = {
+        'inner': sub.inner.abstract_params(),
+        'keep': np.arange(kept, dtype=np.int32),
+        'to_inner': np.minimum(np.arange(v), kept).astype(np.int32),
+    }
+    return sub, params
+
+
+#: The FR-Spec drafter: a transformer over K of the verifier's ids and "other".
+SUBSET = register(
+    DrafterKind(
+        name='subset',
+        lm_type=SubsetVocabLM,
+        q_support=QSupport.SUBSET,
+        drafting=_subset_drafting,
+        example=_subset_example,
+        summary="FR-Spec: a transformer over the verifier's K most frequent ids",
+    )
+)

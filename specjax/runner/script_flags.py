@@ -357,6 +357,7 @@ def drafter_file(
     ``eagle*.npz``), else a distilled one (train_drafters.py's ``drafter_*.npz``)."""
     import json  # pylint: disable=import-outside-toplevel
 
+    from specjax.models.drafter_kinds import find  # pylint: disable=import-outside-toplevel
     from specjax.models.real_zoo import drafter_path  # pylint: disable=import-outside-toplevel
 
     kind = (
@@ -384,8 +385,9 @@ def drafter_file(
         shown,
         f"{allowed} ({jpath}: no 'config' object)",
     )
+    saved = find(info.get("kind"))  # the drafter kind the file names (a feature drafter's)
     check(
-        (info.get("kind") == "eagle") == feature,
+        (saved is not None and saved.reads_features) == feature,
         field,
         shown,
         f"{allowed} ({path} is {'not ' if feature else ''}a feature drafter)",

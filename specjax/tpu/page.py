@@ -156,11 +156,12 @@ def _drafter_costs(cfg, here, b, t_step, chip, model_axis) -> dict[str, tuple[fl
             t, how = estimate_seconds(r, chip, compiler=False)  # its whole cache: an upper bound
             out[r['drafters']] = (t / t_step, f'compiled forward, {how}')
     for name, spec in cfg.drafters.items():
-        if spec['kind'] == 'lookup':
+        kind = P.entry_kind(spec['kind'])
+        if not kind.has_weights:
             out[name] = (0.0, 'no model')
-        elif spec['kind'] == 'eagle' and name not in out:
+        elif kind.reads_features and name not in out:
             lm, _ = abstract_model(cfg.verifier, max_len=cfg.max_len, dtype=cfg.dtype)
-            d = P.drafter('eagle', lm)
+            d = P.drafter(spec['kind'], lm)
             t = _streamed_bytes(d.spec.lm) / model_axis / chip.hbm_bandwidth
             out[name] = (t / t_step, 'its streamed bytes ÷ bandwidth')
     return out

@@ -125,7 +125,8 @@ def _tasks(cfg) -> list[Task]:
                     )
         for b in cfg.drafter_batches:
             for name in cfg.drafters:
-                if cfg.drafters[name]['kind'] in ('transformer', 'cross', 'subset'):
+                kind = P.entry_kind(cfg.drafters[name]['kind'])
+                if kind.has_weights and not kind.reads_features:  # a forward of its own
                     out.append(
                         Task(
                             cfg.name,

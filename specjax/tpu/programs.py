@@ -25,36 +25,39 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from specjax.engine.autoregressive import autoregressive_call
 from specjax.engine.generate import speculative_call
-from specjax.engine.spec import (
-    DrafterSpec,
-    EngineConfig,
-    cross_vocab_maps,
-    feature_maps,
-    identity_maps,
-    subset_vocab_maps,
-)
+from specjax.engine.spec import DrafterSpec, EngineConfig, cross_vocab_maps, drafting_maps
 from specjax.engine.state import EngineState
+from specjax.models import drafter_kinds
 from specjax.models.api import TransformerConfig, TransformerLM
-from specjax.models.eagle import EagleLM, eagle_config
+from specjax.models.drafter_kind import DrafterKind
 from specjax.models.kv_heads import serve_form as _serve_form
-from specjax.models.ngram import PromptLookupLM
-from specjax.models.subset_vocab import SubsetVocabLM
 from specjax.runtime import sharding as shd
 from specjax.runtime.backend import tracing_for
 from specjax.verify import registry
 
 __all__ = [
     'DRAFTER_KINDS',
+    'OTHER_TOKENIZER',
     'abstract_tree',
     'ar_program',
     'drafter',
+    'entry_kind',
     'forward_program',
     'generate_program',
     'serve_form',
     'state_programs',
 ]
 
-DRAFTER_KINDS = ('transformer', 'subset', 'eagle', 'lookup', 'cross')
+#: Entries naming a drafter kind over another tokenizer than the verifier's (the
+#: cross-vocabulary path, token-level-intersection maps): the kind each one is.
+OTHER_TOKENIZER = {'cross': drafter_kinds.DEFAULT.name}
+#: The vocabulary of a drafter of another tokenizer built without a model of its own.
+OTHER_VOCAB = 32768
+#: What a planner config's drafter ``kind`` may name: every kind that builds an example
+#: (`DrafterKind.example`), then `OTHER_TOKENIZER`'s entries.
+DRAFTER_KINDS = tuple(k.name for k in drafter_kinds.all_kinds() if k.example) + tuple(
+    OTHER_TOKENIZER
+)
 
 
 def serve_form(lm, params, model_shards: int):
@@ -136,6 +139,12 @@ def _small_config(verifier_cfg: TransformerConfig, vocab: int, preset=None) -> T
     )
 
 
+def entry_kind(kind: str) -> DrafterKind:
+    """The drafter kind a planner config's drafter ``kind`` names (an `OTHER_TOKENIZER`
+    entry: the kind it is over another tokenizer)."""
+    return drafter_kinds.get(OTHER_TOKENIZER.get(kind, kind))
+
+
 def drafter(
     kind: str,
     verifier: TransformerLM,
@@ -147,42 +156,30 @@ def drafter(
     gamma: int | None = None,
     temperature: float = 1.0,
 ) -> Drafter:
-    """An abstract drafter of ``kind`` (one of `DRAFTER_KINDS`) for ``verifier``.
+    """An abstract drafter of ``kind`` (one of `DRAFTER_KINDS`: a registered drafter kind's
+    name, `specjax.models.drafter_kinds`, or an entry of `OTHER_TOKENIZER`) for
+    ``verifier``, built as its kind builds an example (`DrafterKind.example`).
 
-    ``lm``: the drafter's own transformer ('transformer', 'cross'; default a 4-layer
-    d256 model); ``kept``: the head's ids for 'subset' and 'eagle'; ``retok_width``: the
-    most drafter tokens one verifier token spells into ('cross'). Id maps are concrete
-    (their shapes are what the program depends on; their values are placeholders)."""
+    ``lm``: the drafter's own transformer (default a 4-layer d256 model; its layers for a
+    kind over a subset of the verifier's ids); ``kept``: the head's ids of a kind that has
+    one; ``retok_width``: the most drafter tokens one verifier token spells into (another
+    tokenizer). Id maps are concrete (their shapes are what the program depends on; their
+    values are placeholders)."""
+    if kind not in DRAFTER_KINDS:
+        raise ValueError(f'drafter kind: got {kind!r}; allowed: one of {DRAFTER_KINDS}')
     v = verifier.vocab_size
     name = name or kind
-    if kind == 'transformer':
-        d_lm = lm or TransformerLM(_small_config(verifier.config, v))
-        data = identity_maps(d_lm.abstract_params(), v)
-    elif kind == 'cross':
-        d_lm = lm or TransformerLM(_small_config(verifier.config, 32768))
+    other = kind in OTHER_TOKENIZER
+    own = lm or TransformerLM(_small_config(verifier.config, OTHER_VOCAB if other else v))
+    d_lm, params = entry_kind(kind).example(verifier, own, kept)
+    if other:
         dv = d_lm.vocab_size
         n = min(dv, v)
         to_v = np.where(np.arange(dv) < n, np.arange(dv) % max(n, 1), -1).astype(np.int32)
         retok = (np.arange(v)[:, None] + np.arange(retok_width)[None, :]) % dv
-        data = cross_vocab_maps(d_lm.abstract_params(), to_v, retok, np.ones((v,), np.int32), v)
-    elif kind == 'subset':
-        sub = SubsetVocabLM(_small_config(verifier.config, kept + 1), v)
-        to_inner = np.minimum(np.arange(v), kept).astype(np.int32)
-        params = {
-            'inner': sub.inner.abstract_params(),
-            'keep': np.arange(kept, dtype=np.int32),
-            'to_inner': to_inner,
-        }
-        d_lm, data = subset_vocab_maps(sub, params)
-    elif kind == 'eagle':
-        d_lm = EagleLM(eagle_config(verifier.config, kept), v, ())
-        params = dict(d_lm.abstract_params(), keep=np.arange(kept, dtype=np.int32))
-        data = feature_maps(params, v)
-    elif kind == 'lookup':
-        d_lm = PromptLookupLM(vocab_size=v, max_len=verifier.max_len, max_ngram=3, min_ngram=1)
-        data = identity_maps(d_lm.init_params(), v)
+        data = cross_vocab_maps(params, to_v, retok, np.ones((v,), np.int32), v)
     else:
-        raise ValueError(f'drafter kind: got {kind!r}; allowed: one of {DRAFTER_KINDS}')
+        d_lm, data = drafting_maps(d_lm, params, v)
     spec = DrafterSpec(name=name, lm=d_lm, temperature=temperature, gamma=gamma)
     return Drafter(spec, data, d_lm.vocab_size)
 
