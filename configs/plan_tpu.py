@@ -85,6 +85,7 @@ def get_config(name: str = 'smollm2'):
             ('coupled_block', 'subset+eagle'),
         ]
         c.state_drafters = 'lookup+eagle'
+        c.served_drafters = 'subset+eagle+cross'  # every drafter with weights
     elif name == 'field_report':
         c.title = "The field report's deployment: Llama-3.1-70B with 1.5B / 3B / 7B drafters"
         c.description = (
@@ -129,6 +130,7 @@ def get_config(name: str = 'smollm2'):
             ('coupled_block', 'prose+eagle'),
         ]
         c.state_drafters = 'code+prose+reasoning'
+        c.served_drafters = 'code+prose+reasoning+eagle+subset'  # every drafter with weights
     else:
         raise ValueError(f"plan_tpu config: got {name!r}; allowed: 'smollm2', 'field_report'")
     return c

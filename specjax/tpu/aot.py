@@ -160,6 +160,7 @@ class Compiled:
     optimal_seconds: float = float('nan')
     ops: list = dataclasses.field(default_factory=list)
     hlo: str = ''
+    input_formats: Any = None  # the compiled program's argument formats (layout + sharding)
 
     @property
     def ok(self) -> bool:
@@ -262,6 +263,7 @@ def compile_for(
     out.flops = float(cost.get('flops', float('nan')))
     out.bytes_accessed = float(cost.get('bytes accessed', float('nan')))
     out.optimal_seconds = float(cost.get('optimal_seconds', float('nan')))
+    out.input_formats = exe.input_formats[0]
     text = exe.as_text()
     out.ops = hlo_ops(text)
     if keep_hlo:

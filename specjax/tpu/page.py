@@ -345,7 +345,12 @@ def _preamble(recs: list[dict], command: str) -> list[str]:
         'Served form (`specjax.tpu.programs.serve_form`): KV heads repeated until the model '
         'axis divides them; a tied head stored as its own [D, V] array. Decode rules '
         '(`specjax.runtime.sharding.decode_rules`): under fsdp and fsdp_tp the batch is not split '
-        "over 'data', so no weight moves. Caches are donated.",
+        "over 'data', so no weight moves. Caches are donated. The weights' memory layouts "
+        "(`specjax.tpu.layouts`): one set per slice, the compiler's choice for the "
+        "speculative generate over every drafter with weights (the `served_layouts` program); "
+        'every program of the recommended rules is compiled for weights already in that set '
+        "(layouts 'served'), the other rule sets' steps with their own choice ('auto'); a "
+        'relayout copy counts what a program would still relay per call.',
         '',
     ]
 
@@ -395,12 +400,20 @@ def _step_times(cfg, rec_fwd: list[dict], chip, unread) -> tuple[list[str], dict
         '',
     ]
     out += table + ['']
-    by_compiler, _ = _ratio_table(rec_fwd, chip, unread, compiler=True)
+    by_compiler, c_ratios = _ratio_table(rec_fwd, chip, unread, compiler=True)
     if any('| compiler |' in line for line in by_compiler):
+        dips = sorted(
+            (b, k) for b, (_, rr) in c_ratios.items() for k, x in rr.items() if k > 1 and x < 0.98
+        )
+        shape = (
+            f'It is not monotone in k (a one-token step estimated dearer than a score of '
+            f'more tokens at {", ".join(f"B {b} k {k}" for b, k in dips)})'
+            if dips
+            else 'It grows with k as the roofline does'
+        )
         out += [
-            "The same by the compiler's own estimate (`optimal_seconds`). It is not "
-            'monotone in k (a one-token step estimated dearer than an 8-token '
-            'score), so the projections below use the roofline:',
+            f"The same by the compiler's own estimate (`optimal_seconds`). {shape}; the "
+            'projections below use the roofline, which every slice has:',
             '',
         ]
         out += by_compiler + ['']
@@ -432,15 +445,16 @@ def _programs_table(cfg, progs: list[dict]) -> list[str]:
         f'{cfg.generate_batch}, γ {cfg.gamma}, {cfg.prompt_len}-token prompts, '
         f'{cfg.new_tokens} new tokens):',
         '',
-        '| program | rule | drafters | compiled | peak GiB / chip | '
+        '| program | rule | drafters | layouts | compiled | peak GiB / chip | '
         'collectives per round (loop body) | relayout copies ≥ 1 MiB | '
         'compile s (wall, this host) |',
-        '|---|---|---|---|---|---|---|---|',
+        '|---|---|---|---|---|---|---|---|---|',
     ]
     for r in progs:
         ok = 'yes' if r['ok'] else f"no: {r['error'][:100]}"
         out.append(
-            f"| {r['program']} | {r['rule'] or '–'} | {r['drafters'] or '–'} | {ok} | "
+            f"| {r['program']} | {r['rule'] or '–'} | {r['drafters'] or '–'} | "
+            f"{r.get('compiled_layouts') or r.get('layouts') or 'default'} | {ok} | "
             f"{_gib(r['peak_bytes']) if r['ok'] else '–'} | "
             f"{_coll(r['collectives_in_loop']) if r['ok'] else '–'} | "
             f"{r['n_copies'] if r['ok'] else '–'} | {r['compile_s']:.0f} |"

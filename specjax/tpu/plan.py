@@ -37,6 +37,7 @@ import jax
 from absl import app, flags
 
 from specjax.errors import ConfigError
+from specjax.tpu import layouts as LY
 from specjax.tpu import programs as P
 from specjax.tpu.aot import compile_for
 from specjax.tpu.page import render
@@ -61,7 +62,10 @@ class Task:
     drafters: str = ''  # generate: drafter names joined by '+'
     gamma: int = 0
     model_axis: int = 0  # chips on 'model' (the rest on 'data')
-    layouts: str = ''  # forward: 'auto' (the compiler lays the weights out) or '' (default)
+    # The weights' layouts: 'auto' (the compiler's choice for this program), 'served' (the
+    # deployment's one set, `specjax.tpu.layouts`, chosen for its 'served_layouts' program)
+    # or '' (the device's default).
+    layouts: str = ''
 
     @property
     def key(self) -> str:
@@ -101,10 +105,29 @@ def model_axis(rules: str, chips: int) -> int:
     return chips
 
 
+def _served(cfg) -> set[str]:
+    return set(cfg.served_drafters.split('+'))
+
+
 def _tasks(cfg) -> list[Task]:
     out = []
     for sl in cfg.slices:
         chips = get_slice(sl).chips
+        # First: the program whose compiled layouts every 'served' program takes.
+        out.append(
+            Task(
+                cfg.name,
+                sl,
+                cfg.recommend,
+                'served_layouts',
+                cfg.generate_batch,
+                rule=cfg.state_rule,
+                drafters=cfg.served_drafters,
+                gamma=cfg.gamma,
+                model_axis=chips,
+                layouts='auto',
+            )
+        )
         for rules in cfg.rule_sets:
             batches = cfg.batches if rules == cfg.recommend else cfg.other_batches
             for b in batches:
@@ -120,7 +143,7 @@ def _tasks(cfg) -> list[Task]:
                             k,
                             cfg.capacity,
                             model_axis=model_axis(rules, chips),
-                            layouts='auto',
+                            layouts='served' if rules == cfg.recommend else 'auto',
                         )
                     )
         for b in cfg.drafter_batches:
@@ -138,7 +161,7 @@ def _tasks(cfg) -> list[Task]:
                             cfg.capacity,
                             drafters=name,
                             model_axis=chips,
-                            layouts='auto',
+                            layouts='served' if name in _served(cfg) else 'auto',
                         )
                     )
         for rule, names in cfg.generates:
@@ -153,11 +176,20 @@ def _tasks(cfg) -> list[Task]:
                     drafters=names,
                     gamma=cfg.gamma,
                     model_axis=chips,
+                    layouts='served',
                 )
             )
         if cfg.state_programs:
             out.append(
-                Task(cfg.name, sl, cfg.recommend, 'ar', cfg.generate_batch, model_axis=chips)
+                Task(
+                    cfg.name,
+                    sl,
+                    cfg.recommend,
+                    'ar',
+                    cfg.generate_batch,
+                    model_axis=chips,
+                    layouts='served',
+                )
             )
             for prog in ('plan_first', 'plan_continue', 'plan_fallback', 'state_rows'):
                 out.append(
@@ -171,51 +203,71 @@ def _tasks(cfg) -> list[Task]:
                         drafters=cfg.state_drafters,
                         gamma=cfg.gamma,
                         model_axis=chips,
+                        layouts='' if prog == 'state_rows' else 'served',
                     )
                 )
     return out
 
 
-def _program(cfg, task: Task, cache: dict):
-    """(fn, statics, args, mesh) of a task."""
+def _copy_bytes(cfg) -> int:
+    """The smallest relayout copy the journal counts (``cfg.copy_min_bytes``, 1 MiB)."""
+    return int(cfg.get('copy_min_bytes', 1 << 20))
+
+
+def layouts_path(workdir: Path, task: Task) -> Path:
+    """Where a slice's served layouts live (`specjax.tpu.layouts.save`)."""
+    return Path(workdir) / 'layouts' / f'{task.deployment}_{task.slice}_{task.rules}.json'
+
+
+def _served_set(workdir: Path, task: Task):
+    """(verifier layouts, {drafter: layouts}) of the task's slice, or None where its
+    'served_layouts' program has not compiled (the program then takes default layouts,
+    and its journal line says so)."""
+    path = layouts_path(workdir, task)
+    return LY.load(path) if path.is_file() else None
+
+
+def _forward(lm, params, mesh, task: Task, served):
+    fn, args = P.forward_program(
+        lm,
+        params,
+        mesh,
+        task.rules,
+        task.batch,
+        task.k,
+        task.capacity,
+        param_layouts='auto' if task.layouts == 'auto' else None,
+    )
+    return fn, {}, (LY.apply(args, served, []) if served is not None else args), mesh
+
+
+def _program(cfg, task: Task, cache: dict, workdir: Path):
+    """(fn, statics, args, mesh, layouts) of a task; ``layouts`` says which the weights
+    were compiled in ('auto', 'served', 'default': no served set yet)."""
     mesh = slice_mesh(task.slice, get_slice(task.slice).chips // task.model_axis, task.model_axis)
     key = (task.slice, task.model_axis)
     if key not in cache:
         cache.clear()
         cache[key] = _deployment(cfg, task.model_axis)
     lm, params, drafters = cache[key]
+    served = _served_set(workdir, task) if task.layouts == 'served' else None
+    how = 'default' if task.layouts == 'served' and served is None else task.layouts or 'default'
     if task.program == 'forward':
-        fn, args = P.forward_program(
-            lm,
-            params,
-            mesh,
-            task.rules,
-            task.batch,
-            task.k,
-            task.capacity,
-            param_layouts=task.layouts or None,
-        )
-        return fn, {}, args, mesh
+        return (*_forward(lm, params, mesh, task, served and served[0]), how)
     if task.program == 'drafter_forward':
         d = drafters[task.drafters]
         inner = getattr(d.spec.lm, 'inner', d.spec.lm)
-        fn, args = P.forward_program(
-            inner,
-            inner.abstract_params(),
-            mesh,
-            task.rules,
-            task.batch,
-            1,
-            task.capacity,
-            param_layouts=task.layouts or None,
-        )
-        return fn, {}, args, mesh
-    ds = [drafters[n] for n in task.drafters.split('+') if n]
+        mine = served and served[1].get(task.drafters)
+        return (*_forward(inner, inner.abstract_params(), mesh, task, mine), how)
+    names = [n for n in task.drafters.split('+') if n]
+    ds = [drafters[n] for n in names]
     common = dict(batch=task.batch, prompt_len=cfg.prompt_len, new_tokens=cfg.new_tokens)
-    if task.program == 'generate':
+    if task.program in ('generate', 'served_layouts'):
         fn, st, args = P.generate_program(
             lm, params, ds, mesh, task.rules, rule=task.rule, gamma=task.gamma, **common
         )
+        if task.program == 'served_layouts':
+            return LY.auto(fn, st, args), {}, args, mesh, how
     elif task.program == 'ar':
         fn, st, args = P.ar_program(lm, params, mesh, task.rules, **common)
     else:
@@ -223,7 +275,16 @@ def _program(cfg, task: Task, cache: dict):
             lm, params, ds, mesh, task.rules, rule=task.rule, gamma=task.gamma, **common
         )
         fn, st, args = progs[task.program]
-    return fn, st, args, mesh
+    if served is not None:
+        args = LY.apply(args, served[0], [served[1].get(n) for n in names])
+    return fn, st, args, mesh, how
+
+
+def _save_served(workdir: Path, task: Task, formats) -> None:
+    v, ds = LY.chosen(formats)
+    names = [n for n in task.drafters.split('+') if n]
+    about = dict(dataclasses.asdict(task), date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()))
+    LY.save(layouts_path(workdir, task), v, dict(zip(names, ds)), about)
 
 
 def _read_journal(path: Path) -> dict[str, dict]:
@@ -272,14 +333,17 @@ def run_tasks(cfg, workdir: Path, log=print, limit: int = 0) -> Path:
     if limit > 0:
         todo = todo[:limit]
     for i, task in enumerate(todo):
-        fn, st, args, mesh = _program(cfg, task, cache)
+        fn, st, args, mesh, how = _program(cfg, task, cache, workdir)
         with jax.set_mesh(mesh):
             c = compile_for(fn, args, st, name=task.program, target=task.slice)
+        if task.program == 'served_layouts' and c.ok:
+            _save_served(workdir, task, c.input_formats)
         rec = dict(
             dataclasses.asdict(task),
             key=task.key,
             ok=c.ok,
             error=c.error,
+            compiled_layouts=how,
             compile_s=c.seconds_to_compile,
             argument_bytes=c.argument_bytes,
             output_bytes=c.output_bytes,
@@ -292,8 +356,8 @@ def run_tasks(cfg, workdir: Path, log=print, limit: int = 0) -> Path:
             collectives={k: list(v) for k, v in c.collectives().items()},
             collectives_in_loop={k: list(v) for k, v in c.collectives(True).items()},
             largest_gather=_op(c.largest('all-gather')),
-            copies=[_op(o) for o in c.copies()][:8],
-            n_copies=len(c.copies()),
+            copies=[_op(o) for o in c.copies(_copy_bytes(cfg))][:8],
+            n_copies=len(c.copies(_copy_bytes(cfg))),
             date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
         )
         _append(journal, rec)
