@@ -421,6 +421,33 @@ def test_loop_alpha(tmp_path):
 
 
 @pytest.mark.slow
+def test_compare_rules(tmp_path):
+    """On the real file: two rules over the same prompts and keys; each rule's tokens per
+    round is its tokens over its rounds, and at τ 0 every lossless rule commits the greedy
+    tokens, so both commit the same count (their rounds may differ)."""
+    _needs_smollm2()
+    args = [
+        f"--out={tmp_path}",
+        "--drafters=lookup,eagle",
+        "--rules=token_tree,traversal",
+        "--domains=code",
+        "--prompts_per_domain=2",
+        "--new_tokens=8",
+        "--tau=0",
+    ]
+    command = run_script("compare_rules.py", *args, timeout=1200)
+    out = read_json(tmp_path / "compare_rules.json", command)
+    tree, trav = out["rules"]["token_tree"], out["rules"]["traversal"]
+    assert out["prompts"] == 2 and tree["ratio_to_first"] == 1.0
+    for r in (tree, trav):
+        assert r["tokens_per_round"] == r["tokens"] / r["rounds"]
+        assert 1 <= r["tokens_per_round"] <= 2 * 3 + 1 and len(r["per_prompt_tokens"]) == 2
+    assert tree["per_prompt_tokens"] == trav["per_prompt_tokens"] == [8.0, 8.0]
+    lo, hi = trav["ratio_ci"]
+    assert lo <= trav["ratio_to_first"] <= hi
+
+
+@pytest.mark.slow
 def test_drafter_alpha(tmp_path):
     """On the real file: the shipped eagle's α at two temperatures in [0, 1] on held-out
     features of two short replies; its top-2 coverage ≥ its top-1, the same at both."""
