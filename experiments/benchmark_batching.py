@@ -333,28 +333,9 @@ def measure(
         lambda: _static(dep, cfg, spec, v, d, budgets, keys, batch, bucket, stop_table), repeats
     )
     static, s_tokens = _static_entry(s_runs, n_prompts, batch)
-    conts = []
-    for c in chunks:
-        kw = dict(
-            batch=batch, chunk=c, max_new_tokens=budgets, stop_table=stop_table, bucket=bucket
-        )
-        if spec:
-            kw.update(drafters=dep.drafters, d_data=dep.d_data, drafter_prompts=d)
-        runs = _timed(
-            lambda kw=kw: continuous_generate(cfg, dep.verifier, dep.v_params, v, keys, **kw),
-            repeats,
-        )
-        conts.append(_continuous_entry(c, runs, static, s_tokens, spec))
-        conts[-1]["differences"] = first_differences(
-            dep.verifier, dep.v_params, v, s_tokens, runs[0].tokens, cfg.verifier_temperature
-        )
-    also = []
-    for b2 in static_also:
-        t2 = _static(dep, cfg, spec, v, d, budgets, keys, int(b2), bucket, stop_table)[0]
-        diffs = first_differences(
-            dep.verifier, dep.v_params, v, s_tokens, t2, cfg.verifier_temperature
-        )
-        also.append(dict(batch=int(b2), same_tokens=n_prompts - len(diffs), differences=diffs))
+    run = (dep, cfg, spec, v, d, budgets, keys, bucket, stop_table)
+    conts = [_continuous(run, c, batch, repeats, static, s_tokens) for c in chunks]
+    also = [_static_other(run, int(b2), s_tokens) for b2 in static_also]
     return dict(
         mode="spec" if spec else "ar",
         drafter=drafter,
@@ -371,6 +352,33 @@ def measure(
         static_also=also,
         load_average=provenance.load_average(),
     )
+
+
+def _continuous(run: tuple, c: int, batch: int, repeats: int, static: dict, s_tokens) -> dict:
+    """Continuous batching at chunk ``c`` (``run``: what `measure` set up), timed, against
+    static's tokens."""
+    dep, cfg, spec, v, d, budgets, keys, bucket, stop_table = run
+    kw = dict(batch=batch, chunk=c, max_new_tokens=budgets, stop_table=stop_table, bucket=bucket)
+    if spec:
+        kw.update(drafters=dep.drafters, d_data=dep.d_data, drafter_prompts=d)
+    runs = _timed(
+        lambda kw=kw: continuous_generate(cfg, dep.verifier, dep.v_params, v, keys, **kw),
+        repeats,
+    )
+    entry = _continuous_entry(c, runs, static, s_tokens, spec)
+    entry["differences"] = first_differences(
+        dep.verifier, dep.v_params, v, s_tokens, runs[0].tokens, cfg.verifier_temperature
+    )
+    return entry
+
+
+def _static_other(run: tuple, b2: int, s_tokens) -> dict:
+    """Static batching at another batch size ``b2``, once, untimed: its tokens against
+    static's at the measured batch size."""
+    dep, cfg, spec, v, d, budgets, keys, bucket, stop_table = run
+    t2 = _static(dep, cfg, spec, v, d, budgets, keys, b2, bucket, stop_table)[0]
+    diffs = first_differences(dep.verifier, dep.v_params, v, s_tokens, t2, cfg.verifier_temperature)
+    return dict(batch=b2, same_tokens=len(v) - len(diffs), differences=diffs)
 
 
 def print_table(results: list[dict]) -> None:

@@ -190,7 +190,9 @@ def validate() -> None:
         f"blocks of at most 256 tokens (chains × γ + 1; this is {widest})",
     )
     sf.doc_name("--doc_name", FLAGS.doc_name)
-    used = set(_settings().drafter_names()) | ({"code"} if "peer" in parts else set())
+    used = {n for e in FLAGS.drafters for n in entries.members(e)} | (
+        {"code"} if "peer" in parts else set()
+    )
     if FLAGS.drafter_dir:
         folder = sf.in_dir(
             "--drafter_dir", FLAGS.drafter_dir, "a folder holding drafter_code.npz / .json"
@@ -210,15 +212,11 @@ def validate() -> None:
         sf.drafter_file("--eagle", FLAGS.eagle, feature=True)
 
 
-def _settings() -> real_speed.Settings:
-    """The run's settings, from the flags."""
-    return real_speed.Settings.from_values(FLAGS.flag_values_dict())
-
-
 def main(argv):
     del argv
     prov = provenance.provenance()
-    result = real_speed.measure(_settings(), prov["machine"], from_smollm2)
+    settings = real_speed.Settings.from_values(FLAGS.flag_values_dict())
+    result = real_speed.measure(settings, prov["machine"], from_smollm2)
     provenance.write_outputs(
         Path(FLAGS.out) / "real_speed.json",
         result,

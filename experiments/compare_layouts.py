@@ -38,6 +38,7 @@ from absl import flags
 from specjax.errors import ConfigError
 from specjax.measure.timing import forward_timer
 from specjax.models import cache, products
+from specjax.models.gguf import parse_layout, smollm2_layout
 from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 
@@ -67,8 +68,6 @@ def define_flags():
 def validate() -> None:
     """Every flag, before anything is printed, loaded or written (`sf.run`): a
     `ConfigError` naming the flag, its value and what is allowed."""
-    from specjax.models.gguf import parse_layout  # pylint: disable=import-outside-toplevel
-
     sf.check(FLAGS.layouts, "--layouts", "", "one or more layouts")
     for s in FLAGS.layouts:
         parse_layout(s, "--layouts", EXTRA_TOKENS)
@@ -105,19 +104,8 @@ def traced_as(tokens: set):
         products.PRODUCTS, cache.HALF_AS_BITS = old
 
 
-def main(argv):
-    del argv
-    from specjax.models.gguf import (  # pylint: disable=import-outside-toplevel
-        parse_layout,
-        smollm2_layout,
-    )
-
-    # The flags were checked by `validate`.
-    layouts = [(s, *parse_layout(s, "--layouts", EXTRA_TOKENS)) for s in FLAGS.layouts]
-    batches = [int(b) for b in FLAGS.batches]
-    ks = sorted({int(k) for k in FLAGS.ks} | {1})
-    capacity = FLAGS.capacity or FLAGS.context + 16
-    prov = provenance.provenance()
+def _compiled(layouts, batches, ks, capacity) -> tuple:
+    """Every layout loaded and its forward timers compiled per (B, k): (models, timers)."""
     models, timers = {}, {}
     for spec, _, tokens in layouts:
         m = smollm2_layout(
@@ -137,19 +125,22 @@ def main(argv):
                         FLAGS.reps,
                     )
         print(f"{spec}: loaded and compiled", flush=True)
-    ref = layouts[0][0]
+    return models, timers
+
+
+def _logit_diffs(layouts, models, ref: str) -> dict:
+    """Each layout's max |Δ| of its logits to the first layout's, on 32 tokens."""
     toks = jnp.asarray(np.arange(1, 33, dtype=np.int32)[None] + 100)
     logits = {}
     for s, _, tokens in layouts:
         with traced_as(tokens):
             logits[s] = models[s].lm.logits_full(models[s].params, toks)
-    diffs = {s: float(jnp.abs(logits[s] - logits[ref]).max()) for s in logits}
-    times = {key: [] for key in timers}
-    for r in range(FLAGS.rounds):
-        for b in batches:
-            for k in ks:
-                for spec, _, _ in layouts:
-                    times[spec, b, k].append(timers[spec, b, k]())
+    return {s: float(jnp.abs(logits[s] - logits[ref]).max()) for s in logits}
+
+
+def _rows(times: dict, layouts, batches, ks, ref: str, diffs: dict) -> list[dict]:
+    """Per (layout, B, k): median and min ms, T_score(k) / T_step, the paired ratio to the
+    first layout, the logits' Δ."""
     rows = []
     for spec, _, _ in layouts:
         for b in batches:
@@ -169,39 +160,63 @@ def main(argv):
                         "max_abs_logit_diff": diffs[spec],
                     }
                 )
-    out = Path(FLAGS.out)
+    return rows
+
+
+def _table(rows: list[dict], ref: str) -> str:
+    """The rows as a markdown table."""
     header = (
         "| layout | B | k | ms (median) | ms (min) | T_score(k) / T_step | ÷ "
         f"{ref} (paired median) | max abs logit Δ |\n|---|---|---|---|---|---|---|---|\n"
     )
-    table = header + "".join(
+    return header + "".join(
         f"| {r['layout']} | {r['batch']} | {r['k']} | {r['ms']:.2f} | {r['min_ms']:.2f} | "
         f"{r['score_over_step']:.2f} | {r['over_first']:.3f} | {r['max_abs_logit_diff']:.1e} |\n"
         for r in rows
     )
+
+
+def main(argv):
+    del argv
+    # The flags were checked by `validate`.
+    layouts = [(s, *parse_layout(s, "--layouts", EXTRA_TOKENS)) for s in FLAGS.layouts]
+    batches = [int(b) for b in FLAGS.batches]
+    ks = sorted({int(k) for k in FLAGS.ks} | {1})
+    capacity = FLAGS.capacity or FLAGS.context + 16
+    prov = provenance.provenance()
+    models, timers = _compiled(layouts, batches, ks, capacity)
+    ref = layouts[0][0]
+    diffs = _logit_diffs(layouts, models, ref)
+    times = {key: [] for key in timers}
+    for r in range(FLAGS.rounds):
+        for b in batches:
+            for k in ks:
+                for spec, _, _ in layouts:
+                    times[spec, b, k].append(timers[spec, b, k]())
+    rows = _rows(times, layouts, batches, ks, ref, diffs)
+    table = _table(rows, ref)
     print(table)
     print(
         f"load average {prov['machine'].get('load_average')} at the start, "
         f"{provenance.load_average()} at the end"
     )
-    print(f"wrote {provenance.write_json(out / 'layouts.json', {'rows': rows}, prov)}")
-    if FLAGS.write_docs:
-        body = [
-            f"Each round times every (layout, B, k) once, interleaved; {FLAGS.rounds} rounds of "
-            f"{FLAGS.reps} forwards over {FLAGS.context} cached tokens in a cache of "
-            f"{FLAGS.capacity or FLAGS.context + 16} slots "
-            "(`experiments/compare_layouts.py`'s docstring).",
-            "",
-            table,
-        ]
-        page = provenance.write_page(
-            FLAGS.doc_name,
-            "The real verifier's forward by parameter layout",
-            body,
-            prov,
-            FLAGS.docs_dir,
-        )
-        print(f"wrote {page}")
+    body = [
+        f"Each round times every (layout, B, k) once, interleaved; {FLAGS.rounds} rounds of "
+        f"{FLAGS.reps} forwards over {FLAGS.context} cached tokens in a cache of "
+        f"{FLAGS.capacity or FLAGS.context + 16} slots "
+        "(`experiments/compare_layouts.py`'s docstring).",
+        "",
+        table,
+    ]
+    provenance.write_outputs(
+        Path(FLAGS.out) / "layouts.json",
+        {"rows": rows},
+        prov,
+        page=FLAGS.doc_name if FLAGS.write_docs else None,
+        title="The real verifier's forward by parameter layout",
+        body=lambda _: body,
+        docs_dir=FLAGS.docs_dir,
+    )
 
 
 if __name__ == "__main__":
