@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 from absl import flags
 
+from specjax.measure import rule_pairs
 from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 from specjax.verify import registry
@@ -149,40 +150,22 @@ def measure(
     rule: str = "rejection",
 ) -> dict:
     """The loop's per-step acceptance of `dep`'s single drafter over `texts` (see module)."""
-    from specjax.engine.generate import (  # pylint: disable=import-outside-toplevel
-        row_keys_for,
-        speculative_generate,
-    )
     from specjax.engine.spec import EngineConfig  # pylint: disable=import-outside-toplevel
 
     cfg = EngineConfig(gamma=gamma, max_new_tokens=new_tokens, verifier_temperature=tau, rule=rule)
     v = [dep.encode(t) for t in texts]
-    d = [[enc(t) for t in texts] for enc in dep.drafter_encode]
     acc, reach, tokens, rounds, kept, kept1, paths = [], [], [], [], [], [], []
-    for seed in seeds:
-        keys = row_keys_for(int(seed), len(v), stream="loop_alpha")
-        for lo in range(0, len(v), batch):
-            rows = [min(i, len(v) - 1) for i in range(lo, lo + batch)]  # the last call padded
-            n = min(batch, len(v) - lo)
-            r = speculative_generate(
-                cfg,
-                dep.verifier,
-                dep.v_params,
-                dep.drafters,
-                dep.d_data,
-                [v[i] for i in rows],
-                [[x[i] for i in rows] for x in d],
-                keys[rows],
-                bucket=64,
-            )
-            c = r.counters
-            acc.append(np.asarray(c.own_accepted_at)[:n, 0])  # [rows, γ]
-            reach.append(np.asarray(c.own_reached_at)[:n, 0])
-            tokens.append(np.asarray(r.length - r.start)[:n])
-            rounds.append(np.asarray(c.rounds)[:n])
-            kept.append(np.asarray(c.kept_expected)[:n])
-            kept1.append(np.asarray(c.kept_rule1)[:n])
-            paths += [(v[rows[j]], r.new_tokens(j)) for j in range(n)]
+    for _, n, rows, r in rule_pairs.calls(
+        dep, texts, cfg, batch=batch, seeds=seeds, stream="loop_alpha"
+    ):
+        c = r.counters
+        acc.append(np.asarray(c.own_accepted_at)[:n, 0])  # [rows, γ]
+        reach.append(np.asarray(c.own_reached_at)[:n, 0])
+        tokens.append(np.asarray(r.length - r.start)[:n])
+        rounds.append(np.asarray(c.rounds)[:n])
+        kept.append(np.asarray(c.kept_expected)[:n])
+        kept1.append(np.asarray(c.kept_rule1)[:n])
+        paths += [(v[rows[j]], r.new_tokens(j)) for j in range(n)]
     acc, reach = np.concatenate(acc).astype(float), np.concatenate(reach).astype(float)
     alpha = acc.sum(0) / np.maximum(reach.sum(0), 1)
     # Standard error of a ratio over rows (paths), by the delta method.

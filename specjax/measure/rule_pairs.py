@@ -24,7 +24,33 @@ from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
 from specjax.verify import registry
 
-__all__ = ['compare', 'rule_rows']
+__all__ = ['calls', 'compare', 'rule_rows']
+
+
+def calls(dep, texts: Sequence[str], cfg: EngineConfig, *, batch: int, seeds, stream: str):
+    """Runs ``cfg`` over ``texts`` in calls of ``batch`` rows (the last padded), once per
+    seed (row keys `row_keys_for(seed, len(texts), stream)`); yields ``(lo, n, rows,
+    result)``: the call's first text, its real rows, the texts' indices and its
+    `GenerateResult`."""
+    v = [dep.encode(t) for t in texts]
+    d = [[enc(t) for t in texts] for enc in dep.drafter_encode]
+    for seed in seeds:
+        keys = row_keys_for(int(seed), len(v), stream=stream)
+        for lo in range(0, len(v), batch):
+            rows = [min(i, len(v) - 1) for i in range(lo, lo + batch)]
+            r = speculative_generate(
+                cfg,
+                dep.verifier,
+                dep.v_params,
+                dep.drafters,
+                dep.d_data,
+                [v[i] for i in rows],
+                [[x[i] for i in rows] for x in d],
+                keys[rows],
+                slots=None if cfg.n_slots == 1 else np.tile(np.arange(cfg.n_slots), (len(rows), 1)),
+                bucket=64,
+            )
+            yield lo, min(batch, len(v) - lo), rows, r
 
 
 def rule_rows(
@@ -49,28 +75,10 @@ def rule_rows(
         rule=rule,
         n_slots=n_slots,
     )
-    v = [dep.encode(t) for t in texts]
-    d = [[enc(t) for t in texts] for enc in dep.drafter_encode]
-    tokens, rounds = np.zeros(len(v)), np.zeros(len(v))
-    for seed in seeds:
-        keys = row_keys_for(int(seed), len(v), stream=stream)
-        for lo in range(0, len(v), batch):
-            rows = [min(i, len(v) - 1) for i in range(lo, lo + batch)]  # the last call padded
-            n = min(batch, len(v) - lo)
-            r = speculative_generate(
-                cfg,
-                dep.verifier,
-                dep.v_params,
-                dep.drafters,
-                dep.d_data,
-                [v[i] for i in rows],
-                [[x[i] for i in rows] for x in d],
-                keys[rows],
-                slots=np.tile(np.arange(n_slots, dtype=np.int32), (len(rows), 1)),
-                bucket=64,
-            )
-            tokens[lo : lo + n] += np.asarray(r.length - r.start)[:n]
-            rounds[lo : lo + n] += np.asarray(r.counters.rounds)[:n]
+    tokens, rounds = np.zeros(len(texts)), np.zeros(len(texts))
+    for lo, n, _, r in calls(dep, texts, cfg, batch=batch, seeds=seeds, stream=stream):
+        tokens[lo : lo + n] += np.asarray(r.length - r.start)[:n]
+        rounds[lo : lo + n] += np.asarray(r.counters.rounds)[:n]
     return tokens, rounds
 
 

@@ -25,6 +25,7 @@ each config names the run it came from).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -109,15 +110,80 @@ def _served(cfg) -> set[str]:
     return set(cfg.served_drafters.split('+'))
 
 
+def _forward_tasks(cfg, at, chips: int) -> list[Task]:
+    """The verifier's steps and scores: every rule set, batch and k the config names (the
+    recommended rules' in the served layouts, the others' in their own)."""
+    out = []
+    for rules in cfg.rule_sets:
+        batches = cfg.batches if rules == cfg.recommend else cfg.other_batches
+        layouts = 'served' if rules == cfg.recommend else 'auto'
+        for b in batches:
+            ks = cfg.ks if b == min(cfg.batches) and rules == cfg.recommend else cfg.ks_other
+            for k in ks:
+                axis = model_axis(rules, chips)
+                out.append(
+                    at(rules, 'forward', b, k, cfg.capacity, model_axis=axis, layouts=layouts)
+                )
+    return out
+
+
+def _drafter_tasks(cfg, at, chips: int) -> list[Task]:
+    """A one-token forward of each drafter that runs a model of its own."""
+    out = []
+    for b in cfg.drafter_batches:
+        for name in cfg.drafters:
+            kind = P.entry_kind(cfg.drafters[name]['kind'])
+            if kind.has_weights and not kind.reads_features:
+                layouts = 'served' if name in _served(cfg) else 'auto'
+                out.append(
+                    at(
+                        cfg.recommend,
+                        'drafter_forward',
+                        b,
+                        1,
+                        cfg.capacity,
+                        drafters=name,
+                        model_axis=chips,
+                        layouts=layouts,
+                    )
+                )
+    return out
+
+
+def _call_tasks(cfg, at, chips: int) -> list[Task]:
+    """The engine's calls: the generates the config names, then (``state_programs``) the
+    autoregressive baseline and the plan runner's calls on carried state."""
+    call = functools.partial(
+        at, cfg.recommend, batch=cfg.generate_batch, model_axis=chips, layouts='served'
+    )
+    out = [
+        call(program='generate', rule=rule, drafters=names, gamma=cfg.gamma)
+        for rule, names in cfg.generates
+    ]
+    if cfg.state_programs:
+        out.append(call(program='ar'))
+        for prog in ('plan_first', 'plan_continue', 'plan_fallback', 'state_rows'):
+            out.append(
+                call(
+                    program=prog,
+                    rule=cfg.state_rule,
+                    drafters=cfg.state_drafters,
+                    gamma=cfg.gamma,
+                    layouts='' if prog == 'state_rows' else 'served',
+                )
+            )
+    return out
+
+
 def _tasks(cfg) -> list[Task]:
+    """Every program of ``cfg``, per slice: first the program whose compiled layouts every
+    'served' program takes, then the steps, the drafters' forwards and the calls."""
     out = []
     for sl in cfg.slices:
         chips = get_slice(sl).chips
-        # First: the program whose compiled layouts every 'served' program takes.
+        at = functools.partial(Task, cfg.name, sl)
         out.append(
-            Task(
-                cfg.name,
-                sl,
+            at(
                 cfg.recommend,
                 'served_layouts',
                 cfg.generate_batch,
@@ -128,84 +194,9 @@ def _tasks(cfg) -> list[Task]:
                 layouts='auto',
             )
         )
-        for rules in cfg.rule_sets:
-            batches = cfg.batches if rules == cfg.recommend else cfg.other_batches
-            for b in batches:
-                ks = cfg.ks if b == min(cfg.batches) and rules == cfg.recommend else cfg.ks_other
-                for k in ks:
-                    out.append(
-                        Task(
-                            cfg.name,
-                            sl,
-                            rules,
-                            'forward',
-                            b,
-                            k,
-                            cfg.capacity,
-                            model_axis=model_axis(rules, chips),
-                            layouts='served' if rules == cfg.recommend else 'auto',
-                        )
-                    )
-        for b in cfg.drafter_batches:
-            for name in cfg.drafters:
-                kind = P.entry_kind(cfg.drafters[name]['kind'])
-                if kind.has_weights and not kind.reads_features:  # a forward of its own
-                    out.append(
-                        Task(
-                            cfg.name,
-                            sl,
-                            cfg.recommend,
-                            'drafter_forward',
-                            b,
-                            1,
-                            cfg.capacity,
-                            drafters=name,
-                            model_axis=chips,
-                            layouts='served' if name in _served(cfg) else 'auto',
-                        )
-                    )
-        for rule, names in cfg.generates:
-            out.append(
-                Task(
-                    cfg.name,
-                    sl,
-                    cfg.recommend,
-                    'generate',
-                    cfg.generate_batch,
-                    rule=rule,
-                    drafters=names,
-                    gamma=cfg.gamma,
-                    model_axis=chips,
-                    layouts='served',
-                )
-            )
-        if cfg.state_programs:
-            out.append(
-                Task(
-                    cfg.name,
-                    sl,
-                    cfg.recommend,
-                    'ar',
-                    cfg.generate_batch,
-                    model_axis=chips,
-                    layouts='served',
-                )
-            )
-            for prog in ('plan_first', 'plan_continue', 'plan_fallback', 'state_rows'):
-                out.append(
-                    Task(
-                        cfg.name,
-                        sl,
-                        cfg.recommend,
-                        prog,
-                        cfg.generate_batch,
-                        rule=cfg.state_rule,
-                        drafters=cfg.state_drafters,
-                        gamma=cfg.gamma,
-                        model_axis=chips,
-                        layouts='' if prog == 'state_rows' else 'served',
-                    )
-                )
+        out += _forward_tasks(cfg, at, chips)
+        out += _drafter_tasks(cfg, at, chips)
+        out += _call_tasks(cfg, at, chips)
     return out
 
 
