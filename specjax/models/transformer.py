@@ -39,8 +39,23 @@ from specjax.runtime.sharding import with_logical_constraint
 
 _DTYPES = ('float32', 'bfloat16', 'float16', 'float64')
 _NEG = float(np.finfo(np.float32).min)  # finite, so a fully masked row gives no NaN
+
+
+def gelu_tanh(x: jax.Array) -> jax.Array:
+    """The tanh-approximated GELU in the order PyTorch evaluates it (``0.5·x·(1 + tanh(β·(x
+    + κ·x·x·x)))``, constants in ``x``'s dtype). The same function as ``jax.nn.gelu(x,
+    approximate=True)`` up to rounding, but more accurate where it was measured: on
+    Gemma-3-270M in f32 (held-out text, 700 tokens) max |Δ logit| from transformers' f64
+    forward 2.1e-4 (whole sequence) and 1.9e-4 (a 500-token cached prefill) against 3.1e-4
+    and 2.2e-4 in jax's order; transformers' own f32 forward is 2.5e-4 from its f64."""
+    dt = x.dtype
+    beta = jnp.asarray(np.sqrt(2.0) * (2.0 / np.sqrt(np.pi)) * 0.5, dt)
+    inner = beta * (x + jnp.asarray(0.044715, dt) * x * x * x)
+    return jnp.asarray(0.5, dt) * x * (jnp.asarray(1.0, dt) + jnp.tanh(inner))
+
+
 #: MLP gate activations (`TransformerConfig.mlp_act`): SwiGLU's and GeGLU's (tanh GELU).
-_ACTS = {'silu': jax.nn.silu, 'gelu_tanh': lambda x: jax.nn.gelu(x, approximate=True)}
+_ACTS = {'silu': jax.nn.silu, 'gelu_tanh': gelu_tanh}
 
 
 def _dtype_name(value, field: str) -> str:
@@ -331,7 +346,8 @@ def cache_attention(
     (keys ``cache_k: [B, KV, hd, S]``, or ``[B, KV, S, hd]`` where `cache.keys_slots_major`;
     values ``cache_v: [B, KV, S, hd]``). With a ``window`` (and ``q_pos: i32[B, Q]``, each
     query row's position) a row sees only slots ``j > q_pos - window``: a committed slot's
-    position is its index (the API's convention: the caller commits tokens in order).
+    position is its index (the API's convention: the caller commits tokens in order), and
+    a blocked read starts at the first block inside some row's window.
 
     Returns ``(m, z, o)``: per query row the max score ``m`` (``_NEG`` where nothing is
     committed), ``z = Σ exp(s − m)`` and the unnormalised ``o = Σ exp(s − m) v``, f32,
@@ -399,7 +415,10 @@ def cache_attention(
     def body(i, mzo):
         return block(jnp.minimum(i * c, S - c), i * c, *mzo)
 
-    return jax.lax.fori_loop(0, n, body, init)
+    first = 0
+    if window:  # blocks wholly before every query row's window are not read
+        first = jnp.clip((jnp.min(q_pos) - window + 1) // c, 0, n)
+    return jax.lax.fori_loop(first, n, body, init)
 
 
 class Attention(nnx.Module):
