@@ -25,8 +25,9 @@ transformers' own f32 forward differs from its f64 forward by 2.5e-4 on the same
 and specjax's f32 is 2.1e-4 (whole) / 1.9e-4 (prefill) from that f64: 1e-4 is below the f32
 noise of an 18-layer pass whose residual stream reaches ~1e5, so the real-file bound here is
 1e-3; a window off by one moves the logits by 2-3 (checked by hand with 511 and 513).
-Greedy decoding equals transformers' for 64 tokens on 3 prompts; the model exported by
-``save_hf`` gives transformers' Gemma3ForCausalLM logits within 3.5e-5.
+Greedy decoding equals transformers' for 64 tokens on 3 prompts, and so do the engine's
+24 tokens (token_tree, the verifier drafting for itself, τ 0) after a 600-token prompt; the
+model exported by ``save_hf`` gives transformers' Gemma3ForCausalLM logits within 3.5e-5.
 """
 
 from __future__ import annotations
@@ -663,3 +664,35 @@ def test_real_model_exports_to_an_hf_folder_transformers_loads(real, real_tokeni
     assert diff < 1e-3
     lm2, _, family = load_hf(out, max_len=1024)
     assert family == "gemma3" and lm2.config == f.lm.config
+
+
+@needs_torch
+@pytest.mark.slow
+def test_real_engine_past_the_window_equals_transformers_greedy(real, real_ref, real_tokenizer):
+    """The engine's programs (ragged prefill, the speculative round with a tree block, the
+    commit) on a 600-token prompt, past the 512-token window: τ 0, the verifier drafting
+    for itself, 24 tokens equal transformers' greedy continuation."""
+    f, params = real
+    lm = f.lm
+    text = open("specjax/data/heldout/prose.txt", encoding="utf-8").read()
+    ids = real_tokenizer.hf_encode(text)[:600]
+    cfg = EngineConfig(
+        gamma=3, rule="token_tree", verifier_temperature=0.0, n_slots=1, max_new_tokens=24
+    )
+    spec = DrafterSpec("self", lm, temperature=0.0)
+    res = speculative_generate(
+        cfg,
+        lm,
+        params,
+        [spec],
+        [identity_maps(params, lm.vocab_size)],
+        [ids],
+        [[ids]],
+        row_keys_for(0, 1),
+    )
+    got = np.asarray(res.tokens)[0, int(res.start[0]) : int(res.length[0])].tolist()
+    with torch.no_grad():
+        want = real_ref.generate(
+            torch.tensor([ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False
+        )[0, len(ids) :].tolist()
+    assert got == want, (real_tokenizer.decode(got), real_tokenizer.decode(want))
