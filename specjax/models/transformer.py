@@ -479,6 +479,41 @@ class Attention(nnx.Module):
         dt = jnp.dtype(cfg.dtype)
         B, T, _ = x.shape
         kv, g, hd = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
+        q, k, v = self._qkv(x, positions, dt)
+        qg = q.reshape(B, T, kv, g, hd)
+
+        # The block attends to its own keys directly, so its logits never depend on where
+        # (or whether) it lands in the cache; the cache supplies only committed slots.
+        s_blk = jnp.einsum('btkgh,bskh->bkgts', qg, k, preferred_element_type=accumulation(dt))
+        if self.window:  # a local layer: block keys within the window of each query
+            near = positions[:, :, None] - positions[:, None, :] < self.window
+            block_mask = block_mask & near
+        s_blk = jnp.where(block_mask[:, None, None, :, :], s_blk, _NEG)
+        if cache is None:
+            probs = jax.nn.softmax(s_blk, axis=-1).astype(dt)
+            out = jnp.einsum('bkgts,bskh->bkgth', probs, v)  # [B, KV, G, T, hd]
+            new_cache = None
+        else:
+            out, new_cache = self._with_cache(qg, k, v, s_blk, positions, cache, dt)
+        # The output projection: the heads' outputs ([B, KV, G, T, hd], as the attention
+        # made them) transposed to [B, T, H·hd] and contracted with wo as stored ([H·hd,
+        # D]). The barrier pins that (small) transpose on the activation: without it XLA
+        # folded the transpose into the dot and transposed wo instead, a copy of the
+        # weight on every call (4 per verifier forward, ~10% of a one-token step on CPU).
+        out = out.transpose(0, 3, 1, 2, 4).reshape(B, T, cfg.n_heads * hd)
+        out = jax.lax.optimization_barrier(out)
+        of = cfg.out_first
+        wo = self.wo[...].astype(dt)
+        wo = wo.reshape(-1, cfg.n_heads * hd) if of else wo.reshape(cfg.n_heads * hd, -1)
+        y = project(out, wo, dt, out_first=of)
+        return y, new_cache
+
+    def _qkv(self, x, positions, dt):
+        """The block's queries ``[B, T, H, hd]`` (scaled, rotated) and keys and values
+        ``[B, T, KV, hd]`` (keys rotated): the projections, their biases and norms."""
+        cfg = self.cfg
+        B, T, _ = x.shape
+        g, hd = cfg.n_heads // cfg.n_kv_heads, cfg.head_dim
         of = cfg.out_first
         if cfg.fused_projections:  # one product reads the three weights
             qkv = project(x, self.wqkv[...], dt, out_first=of)
@@ -500,59 +535,38 @@ class Attention(nnx.Module):
         q_scale = (cfg.query_pre_attn_scalar or hd) ** -0.5
         q = rotary(q, positions, self.theta, self.scaling) * jnp.asarray(q_scale, dt)
         k = rotary(k, positions, self.theta, self.scaling)
-        qg = q.reshape(B, T, kv, g, hd)
+        return q, k, v
 
-        # The block attends to its own keys directly, so its logits never depend on where
-        # (or whether) it lands in the cache; the cache supplies only committed slots.
-        s_blk = jnp.einsum('btkgh,bskh->bkgts', qg, k, preferred_element_type=accumulation(dt))
-        if self.window:  # a local layer: block keys within the window of each query
-            near = positions[:, :, None] - positions[:, None, :] < self.window
-            block_mask = block_mask & near
-        s_blk = jnp.where(block_mask[:, None, None, :, :], s_blk, _NEG)
-        if cache is None:
-            probs = jax.nn.softmax(s_blk, axis=-1).astype(dt)
-            out = jnp.einsum('bkgts,bskh->bkgth', probs, v)  # [B, KV, G, T, hd]
-            new_cache = None
-        else:
-            cache_k, cache_v, length = cache
-            kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, KV, T, hd]
-            # Write first, then read the *updated* arrays: the old buffers die at the
-            # write, so XLA updates the cache in place instead of copying it every step.
-            cache_k = write_keys(cache_k, kt, length)
-            cache_v = write_block(cache_v, vt, length)
-            # Query rows (g, t) of each KV head against its slots: batch dims (B, KV)
-            # leading, as the cache is laid out (keys [hd, S], values [S, hd]: no repacks).
-            qc = qg.transpose(0, 2, 3, 1, 4).reshape(B, kv, g * T, hd)
-            window = {}
-            if self.window:  # query row g·T + t is at positions[:, t]
-                window = dict(q_pos=jnp.tile(positions, (1, g)), window=self.window)
-            m_c, z_c, o_c = cache_attention(qc, cache_k, cache_v, length, dt, **window)
-            m_c, z_c = m_c.reshape(B, kv, g, T), z_c.reshape(B, kv, g, T)
-            # Softmax over [committed slots, block tokens] without concatenating them: the
-            # cache's (max, sum, unnormalised output) merged with the block's, normalised
-            # on the (smaller) outputs.
-            m = jnp.maximum(m_c, jnp.max(s_blk, axis=-1))  # [B, KV, G, T]
-            e_b = jnp.exp(s_blk - m[..., None])
-            scale_c = jnp.exp(m_c - m)
-            z = z_c * scale_c + jnp.sum(e_b, axis=-1)
-            o_b = jnp.einsum(
-                'bkgts,bksh->bkgth', e_b.astype(dt), vt, preferred_element_type=accumulation(dt)
-            )
-            out = ((o_c.reshape(B, kv, g, T, hd) * scale_c[..., None] + o_b) / z[..., None]).astype(
-                dt
-            )
-            new_cache = (cache_k, cache_v)
-        # The output projection: the heads' outputs ([B, KV, G, T, hd], as the attention
-        # made them) transposed to [B, T, H·hd] and contracted with wo as stored ([H·hd,
-        # D]). The barrier pins that (small) transpose on the activation: without it XLA
-        # folded the transpose into the dot and transposed wo instead, a copy of the
-        # weight on every call (4 per verifier forward, ~10% of a one-token step on CPU).
-        out = out.transpose(0, 3, 1, 2, 4).reshape(B, T, cfg.n_heads * hd)
-        out = jax.lax.optimization_barrier(out)
-        wo = self.wo[...].astype(dt)
-        wo = wo.reshape(-1, cfg.n_heads * hd) if of else wo.reshape(cfg.n_heads * hd, -1)
-        y = project(out, wo, dt, out_first=of)
-        return y, new_cache
+    def _with_cache(self, qg, k, v, s_blk, positions, cache, dt):
+        """The block's attention over the cache's committed slots and its own keys (one
+        softmax), and the cache with the block written: ``(out [B, KV, G, T, hd], (k, v))``."""
+        B, T, kv, g, hd = qg.shape
+        cache_k, cache_v, length = cache
+        kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, KV, T, hd]
+        # Write first, then read the *updated* arrays: the old buffers die at the
+        # write, so XLA updates the cache in place instead of copying it every step.
+        cache_k = write_keys(cache_k, kt, length)
+        cache_v = write_block(cache_v, vt, length)
+        # Query rows (g, t) of each KV head against its slots: batch dims (B, KV)
+        # leading, as the cache is laid out (keys [hd, S], values [S, hd]: no repacks).
+        qc = qg.transpose(0, 2, 3, 1, 4).reshape(B, kv, g * T, hd)
+        window = {}
+        if self.window:  # query row g·T + t is at positions[:, t]
+            window = dict(q_pos=jnp.tile(positions, (1, g)), window=self.window)
+        m_c, z_c, o_c = cache_attention(qc, cache_k, cache_v, length, dt, **window)
+        m_c, z_c = m_c.reshape(B, kv, g, T), z_c.reshape(B, kv, g, T)
+        # Softmax over [committed slots, block tokens] without concatenating them: the
+        # cache's (max, sum, unnormalised output) merged with the block's, normalised
+        # on the (smaller) outputs.
+        m = jnp.maximum(m_c, jnp.max(s_blk, axis=-1))  # [B, KV, G, T]
+        e_b = jnp.exp(s_blk - m[..., None])
+        scale_c = jnp.exp(m_c - m)
+        z = z_c * scale_c + jnp.sum(e_b, axis=-1)
+        o_b = jnp.einsum(
+            'bkgts,bksh->bkgth', e_b.astype(dt), vt, preferred_element_type=accumulation(dt)
+        )
+        out = ((o_c.reshape(B, kv, g, T, hd) * scale_c[..., None] + o_b) / z[..., None]).astype(dt)
+        return out, (cache_k, cache_v)
 
 
 class MLP(nnx.Module):
