@@ -215,6 +215,13 @@ def _seed_table(cfg, sl: str, ratios: dict, costs: dict) -> list[str]:
         '',
     ]
     path = Path(run) / 'results.jsonl'
+    if not (Path(run) / 'summary.json').is_file():  # written once every cell has a result
+        return head[:1] + [
+            '',
+            f'Not priced: `{run}` is not a finished run (no summary.json: cells missing); '
+            'run `make reproduce` to the end first.',
+            '',
+        ]
     try:
         rows = [json.loads(line) for line in path.read_text(encoding='utf-8').splitlines()]
         consensus = json.loads((Path(run) / 'config.json').read_text())['consensus_cost']
@@ -296,14 +303,22 @@ def _estimates(cfg, sl, recs, chip, unread) -> list[str]:
     return lines
 
 
-def render(recs: list[dict], configs: dict, command: str) -> str:
-    """The results page of a journal (markdown)."""
+def render(recs: list[dict], configs: dict, command: str, todo: dict | None = None) -> str:
+    """The results page of a journal (markdown); ``todo``: per deployment, the tasks the
+    journal does not hold yet (each a `Task`), said per slice."""
     out = _preamble(recs, command)
     for dep_name, cfg in configs.items():
         mine = [r for r in recs if r['deployment'] == dep_name]
-        if not mine:
-            continue
+        left = (todo or {}).get(dep_name, [])
         out += [f'## {cfg.title}', '', cfg.description, '']
+        if left:
+            per = {sl: sum(t.slice == sl for t in left) for sl in cfg.slices}
+            out += [
+                'Not compiled yet (the journal resumes where it stopped: `make plan-tpu`): '
+                + ', '.join(f'{n} programs on {sl}' for sl, n in per.items() if n)
+                + '.',
+                '',
+            ]
         for sl in cfg.slices:
             chip = SLICES[sl].spec
             here = [r for r in mine if r['slice'] == sl]

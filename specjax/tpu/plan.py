@@ -441,7 +441,8 @@ def main(argv) -> int:
         page = Path(FLAGS.page)
         tmp = page.with_suffix('.tmp')
         recs = list(_read_journal(workdir / 'plan.jsonl').values())
-        tmp.write_text(render(recs, configs, command.strip()), encoding='utf-8')
+        todo = {name: missing(cfg, workdir) for name, cfg in configs.items()}
+        tmp.write_text(render(recs, configs, command.strip(), todo), encoding='utf-8')
         tmp.replace(page)
         print(f'wrote {page}')
     return 0
