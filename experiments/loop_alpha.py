@@ -44,6 +44,7 @@ from absl import flags
 from specjax.measure import rule_pairs
 from specjax.runner import provenance
 from specjax.runner import script_flags as sf
+from specjax.runner.deployments.smollm2 import FEATURE_DRAFTERS
 from specjax.verify import registry
 
 FLAGS = flags.FLAGS
@@ -132,7 +133,7 @@ def validate() -> None:
     sf.dtype("--dtype", FLAGS.dtype)
     if FLAGS.predict and FLAGS.tau != 1.0:
         raise ConfigError.invalid("--tau", FLAGS.tau, "1.0 with --predict")
-    if FLAGS.predict and any(name != "eagle" for _, name, _ in entries):
+    if FLAGS.predict and any(name not in FEATURE_DRAFTERS for _, name, _ in entries):
         raise ConfigError.invalid(
             "--drafters", ",".join(FLAGS.drafters), "feature drafters only with --predict"
         )

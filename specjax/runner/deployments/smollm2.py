@@ -40,6 +40,7 @@ from specjax.runner.deployments.kind import MAX_LEN, DeploymentKind, check_pairi
 
 __all__ = [
     'DEFAULTS',
+    'FEATURE_DRAFTERS',
     'SMOLLM2_DRAFTERS',
     'SMOLLM2_DTYPES',
     'SMOLLM2_EXTRA',
@@ -139,7 +140,7 @@ def _drafter(n: str, v, n_v: int, dtype: str, out_first: bool, files: dict, temp
     if n == 'reasoning':
         z = zoo_lib.load_zoo(names=['reasoning']).drafter('reasoning')
         return (n, z.lm, z.params, z.tokenizer, temps.get(n, z.temperature), z.n_params / n_v)
-    if n == 'eagle':  # the feature drafter reads the verifier's table and features
+    if n in FEATURE_DRAFTERS:  # the feature drafter reads the verifier's table and features
         lm, params, _ = real_zoo.load_eagle(files.get(n, n), v, dtype=dtype, out_first=out_first)
         n_d = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params['net']))
         return (n, lm, params, v.tokenizer, temps.get(n, 1.0), n_d / n_v)
@@ -148,6 +149,8 @@ def _drafter(n: str, v, n_v: int, dtype: str, out_first: bool, files: dict, temp
     return (n, lm, params, v.tokenizer, temps.get(n, 1.0), n_d / n_v)
 
 
+#: The drafters that read the verifier's features (kind `eagle`: `specjax.models.eagle`).
+FEATURE_DRAFTERS = ('eagle',)
 #: The dtypes the verifier and the distilled drafters run in.
 SMOLLM2_DTYPES = ('float32', 'bfloat16')
 #: What a config's None (or a config without the field) means: `from_smollm2`'s defaults.
