@@ -106,7 +106,8 @@ def test_a_registered_kinds_errors_name_its_field_value_and_allowed(toy):
     )
     # Another kind's field is refused by name, the hf fields too (hf configs only).
     assert _error(_config(max_len=64)) == (
-        "max_len: got 64, allowed: no such field with deployment 'toy' (hf or smollm2 configs only)"
+        "max_len: got 64, allowed: no such field with deployment 'toy' "
+        "(gemma3 or hf or smollm2 configs only)"
     )
     # The toy's field is refused with a kind that refuses other kinds' fields.
     smol = _config(deployment="smollm2", dtype="float32", max_len=256)
@@ -121,7 +122,7 @@ def test_an_unknown_kind_is_refused_naming_the_registered_ones(toy):
     del config["toy_seed"]  # its field went with it
     msg = _error(config)
     assert msg.startswith("deployment: got 'toy', allowed: one of ")
-    for name in ("zoo", "synthetic", "hf", "smollm2"):
+    for name in ("zoo", "synthetic", "hf", "smollm2", "gemma3"):
         assert repr(name) in msg
     with pytest.raises(ConfigError, match="^--verifier: got 'nope', allowed: one of "):
         deployments.get("nope", "--verifier")
@@ -136,8 +137,8 @@ def test_registering_twice_or_not_a_kind_is_an_error(toy):
 
 
 def test_the_shipped_kinds_answer_what_callers_ask():
-    assert set(deployments.known()) >= {"zoo", "synthetic", "hf", "smollm2"}
-    assert set(WALL_CLOCK_PRIMARY) == {"hf", "smollm2"}  # their verifiers are pretrained
+    assert set(deployments.known()) >= {"zoo", "synthetic", "hf", "smollm2", "gemma3"}
+    assert set(WALL_CLOCK_PRIMARY) == {"hf", "smollm2", "gemma3"}  # their verifiers are pretrained
     assert [k.name for k in deployments.all_kinds() if k.weight_layouts] == ["smollm2"]
     synthetic = deployments.get("synthetic")
     c = plans_defaults()
@@ -145,6 +146,7 @@ def test_the_shipped_kinds_answer_what_callers_ask():
     assert synthetic.plans_limit(c) == (64, "the synthetic deployment's limit")
     assert synthetic.plan_prompts(c) == (["ab", "cda", "b"], ["s0", "s1", "s2"])
     assert set(deployments.get("smollm2").fields) <= set(deployments.get("hf").fields)
+    assert set(deployments.get("gemma3").fields) <= set(deployments.get("hf").fields)
 
 
 def test_each_kind_describes_the_verifier_of_a_run_for_the_reports():

