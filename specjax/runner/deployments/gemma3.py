@@ -283,6 +283,7 @@ class Gemma3Kind(DeploymentKind):
     outlines (no weights read)."""
 
     name = 'gemma3'
+    gguf_verifier = 'Gemma-3-270M'
     fields = ('max_len', 'dtype')
     pretrained = True
     summary = (
@@ -324,15 +325,6 @@ class Gemma3Kind(DeploymentKind):
 
     def load(self, config, pairing=None, weights: bool = True) -> Deployment:
         return load_gemma3_deployment(config, pairing or None, weights)
-
-    def describe_verifier(self, config: dict, inputs: dict) -> str:
-        g = inputs.get('gemma3')
-        if g is None:
-            return super().describe_verifier(config, inputs)
-        return (
-            f"Gemma-3-270M, `{Path(str(g.get('gguf'))).name}` (sha256 "
-            f"{str(g.get('gguf_sha256'))[:12]}…; rows' inputs.gemma3)"
-        )
 
 
 register(Gemma3Kind())

@@ -16,6 +16,7 @@ registration line) and answers the callers (`deployments.get(name)`, `deployment
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from specjax.data import load_prompts
 from specjax.engine.deployment import Deployment
@@ -145,10 +146,20 @@ class DeploymentKind:
 
     # -------------------------------------------------------------------------- reports
 
+    #: A kind whose verifier is one GGUF file: the model's name, and `validate`'s inputs
+    #: hold ``{name: {'gguf': path, 'gguf_sha256': hex}}`` under the kind's name.
+    gguf_verifier: str = ''
+
     def describe_verifier(self, config: dict, inputs: dict) -> str:
         """The verifier a run used, in words for a report, from its config and its rows'
         inputs record (what `validate` returned)."""
-        return f"{self.name}'s verifier (not recorded in the rows)"
+        g = inputs.get(self.name) if self.gguf_verifier else None
+        if g is None:
+            return f"{self.name}'s verifier (not recorded in the rows)"
+        return (
+            f"{self.gguf_verifier}, `{Path(str(g.get('gguf'))).name}` (sha256 "
+            f"{str(g.get('gguf_sha256'))[:12]}…; rows' inputs.{self.name})"
+        )
 
     def __repr__(self) -> str:
         return f"<deployment kind {self.name!r}>"

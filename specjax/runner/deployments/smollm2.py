@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -255,6 +254,7 @@ class SmolLM2Kind(DeploymentKind):
     verifier's outline (no weights read)."""
 
     name = 'smollm2'
+    gguf_verifier = 'SmolLM2-135M-Instruct'
     fields = ('max_len', 'dtype')
     pretrained = True
     weight_layouts = True
@@ -297,15 +297,6 @@ class SmolLM2Kind(DeploymentKind):
 
     def load(self, config, pairing=None, weights: bool = True) -> Deployment:
         return load_smollm2_deployment(config, pairing or None, weights)
-
-    def describe_verifier(self, config: dict, inputs: dict) -> str:
-        g = inputs.get('smollm2')
-        if g is None:
-            return super().describe_verifier(config, inputs)
-        return (
-            f"SmolLM2-135M-Instruct, `{Path(str(g.get('gguf'))).name}` (sha256 "
-            f"{str(g.get('gguf_sha256'))[:12]}…; rows' inputs.smollm2)"
-        )
 
 
 register(SmolLM2Kind())
