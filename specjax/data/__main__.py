@@ -1,7 +1,10 @@
-"""``python -m specjax.data [--force] [--ship]``: build the corpus cache and summarise it.
+"""``python -m specjax.data [--force] [--ship] [--edit]``: build the corpus cache and
+summarise it.
 
 ``--force`` rebuilds every domain; ``--ship`` also regenerates the held-out texts and
-prompts shipped in ``specjax/data/{heldout,prompts}`` (maintainers only).
+prompts shipped in ``specjax/data/{heldout,prompts}`` (maintainers only), the ``edit``
+prompts included; ``--edit`` regenerates only ``prompts/edit.jsonl`` (`specjax.data.edit`:
+from the code corpus's held-out files and the shipped held-out prose, no cache needed).
 """
 
 from __future__ import annotations
@@ -9,17 +12,21 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from specjax.data import corpora, shipped
+from specjax.data import corpora, edit, shipped
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Builds every domain, prints sizes, and optionally rewrites the shipped files."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    unknown = set(argv) - {"--force", "--ship"}
+    unknown = set(argv) - {"--force", "--ship", "--edit"}
     if unknown:
         raise SystemExit(
-            f"unknown arguments {sorted(unknown)}; usage: python -m specjax.data [--force] [--ship]"
+            f"unknown arguments {sorted(unknown)}; usage: python -m specjax.data [--force] "
+            "[--ship] [--edit]"
         )
+    if argv == ["--edit"]:
+        print("wrote", edit.write_edit_prompts())
+        return
     for name in corpora.DOMAINS:
         meta = corpora.build_domain(name, force="--force" in argv)
         print(
@@ -31,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "--ship" in argv:
         for path in shipped.write_shipped_files():
             print("wrote", path)
+        print("wrote", edit.write_edit_prompts())
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ from specjax.atomic import atomic_file, atomic_write_text
 from specjax.data import corpora, reasoning
 
 HELDOUT_TARGET_BYTES = 32_000
+#: Prompt sets `load_prompts` reads: the corpus domains, and ``edit`` (`specjax.data.edit`:
+#: steps that copy their context with small edits; a workload, not a training domain).
+PROMPT_DOMAINS = corpora.DOMAINS + ("edit",)
 PROMPTS_PER_DOMAIN = 24
 # Code files larger than this are skipped for the shipped text, to keep it varied.
 _MAX_SHIPPED_FILE = 12_000
@@ -53,7 +56,8 @@ def load_prompts(domains: Sequence[str] = corpora.DOMAINS) -> list[dict]:
     """The shipped plan prompts of the given domains, in domain then file order.
 
     Args:
-        domains: Domains to include.
+        domains: Domains to include (`PROMPT_DOMAINS`: the corpus domains and ``edit``;
+            default the corpus domains).
 
     Returns:
         Dicts with keys ``id``, ``domain``, ``prompt`` (and ``source``).
@@ -65,8 +69,8 @@ def load_prompts(domains: Sequence[str] = corpora.DOMAINS) -> list[dict]:
         domains = (domains,)
     out = []
     for domain in domains:
-        if domain not in corpora.DOMAINS:
-            raise ValueError(f"unknown domain {domain!r} (expected one of {corpora.DOMAINS})")
+        if domain not in PROMPT_DOMAINS:
+            raise ValueError(f"unknown domain {domain!r} (expected one of {PROMPT_DOMAINS})")
         res = _resource("prompts", f"{domain}.jsonl")
         if not res.is_file():
             raise ValueError(f"shipped prompt file missing: {res} (reinstall specjax)")

@@ -7,10 +7,13 @@ decision boundary's thresholds, and a cell's `PlanConfig` and deployment.
 
 from __future__ import annotations
 
+from specjax.data.shipped import PROMPT_DOMAINS, load_prompts
 from specjax.engine.gammas import drafter_gammas
+from specjax.errors import ConfigError
 from specjax.policy.boundary import BoundaryThresholds
 from specjax.policy.plan_config import PlanConfig
 from specjax.runner import deployments
+from specjax.runner.deployments.kind import DeploymentKind
 from specjax.runner.deployments.zoo import load_zoo_checked, resolve_zoo_path
 from specjax.verify import registry
 
@@ -22,6 +25,7 @@ __all__ = [
     "plan_domains",
     "plan_prompts",
     "plan_thresholds",
+    "prompt_domains",
     "resolve_zoo_path",
 ]
 
@@ -33,15 +37,52 @@ def load_deployment(config):
     return deployments.of(config).load(config)
 
 
+def prompt_domains(config) -> tuple[str, ...] | None:
+    """The config's ``prompt_domains`` (the shipped prompt sets its plans mix, each once, of
+    `specjax.data.shipped.PROMPT_DOMAINS`, e.g. the three domains and ``edit``), checked;
+    None where it is empty or absent: the kind's own prompts (the three domains)."""
+    given = config.get("prompt_domains") or ()
+    allowed = f"() or a list of distinct prompt sets of {', '.join(PROMPT_DOMAINS)}"
+    if isinstance(given, (str, bytes)) or not hasattr(given, "__iter__"):
+        raise ConfigError.invalid("prompt_domains", given, allowed)
+    domains = tuple(given)
+    if not domains:
+        return None
+    if len(set(domains)) != len(domains) or not set(domains) <= set(PROMPT_DOMAINS):
+        raise ConfigError.invalid("prompt_domains", list(domains), allowed)
+    kind = deployments.of(config)
+    if type(kind).plan_prompts is not DeploymentKind.plan_prompts:
+        raise ConfigError.invalid(
+            "prompt_domains",
+            list(domains),
+            f"() with deployment {kind.name!r} (its own prompts); a list with a deployment "
+            "that reads the shipped prompts",
+        )
+    return domains
+
+
 def plan_prompts(config) -> tuple[list[str], list[str]]:
     """(prompts, ids): `plans_per_domain` prompts of each domain, interleaved (mixed plans);
-    the kind's own prompts where it has them (synthetic)."""
-    return deployments.of(config).plan_prompts(config)
+    the kind's own prompts where it has them (synthetic). With ``prompt_domains``: those
+    shipped prompt sets', interleaved the same way (domains in sorted order)."""
+    domains = prompt_domains(config)
+    if domains is None:
+        return deployments.of(config).plan_prompts(config)
+    n = int(config.plans_per_domain)
+    by_domain: dict[str, list[dict]] = {}
+    for p in load_prompts(domains):
+        by_domain.setdefault(p["domain"], []).append(p)
+    picked = [by_domain[d][i] for i in range(n) for d in sorted(by_domain) if i < len(by_domain[d])]
+    return [p["prompt"] for p in picked], [p["id"] for p in picked]
 
 
 def plan_domains(config, ids) -> list[str]:
     """Each plan's domain (the oracle router needs it; the policies are not told)."""
-    return deployments.of(config).plan_domains(config, ids)
+    domains = prompt_domains(config)
+    if domains is None:
+        return deployments.of(config).plan_domains(config, ids)
+    dom = {p["id"]: p["domain"] for p in load_prompts(domains)}
+    return [dom[i] for i in ids]
 
 
 def cell_deployment(config, cell, weights: bool = True):
