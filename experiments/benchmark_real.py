@@ -1,10 +1,18 @@
-r"""Speed on the real verifier: SmolLM2-135M-Instruct (GGUF, dequantized) on this machine.
+r"""Speed on a real verifier: SmolLM2-135M-Instruct or Gemma-3-270M (GGUF, dequantized) on
+this machine.
 
   python experiments/benchmark_real.py      # every default: ~80 engine programs, over an hour here
   make benchmark-real-headline              # docs/results/real_speed_headline.md's command
+  python experiments/benchmark_real.py --deployment gemma3 --dtypes bfloat16 \
+      --dtype bfloat16 --drafters smollm2,lookup --doc_name gemma3_speed --write_docs
   python experiments/benchmark_real.py --parts ratio --dtypes float32,bfloat16
   python experiments/benchmark_real.py --parts spec --drafters code,lookup --gammas 2,4 --batches 1
   python experiments/benchmark_real.py --parts spec --dtype bfloat16 --drafters lookup,lookup+code+prose
+
+``--deployment`` names the deployment kind measured (`specjax.runner.deployments`: a kind
+with a ``real_speed_target()``, smollm2 or gemma3): its verifier's loader, its drafters,
+its GGUF file for transformers; Gemma-3-270M's prompts are the plan prompts as plain text
+(a base model: no chat template), its drafters smollm2 (across vocabularies) and lookup.
 
 Parts (``--parts``, in this order; one process, nothing timed concurrently):
   machine  CPU model, caches, load; stream bandwidth (a jitted sum over 1 GiB, best of 5).
@@ -19,16 +27,20 @@ Parts (``--parts``, in this order; one process, nothing timed concurrently):
            compiled programs, compilation and the first run excluded, AR and speculative
            runs alternating, medians of paired ratios), α, tokens per round, c = T_draft /
            T_step, Leviathan's speed-up and the hardware-aware prediction
-           E·T_step / (γ·T_draft + T_score(γ+1)), measured ÷ hardware-aware.
+           E·T_step / (γ·T_draft + T_score(γ+1)), measured ÷ hardware-aware; AR against
+           its bandwidth floor (the weights' and the KV cache's bytes a decode step reads ÷
+           stream bandwidth).
   peer     transformers on the same GGUF weights (f32, eager): plain greedy `generate`,
            prompt-lookup decoding (`prompt_lookup_num_tokens`), assisted generation with the
-           code drafter exported to an HF folder; greedy tokens identical to specjax's.
+           code drafter exported to an HF folder (SmolLM2 only); greedy tokens identical to
+           specjax's.
 
 The measurement is `specjax.measure.real_speed`'s; this script holds the flags, their
 checks and the writes. Writes ``real_speed.json`` under --out; ``--write_docs`` writes
 <docs_dir>/<doc_name>.md (``--docs_dir``, ``--doc_name``) with the command, commit, date and
-machine on top. The kept page, the default --doc_name, is
-docs/results/real_speed_headline.md; other runs are listed in docs/performance.md.
+machine on top. The kept pages: the default --doc_name, docs/results/real_speed_headline.md
+(SmolLM2), and docs/results/gemma3_speed.md (``--deployment gemma3 --doc_name
+gemma3_speed``); other runs are listed in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -39,12 +51,10 @@ from absl import flags
 
 from specjax.measure import drafter_entries as entries
 from specjax.measure import real_speed
-from specjax.measure.benchmark_tables import real_speed_page
 from specjax.measure.real_speed import MAX_LEN, PARTS
 from specjax.models.gguf import parse_layout
-from specjax.runner import provenance
+from specjax.runner import deployments, provenance
 from specjax.runner import script_flags as sf
-from specjax.runner.deployments.smollm2 import SMOLLM2_DRAFTERS, SMOLLM2_EXTRA, from_smollm2
 from specjax.verify import registry
 
 #: The one-chain rules (`--chain_rules`).
@@ -62,6 +72,12 @@ def define_flags():
         "doc_name",
         PAGE,
         "name of the results page --write_docs writes (<docs_dir>/<doc_name>.md)",
+    )
+    flags.DEFINE_string(
+        "deployment",
+        "smollm2",
+        "the real deployment measured: a deployment kind with a GGUF verifier "
+        f"({', '.join(speed_kinds())})",
     )
     flags.DEFINE_list("parts", ["machine", "ratio", "spec", "peer"], "parts to run")
     flags.DEFINE_list(
@@ -151,9 +167,27 @@ def _validator(name: str):
     return valid
 
 
+def speed_kinds() -> dict:
+    """The deployment kinds this script measures, by name: those with a
+    ``real_speed_target()`` (`specjax.measure.real_speed.Target`)."""
+    return {k.name: k for k in deployments.all_kinds() if hasattr(k, "real_speed_target")}
+
+
+def target() -> real_speed.Target:
+    """--deployment's target (checked by `validate`)."""
+    return speed_kinds()[FLAGS.deployment].real_speed_target()
+
+
 def validate() -> None:
     """Every flag, before anything is printed, loaded or written (`sf.run`): a
     `ConfigError` naming the flag, its value and what is allowed."""
+    kinds = speed_kinds()
+    sf.check(
+        FLAGS.deployment in kinds,
+        "--deployment",
+        FLAGS.deployment,
+        f"one of {', '.join(kinds)} (a deployment kind with a real GGUF verifier)",
+    )
     parts = sf.names("--parts", FLAGS.parts, PARTS)
     for spec in FLAGS.dtypes:
         parse_layout(spec, "--dtypes")
@@ -164,10 +198,11 @@ def validate() -> None:
         sf.check(FLAGS.dtypes, "--dtypes", "", "one or more layouts with --parts=ratio")
         sf.integers("--ks", FLAGS.ks, 1, 64)
         sf.integers("--ratio_batches", FLAGS.ratio_batches, 1, 1024)
-    known = (*SMOLLM2_DRAFTERS, *SMOLLM2_EXTRA)
+    t = target()
+    known = t.drafters
     allowed = (
         f"entries NAME, NAME*COUNT (COUNT >= 1, twins) or such parts joined by '+', "
-        f"NAME one of {', '.join(known)}"
+        f"NAME one of {', '.join(known)} (--deployment {t.name})"
     )
     text = ",".join(FLAGS.drafters)
     sf.check(FLAGS.drafters or "spec" not in parts, "--drafters", text, allowed)
@@ -191,7 +226,7 @@ def validate() -> None:
     )
     sf.doc_name("--doc_name", FLAGS.doc_name)
     used = {n for e in FLAGS.drafters for n in entries.members(e)} | (
-        {"code"} if "peer" in parts else set()
+        {t.peer_drafter} if "peer" in parts and t.peer_drafter else set()
     )
     if FLAGS.drafter_dir:
         folder = sf.in_dir(
@@ -216,14 +251,15 @@ def main(argv):
     del argv
     prov = provenance.provenance()
     settings = real_speed.Settings.from_values(FLAGS.flag_values_dict())
-    result = real_speed.measure(settings, prov["machine"], from_smollm2)
+    t = target()
+    result = real_speed.measure(settings, prov["machine"], t)
     provenance.write_outputs(
         Path(FLAGS.out) / "real_speed.json",
         result,
         prov,
         page=FLAGS.doc_name if FLAGS.write_docs else None,
-        title="Speed on the real verifier (SmolLM2-135M-Instruct)",
-        body=real_speed_page,
+        title=f"Speed on the real verifier ({t.model})",
+        body=real_speed.page,
         docs_dir=FLAGS.docs_dir,
     )
 

@@ -19,10 +19,12 @@ from specjax.measure.timing import forward_timer
 
 __all__ = [
     "ACCELERATORS",
+    "kv_bytes",
     "ratio_tables",
     "roofline",
     "roofline_seconds",
     "score_ratios",
+    "step_floor",
     "stream_bandwidth",
     "weight_bytes",
 ]
@@ -53,6 +55,25 @@ def weight_bytes(params, tied: bool = True) -> int:
     if not tied and "embed" in params:
         total -= int(params["embed"].size * params["embed"].dtype.itemsize)
     return total
+
+
+def kv_bytes(cfg, batch: int, context: int) -> int:
+    """Bytes of keys and values a one-token forward must read with ``context`` cached
+    positions per row: every layer's over the positions it attends (a sliding-window
+    layer's at most its window), at the cache's dtype (the compute dtype). A floor: the
+    engine's attention may read more of the cache's slots than these."""
+    per_position = 2 * cfg.n_kv_heads * cfg.head_dim * jnp.dtype(cfg.dtype).itemsize
+    positions = sum(min(context, cfg.layer_window(i) or context) for i in range(cfg.n_layers))
+    return int(batch * per_position * positions)
+
+
+def step_floor(lm, params, batch: int, context: int, bandwidth: float) -> dict:
+    """The bandwidth floor of one decode step of ``batch`` rows over ``context`` cached
+    positions: the bytes it must read (the weights as stored, `weight_bytes`, and the KV
+    cache, `kv_bytes`) ÷ ``bandwidth`` (bytes/s, `stream_bandwidth`)."""
+    w = weight_bytes(params, tied=lm.config.tie_embeddings)
+    kv = kv_bytes(lm.config, batch, context)
+    return {"weight_bytes": w, "kv_bytes": kv, "floor_s": (w + kv) / bandwidth}
 
 
 def roofline_seconds(

@@ -1,5 +1,6 @@
 """transformers on the real verifier's weights: the peer side of
-``experiments/benchmark_real.py --parts peer``.
+``experiments/benchmark_real.py --parts peer`` (SmolLM2-135M-Instruct or Gemma-3-270M: the
+deployment's GGUF file).
 
 transformers loads the same GGUF file (`from_pretrained(dir, gguf_file=...)`, dequantized
 to f32, PyTorch eager). On the same prompts, at batch 1, greedy:
@@ -22,20 +23,19 @@ from pathlib import Path
 
 from specjax.engine.autoregressive import autoregressive_generate
 from specjax.engine.generate import row_keys_for
-from specjax.models.gguf import smollm2_path
 from specjax.models.real_zoo import export_hf, load_drafter
 
 __all__ = ["assisted", "greedy_identity", "load_target", "run", "tokens_per_s"]
 
 
-def load_target():
-    """transformers' causal LM on the SmolLM2 GGUF file (f32, eval mode), with torch set to
+def load_target(path):
+    """transformers' causal LM on the GGUF file ``path`` (f32, eval mode), with torch set to
     every core."""
     import torch  # pylint: disable=import-outside-toplevel
     import transformers  # pylint: disable=import-outside-toplevel
 
     torch.set_num_threads(os.cpu_count() or 1)
-    p = smollm2_path()
+    p = Path(path)
     return transformers.AutoModelForCausalLM.from_pretrained(
         str(p.parent), gguf_file=p.name, dtype=torch.float32
     ).eval()
@@ -114,13 +114,14 @@ def assisted(target, ids, n_new: int, repeats: int, drafter, out_dir, gammas=(2,
     return rows
 
 
-def run(dep, f32, texts, n_new: int, repeats: int, drafter=None, out_dir=".") -> dict:
-    """The peer part: greedy identity on ``texts`` of ``f32`` (specjax's verifier in f32,
-    as transformers runs the file: ``f32.verifier``, ``f32.v_params``; a bf16 model may
-    pick another argmax where two logits are close), plain and prompt-lookup (γ 2, 4, 8)
-    tokens/s, and assisted generation with ``drafter`` where one is given; prompts encoded
-    by the deployment ``dep``."""
-    target = load_target()
+def run(dep, f32, texts, n_new: int, repeats: int, gguf, drafter=None, out_dir=".") -> dict:
+    """The peer part on the GGUF file ``gguf`` (the deployment's verifier's): greedy
+    identity on ``texts`` of ``f32`` (specjax's verifier in f32, as transformers runs the
+    file: ``f32.verifier``, ``f32.v_params``; a bf16 model may pick another argmax where two
+    logits are close), plain and prompt-lookup (γ 2, 4, 8) tokens/s, and assisted
+    generation with ``drafter`` where one is given; prompts encoded by the deployment
+    ``dep``."""
+    target = load_target(gguf)
     ids = [dep.encode(t) for t in texts]
     same = greedy_identity(f32.verifier, f32.v_params, target, ids, n_new)
     print(f"greedy identical to transformers for {n_new} tokens: {same}", flush=True)

@@ -1,8 +1,8 @@
-"""Speed on the real verifier (SmolLM2-135M-Instruct): the measurement of
+"""Speed on a real verifier (SmolLM2-135M-Instruct, Gemma-3-270M): the measurement of
 experiments/benchmark_real.py, which holds its flags, their checks and the page's write.
 
-`measure(settings, build)` runs the parts `Settings.parts` names, in order, in one process
-(nothing timed concurrently) and returns the result the script writes as JSON:
+`measure(settings, machine, target)` runs the parts `Settings.parts` names, in order, in
+one process (nothing timed concurrently) and returns the result the script writes as JSON:
 
   machine  CPU model, caches, load; stream bandwidth (`hardware.stream_bandwidth`).
   ratio    T_step and T_score(k) per layout and batch against the bandwidth floor and the
@@ -10,11 +10,14 @@ experiments/benchmark_real.py, which holds its flags, their checks and the page'
   spec     per batch, verifier τ, drafter entry and γ: AR and speculative tokens/s (the
            engine's compiled programs, AR and speculative runs alternating, medians of
            paired ratios), α, tokens per round, c, Leviathan's and the hardware-aware
-           prediction (`part_spec`).
-  peer     transformers on the same GGUF weights (`specjax.measure.peer_real`).
+           prediction (`part_spec`); AR against its bandwidth floor (the bytes a decode
+           step must read ÷ the stream bandwidth: `hardware.step_floor`).
+  peer     transformers on the same GGUF file (`specjax.measure.peer_real`).
 
-``build`` is the smollm2 deployment kind's `from_smollm2` (the runner's, passed in: this
-module sits below the runner).
+``target`` (a `Target`) is the deployment measured: its verifier's loader, its deployment's
+builder, its GGUF file. A deployment kind of the runner makes it (``real_speed_target()``
+of the smollm2 and gemma3 kinds), and the script passes it in: this module sits below the
+runner. `page` is the results page's body.
 """
 
 from __future__ import annotations
@@ -37,15 +40,62 @@ from specjax.engine.generate import row_keys_for, speculative_generate
 from specjax.engine.spec import EngineConfig
 from specjax.measure import drafter_entries as entries
 from specjax.measure import peer_real
-from specjax.measure.hardware import score_ratios, stream_bandwidth
+from specjax.measure.benchmark_tables import real_speed_page
+from specjax.measure.hardware import score_ratios, step_floor, stream_bandwidth
 from specjax.measure.timing import forward_timer
-from specjax.models.gguf import smollm2_layout
+from specjax.models.gguf import load_gguf_model, parse_layout
 
-__all__ = ["MAX_LEN", "PARTS", "Settings", "load_verifier", "measure"]
+__all__ = ["MAX_LEN", "PARTS", "Settings", "Target", "gguf_layout", "measure", "page"]
 
 PARTS = ("machine", "ratio", "spec", "peer")
 #: The spec and peer parts load the verifier with this context.
 MAX_LEN = 2048
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Target:
+    """A real deployment as benchmark_real.py measures it (its kind's ``real_speed_target()``).
+
+    Attributes:
+        name: the deployment kind (``--deployment``).
+        model: the verifier's name (the page's title).
+        load_verifier: ``(layout, max_len, field) -> GGUFModel``: the verifier in the layout
+            a ``--dtype`` value names (`specjax.models.gguf.parse_layout`; a `ConfigError`
+            naming ``field``).
+        build: ``(names, *, dtype, max_len, drafters, verifier) -> Deployment``: the
+            deployment with the drafters ``names`` on the loaded ``verifier`` (``drafters``:
+            name -> file overriding a shipped drafter, where the kind has such drafters).
+        gguf: ``() -> Path``: the verifier's GGUF file (transformers loads it: the peer).
+        drafters: the drafter names a ``--drafters`` entry may use.
+        chat: plan prompts go through the model's chat template (else: the text itself).
+        peer_drafter: the drafter exported for transformers' assisted generation (None:
+            none of the kind's drafters shares the verifier's tokenizer and runs in
+            transformers).
+    """
+
+    name: str
+    model: str
+    load_verifier: Callable
+    build: Callable
+    gguf: Callable
+    drafters: tuple[str, ...]
+    chat: bool
+    peer_drafter: str | None
+
+
+def gguf_layout(path, spec: str, max_len: int, field: str):
+    """The GGUF file ``path``'s model in the layout ``spec`` names (`gguf.parse_layout`, a
+    `ConfigError` naming ``field``; as `gguf.smollm2_layout`: without ``tied`` a tied head
+    is stored as its own ``[D, V]`` copy)."""
+    dt, tokens = parse_layout(spec, field)
+    return load_gguf_model(
+        path,
+        max_len=max_len,
+        dtype=dt,
+        untie_head="tied" not in tokens,
+        fuse_projections="fused" in tokens,
+        out_first="out_first" in tokens,
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -110,16 +160,11 @@ class Settings:
         ]
 
 
-def load_verifier(spec: str, max_len: int, field: str = "--dtype"):
-    """SmolLM2 in the layout ``spec`` names (`specjax.models.gguf.parse_layout`)."""
-    return smollm2_layout(spec, max_len=max_len, field=field)
-
-
-def part_ratio(s: Settings, result: dict, bw: float) -> None:
+def part_ratio(s: Settings, result: dict, bw: float, target: Target) -> None:
     """T_step and T_score(k) per --dtypes layout and batch, printed; ``result['ratio']``."""
     rows = []
     for spec in s.dtypes:
-        m = load_verifier(spec, 512, "--dtypes")
+        m = target.load_verifier(spec, 512, "--dtypes")
         for row in score_ratios(spec, m.lm, m.params, s.ratio_batches, s.ks, bw):
             rows.append(row)
             print(
@@ -382,14 +427,17 @@ def _setup_rows(s: Settings, setups, v_calls, ar_calls, ref_ar, spec_row_args) -
     return rows
 
 
-def part_spec(s: Settings, result: dict, dep, ref=None) -> None:
+def part_spec(s: Settings, result: dict, dep, ref=None, bw: float | None = None) -> None:
     """Speculative vs AR per batch × verifier τ × drafter × γ, with the forward times
-    (``ref``: the `--ar_reference` verifier, its AR timed in the same rounds)."""
+    (``ref``: the `--ar_reference` verifier, its AR timed in the same rounds) and, with the
+    stream bandwidth ``bw``, AR's bandwidth floor (`hardware.step_floor` at the calls' mean
+    context)."""
     texts_all = s.plan_texts()
     rows, per_batch = [], []
     for batch in [int(b) for b in s.batches]:
         calls, v_calls, context, capacity = _batch_calls(s, dep, texts_all, batch)
         t_step, t_score, t_draft = _forward_times(s, dep, batch, context, capacity)
+        floor = step_floor(dep.verifier, dep.v_params, batch, context, bw) if bw else {}
         for tau in [float(t) for t in s.taus]:
             setups = _spec_setups(s, dep, calls, tau)
             ar, ref_ar, ar_calls = _paired_runs(s, dep, v_calls, setups, tau, ref)
@@ -405,10 +453,18 @@ def part_spec(s: Settings, result: dict, dep, ref=None) -> None:
                     reference_dtype=s.ar_reference if ref_ar else None,
                     context=context,
                     capacity=capacity,
+                    **floor,
                 )
             )
             print(
-                f"B={batch} τ={tau}: AR {ar_tps:.1f} tok/s; T_step {1e3 * t_step:.2f} ms",
+                f"B={batch} τ={tau}: AR {ar_tps:.1f} tok/s; T_step {1e3 * t_step:.2f} ms"
+                + (
+                    f"; floor {1e3 * floor['floor_s']:.2f} ms a step "
+                    f"({batch / floor['floor_s']:.1f} tok/s: AR at "
+                    f"{batch / ar_tps / floor['floor_s']:.2f}x)"
+                    if floor
+                    else ""
+                ),
                 flush=True,
             )
             if ref_ar:
@@ -419,9 +475,10 @@ def part_spec(s: Settings, result: dict, dep, ref=None) -> None:
     result["ar"] = per_batch
 
 
-def part_peer(s: Settings, result: dict, dep, f32) -> None:
-    """transformers on the same weights: plain, prompt lookup, assisted (code drafter);
-    greedy identity against ``f32`` (the verifier in f32: ``verifier``, ``v_params``)."""
+def part_peer(s: Settings, result: dict, dep, f32, target: Target) -> None:
+    """transformers on the same GGUF file: plain, prompt lookup, assisted (the target's
+    ``peer_drafter``, where it has one); greedy identity against ``f32`` (the verifier in
+    f32: ``verifier``, ``v_params``)."""
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         print(f"peer skipped: {', '.join(missing)} not installed")
@@ -429,13 +486,15 @@ def part_peer(s: Settings, result: dict, dep, f32) -> None:
     prompts = {}
     for q in load_prompts():
         prompts.setdefault(q["domain"], q["prompt"])
+    name = target.peer_drafter
     peer = peer_real.run(
         dep,
         f32,
         [prompts[d] for d in sorted(prompts)],
         s.new_tokens,
         s.repeats,
-        drafter=s.drafter_files().get("code", "code") if "code" in dep.names else None,
+        target.gguf(),
+        drafter=s.drafter_files().get(name, name) if name in dep.names else None,
         out_dir=s.out,
     )
     print(
@@ -451,34 +510,38 @@ def _as_verifier(model) -> types.SimpleNamespace:
     return types.SimpleNamespace(verifier=model.lm, v_params=model.params)
 
 
-def _real_parts(s: Settings, result: dict, build: Callable) -> None:
-    """The spec and peer parts: the verifier in --dtype with the drafters (``build``: the
-    smollm2 kind's `from_smollm2`), the --ar_reference verifier, and for the peer specjax's
-    f32 model."""
-    model = load_verifier(s.dtype, MAX_LEN)
-    names = list(dict.fromkeys(s.drafter_names() + (["code"] if "peer" in s.parts else [])))
-    dt = s.dtype.partition(":")[0]  # the distilled drafters' dtype
-    dep = build(names, dtype=dt, drafters=s.drafter_files(), verifier=model)
+def _real_parts(s: Settings, result: dict, target: Target) -> None:
+    """The spec and peer parts: the verifier in --dtype with the drafters (the target's
+    ``build``), the --ar_reference verifier, and for the peer specjax's f32 model."""
+    load = target.load_verifier
+    model = load(s.dtype, MAX_LEN, "--dtype")
+    peer = [target.peer_drafter] if "peer" in s.parts and target.peer_drafter else []
+    names = list(dict.fromkeys(s.drafter_names() + peer))
+    dt = s.dtype.partition(":")[0]  # the drafters' dtype
+    dep = target.build(names, dtype=dt, max_len=MAX_LEN, drafters=s.drafter_files(), verifier=model)
     ref = None
     if "spec" in s.parts and s.ar_reference and s.ar_reference != s.dtype:
-        ref = _as_verifier(load_verifier(s.ar_reference, MAX_LEN, "--ar_reference"))
+        ref = _as_verifier(load(s.ar_reference, MAX_LEN, "--ar_reference"))
     if "spec" in s.parts:
-        part_spec(s, result, dep, ref)
+        part_spec(s, result, dep, ref, result.get("stream_bytes_per_s"))
     del model
     if "peer" in s.parts:
         # transformers runs the file in f32: its greedy tokens are compared with
         # specjax's f32 model (the reference's, or one loaded for it).
         f32 = dep if dt == "float32" else ref
         if dt != "float32" and (ref is None or not s.ar_reference.startswith("float32")):
-            f32 = _as_verifier(load_verifier("float32", MAX_LEN))
-        part_peer(s, result, dep, f32)
+            f32 = _as_verifier(load("float32", MAX_LEN, "--dtype"))
+        part_peer(s, result, dep, f32, target)
 
 
-def measure(s: Settings, machine: Mapping, build: Callable) -> dict:
-    """Every part of ``s.parts``, in order, printed as it goes; the result (its settings,
-    the stream bandwidth, and a key per part). ``machine``: the provenance's machine
-    record (printed)."""
+def measure(s: Settings, machine: Mapping, target: Target) -> dict:
+    """Every part of ``s.parts``, in order, printed as it goes, on ``target``'s deployment;
+    the result (its settings, the stream bandwidth, and a key per part). ``machine``: the
+    provenance's machine record (printed)."""
     result = {
+        "deployment": target.name,
+        "verifier": target.model,
+        "prompt_form": "in the chat template" if target.chat else "as plain text",
         "new_tokens": s.new_tokens,
         "repeats": s.repeats,
         "prompts_per_domain": s.prompts_per_domain,
@@ -493,7 +556,50 @@ def measure(s: Settings, machine: Mapping, build: Callable) -> dict:
         flush=True,
     )
     if "ratio" in s.parts:
-        part_ratio(s, result, bw)
+        part_ratio(s, result, bw, target)
     if "spec" in s.parts or "peer" in s.parts:
-        _real_parts(s, result, build)
+        _real_parts(s, result, target)
     return result
+
+
+def _floor_lines(r: dict) -> list[str]:
+    """Autoregressive decoding against its bandwidth floor, one row per batch and τ (none
+    without the floor: a result from before it was recorded)."""
+    rows = [a for a in r.get("ar", []) if "floor_s" in a]
+    if not rows:
+        return []
+    lines = [
+        f"## Autoregressive decoding against its bandwidth floor ({r.get('layout')})",
+        "",
+        "Floor: the bytes a decode step must read — the weights as stored (a tied head "
+        "once; an untied model's input table only by row, not counted) and the KV cache "
+        "over the calls' mean context (a sliding-window layer's at most its window) — ÷ "
+        "the stream bandwidth. AR step: the batch ÷ AR tok/s (the whole decode loop); "
+        "T_step: the verifier's one-token forward alone.",
+        "",
+        "| B | τ | weights MB | KV MB | floor ms | floor tok/s | AR tok/s | AR step ms | "
+        "AR step / floor | T_step ms | T_step / floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for a in rows:
+        b, f, step = a["batch"], a["floor_s"], a["batch"] / a["ar_tokens_per_s"]
+        lines.append(
+            f"| {b} | {a['tau']:g} | {a['weight_bytes'] / 1e6:.1f} | {a['kv_bytes'] / 1e6:.2f} "
+            f"| {1e3 * f:.2f} | {b / f:.1f} | {a['ar_tokens_per_s']:.1f} | {1e3 * step:.2f} "
+            f"| {step / f:.2f} | {1e3 * a['t_step']:.2f} | {a['t_step'] / f:.2f} |"
+        )
+    return lines + [""]
+
+
+def page(r: dict) -> list[str]:
+    """The body (below the provenance header) of benchmark_real.py's pages:
+    `benchmark_tables.real_speed_page` with AR against its bandwidth floor before the
+    speculative table, and the prompts' form (chat template or plain text) as the run's."""
+    lines = real_speed_page(r)
+    form = r.get("prompt_form", "in the chat template")
+    heading = "## Speculative vs autoregressive"
+    at = next((i for i, x in enumerate(lines) if x.startswith(heading)), None)
+    if at is None:
+        return lines + _floor_lines(r)
+    lines[at] = lines[at].replace("in the chat template", form)
+    return lines[:at] + _floor_lines(r) + lines[at:]

@@ -298,5 +298,25 @@ class SmolLM2Kind(DeploymentKind):
     def load(self, config, pairing=None, weights: bool = True) -> Deployment:
         return load_smollm2_deployment(config, pairing or None, weights)
 
+    def real_speed_target(self):
+        """What experiments/benchmark_real.py measures with ``--deployment smollm2``
+        (`specjax.measure.real_speed.Target`): the verifier in a ``--dtype`` layout, its
+        drafters (`from_smollm2`), prompts in the chat template, the code drafter assisting
+        transformers."""
+        from specjax.measure.real_speed import Target  # pylint: disable=import-outside-toplevel
+
+        return Target(
+            name=self.name,
+            model=self.gguf_verifier,
+            load_verifier=lambda spec, max_len, field: gguf.smollm2_layout(
+                spec, max_len=max_len, field=field
+            ),
+            build=from_smollm2,
+            gguf=gguf.smollm2_path,
+            drafters=SMOLLM2_DRAFTERS + SMOLLM2_EXTRA,
+            chat=True,
+            peer_drafter='code',
+        )
+
 
 register(SmolLM2Kind())
