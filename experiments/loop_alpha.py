@@ -38,10 +38,9 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-import numpy as np
 from absl import flags
 
-from specjax.measure import rule_pairs
+from specjax.measure.acceptance import loop_acceptance as measure
 from specjax.runner import provenance
 from specjax.runner import script_flags as sf
 from specjax.runner.deployments.smollm2 import FEATURE_DRAFTERS
@@ -139,63 +138,6 @@ def validate() -> None:
         )
 
 
-def measure(
-    dep,
-    texts: list[str],
-    *,
-    gamma: int,
-    tau: float,
-    new_tokens: int,
-    batch: int,
-    seeds,
-    rule: str = "rejection",
-) -> dict:
-    """The loop's per-step acceptance of `dep`'s single drafter over `texts` (see module)."""
-    from specjax.engine.spec import EngineConfig  # pylint: disable=import-outside-toplevel
-
-    cfg = EngineConfig(gamma=gamma, max_new_tokens=new_tokens, verifier_temperature=tau, rule=rule)
-    v = [dep.encode(t) for t in texts]
-    acc, reach, tokens, rounds, kept, kept1, paths = [], [], [], [], [], [], []
-    for _, n, rows, r in rule_pairs.calls(
-        dep, texts, cfg, batch=batch, seeds=seeds, stream="loop_alpha"
-    ):
-        c = r.counters
-        acc.append(np.asarray(c.own_accepted_at)[:n, 0])  # [rows, γ]
-        reach.append(np.asarray(c.own_reached_at)[:n, 0])
-        tokens.append(np.asarray(r.length - r.start)[:n])
-        rounds.append(np.asarray(c.rounds)[:n])
-        kept.append(np.asarray(c.kept_expected)[:n])
-        kept1.append(np.asarray(c.kept_rule1)[:n])
-        paths += [(v[rows[j]], r.new_tokens(j)) for j in range(n)]
-    acc, reach = np.concatenate(acc).astype(float), np.concatenate(reach).astype(float)
-    alpha = acc.sum(0) / np.maximum(reach.sum(0), 1)
-    # Standard error of a ratio over rows (paths), by the delta method.
-    per_row = acc - alpha[None] * reach
-    se = np.sqrt(per_row.var(0, ddof=1) * len(acc)) / np.maximum(reach.sum(0), 1)
-    tokens, rounds = np.concatenate(tokens).astype(float), np.concatenate(rounds).astype(float)
-    tpr = tokens.sum() / max(rounds.sum(), 1)
-    tpr_se = np.sqrt((tokens - tpr * rounds).var(ddof=1) * len(tokens)) / max(rounds.sum(), 1)
-    # The rule's expected drafts kept per round and rule 1's on the same blocks; their
-    # ratio − 1 is the rule's gain with the path noise paired out (SE over rows).
-    kept, kept1 = np.concatenate(kept).astype(float), np.concatenate(kept1).astype(float)
-    gain = kept.sum() / max(kept1.sum(), 1e-9) - 1
-    gain_se = np.sqrt((kept - (1 + gain) * kept1).var(ddof=1) * len(kept)) / max(kept1.sum(), 1e-9)
-    return dict(
-        step_alpha=alpha.tolist(),
-        step_alpha_se=se.tolist(),
-        reached=reach.sum(0).astype(int).tolist(),
-        rows=len(acc),
-        tokens_per_round=float(tpr),
-        tokens_per_round_se=float(tpr_se),
-        kept_per_round=float(kept.sum() / max(rounds.sum(), 1)),
-        kept_per_round_rule1=float(kept1.sum() / max(rounds.sum(), 1)),
-        kept_gain_over_rule1=float(gain),
-        kept_gain_se=float(gain_se),
-        rounds=int(rounds.sum()),
-        paths=paths,
-    )
-
-
 def predict(dep, paths, gamma: int) -> dict:
     """`specjax.measure.loop_law`'s per-step α and tokens per round (standard errors over paths)
     for ``dep``'s feature drafter on ``paths`` ((prompt ids, committed ids) per row): the
@@ -251,6 +193,7 @@ def main(argv):
                 rule=rule,
             )
             paths = r.pop("paths")
+            r.pop("texts")
             if FLAGS.predict and registry.get(rule).rule1:
                 r.update(predict(dep, paths, FLAGS.gamma))
                 print(

@@ -1,0 +1,90 @@
+"""`specjax.measure.acceptance`: the teacher-forced α of every drafter kind (the verifier's
+tokenizer, another tokenizer through the cross-vocabulary path, prompt lookup) equals a
+position-by-position computation from the models' own logits; the loop's figures are the
+counters'."""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from specjax.engine.deployment import LOOKUP, from_zoo
+from specjax.measure import acceptance
+from specjax.models import zoo as zoo_lib
+from specjax.verify.distributions import sampling_probs, to_verifier_space
+
+
+@pytest.fixture(scope='module')
+def dep():
+    zoo = zoo_lib.load_zoo()
+    names = [n for n in ('code', 'reasoning') if n in zoo.names] + [LOOKUP]
+    return from_zoo(zoo, names=names, temperatures={'reasoning': 1.3})
+
+
+def _last_logits(lm, params, ids, width=64):
+    """The logits after ``ids`` (one causal forward, padded to ``width``: one program)."""
+    x = np.zeros((1, width), np.int32)
+    x[0, : len(ids)] = ids
+    return np.asarray(_jitted(lm)(params, x))[0, len(ids) - 1]
+
+
+@functools.cache
+def _jitted(lm):
+    return jax.jit(lm.logits_full)
+
+
+def _by_position(dep, text, committed, tau):
+    """Σ min(p, q), argmax agreement and the intersection's mass, one forward per position."""
+    v_prompt = list(dep.encode(text))
+    out = np.zeros((len(dep.drafters), 3))
+    for j in range(len(committed)):
+        lv = _last_logits(dep.verifier, dep.v_params, v_prompt + list(committed[:j]))
+        p = np.asarray(sampling_probs(lv[None], tau))[0] if tau > 0 else None
+        for k, (spec, data) in enumerate(zip(dep.drafters, dep.d_data)):
+            retok, rlen = np.asarray(data.retok), np.asarray(data.retok_len)
+            ids = list(dep.drafter_encode[k](text)) + [
+                int(x) for t in committed[:j] for x in retok[t, : rlen[t]]
+            ]
+            ld = _last_logits(spec.lm, data.params, ids)
+            inter = np.asarray(data.to_verifier) >= 0
+            q = sampling_probs(ld[None], spec.temperature, mask=inter[None])
+            qv = np.asarray(to_verifier_space(q, data.to_verifier, dep.verifier.vocab_size))[0]
+            own = np.asarray(sampling_probs(ld[None], spec.temperature))[0]
+            greedy = np.asarray(data.to_verifier)[np.argmax(np.where(inter, ld, -np.inf))]
+            top1 = float(greedy == np.argmax(lv))
+            out[k] += [np.minimum(p, qv).sum() if p is not None else top1, top1, own[inter].sum()]
+    return out / len(committed)
+
+
+@pytest.mark.parametrize('tau', [1.0, 0.0])
+def test_teacher_forced_equals_a_position_by_position_computation(dep, tau):
+    texts = ['def add(a, b):\n    return', 'The king said that']
+    rng = np.random.default_rng(0)
+    paths = []
+    for t in texts:
+        committed = [int(x) for x in rng.integers(3, dep.verifier.vocab_size, size=5)]
+        committed[2:4] = list(dep.encode(t))[-2:]  # a repeat, so lookup has something to copy
+        paths.append((list(dep.encode(t)), committed))
+    got = acceptance.teacher_forced(dep, texts, paths, tau=tau, batch=2)
+    want = sum(_by_position(dep, t, c, tau) for t, (_, c) in zip(texts, paths)) / len(texts)
+    for k, g in enumerate(got):
+        name = dep.drafters[k].name
+        np.testing.assert_allclose(
+            [g['alpha'], g['top1'], g['kept']], want[k], atol=2e-5, err_msg=name
+        )
+        assert g['positions'] == 10
+    # The verifier's tokenizer keeps every proposal; the reasoning drafter's own does not.
+    assert got[-1]['kept'] == pytest.approx(1.0)
+
+
+def test_loop_acceptance_reports_the_counters_and_the_loops_paths(dep):
+    one = dep.subset([dep.drafters[0].name])
+    texts = ['def add(a, b):\n', 'The king said']
+    r = acceptance.loop_acceptance(
+        one, texts, gamma=2, tau=1.0, new_tokens=6, batch=2, seeds=[0, 1]
+    )
+    assert r['rows'] == 4 and len(r['paths']) == 4 and r['texts'] == [0, 1, 0, 1]
+    assert all(len(c) == 6 for _, c in r['paths'])
+    assert 0.0 <= r['step_alpha'][0] <= 1.0 and r['reached'][0] > 0
+    assert r['tokens_per_round'] == pytest.approx(24 / r['rounds'])
