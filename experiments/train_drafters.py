@@ -1,4 +1,5 @@
-r"""Drafters distilled from SmolLM2-135M-Instruct (`make train-drafters`).
+r"""Drafters distilled from SmolLM2-135M-Instruct (`make train-drafters`), and the real
+verifiers' generations a feature drafter trains on (``--verifier``).
 
   python experiments/train_drafters.py                       # every stage, every domain
   python experiments/train_drafters.py --stage=generate --domains=code
@@ -8,11 +9,18 @@ r"""Drafters distilled from SmolLM2-135M-Instruct (`make train-drafters`).
       --new_tokens=128 --init_from=shipped --steps=2400 --time_budget_s=3000 --tag=more
   python experiments/train_drafters.py --stage=eval --domains=code,prose \
       --new_tokens=128 --out=runs/drafters_shipped     # the shipped drafters' held-out α
+  python experiments/train_drafters.py --verifier=gemma3 --stage=generate \
+      --domains=code,prose --prompts=320 --new_tokens=128 --dtype=bfloat16 \
+      --out=runs/eagle_gemma3_data                     # Gemma-3-270M's, for train_eagle.py
+
+``--verifier`` (`specjax.train.verifiers`): ``smollm2`` (default) or ``gemma3``
+(Gemma-3-270M, the optional package: a base model, prompts as plain text after its BOS;
+the generate stage only, the distilled drafters are SmolLM2's).
 
 Stages (each writes its files atomically under --out and is skipped when they exist, so
 a killed run resumes):
   generate  the verifier's replies to --prompts train-split prompts per domain, in its chat
-            template, with its top-k log-probs (`specjax.train.distill.generate`):
+            template (plain text after its BOS for a base model), with its top-k log-probs (`specjax.train.distill.generate`):
             ``gen_{domain}.npz``; and to the 24 shipped (held-out) plan prompts:
             ``heldout_{domain}.npz``.
   train     one `SubsetVocabLM` per domain (`specjax.train.distill.train_drafter`):
@@ -56,6 +64,12 @@ def define_flags():
         lambda v: set(v) <= {"all", *STAGES},
         "--stage: all or a list of " + ", ".join(STAGES),
     )
+    flags.DEFINE_enum(
+        "verifier",
+        "smollm2",
+        ["smollm2", "gemma3"],
+        "the verifier (specjax.train.verifiers): its model, prompt format and --stage choice",
+    )
     flags.DEFINE_list("domains", ["code", "prose", "reasoning"], "domains")
     flags.DEFINE_integer("prompts", 640, "train-split prompts per domain")
     flags.DEFINE_integer(
@@ -85,10 +99,21 @@ def define_flags():
     )
 
 
-def _verifier():
-    from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
+def _spec():
+    """The ``--verifier``'s record (`specjax.train.verifiers.VERIFIERS`)."""
+    from specjax.train import verifiers  # pylint: disable=import-outside-toplevel
 
-    return smollm2(max_len=1024, dtype=FLAGS.dtype)
+    return verifiers.get(FLAGS.verifier)
+
+
+def _verifier():
+    return _spec().load(max_len=MAX_LEN, dtype=FLAGS.dtype)
+
+
+def _prompted(model, prompts) -> dict:
+    """`distill.generate`'s texts and prefix for ``prompts`` in the verifier's format."""
+    spec = _spec()
+    return {"texts": [spec.prompt_text(model, p) for p in prompts], "prefix": spec.prefix(model)}
 
 
 def _heldout(out: Path, model, d: str):
@@ -102,7 +127,7 @@ def _heldout(out: Path, model, d: str):
         prompts = [p["prompt"] for p in load_prompts([d])]
         g = distill.generate(
             model,
-            [model.chat(p) for p in prompts],
+            **_prompted(model, prompts),
             new_tokens=FLAGS.new_tokens,
             batch=min(FLAGS.batch, len(prompts)),
             temperature=FLAGS.temperature,
@@ -121,7 +146,16 @@ def stage_generate(out: Path, model) -> None:
         for d in FLAGS.domains:
             path = out / f"gen_{d}.npz"
             if not path.exists():
-                text_rows(model, d, FLAGS.prompts, FLAGS.new_tokens, seed=FLAGS.seed).save(path)
+                spec = _spec()
+                text_rows(
+                    model,
+                    d,
+                    FLAGS.prompts,
+                    FLAGS.new_tokens,
+                    seed=FLAGS.seed,
+                    prompt_text=spec.prompt_text,
+                    prefix=spec.prefix(model),
+                ).save(path)
                 print(f"{d}: corpus rows written to {path}", flush=True)
         return
     for d in FLAGS.domains:
@@ -134,7 +168,7 @@ def stage_generate(out: Path, model) -> None:
         t0 = time.perf_counter()
         g = distill.generate(
             model,
-            [model.chat(p) for p in prompts],
+            **_prompted(model, prompts),
             new_tokens=FLAGS.new_tokens,
             batch=FLAGS.batch,
             temperature=FLAGS.temperature,
@@ -288,6 +322,15 @@ def validate() -> None:
         "a file-name suffix (no '/')",
     )
     sf.dtype("--dtype", FLAGS.dtype)
+    spec = _spec()
+    sf.check(
+        spec.distilled or set(_stages()) <= {"generate"},
+        "--stage",
+        ",".join(_stages()),
+        f"generate with --verifier={spec.name} (the distilled drafters are SmolLM2's; "
+        "train_eagle.py trains its feature drafter)",
+    )
+    spec.path()  # the model is installed (a one-line ConfigError naming it otherwise)
     _check_inputs(Path(FLAGS.out), _stages())
 
 
@@ -296,7 +339,10 @@ def _check_inputs(out: Path, stages: list[str]) -> None:
     verifier loads: a `ConfigError` naming the flag and the missing or unreadable file."""
     from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
     from specjax.models import real_zoo  # pylint: disable=import-outside-toplevel
+    from specjax.train import verifiers  # pylint: disable=import-outside-toplevel
 
+    if out.is_dir():
+        verifiers.check_marker("--out", out, _spec())
     if FLAGS.init_from and FLAGS.init_from != "shipped":
         sf.in_dir(
             "--init_from", FLAGS.init_from, "'shipped' or a folder holding drafter_{domain}.npz"
@@ -349,6 +395,9 @@ def main(argv):
     out = Path(FLAGS.out)
     stages = _stages()
     out.mkdir(parents=True, exist_ok=True)
+    from specjax.train import verifiers  # pylint: disable=import-outside-toplevel
+
+    verifiers.mark(out, _spec())
     model = _verifier()
     for s in stages:
         if s == "eval":

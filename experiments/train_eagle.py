@@ -1,8 +1,16 @@
-r"""A feature drafter (EAGLE) for SmolLM2-135M-Instruct (`specjax.train.distill_eagle`).
+r"""A feature drafter (EAGLE) for SmolLM2-135M-Instruct or Gemma-3-270M
+(`specjax.train.distill_eagle`).
 
   python experiments/train_eagle.py --data=runs/eagle_data      # every stage
   python experiments/train_eagle.py --stage=features --data=runs/eagle_data
   python experiments/train_eagle.py --stage=train,eval --steps=600 --tag=long
+  python experiments/train_eagle.py --verifier=gemma3 --data=runs/eagle_gemma3_data \
+      --out=runs/eagle_gemma3 --steps=3000 --time_budget_s=2100 --curve_every=300
+
+``--verifier`` (`specjax.train.verifiers`): ``smollm2`` (default) or ``gemma3``; it sets the
+verifier, the defaults of --feature_layers and --kept, the ids the head always keeps and
+where --stage=ship writes (specjax/zoo_smollm2/ or specjax/zoo_gemma3/). The generations
+must be that verifier's (``train_drafters.py --verifier=...``: their folder says whose).
 
 Reads the verifier's generations written by ``experiments/train_drafters.py
 --stage=generate`` (``gen_{domain}.npz`` for training, ``heldout_{domain}.npz``: its
@@ -13,7 +21,11 @@ resumes):
   train     one drafter on every training domain together: ``eagle{tag}.npz`` + ``.json``;
   eval      its α (τ 1) and top-1 agreement on each domain's held-out replies, at draft
             step 1 (verifier features) and step 2 (its own): ``eval_eagle{tag}.json``;
-  ship      copies the drafter's trained part (bf16) into specjax/zoo_smollm2/.
+  ship      copies the drafter's trained part (bf16) into the verifier's zoo folder.
+
+``--curve_every N``: held-out α (steps 1 and 2, each domain) every N training steps and at
+the end, recorded in the drafter's history (``curve``: step, rows seen, epochs, α): the
+data curve; its time counts neither in --time_budget_s nor in the schedule's pace.
 """
 
 from __future__ import annotations
@@ -50,6 +62,13 @@ def define_flags():
         [],
         "more folders of gen_*.npz (train_drafters.py --stage=generate --seed=S), trained on too",
     )
+    flags.DEFINE_enum(
+        "verifier",
+        "smollm2",
+        ["smollm2", "gemma3"],
+        "the verifier (specjax.train.verifiers): its model, prompt format, feature layers, "
+        "head size and zoo folder",
+    )
     flags.DEFINE_list("domains", ["code", "prose"], "domains")
     flags.DEFINE_string("dtype", "bfloat16", "the verifier's dtype for the features")
     flags.DEFINE_integer("steps", 400, "training steps")
@@ -63,16 +82,19 @@ def define_flags():
         "AdamW's decoupled weight decay (every trained parameter)",
         lower_bound=0.0,
     )
-    flags.DEFINE_integer("kept", 4096, "head rows (most frequent verifier ids)")
+    flags.DEFINE_integer(
+        "kept", None, "head rows (most frequent verifier ids; default: the verifier's, 4096 / 8192)"
+    )
     flags.DEFINE_list(
         "feature_layers",
-        [],
+        None,
         "the verifier states the drafter reads (EAGLE-3): blocks' residual streams by index, "
-        "the layer count for the final-normed state; empty: the final-normed state alone",
+        "the layer count for the final-normed state; empty: the final-normed state alone; "
+        "unset: the verifier's default (SmolLM2: empty; Gemma-3-270M: 2,9,18)",
     )
     flags.register_validator(
         "feature_layers",
-        lambda v: all(x.strip().isdigit() for x in v),
+        lambda v: v is None or all(x.strip().isdigit() for x in v),
         "--feature_layers: a comma-separated list of layer indices (non-negative ints)",
     )
     flags.DEFINE_list(
@@ -121,6 +143,13 @@ def define_flags():
     )
     flags.DEFINE_float("ce_weight", 0.1, "weight of the cross-entropy on the verifier's law")
     flags.DEFINE_float("time_budget_s", 3600, "training seconds at most")
+    flags.DEFINE_integer(
+        "curve_every",
+        0,
+        "--stage=train measures held-out α every this many steps and at the end (0: off), "
+        "recorded in the drafter's history as its data curve",
+        lower_bound=0,
+    )
     flags.DEFINE_string("tag", "", "suffix of the drafter files")
     flags.DEFINE_string(
         "init_from",
@@ -136,10 +165,27 @@ def _atomic_json(path: Path, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=1, default=float))
 
 
-def _verifier():
-    from specjax.models.gguf import smollm2  # pylint: disable=import-outside-toplevel
+def _spec():
+    """The ``--verifier``'s record (`specjax.train.verifiers.VERIFIERS`)."""
+    from specjax.train import verifiers  # pylint: disable=import-outside-toplevel
 
-    return smollm2(max_len=1024, dtype=FLAGS.dtype, out_first=True)
+    return verifiers.get(FLAGS.verifier)
+
+
+def _verifier():
+    return _spec().load(max_len=MAX_LEN, dtype=FLAGS.dtype, out_first=True)
+
+
+def _kept() -> int:
+    return _spec().kept if FLAGS.kept is None else FLAGS.kept
+
+
+def _drafter_file(value: str):
+    """A drafter file named by --init_from / --eval_against: 'eagle' is the verifier's
+    shipped one."""
+    from specjax.models.real_zoo import drafter_path  # pylint: disable=import-outside-toplevel
+
+    return drafter_path(value, _spec().zoo_dir)
 
 
 def _sources() -> dict[str, Path]:
@@ -160,6 +206,8 @@ def _names():
 
 
 def _layers() -> tuple:
+    if FLAGS.feature_layers is None:
+        return _spec().feature_layers
     return tuple(int(x) for x in FLAGS.feature_layers)
 
 
@@ -200,7 +248,7 @@ def _recipe():
         second_pass=FLAGS.second_pass,
         noise=FLAGS.noise,
         weight_decay=FLAGS.weight_decay,
-        kept=FLAGS.kept,
+        kept=_kept(),
         feature_layers=_layers(),
         reg_weight=FLAGS.reg_weight,
         ce_weight=FLAGS.ce_weight,
@@ -228,14 +276,17 @@ def stage_train(out: Path, model) -> None:
     recipe = _recipe()
     prior = None
     if FLAGS.init_from:
-        lm, params, prior = real_zoo.load_eagle(FLAGS.init_from, model, dtype="float32")
+        lm, params, prior = real_zoo.load_eagle(_drafter_file(FLAGS.init_from), model)
         prior = {
-            "file": str(real_zoo.drafter_path(FLAGS.init_from)),
+            "file": str(_drafter_file(FLAGS.init_from)),
             **{k: prior[k] for k in ("recipe", "data", "heldout_alpha") if k in prior},
             **{k: prior["history"][k] for k in ("n_rows", "n_targets") if "history" in prior},
         }
     else:
-        lm, params = de.initial_eagle(model, data, recipe)
+        lm, params = de.initial_eagle(model, data, recipe, always=_spec().always_kept(model))
+    held = {}
+    if FLAGS.curve_every:
+        held = {d: de.Features.load(_feat_path(out, f"heldout_{d}")) for d in FLAGS.domains}
     params, hist = de.train_eagle(
         lm,
         params,
@@ -243,11 +294,28 @@ def stage_train(out: Path, model) -> None:
         recipe,
         time_budget_s=FLAGS.time_budget_s,
         log=lambda s: print(s, flush=True),
+        checkpoint_every=FLAGS.curve_every,
+        on_checkpoint=lambda p: _curve_point(de, lm, p, held),
     )
-    info = {"recipe": dataclasses.asdict(recipe), "history": hist, "domains": FLAGS.domains}
+    info = {
+        "recipe": dataclasses.asdict(recipe),
+        "history": hist,
+        "domains": FLAGS.domains,
+        "verifier": _spec().title,
+    }
     if prior is not None:
         info["init_from"] = prior
     real_zoo.save_eagle(path, lm, params, {**info, "data": _data_info()})
+
+
+def _curve_point(de, lm, params, held: dict) -> dict:
+    """Held-out α at draft steps 1 and 2 (and top-1 at step 1) per domain: a point of the
+    data curve (`--curve_every`)."""
+    out = {}
+    for d, f in held.items():
+        r = de.feature_alpha(lm, params, f, batch=_spec().eval_batch)
+        out[d] = {k: round(float(r[k]), 4) for k in ("alpha1", "alpha2", "top1_1")}
+    return {"heldout": out}
 
 
 def _data_info() -> dict:
@@ -266,11 +334,12 @@ def stage_eval(out: Path, model) -> None:
     lm, params, _ = real_zoo.load_eagle(src, model, dtype="float32")
     against = None
     if FLAGS.eval_against and FLAGS.eval_loop_gamma:
-        against = real_zoo.load_eagle(FLAGS.eval_against, model, dtype="float32")[:2]
+        against = real_zoo.load_eagle(_drafter_file(FLAGS.eval_against), model)[:2]
+    batch = _spec().eval_batch
     res, fit = {}, {}
     for d in FLAGS.domains:
         held = de.Features.load(_feat_path(out, f"heldout_{d}"))
-        res[d] = de.feature_alpha(lm, params, held)
+        res[d] = de.feature_alpha(lm, params, held, batch=batch)
         print(f"eval {d}: {res[d]}", flush=True)
         if FLAGS.eval_loop_gamma:
             raw = _loop_law(de, lm, params, held)
@@ -284,7 +353,10 @@ def stage_eval(out: Path, model) -> None:
             f = de.Features.load(train)
             n = min(FLAGS.eval_train_rows, len(f.tokens))
             rows = np.linspace(0, len(f.tokens) - 1, n).round().astype(int)
-            fit[d] = {"train": de.feature_alpha(lm, params, f.take(rows)), "heldout": res[d]}
+            fit[d] = {
+                "train": de.feature_alpha(lm, params, f.take(rows), batch=batch),
+                "heldout": res[d],
+            }
             print(f"eval {d}, {n} training rows: {fit[d]['train']}", flush=True)
     _atomic_json(out / f"eval_eagle{FLAGS.tag}.json", res)
     if fit:
@@ -297,7 +369,7 @@ def _loop_law(de, lm, params, held) -> dict:
     from specjax.measure import loop_law  # pylint: disable=import-outside-toplevel
 
     g = FLAGS.eval_loop_gamma
-    pos = de.feature_alpha_positions(lm, params, held, steps=min(g, 3))
+    pos = de.feature_alpha_positions(lm, params, held, steps=min(g, 3), batch=_spec().eval_batch)
     mask = pos["mask"] & (np.cumsum(pos["mask"], axis=1) <= FLAGS.eval_loop_tokens)
     return loop_law.loop_alpha(pos["alpha"], pos["accept"], mask, g)
 
@@ -332,9 +404,10 @@ def stage_ship(out: Path, model) -> None:
     ev = out / f"eval_eagle{FLAGS.tag}.json"
     if ev.exists():
         info["heldout_alpha"] = json.loads(ev.read_text())
-    dst = real_zoo.save_eagle(
-        real_zoo.DRAFTER_DIR / "eagle.npz", lm, params, info, dtype="bfloat16"
-    )
+    spec = _spec()
+    info.setdefault("verifier", spec.title)
+    info.setdefault("made_by", f"{spec.ship_command}: {provenance.command_line()}")
+    dst = real_zoo.save_eagle(spec.zoo_dir / "eagle.npz", lm, params, info, dtype="bfloat16")
     print(f"shipped {dst}")
 
 
@@ -363,11 +436,13 @@ def validate() -> None:
     sf.number("--time_budget_s", FLAGS.time_budget_s, 0.0, lo_open=True)
     sf.integer("--eval_loop_gamma", FLAGS.eval_loop_gamma, 0, 64)
     sf.check("/" not in FLAGS.tag, "--tag", FLAGS.tag, "a file-name suffix (no '/')")
-    cfg = gguf.read_gguf(gguf.smollm2_path(), max_len=MAX_LEN).config
-    sf.integer("--kept", FLAGS.kept, 1, cfg.vocab_size)
+    cfg = gguf.read_gguf(_spec().path(), max_len=MAX_LEN).config
+    sf.integer("--kept", _kept(), 1, cfg.vocab_size)
     lm = TransformerLM(cfg)
     for flag in ("feature_layers", "features_of"):
         values = FLAGS[flag].value
+        if values is None:
+            values = [str(i) for i in _layers()]
         sf.integers(f"--{flag}", values, 0, cfg.n_layers, empty=True)
         try:
             lm.check_layers(tuple(int(x) for x in values) or None)
@@ -382,7 +457,7 @@ def validate() -> None:
     if held and not set(_layers()) <= set(held):  # flags against flags before any folder
         raise ConfigError.invalid(
             "--feature_layers",
-            ",".join(FLAGS.feature_layers),
+            ",".join(map(str, _layers())),
             f"a subset of --features_of={','.join(FLAGS.features_of)}",
         )
     if "features" in _stages():
@@ -396,19 +471,25 @@ def _check_inputs(out: Path, stages: list[str]) -> None:
     """What the stages read and no earlier stage of this run writes, checked before the
     verifier loads: a `ConfigError` naming the flag and the missing or unreadable file."""
     from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
-    from specjax.models.real_zoo import drafter_path  # pylint: disable=import-outside-toplevel
+    from specjax.train import verifiers  # pylint: disable=import-outside-toplevel
 
+    spec = _spec()
+    for flag, folder in [("--out", out), ("--data", FLAGS.data)] + [
+        ("--more_data", f) for f in FLAGS.more_data
+    ]:
+        if Path(folder).is_dir():
+            verifiers.check_marker(flag, folder, spec)
     for stage, flag in (("train", "init_from"), ("eval", "eval_against")):
         value = FLAGS[flag].value
         if stage in stages and value:
-            f = drafter_path(value)
+            f = _drafter_file(value)
             if not (f.is_file() and f.with_suffix(".json").is_file()):
                 raise ConfigError.invalid(
                     f"--{flag}",
                     value,
                     "a feature drafter file with its .json (train_eagle.py writes them), or 'eagle'",
                 )
-            sf.drafter_file(f"--{flag}", value, feature=True)
+            sf.drafter_file(f"--{flag}", str(f), feature=True, shown=value)
     feats = [_feat_path(out, n) for n in _names()]
     if "features" in stages:
         for src, f in zip(_sources().values(), feats):
@@ -450,6 +531,9 @@ def main(argv):
     out = Path(FLAGS.out)
     stages = _stages()
     out.mkdir(parents=True, exist_ok=True)
+    from specjax.train import verifiers  # pylint: disable=import-outside-toplevel
+
+    verifiers.mark(out, _spec())
     model = _verifier()
     for s in stages:
         {"features": stage_features, "train": stage_train, "eval": stage_eval, "ship": stage_ship}[

@@ -111,13 +111,16 @@ class FeatureCache:
 
 def eagle_config(verifier_config: TransformerConfig, kept: int, **overrides) -> TransformerConfig:
     """The drafter layers' config: the verifier's width, heads, MLP and RoPE, one layer
-    (``n_layers=`` for more), ``vocab_size = kept`` (the head's rows)."""
+    (``n_layers=`` for more), ``vocab_size = kept`` (the head's rows). Its layers attend to
+    every earlier position (a verifier's sliding-window layers, Gemma 3's, name indices of
+    its own stack: none of the drafter's is local)."""
     fields = dict(
         vocab_size=int(kept),
         n_layers=1,
         tie_embeddings=True,
         embed_input_scale=False,
         fused_projections=False,
+        local_layers=(),
     )
     fields.update(overrides)
     return dataclasses.replace(verifier_config, **fields)

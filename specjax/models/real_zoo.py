@@ -34,6 +34,7 @@ from specjax.models.transformer import TransformerConfig
 __all__ = [
     'DRAFTER_DIR',
     'DISTILLED',
+    'GEMMA3_DIR',
     'save_drafter',
     'load_drafter',
     'drafter_path',
@@ -44,16 +45,19 @@ __all__ = [
 
 #: The shipped drafters' folder (package data).
 DRAFTER_DIR = Path(__file__).resolve().parents[1] / 'zoo_smollm2'
+#: Gemma-3-270M's shipped feature drafter's folder (`specjax.runner.deployments.gemma3`).
+GEMMA3_DIR = Path(__file__).resolve().parents[1] / 'zoo_gemma3'
 #: The distilled drafters, in priority order.
 DISTILLED = ('code', 'prose')
 
 
-def drafter_path(name_or_path) -> Path:
-    """A shipped drafter's ``.npz`` by name, or the path given."""
+def drafter_path(name_or_path, folder: Path | None = None) -> Path:
+    """A shipped drafter's ``.npz`` by name (in ``folder``, default `DRAFTER_DIR`), or the
+    path given."""
     p = Path(name_or_path)
     if p.suffix == '.npz':
         return p
-    return DRAFTER_DIR / f'{name_or_path}.npz'
+    return (DRAFTER_DIR if folder is None else Path(folder)) / f'{name_or_path}.npz'
 
 
 def save_drafter(
@@ -128,11 +132,18 @@ def save_eagle(path, lm, params, info: dict[str, Any], dtype: str | None = None)
     return save_drafter(path, lm, {'net': params['net'], 'keep': params['keep']}, info, dtype)
 
 
-def load_eagle(name_or_path, verifier, dtype: str = 'float32', out_first: bool = False):
+def load_eagle(
+    name_or_path,
+    verifier,
+    dtype: str = 'float32',
+    out_first: bool = False,
+    folder: Path | None = None,
+):
     """(EagleLM, params, info) of a feature drafter file, its frozen table and head the
     verifier's (``verifier``: a model with ``.params['embed']``, e.g. `gguf.smollm2`);
-    with ``out_first`` its projections stored ``[out, in]`` (`eagle.order_eagle`)."""
-    path = drafter_path(name_or_path)
+    with ``out_first`` its projections stored ``[out, in]`` (`eagle.order_eagle`); a name
+    is looked up in ``folder`` (default `DRAFTER_DIR`; `GEMMA3_DIR` for Gemma-3-270M's)."""
+    path = drafter_path(name_or_path, folder)
     lm, saved, info = _read(
         path,
         dtype,

@@ -236,13 +236,15 @@ def generate(
     seed: int = 0,
     bucket: int = 32,
     log=None,
+    prefix: Sequence[int] = (),
 ) -> Generated:
     """The verifier's continuations of ``texts`` (already in its chat template), batched by
-    prompt length; one compiled program per padded prompt width (multiples of ``bucket``)."""
+    prompt length; one compiled program per padded prompt width (multiples of ``bucket``).
+    ``prefix``: ids put before every text's tokens (a base model's BOS, Gemma's)."""
     log = log or (lambda msg: print(msg, flush=True))
     tok = model.tokenizer
     eos = int(model.eos_id if getattr(model, 'eos_id', None) is not None else -1)
-    ids = [np.asarray(tok.encode(t), np.int32) for t in texts]
+    ids = [np.asarray([*prefix, *tok.encode(t)], np.int32) for t in texts]
     order = np.argsort([len(x) for x in ids], kind='stable')
     program = _generate_program(model.lm, new_tokens, top_k, eos)
     parts, t0, done = [], time.perf_counter(), 0

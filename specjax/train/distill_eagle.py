@@ -171,7 +171,16 @@ class Features:
         return (t >= self.prompt_len[:, None] - 1) & (t < self.length[:, None] - 1)
 
 
-def text_rows(model, domain: str, n: int, reply_tokens: int, seed: int = 0) -> Generated:
+def text_rows(
+    model,
+    domain: str,
+    n: int,
+    reply_tokens: int,
+    seed: int = 0,
+    *,
+    prompt_text=None,
+    prefix: tuple = (),
+) -> Generated:
     """Rows of corpus text in `Generated`'s layout, for `verifier_features`: the ``n``
     train-split prompts `distill_data.domain_prompts` draws with ``seed`` (the same ones the
     verifier answers in `distill_data.generate` with that seed), each in the verifier's chat
@@ -179,13 +188,16 @@ def text_rows(model, domain: str, n: int, reply_tokens: int, seed: int = 0) -> G
     document (`distill_data.domain_pairs`) as the reply. Nothing is sampled (``top_ids`` /
     ``top_logp`` hold no entries, ``temperature`` is NaN): the verifier only prefills
     these rows — its law at each position comes from its features — which costs a
-    fraction of generating as many (EAGLE-1 trained on fixed text, not the target's)."""
+    fraction of generating as many (EAGLE-1 trained on fixed text, not the target's).
+    ``prompt_text(model, text)`` formats a prompt (default: the chat template) and
+    ``prefix`` ids go before it (a base model's BOS)."""
 
     pairs = distill_data.domain_pairs(domain)
     prompts = distill_data.domain_prompts(domain, n, seed=seed)
     tok = model.tokenizer
+    fmt = prompt_text or (lambda m, text: m.chat(text))
     rows = [
-        (tok.encode(model.chat(p)), tok.encode(pairs[p])[:reply_tokens])
+        ([*prefix, *tok.encode(fmt(model, p))], tok.encode(pairs[p])[:reply_tokens])
         for p in prompts
         if pairs[p].strip()
     ]
@@ -240,14 +252,19 @@ def verifier_features(
     return Features(tokens, length, np.asarray(data.prompt_len, np.int32), feats, states, ids)
 
 
-def initial_eagle(model, feats: Features, recipe: EagleRecipe, max_len: int = 1024):
+def initial_eagle(
+    model, feats: Features, recipe: EagleRecipe, max_len: int = 1024, always: tuple | None = None
+):
     """(lm, params): a fresh feature drafter for ``model``'s verifier, its head over the
-    ``recipe.kept`` ids most frequent in ``feats``' text (special tokens always)."""
+    ``recipe.kept`` ids most frequent in ``feats``' text, ``always`` among them (default:
+    the tokenizer's special tokens; a verifier listing thousands passes its few that
+    matter, `specjax.train.verifiers.Verifier.always_kept`)."""
     V = model.lm.vocab_size
     seqs = [feats.tokens[r, : feats.length[r]] for r in range(len(feats.tokens))]
     counts = np.bincount(np.concatenate(seqs), minlength=V)
-    specials = tuple(int(i) for i in getattr(model.tokenizer, 'special_tokens', {}).values())
-    keep = most_frequent_ids(counts, min(recipe.kept, V), always=specials)
+    if always is None:
+        always = tuple(getattr(model.tokenizer, 'special_tokens', {}).values())
+    keep = most_frequent_ids(counts, min(recipe.kept, V), always=tuple(int(i) for i in always))
     cfg = eagle_config(
         model.lm.config,
         len(keep),
@@ -356,8 +373,15 @@ def train_eagle(
     time_budget_s: float | None = None,
     log=print,
     clock=time.perf_counter,
+    checkpoint_every: int = 0,
+    on_checkpoint=None,
 ):
     """Trains ``params['net']`` on ``data``'s reply positions. Returns (params, history).
+
+    With ``checkpoint_every`` > 0, ``on_checkpoint(params)`` (a dict of measurements, e.g.
+    held-out α) runs every that many steps and after the last one; the history's ``curve``
+    records each as {step, rows_seen (steps × batch), epochs, seconds, **its result}. Its
+    time counts neither in ``time_budget_s`` nor in the pace that sizes the schedule.
 
     With ``time_budget_s`` the warmup-cosine schedule is sized to the budget: after
     `_RATE_PROBE` steps the run's pace sets the schedule's length (at most
@@ -391,10 +415,31 @@ def train_eagle(
     t0 = clock()
     total = done = recipe.steps
     sched = lr_schedule(recipe, total)
+    paused = 0.0
+
+    def checkpoint(steps_done: int) -> float:
+        """Runs ``on_checkpoint`` after ``steps_done`` steps; returns its seconds."""
+        c0 = clock()
+        res = on_checkpoint({**params, 'net': net})
+        row = {
+            'step': steps_done,
+            'rows_seen': steps_done * recipe.batch,
+            'epochs': round(steps_done * recipe.batch / max(1, len(data.tokens)), 3),
+            'seconds': round(c0 - t0, 1),
+            **res,
+        }
+        hist.setdefault('curve', []).append(row)
+        log(f'checkpoint: {row}')
+        return clock() - c0
+
     for s in range(recipe.steps):
         if s >= total:
             done = s
             break
+        if checkpoint_every and on_checkpoint is not None and s and s % checkpoint_every == 0:
+            spent = checkpoint(s)
+            t0 += spent  # the budget and the pace count training alone
+            paused += spent
         if time_budget_s is not None and s >= _RATE_PROBE and s % _RATE_PROBE == 0:
             pace = (clock() - t0) / s
             total = max(s + 1, min(recipe.steps, int(_BUDGET_SHARE * time_budget_s / pace)))
@@ -422,6 +467,13 @@ def train_eagle(
             log(f'train: time budget {time_budget_s:.0f} s reached at step {s} of {total}')
             done = s + 1
             break
+    if checkpoint_every and on_checkpoint is not None:
+        last = hist.get('curve', [{}])[-1].get('step')
+        if last != done:
+            spent = checkpoint(done)
+            t0 += spent
+            paused += spent
+        hist['checkpoint_seconds'] = round(paused, 1)
     hist['seconds'] = clock() - t0
     hist['steps_run'] = done
     hist['schedule_steps'] = total
