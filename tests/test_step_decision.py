@@ -354,6 +354,7 @@ def test_every_set_auto_can_choose_is_lossless(deployment):
     assert not bad, f"χ² rejects losslessness (p < {ALPHA}) for {bad}"
 
 
+@pytest.mark.parametrize("score", AutoRouter.SCORES)
 @pytest.mark.parametrize(
     "tau,rule",
     [  # ~60 s of compilation each (every set auto tries)
@@ -361,14 +362,14 @@ def test_every_set_auto_can_choose_is_lossless(deployment):
         pytest.param(1.0, "coupled", marks=pytest.mark.slow),
     ],
 )
-def test_auto_and_oracle_commit_the_verifiers_plan(deployment, tau, rule):
+def test_auto_and_oracle_commit_the_verifiers_plan(deployment, tau, rule, score):
     dep, _ = deployment
     cfg = PlanConfig(
         gamma=3, verifier_temperature=tau, plan_steps=3, max_step_tokens=6, bucket=16, rule=rule
     )
     prompts = ["ab", "c", "dda", "b"]
     ref, _ = run_plans(dep, cfg, prompts)
-    router = AutoRouter([d.cost for d in dep.drafters], cfg.gamma, explore=0.5)
+    router = AutoRouter([d.cost for d in dep.drafters], cfg.gamma, explore=0.5, score=score)
     texts, st = run_plans(dep, cfg, prompts, router=router)
     assert texts == ref
     assert st.fallbacks == 0 and len(st.routes) == 3
@@ -381,6 +382,7 @@ def test_auto_and_oracle_commit_the_verifiers_plan(deployment, tau, rule):
         gamma_candidates=[1, 2],
         names=dep.names,
         measure=lambda keys: {k: float(metrics.parse_price_key(k)[2] ** 2) for k in keys},
+        score=score,
     )
     texts, st = run_plans(dep, cfg, prompts, router=dear)
     assert texts == ref and st.fallbacks == 0

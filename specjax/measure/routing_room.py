@@ -7,9 +7,9 @@ before a router is judged. For every plan the verifier writes its steps alone
 (`verifier_replies`: `policy.plan.run_plans` without a policy, the plan runner's own step
 delimiters and budgets); every drafter is then scored teacher forced on each reply
 position (`teacher_forced`: one verifier pass and one pass per drafter over each plan's
-text, the drafter reading it as the engine does — its own re-spelling of the verifier's
-tokens, a feature drafter the verifier's features — its law the one the engine draws
-from, `engine.drafting.draw`):
+text, `policy.engine_calls.teacher_forced`: the drafter reading it as the engine does —
+its own re-spelling of the verifier's tokens, a feature drafter the verifier's features —
+its law the one the engine draws from, `engine.drafting.draw`):
 
   τ 1: α_t = Σ_x min(p_t(x), q_t(x)) and the posterior accept probability of the
        committed token, min(1, q_t(x) / p_t(x)) (p at τ 1, replies sampled at τ 1);
@@ -30,22 +30,16 @@ alone and over the best fixed option.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from specjax.engine.drafting import draw
-from specjax.engine.features import feature_layout, pick_features
 from specjax.measure import loop_law
-from specjax.models.api import causal_block_mask, forward_rows
+from specjax.policy import engine_calls
 from specjax.policy.journal import PlanJournal
 from specjax.policy.plan import run_plans
-from specjax.verify.qlaw import q_dense
 
 __all__ = ["Replies", "Scores", "room", "teacher_forced", "verifier_replies"]
 
@@ -108,77 +102,13 @@ class Scores:
         return t, t
 
 
-def _width(n: int, bucket: int = 32) -> int:
-    return max(bucket, -(-int(n) // bucket) * bucket)
-
-
-@functools.partial(jax.jit, static_argnames=("verifier", "request"))
-def _verifier_pass(verifier, v_params, tokens, n, request):
-    """Logits f32[B, T, V] at every position of tokens[:, :n] (and the hidden states the
-    feature drafters read, `feature_layout`'s request, else None)."""
-    b, t = tokens.shape
-    cache = verifier.init_cache(b, t).replace(length=jnp.minimum(n, 0).astype(jnp.int32))
-    at = jnp.broadcast_to(jnp.arange(t), (b, t))
-    args = (v_params, cache, tokens, at, causal_block_mask(b, t))
-    out = forward_rows(verifier, *args, at, with_hidden=request)
-    return out[0], (out[1] if request else None)
-
-
-@functools.partial(jax.jit, static_argnames=("spec", "v_vocab"))
-def _drafter_scores(spec, data, v_logits, v_next, ids, ends, n, feats, feat_n, v_vocab):
-    """α, accept and argmax agreement f32[B, T] of one drafter against the verifier's
-    logits ``v_logits`` at every verifier position, the drafter reading ``ids`` (its
-    re-spelling of the text, ``n`` pieces) and its law taken after each verifier token's
-    last piece (``ends``)."""
-    b, w = ids.shape
-    t = ends.shape[1]
-    cache = spec.lm.init_cache(b, w).replace(length=jnp.minimum(n, 0).astype(jnp.int32))
-    if feats is not None:  # as the engine's prefill: the verifier's features first
-        cache = spec.lm.write_features(cache, feats, jnp.zeros_like(n), feat_n)
-    logits, _ = forward_rows(
-        spec.lm,
-        data.params,
-        cache,
-        ids,
-        jnp.broadcast_to(jnp.arange(w), (b, w)),
-        causal_block_mask(b, w),
-        ends,
-    )
-    flat = logits.reshape(b * t, logits.shape[-1])
-    _, _, q = draw(False, spec, data, v_vocab, flat, jnp.zeros((b * t,), jnp.float32))
-    q = q_dense(q).reshape(b, t, v_vocab)
-    p = jax.nn.softmax(v_logits.astype(jnp.float32), -1)
-    alpha = jnp.minimum(p, q).sum(-1)
-    px = jnp.take_along_axis(p, v_next[..., None], -1)[..., 0]
-    qx = jnp.take_along_axis(q, v_next[..., None], -1)[..., 0]
-    accept = jnp.where(px > 0, jnp.minimum(1.0, qx / jnp.maximum(px, 1e-30)), 0.0)
-    top1 = jnp.argmax(q, -1) == jnp.argmax(v_logits, -1)
-    return alpha, accept, top1
-
-
-def _respell(data, rows: list, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ids i32[B, W_d], ends i32[B, width], n i32[B]): each row's verifier ids re-spelt in
-    the drafter's ids, concatenated; ends[b, t] the index of token t's last piece."""
-    retok, lens = np.asarray(data.retok), np.asarray(data.retok_len)
-    flats = [np.concatenate([retok[t, : lens[t]] for t in r]) for r in rows]
-    w_d = _width(max(len(f) for f in flats))
-    ids = np.zeros((len(rows), w_d), np.int32)
-    ends = np.zeros((len(rows), width), np.int32)
-    n = np.zeros((len(rows),), np.int32)
-    for i, (r, f) in enumerate(zip(rows, flats)):
-        ids[i, : len(f)] = f
-        ends[i, : len(r)] = np.cumsum(lens[np.asarray(r)]) - 1
-        n[i] = len(f)
-    return ids, ends, n
-
-
 def teacher_forced(dep, replies: Replies, batch: int = 4) -> Scores:
     """Every drafter of ``dep`` scored teacher forced at every position of every plan's
     text (`Scores`), ``batch`` plans per pass. The drafter's law is what the engine draws
     from at its temperature and filters (`engine.drafting.draw`), in verifier ids."""
     rows = [list(map(int, r)) for r in replies.tokens]
     n_p, k = len(rows), len(dep.drafters)
-    t_all = _width(max(len(r) for r in rows))
+    t_all = -(-max(len(r) for r in rows) // 32) * 32
     alpha = np.zeros((k, n_p, t_all))
     accept = np.zeros((k, n_p, t_all))
     top1 = np.zeros((k, n_p, t_all), bool)
@@ -188,44 +118,11 @@ def teacher_forced(dep, replies: Replies, batch: int = 4) -> Scores:
         for s, n in enumerate(sl):
             step[p, at : at + n] = s
             at += n
-    request, picks = feature_layout(dep.verifier, [d.lm for d in dep.drafters])
-    v_vocab = dep.verifier.vocab_size
     for b0 in range(0, n_p, batch):
-        part = rows[b0 : b0 + batch]
-        width = _width(max(len(r) for r in part))
-        tok = np.zeros((len(part), width), np.int32)
-        nxt = np.zeros((len(part), width), np.int32)
-        for i, r in enumerate(part):
-            tok[i, : len(r)] = r
-            nxt[i, : len(r) - 1] = r[1:]
-        n = np.asarray([len(r) for r in part], np.int32)
-        v_logits, hidden = _verifier_pass(
-            dep.verifier, dep.v_params, jnp.asarray(tok), jnp.asarray(n), request
-        )
-        for j, (spec, data) in enumerate(zip(dep.drafters, dep.d_data)):
-            ids, ends, dn = _respell(data, part, width)
-            feats = feat_n = None
-            if picks[j] is not None:
-                feats = pick_features(hidden, picks[j], request)
-                feat_n = jnp.asarray(n - 1)
-            static = dataclasses.replace(spec.static, gamma=None)
-            d = data.replace(temperature=jnp.float32(spec.temperature))
-            a, acc, t1 = _drafter_scores(
-                static,
-                d,
-                v_logits,
-                jnp.asarray(nxt),
-                jnp.asarray(ids),
-                jnp.asarray(ends),
-                jnp.asarray(dn),
-                feats,
-                feat_n,
-                v_vocab,
-            )
-            sl = slice(b0, b0 + len(part))
-            alpha[j, sl, :width] = np.asarray(a)
-            accept[j, sl, :width] = np.asarray(acc)
-            top1[j, sl, :width] = np.asarray(t1)
+        a, acc, t1, _ = engine_calls.teacher_forced(dep, rows[b0 : b0 + batch])
+        w = a.shape[-1]
+        sl = slice(b0, b0 + len(rows[b0 : b0 + batch]))
+        alpha[:, sl, :w], accept[:, sl, :w], top1[:, sl, :w] = a, acc, t1
     return Scores(names=list(dep.names), alpha=alpha, accept=accept, top1=top1, step=step)
 
 

@@ -46,6 +46,17 @@ the estimates are equal and the cheapest option runs. With probability `explore`
 deterministic draw from (seed, plan, step)) the drafter with the fewest measured positions on
 this plan joins the chosen set for that step (a pair: the config's γ), so a dropped drafter
 can come back.
+Scores (`score`). ``'own'`` (the default): α̂_i from each drafter's own chain test on the
+rounds where it ran, so a drafter that sits out is measured again only when exploration
+brings it back. ``'teacher_forced'``: after every step the plan runner scores every
+candidate drafter, whether it ran or not, on the step's committed text
+(`policy.engine_calls.teacher_forced`: α̂_i = Σ_t Σ_x min(p_t, q_i,t) over the committed
+positions ÷ their count, p the verifier's law at τ 1, q_i what drafter i would draw from
+there; `observe_scores`), so every estimate is current and exploration is not needed
+(``explore`` defaults to 0 in this mode; `run_plans` charges the scoring's seconds to the
+plans). Teacher-forced α is the mean over all positions, where the loop's per-step α
+weighs round starts (`specjax.measure.loop_law`); both modes feed the same cost model.
+
 Every choice is a set and a window verified by a lossless rule (rule 1 for one drafter at
 any γ, the token tree or the coupled rule for several), so `auto` is lossless like every
 policy: the choice depends only on past rounds, which is a predictable (stopping-time-like)
@@ -71,7 +82,8 @@ class AutoRouter:
       costs: c_i of the K drafters (per-token cost relative to a verifier call).
       gamma: the draft window γ of a shared block (sets of two or more).
       seed: seeds the exploration draws.
-      explore: probability that a step adds the least-measured drafter.
+      explore: probability that a step adds the least-measured drafter (None: 0.15 with
+        ``score='own'``, 0 with ``score='teacher_forced'``).
       max_set: largest set considered (1 or 2; the token tree over more is rarely cheaper).
       gammas: each drafter's own γ_i when it runs alone (None or a None entry: `gamma`).
       gamma_candidates: the γ a lone drafter may run at (each in [1, the run's widest γ]);
@@ -79,21 +91,32 @@ class AutoRouter:
       names: the drafters' names (for the price keys; default d0, d1, ...).
       measure: price keys → seconds (machine prices, `specjax.measure.prices.measure_prices`);
         None: the cost model.
+      score: where α̂ comes from: ``'own'`` (each drafter's own chain test on the rounds it
+        ran) or ``'teacher_forced'`` (every drafter scored on every step's committed text,
+        `observe_scores`).
     """
+
+    SCORES = ("own", "teacher_forced")
 
     def __init__(
         self,
         costs,
         gamma: int,
         seed: int = 0,
-        explore: float = 0.15,
+        explore: float | None = None,
         max_set: int = 2,
         prior_weight: float = 8.0,
         gammas=None,
         gamma_candidates=None,
         names=None,
         measure=None,
+        score: str = "own",
     ):
+        if score not in self.SCORES:
+            raise ConfigError.invalid("auto score", score, list(self.SCORES))
+        self.score = score
+        if explore is None:
+            explore = 0.0 if score == "teacher_forced" else 0.15
         self.costs = np.asarray(costs, np.float64)
         self.k = len(self.costs)
         self.gamma = int(gamma)
@@ -122,12 +145,38 @@ class AutoRouter:
         self.reached: dict[int, np.ndarray] = {}
         self.pooled_accepted = np.zeros(self.k)
         self.pooled_reached = np.zeros(self.k)
+        # Teacher-forced scores (score='teacher_forced'): Σ α and positions, per plan and pooled.
+        self.tf_alpha: dict[int, np.ndarray] = {}
+        self.tf_positions: dict[int, np.ndarray] = {}
+        self.pooled_tf_alpha = np.zeros(self.k)
+        self.pooled_tf_positions = np.zeros(self.k)
+
+    @property
+    def wants_scores(self) -> bool:
+        """Whether the plan runner must score every drafter on each step's committed text
+        and hand the sums to `observe_scores`."""
+        return self.score == "teacher_forced"
+
+    def _counts(self, plan: int):
+        if self.score == "teacher_forced":
+            return (
+                self.tf_alpha.get(plan, np.zeros(self.k)),
+                self.tf_positions.get(plan, np.zeros(self.k)),
+                self.pooled_tf_alpha,
+                self.pooled_tf_positions,
+            )
+        return (
+            self.accepted.get(plan, np.zeros(self.k)),
+            self.reached.get(plan, np.zeros(self.k)),
+            self.pooled_accepted,
+            self.pooled_reached,
+        )
 
     def alpha(self, plan: int) -> np.ndarray:
-        """f64[K] each drafter's α on this plan, shrunk towards its pooled α."""
-        pooled = (self.pooled_accepted + 1.0) / (self.pooled_reached + 2.0)
-        a = self.accepted.get(plan, np.zeros(self.k))
-        r = self.reached.get(plan, np.zeros(self.k))
+        """f64[K] each drafter's α on this plan, shrunk towards its pooled α (the mode's
+        counts: own chain tests, or teacher-forced scores)."""
+        a, r, pa, pr = self._counts(plan)
+        pooled = (pa + 1.0) / (pr + 2.0)
         return (a + self.prior_weight * pooled) / (r + self.prior_weight)
 
     def set_gamma(self, members) -> int:
@@ -199,8 +248,8 @@ class AutoRouter:
         rng = np.random.default_rng([self.seed, plan, step, 0x617574])
         if self.k > len(best) and rng.random() < self.explore:
             out = [i for i in range(self.k) if i not in best]
-            seen = self.reached.get(plan, np.zeros(self.k))
-            least = min(out, key=lambda i: (seen[i], self.pooled_reached[i], i))
+            _, seen, _, pooled_seen = self._counts(plan)
+            least = min(out, key=lambda i: (seen[i], pooled_seen[i], i))
             best = tuple(sorted(best + (least,)))
         lone = len(best) == 1 and g != self.gammas[best[0]]
         self._chosen_gamma[plan] = g if lone else None
@@ -219,3 +268,14 @@ class AutoRouter:
         self.reached[plan] = self.reached.get(plan, np.zeros(self.k)) + reach
         self.pooled_accepted += acc
         self.pooled_reached += reach
+
+    def observe_scores(self, plan: int, step: int, alpha_sum, positions) -> None:
+        """Adds every drafter's teacher-forced score on one step's committed text: Σ α
+        (f64[K], `policy.engine_calls.teacher_forced`) over ``positions`` positions."""
+        del step
+        a = np.asarray(alpha_sum, np.float64).reshape(self.k)
+        n = np.full(self.k, float(positions))
+        self.tf_alpha[plan] = self.tf_alpha.get(plan, np.zeros(self.k)) + a
+        self.tf_positions[plan] = self.tf_positions.get(plan, np.zeros(self.k)) + n
+        self.pooled_tf_alpha += a
+        self.pooled_tf_positions += n

@@ -58,12 +58,13 @@ from specjax.policy.engine_calls import (
     memoized,
     plan_keys,
     run_carried,
+    teacher_forced,
 )
 from specjax.policy.journal import PlanJournal
 from specjax.policy.kl import pairwise_kl_common
 from specjax.policy.layout import StepRows, branch_layout
 from specjax.policy.plan_config import PlanConfig
-from specjax.policy.plan_state import PlanStates
+from specjax.policy.plan_state import PlanStates, padded_count
 from specjax.policy.switches import Policy
 
 # ---------------------------------------------------------------------------- the run
@@ -295,9 +296,27 @@ def _routed_step(dep, cfg, states, todo, step, stats, sets, router):
         meta.append({"mode": "routed", "drafters": names})
         if router is not None:
             router.observe(i, step, sets[j], res.counters, j)
+    if router is not None and getattr(router, "wants_scores", False):
+        _score_step(dep, states, todo, step, [len(t) for t in out], router, stats)
     if router is not None:
         stats.routes.append({todo[j]: [dep.names[x] for x in sets[j]] for j in range(len(todo))})
     return out, meta
+
+
+def _score_step(dep, states, todo, step, new, router, stats) -> None:
+    """Every drafter scored teacher forced on the step's committed text of each plan in
+    ``todo`` (`engine_calls.teacher_forced` over the plan's whole text, at the run's buffer
+    width and padded rows: one program per drafter and row count), the sums over the
+    positions that predicted the step's ``new`` tokens handed to the router
+    (`AutoRouter.observe_scores`); the scoring's seconds are charged to the plans."""
+    rows = [states.hist[i] for i in todo]
+    padded = rows + [rows[0]] * (padded_count(len(rows)) - len(rows))
+    width = min(-(-states.buf_len // 32) * 32, dep.verifier.max_len)
+    alpha, _, _, secs = teacher_forced(dep, padded, width=width)
+    for j, i in enumerate(todo):
+        n, m = len(rows[j]), int(new[j])
+        router.observe_scores(i, step, alpha[:, j, n - m - 1 : n - 1].sum(-1), m)
+        stats.add("seconds", i, secs / len(todo))
 
 
 def _policy_step(dep, cfg, states, todo, step, stats, policy, split, agreement):

@@ -1,0 +1,108 @@
+"""`auto` with teacher-forced scores (issue 52, item 1): every candidate drafter, whether it
+ran or not, is scored after each step on the committed text, and the router's estimates are
+those scores. Checked against an independent computation of Σ min(p, q) on the committed
+text (the synthetic deployment's exact tables: p and q read from the tables, no engine)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specjax import testing as suite
+from specjax.errors import ConfigError
+from specjax.policy.auto import AutoRouter
+from specjax.policy.engine_calls import teacher_forced
+from specjax.policy.plan import run_plans
+from specjax.policy.plan_config import PlanConfig
+
+
+@pytest.fixture(scope="module")
+def deployment():
+    return suite.make_deployment("random", seed=7, fourth=True)
+
+
+def _softmax(z):
+    z = np.asarray(z, np.float64)
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def _exact_alpha(dep, text: list[int], lo: int, hi: int) -> np.ndarray:
+    """f64[K]: Σ_{t ∈ [lo, hi)} Σ_x min(p_t, q_k,t) read from the exact tables (NumPy, no
+    model call, no engine): p_t = softmax(verifier table[x_t]); a drafter reads the last
+    piece of its re-spelling of x_t, q its softmax at its temperature over the verifier's
+    intersection, each id's mass moved to its verifier id."""
+    vt = np.asarray(dep.v_params["table"], np.float64)
+    out = []
+    for spec, data in zip(dep.drafters, dep.d_data):
+        table = np.asarray(data.params["table"], np.float64)
+        to_v = np.asarray(data.to_verifier)
+        retok, lens = np.asarray(data.retok), np.asarray(data.retok_len)
+        total = 0.0
+        for t in range(lo, hi):
+            x = text[t]
+            p = _softmax(vt[x])
+            row = table[retok[x, lens[x] - 1]] / spec.temperature
+            q_d = _softmax(np.where(to_v >= 0, row, -np.inf))
+            q = np.zeros_like(p)
+            np.add.at(q, to_v[to_v >= 0], q_d[to_v >= 0])
+            total += np.minimum(p, q).sum()
+        out.append(total)
+    return np.asarray(out)
+
+
+def test_teacher_forced_equals_exact_tables(deployment):
+    dep, _ = deployment
+    rows = [[1, 2, 3, 0, 2, 1, 1], [3, 3, 0], [0, 1]]
+    alpha, accept, top1, secs = teacher_forced(dep, rows, width=16)
+    assert alpha.shape == (len(dep.drafters), 3, 16) and secs > 0
+    for b, r in enumerate(rows):
+        want = _exact_alpha(dep, r, 0, len(r))
+        np.testing.assert_allclose(alpha[:, b, : len(r)].sum(-1), want, rtol=1e-5, atol=1e-5)
+    assert np.all((accept >= 0) & (accept <= 1 + 1e-6)) and top1.dtype == bool
+
+
+def test_scores_of_a_drafter_that_sat_out(deployment):
+    """The router's teacher-forced counts after a run equal Σ min(p, q) over each plan's
+    committed positions for every drafter — also those the router never ran."""
+    dep, _ = deployment
+    cfg = PlanConfig(gamma=2, verifier_temperature=1.0, plan_steps=2, max_step_tokens=4, bucket=16)
+    prompts = ["ab", "cd"]
+    # Only drafter 0 or 1 can be chosen (drafters 2 and 3 are priced out by their cost).
+    costs = [0.0, 0.0, 1e6, 1e6]
+    router = AutoRouter(costs, cfg.gamma, score="teacher_forced", max_set=1)
+    assert router.explore == 0.0 and router.wants_scores
+    texts, st = run_plans(dep, cfg, prompts, router=router)
+    ran = {i for step in st.routes for s in step.values() for i in map(dep.names.index, s)}
+    assert not {2, 3} & ran  # drafters 2 and 3 sat out every step
+    for p, text in enumerate(texts):
+        toks = dep.encode(text)
+        n0 = len(dep.encode(prompts[p]))
+        want = _exact_alpha(dep, toks, n0 - 1, len(toks) - 1)
+        np.testing.assert_allclose(router.tf_alpha[p], want, rtol=1e-4, atol=1e-4)
+        assert np.all(router.tf_positions[p] == len(toks) - n0)
+    np.testing.assert_allclose(router.pooled_tf_alpha, sum(router.tf_alpha.values()))
+    # The estimates are the teacher-forced ones (shrunk towards the pooled α).
+    a = router.alpha(0)
+    pooled = (router.pooled_tf_alpha + 1) / (router.pooled_tf_positions + 2)
+    w = router.prior_weight
+    np.testing.assert_allclose(a, (router.tf_alpha[0] + w * pooled) / (router.tf_positions[0] + w))
+
+
+def test_own_mode_unchanged():
+    r = AutoRouter([0.1, 0.1], gamma=4)
+    assert r.score == "own" and r.explore == 0.15 and not r.wants_scores
+    assert AutoRouter([0.1], gamma=2, explore=0.3, score="teacher_forced").explore == 0.3
+    with pytest.raises(ConfigError, match="auto score"):
+        AutoRouter([0.1], gamma=2, score="oracle")
+
+
+def test_teacher_forced_choice_follows_scores():
+    """With scores that favour drafter 1 on plan 0 and drafter 0 on plan 1, the router
+    chooses accordingly at equal costs, without exploring."""
+    r = AutoRouter([0.0, 0.0], gamma=3, score="teacher_forced", max_set=1)
+    r.observe_scores(0, 0, [2.0, 18.0], 20)
+    r.observe_scores(1, 0, [18.0, 2.0], 20)
+    assert r.choose(0, 1) == (1,) and r.choose(1, 1) == (0,)
+    # Own chain counts are ignored in this mode.
+    assert np.allclose(r.alpha(0), r.alpha(0))
