@@ -24,8 +24,9 @@ the hindsight per-plan and per-step best options' expected tokens per round and 
 speed-ups over the verifier alone, and their ratio to the best fixed option — the room
 routing has before anything is paid for choosing.
 
-Writes ``routing_room.json`` (every figure, each plan's per-position scores summed per
-step) and ``routing_room.md`` under --out. Sizes and times: docs of the run; on 2 loaded
+Writes ``routing_room.json`` (every figure; each plan's α per drafter, ``plan_alpha``; each
+step's Σ α, positions and every option's expected rounds, ``per_step``) and
+``routing_room.md`` under --out. Sizes and times: docs of the run; on 2 loaded
 CPU cores the check above takes a few minutes, the zoo's default (24 plans of each of 4
 sets would be 96; the default is 6 per set, 24 plans × 4 steps × ≤ 32 tokens) about
 10-20 minutes, SmolLM2's (6 per set) about 30-60 minutes.
@@ -207,6 +208,14 @@ def main(argv):
             )
         result["taus"][f"{tau:g}"] = by_set
         a, _ = scores.law(tau)
+        plan_sum = np.zeros((len(dep.names), len(prompts)))
+        plan_pos = np.zeros(len(prompts))
+        np.add.at(plan_sum.T, rounds["plan"], rounds["alpha_sum"].T)
+        np.add.at(plan_pos, rounds["plan"], rounds["positions"])
+        result.setdefault("plan_alpha", {})[f"{tau:g}"] = {
+            pid: {n: float(plan_sum[k, p] / max(plan_pos[p], 1)) for k, n in enumerate(dep.names)}
+            for p, pid in enumerate(ids)
+        }
         result["per_step"][f"{tau:g}"] = {
             "plan": rounds["plan"].tolist(),
             "step": rounds["step"].tolist(),

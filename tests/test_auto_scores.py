@@ -106,3 +106,19 @@ def test_teacher_forced_choice_follows_scores():
     assert r.choose(0, 1) == (1,) and r.choose(1, 1) == (0,)
     # Own chain counts are ignored in this mode.
     assert np.allclose(r.alpha(0), r.alpha(0))
+
+
+def test_scoring_compiles_once_per_run(deployment):
+    """The scoring pass runs at the run's fixed width and padded rows: one verifier program
+    for the whole run, not one per step (its cache counted before and after)."""
+    from specjax.policy import engine_calls
+
+    dep, _ = deployment
+    cfg = PlanConfig(gamma=2, verifier_temperature=1.0, plan_steps=4, max_step_tokens=7, bucket=16)
+    router = AutoRouter([0.0, 0.0, 0.0, 0.0], cfg.gamma, score="teacher_forced", max_set=1)
+    v0 = engine_calls._verifier_pass._cache_size()
+    d0 = engine_calls._drafter_scores._cache_size()
+    run_plans(dep, cfg, ["ab", "cd", "a"], router=router)
+    assert engine_calls._verifier_pass._cache_size() - v0 == 1
+    assert engine_calls._drafter_scores._cache_size() - d0 <= 2 * len(dep.drafters)
+    assert sum(router.pooled_tf_positions) > 0

@@ -262,4 +262,7 @@ def test_routing_room_script(tmp_path):
         for r in sets.values():
             assert r["room_per_step"] >= r["room_per_plan"] - 1e-9 >= 1.0 - 1e-9
             assert all(0 <= a <= 1 for a in r["alpha"].values())
+        alphas = out["plan_alpha"][tau]
+        assert set(alphas) == set(out["plan_ids"])
+        assert all(0 <= a <= 1 for per in alphas.values() for a in per.values())
     assert (tmp_path / "routing_room.md").read_text().startswith("# The room routing has")

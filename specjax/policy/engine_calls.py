@@ -565,7 +565,9 @@ def _drafter_scores(spec, data, v_logits, v_next, ids, ends, n, feats, feat_n, v
 
 def _respell(data, rows: list, width: int, bucket: int):
     """(ids i32[B, W_d], ends i32[B, width], n i32[B]): each row's verifier ids re-spelt in
-    the drafter's ids, concatenated; ends[b, t] the index of token t's last piece."""
+    the drafter's ids, concatenated; ends[b, t] the index of token t's last piece. W_d is a
+    multiple of ``bucket`` (pass the row width: a text growing inside a fixed width keeps
+    one W_d while its re-spelling fits, a few otherwise)."""
     retok, lens = np.asarray(data.retok), np.asarray(data.retok_len)
     flats = [
         np.concatenate([retok[t, : lens[t]] for t in r]) if r else np.zeros((0,), np.int32)
@@ -590,7 +592,9 @@ def teacher_forced(
     the verifier's law at τ 1, accept f32[K, B, W] = min(1, q(x) / p(x)) of the row's next
     token x, top1 bool[K, B, W] = argmax agreement, seconds). W = ``width`` (≥ the longest
     row; default the longest rounded up to ``bucket``), a drafter's re-spelling rounded up
-    to ``bucket`` pieces: a fixed width and row count give one program per drafter.
+    to ``bucket`` pieces, or with a given width to a multiple of it (capped at the drafter's
+    context): a fixed width and row count give one program per drafter (a few for a drafter
+    of another tokenizer, whose re-spelling may outgrow the width).
 
     One verifier pass and one pass per drafter over each row, each drafter reading the row
     as the engine does (its re-spelling of the verifier's tokens; a feature drafter the
@@ -598,6 +602,7 @@ def teacher_forced(
     engine draws from at its temperature and filters (`engine.drafting.draw`)."""
     rows = [list(map(int, r)) for r in rows]
     longest = max(len(r) for r in rows)
+    fixed = width is not None
     width = _width(longest, bucket) if width is None else int(width)
     if width < longest:
         raise ValueError(f"teacher_forced: width {width} < the longest row ({longest})")
@@ -614,7 +619,7 @@ def teacher_forced(
     )
     outs = []
     for j, (spec, data) in enumerate(zip(dep.drafters, dep.d_data)):
-        ids, ends, dn = _respell(data, rows, width, bucket)
+        ids, ends, dn = _respell(data, rows, width, width if fixed else bucket)
         if int(dn.max()) > spec.lm.max_len:
             raise ValueError(
                 f"teacher_forced: drafter {spec.name!r} reads {int(dn.max())} pieces; "
