@@ -36,12 +36,14 @@ flags.DEFINE_string(
     "docs/results/sweep_gamma_temperature.md; the plots copied into a folder of the "
     "page's name beside it).",
 )
-flags.DEFINE_string(
+flags.DEFINE_multi_string(
     "compare_with",
     None,
-    "Another run of the seed table on the other kind of deployment (zoo vs a real verifier): "
-    "seed_report.md then opens with the seed's four claims judged on both, side by side "
-    "(specjax.runner.seed_compare). The other run is only read.",
+    "Other runs of the seed table, comma-separated or the flag repeated: one on the other kind "
+    "of deployment (zoo vs a real verifier), or several of different deployments (at most one "
+    "zoo-kind, and one per real deployment: smollm2, gemma3, hf). seed_report.md then opens "
+    "with the seed's four claims judged on each, side by side, a column per deployment "
+    "(specjax.runner.seed_compare). The other runs are only read.",
 )
 
 
@@ -94,11 +96,27 @@ def main(argv: Sequence[str]) -> None:
             print(write_sweep_page(page, path, inputs[1], inputs[2], inputs[3], built["report"][0]))
 
 
-def _with_comparison(inputs, built: dict, other) -> dict:
+def _compare_runs(value) -> list[str]:
+    """--compare_with's run directories: the flag's values (one, or the flag repeated), each
+    split at commas; an empty entry is an error."""
+    values = [value] if isinstance(value, str) else list(value or [])
+    runs = [part.strip() for v in values for part in str(v).split(",")]
+    check(
+        runs and all(runs),
+        "--compare_with",
+        ",".join(map(str, values)),
+        "one or more run directories, comma-separated (or the flag repeated)",
+    )
+    return runs
+
+
+def _with_comparison(inputs, built: dict, value) -> dict:
     """`built` with the seed table's markdown replaced by the side-by-side page (this run and
-    `other`, `seed_compare.build`) followed by this run's own table. One line on bad input."""
+    the --compare_with runs, a column per deployment: `seed_compare.arrange`, `build_sides`)
+    followed by this run's own table. One line on bad input."""
     from specjax.runner import seed_compare  # pylint: disable=import-outside-toplevel
 
+    other = value if isinstance(value, str) else ",".join(map(str, value or []))
     try:
         check(
             built["seed_table"] is not None,
@@ -106,18 +124,21 @@ def _with_comparison(inputs, built: dict, other) -> dict:
             other,
             "only with a --workdir run of seed_table=True (the seed reproduction)",
         )
-        o_path, o_rows, o_config, o_version = _read_run(other, "--compare_with")
-        theirs = seed_compare.side(o_rows, o_config, o_path, o_version)
-        check(
-            theirs is not None,
-            "--compare_with",
-            other,
-            "a run of the plans experiment (its results.jsonl has no plans rows)",
-        )
+        theirs = []
+        for other in _compare_runs(value):
+            o_path, o_rows, o_config, o_version = _read_run(other, "--compare_with")
+            side = seed_compare.side(o_rows, o_config, o_path, o_version)
+            check(
+                side is not None,
+                "--compare_with",
+                other,
+                "a run of the plans experiment (its results.jsonl has no plans rows)",
+            )
+            theirs.append(side)
         path, rows, config, version, _ = inputs
         ours = seed_compare.side(rows, _run_config(config), path, version)
-        sides = seed_compare.pair(ours, theirs)
-        page = seed_compare.build(sides["zoo"], sides["real"], built["seed_table"]["markdown"])
+        sides = seed_compare.arrange([ours, *theirs])
+        page = seed_compare.build_sides(sides, built["seed_table"]["markdown"])
     except Exception as e:  # pylint: disable=broad-except
         fail(
             config_error_in(e)

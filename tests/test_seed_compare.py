@@ -16,7 +16,8 @@ import pytest
 from absl import flags
 from bad_inputs_harness import assert_one_line_error, report_mod
 
-from specjax.runner import results, seed_compare
+from specjax.errors import ConfigError
+from specjax.runner import results, seed_compare, seed_compare_claims, seed_compare_figures
 
 FIXTURE = Path(__file__).parent / "fixtures" / "seed_compare"
 
@@ -298,3 +299,267 @@ def test_real_primary_figure_follows_the_measured_regime(ratio, primary):
     else:
         assert "Primary throughput figure: the cost model (this deployment's c_i): the " in own
         assert f"compute-bound on this machine (T_score(γ+1) / T_step = {ratio:.2f}" in own
+
+
+# ----------------------------------------------------------------------------- three deployments
+
+GEMMA = {"deployment": "gemma3", "dtype": "float32", "max_len": 512}
+
+
+def _with_ceiling_rows(rows=None) -> list[dict]:
+    """The fixture's rows plus all_on_minus_kl_ceiling (naive_plus_truncate_and_attribute's
+    rows: one set of every drafter) and naive_plus_kl_ceiling (all_on's: each drafter alone),
+    so both of the KL ceiling's comparisons have rows."""
+    rows = copy.deepcopy(rows or _rows())
+    by = {r["policy"]: r for r in rows}
+    for name, like in (
+        ("all_on_minus_kl_ceiling", "naive_plus_truncate_and_attribute"),
+        ("naive_plus_kl_ceiling", "all_on"),
+    ):
+        r = copy.deepcopy(by[like])
+        r["policy"] = r["cell"]["policy"] = name
+        r["cell_id"] = f"{r['cell_id']}_{name}"
+        rows.append(r)
+    return rows
+
+
+def _three(zoo_rows=None, real_rows=None, gemma_rows=None) -> dict:
+    z = seed_compare.side(zoo_rows or _rows(), _config(), "ZOO")
+    r = seed_compare.side(real_rows or _rows(), _config(**REAL), "REAL")
+    g = seed_compare.side(gemma_rows or _with_ceiling_rows(), _config(**GEMMA), "GEMMA")
+    return seed_compare.arrange([r, z, g])  # --workdir's run first, then --compare_with's
+
+
+def _page3(**kw) -> str:
+    return seed_compare.build_sides(_three(**kw))
+
+
+VERDICTS = (
+    "| verdict (naive joint's interval below every α) |",
+    "| verdict |",
+    "| verdict: joint rises |",
+    "| verdict: fallback drops |",
+    "| verdict: throughput > 1× and above naive |",
+    "| verdict: auto beats the best single drafter |",
+)
+
+
+def test_three_deployments_a_column_each_zoo_first_then_the_order_given():
+    sides = _three()
+    assert list(sides) == ["zoo", "smollm2", "gemma3"]
+    page = seed_compare.build_sides(sides)
+    assert page.startswith("# The seed's four claims on 3 deployments")
+    assert "| figure | zoo | smollm2 | gemma3 | seed | source |" in page
+    assert "| setting | zoo | smollm2 | gemma3 |" in page
+    assert _cells(_line(page, "| deployment |"))[1:] == ["synthetic", "smollm2", "gemma3"]
+    assert _cells(_line(page, "| max_len |"))[2:] == ["96", "512"]
+    for claim in ("## Claim 1", "## Claim 2", "## Claim 3", "## Claim 4"):
+        section = page.split(claim, 1)[1].split("\n## ", 1)[0]
+        assert "| figure | zoo | smollm2 | gemma3 | seed | source |" in section
+    for v in VERDICTS:  # every claim's verdict on every deployment, beside the seed's
+        cells = _cells(_line(page, v))
+        assert len(cells) == 6 and all(c and c != "not run" for c in cells[1:4]), cells
+        assert cells[4].startswith("claimed") or cells[4].startswith("1.7×")
+    assert _cells(_line(page, VERDICTS[0]))[1:4] == [
+        seed_compare_figures._verdict_collapse(s) for s in sides.values()
+    ]
+    assert _cells(_line(page, VERDICTS[-1]))[1:4] == [
+        seed_compare_claims._auto_verdict(s) for s in sides.values()
+    ]
+    for k in ("zoo", "smollm2", "gemma3"):  # provenance and step decisions per deployment
+        assert f"- {k}: `" in page
+        assert f"### {k} (" in page.split("## The step decisions", 1)[1]
+
+
+def test_three_deployments_each_column_reads_its_own_rows():
+    figure = "| auto: primary throughput vs best single |"
+    before = _cells(_line(_page3(), figure))
+    rows = _with_ceiling_rows()
+    for r in rows:
+        if r["policy"] == "auto":
+            r["per_plan"]["seconds"] = [v * 0.5 for v in r["per_plan"]["seconds"]]
+    after = _cells(_line(_page3(gemma_rows=rows), figure))
+    assert after[1:3] == before[1:3] and after[3] != before[3], (before, after)
+    # the gemma3 run without auto: its column reads "not run", the others do not
+    rows = [r for r in _with_ceiling_rows() if r["policy"] != "auto"]
+    cells = _cells(_line(_page3(gemma_rows=rows), figure))
+    assert cells[3] == "not run" and "not run" not in cells[1:3]
+    assert _cells(_line(_page3(gemma_rows=rows), VERDICTS[-1]))[3] == "not run (no auto rows)"
+
+
+def test_three_deployments_prediction_on_every_real_deployment():
+    page = _page3()
+    assert "## The held-out prediction, checked on each real deployment" in page
+    section = page.split("## The held-out prediction", 1)[1].split("\n## ", 1)[0]
+    assert "### smollm2" in section and "### gemma3" in section and "### zoo" not in section
+    for k in ("smollm2", "gemma3"):
+        part = section.split(f"### {k}", 1)[1].split("\n### ", 1)[0]
+        assert _line(part, "| naive falls back ~100% |")
+        assert _line(part, "| only truncation commits |")
+    # gemma3's run has all_on_minus_kl_ceiling: it is among the policies predicted to commit
+    gem = section.split("### gemma3", 1)[1]
+    assert "all_on_minus_kl_ceiling" in _cells(_line(gem, "| only truncation commits |"))[1]
+    assert "all_on_minus_kl_ceiling" not in section.split("### gemma3", 1)[0]
+
+
+def test_two_real_deployments_without_a_zoo_run():
+    r = seed_compare.side(_rows(), _config(**REAL), "REAL")
+    g = seed_compare.side(_rows(), _config(**GEMMA), "GEMMA")
+    sides = seed_compare.arrange([g, r])
+    assert list(sides) == ["zoo", "gemma3", "smollm2"] and sides["zoo"] is None
+    page = seed_compare.build_sides(sides)
+    assert _cells(_line(page, "| deployment |"))[1:] == ["not run", "gemma3", "smollm2"]
+    assert _cells(_line(page, VERDICTS[0]))[1] == "not run"
+
+
+def test_the_one_compare_path_is_the_two_column_page():
+    z = seed_compare.side(_rows(), _config(), "ZOO")
+    r = seed_compare.side(_rows(), _config(**REAL), "REAL")
+    for given in ([r, z], [z, r]):
+        sides = seed_compare.arrange(given)
+        assert list(sides) == ["zoo", "real"]
+        assert seed_compare.build_sides(sides) == seed_compare.build(z, r)
+    assert "What real cross-family heterogeneity changes" not in seed_compare.build(z, r)
+
+
+@pytest.mark.parametrize("dup", ["gemma3", "zoo"])
+def test_two_runs_of_one_deployment_kind_are_an_error(dup):
+    z = seed_compare.side(_rows(), _config(), "ZOO")
+    r = seed_compare.side(_rows(), _config(**REAL), "REAL")
+    g = seed_compare.side(_rows(), _config(**GEMMA), "GEMMA")
+    again = seed_compare.side(_rows(), _config(**(GEMMA if dup == "gemma3" else {})), "AGAIN")
+    with pytest.raises(ConfigError) as e:
+        seed_compare.arrange([r, z, g, again])
+    msg = str(e.value)
+    assert msg.startswith("--compare_with: got 'AGAIN'") and "\n" not in msg
+    assert ("gemma3" if dup == "gemma3" else "zoo-kind") in msg
+
+
+# ----------------------------------------------------------------------------- heterogeneity
+
+
+def _hetero(page: str, k: str | None = None) -> str:
+    sec = page.split("## What real cross-family heterogeneity changes", 1)[1]
+    return sec if k is None else sec.split(f"\n### {k} (", 1)[1].split("\n### ", 1)[0]
+
+
+def test_heterogeneity_section_reads_kl_ceiling_and_sets_from_the_rows():
+    rows = _with_ceiling_rows()
+    page = _page3(gemma_rows=rows)
+    gem = _hetero(page, "gemma3")
+    kl = max(r["kl_max"] for r in rows if isinstance(r.get("kl_max"), float))
+    assert f"largest {kl:.2f} nats" in gem
+    # all_on_minus_kl_ceiling ran one set of d0..d3, all_on each alone: the ceiling kept
+    # every pair apart; so did naive_plus_kl_ceiling against naive.
+    every = "d0–d1, d0–d2, d0–d3, d1–d2, d1–d3, d2–d3"
+    line = _cells(_line(gem, "| all_on vs all_on_minus_kl_ceiling |"))
+    assert line[-1] == every and line[5] == f"0 / {_shared(rows, 'all_on_minus_kl_ceiling')}"
+    assert _cells(_line(gem, "| naive_plus_kl_ceiling vs naive |"))[-1] == every
+    assert "(all_on_minus_kl_ceiling − all_on)" in line[2]
+    # a run without the ceiling policies reads "not run", naming the missing policy
+    zoo = _hetero(page, "zoo")
+    assert "not run (all_on_minus_kl_ceiling has no rows)" in zoo
+    # the drafter sets that shared a prefix, with the policy's joint acceptance
+    naive = _cells(_line(gem, "| naive |"))
+    assert naive[1] == "d0+d1+d2+d3 (18)" and naive[2].startswith(
+        _cells(_line(page, "| naive joint acceptance on shared prefixes |"))[3]
+    )
+    assert "Every drafter ran alone under: all_on, naive_plus_kl_ceiling." in gem
+    # four drafters: KL per pair is not in the rows, and the page says so
+    assert "KL per drafter pair: not recorded" in gem
+
+
+def _shared(rows, policy) -> int:
+    return sum(r["shared_rounds"] for r in rows if r["policy"] == policy)
+
+
+def test_heterogeneity_pairs_follow_the_branch_records():
+    rows = _with_ceiling_rows()
+    for r in rows:  # under all_on, d0 and d1 now share a set on every step
+        if r["policy"] == "all_on":
+            recs = []
+            for b in r["branch_records"]:
+                if b["drafters"] == ["d1"]:
+                    continue
+                if b["drafters"] == ["d0"]:
+                    b = dict(b, drafters=["d0", "d1"])
+                recs.append(b)
+            r["branch_records"] = recs
+    gem = _hetero(_page3(gemma_rows=rows), "gemma3")
+    line = _cells(_line(gem, "| all_on vs all_on_minus_kl_ceiling |"))
+    assert line[-1] == "d0–d2, d0–d3, d1–d2, d1–d3, d2–d3"
+    assert _cells(_line(gem, "| all_on |"))[1] == "d0+d1 (6)"
+
+
+def test_heterogeneity_says_not_recorded_where_the_rows_lack_a_field():
+    rows = _with_ceiling_rows()
+    for r in rows:
+        r.pop("kl_max", None)
+        r.pop("kl_outside_mass", None)
+        if r["policy"] == "naive_plus_kl_ceiling":
+            r.pop("branch_records")
+    page = _page3(gemma_rows=rows)
+    gem = _hetero(page, "gemma3")
+    assert "largest not recorded" in gem and "Against the ceiling: not recorded" in gem
+    assert "no row carries `kl_max`" in gem
+    assert "not recorded (no branch_records[].drafters in naive_plus_kl_ceiling's rows)" in _line(
+        gem, "| naive_plus_kl_ceiling vs naive |"
+    )
+    assert "the largest KL: not recorded on gemma3 or the zoo (`kl_max`)" in _hetero(page)
+
+
+def test_heterogeneity_sentences_are_conditional_on_the_figures():
+    rows = copy.deepcopy(_with_ceiling_rows())
+    for r in rows:  # gemma3's drafters: far more divergent than the zoo's
+        if isinstance(r.get("kl_max"), float):
+            r["kl_max"] *= 3
+            r["kl_outside_mass"] = min(1.0, r["kl_outside_mass"] * 1.2)
+    text = _hetero(_page3(gemma_rows=rows)).split("\n### ", 1)[0]
+    assert "Both lie above the zoo's on gemma3." in text
+    low = copy.deepcopy(_with_ceiling_rows())
+    for r in low:  # now every pair below the ceiling
+        if isinstance(r.get("kl_max"), float):
+            r["kl_max"] = 0.1
+    page = _page3(gemma_rows=low)
+    assert "The largest KL is at or below the 0.35-nat ceiling" in _hetero(page, "gemma3")
+    assert "exceeds the ceiling on zoo, smollm2 and not on gemma3" in _hetero(page)
+    assert "On no real deployment do both lie above the zoo's." in _hetero(page)
+
+
+# ----------------------------------------------------------------------------- CLI, three runs
+
+
+def test_report_compare_with_three_runs(tmp_path, capsys):
+    zoo = _run(tmp_path, "zoo")
+    real = _run(tmp_path, "real", **REAL)
+    gemma = _run(tmp_path, "gemma", **GEMMA)
+    before = {p: sorted(x.name for x in p.iterdir()) for p in (zoo, real)}
+    code, err, _ = run_report(capsys, str(gemma), f"{zoo},{real}")
+    assert code == 0, err
+    text = (gemma / "seed_report.md").read_text()
+    assert text.startswith("# The seed's four claims on 3 deployments")
+    # zoo first, then the real ones in the order given: --workdir's, then --compare_with's
+    assert "| figure | zoo | gemma3 | smollm2 | seed | source |" in text
+    assert "## What real cross-family heterogeneity changes" in text
+    assert "## This run's own table: The seed's table, reproduced" in text
+    assert {p: sorted(x.name for x in p.iterdir()) for p in (zoo, real)} == before
+    (gemma / "seed_report.md").unlink()
+    code, err, _ = run_report(capsys, str(gemma), [str(real), str(zoo)])  # the flag repeated
+    assert code == 0, err
+    text2 = (gemma / "seed_report.md").read_text()
+    assert "| figure | zoo | gemma3 | smollm2 | seed | source |" in text2
+
+
+@pytest.mark.parametrize("which", ["same_kind", "empty_entry", "missing_one"])
+def test_report_compare_with_three_runs_bad_input_is_one_line(tmp_path, capsys, which):
+    zoo = _run(tmp_path, "zoo")
+    real = _run(tmp_path, "real", **REAL)
+    gemma = _run(tmp_path, "gemma", **GEMMA)
+    other = {
+        "same_kind": f"{zoo},{_run(tmp_path, 'gemma2', **GEMMA)}",
+        "empty_entry": f"{zoo},,{real}",
+        "missing_one": f"{zoo},{tmp_path / 'nope'}",
+    }[which]
+    code, err, out = run_report(capsys, str(gemma), other)
+    assert_one_line_error(code, err, out, "--compare_with")
+    assert not (gemma / "seed_report.md").exists()

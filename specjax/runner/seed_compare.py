@@ -1,6 +1,14 @@
-"""The seed's four claims judged on both deployments, side by side: zoo | real | seed.
+"""The seed's four claims judged on each deployment, side by side: zoo | real | seed, or
+zoo | each real deployment | seed.
 
   python -m specjax.report --workdir=runs/seed_reproduction_real --compare_with=runs/seed_reproduction
+  python -m specjax.report --workdir=runs/seed_reproduction_gemma3 \
+      --compare_with=runs/seed_reproduction,runs/seed_reproduction_real
+
+With one zoo-kind run and one real run the page has the columns zoo and real; with more
+than one real deployment ('smollm2', 'gemma3', 'hf') it has 'zoo' and a column per real
+deployment, keyed by its kind (`arrange`), the held-out prediction checked on each, and the
+section "What real cross-family heterogeneity changes" (`seed_compare_multi`).
 
 Builds one page from two runs' result rows (each through `seed_table.build`, so every
 figure is the same ratio of sums with the same bootstrap interval as in that run's own
@@ -23,7 +31,7 @@ history gives it, and each of its parts is checked against the rows.
 from __future__ import annotations
 
 from specjax.policy import names as policy_names
-from specjax.runner import deployments
+from specjax.runner import deployments, seed_compare_heterogeneity
 from specjax.runner.seed_compare_claims import _claim1, _claim2, _claim3, _claim4
 from specjax.runner.seed_compare_figures import (
     _PRIMARY,
@@ -36,9 +44,11 @@ from specjax.runner.seed_compare_figures import (
     _policy,
     _rows_of,
     _tri,
+    arrange,
     effect,
     figure,
     kind,
+    legacy,
     pair,
     regime_ratio,
     side,
@@ -52,7 +62,9 @@ __all__ = [
     "PREDICTION",
     "SIDES",
     "SOURCES",
+    "arrange",
     "build",
+    "build_sides",
     "effect",
     "figure",
     "kind",
@@ -77,13 +89,18 @@ PREDICTION = (
 
 
 def markdown(sides: dict) -> str:
-    """The side-by-side page (markdown)."""
-    z, r = sides.get("zoo"), sides.get("real")
+    """The side-by-side page (markdown): `sides` is {'zoo': side, 'real': side} (the
+    two-deployment page) or `arrange`'s columns ('zoo', then one per real deployment)."""
+    if legacy(sides):
+        title, whom = "both deployments", "on the real verifier"
+    else:
+        title = f"{len(sides)} deployments"
+        whom = "on each real verifier (" + ", ".join(k for k in sides if k != "zoo") + ")"
     lines = [
-        "# The seed's four claims on both deployments",
+        f"# The seed's four claims on {title}",
         "",
-        "Each claim is judged on the zoo (the seed's deployment in miniature) and on the real "
-        "verifier, beside the field report's figure. Each figure is a ratio of sums over the "
+        f"Each claim is judged on the zoo (the seed's deployment in miniature) and {whom}, "
+        "beside the field report's figure. Each figure is a ratio of sums over the "
         "named policy's rows of `results.jsonl` at that policy's best γ (summed over seeds), "
         "with its 95% bootstrap interval over plans; the source column names the rows and "
         "fields. 'not run' means the run has no such rows.",
@@ -91,16 +108,22 @@ def markdown(sides: dict) -> str:
     ]
     lines += _provenance(sides)
     lines += _settings_table(sides)
-    lines += _claim1(z, r) + _claim2(z, r) + _claim3(z, r) + _claim4(z, r)
+    lines += _claim1(sides) + _claim2(sides) + _claim3(sides) + _claim4(sides)
     lines += _steps_section(sides)
-    lines += _prediction(r)
+    if legacy(sides):
+        lines += _prediction(sides["real"])
+    else:
+        lines += ["## The held-out prediction, checked on each real deployment", ""]
+        for k, s in sides.items():
+            if k != "zoo":
+                lines += _prediction(s, f"### {k}")
+        lines += seed_compare_heterogeneity.heterogeneity(sides)
     return "\n".join(lines) + "\n"
 
 
 def _provenance(sides: dict) -> list[str]:
     out = []
-    for k in SIDES:
-        s = sides.get(k)
+    for k, s in sides.items():
         if s is None:
             out.append(f"- {k}: not run.")
             continue
@@ -151,7 +174,6 @@ def _settings_table(sides: dict) -> list[str]:
 
         return f
 
-    st = {k: (sides[k]["summary"]["settings"] if sides.get(k) else None) for k in SIDES}
     rows = [
         ("deployment", lambda s: s["deployment"]),
         ("verifier", _verifier),
@@ -201,10 +223,14 @@ def _settings_table(sides: dict) -> list[str]:
         ),
         ("regime of the rounds", regime),
     ]
-    del st
-    out = ["## Settings", "", "| setting | zoo | real |", "| --- | --- | --- |"]
+    out = [
+        "## Settings",
+        "",
+        "| setting | " + " | ".join(sides) + " |",
+        "| " + " | ".join(["---"] * (len(sides) + 1)) + " |",
+    ]
     for label, f in rows:
-        out.append(f"| {label} | {cell(sides.get('zoo'), f)} | {cell(sides.get('real'), f)} |")
+        out.append(f"| {label} | " + " | ".join(cell(s, f) for s in sides.values()) + " |")
     return out + [""]
 
 
@@ -218,8 +244,7 @@ def _steps_section(sides) -> list[str]:
         "when they differ). Routers (`auto`, `oracle`) make no step decision.",
         "",
     ]
-    for k in SIDES:
-        s = sides.get(k)
+    for k, s in sides.items():
         out += [f"### {k}" + ("" if s is None else f" ({s['deployment']})"), ""]
         if s is None:
             out += ["not run", ""]
@@ -371,8 +396,8 @@ def _only_truncation_commits(s: dict) -> dict:
     }
 
 
-def _prediction(r) -> list[str]:
-    out = ["## The held-out prediction, checked on the real deployment", ""]
+def _prediction(r, heading="## The held-out prediction, checked on the real deployment"):
+    out = [heading, ""]
     if r is None:
         return out + ["not run (no real deployment's rows)", ""]
     out += [
@@ -421,9 +446,15 @@ def _prediction(r) -> list[str]:
 
 
 def build(zoo: dict | None, real: dict | None, single_markdown: str | None = None) -> str:
-    """The page; `single_markdown` (the --workdir run's own seed_report.md) follows it,
-    its headings one level down, so one seed_report.md holds both."""
-    page = markdown({"zoo": zoo, "real": real})
+    """The two-deployment page (zoo | real); `single_markdown` as in `build_sides`."""
+    return build_sides({"zoo": zoo, "real": real}, single_markdown)
+
+
+def build_sides(sides: dict, single_markdown: str | None = None) -> str:
+    """The page of `sides` (`pair`'s or `arrange`'s columns); `single_markdown` (the
+    --workdir run's own seed_report.md) follows it, its headings one level down, so one
+    seed_report.md holds both."""
+    page = markdown(sides)
     if single_markdown:
         lines = single_markdown.splitlines()
         title = lines[0].lstrip("# ") if lines and lines[0].startswith("# ") else ""

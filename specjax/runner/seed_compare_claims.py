@@ -1,11 +1,15 @@
 """The seed's four claims as sections of the side-by-side page (`runner.seed_compare`):
-for each, its figures table (zoo | real | seed | source) and the paragraph that reads it,
-every sentence conditional on the figures (`seed_compare_figures`).
+for each, its figures table (a column per deployment | seed | source) and the paragraph that
+reads it, every sentence conditional on the figures (`seed_compare_figures`). Each section
+takes the page's columns ({'zoo': side, 'real': side}, or 'zoo' and one column per real
+deployment); the two-deployment page keeps its zoo-vs-real paragraphs, a page of more reads
+every deployment's verdict (`seed_compare_multi`).
 """
 
 from __future__ import annotations
 
 from specjax.field_report import FIELD_REPORT_TABLE
+from specjax.runner import seed_compare_multi as multi
 from specjax.runner.seed_compare_figures import (
     _PRIMARY,
     SIDES,
@@ -21,43 +25,49 @@ from specjax.runner.seed_compare_figures import (
     _verdict_collapse,
     effect,
     figure,
+    legacy,
 )
 
 
-def _table(title: str, rows: list[tuple[str, object, object, str, str]]) -> list[str]:
-    """rows: (figure, zoo cell, real cell, seed cell, source)."""
+def _table(title: str, rows: list[tuple[str, list, str, str]], cols=SIDES) -> list[str]:
+    """rows: (figure, a cell per column of `cols`, seed cell, source)."""
     out = [
         f"### {title}",
         "",
-        "| figure | zoo | real | seed | source |",
-        "| --- | --- | --- | --- | --- |",
+        "| figure | " + " | ".join(cols) + " | seed | source |",
+        "| " + " | ".join(["---"] * (len(cols) + 3)) + " |",
     ]
-    for label, zc, rc, seed, src in rows:
-        out.append(f"| {label} | {zc} | {rc} | {seed} | {src} |")
+    for label, cells, seed, src in rows:
+        out.append(f"| {label} | " + " | ".join(map(str, cells)) + f" | {seed} | {src} |")
     return out + [""]
 
 
-def _src(*figs) -> str:
+def _src(sides: dict, figs) -> str:
     parts = []
-    for k, f in zip(SIDES, figs):
+    for k, f in zip(sides, figs):
         if f is not None and f.get("source"):
             parts.append(f"{k}: {f['source']}")
     return "; ".join(parts) or "—"
 
 
-def _throughput_title(z, r) -> str:
-    return f"Figures (primary throughput: zoo {_primary_label(z)}, real {_primary_label(r)})"
+def _throughput_title(sides: dict) -> str:
+    return (
+        "Figures (primary throughput: "
+        + ", ".join(f"{k} {_primary_label(s)}" for k, s in sides.items())
+        + ")"
+    )
 
 
 def _primary_label(s: dict | None) -> str:
     return "not run" if s is None else _PRIMARY[s["primary"]][1]
 
 
-def _claim1(z, r) -> list[str]:
+def _claim1(sides: dict) -> list[str]:
     seed = FIELD_REPORT_TABLE
-    fz, fr = figure(z, "naive", "joint_acceptance"), figure(r, "naive", "joint_acceptance")
-    az, ar = _alphas(z), _alphas(r)
-    names = list(dict.fromkeys(list(seed["per_drafter_acceptance"]) + list(az) + list(ar)))
+    ss = list(sides.values())
+    fs = [figure(s, "naive", "joint_acceptance") for s in ss]
+    als = [_alphas(s) for s in ss]
+    names = list(dict.fromkeys(list(seed["per_drafter_acceptance"]) + [n for a in als for n in a]))
 
     def alph(a, s):
         if s is None:
@@ -67,30 +77,30 @@ def _claim1(z, r) -> list[str]:
     rows = [
         (
             "naive joint acceptance on shared prefixes",
-            _fmt(fz),
-            _fmt(fr),
+            [_fmt(f) for f in fs],
             f"{seed['joint_acceptance']['naive']:g}",
-            _src(fz, fr),
+            _src(sides, fs),
         ),
         (
             f"per-drafter α ({' / '.join(names)}), naive rounds",
-            alph(az, z),
-            alph(ar, r),
+            [alph(a, s) for a, s in zip(als, ss)],
             " / ".join(f"{seed['per_drafter_acceptance'].get(n, float('nan')):g}" for n in names),
             "naive rows: " + SOURCES["alpha"],
         ),
         (
             "verdict (naive joint's interval below every α)",
-            _verdict_collapse(z),
-            _verdict_collapse(r),
+            [_verdict_collapse(s) for s in ss],
             "claimed",
             "summary claims.collapse",
         ),
     ]
     out = ["## Claim 1: the shared prefix collapses (naive joint acceptance below every α)", ""]
-    out += _table("Figures", rows)
-    out += [_para_collapse(z, r, fz, fr, az, ar), ""]
-    return out
+    out += _table("Figures", rows, list(sides))
+    if legacy(sides):
+        para = _para_collapse(*ss, *fs, *als)
+    else:
+        para = multi.para_collapse(sides, fs, als, _verdict_collapse)
+    return out + [para, ""]
 
 
 def _para_collapse(z, r, fz, fr, az, ar) -> str:
@@ -138,54 +148,53 @@ def _para_collapse(z, r, fz, fr, az, ar) -> str:
     return "; ".join(parts).capitalize() + ". " + tail
 
 
-def _claim2(z, r) -> list[str]:
+def _claim2(sides: dict) -> list[str]:
     lab = "adding truncate_and_attribute to naive"
+    ss = list(sides.values())
     rows = []
     for key, name, pct in (
         ("primary", "Δ primary throughput vs best single", False),
         ("consensus_fallback_rate", "Δ fallback rate", True),
         ("joint_acceptance", "Δ joint acceptance", False),
     ):
-        ez, er = effect(z, lab, key), effect(r, lab, key)
+        es = [effect(s, lab, key) for s in ss]
         rows.append(
             (
                 f"{name}, {lab}",
-                _fmt(ez, pct, True),
-                _fmt(er, pct, True),
+                [_fmt(e, pct, True) for e in es],
                 "— (\"the decisive change\")",
-                _src(ez, er),
+                _src(sides, es),
             )
         )
-    for key in ("primary",):
-        lz, lr = _largest(z, key), _largest(r, key)
 
-        def cell(l, s):
-            if s is None:
-                return "not run"
-            return "—" if l is None else f"{l[0]} ({l[1]['value']:+.2f})"
+    def cell(l, s):
+        if s is None:
+            return "not run"
+        return "—" if l is None else f"{l[0]} ({l[1]['value']:+.2f})"
 
-        rows.append(
-            (
-                "switch whose addition to naive gains most (primary throughput)",
-                cell(lz, z),
-                cell(lr, r),
-                "truncate_and_attribute",
-                "summary effects 'adding <switch> to naive'",
-            )
+    rows.append(
+        (
+            "switch whose addition to naive gains most (primary throughput)",
+            [cell(_largest(s, "primary"), s) for s in ss],
+            "truncate_and_attribute",
+            "summary effects 'adding <switch> to naive'",
         )
+    )
     rows.append(
         (
             "verdict",
-            _claim_truncation(z),
-            _claim_truncation(r),
+            [_claim_truncation(s) for s in ss],
             "claimed",
             "Δ primary throughput distinguishable, > 0 and the largest",
         )
     )
     out = ["## Claim 2: truncate-and-attribute is the invariant that matters", ""]
-    out += _table(_throughput_title(z, r), rows)
-    out += [_para_truncation(z, r), ""]
-    return out
+    out += _table(_throughput_title(sides), rows, list(sides))
+    if legacy(sides):
+        para = _para_truncation(*ss)
+    else:
+        para = multi.para_truncation(sides, _claim_truncation, _largest)
+    return out + [para, ""]
 
 
 def _para_truncation(z, r) -> str:
@@ -218,8 +227,9 @@ def _para_truncation(z, r) -> str:
     )
 
 
-def _claim3(z, r) -> list[str]:
+def _claim3(sides: dict) -> list[str]:
     seed = FIELD_REPORT_TABLE
+    ss = list(sides.values())
     rows = []
     verdicts = {}
     for key, label, pct, sv in (
@@ -233,10 +243,10 @@ def _claim3(z, r) -> list[str]:
         ("primary", "primary throughput vs best single", False, seed["throughput_ratio_vs_single"]),
     ):
         for pol in ("naive", "all_on"):
-            fz, fr = figure(z, pol, key), figure(r, pol, key)
+            fs = [figure(s, pol, key) for s in ss]
             seed_cell = f"~{100 * sv[pol]:.0f}%" if pct else f"{sv[pol]:g}"
-            rows.append((f"{label}, {pol}", _fmt(fz, pct), _fmt(fr, pct), seed_cell, _src(fz, fr)))
-        for k, s in (("zoo", z), ("real", r)):
+            rows.append((f"{label}, {pol}", [_fmt(f, pct) for f in fs], seed_cell, _src(sides, fs)))
+        for k, s in sides.items():
             verdicts.setdefault(k, {})[key] = _recovery(s, key)
     for key, label in (
         ("joint_acceptance", "joint rises"),
@@ -246,16 +256,18 @@ def _claim3(z, r) -> list[str]:
         rows.append(
             (
                 f"verdict: {label}",
-                verdicts["zoo"][key],
-                verdicts["real"][key],
+                [verdicts[k][key] for k in sides],
                 "claimed",
                 "intervals of the two rows above",
             )
         )
     out = ["## Claim 3: the seed's recovery (naive → all on)", ""]
-    out += _table(_throughput_title(z, r), rows)
-    out += [_para_recovery(z, r, verdicts), ""]
-    return out
+    out += _table(_throughput_title(sides), rows, list(sides))
+    if legacy(sides):
+        para = _para_recovery(*ss, verdicts)
+    else:
+        para = multi.para_recovery(sides, verdicts)
+    return out + [para, ""]
 
 
 def _recovery(s, key) -> str:
@@ -310,45 +322,52 @@ def _para_recovery(z, r, verdicts) -> str:
     )
 
 
-def _claim4(z, r) -> list[str]:
+def _claim4(sides: dict) -> list[str]:
+    ss = list(sides.values())
     rows = []
     for pol in ("auto", "oracle", "all_on"):
-        fz, fr = figure(z, pol, "primary"), figure(r, pol, "primary")
+        fs = [figure(s, pol, "primary") for s in ss]
         seed = (
             f"{FIELD_REPORT_TABLE['throughput_ratio_vs_single']['all_on']:g} (all on)"
             if pol == "all_on"
             else "—"
         )
         rows.append(
-            (f"{pol}: primary throughput vs best single", _fmt(fz), _fmt(fr), seed, _src(fz, fr))
+            (
+                f"{pol}: primary throughput vs best single",
+                [_fmt(f) for f in fs],
+                seed,
+                _src(sides, fs),
+            )
         )
-    bz, br = router_bound(z), router_bound(r)
+    bs = [router_bound(s) for s in ss]
     rows.append(
         (
             "best single drafter per plan in hindsight (the most any one-drafter router gains)",
-            _fmt(bz),
-            _fmt(br),
+            [_fmt(b) for b in bs],
             "—",
-            _src(bz, br),
+            _src(sides, bs),
         )
     )
-    ez, er = effect(z, "auto vs oracle", "primary"), effect(r, "auto vs oracle", "primary")
+    es = [effect(s, "auto vs oracle", "primary") for s in ss]
     rows.append(
-        ("auto − oracle (paired)", _fmt(ez, signed=True), _fmt(er, signed=True), "—", _src(ez, er))
+        ("auto − oracle (paired)", [_fmt(e, signed=True) for e in es], "—", _src(sides, es))
     )
     rows.append(
         (
             "verdict: auto beats the best single drafter",
-            _auto_verdict(z),
-            _auto_verdict(r),
+            [_auto_verdict(s) for s in ss],
             "1.7× claimed (for all on)",
             "auto's interval vs 1",
         )
     )
     out = ["## Claim 4: routing (`auto`) vs the best single drafter", ""]
-    out += _table(_throughput_title(z, r), rows)
-    out += [_para_auto(z, r), ""]
-    return out
+    out += _table(_throughput_title(sides), rows, list(sides))
+    if legacy(sides):
+        para = _para_auto(*ss)
+    else:
+        para = multi.para_auto(sides, _auto_verdict, router_bound)
+    return out + [para, ""]
 
 
 def router_bound(s) -> dict | None:

@@ -98,6 +98,50 @@ def pair(a: dict | None, b: dict | None) -> dict:
     return out
 
 
+def arrange(given: list[dict | None]) -> dict:
+    """The page's columns from the runs in the order given (--workdir's first, then each
+    --compare_with): {'zoo': side, 'real': side} (`pair`) when they are at most one zoo-kind
+    and one real run, else 'zoo' (the zoo-kind run, or None) first and then one column per
+    real deployment, keyed by its kind (`smollm2`, `gemma3`, `hf`), in the order given.
+    ConfigError (naming --compare_with and the run) for two zoo-kind runs or two runs of
+    one real deployment."""
+    runs = [s for s in given if s is not None]
+    real = [s for s in runs if kind(s["deployment"]) == "real"]
+    if len(real) <= 1:
+        return pair(*(runs + [None, None])[:2]) if len(runs) <= 2 else _dup_zoo(runs)
+    zoo = [s for s in runs if kind(s["deployment"]) == "zoo"]
+    if len(zoo) > 1:
+        _dup_zoo(runs)
+    out = {"zoo": zoo[0] if zoo else None}
+    for s in real:
+        if s["deployment"] in out:
+            raise ConfigError.invalid(
+                "--compare_with",
+                s["workdir"] or s["deployment"],
+                "runs of different deployments (one column each: zoo, "
+                f"{', '.join(WALL_CLOCK_PRIMARY)}); two are deployment={s['deployment']!r}",
+            )
+        out[s["deployment"]] = s
+    return out
+
+
+def _dup_zoo(runs: list[dict]):
+    zoo = [s for s in runs if kind(s["deployment"]) == "zoo"]
+    s = zoo[-1]
+    raise ConfigError.invalid(
+        "--compare_with",
+        s["workdir"] or s["deployment"],
+        "at most one run on a zoo-kind deployment (not "
+        f"{', '.join(WALL_CLOCK_PRIMARY)}); "
+        f"{len(zoo)} are: {', '.join(repr(z['deployment']) for z in zoo)}",
+    )
+
+
+def legacy(sides: dict) -> bool:
+    """Whether `sides` is the two-deployment page (zoo | real)."""
+    return list(sides) == list(SIDES)
+
+
 # ----------------------------------------------------------------------------- figures
 
 
