@@ -122,3 +122,26 @@ def test_scoring_compiles_once_per_run(deployment):
     assert engine_calls._verifier_pass._cache_size() - v0 == 1
     assert engine_calls._drafter_scores._cache_size() - d0 <= 2 * len(dep.drafters)
     assert sum(router.pooled_tf_positions) > 0
+
+
+def test_rows_longer_than_a_drafters_context(deployment):
+    """A drafter whose context cannot hold a row reads its most recent whole tokens: the
+    same scores where it reads them (a bigram needs one token of context), 0 before."""
+    import dataclasses
+
+    from specjax.models.synthetic import BigramLM
+
+    dep, _ = deployment
+    row = [1, 2, 3, 0, 2, 1, 1, 3, 2, 0, 1]
+    full, _, _, _ = teacher_forced(dep, [row], width=16)
+    specs = list(dep.drafters)
+    cap = 6
+    specs[1] = dataclasses.replace(specs[1], lm=BigramLM(specs[1].lm.vocab_size, max_len=cap))
+    short = dataclasses.replace(dep, drafters=tuple(specs))
+    got, _, _, _ = teacher_forced(short, [row], width=16)
+    lens = np.asarray(dep.d_data[1].retok_len)[row]
+    first = int(np.searchsorted(np.cumsum(lens) - lens, lens.sum() - cap))
+    assert 0 < first < len(row)
+    np.testing.assert_allclose(got[1, 0, first : len(row)], full[1, 0, first : len(row)], atol=1e-6)
+    assert np.all(got[1, 0, :first] == 0)
+    np.testing.assert_array_equal(got[[0, 2, 3]], full[[0, 2, 3]])

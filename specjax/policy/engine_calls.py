@@ -563,25 +563,32 @@ def _drafter_scores(spec, data, v_logits, v_next, ids, ends, n, feats, feat_n, v
     return alpha, accept, top1
 
 
-def _respell(data, rows: list, width: int, bucket: int):
-    """(ids i32[B, W_d], ends i32[B, width], n i32[B]): each row's verifier ids re-spelt in
-    the drafter's ids, concatenated; ends[b, t] the index of token t's last piece. W_d is a
-    multiple of ``bucket`` (pass the row width: a text growing inside a fixed width keeps
-    one W_d while its re-spelling fits, a few otherwise)."""
+def _respell(data, rows: list, width: int, bucket: int, cap: int):
+    """(ids i32[B, W_d], ends i32[B, width], n i32[B], first i32[B]): each row's verifier
+    ids re-spelt in the drafter's ids, concatenated; ends[b, t] the index of token t's last
+    piece. A re-spelling longer than the drafter's context ``cap`` keeps its most recent
+    whole tokens that fit (tokens before ``first[b]`` are not read: their ends are 0). W_d
+    is a multiple of ``bucket`` (pass the row width: a text growing inside a fixed width
+    keeps one W_d while its re-spelling fits, a few otherwise), at most ``cap``."""
     retok, lens = np.asarray(data.retok), np.asarray(data.retok_len)
-    flats = [
-        np.concatenate([retok[t, : lens[t]] for t in r]) if r else np.zeros((0,), np.int32)
-        for r in rows
-    ]
-    ids = np.zeros((len(rows), _width(max(len(f) for f in flats), bucket)), np.int32)
+    out = []
+    for r in rows:
+        k = lens[np.asarray(r, np.int64)] if r else np.zeros((0,), np.int64)
+        start = np.cumsum(k) - k  # first piece of each token
+        first = int(np.searchsorted(start, max(int(k.sum()) - cap, 0), side="left"))
+        flat = [retok[t, : lens[t]] for t in r[first:]]
+        flat = np.concatenate(flat) if flat else np.zeros((0,), np.int32)
+        out.append((flat, np.cumsum(k[first:]) - 1, first))
+    w_d = min(_width(max(len(f) for f, _, _ in out), bucket), max(cap, 1))
+    ids = np.zeros((len(rows), w_d), np.int32)
     ends = np.zeros((len(rows), width), np.int32)
     n = np.zeros((len(rows),), np.int32)
-    for i, (r, f) in enumerate(zip(rows, flats)):
+    first = np.zeros((len(rows),), np.int32)
+    for i, (f, e, f0) in enumerate(out):
         ids[i, : len(f)] = f
-        if r:
-            ends[i, : len(r)] = np.cumsum(lens[np.asarray(r)]) - 1
-        n[i] = len(f)
-    return ids, ends, n
+        ends[i, f0 : f0 + len(e)] = e
+        n[i], first[i] = len(f), f0
+    return ids, ends, n, first
 
 
 def teacher_forced(
@@ -599,7 +606,9 @@ def teacher_forced(
     One verifier pass and one pass per drafter over each row, each drafter reading the row
     as the engine does (its re-spelling of the verifier's tokens; a feature drafter the
     verifier's features, written first as in the engine's prefill), its law the one the
-    engine draws from at its temperature and filters (`engine.drafting.draw`)."""
+    engine draws from at its temperature and filters (`engine.drafting.draw`). A drafter
+    whose context cannot hold a row's re-spelling reads its most recent whole tokens that
+    fit; positions before them score 0 (a prompt's start, never a recent step's)."""
     rows = [list(map(int, r)) for r in rows]
     longest = max(len(r) for r in rows)
     fixed = width is not None
@@ -617,15 +626,17 @@ def teacher_forced(
     v_logits, hidden = _verifier_pass(
         dep.verifier, dep.v_params, jnp.asarray(tok), jnp.asarray(n), request
     )
-    outs = []
+    outs, starts = [], []
     for j, (spec, data) in enumerate(zip(dep.drafters, dep.d_data)):
-        ids, ends, dn = _respell(data, rows, width, width if fixed else bucket)
-        if int(dn.max()) > spec.lm.max_len:
+        ids, ends, dn, first = _respell(
+            data, rows, width, width if fixed else bucket, spec.lm.max_len
+        )
+        if (first > 0).any() and picks[j] is not None:
             raise ValueError(
-                f"teacher_forced: drafter {spec.name!r} reads {int(dn.max())} pieces; "
-                f"allowed: ≤ its context, {spec.lm.max_len} (shorter rows)"
+                f"teacher_forced: feature drafter {spec.name!r} cannot read rows longer "
+                f"than its context ({spec.lm.max_len})"
             )
-        ids = ids[:, : max(int(dn.max()), min(ids.shape[1], spec.lm.max_len))]
+        starts.append(first)
         feats = feat_n = None
         if picks[j] is not None:
             feats = pick_features(hidden, picks[j], request)
@@ -648,4 +659,6 @@ def teacher_forced(
     alpha = np.stack([np.asarray(o[0]) for o in outs])
     accept = np.stack([np.asarray(o[1]) for o in outs])
     top1 = np.stack([np.asarray(o[2]) for o in outs])
+    unread = np.arange(width)[None, None, :] < np.stack(starts)[:, :, None]  # [K, B, W]
+    alpha[unread], accept[unread], top1[unread] = 0.0, 0.0, False
     return alpha, accept, top1, time.perf_counter() - t0
