@@ -82,6 +82,9 @@ def test_scores_of_a_drafter_that_sat_out(deployment):
         np.testing.assert_allclose(router.tf_alpha[p], want, rtol=1e-4, atol=1e-4)
         assert np.all(router.tf_positions[p] == len(toks) - n0)
     np.testing.assert_allclose(router.pooled_tf_alpha, sum(router.tf_alpha.values()))
+    # The scoring is charged: a verifier prefill and every drafter's per plan and step.
+    assert st.verifier_prefills == len(prompts) * (1 + cfg.plan_steps)
+    assert np.all(st.counts["drafter_prefills"][:, 2:] == cfg.plan_steps)
     # The estimates are the teacher-forced ones (shrunk towards the pooled α).
     a = router.alpha(0)
     pooled = (router.pooled_tf_alpha + 1) / (router.pooled_tf_positions + 2)

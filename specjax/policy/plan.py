@@ -308,7 +308,9 @@ def _score_step(dep, states, todo, step, new, router, stats) -> None:
     ``todo`` (`engine_calls.teacher_forced` over the plan's whole text, at the run's buffer
     width and padded rows: one program per drafter and row count), the sums over the
     positions that predicted the step's ``new`` tokens handed to the router
-    (`AutoRouter.observe_scores`); the scoring's seconds are charged to the plans."""
+    (`AutoRouter.observe_scores`). The scoring is charged to the plans: its seconds, and
+    in the modelled cost a verifier prefill and a prefill of every drafter per plan and
+    step (each pass reads the plan's whole text)."""
     rows = [states.hist[i] for i in todo]
     padded = rows + [rows[0]] * (padded_count(len(rows)) - len(rows))
     width = min(-(-states.buf_len // 32) * 32, dep.verifier.max_len)
@@ -317,6 +319,8 @@ def _score_step(dep, states, todo, step, new, router, stats) -> None:
         n, m = len(rows[j]), int(new[j])
         router.observe_scores(i, step, alpha[:, j, n - m - 1 : n - 1].sum(-1), m)
         stats.add("seconds", i, secs / len(todo))
+        stats.add("verifier_prefills", i, 1)
+        stats.add("drafter_prefills", i, np.ones(len(dep.drafters), np.int64))
 
 
 def _policy_step(dep, cfg, states, todo, step, stats, policy, split, agreement):
