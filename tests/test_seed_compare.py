@@ -17,7 +17,13 @@ from absl import flags
 from bad_inputs_harness import assert_one_line_error, report_mod
 
 from specjax.errors import ConfigError
-from specjax.runner import results, seed_compare, seed_compare_claims, seed_compare_figures
+from specjax.runner import (
+    results,
+    seed_compare,
+    seed_compare_claims,
+    seed_compare_figures,
+    seed_compare_heterogeneity,
+)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "seed_compare"
 
@@ -489,6 +495,28 @@ def test_heterogeneity_pairs_follow_the_branch_records():
     line = _cells(_line(gem, "| all_on vs all_on_minus_kl_ceiling |"))
     assert line[-1] == "d0–d2, d0–d3, d1–d2, d1–d3, d2–d3"
     assert _cells(_line(gem, "| all_on |"))[1] == "d0+d1 (6)"
+    for r in rows:  # without the ceiling every drafter now runs alone too: nothing to split
+        if r["policy"] == "all_on_minus_kl_ceiling":
+            r["branch_records"] = [
+                dict(b, drafters=[d]) for b in r["branch_records"] for d in b["drafters"]
+            ]
+    gem = _hetero(_page3(gemma_rows=rows), "gemma3")
+    line = _cells(_line(gem, "| all_on vs all_on_minus_kl_ceiling |"))
+    assert line[-1] == "none (no pair shares a set under all_on_minus_kl_ceiling either)"
+    assert "so the ceiling had no pair to keep apart" in gem
+
+
+def test_heterogeneity_two_drafters_name_their_one_pair():
+    """A deployment of two drafters (gemma3's smollm2 and lookup): the rows' largest KL is
+    that pair's, and the page says so; against the ceiling, from the rows' kl_ceiling."""
+    rows = [
+        {"policy": "all_on", "pairing": ["smollm2", "lookup"], "kl_max": 0.2, "kl_ceiling": 0.35},
+        {"policy": "naive", "pairing": ["smollm2", "lookup"], "kl_max": 0.3, "kl_mean": 0.1},
+    ]
+    text = "\n".join(seed_compare_heterogeneity._kl_lines({"rows": rows}))
+    assert "the one pair's (smollm2, lookup)" in text and "largest 0.30 nats" in text
+    assert "at or below the 0.35-nat ceiling" in text
+    assert "(mean over those positions): not recorded" in text  # no kl_outside_mass
 
 
 def test_heterogeneity_says_not_recorded_where_the_rows_lack_a_field():

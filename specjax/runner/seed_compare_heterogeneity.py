@@ -58,9 +58,9 @@ def _pairs(sets: dict) -> set:
 
 
 def separated_pairs(s: dict, with_: str, without: str) -> list | str:
-    """The drafter pairs that share a set under `without` but never under `with_` (what the
-    ceiling keeps apart; the decision boundary's split acts on both policies' sets alike),
-    or why that cannot be read from the rows."""
+    """The drafter pairs that share a set on some step under `without` but on no step under
+    `with_` (kept apart by the ceiling, or by the decision boundary's split, which the rows do
+    not tell apart), or why that cannot be read from the rows."""
     if _policy(s, with_) is None or _policy(s, without) is None:
         return f"not run ({with_ if _policy(s, with_) is None else without} has no rows)"
     a, b = sharing_sets(s, with_), sharing_sets(s, without)
@@ -122,7 +122,7 @@ def _kl_lines(s: dict) -> list[str]:
         out.append(
             "- KL per drafter pair: not recorded (the rows carry only the max and mean over "
             "ordered pairs, `kl_max` and `kl_mean`, not each pair's KL); which pairs the "
-            "ceiling separates is read from the sharing sets below."
+            "ceiling keeps apart is read from the sharing sets below."
         )
     c, mx = kl["ceiling"], kl["kl_max"]
     if c is None or mx is None:
@@ -150,7 +150,7 @@ def _ceiling_lines(s: dict) -> list[str]:
     out = [
         "| comparison | primary throughput vs best single (with / without ceiling) | paired Δ "
         "primary | fallback rate (with / without) | paired Δ fallback | shared rounds (with / "
-        "without) | pairs the ceiling separates |",
+        "without) | pairs apart only with the ceiling |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     notes = []
@@ -164,7 +164,7 @@ def _ceiling_lines(s: dict) -> list[str]:
         ep, ef = effect(s, label, "primary"), effect(s, label, "consensus_fallback_rate")
         sr = [(_policy(s, n) or {}).get("shared_rounds") for n in (with_, without)]
         sep = separated_pairs(s, with_, without)
-        sep_cell = sep if isinstance(sep, str) else (", ".join("–".join(p) for p in sep) or "none")
+        sep_cell = _pairs_cell(sep, s, without)
         out.append(
             f"| {with_} vs {without} | {_fmt(fw)} / {_fmt(fo)} | "
             f"{_fmt(ep, signed=True) if ep else 'not run'} ({a} − {b}) | "
@@ -180,16 +180,16 @@ def _ceiling_lines(s: dict) -> list[str]:
                     if ep.get("distinguishable")
                     else "not distinguishable from zero"
                 )
-                + (
-                    f"; the ceiling separates {sep_cell}."
-                    if isinstance(sep, list) and sep
-                    else "; the ceiling separates no pair that shares a set without it."
-                    if isinstance(sep, list)
-                    else f"; which pairs it separates: {sep_cell}."
-                )
+                + _sep_sentence(sep, sep_cell)
             )
         else:
             notes.append(f"- {label}: not run ({with_} or {without} has no rows).")
+    notes.append(
+        "- A pair apart only with the ceiling shares a set on some step without it and on no "
+        "step with it (`branch_records[].drafters`); the decision boundary can also send a set "
+        "to independent branches, and the rows do not record which of the two split a step's "
+        "set."
+    )
     return out + [""] + notes + [""]
 
 
@@ -236,8 +236,22 @@ def _shared_lines(s: dict) -> list[str]:
     return out + [""]
 
 
-def _pairs_cell(sep) -> str:
-    return sep if isinstance(sep, str) else (", ".join("–".join(p) for p in sep) or "none")
+def _sep_sentence(sep, cell: str) -> str:
+    if isinstance(sep, str):
+        return f"; which pairs it keeps apart: {cell}."
+    if sep:
+        return f"; the pairs that share a set without the ceiling but never with it: {cell}."
+    if cell.startswith("none ("):
+        return f"; {cell[len('none (') : -1]}, so the ceiling had no pair to keep apart."
+    return "; every pair that shares a set without the ceiling shares one with it."
+
+
+def _pairs_cell(sep, s: dict | None = None, without: str | None = None) -> str:
+    if isinstance(sep, str):
+        return sep
+    if not sep and s is not None and not _pairs(sharing_sets(s, without) or {}):
+        return f"none (no pair shares a set under {without} either)"
+    return ", ".join("–".join(p) for p in sep) or "none"
 
 
 def _summary_lines(sides: dict) -> list[str]:
@@ -263,7 +277,7 @@ def _summary_lines(sides: dict) -> list[str]:
         out.append(
             f"| {k} ({s['deployment']}) | {' / '.join(s['rows'][0].get('pairing') or [])} | "
             f"{_num(kl['kl_max'])} | {_num(kl['kl_outside_mass'])} | {_num(kl['ceiling'])} | "
-            + " | ".join(_pairs_cell(separated_pairs(s, a, b)) for a, b, _ in CEILING_PAIRS)
+            + " | ".join(_pairs_cell(separated_pairs(s, a, b), s, b) for a, b, _ in CEILING_PAIRS)
             + f" | {', '.join(shared) or 'none'} |"
         )
     return out + [""] + _across(kls) + [""]
@@ -289,8 +303,8 @@ def _across(kls: dict) -> list[str]:
     elif hi:
         out.append(
             "The drafters' largest KL exceeds the ceiling on every deployment that records it "
-            "(on at least one step each); the columns above say which pairs the ceiling did "
-            "keep apart."
+            "(on at least one step each); the columns above say which pairs were apart only "
+            "with the ceiling."
         )
     elif lo:
         out.append(
