@@ -414,13 +414,15 @@ class Gemma3Kind(DeploymentKind):
 
 
 def _speed_deployment(names, *, dtype: str, max_len: int, verifier, drafters=None):
-    """`from_gemma3(names)` on a loaded ``verifier`` (``drafters``: no drafter of this kind
-    is read from a file)."""
+    """`from_gemma3(names)` on a loaded ``verifier`` (``drafters``: name -> file, the
+    feature drafter's, e.g. benchmark_real.py's --eagle)."""
     out_first = bool(verifier.lm.config.out_first)
     smol = None
     if 'smollm2' in names:
         smol = gguf.smollm2(max_len=max_len, dtype=dtype, untie_head=True, out_first=out_first)
-    return from_gemma3(names, dtype=dtype, max_len=max_len, verifier=verifier, smollm2=smol)
+    return from_gemma3(
+        names, dtype=dtype, max_len=max_len, verifier=verifier, smollm2=smol, drafters=drafters
+    )
 
 
 register(Gemma3Kind())
