@@ -11,8 +11,13 @@ one record each, so the scripts read fields instead of comparing names.
            chat template): prompts are the text itself after Gemma's ``<bos>``; 18 layers,
            the drafter reads blocks 2 and 9's residual streams and the final-normed state
            (EAGLE-3's low / mid / high, as 2, 15, 30 of SmolLM2's 30); its 262,144-id
-           vocabulary spreads the same text over more ids (a reply's tokens are longer
-           pieces), so the head keeps 8,192; shipped in ``specjax/zoo_gemma3/``.
+           vocabulary spreads the same text over more ids, so the head keeps 8,192: of the
+           tokens of Gemma's replies to the held-out plan prompts, the 8,192 ids most
+           frequent in 160 code replies and 160 prose rows of the train split (5,470
+           distinct ids, the rest of the head the lowest ids: SentencePiece's most common
+           pieces) hold 0.902 (code) / 0.897 (prose); 4,096: 0.877 / 0.858; 16,384: 0.927 /
+           0.927 at twice the head's cost per training step; shipped in
+           ``specjax/zoo_gemma3/``.
 
 A verifier's special tokens are kept in the head when it has few (SmolLM2's 17 chat
 markers); Gemma's tokenizer lists 6,249 (unused and image placeholders), so only its BOS
