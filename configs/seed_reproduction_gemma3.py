@@ -23,7 +23,7 @@ Sizes. ``runlocal``: 3 plans (one per domain) × 2 steps × ≤ 24 tokens, γ 3,
 
 import ml_collections
 
-from specjax.configs.common import parse_config_arg, plans_defaults
+from specjax.configs.common import parse_config_arg, plans_defaults, real_seed_runlocal
 from specjax.policy.names import ABLATION_NAMES, single_name
 
 #: The deployment's drafters, in priority order: SmolLM2 (another family and tokenizer) and
@@ -52,12 +52,7 @@ def defaults() -> ml_collections.ConfigDict:
 
 
 def runlocal(c: ml_collections.ConfigDict) -> None:
-    c.plans_per_domain = 1
-    c.plan_steps = 2
-    c.max_step_tokens = 24
-    c.max_len = 512
-    c.grid.gamma = [3]
-    c.grid.seed = [0]
+    real_seed_runlocal(c)
 
 
 def get_config(arg=None):

@@ -31,7 +31,7 @@ machine: docs/results/seed_report_real.md and docs/results/routing_real.md.
 
 import ml_collections
 
-from specjax.configs.common import parse_config_arg, plans_defaults
+from specjax.configs.common import parse_config_arg, plans_defaults, real_seed_runlocal
 from specjax.policy.names import FIELD_REPORT_NAMES, single_name
 
 #: The seed's three kinds of drafter, in priority order.
@@ -59,12 +59,7 @@ def defaults() -> ml_collections.ConfigDict:
 
 
 def runlocal(c: ml_collections.ConfigDict) -> None:
-    c.plans_per_domain = 1
-    c.plan_steps = 2
-    c.max_step_tokens = 24
-    c.max_len = 512
-    c.grid.gamma = [3]
-    c.grid.seed = [0]
+    real_seed_runlocal(c)
 
 
 def lookup(c: ml_collections.ConfigDict) -> None:

@@ -47,7 +47,15 @@ import ml_collections
 from specjax.errors import ConfigError
 from specjax.field_report import ACCEPTANCE_FLOOR, DEPTH_CEILING, TRUNCATION_OVERHEAD_RATIO
 
-__all__ = ["plans_defaults", "parse_config_arg", "split_arg", "apply_override", "parse_literal"]
+__all__ = [
+    "plans_defaults",
+    "parse_config_arg",
+    "split_arg",
+    "apply_override",
+    "parse_literal",
+    "real_seed_runlocal",
+    "real_sweep",
+]
 
 Variant = Callable[[ml_collections.ConfigDict], "ml_collections.ConfigDict | None"]
 
@@ -272,3 +280,15 @@ def real_sweep(c) -> None:
     c.plans_per_domain = 1
     c.plan_steps = 1
     c.max_step_tokens = 16
+
+
+def real_seed_runlocal(c) -> None:
+    """The seed reproduction's ``runlocal`` size on a real verifier (SmolLM2's and Gemma 3's
+    configs): one plan per domain, 2 steps of ≤ 24 tokens, a 512-token context, γ 3, one
+    seed."""
+    c.plans_per_domain = 1
+    c.plan_steps = 2
+    c.max_step_tokens = 24
+    c.max_len = 512
+    c.grid.gamma = [3]
+    c.grid.seed = [0]
