@@ -553,3 +553,65 @@ def test_train_eagle(tmp_path, args, flag):
     last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
     assert last.startswith("train_eagle: error: " + flag) and "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_drafter_acceptance(tmp_path):
+    """On the real file (SmolLM2 with a distilled drafter and prompt lookup): per τ and
+    drafter, the loop's per-step α and the teacher-forced figures on the same text, each
+    within its range; prompt lookup (the verifier's own ids) keeps every proposal, the
+    distilled drafter (a subset vocabulary with an id of its own for the rest) nearly all."""
+    _needs_smollm2()
+    args = [
+        f"--out={tmp_path}",
+        "--deployment=smollm2",
+        "--drafters=code,lookup",
+        "--dtype=float32",
+        "--max_len=256",
+        "--domains=code",
+        "--prompts_per_domain=2",
+        "--new_tokens=8",
+        "--batch=2",
+        "--gamma=2",
+    ]
+    command = run_script("drafter_acceptance.py", *args, timeout=1200)
+    out = read_json(tmp_path / "drafter_acceptance.json", command)
+    assert [(r["tau"], r["drafter"]) for r in out["rows"]] == [
+        (1.0, "code"),
+        (1.0, "lookup"),
+        (0.0, "code"),
+        (0.0, "lookup"),
+    ]
+    for r in out["rows"]:
+        f, loop = r["forced"], r["loop"]
+        assert 0 <= f["alpha"] <= 1 and 0 <= f["top1"] <= 1 and f["positions"] == 16
+        assert 0.5 < f["kept"] <= 1.0 + 1e-6 and 0 < r["overlap"][0] <= r["overlap"][1]
+        if r["drafter"] == "lookup":  # the verifier's own ids: every proposal kept
+            assert f["kept"] == pytest.approx(1.0) and r["overlap"][0] == r["overlap"][1]
+        assert all(0 <= a <= 1 for a in loop["step_alpha"]) and loop["rows"] == 2
+        if r["tau"] == 0.0:
+            assert f["alpha"] == f["top1"]
+
+
+@pytest.mark.slow
+def test_routing_room(tmp_path):
+    """On the zoo at a tiny size: the room's JSON has every plan's α per drafter and the
+    hindsight figures at least the best fixed option's."""
+    args = [
+        f"--out={tmp_path}",
+        "--deployment=zoo",
+        "--plans_per_domain=1",
+        "--plan_steps=2",
+        "--max_step_tokens=8",
+        "--gammas=1,3",
+        "--n_boot=20",
+    ]
+    command = run_script("routing_room.py", *args, timeout=1200)
+    out = read_json(tmp_path / "routing_room.json", command)
+    assert out["plan_alpha"] and set(out["taus"]) == {"1", "0"}
+    for by_set in out["taus"].values():
+        for r in by_set.values():
+            # Hindsight per plan and per step choose among the fixed options: never worse.
+            assert r["room_per_step"] >= r["room_per_plan"] - 1e-9 >= 1.0 - 2e-9
+            assert r["speedup_per_plan"] >= r["speedup_fixed"] - 1e-9
+            assert all(0.0 <= a <= 1.0 for a in r["alpha"].values())

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.engine.features import feature_layout
 from specjax.engine.spec import EngineConfig
 from specjax.measure import rule_pairs
 from specjax.verify.distributions import sampling_probs, to_verifier_space
@@ -168,6 +169,14 @@ def teacher_forced(
     at = np.minimum(plen[:, None] - 1 + np.arange(N)[None, :], L - 1).astype(np.int32)
     valid = np.arange(N)[None, :] < n_new[:, None]
     v_vocab = dep.verifier.vocab_size
+    _, picks = feature_layout(dep.verifier, [d.lm for d in dep.drafters])
+    for spec, pick in zip(dep.drafters, picks):
+        if pick is not None:  # its q needs the verifier's states: the router's scorer has them
+            raise ValueError(
+                f'teacher_forced: drafter {spec.name!r} reads the verifier\'s features (allowed: '
+                'drafters of tokens; a feature drafter is scored at τ 1 by '
+                'specjax.policy.engine_calls.teacher_forced)'
+            )
     # The drafters' streams: the prompt in their own ids, then each committed token re-spelt.
     streams = []
     for k, (spec, data) in enumerate(zip(dep.drafters, dep.d_data)):
