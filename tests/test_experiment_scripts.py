@@ -608,10 +608,16 @@ def test_routing_room(tmp_path):
     ]
     command = run_script("routing_room.py", *args, timeout=1200)
     out = read_json(tmp_path / "routing_room.json", command)
-    assert out["plan_alpha"] and set(out["taus"]) == {"1", "0"}
-    for by_set in out["taus"].values():
-        for r in by_set.values():
+    assert out["plans"] == 4 and out["drafters"] == ["code", "prose", "reasoning", "lookup"]
+    assert set(out["taus"]) == {"1", "0"}
+    for tau, sets in out["taus"].items():
+        assert set(sets) == {"mixed", "pure", "code", "edit", "prose", "reasoning"}
+        for r in sets.values():
             # Hindsight per plan and per step choose among the fixed options: never worse.
             assert r["room_per_step"] >= r["room_per_plan"] - 1e-9 >= 1.0 - 2e-9
             assert r["speedup_per_plan"] >= r["speedup_fixed"] - 1e-9
             assert all(0.0 <= a <= 1.0 for a in r["alpha"].values())
+        alphas = out["plan_alpha"][tau]
+        assert set(alphas) == set(out["plan_ids"])
+        assert all(0 <= a <= 1 for per in alphas.values() for a in per.values())
+    assert (tmp_path / "routing_room.md").read_text().startswith("# The room routing has")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -232,37 +231,4 @@ def test_option_rounds_rows():
     np.testing.assert_allclose(out["rounds"][:, 0], [[1, 1], [1, 1]])
 
 
-# --------------------------------------------------------------------- the script
-
-
-@pytest.mark.slow
-def test_routing_room_script(tmp_path):
-    args = [
-        f"--out={tmp_path}",
-        "--deployment=zoo",
-        "--plans_per_domain=1",
-        "--plan_steps=2",
-        "--max_step_tokens=8",
-        "--gammas=1,3",
-        "--n_boot=20",
-    ]
-    proc = subprocess.run(
-        [sys.executable, "experiments/routing_room.py", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads((tmp_path / "routing_room.json").read_text())
-    assert out["plans"] == 4 and out["drafters"] == ["code", "prose", "reasoning", "lookup"]
-    for tau in ("1", "0"):
-        sets = out["taus"][tau]
-        assert set(sets) == {"mixed", "pure", "code", "edit", "prose", "reasoning"}
-        for r in sets.values():
-            assert r["room_per_step"] >= r["room_per_plan"] - 1e-9 >= 1.0 - 1e-9
-            assert all(0 <= a <= 1 for a in r["alpha"].values())
-        alphas = out["plan_alpha"][tau]
-        assert set(alphas) == set(out["plan_ids"])
-        assert all(0 <= a <= 1 for per in alphas.values() for a in per.values())
-    assert (tmp_path / "routing_room.md").read_text().startswith("# The room routing has")
+# The script end to end: tests/test_experiment_scripts.py::test_routing_room.
