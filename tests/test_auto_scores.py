@@ -11,9 +11,9 @@ import pytest
 from specjax import testing as suite
 from specjax.errors import ConfigError
 from specjax.policy.auto import AutoRouter
-from specjax.policy.engine_calls import teacher_forced
 from specjax.policy.plan import run_plans
 from specjax.policy.plan_config import PlanConfig
+from specjax.policy.scores import teacher_forced
 
 
 @pytest.fixture(scope="module")
@@ -114,16 +114,16 @@ def test_teacher_forced_choice_follows_scores():
 def test_scoring_compiles_once_per_run(deployment):
     """The scoring pass runs at the run's fixed width and padded rows: one verifier program
     for the whole run, not one per step (its cache counted before and after)."""
-    from specjax.policy import engine_calls
+    from specjax.policy import scores
 
     dep, _ = deployment
     cfg = PlanConfig(gamma=2, verifier_temperature=1.0, plan_steps=4, max_step_tokens=7, bucket=16)
     router = AutoRouter([0.0, 0.0, 0.0, 0.0], cfg.gamma, score="teacher_forced", max_set=1)
-    v0 = engine_calls._verifier_pass._cache_size()
-    d0 = engine_calls._drafter_scores._cache_size()
+    v0 = scores._verifier_pass._cache_size()
+    d0 = scores._drafter_scores._cache_size()
     run_plans(dep, cfg, ["ab", "cd", "a"], router=router)
-    assert engine_calls._verifier_pass._cache_size() - v0 == 1
-    assert engine_calls._drafter_scores._cache_size() - d0 <= 2 * len(dep.drafters)
+    assert scores._verifier_pass._cache_size() - v0 == 1
+    assert scores._drafter_scores._cache_size() - d0 <= 2 * len(dep.drafters)
     assert sum(router.pooled_tf_positions) > 0
 
 

@@ -175,7 +175,7 @@ def teacher_forced(
             raise ValueError(
                 f'teacher_forced: drafter {spec.name!r} reads the verifier\'s features (allowed: '
                 'drafters of tokens; a feature drafter is scored at τ 1 by '
-                'specjax.policy.engine_calls.teacher_forced)'
+                'specjax.policy.scores.teacher_forced)'
             )
     # The drafters' streams: the prompt in their own ids, then each committed token re-spelt.
     streams = []

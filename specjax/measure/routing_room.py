@@ -7,7 +7,7 @@ before a router is judged. For every plan the verifier writes its steps alone
 (`verifier_replies`: `policy.plan.run_plans` without a policy, the plan runner's own step
 delimiters and budgets); every drafter is then scored teacher forced on each reply
 position (`teacher_forced`: one verifier pass and one pass per drafter over each plan's
-text, `policy.engine_calls.teacher_forced`: the drafter reading it as the engine does —
+text, `policy.scores.teacher_forced`: the drafter reading it as the engine does —
 its own re-spelling of the verifier's tokens, a feature drafter the verifier's features —
 its law the one the engine draws from, `engine.drafting.draw`):
 
@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from specjax.measure import loop_law
-from specjax.policy import engine_calls
+from specjax.policy import scores
 from specjax.policy.journal import PlanJournal
 from specjax.policy.plan import run_plans
 
@@ -119,7 +119,7 @@ def teacher_forced(dep, replies: Replies, batch: int = 4) -> Scores:
             step[p, at : at + n] = s
             at += n
     for b0 in range(0, n_p, batch):
-        a, acc, t1, _ = engine_calls.teacher_forced(dep, rows[b0 : b0 + batch])
+        a, acc, t1, _ = scores.teacher_forced(dep, rows[b0 : b0 + batch])
         w = a.shape[-1]
         sl = slice(b0, b0 + len(rows[b0 : b0 + batch]))
         alpha[:, sl, :w], accept[:, sl, :w], top1[:, sl, :w] = a, acc, t1

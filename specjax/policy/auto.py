@@ -50,7 +50,7 @@ Scores (`score`). ``'own'`` (the default): α̂_i from each drafter's own chain 
 rounds where it ran, so a drafter that sits out is measured again only when exploration
 brings it back. ``'teacher_forced'``: after every step the plan runner scores every
 candidate drafter, whether it ran or not, on the step's committed text
-(`policy.engine_calls.teacher_forced`: α̂_i = Σ_t Σ_x min(p_t, q_i,t) over the committed
+(`policy.scores.teacher_forced`: α̂_i = Σ_t Σ_x min(p_t, q_i,t) over the committed
 positions ÷ their count, p the verifier's law at τ 1, q_i what drafter i would draw from
 there; `observe_scores`), so every estimate is current and exploration is not needed
 (``explore`` defaults to 0 in this mode; `run_plans` charges the scoring's seconds to the
@@ -271,7 +271,7 @@ class AutoRouter:
 
     def observe_scores(self, plan: int, step: int, alpha_sum, positions) -> None:
         """Adds every drafter's teacher-forced score on one step's committed text: Σ α
-        (f64[K], `policy.engine_calls.teacher_forced`) over ``positions`` positions."""
+        (f64[K], `policy.scores.teacher_forced`) over ``positions`` positions."""
         del step
         a = np.asarray(alpha_sum, np.float64).reshape(self.k)
         n = np.full(self.k, float(positions))

@@ -19,9 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import functools
 import hashlib
-import time
 from typing import Any, Sequence
 
 import jax
@@ -31,17 +29,13 @@ import numpy as np
 from specjax.engine.autoregressive import autoregressive_generate
 from specjax.engine.decode import consume_width
 from specjax.engine.deployment import Deployment
-from specjax.engine.drafting import draw
-from specjax.engine.features import feature_layout, pick_features
 from specjax.engine.gammas import check_gamma, drafter_gammas
 from specjax.engine.generate import speculative_generate
 from specjax.engine.spec import EngineConfig
 from specjax.measure.price_programs import register_ar_round, register_round
 from specjax.metrics import price_key
-from specjax.models.api import causal_block_mask, forward_rows
 from specjax.policy.plan_config import PlanConfig
 from specjax.policy.plan_state import CallState, padded_rows
-from specjax.verify.qlaw import q_dense
 
 #: fold_in tags of the plan streams.
 _TAG_PLANS, _TAG_FALLBACK = 0x706C616E, 0x66616C6C
@@ -519,146 +513,3 @@ def _expand_counters(c, index, k):
 
 
 # ---------------------------------------------------------------------------- teacher forced
-
-
-def _width(n: int, bucket: int) -> int:
-    return max(bucket, -(-int(n) // bucket) * bucket)
-
-
-@functools.partial(jax.jit, static_argnames=("verifier", "request"))
-def _verifier_pass(verifier, v_params, tokens, n, request):
-    """Logits f32[B, T, V] at every position of tokens[:, :n] (and the hidden states the
-    feature drafters read, `feature_layout`'s request, else None)."""
-    b, t = tokens.shape
-    cache = verifier.init_cache(b, t).replace(length=jnp.minimum(n, 0).astype(jnp.int32))
-    at = jnp.broadcast_to(jnp.arange(t), (b, t))
-    out = forward_rows(
-        verifier, v_params, cache, tokens, at, causal_block_mask(b, t), at, with_hidden=request
-    )
-    return out[0], (out[1] if request else None)
-
-
-@functools.partial(jax.jit, static_argnames=("spec", "v_vocab"))
-def _drafter_scores(spec, data, v_logits, v_next, ids, ends, n, feats, feat_n, v_vocab):
-    """α, accept and argmax agreement f32[B, T] of one drafter against the verifier's
-    logits ``v_logits`` at every verifier position, the drafter reading ``ids`` (its
-    re-spelling of the text, ``n`` pieces) and its law taken after each verifier token's
-    last piece (``ends``)."""
-    b, w = ids.shape
-    t = ends.shape[1]
-    cache = spec.lm.init_cache(b, w).replace(length=jnp.minimum(n, 0).astype(jnp.int32))
-    if feats is not None:  # as the engine's prefill: the verifier's features first
-        cache = spec.lm.write_features(cache, feats, jnp.zeros_like(n), feat_n)
-    pos = jnp.broadcast_to(jnp.arange(w), (b, w))
-    logits, _ = forward_rows(spec.lm, data.params, cache, ids, pos, causal_block_mask(b, w), ends)
-    flat = logits.reshape(b * t, logits.shape[-1])
-    _, _, q = draw(False, spec, data, v_vocab, flat, jnp.zeros((b * t,), jnp.float32))
-    q = q_dense(q).reshape(b, t, v_vocab)
-    p = jax.nn.softmax(v_logits.astype(jnp.float32), -1)
-    alpha = jnp.minimum(p, q).sum(-1)
-    px = jnp.take_along_axis(p, v_next[..., None], -1)[..., 0]
-    qx = jnp.take_along_axis(q, v_next[..., None], -1)[..., 0]
-    accept = jnp.where(px > 0, jnp.minimum(1.0, qx / jnp.maximum(px, 1e-30)), 0.0)
-    top1 = jnp.argmax(q, -1) == jnp.argmax(v_logits, -1)
-    return alpha, accept, top1
-
-
-def _respell(data, rows: list, width: int, bucket: int, cap: int):
-    """(ids i32[B, W_d], ends i32[B, width], n i32[B], first i32[B]): each row's verifier
-    ids re-spelt in the drafter's ids, concatenated; ends[b, t] the index of token t's last
-    piece. A re-spelling longer than the drafter's context ``cap`` keeps its most recent
-    whole tokens that fit (tokens before ``first[b]`` are not read: their ends are 0). W_d
-    is a multiple of ``bucket`` (pass the row width: a text growing inside a fixed width
-    keeps one W_d while its re-spelling fits, a few otherwise), at most ``cap``."""
-    retok, lens = np.asarray(data.retok), np.asarray(data.retok_len)
-    out = []
-    for r in rows:
-        k = lens[np.asarray(r, np.int64)] if r else np.zeros((0,), np.int64)
-        start = np.cumsum(k) - k  # first piece of each token
-        first = int(np.searchsorted(start, max(int(k.sum()) - cap, 0), side="left"))
-        flat = [retok[t, : lens[t]] for t in r[first:]]
-        flat = np.concatenate(flat) if flat else np.zeros((0,), np.int32)
-        out.append((flat, np.cumsum(k[first:]) - 1, first))
-    w_d = min(_width(max(len(f) for f, _, _ in out), bucket), max(cap, 1))
-    ids = np.zeros((len(rows), w_d), np.int32)
-    ends = np.zeros((len(rows), width), np.int32)
-    n = np.zeros((len(rows),), np.int32)
-    first = np.zeros((len(rows),), np.int32)
-    for i, (f, e, f0) in enumerate(out):
-        ids[i, : len(f)] = f
-        ends[i, f0 : f0 + len(e)] = e
-        n[i], first[i] = len(f), f0
-    return ids, ends, n, first
-
-
-def teacher_forced(
-    dep: Deployment, rows: Sequence[Sequence[int]], width: int | None = None, bucket: int = 32
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """Every drafter of ``dep`` scored teacher forced at every position of each row (its
-    verifier ids; position t predicts token t + 1): (α f32[K, B, W] = Σ_x min(p, q) with p
-    the verifier's law at τ 1, accept f32[K, B, W] = min(1, q(x) / p(x)) of the row's next
-    token x, top1 bool[K, B, W] = argmax agreement, seconds). W = ``width`` (≥ the longest
-    row; default the longest rounded up to ``bucket``), a drafter's re-spelling rounded up
-    to ``bucket`` pieces, or with a given width to a multiple of it (capped at the drafter's
-    context): a fixed width and row count give one program per drafter (a few for a drafter
-    of another tokenizer, whose re-spelling may outgrow the width).
-
-    One verifier pass and one pass per drafter over each row, each drafter reading the row
-    as the engine does (its re-spelling of the verifier's tokens; a feature drafter the
-    verifier's features, written first as in the engine's prefill), its law the one the
-    engine draws from at its temperature and filters (`engine.drafting.draw`). A drafter
-    whose context cannot hold a row's re-spelling reads its most recent whole tokens that
-    fit; positions before them score 0 (a prompt's start, never a recent step's)."""
-    rows = [list(map(int, r)) for r in rows]
-    longest = max(len(r) for r in rows)
-    fixed = width is not None
-    width = _width(longest, bucket) if width is None else int(width)
-    if width < longest:
-        raise ValueError(f"teacher_forced: width {width} < the longest row ({longest})")
-    t0 = time.perf_counter()
-    tok = np.zeros((len(rows), width), np.int32)
-    nxt = np.zeros((len(rows), width), np.int32)
-    for i, r in enumerate(rows):
-        tok[i, : len(r)] = r
-        nxt[i, : max(len(r) - 1, 0)] = r[1:]
-    n = np.asarray([len(r) for r in rows], np.int32)
-    request, picks = feature_layout(dep.verifier, [d.lm for d in dep.drafters])
-    v_logits, hidden = _verifier_pass(
-        dep.verifier, dep.v_params, jnp.asarray(tok), jnp.asarray(n), request
-    )
-    outs, starts = [], []
-    for j, (spec, data) in enumerate(zip(dep.drafters, dep.d_data)):
-        ids, ends, dn, first = _respell(
-            data, rows, width, width if fixed else bucket, spec.lm.max_len
-        )
-        if (first > 0).any() and picks[j] is not None:
-            raise ValueError(
-                f"teacher_forced: feature drafter {spec.name!r} cannot read rows longer "
-                f"than its context ({spec.lm.max_len})"
-            )
-        starts.append(first)
-        feats = feat_n = None
-        if picks[j] is not None:
-            feats = pick_features(hidden, picks[j], request)
-            feat_n = jnp.asarray(np.maximum(n - 1, 0))
-        outs.append(
-            _drafter_scores(
-                dataclasses.replace(spec.static, gamma=None),
-                data.replace(temperature=jnp.float32(spec.temperature)),
-                v_logits,
-                jnp.asarray(nxt),
-                jnp.asarray(ids),
-                jnp.asarray(ends),
-                jnp.asarray(dn),
-                feats,
-                feat_n,
-                dep.verifier.vocab_size,
-            )
-        )
-    outs = jax.device_get(outs)
-    alpha = np.stack([np.asarray(o[0]) for o in outs])
-    accept = np.stack([np.asarray(o[1]) for o in outs])
-    top1 = np.stack([np.asarray(o[2]) for o in outs])
-    unread = np.arange(width)[None, None, :] < np.stack(starts)[:, :, None]  # [K, B, W]
-    alpha[unread], accept[unread], top1[unread] = 0.0, 0.0, False
-    return alpha, accept, top1, time.perf_counter() - t0

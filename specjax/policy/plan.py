@@ -58,13 +58,13 @@ from specjax.policy.engine_calls import (
     memoized,
     plan_keys,
     run_carried,
-    teacher_forced,
 )
 from specjax.policy.journal import PlanJournal
 from specjax.policy.kl import pairwise_kl_common
 from specjax.policy.layout import StepRows, branch_layout
 from specjax.policy.plan_config import PlanConfig
 from specjax.policy.plan_state import PlanStates, padded_count
+from specjax.policy.scores import teacher_forced
 from specjax.policy.switches import Policy
 
 # ---------------------------------------------------------------------------- the run
@@ -305,7 +305,7 @@ def _routed_step(dep, cfg, states, todo, step, stats, sets, router):
 
 def _score_step(dep, states, todo, step, new, router, stats) -> None:
     """Every drafter scored teacher forced on the step's committed text of each plan in
-    ``todo`` (`engine_calls.teacher_forced` over the plan's whole text, at the run's buffer
+    ``todo`` (`policy.scores.teacher_forced` over the plan's whole text, at the run's buffer
     width and padded rows: one program per drafter and row count), the sums over the
     positions that predicted the step's ``new`` tokens handed to the router
     (`AutoRouter.observe_scores`). The scoring is charged to the plans: its seconds, and
