@@ -307,6 +307,43 @@ def test_real_primary_figure_follows_the_measured_regime(ratio, primary):
         assert f"compute-bound on this machine (T_score(γ+1) / T_step = {ratio:.2f}" in own
 
 
+def _with_single_cell(rows, slowdown: float) -> list[dict]:
+    """The fixture's rows plus a `single:d0` cell whose per-plan counts are d0's baseline,
+    its wall clock ``slowdown`` times the baseline's: the same program measured again on a
+    machine whose load changed by that factor."""
+    rows = copy.deepcopy(rows)
+    r = copy.deepcopy(rows[0])
+    base = r["baselines"]["single"]["d0"]
+    r["per_plan"]["tokens"] = list(base["tokens"])
+    r["per_plan"]["seconds"] = [slowdown * x for x in base["seconds"]]
+    r["policy"] = r["cell"]["policy"] = "single:d0"
+    r["cell_id"] = f"{r['cell_id']}_single_d0"
+    rows.append(r)
+    return rows
+
+
+@pytest.mark.parametrize("slowdown, primary", [(1.0, "wall"), (1.1, "wall"), (1.5, "cost")])
+def test_wall_clock_that_drifted_over_the_run_is_not_primary(slowdown, primary):
+    """A drafter alone measured twice in one run (its baseline with the first cell, its own
+    `single:` cell later) must run at the same rate; where the load moved it by more than
+    WALL_DRIFT_TOLERANCE, wall clock is demoted to a check and the page says why."""
+    rows = _with_single_cell(_rows(), slowdown)
+    for r in rows:
+        r["regime"] = {"rows": 16, "capacity": 96, "gamma": 3, "t_step": 0.02, "t_score": 0.02}
+    s = _sides(real_rows=rows)["real"]
+    drift = s["summary"]["settings"]["wall_drift"]
+    assert drift == {"d0": pytest.approx(1 / slowdown, rel=1e-9)}
+    assert s["primary"] == primary
+    own = s["markdown"]
+    if primary == "cost":
+        assert "Wall clock did not hold steady over this run" in own
+        assert f"`single:d0` {1 / slowdown:.2f}×" in own
+    else:
+        assert "Primary throughput figure: wall clock on this machine" in own
+    line = _line(seed_compare.build(_sides()["zoo"], s), "| wall clock steady over the run")
+    assert _cells(line)[2].startswith("yes" if primary == "wall" else "no: the cost model")
+
+
 # ----------------------------------------------------------------------------- three deployments
 
 GEMMA = {"deployment": "gemma3", "dtype": "float32", "max_len": 512}

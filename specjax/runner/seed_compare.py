@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from specjax.policy import names as policy_names
 from specjax.runner import deployments, seed_compare_heterogeneity
+from specjax.runner.regime import drift_excessive
 from specjax.runner.seed_compare_claims import _claim1, _claim2, _claim3, _claim4
 from specjax.runner.seed_compare_figures import (
     _PRIMARY,
@@ -163,6 +164,17 @@ def regime(s: dict | None) -> str:
     )
 
 
+def _drift_cell(s: dict) -> str:
+    """Each drafter's `single:<name>` cell rate ÷ its baseline rate (`regime.wall_drift`):
+    1.00 on a steady machine; outside 1 ± WALL_DRIFT_TOLERANCE the cost model is primary."""
+    drift = s["summary"]["settings"].get("wall_drift") or {}
+    if not drift:
+        return "— (no single-drafter cell to check against)"
+    verdict = "no: the cost model is primary" if drift_excessive(drift) else "yes"
+    body = ", ".join(f"{n} {d:.2f}×" for n, d in sorted(drift.items()))
+    return f"{verdict} ({body})"
+
+
 def _settings_table(sides: dict) -> list[str]:
     def cell(s, f):
         return "not run" if s is None else f(s)
@@ -222,6 +234,7 @@ def _settings_table(sides: dict) -> list[str]:
             lambda s: _PRIMARY["cost" if s["primary"] == "wall" else "wall"][1],
         ),
         ("regime of the rounds", regime),
+        ("wall clock steady over the run", _drift_cell),
     ]
     out = [
         "## Settings",

@@ -16,6 +16,7 @@ from specjax.runner.regime import (  # noqa: F401  (re-exported)
     WALL_CLOCK_PRIMARY,
     primary_figure,
     regime_ratio,
+    wall_drift,
 )
 
 SIDES = ("zoo", "real")
@@ -60,7 +61,7 @@ def side(rows: list[dict], config: dict, workdir=None, version=None) -> dict | N
     if built is None:
         return None
     deployment = (config or {}).get("deployment") or "zoo"
-    primary = primary_figure(deployment, regime_ratio(rows))
+    primary = primary_figure(deployment, regime_ratio(rows), wall_drift(rows))
     return {
         "summary": built["summary"],
         "markdown": built["markdown"],

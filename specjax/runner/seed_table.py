@@ -438,6 +438,7 @@ def _settings(config, results: list[dict]) -> dict:
         "drafter_temperatures": results[0].get("drafter_temperatures"),
         "drafter_costs": results[0].get("drafter_costs"),
         "regime": regime.regime_ratio(results),  # (T_score(γ+1)/T_step, rows, padded rows)
+        "wall_drift": regime.wall_drift(results),  # drafter → own cell's rate ÷ baseline's
     }
 
 
