@@ -44,14 +44,20 @@ def runlocal(c: ml_collections.ConfigDict) -> None:
 def routing_mixed(c: ml_collections.ConfigDict) -> None:
     """Routing with room: the three domains mixed with the ``edit`` prompts (steps that copy
     their context with small edits, specjax/data/edit.py, where prompt lookup is the
-    specialist), prompt lookup a fourth drafter; `auto` against each drafter alone. No
-    `oracle`: no drafter is named after the ``edit`` domain. experiments/routing_room.py
-    measures the room (hindsight per-plan and per-step best drafters) on the same plans."""
+    specialist), prompt lookup a fourth drafter; `auto` scored teacher forced (no
+    exploration) and by the drafters that ran (with exploration), each drafter alone and
+    the fixed token tree of prompt lookup and the code drafter. No `oracle`: no drafter is
+    named after the ``edit`` domain. experiments/routing_room.py measures the room
+    (hindsight per-plan and per-step best drafters) on the same plans."""
     drafters = ("code", "prose", "reasoning", "lookup")
     c.prompt_domains = ["code", "edit", "prose", "reasoning"]
     c.plans_per_domain = 6  # 24 plans, 6 of each prompt set
     c.grid.pairing = [drafters]
-    c.grid.policy = ["auto"] + [single_name(d) for d in drafters]
+    c.grid.policy = (
+        ["auto:teacher_forced", "auto:own"]
+        + [single_name(d) for d in drafters]
+        + ["set:code+lookup"]
+    )
     c.grid.gamma = [4]
     c.grid.seed = [0, 1]
     c.auto_gammas = [1, 2, 3, 4]

@@ -24,7 +24,7 @@ of the grid.
 
 Sizes. ``runlocal``: 3 plans (one per domain) × 2 steps × ≤ 24 tokens, γ = 3, one seed
 (15 cells). The default: 4 plans per domain (12 plans) × 2 steps × ≤ 32 tokens, γ = 3, seeds
-0 and 1 (30 cells); the ``routing`` variant 12 cells. Both time every program's machine
+0 and 1 (30 cells); the ``routing`` variant 16 cells (8 routers × 2 seeds), ``routing_mixed`` 14. Both time every program's machine
 prices (`specjax.measure.prices`) in the run's own process. How long the runs took, and on which
 machine: docs/results/seed_report_real.md and docs/results/routing_real.md.
 """
@@ -69,14 +69,29 @@ def lookup(c: ml_collections.ConfigDict) -> None:
     c.grid.policy = _policies(drafters)
 
 
+#: The routers side by side: `auto` scored teacher forced (no exploration), `auto` scored by
+#: the drafters that ran (with exploration: the behaviour before), then each drafter alone
+#: and the fixed token tree of the code drafter and prompt lookup; the hindsight per-plan
+#: best single is the report's router bound. The feature drafter (eagle) is not among them:
+#: the plan runner's carried states do not carry the verifier's features
+#: (experiments/routing_room.py scores it teacher forced on the same plans).
+ROUTERS = ("auto:teacher_forced", "auto:own")
+ROUTING_DRAFTERS = DRAFTERS + ("lookup",)
+
+
 def routing(c: ml_collections.ConfigDict) -> None:
-    """`auto` against each drafter alone and the domain router (`oracle`), with prompt
-    lookup among the candidates: the routers' question without the ablation's shared-block
+    """Every router on the seed's three domains, with prompt lookup among the candidates:
+    the routers' question without the ablation's shared-block
     policies. `auto` picks, per plan and step, the set and a lone drafter's γ (1–4) by this
-    machine's measured seconds per committed token."""
-    drafters = DRAFTERS + ("lookup",)
-    c.grid.pairing = [drafters]
-    c.grid.policy = ["auto", "oracle"] + [single_name(d) for d in drafters]
+    machine's measured seconds per committed token; `oracle` drafts each plan with its
+    domain's drafter."""
+    c.grid.pairing = [ROUTING_DRAFTERS]
+    c.grid.policy = (
+        list(ROUTERS)
+        + ["oracle"]
+        + [single_name(d) for d in ROUTING_DRAFTERS]
+        + ["set:code+lookup"]
+    )
     c.grid.gamma = [4]
     c.auto_gammas = [1, 2, 3, 4]
 
@@ -88,7 +103,7 @@ def routing_mixed(c: ml_collections.ConfigDict) -> None:
     domain. experiments/routing_room.py measures the room on the same plans."""
     routing(c)
     c.prompt_domains = ["code", "edit", "prose", "reasoning"]
-    c.grid.policy = ["auto"] + [single_name(d) for d in DRAFTERS + ("lookup",)]
+    c.grid.policy = [p for p in c.grid.policy if p != "oracle"]
 
 
 def get_config(arg=None):

@@ -31,6 +31,8 @@ CONFIGS = [
         ("no_such_field=3", "no_such_field"),
         ("plans_per_domain=0", "plans_per_domain"),
         ("auto_gammas=[0]", "auto_gammas"),
+        ("auto_score=oracle", "auto_score"),
+        ("grid.policy=[set:code+nope]", "grid.policy"),
         ("machine_prices=3", "machine_prices"),
     ],
 )
@@ -107,3 +109,33 @@ def test_plans_experiment_end_to_end_on_synthetic(tmp_path):
     for name in ("naive", "all_on", "auto"):
         want = summary["policies"][name]["throughput_ratio_vs_single"]["value"]
         assert again[name]["value"] == pytest.approx(want, rel=1e-9), name
+
+
+@pytest.mark.slow  # ~90 s: the routers through the CLI; `make test-all`
+def test_every_router_side_by_side_on_synthetic(tmp_path):
+    """`auto` scored teacher forced and by its own chains, a fixed drafter set and a drafter
+    alone in one run (issue 52, item 4): each commits the verifier's greedy plan, the
+    teacher-forced router never explores, and the seed table reports each by its name."""
+    workdir = tmp_path / "routers"
+    arg = (
+        "runlocal,deployment=synthetic,plans_per_domain=1,plan_steps=2,max_step_tokens=4,"
+        "bucket=16,grid.policy=[auto:teacher_forced,auto:own,set:d0+d3,single:d0],"
+        "grid.pairing=[[d0,d1,d2,d3]],grid.gamma=[2],grid.seed=[0],"
+        "grid.verifier_temperature=[0.0],grid.rule=[default],auto_explore=1.0"
+    )
+    proc = specjax(f"--config={CONFIGS[0]}:{arg}", f"--workdir={workdir}", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {
+        r["policy"]: r
+        for r in map(json.loads, (workdir / "results.jsonl").read_text().splitlines())
+    }
+    assert set(rows) == {"auto:teacher_forced", "auto:own", "set:d0+d3", "single:d0"}
+    for name, r in rows.items():
+        assert r["tv_distance"] == 0.0, name  # greedy: every router commits the greedy plan
+    # The fixed set drafted with d0 and d3 on every plan, and with nothing else.
+    reached = [sum(col) for col in zip(*rows["set:d0+d3"]["per_plan"]["own_reached"])]
+    assert reached[0] > 0 and reached[3] > 0 and reached[1] == reached[2] == 0, reached
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert set(summary["policies"]) >= set(rows)
+    page = (workdir / "seed_report.md").read_text()
+    assert "| auto:teacher_forced |" in page and "| set:d0+d3 |" in page

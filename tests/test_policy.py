@@ -124,6 +124,22 @@ def test_every_policy_is_greedy_exact(deployment, greedy_reference, pol):
     assert stats.steps == 2 * len(_GREEDY_PROMPTS)
 
 
+def test_a_fixed_drafter_set_is_greedy_exact(deployment, greedy_reference):
+    """``set:<a>+<b>`` (`run_plans(single=[(a, b), …])`): one branch per plan, the two
+    drafters a token tree under the plan's tree rule, commits the verifier's greedy plan
+    (its χ² case is the partitioned two-drafter tree above); a repeated drafter is refused."""
+    dep, _ = deployment
+    n = len(_GREEDY_PROMPTS)
+    texts, stats = run_plans(dep, _GREEDY_CFG, _GREEDY_PROMPTS, single=[(0, 3)] * n)
+    assert texts == greedy_reference
+    assert stats.fallbacks == 0 and stats.steps == 2 * n
+    # Both drafters drafted in every plan (one branch of two chains).
+    assert np.all(np.asarray(stats.counts["drafter_tokens"])[:, [0, 3]] > 0)
+    assert not np.asarray(stats.counts["drafter_tokens"])[:, [1, 2]].any()
+    with pytest.raises(ValueError, match="repeats a drafter"):
+        run_plans(dep, _GREEDY_CFG, _GREEDY_PROMPTS, single=[(0, 0)] * n)
+
+
 def test_journal_exactly_once_under_injected_branch_failure(deployment, tmp_path):
     dep, _ = deployment
     cfg = PlanConfig(gamma=2, verifier_temperature=0.0, plan_steps=3, max_step_tokens=5, bucket=16)

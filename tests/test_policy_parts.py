@@ -292,9 +292,16 @@ def test_policy_names_grammar():
     assert names.kl_ceiling("all_on_kl0.5") == 0.5 and names.kl_ceiling("all_on") == 0.35
     assert names.kl_ceiling("naive") is None and names.kl_ceiling("auto") is None
     assert names.kl_ceiling("not a policy") is None
-    for bad in ("wholesale", "single:", 3, {"kl": 0.3}):
-        with pytest.raises(ConfigError, match="auto, oracle"):
+    for bad in ("wholesale", "single:", 3, {"kl": 0.3}, "auto:x", "set:a+a", "set:a+"):
+        with pytest.raises(ConfigError, match="auto:teacher_forced, oracle"):
             names.parse(bad)
+    # `auto` runs with the run's score, `auto:<score>` with its own; a fixed set's members.
+    assert names.auto_score("auto", "own") == "own"
+    assert names.auto_score("auto:teacher_forced", "own") == "teacher_forced"
+    assert names.auto_score("oracle", "own") is None and names.is_router("auto:own")
+    assert names.parse(" set:lookup + eagle") == "set:lookup+eagle"
+    assert names.set_drafters("set:lookup+eagle") == ("lookup", "eagle")
+    assert names.set_drafters("single:lookup") is None
     assert names.label("not a policy") == "not a policy" and names.label(None) == "–"
     shuffled = [
         "single:code",
@@ -303,6 +310,8 @@ def test_policy_names_grammar():
         "naive_plus_kl_ceiling",
         "auto",
         "all_on",
+        "set:code+prose",
+        "auto:own",
         "naive",
     ]
     assert sorted(shuffled, key=names.order_key) == [
@@ -311,10 +320,12 @@ def test_policy_names_grammar():
         "naive_plus_kl_ceiling",
         "auto",
         "oracle",
+        "auto:own",
         "p1t0a1k0",
+        "set:code+prose",
         "single:code",
     ]
-    assert len(names.ABLATION_NAMES) == 10 and names.FIELD_REPORT_NAMES[-2:] == names.ROUTERS
+    assert len(names.ABLATION_NAMES) == 10 and names.FIELD_REPORT_NAMES[-2:] == ("auto", "oracle")
 
 
 # =============================================================================== a fifth switch

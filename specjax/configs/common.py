@@ -85,7 +85,8 @@ def plans_defaults():
     c.boundary.depth_ceiling = DEPTH_CEILING  # d_b above it: collapse
     c.boundary.truncation_overhead_ratio = TRUNCATION_OVERHEAD_RATIO  # s_b − i_b must exceed it
     c.share_verifier_call = True  # cost model: a plan's branches share one verifier call
-    c.auto_explore = 0.15  # policy 'auto': chance a step re-measures a dropped drafter
+    c.auto_score = "own"  # policy 'auto': 'own' (drafters that ran) or 'teacher_forced' (all)
+    c.auto_explore = 0.15  # score 'own': chance a step re-measures a dropped drafter
     c.auto_gammas = ()  # policy 'auto': γ a lone drafter may run at; () = 2, 4, 6, 8 ≤ widest γ
     c.machine_prices = True  # measure this machine's seconds per forward: predicted ÷ wall
     c.consensus_cost = 1.0  # modelled cost of a consensus round (verifier calls)

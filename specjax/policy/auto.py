@@ -73,6 +73,7 @@ from specjax import metrics
 from specjax.engine.decode import consume_width
 from specjax.engine.gammas import check_gamma, drafter_gammas, widest_gamma
 from specjax.errors import ConfigError
+from specjax.policy import names as policy_names
 
 
 class AutoRouter:
@@ -96,7 +97,7 @@ class AutoRouter:
         `observe_scores`).
     """
 
-    SCORES = ("own", "teacher_forced")
+    SCORES = policy_names.AUTO_SCORES
 
     def __init__(
         self,

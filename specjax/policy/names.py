@@ -8,10 +8,15 @@ A policy name is one of
         switch on ending in ``_kl<nats>``; a grid may also give the switches as a dict
         (``Policy(**d)``);
     * a router, which picks each plan's drafters instead of running switch-set branches:
-        ``auto`` (`specjax.policy.auto.AutoRouter`, adaptive drafter sets) or ``oracle``
-        (each plan drafted by its own domain's drafter alone, the domain known);
+        ``auto`` (`specjax.policy.auto.AutoRouter`, adaptive drafter sets, scored as the
+        run's ``auto_score`` says), ``auto:own`` (scored by the drafters that ran, with
+        exploration: its behaviour before teacher-forced scores), ``auto:teacher_forced``
+        (every drafter scored on the committed text, no exploration) or ``oracle`` (each
+        plan drafted by its own domain's drafter alone, the domain known);
     * a single-drafter baseline: ``single:<drafter>`` (that drafter alone, rule 1, one
-        branch, no consensus).
+        branch, no consensus);
+    * a fixed drafter set: ``set:<a>+<b>[+…]`` (those drafters on every plan and step, one
+        branch: several drafters make one token tree under the plan's tree rule).
 
 `parse` reads any of them, `canonical_name` is the one spelling rows and reports use,
 `label` is what a table or a plot shows (the canonical name; any other value as given), and
@@ -30,10 +35,14 @@ from typing import Any
 from specjax.errors import ConfigError
 from specjax.policy.switches import CODE_MIN, SWITCHES, Policy
 
+#: The scores an `auto` router can run with (`AutoRouter.SCORES`); ``auto:<score>`` pins one.
+AUTO_SCORES = ("own", "teacher_forced")
 #: Router names, in display order.
-ROUTERS = ("auto", "oracle")
+ROUTERS = ("auto", *(f"auto:{s}" for s in AUTO_SCORES), "oracle")
 #: A single-drafter baseline's name is this prefix and the drafter's name.
 SINGLE_PREFIX = "single:"
+#: A fixed drafter set's name is this prefix and its drafters joined by ``+``.
+SET_PREFIX = "set:"
 #: The ablation of the four switches, in display order: none, all, each removed, each added.
 ABLATION_NAMES = (
     ("naive", "all_on")
@@ -41,12 +50,13 @@ ABLATION_NAMES = (
     + tuple(f"naive_plus_{s}" for s in SWITCHES)
 )
 #: Every policy of the field report's table, in display order (the ablation and the routers).
-FIELD_REPORT_NAMES = ABLATION_NAMES + ROUTERS
+FIELD_REPORT_NAMES = ABLATION_NAMES + ("auto", "oracle")
 #: The accepted forms, for error messages.
 ALLOWED = (
     "a policy name (naive, all_on, all_on_minus_<switch>, naive_plus_<switch>, "
-    "p1t0a1k0, any of them with the KL switch on ending in _kl<nats>; auto, oracle; "
-    "single:<drafter>) or a dict of the four switches"
+    "p1t0a1k0, any of them with the KL switch on ending in _kl<nats>; auto, auto:own, "
+    "auto:teacher_forced, oracle; single:<drafter>; set:<drafter>+<drafter>) or a dict of "
+    "the four switches"
 )
 
 
@@ -67,6 +77,11 @@ def parse(value: Any) -> Policy | str:
             if not name[len(SINGLE_PREFIX) :]:
                 raise ConfigError.invalid("policy", value, ALLOWED)
             return name
+        if name.startswith(SET_PREFIX):
+            members = name[len(SET_PREFIX) :].split("+")
+            if not all(m.strip() for m in members) or len(set(members)) != len(members):
+                raise ConfigError.invalid("policy", value, ALLOWED)
+            return SET_PREFIX + "+".join(m.strip() for m in members)
     try:
         if isinstance(value, str):
             return Policy.from_name(value)
@@ -84,8 +99,37 @@ def canonical_name(value: Any) -> str:
 
 
 def is_router(value: Any) -> bool:
-    """Whether `value` names a router (``auto`` or ``oracle``)."""
+    """Whether `value` names a router (``auto``, ``auto:<score>`` or ``oracle``)."""
     return isinstance(value, str) and value.strip() in ROUTERS
+
+
+def auto_score(value: Any, default: str) -> str | None:
+    """The score an ``auto`` router runs with: ``auto:<score>``'s own, plain ``auto``'s the
+    run's `default`; None for any other policy."""
+    if not isinstance(value, str):
+        return None
+    name = value.strip()
+    if name == "auto":
+        return default
+    if name.startswith("auto:") and name in ROUTERS:
+        return name[len("auto:") :]
+    return None
+
+
+def is_switch_policy(value: Any) -> bool:
+    """Whether `value` names a switch policy (parallel branches and a step decision), not a
+    router, a single-drafter baseline or a fixed set (one routed branch per plan)."""
+    try:
+        return isinstance(parse(value), Policy)
+    except ConfigError:
+        return False
+
+
+def set_drafters(value: Any) -> tuple[str, ...] | None:
+    """The drafters a ``set:<a>+<b>`` name runs together; None for any other policy."""
+    if isinstance(value, str) and value.strip().startswith(SET_PREFIX):
+        return tuple(m.strip() for m in value.strip()[len(SET_PREFIX) :].split("+"))
+    return None
 
 
 def single_name(drafter: str) -> str:
@@ -127,7 +171,13 @@ def order_key(value: Any) -> tuple:
     name = label(value)
     if name in FIELD_REPORT_NAMES:
         return (FIELD_REPORT_NAMES.index(name), name)
-    rank = len(FIELD_REPORT_NAMES) + (1 if single_drafter(name) is not None else 0)
+    if name in ROUTERS:
+        return (len(FIELD_REPORT_NAMES), name)
+    rank = len(FIELD_REPORT_NAMES) + 1
+    if set_drafters(name) is not None:
+        rank += 1
+    elif single_drafter(name) is not None:
+        rank += 2
     return (rank, name)
 
 

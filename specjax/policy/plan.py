@@ -76,7 +76,7 @@ def run_plans(
     prompts: Sequence[str],
     *,
     policy: Policy | None = None,
-    single: int | Sequence[int] | None = None,
+    single: int | Sequence[int | Sequence[int]] | None = None,
     router=None,
     journal: PlanJournal | None = None,
     plan_ids: Sequence[str] | None = None,
@@ -87,7 +87,9 @@ def run_plans(
 
     One of: `policy` (parallel branches + the step decision), `single` (a drafter index,
     or one per plan: that drafter alone, rule 1, one branch, no consensus — the
-    single-drafter baseline, or with one index per plan the oracle router), `router` (an
+    single-drafter baseline, or with one index per plan the oracle router; an entry may
+    be a tuple of indices, a fixed drafter set: one branch, a token tree under the plan's
+    tree rule), `router` (an
     adaptive policy, e.g. `specjax.policy.auto.AutoRouter`: one branch per plan, its
     drafter set chosen per step), or none of them (the verifier alone, autoregressive).
 
@@ -175,7 +177,7 @@ def _step_tokens(dep, cfg, states, todo, step, stats, split, modes) -> tuple:
         return _autoregressive_step(dep, cfg, states, todo, step, stats)
     if policy is None:
         sets = (
-            [(single[i],) for i in todo]
+            [single[i] for i in todo]
             if single is not None
             else [router.choose(i, step) for i in todo]
         )
@@ -203,14 +205,23 @@ def _resume(dep, prompts, plan_ids, journal):
     return texts, hist, done_steps
 
 
-def _drafter_per_plan(single, n_plans: int) -> list[int] | None:
-    """`single` (one drafter index, or one per plan) as one index per plan."""
+def _drafter_per_plan(single, n_plans: int) -> list[tuple[int, ...]] | None:
+    """`single` (one drafter index or set, or one per plan) as one drafter set per plan."""
     if single is None:
         return None
-    single = [int(single)] * n_plans if np.ndim(single) == 0 else [int(x) for x in single]
-    if len(single) != n_plans:
-        raise ValueError(f"run_plans: single has {len(single)} entries for {n_plans} plans")
-    return single
+
+    def as_set(x) -> tuple[int, ...]:
+        members = tuple(int(i) for i in np.atleast_1d(x))
+        if not members or len(set(members)) != len(members):
+            raise ValueError(f"run_plans: drafter set {x!r} is empty or repeats a drafter")
+        return members
+
+    if np.ndim(single) == 0:
+        return [as_set(single)] * n_plans
+    out = [as_set(x) for x in single]
+    if len(out) != n_plans:
+        raise ValueError(f"run_plans: single has {len(out)} entries for {n_plans} plans")
+    return out
 
 
 class _SplitSets:

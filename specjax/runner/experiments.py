@@ -225,28 +225,35 @@ def plans(config, cell: dict, workdir: Path) -> dict:
 
 def _run_policy(config, dep, pcfg, prompts, ids, policy, costs, with_prices) -> tuple:
     """The cell's plans under ``policy``: a switch policy's parallel branches, the adaptive
-    `auto` router, the oracle router or one drafter alone; (texts, RunStats, the router or
-    None)."""
+    `auto` router (``auto:<score>`` pins its score, plain ``auto`` takes the run's
+    ``auto_score``), the oracle router, one drafter alone or a fixed drafter set; (texts,
+    RunStats, the router or None)."""
     router = None
+    score = policy_names.auto_score(policy, config.get("auto_score", "own"))
     if isinstance(policy, Policy):
         texts, stats = run_plans(dep, pcfg, prompts, policy=policy)
-    elif policy == "auto":
+    elif score is not None:
         own = [d.gamma for d in dep.drafters]
         router = AutoRouter(
             costs,
             pcfg.gamma,
             seed=pcfg.seed,
-            explore=float(config.get("auto_explore", 0.15)),
+            # Teacher-forced scores see every drafter every step: no exploration needed.
+            explore=float(config.get("auto_explore", 0.15)) if score == "own" else 0.0,
             gammas=own,
             gamma_candidates=auto_gamma_candidates(config, pcfg.gamma, own),
             names=dep.names,
             measure=(lambda keys: measure_prices(dep, keys)) if with_prices else None,
+            score=score,
         )
         texts, stats = run_plans(dep, pcfg, prompts, router=router)
     elif policy == "oracle":
         texts, stats = run_plans(
             dep, pcfg, prompts, single=oracle_drafters(dep, plan_domains(config, ids))
         )
+    elif policy_names.set_drafters(policy) is not None:
+        members = tuple(dep.names.index(n) for n in policy_names.set_drafters(policy))
+        texts, stats = run_plans(dep, pcfg, prompts, single=[members] * len(prompts))
     else:  # single:<drafter>
         texts, stats = run_plans(
             dep, pcfg, prompts, single=dep.names.index(policy_names.single_drafter(policy))

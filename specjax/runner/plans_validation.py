@@ -152,6 +152,13 @@ def _check_values(config) -> None:
         config.get("share_verifier_call"),
         "true or false",
     )
+    value = config.get("auto_score", "own")
+    check(
+        value in policy_names.AUTO_SCORES,
+        "auto_score",
+        value,
+        list(policy_names.AUTO_SCORES),
+    )
     value = config.get("auto_explore", 0.15)
     check(_is_number(value) and 0 <= value <= 1, "auto_explore", value, "a number in [0, 1]")
     value = config.get("auto_gammas", ())
@@ -304,6 +311,13 @@ def _check_policy_drafters(policy, names: list[str], domains: list[str]) -> None
     if alone is not None and alone not in names:
         raise ConfigError.invalid(
             "grid.policy", policy, f"single:<drafter> with a drafter of the pairing {names}"
+        )
+    members = policy_names.set_drafters(policy)
+    if members is not None and not set(members) <= set(names):
+        raise ConfigError.invalid(
+            "grid.policy",
+            policy,
+            f"set:<drafter>+<drafter> with distinct drafters of the pairing {names}",
         )
 
 

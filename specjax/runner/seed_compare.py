@@ -380,11 +380,7 @@ def _commit_sets(s: dict, switch_pols: list[str]) -> tuple:
 
 
 def _only_truncation_commits(s: dict) -> dict:
-    switch_pols = [
-        n
-        for n in s["summary"]["policies"]
-        if not policy_names.is_router(n) and policy_names.single_drafter(n) is None
-    ]
+    switch_pols = [n for n in s["summary"]["policies"] if policy_names.is_switch_policy(n)]
     predicted, commits, falls, open_ = _commit_sets(s, switch_pols)
     extra, missing = sorted(commits - predicted), sorted(predicted & falls)
     decided = not open_ and predicted <= commits

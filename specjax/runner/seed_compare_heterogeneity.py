@@ -201,7 +201,7 @@ def _shared_lines(s: dict) -> list[str]:
     ]
     alone, unrecorded = [], []
     for name in s["summary"]["policies"]:
-        if policy_names.is_router(name) or policy_names.single_drafter(name) is not None:
+        if not policy_names.is_switch_policy(name):
             continue
         sets = sharing_sets(s, name)
         if sets is None:

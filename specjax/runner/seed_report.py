@@ -337,9 +337,7 @@ def _why(summary) -> list[str]:
     single_only = [
         n
         for n, f in pol.items()
-        if f.get("shared_rounds") == 0
-        and not policy_names.is_router(n)
-        and policy_names.single_drafter(n) is None
+        if f.get("shared_rounds") == 0 and policy_names.is_switch_policy(n)
     ]
     if single_only:
         out.append(
@@ -363,13 +361,16 @@ def _why(summary) -> list[str]:
                 "KL pass's cost)."
             )
         )
-    a, o = pol.get("auto"), pol.get("oracle")
-    if a and o:
+    o = pol.get("oracle")
+    for name in (r for r in policy_names.ROUTERS if r.startswith("auto")):
+        a = pol.get(name)
+        if not (a and o):
+            continue
         av = (a.get("throughput_ratio_vs_single") or {}).get("value")
         ov = (o.get("throughput_ratio_vs_single") or {}).get("value")
         if _ok(av) and _ok(ov):
             out.append(
-                f"- `auto` reaches {av:.2f}× the best single drafter against the oracle "
+                f"- `{name}` reaches {av:.2f}× the best single drafter against the oracle "
                 f"router's {ov:.2f}× (cost model)."
             )
     out.append("")

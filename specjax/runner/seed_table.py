@@ -494,8 +494,12 @@ def _effects(policies, fns) -> dict:
     for s in SWITCHES:
         pairs[f"removing {s} from all_on"] = (f"all_on_minus_{s}", "all_on")
         pairs[f"adding {s} to naive"] = (f"naive_plus_{s}", "naive")
-    pairs["auto vs all_on"] = ("auto", "all_on")
-    pairs["auto vs oracle"] = ("auto", "oracle")
+    autos = [r for r in policy_names.ROUTERS if r.startswith("auto")]
+    for a in autos:
+        pairs[f"{a} vs all_on"] = (a, "all_on")
+        pairs[f"{a} vs oracle"] = (a, "oracle")
+    # Teacher-forced scores against exploration (issue 52): the same router, scored two ways.
+    pairs["auto:teacher_forced vs auto:own"] = ("auto:teacher_forced", "auto:own")
     for label, (a, b) in pairs.items():
         if a not in fns or b not in fns or fns[a][1] != fns[b][1]:
             continue
