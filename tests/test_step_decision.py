@@ -255,6 +255,62 @@ def test_auto_prices_a_lone_drafter_at_its_own_gamma():
         AutoRouter([0.1, 0.1], gamma=4, gammas=[0, 2])
 
 
+def _batch_router(per_row: float):
+    """A router over two drafters with machine prices: a verifier call costs 1 s plus
+    ``per_row`` s per padded row (memory-bound: ~0; compute-bound: ~1), drafters are free;
+    plan 0's α favours drafter 0 (0.9 vs 0.8), plan 1's drafter 1 (0.8 vs 0.9)."""
+
+    class States:
+        v_cap, dep, n_plans = 64, None, 2
+
+        @staticmethod
+        def d_capacity(j):
+            return 32
+
+    class Dep:
+        d_data = [type("D", (), {"retok": np.zeros((8, 1))})()] * 2
+
+    States.dep = Dep
+
+    def measure(keys):
+        out = {}
+        for k in keys:
+            kind, _, _, rows, _ = metrics.parse_price_key(k)
+            out[k] = 1.0 + per_row * rows if kind == "verify" else 0.0
+        return out
+
+    r = AutoRouter(
+        [0.01, 0.01], gamma=4, max_set=1, measure=measure, score="teacher_forced", prior_weight=0
+    )
+    r.start(States)
+    for plan, (a0, a1) in enumerate(((90, 80), (80, 90))):
+        r.observe_scores(plan, 0, [a0, a1], 100)
+    return r
+
+
+@pytest.mark.parametrize("per_row, calls", [(0.0, 1), (2.0, 2)])
+def test_auto_chooses_for_the_batch(per_row, calls):
+    """Issue 52, item 2: each plan alone would pick its own drafter (two calls a round);
+    where a call's price hardly grows with its rows (memory-bound), the batch is cheaper as
+    one call with one plan on its second-best drafter; where it grows with the rows
+    (compute-bound), the two calls stay. The batch's predicted seconds per token never rise."""
+    r = _batch_router(per_row)
+    own = [r.choose(0, 1), r.choose(1, 1)]
+    assert own == [(0,), (1,)]
+    sets = r.choose_batch([0, 1], 1)
+    assert len(set(sets)) == calls
+    log = r.batch_log[-1]
+    assert log["own_calls"] == 2 and log["calls"] == calls
+    assert log["seconds_per_token"] <= log["own_seconds_per_token"]
+    if calls == 1:
+        assert log["seconds_per_token"] < log["own_seconds_per_token"]
+    # The batch price: each call at its row count, for its slowest row's rounds.
+    al = {p: r.alpha(p) for p in (0, 1)}
+    split = {0: ((0,), 4), 1: ((1,), 4)}
+    want = sum(r.call_seconds(o, 1) / r._tokens_per_round(al[p], o) for p, o in split.items()) / 2
+    assert r.batch_seconds(split, al) == pytest.approx(want)
+
+
 def test_auto_chooses_a_lone_drafters_gamma_and_prices():
     """γ choice (a lone drafter at each candidate, a pair at the config's γ), machine prices
     when measured, and one-line errors for bad candidates and prices."""
@@ -275,7 +331,7 @@ def test_auto_chooses_a_lone_drafters_gamma_and_prices():
     assert costs[4] < costs[2] < costs[1]
 
     class States:  # what `start` reads of the carried state
-        v_cap, dep = 64, None
+        v_cap, dep, n_plans = 64, None, 1
 
         @staticmethod
         def d_capacity(j):

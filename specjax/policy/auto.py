@@ -74,6 +74,7 @@ from specjax.engine.decode import consume_width
 from specjax.engine.gammas import check_gamma, drafter_gammas, widest_gamma
 from specjax.errors import ConfigError
 from specjax.policy import names as policy_names
+from specjax.policy.plan_state import padded_count
 
 
 class AutoRouter:
@@ -137,6 +138,10 @@ class AutoRouter:
         self.measure = measure
         self.prices: dict | None = None
         self._round_seconds: dict | None = None
+        self._seconds_at: dict[int, dict] | None = None  # padded rows → option → seconds
+        #: Per step of `choose_batch`: the calls the plans' own choices made, the calls run,
+        #: and the predicted seconds per committed token of each (a row's `auto_batches`).
+        self.batch_log: list[dict] = []
         self._chosen_gamma: dict[int, int | None] = {}
         self.seed = int(seed)
         self.explore = float(explore)
@@ -199,33 +204,67 @@ class AutoRouter:
 
     def start(self, states) -> None:
         """Measures the machine prices of every option's forwards (with `measure`), at one
-        padded row and the carried caches' capacities (`states`: `plan_state.PlanStates`);
-        called by `run_plans` before the first step. A no-op without `measure`."""
+        padded row and at the run's whole batch of plans padded (`states`:
+        `plan_state.PlanStates`; its caches' capacities), so a call of any row count is
+        priced (`call_seconds`); called by `run_plans` before the first step. A no-op
+        without `measure`."""
         if self.measure is None:
             return
+        counts = sorted({1, padded_count(states.n_plans)})
+        parts = {n: self._option_keys(states, n) for n in counts}
+        wanted = sorted({k for pn in parts.values() for ks in pn.values() for k, _ in ks})
+        self.prices = dict(self.measure(wanted))
+        self.prices = metrics.check_prices(self.prices, "auto machine prices")
+        missing = sorted(set(wanted) - set(self.prices))
+        if missing:
+            raise ValueError(
+                f"auto machine prices: got no price for {missing[0]!r}, allowed: a price for "
+                "every forward of every option"
+            )
+        self._seconds_at = {
+            n: {o: sum(c * self.prices[k] for k, c in ks) for o, ks in pn.items()}
+            for n, pn in parts.items()
+        }
+        self._round_seconds = self._seconds_at[1]
+
+    def _option_keys(self, states, rows: int) -> dict:
+        """(set, γ) → [(price key, forwards per round)] of one round at ``rows`` padded rows:
+        the verifier's block, each drafter's consuming forward and its γ − 1 steps."""
         parts = {}
         for members, g in self.options():
             keys = [
-                (metrics.price_key("verify", "verifier", 1 + len(members) * g, 1, states.v_cap), 1)
+                (
+                    metrics.price_key(
+                        "verify", "verifier", 1 + len(members) * g, rows, states.v_cap
+                    ),
+                    1,
+                )
             ]
             width = 2 if len(members) == 1 else g + 1
             for i in members:
                 cap = states.d_capacity(i)
                 m = int(states.dep.d_data[i].retok.shape[1])
                 name = self.names[i]
-                keys.append((metrics.price_key("draft", name, consume_width(m, width), 1, cap), 1))
+                keys.append(
+                    (metrics.price_key("draft", name, consume_width(m, width), rows, cap), 1)
+                )
                 if g > 1:
-                    keys.append((metrics.price_key("draft", name, 1, 1, cap), g - 1))
+                    keys.append((metrics.price_key("draft", name, 1, rows, cap), g - 1))
             parts[(members, g)] = keys
-        self.prices = dict(self.measure(sorted({k for ks in parts.values() for k, _ in ks})))
-        self.prices = metrics.check_prices(self.prices, "auto machine prices")
-        missing = sorted({k for ks in parts.values() for k, _ in ks} - set(self.prices))
-        if missing:
-            raise ValueError(
-                f"auto machine prices: got no price for {missing[0]!r}, allowed: a price for "
-                "every forward of every option"
-            )
-        self._round_seconds = {o: sum(n * self.prices[k] for k, n in ks) for o, ks in parts.items()}
+        return parts
+
+    def call_seconds(self, option, rows: int) -> float | None:
+        """Seconds of one round of ``option`` (set, γ) as one engine call of ``rows`` rows:
+        measured at one padded row and at the batch's padded rows, linear in the padded
+        row count between them; None without machine prices."""
+        if self._seconds_at is None:
+            return None
+        lo, hi = min(self._seconds_at), max(self._seconds_at)
+        t_lo = self._seconds_at[lo][option]
+        if hi == lo:
+            return t_lo
+        t_hi = self._seconds_at[hi][option]
+        return t_lo + (t_hi - t_lo) * (padded_count(rows) - lo) / (hi - lo)
 
     def expected_cost_per_token(self, alphas: np.ndarray, members, gamma: int | None = None):
         """Expected price per committed token of `members` at window `gamma` (default
@@ -238,14 +277,17 @@ class AutoRouter:
             return self._round_seconds[(members, g)] / tokens
         return (1.0 + g * float(self.costs[list(members)].sum())) / tokens
 
-    def choose(self, plan: int, step: int) -> tuple[int, ...]:
-        """The drafter set (indices, priority order) for this plan's step; a lone drafter's
-        window is `gamma_for(plan)`."""
-        al = self.alpha(plan)
-        best, g = min(
+    def _own_best(self, al: np.ndarray) -> tuple[tuple[int, ...], int]:
+        """The (set, γ) with the lowest expected price per committed token for one row."""
+        return min(
             self.options(),
             key=lambda o: (self.expected_cost_per_token(al, *o), len(o[0]), o[0], o[1]),
         )
+
+    def _finish(self, plan: int, step: int, option, al: np.ndarray) -> tuple[int, ...]:
+        """Exploration on top of the chosen option, then the set in priority order; keeps a
+        lone drafter's γ for `gamma_for`."""
+        best, g = option
         rng = np.random.default_rng([self.seed, plan, step, 0x617574])
         if self.k > len(best) and rng.random() < self.explore:
             out = [i for i in range(self.k) if i not in best]
@@ -255,6 +297,72 @@ class AutoRouter:
         lone = len(best) == 1 and g != self.gammas[best[0]]
         self._chosen_gamma[plan] = g if lone else None
         return tuple(sorted(best, key=lambda i: -al[i]))
+
+    def choose(self, plan: int, step: int) -> tuple[int, ...]:
+        """The drafter set (indices, priority order) for this plan's step, chosen for the
+        plan alone; a lone drafter's window is `gamma_for(plan)`."""
+        al = self.alpha(plan)
+        return self._finish(plan, step, self._own_best(al), al)
+
+    def batch_seconds(self, assign: dict, alphas: dict) -> float:
+        """Predicted seconds per committed token of a step's batch: every distinct option
+        of ``assign`` (plan → (set, γ)) is one engine call over its rows, priced by
+        `call_seconds` at its row count, for as many rounds as its slowest row needs
+        (a row commits E[tokens per round] per round; a call runs until its last row is
+        done), over the tokens the batch commits."""
+        groups: dict = {}
+        for p, o in assign.items():
+            groups.setdefault(o, []).append(p)
+        total = 0.0
+        for o, plans in groups.items():
+            per_round = [self._tokens_per_round(alphas[p], o) for p in plans]
+            total += self.call_seconds(o, len(plans)) / min(per_round)
+        return total / len(assign)
+
+    def _tokens_per_round(self, al: np.ndarray, option) -> float:
+        members, g = option
+        a = 1.0 - float(np.prod([1.0 - al[i] for i in members]))
+        return float(metrics.leviathan_expected_tokens(min(max(a, 0.0), 1.0), g))
+
+    def choose_batch(self, plans, step: int) -> list[tuple[int, ...]]:
+        """The drafter sets of a step's plans, chosen for the batch: each plan's own best
+        option, then, with machine prices, whole groups moved onto another option (one the
+        batch already runs, or the best for the whole batch) while the batch's predicted
+        seconds per committed token fall — fewer distinct calls where a second-best set in a
+        shared call is cheaper overall. Exploration is drawn per plan afterwards."""
+        plans = list(plans)
+        al = {p: self.alpha(p) for p in plans}
+        assign = {p: self._own_best(al[p]) for p in plans}
+        if self._seconds_at is not None and len(plans) > 1:
+            own_calls = len(set(assign.values()))
+            before = cur = self.batch_seconds(assign, al)
+            whole = min(
+                self.options(), key=lambda o: self.batch_seconds(dict.fromkeys(plans, o), al)
+            )
+            while True:
+                groups = sorted(set(assign.values()))
+                best = None
+                for src in groups:
+                    for dst in sorted(set(groups) | {whole}):
+                        if dst == src:
+                            continue
+                        moved = {p: dst if o == src else o for p, o in assign.items()}
+                        c = self.batch_seconds(moved, al)
+                        if c < cur * (1 - 1e-9) and (best is None or c < best[0]):
+                            best = (c, moved)
+                if best is None:
+                    break
+                cur, assign = best
+            self.batch_log.append(
+                {
+                    "step": int(step),
+                    "own_calls": own_calls,
+                    "calls": len(set(assign.values())),
+                    "own_seconds_per_token": before,
+                    "seconds_per_token": cur,
+                }
+            )
+        return [self._finish(p, step, assign[p], al[p]) for p in plans]
 
     def gamma_for(self, plan: int) -> int | None:
         """The γ the plan's last chosen set runs at when it is a lone drafter whose window

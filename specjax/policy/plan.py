@@ -176,11 +176,12 @@ def _step_tokens(dep, cfg, states, todo, step, stats, split, modes) -> tuple:
     if policy is None and single is None and router is None:
         return _autoregressive_step(dep, cfg, states, todo, step, stats)
     if policy is None:
-        sets = (
-            [single[i] for i in todo]
-            if single is not None
-            else [router.choose(i, step) for i in todo]
-        )
+        if single is not None:
+            sets = [single[i] for i in todo]
+        elif hasattr(router, "choose_batch"):
+            sets = router.choose_batch(todo, step)  # priced as the step's calls together
+        else:
+            sets = [router.choose(i, step) for i in todo]
         return _routed_step(dep, cfg, states, todo, step, stats, sets, router)
     return _policy_step(dep, cfg, states, todo, step, stats, policy, split.sets, agreement)
 

@@ -301,6 +301,8 @@ def _cell_record(name, policy, pcfg, ids, dep, base, stats, router) -> dict:
         row["gamma_routes"] = [{str(p): g for p, g in r.items()} for r in stats.gamma_routes]
     if router is not None and router.prices is not None:
         row["auto_machine_prices"] = router.prices  # what auto chose by (specjax.measure.prices)
+    if router is not None and getattr(router, "batch_log", None):
+        row["auto_batches"] = router.batch_log  # per step: calls before and after pricing
     return row
 
 
