@@ -82,8 +82,9 @@ def test_scores_of_a_drafter_that_sat_out(deployment):
         np.testing.assert_allclose(router.tf_alpha[p], want, rtol=1e-4, atol=1e-4)
         assert np.all(router.tf_positions[p] == len(toks) - n0)
     np.testing.assert_allclose(router.pooled_tf_alpha, sum(router.tf_alpha.values()))
-    # The scoring is charged: a verifier prefill and every drafter's per plan and step.
-    assert st.verifier_prefills == len(prompts) * (1 + cfg.plan_steps)
+    # The scoring is charged: a verifier call (the carried cache continued over the step:
+    # no prefill beyond the plans' first) and every drafter's prefill per plan and step.
+    assert st.verifier_prefills == len(prompts)
     assert np.all(st.counts["drafter_prefills"][:, 2:] == cfg.plan_steps)
     # The estimates are the teacher-forced ones (shrunk towards the pooled α).
     a = router.alpha(0)
@@ -112,17 +113,20 @@ def test_teacher_forced_choice_follows_scores():
 
 
 def test_scoring_compiles_once_per_run(deployment):
-    """The scoring pass runs at the run's fixed width and padded rows: one verifier program
-    for the whole run, not one per step (its cache counted before and after)."""
+    """The scoring pass runs at the run's fixed window and padded rows: one verifier program
+    for the whole run, not one per step (its cache counted before and after), continuing
+    the carried cache (the whole-text verifier pass is not run)."""
     from specjax.policy import scores
 
     dep, _ = deployment
     cfg = PlanConfig(gamma=2, verifier_temperature=1.0, plan_steps=4, max_step_tokens=7, bucket=16)
     router = AutoRouter([0.0, 0.0, 0.0, 0.0], cfg.gamma, score="teacher_forced", max_set=1)
+    w0 = scores._window_pass._cache_size()
     v0 = scores._verifier_pass._cache_size()
     d0 = scores._drafter_scores._cache_size()
     run_plans(dep, cfg, ["ab", "cd", "a"], router=router)
-    assert scores._verifier_pass._cache_size() - v0 == 1
+    assert scores._window_pass._cache_size() - w0 == 1
+    assert scores._verifier_pass._cache_size() == v0
     assert scores._drafter_scores._cache_size() - d0 <= 2 * len(dep.drafters)
     assert sum(router.pooled_tf_positions) > 0
 
@@ -148,3 +152,41 @@ def test_rows_longer_than_a_drafters_context(deployment):
     np.testing.assert_allclose(got[1, 0, first : len(row)], full[1, 0, first : len(row)], atol=1e-6)
     assert np.all(got[1, 0, :first] == 0)
     np.testing.assert_array_equal(got[[0, 2, 3]], full[[0, 2, 3]])
+
+
+def test_window_from_the_carried_cache_equals_the_whole_text_on_the_zoo(monkeypatch):
+    """On real transformers (the zoo: a verifier, a drafter of its tokenizer, one of another
+    and prompt lookup), the router's per-step scores — the verifier continuing its carried
+    cache over the step, `teacher_forced_window` — equal those of `teacher_forced` over each
+    plan's whole committed text at the same positions (the same run, same seeds: the same
+    plans), step by step."""
+    from specjax.configs.common import plans_defaults
+    from specjax.policy import plan as plan_mod
+    from specjax.runner import plans_setup
+
+    c = plans_defaults()
+    c.deployment = "zoo"
+    dep = plans_setup.cell_deployment(c, {"pairing": ["code", "reasoning", "lookup"]})
+    cfg = PlanConfig(gamma=3, verifier_temperature=1.0, plan_steps=3, max_step_tokens=8, bucket=16)
+    prompts = ["def add(a, b):\n", "In the beginning", "x = [1, 2, 3]\nfor"]
+    seen = {}
+
+    def record(router):
+        def observe(plan, step, alpha_sum, positions):
+            seen.setdefault(id(router), []).append((plan, step, np.asarray(alpha_sum), positions))
+
+        router.observe_scores = observe
+        return router
+
+    window = record(AutoRouter([0.0] * 3, cfg.gamma, score="teacher_forced", max_set=1))
+    texts_w, _ = run_plans(dep, cfg, prompts, router=window)
+    # The whole-text path: what `_score_step` runs for a deployment with a feature drafter.
+    monkeypatch.setattr(plan_mod, "feature_layout", lambda *a: (("forced",), None))
+    whole = record(AutoRouter([0.0] * 3, cfg.gamma, score="teacher_forced", max_set=1))
+    texts_f, _ = run_plans(dep, cfg, prompts, router=whole)
+    assert texts_w == texts_f  # the choices never saw the scores: same drafter, same plans
+    got, want = seen[id(window)], seen[id(whole)]
+    assert len(got) == len(want) == len(prompts) * cfg.plan_steps
+    for (p, s, a, n), (p2, s2, b, n2) in zip(got, want):
+        assert (p, s, n) == (p2, s2, n2)
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4, err_msg=f"plan {p} step {s}")

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.engine.deployment import Deployment, prefix_distributions
+from specjax.engine.features import feature_layout
 from specjax.engine.gammas import widest_gamma
 from specjax.metrics import price_key
 from specjax.policy import boundary as boundary_lib
@@ -64,7 +65,7 @@ from specjax.policy.kl import pairwise_kl_common
 from specjax.policy.layout import StepRows, branch_layout
 from specjax.policy.plan_config import PlanConfig
 from specjax.policy.plan_state import PlanStates, padded_count
-from specjax.policy.scores import teacher_forced
+from specjax.policy.scores import teacher_forced, teacher_forced_window
 from specjax.policy.switches import Policy
 
 # ---------------------------------------------------------------------------- the run
@@ -317,21 +318,43 @@ def _routed_step(dep, cfg, states, todo, step, stats, sets, router):
 
 def _score_step(dep, states, todo, step, new, router, stats) -> None:
     """Every drafter scored teacher forced on the step's committed text of each plan in
-    ``todo`` (`policy.scores.teacher_forced` over the plan's whole text, at the run's buffer
-    width and padded rows: one program per drafter and row count), the sums over the
-    positions that predicted the step's ``new`` tokens handed to the router
-    (`AutoRouter.observe_scores`). The scoring is charged to the plans: its seconds, and
-    in the modelled cost a verifier prefill and a prefill of every drafter per plan and
-    step (each pass reads the plan's whole text)."""
+    ``todo``, the sums over the positions that predicted the step's ``new`` tokens handed to
+    the router (`AutoRouter.observe_scores`). The verifier continues from the carried cache
+    over a block of the step's length (`policy.scores.teacher_forced_window`: one program
+    per run, like a verify call of max_step_tokens + 1 tokens); a deployment with a feature
+    drafter reads the plan's whole text instead (`teacher_forced`, at the run's buffer width).
+    The scoring is charged to the plans: its seconds, and in the modelled cost a verifier
+    call (a prefill where the whole text is read) and a prefill of every drafter per plan
+    and step."""
     rows = [states.hist[i] for i in todo]
-    padded = rows + [rows[0]] * (padded_count(len(rows)) - len(rows))
+    pad = padded_count(len(rows)) - len(rows)
     width = min(-(-states.buf_len // 32) * 32, dep.verifier.max_len)
-    alpha, _, _, secs = teacher_forced(dep, padded, width=width)
+    request, _ = feature_layout(dep.verifier, [d.lm for d in dep.drafters])
+    if request:
+        alpha, _, _, secs = teacher_forced(dep, rows + [rows[0]] * pad, width=width)
+        sums = [
+            alpha[:, j, len(r) - m - 1 : len(r) - 1].sum(-1)
+            for j, (r, m) in enumerate(zip(rows, new))
+        ]
+        verifier_count = "verifier_prefills"
+    else:
+        window = -(-(max(states.max_step_tokens, *new) + 1) // 8) * 8
+        got, secs = teacher_forced_window(
+            dep,
+            states.v.vcache,
+            states.v_cap,
+            list(todo) + [todo[0]] * pad,
+            rows + [rows[0]] * pad,
+            list(new) + [new[0]] * pad,
+            window,
+            width,
+        )
+        sums = [got[:, j] for j in range(len(rows))]
+        verifier_count = "verifier_calls"
     for j, i in enumerate(todo):
-        n, m = len(rows[j]), int(new[j])
-        router.observe_scores(i, step, alpha[:, j, n - m - 1 : n - 1].sum(-1), m)
+        router.observe_scores(i, step, sums[j], int(new[j]))
         stats.add("seconds", i, secs / len(todo))
-        stats.add("verifier_prefills", i, 1)
+        stats.add(verifier_count, i, 1)
         stats.add("drafter_prefills", i, np.ones(len(dep.drafters), np.int64))
 
 

@@ -228,6 +228,7 @@ class PlanStates:
         self.priced: dict = {}
         self.bucket = int(bucket)
         self.steps = int(steps)
+        self.max_step_tokens = int(max_step_tokens)
 
     @property
     def n_plans(self) -> int:

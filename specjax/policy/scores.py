@@ -23,7 +23,7 @@ from specjax.engine.features import feature_layout, pick_features
 from specjax.models.api import causal_block_mask, forward_rows
 from specjax.verify.qlaw import q_dense
 
-__all__ = ["teacher_forced"]
+__all__ = ["teacher_forced", "teacher_forced_window"]
 
 
 def _width(n: int, bucket: int) -> int:
@@ -66,6 +66,22 @@ def _drafter_scores(spec, data, v_logits, v_next, ids, ends, n, feats, feat_n, v
     accept = jnp.where(px > 0, jnp.minimum(1.0, qx / jnp.maximum(px, 1e-30)), 0.0)
     top1 = jnp.argmax(q, -1) == jnp.argmax(v_logits, -1)
     return alpha, accept, top1
+
+
+@functools.partial(jax.jit, static_argnames=("verifier",))
+def _window_pass(verifier, v_params, vcache, idx, tokens, lo):
+    """The verifier's logits f32[B, W, V] at positions lo[b] + [0, W) of the carried cache's
+    rows ``idx``, reading ``tokens`` there, with the cache's committed slots before lo[b] as
+    context (rolled back to lo[b]: `models.cache`, the carried cache itself untouched); and
+    bool[B] whether every row's slots before lo[b] were committed."""
+    cache = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), vcache)
+    ok = lo <= cache.length
+    cache = cache.replace(length=lo)
+    b, w = tokens.shape
+    pos = lo[:, None] + jnp.arange(w)[None, :]
+    at = jnp.broadcast_to(jnp.arange(w), (b, w))
+    logits, _ = forward_rows(verifier, v_params, cache, tokens, pos, causal_block_mask(b, w), at)
+    return logits, ok
 
 
 def _respell(data, rows: list, width: int, bucket: int, cap: int):
@@ -167,3 +183,81 @@ def teacher_forced(
     unread = np.arange(width)[None, None, :] < np.stack(starts)[:, :, None]  # [K, B, W]
     alpha[unread], accept[unread], top1[unread] = 0.0, 0.0, False
     return alpha, accept, top1, time.perf_counter() - t0
+
+
+def teacher_forced_window(
+    dep: Deployment,
+    vcache,
+    cap: int,
+    plans: Sequence[int],
+    rows: Sequence[Sequence[int]],
+    new: Sequence[int],
+    window: int,
+    width: int,
+) -> tuple[np.ndarray, float]:
+    """`teacher_forced`'s α on each row's last step only, the verifier continuing from the
+    plan runner's carried cache (``vcache``, capacity ``cap``; row ``plans[b]`` holds
+    ``rows[b]`` committed) instead of reading the whole text again: α f32[K, B] = Σ over the
+    positions that predicted row b's ``new[b]`` last tokens of Σ_x min(p, q_k), and seconds.
+
+    The verifier reads a block of ``window`` tokens (≥ every new[b] + 1, one program per
+    run) from each row's last step's first predicting position; a drafter re-reads the row
+    (its own, small, forward; a re-spelling as in `teacher_forced`, at ``width``) and is
+    compared at those positions only. A feature drafter needs the verifier's features over
+    the whole text: use `teacher_forced` for deployments that have one."""
+    request, _ = feature_layout(dep.verifier, [d.lm for d in dep.drafters])
+    if request:
+        raise ValueError("teacher_forced_window: feature drafters read the whole text's features")
+    rows = [list(map(int, r)) for r in rows]
+    n = np.asarray([len(r) for r in rows], np.int64)
+    new = np.asarray(new, np.int64)
+    if (new + 1 > window).any() or (new + 1 > n).any():
+        raise ValueError(f"teacher_forced_window: steps of {new.tolist()} tokens, window {window}")
+    t0 = time.perf_counter()
+    lo = np.minimum(n - new - 1, cap - window)  # the block stays inside the cache
+    b = len(rows)
+    tok = np.zeros((b, window), np.int32)
+    nxt = np.zeros((b, window), np.int32)
+    for i, r in enumerate(rows):
+        seg = r[lo[i] : lo[i] + window]
+        tok[i, : len(seg)] = seg
+        nxt[i, : max(len(seg) - 1, 0)] = seg[1:]
+    v_logits, ok = _window_pass(
+        dep.verifier,
+        dep.v_params,
+        vcache,
+        jnp.asarray(plans, jnp.int32),
+        jnp.asarray(tok),
+        jnp.asarray(lo, jnp.int32),
+    )
+    outs, starts = [], []
+    cols = lo[:, None] + np.arange(window)[None, :]  # [B, window] positions
+    for spec, data in zip(dep.drafters, dep.d_data):
+        ids, ends, dn, first = _respell(data, rows, width, width, spec.lm.max_len)
+        ends_w = np.take_along_axis(ends, np.minimum(cols, ends.shape[1] - 1), 1)
+        starts.append(first)
+        outs.append(
+            _drafter_scores(
+                dataclasses.replace(spec.static, gamma=None),
+                data.replace(temperature=jnp.float32(spec.temperature)),
+                v_logits,
+                jnp.asarray(nxt),
+                jnp.asarray(ids),
+                jnp.asarray(ends_w.astype(np.int32)),
+                jnp.asarray(dn),
+                None,
+                None,
+                dep.verifier.vocab_size,
+            )
+        )
+    outs, ok = jax.device_get((outs, ok))
+    if not np.all(ok):
+        raise ValueError("teacher_forced_window: a row's carried cache is behind its text")
+    alpha = np.stack([np.asarray(o[0]) for o in outs])  # [K, B, window]
+    # Only the positions that predicted the step's new tokens, and that each drafter read.
+    lo_step = (n - new - 1 - lo)[:, None]
+    want = (np.arange(window)[None, :] >= lo_step) & (
+        np.arange(window)[None, :] < lo_step + new[:, None]
+    )
+    read = cols[None] >= np.stack(starts)[:, :, None]
+    return (alpha * (want[None] & read)).sum(-1), time.perf_counter() - t0
