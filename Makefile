@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test-tpu plan-tpu tpu-extra reproduce reproduce-real reproduce-gemma3 sweeps sweeps-real test test-all lint format train-zoo train-drafters train-eagle train-eagle-gemma3 eval-drafters benchmark benchmark-real-headline benchmark-gemma3 benchmark-device docs docs-seed docs-seed-real clean-venv
+.PHONY: test-tpu plan-tpu tpu-extra reproduce reproduce-real reproduce-gemma3 sweeps sweeps-real test test-all lint format train-zoo train-drafters train-eagle train-eagle-gemma3 eval-drafters benchmark benchmark-real-headline benchmark-gemma3 benchmark-device docs docs-seed docs-seed-real routing-real clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -193,14 +193,22 @@ docs-seed: $(STAMP)
 
 # The seed's four claims on three deployments side by side (docs/results/seed_report_real.md):
 # `make reproduce-real`'s run (~30 min) and `make reproduce-gemma3`'s, then the page against
-# `make docs-seed`'s zoo run; and the routers' run (auto, the domain router, each drafter alone, with prompt
-# lookup: docs/results/routing_real.md, ~15 min). On an idle machine: wall clock is the result.
+# `make docs-seed`'s zoo run; and `make routing-real`. On an idle machine: wall clock is the result.
 docs-seed-real: $(STAMP)
 	$(PY) -m specjax.main --config=configs/seed_reproduction_real.py --workdir=runs/seed_reproduction_real
 	$(MAKE) reproduce-gemma3
 	$(PY) -m specjax.report --workdir=runs/seed_reproduction_real --compare_with=runs/docs_seed_table,runs/seed_reproduction_gemma3 --docs_page=docs/results/seed_report_real.md
+	$(MAKE) routing-real
+
+# Every router side by side on SmolLM2 in bf16 (both autos, the domain router, each drafter
+# alone, the fixed token tree code+lookup): on the seed's three domains
+# (docs/results/routing_real.md) and mixed with the copy-and-edit plans
+# (docs/results/routing_real_mixed.md). On an idle machine: wall clock is the result.
+routing-real: $(STAMP)
 	$(PY) -m specjax.main --config=configs/seed_reproduction_real.py:routing --workdir=runs/seed_reproduction_real_routing
 	$(PY) -m specjax.report --workdir=runs/seed_reproduction_real_routing --docs_page=docs/results/routing_real.md
+	$(PY) -m specjax.main --config=configs/seed_reproduction_real.py:routing_mixed --workdir=runs/seed_reproduction_real_routing_mixed
+	$(PY) -m specjax.report --workdir=runs/seed_reproduction_real_routing_mixed --docs_page=docs/results/routing_real_mixed.md
 
 clean-venv:
 	rm -rf $(VENV)
