@@ -85,6 +85,10 @@ def test_scores_of_a_drafter_that_sat_out(deployment):
     # The scoring is charged: a verifier call (the carried cache continued over the step:
     # no prefill beyond the plans' first) and every drafter's prefill per plan and step.
     assert st.verifier_prefills == len(prompts)
+    # …priced as the verifier block it is (max_step_tokens + 1 = 5 tokens, rounded up to 8),
+    # once per step, shared by the plans: the predicted seconds include the scoring.
+    scoring = [k for k in st.priced if k.startswith("verify:verifier:8x")]
+    assert scoring and sum(st.priced[k].sum() for k in scoring) == pytest.approx(cfg.plan_steps)
     assert np.all(st.counts["drafter_prefills"][:, 2:] == cfg.plan_steps)
     # The estimates are the teacher-forced ones (shrunk towards the pooled α).
     a = router.alpha(0)

@@ -351,10 +351,15 @@ def _score_step(dep, states, todo, step, new, router, stats) -> None:
         )
         sums = [got[:, j] for j in range(len(rows))]
         verifier_count = "verifier_calls"
+        # Priced as the verifier forward it is (a block of `window` tokens over the padded
+        # rows, from the carried cache): the predicted seconds include the scoring.
+        priced = {price_key("verify", "verifier", window, len(rows) + pad, states.v_cap): 1}
     for j, i in enumerate(todo):
         router.observe_scores(i, step, sums[j], int(new[j]))
         stats.add("seconds", i, secs / len(todo))
         stats.add(verifier_count, i, 1)
+        if not request:
+            stats.add_priced(i, {k: x / len(todo) for k, x in priced.items()})
         stats.add("drafter_prefills", i, np.ones(len(dep.drafters), np.int64))
 
 
