@@ -340,6 +340,15 @@ def test_wall_clock_that_drifted_over_the_run_is_not_primary(slowdown, primary):
         assert f"`single:d0` {1 / slowdown:.2f}×" in own
     else:
         assert "Primary throughput figure: wall clock on this machine" in own
+    # The wall-clock denominator is the single-drafter cell, timed like the others (not the
+    # baseline timed with the first cell).
+    assert s["summary"]["best_single_wall"] == {"drafter": "d0", "gamma": 2, "from": "cells"}
+    cell = next(r for r in rows if r["policy"] == "single:d0")["per_plan"]
+    naive = [r["per_plan"] for r in rows if r["policy"] == "naive"]
+    rate = sum(sum(p["tokens"]) for p in naive) / sum(sum(p["seconds"]) for p in naive)
+    want = rate / (sum(cell["tokens"]) / sum(cell["seconds"]))
+    got = s["summary"]["policies"]["naive"]["wallclock_ratio_vs_single"]["value"]
+    assert got == pytest.approx(want, rel=1e-9)
     line = _line(seed_compare.build(_sides()["zoo"], s), "| wall clock steady over the run")
     assert _cells(line)[2].startswith("yes" if primary == "wall" else "no: the cost model")
 
