@@ -86,3 +86,35 @@ def test_planner_serves_one_layout_set_and_relays_nothing(tmp_path):
     assert plan.missing(cfg, work) == []  # a rerun compiles nothing
     page = render(recs, {cfg.name: cfg}, "python -m specjax.tpu.plan --config=test")
     assert "served_layouts" in page and "| served |" in page
+
+
+def test_projections_use_the_compilers_figures_where_it_estimates_every_step():
+    """Item 3: a time is the compiler's estimate where it gives one, else a roofline. The
+    projections take the compiler's T_step and T_score where it estimates every step of the
+    smallest batch (v5p), the roofline's otherwise (v5e: its estimate comes back ≤ 0)."""
+    import ml_collections
+
+    from specjax.tpu import page
+    from specjax.tpu.targets import CHIPS
+
+    chip = next(iter(CHIPS.values()))
+
+    def rec(k, opt):
+        return {
+            "ok": True,
+            "batch": 1,
+            "k": k,
+            "optimal_seconds": opt,
+            "flops": 1.0,
+            "argument_bytes": 1e9,
+            "output_bytes": 0,
+            "alias_bytes": 0,
+        }
+
+    cfg = ml_collections.ConfigDict({"recommend": "tp"})
+    every = [rec(1, 2e-3), rec(4, 2.2e-3)]
+    _, ratios, by_compiler = page._step_times(cfg, every, chip, lambda b, k: 0.0)
+    assert by_compiler and ratios[1][0] == 2e-3 and ratios[1][1][4] == pytest.approx(1.1)
+    one_missing = [rec(1, 2e-3), rec(4, -1.0)]
+    _, ratios, by_compiler = page._step_times(cfg, one_missing, chip, lambda b, k: 0.0)
+    assert not by_compiler and ratios[1][1][4] == pytest.approx(1.0)  # the roofline's

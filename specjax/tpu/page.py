@@ -147,13 +147,17 @@ def _streamed_bytes(lm) -> int:
     return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)))
 
 
-def _drafter_costs(cfg, here, b, t_step, chip, model_axis) -> dict[str, tuple[float, str]]:
+def _drafter_costs(
+    cfg, here, b, t_step, chip, model_axis, compiler: bool = False
+) -> dict[str, tuple[float, str]]:
     """{drafter: (c = T_draft / T_step, how)} at TPU prices: a compiled forward where the
-    page has one, a feature drafter's streamed bytes ÷ the chip's bandwidth, 0 for lookup."""
+    page has one (the compiler's estimate with ``compiler``, where it gives one; else the
+    roofline over its whole cache: an upper bound), a feature drafter's streamed bytes ÷
+    the chip's bandwidth, 0 for lookup."""
     out = {}
     for r in here:
         if r['program'] == 'drafter_forward' and r['ok'] and r['batch'] == b:
-            t, how = estimate_seconds(r, chip, compiler=False)  # its whole cache: an upper bound
+            t, how = estimate_seconds(r, chip, compiler=compiler)
             out[r['drafters']] = (t / t_step, f'compiled forward, {how}')
     for name, spec in cfg.drafters.items():
         kind = P.entry_kind(spec['kind'])
@@ -388,10 +392,10 @@ def _slice_section(cfg, sl: str, chip, here: list[dict]) -> list[str]:
         )
     rec_fwd = [r for r in fwd if r['rules'] == cfg.recommend]
     unread = _unread_cache(cfg, sl)
-    ratio_lines, ratios = _step_times(cfg, rec_fwd, chip, unread)
+    ratio_lines, ratios, by_compiler = _step_times(cfg, rec_fwd, chip, unread)
     out += ratio_lines
     if ratios:
-        out += _projections(cfg, sl, here, chip, ratios)
+        out += _projections(cfg, sl, here, chip, ratios, by_compiler)
     out += [
         'The analytic estimates against the compiled figures (the recommended '
         "rules' steps; `hf.estimate_bytes`: weights and KV cache per chip; analytic "
@@ -405,9 +409,11 @@ def _slice_section(cfg, sl: str, chip, here: list[dict]) -> list[str]:
     return out
 
 
-def _step_times(cfg, rec_fwd: list[dict], chip, unread) -> tuple[list[str], dict]:
+def _step_times(cfg, rec_fwd: list[dict], chip, unread) -> tuple[list[str], dict, bool]:
     """T_step and T_score(k) ÷ T_step of the recommended rules' steps, by the roofline and
-    (where it gives them) by the compiler — (the lines, the roofline's ratios by batch)."""
+    (where it gives them) by the compiler — (the lines, the ratios by batch the projections
+    use, whether they are the compiler's: where it estimates every step of the smallest
+    batch, else the roofline's)."""
     table, ratios = _ratio_table(rec_fwd, chip, unread, compiler=False)
     out = [
         f'T_step and T_score(k) / T_step under `{cfg.recommend}`, by the roofline of '
@@ -426,21 +432,38 @@ def _step_times(cfg, rec_fwd: list[dict], chip, unread) -> tuple[list[str], dict
             if dips
             else 'It grows with k as the roofline does'
         )
+        b = min(ratios)
+        every = c_ratios.get(b) is not None and all(
+            estimate_seconds(r, chip, unread(r['batch'], r['k']))[1] == 'compiler'
+            for r in rec_fwd
+            if r['ok'] and r['batch'] == b
+        )
         out += [
-            f"The same by the compiler's own estimate (`optimal_seconds`). {shape}; the "
-            'projections below use the roofline, which every slice has:',
+            f"The same by the compiler's own estimate (`optimal_seconds`). {shape}; "
+            + (
+                "the projections below use the compiler's figures (T_step, T_score and "
+                'T_draft alike):'
+                if every
+                else 'the projections below use the roofline (the compiler left a step '
+                'unestimated):'
+            ),
             '',
         ]
         out += by_compiler + ['']
-    return out, ratios
+        if every:
+            return out, c_ratios, True
+    return out, ratios, False
 
 
-def _projections(cfg, sl: str, here: list[dict], chip, ratios: dict) -> list[str]:
+def _projections(
+    cfg, sl: str, here: list[dict], chip, ratios: dict, compiler: bool = False
+) -> list[str]:
     """The projected speculative ÷ autoregressive per drafter at the smallest batch, and
-    the seed table at this slice's prices."""
+    the seed table at this slice's prices (``compiler``: the drafters' forwards priced by
+    the compiler's estimate too, like the steps)."""
     b = min(ratios)
     t_step, rr = ratios[b]
-    costs = _drafter_costs(cfg, here, b, t_step, chip, SLICES[sl].chips)
+    costs = _drafter_costs(cfg, here, b, t_step, chip, SLICES[sl].chips, compiler)
     out = [
         f"Projected speculative ÷ autoregressive at B {b} (Leviathan et al.'s "
         'hardware-aware formula, one chain: E[tokens per round] · T_step ÷ '
