@@ -255,22 +255,30 @@ def test_auto_prices_a_lone_drafter_at_its_own_gamma():
         AutoRouter([0.1, 0.1], gamma=4, gammas=[0, 2])
 
 
-def _batch_router(per_row: float):
-    """A router over two drafters with machine prices: a verifier call costs 1 s plus
-    ``per_row`` s per padded row (memory-bound: ~0; compute-bound: ~1), drafters are free;
-    plan 0's α favours drafter 0 (0.9 vs 0.8), plan 1's drafter 1 (0.8 vs 0.9)."""
+def _states(n_plans: int):
+    """What `AutoRouter.start` reads of the carried state: two drafters of one-piece
+    re-spellings, caches of 32 slots, the verifier's of 64, ``n_plans`` plans."""
+
+    class Dep:
+        d_data = [type("D", (), {"retok": np.zeros((8, 1))})()] * 2
 
     class States:
-        v_cap, dep, n_plans = 64, None, 2
+        v_cap, dep = 64, Dep
 
         @staticmethod
         def d_capacity(j):
             return 32
 
-    class Dep:
-        d_data = [type("D", (), {"retok": np.zeros((8, 1))})()] * 2
+    States.n_plans = n_plans
+    return States
 
-    States.dep = Dep
+
+def _batch_router(per_row: float):
+    """A router over two drafters with machine prices: a verifier call costs 1 s plus
+    ``per_row`` s per padded row (memory-bound: ~0; compute-bound: ~1), drafters are free;
+    plan 0's α favours drafter 0 (0.9 vs 0.8), plan 1's drafter 1 (0.8 vs 0.9)."""
+
+    States = _states(2)
 
     def measure(keys):
         out = {}
@@ -330,17 +338,7 @@ def test_auto_chooses_a_lone_drafters_gamma_and_prices():
     costs = {g: r.expected_cost_per_token(al, (0,), g) for g in (1, 2, 4)}
     assert costs[4] < costs[2] < costs[1]
 
-    class States:  # what `start` reads of the carried state
-        v_cap, dep, n_plans = 64, None, 1
-
-        @staticmethod
-        def d_capacity(j):
-            return 32
-
-    class Dep:
-        d_data = [type("D", (), {"retok": np.zeros((8, 1))})()] * 2
-
-    States.dep = Dep
+    States = _states(1)
     seen = []
 
     def measure(keys):  # a verifier whose wide blocks are dear: γ = 1 wins on the clock

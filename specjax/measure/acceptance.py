@@ -155,22 +155,24 @@ def _feature_forced(dep, seqs, plen, n_new, tau: float, batch: int, bucket: int)
             a[:, r] = got[:, j, span].sum(-1)
             t[:, r] = top1[:, j, span].sum(-1)
     w = np.asarray(n_new, np.float64)
-    out = []
-    for k, data in enumerate(dep.d_data):
-        to_v = np.asarray(data.to_verifier)
-        alpha_k, alpha_se = _ratio_se(a[k], w)
-        top1_k, top1_se = _ratio_se(t[k], w)
-        out.append(
-            dict(
-                alpha=float(alpha_k),
-                alpha_se=float(alpha_se),
-                top1=float(top1_k),
-                top1_se=float(top1_se),
-                kept=float((to_v >= 0).mean()),
-                positions=int(w.sum()),
-            )
-        )
-    return out
+    return [
+        _figures(a[k], t[k], float((np.asarray(data.to_verifier) >= 0).mean()), w)
+        for k, data in enumerate(dep.d_data)
+    ]
+
+
+def _figures(a, t, kept: float, w) -> dict:
+    """One drafter's `teacher_forced` figures from its per-row sums (α, top-1, weights)."""
+    alpha, alpha_se = _ratio_se(a, w)
+    top1, top1_se = _ratio_se(t, w)
+    return dict(
+        alpha=float(alpha),
+        alpha_se=float(alpha_se),
+        top1=float(top1),
+        top1_se=float(top1_se),
+        kept=kept,
+        positions=int(np.sum(w)),
+    )
 
 
 def _pad(rows: list[np.ndarray], width: int) -> np.ndarray:
@@ -270,19 +272,7 @@ def teacher_forced(
                 v_vocab,
             )
             sums[k, :, lo : lo + real] = np.stack([np.asarray(x)[:real] for x in out])
-    result = []
-    for k in range(len(dep.drafters)):
-        a, t, kept, w = sums[k]
-        alpha, alpha_se = _ratio_se(a, w)
-        top1, top1_se = _ratio_se(t, w)
-        result.append(
-            dict(
-                alpha=float(alpha),
-                alpha_se=float(alpha_se),
-                top1=float(top1),
-                top1_se=float(top1_se),
-                kept=float(kept.sum() / max(w.sum(), 1)),
-                positions=int(w.sum()),
-            )
-        )
-    return result
+    return [
+        _figures(a, t, float(kept.sum() / max(w.sum(), 1)), w)
+        for a, t, kept, w in (sums[k] for k in range(len(dep.drafters)))
+    ]

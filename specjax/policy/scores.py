@@ -84,6 +84,22 @@ def _window_pass(verifier, v_params, vcache, idx, tokens, lo):
     return logits, ok
 
 
+def _score_one(dep, spec, data, v_logits, nxt, ids, ends, dn, feats, feat_n):
+    """`_drafter_scores` of one drafter of ``dep`` at its own temperature."""
+    return _drafter_scores(
+        dataclasses.replace(spec.static, gamma=None),
+        data.replace(temperature=jnp.float32(spec.temperature)),
+        v_logits,
+        jnp.asarray(nxt),
+        jnp.asarray(ids),
+        jnp.asarray(np.asarray(ends, np.int32)),
+        jnp.asarray(dn),
+        feats,
+        feat_n,
+        dep.verifier.vocab_size,
+    )
+
+
 def _respell(data, rows: list, width: int, bucket: int, cap: int):
     """(ids i32[B, W_d], ends i32[B, width], n i32[B], first i32[B]): each row's verifier
     ids re-spelt in the drafter's ids, concatenated; ends[b, t] the index of token t's last
@@ -162,20 +178,7 @@ def teacher_forced(
         if picks[j] is not None:
             feats = pick_features(hidden, picks[j], request)
             feat_n = jnp.asarray(np.maximum(n - 1, 0))
-        outs.append(
-            _drafter_scores(
-                dataclasses.replace(spec.static, gamma=None),
-                data.replace(temperature=jnp.float32(spec.temperature)),
-                v_logits,
-                jnp.asarray(nxt),
-                jnp.asarray(ids),
-                jnp.asarray(ends),
-                jnp.asarray(dn),
-                feats,
-                feat_n,
-                dep.verifier.vocab_size,
-            )
-        )
+        outs.append(_score_one(dep, spec, data, v_logits, nxt, ids, ends, dn, feats, feat_n))
     outs = jax.device_get(outs)
     alpha = np.stack([np.asarray(o[0]) for o in outs])
     accept = np.stack([np.asarray(o[1]) for o in outs])
@@ -236,20 +239,7 @@ def teacher_forced_window(
         ids, ends, dn, first = _respell(data, rows, width, width, spec.lm.max_len)
         ends_w = np.take_along_axis(ends, np.minimum(cols, ends.shape[1] - 1), 1)
         starts.append(first)
-        outs.append(
-            _drafter_scores(
-                dataclasses.replace(spec.static, gamma=None),
-                data.replace(temperature=jnp.float32(spec.temperature)),
-                v_logits,
-                jnp.asarray(nxt),
-                jnp.asarray(ids),
-                jnp.asarray(ends_w.astype(np.int32)),
-                jnp.asarray(dn),
-                None,
-                None,
-                dep.verifier.vocab_size,
-            )
-        )
+        outs.append(_score_one(dep, spec, data, v_logits, nxt, ids, ends_w, dn, None, None))
     outs, ok = jax.device_get((outs, ok))
     if not np.all(ok):
         raise ValueError("teacher_forced_window: a row's carried cache is behind its text")
