@@ -158,6 +158,7 @@ def test_rows_longer_than_a_drafters_context(deployment):
     np.testing.assert_array_equal(got[[0, 2, 3]], full[[0, 2, 3]])
 
 
+@pytest.mark.slow  # ~40 s: two runs on the zoo's transformers; `make test-all`
 def test_window_from_the_carried_cache_equals_the_whole_text_on_the_zoo(monkeypatch):
     """On real transformers (the zoo: a verifier, a drafter of its tokenizer, one of another
     and prompt lookup), the router's per-step scores — the verifier continuing its carried

@@ -124,6 +124,7 @@ def test_every_policy_is_greedy_exact(deployment, greedy_reference, pol):
     assert stats.steps == 2 * len(_GREEDY_PROMPTS)
 
 
+@pytest.mark.slow  # ~20 s of compilation (its χ² case, the two-drafter tree, runs by default)
 def test_a_fixed_drafter_set_is_greedy_exact(deployment, greedy_reference):
     """``set:<a>+<b>`` (`run_plans(single=[(a, b), …])`): one branch per plan, the two
     drafters a token tree under the plan's tree rule, commits the verifier's greedy plan
