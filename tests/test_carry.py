@@ -41,6 +41,7 @@ def _assert_cache_rows(cache, rows, fresh, n):
         assert int(cache.length[row]) == want
 
 
+@pytest.mark.slow  # CI time (make test ≤ 15 min on a cold clone); `make test-all` runs it
 def test_carried_caches_equal_a_fresh_prefill_of_the_committed_tokens(dep):
     texts = ["def f(x):", "In the beginning", "1 + 2 ="]
     cfg = PlanConfig(gamma=2, verifier_temperature=1.0, plan_steps=2, max_step_tokens=6, bucket=16)

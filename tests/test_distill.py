@@ -469,6 +469,7 @@ def test_domain_prompts_code_train_split():
         assert p.lstrip().startswith(("def ", "async def ")) and p in text, p
 
 
+@pytest.mark.slow  # CI time (make test ≤ 15 min on a cold clone); `make test-all` runs it
 def test_reply_alpha_counts_the_reply_positions_only(greedy, sampled):
     model, _ = greedy
     lm, params, _ = distill.train_drafter(sampled, model, _recipe(steps=5), log=_quiet)

@@ -146,6 +146,7 @@ def test_features_hold_states_and_give_each_drafter_its_own(tmp_path):
         Features.concat([plain, parts[1]])
 
 
+@pytest.mark.slow  # CI time (make test ≤ 15 min on a cold clone); `make test-all` runs it
 def test_a_two_layer_drafter_is_built_saved_and_loaded(tmp_path):
     """`EagleRecipe.layers = 2`: `initial_eagle` builds two decoder layers (both trained,
     the cache holding each one's keys), and `real_zoo.save_eagle` / `load_eagle` give back

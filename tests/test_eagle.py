@@ -65,6 +65,7 @@ def _eagle(v_lm, v_params, keep, seed, scale=1.0, layers=(), depth=1):
 # ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # CI time (make test ≤ 15 min on a cold clone); `make test-all` runs it
 @pytest.mark.parametrize("depth", [1, 2])
 def test_forward_reads_the_features_training_reads(depth):
     """``depth``: decoder layers (EAGLE's one, or two: each with its own cache)."""

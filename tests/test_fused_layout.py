@@ -46,6 +46,7 @@ def _model(bias: bool, seed: int = 0):
     return lm, jax.tree.unflatten(tree, leaves)
 
 
+@pytest.mark.slow  # CI time (make test ≤ 15 min on a cold clone); `make test-all` runs it
 @pytest.mark.parametrize("bias", [False, True])
 def test_fused_logits_equal_separate_prefill_and_cached_decode(bias):
     lm, params = _model(bias)

@@ -146,6 +146,7 @@ def _x64():
         jax.config.update("jax_enable_x64", old)
 
 
+@pytest.mark.slow  # CI time (make test ≤ 15 min on a cold clone); `make test-all` runs it
 def test_real_smollm2(smol, smol_hf64, smol_hf_tokenizer):
     """The real file against transformers, in one test so that `make test`'s two xdist
     workers load it once (~40 s of loading, most of it transformers'): weights bit for

@@ -210,6 +210,7 @@ def test_chi2_with_sparse_laws(name, rule, chains, lossless, monkeypatch):
         assert p_value < ALPHA, f"{name}: the harness did not reject (p = {p_value:.3g})"
 
 
+@pytest.mark.slow  # CI time (make test ≤ 15 min on a cold clone); `make test-all` runs it
 def test_engine_sparse_and_dense_q_give_the_same_tokens():
     from test_eagle import KEEPS, _eagle, _verifier  # a feature drafter's setup
 

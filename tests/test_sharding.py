@@ -151,6 +151,7 @@ def test_speculative_and_baseline_sharded_equal_unsharded(engine_case, rules):
     np.testing.assert_array_equal(ar.tokens, ref_ar.tokens)
 
 
+@pytest.mark.slow  # CI time (make test ≤ 15 min on a cold clone); `make test-all` runs it
 @needs8  # ~20 s on an idle machine
 def test_plan_step_sharded_equals_unsharded():
     from specjax.policy.plan import run_plans

@@ -131,6 +131,7 @@ def test_argmax_first_is_jnp_argmax():
         )
 
 
+@pytest.mark.slow  # CI time (make test ≤ 15 min on a cold clone); `make test-all` runs it
 def test_two_level_inverse_cdf_has_the_law_of_its_weights():
     """`sample_rows_u` over a vocabulary past 1,024 ids (blocks of ~√V): unnormalised
     weights with zero ids and whole zero blocks; χ² (N 200k, α 1e-3) against the weights,

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from test_cli import REPO, TOY, specjax
 
 from specjax.runner import plots, report
 
 
+@pytest.mark.slow  # CI time (make test ≤ 15 min on a cold clone); `make test-all` runs it
 def test_sweep_page_is_written_from_the_runs_rows_and_names_its_commands(tmp_path):
     workdir, docs = tmp_path / "run", tmp_path / "docs"
     run = specjax(f"--config={TOY}:runlocal", f"--workdir={workdir}")

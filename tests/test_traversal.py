@@ -267,6 +267,7 @@ def test_chi2_harness_accepts_the_rule_and_rejects_a_lossy_variant(lossless, mon
 # ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # CI time (make test ≤ 15 min on a cold clone); `make test-all` runs it
 def test_feature_twins_are_lossless_in_every_slot_order():
     """Twins' heads drawn without replacement in each row's slot order (the registry says
     the rule allows it), rows holding the twins in every order and leaving some out."""

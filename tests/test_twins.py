@@ -164,6 +164,7 @@ SMALL_DRAFTER = TransformerConfig(
 )
 
 
+@pytest.mark.slow  # CI time (make test ≤ 15 min on a cold clone); `make test-all` runs it
 def test_transformer_twins_beside_another_drafter_are_lossless():
     """Twins that keep their accepted drafts in their caches (not feature drafters), the
     third slot another drafter."""

@@ -60,6 +60,7 @@ def _cached_logits(m, p, tokens):
 @pytest.mark.parametrize(
     "bias,tie,fused", [(False, False, False), (True, True, False), (True, False, True)]
 )
+@pytest.mark.slow  # CI time (make test ≤ 15 min on a cold clone); `make test-all` runs it
 def test_out_first_logits_equal_the_default_order_prefill_and_cached_decode(bias, tie, fused):
     lm, params = _model(bias, tie)
     if fused:

@@ -366,18 +366,23 @@ def run_tasks(cfg, workdir: Path, log=print, limit: int = 0) -> Path:
 # ----------------------------------------------------------------------------------------
 
 FLAGS = flags.FLAGS
-flags.DEFINE_multi_string('config', [], 'configs/plan_tpu.py:<deployment> (repeatable).')
-flags.DEFINE_string('workdir', 'runs/plan_tpu', 'Where the journal plan.jsonl lives.')
-flags.DEFINE_string('page', '', 'Write the results page here (markdown) after compiling.')
-flags.DEFINE_bool('run', True, 'Compile what the journal lacks (--norun: only write the page).')
-flags.DEFINE_integer(
-    'programs_per_process',
-    8,
-    'Compile in child processes of at most this many programs each (the compile-only '
-    "client keeps ~0.3-0.5 GB per 70B program until its process exits); 0: all in this one.",
-    lower_bound=0,
-)
-flags.DEFINE_integer('limit', 0, 'Compile at most this many programs (0: all).', lower_bound=0)
+
+
+def define_flags() -> None:
+    """The command line's flags, defined when it runs (`entry`), never at import: importing
+    the planner beside `specjax.main` (tests, notebooks) must not redefine --config."""
+    flags.DEFINE_multi_string('config', [], 'configs/plan_tpu.py:<deployment> (repeatable).')
+    flags.DEFINE_string('workdir', 'runs/plan_tpu', 'Where the journal plan.jsonl lives.')
+    flags.DEFINE_string('page', '', 'Write the results page here (markdown) after compiling.')
+    flags.DEFINE_bool('run', True, 'Compile what the journal lacks (--norun: only write the page).')
+    flags.DEFINE_integer(
+        'programs_per_process',
+        8,
+        'Compile in child processes of at most this many programs each (the compile-only '
+        "client keeps ~0.3-0.5 GB per 70B program until its process exits); 0: all in this one.",
+        lower_bound=0,
+    )
+    flags.DEFINE_integer('limit', 0, 'Compile at most this many programs (0: all).', lower_bound=0)
 
 
 def _load(arg: str):
@@ -449,6 +454,8 @@ def main(argv) -> int:
 
 
 def entry() -> None:
+    define_flags()
+
     def _main(argv):
         try:
             return main(argv)
