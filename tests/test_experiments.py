@@ -7,7 +7,7 @@ import json
 import pytest
 from test_cli import specjax
 
-from specjax.runner import seed_table
+from specjax.runner import seed_reprice
 
 CONFIGS = [
     "configs/seed_reproduction.py",
@@ -105,7 +105,7 @@ def test_plans_experiment_end_to_end_on_synthetic(tmp_path):
     # The run's own per-plan counts, priced afresh at its own c_i, give its own column.
     costs = rows[0]["drafter_costs"]
     cons = json.loads((workdir / "config.json").read_text())["consensus_cost"]
-    again = seed_table.reprice(rows, costs, consensus_cost=cons)
+    again = seed_reprice.reprice(rows, costs, consensus_cost=cons)
     for name in ("naive", "all_on", "auto"):
         want = summary["policies"][name]["throughput_ratio_vs_single"]["value"]
         assert again[name]["value"] == pytest.approx(want, rel=1e-9), name

@@ -1,4 +1,4 @@
-"""`seed_table.reprice`: the seed table's throughput column priced afresh from a run's
+"""`seed_reprice.reprice`: the seed table's throughput column priced afresh from a run's
 per-plan counts (``per_plan['n:<item>']``), as the TPU planner prices it at a slice's c_i."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from specjax import metrics
-from specjax.runner import seed_table
+from specjax.runner import seed_reprice, seed_table
 
 NAMES = ["a", "b"]
 
@@ -68,7 +68,7 @@ def _rate(tokens, counts, c, score, cons):
 def test_reprice_is_the_itemised_cost_of_the_counts(costs):
     rows = _rows()
     score, cons = 0.02, 1.5
-    got = seed_table.reprice(rows, costs, score_cost=score, consensus_cost=cons)
+    got = seed_reprice.reprice(rows, costs, score_cost=score, consensus_cost=cons)
     c = [costs[n] for n in NAMES]
     # the best single drafter over the γ grid at these prices, by hand
     singles = {
@@ -96,12 +96,12 @@ def test_reprice_is_the_itemised_cost_of_the_counts(costs):
 def test_rows_without_counts_or_costs_are_refused():
     rows = _rows()
     with pytest.raises(ValueError, match=r"lack drafters \['b'\]"):
-        seed_table.reprice(rows, {"a": 0.1}, consensus_cost=1.0)
+        seed_reprice.reprice(rows, {"a": 0.1}, consensus_cost=1.0)
     old = [
         dict(r, per_plan={k: v for k, v in r["per_plan"].items() if not k.startswith("n:")})
         for r in rows
     ]
     with pytest.raises(ValueError, match="no priced counts"):
-        seed_table.reprice(old, {"a": 0.1, "b": 0.1}, consensus_cost=1.0)
+        seed_reprice.reprice(old, {"a": 0.1, "b": 0.1}, consensus_cost=1.0)
     with pytest.raises(ValueError, match="no `plans` rows"):
-        seed_table.reprice([{"x": 1}], {"a": 0.1, "b": 0.1}, consensus_cost=1.0)
+        seed_reprice.reprice([{"x": 1}], {"a": 0.1, "b": 0.1}, consensus_cost=1.0)

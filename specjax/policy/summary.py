@@ -60,7 +60,7 @@ def plan_totals(
     out["cost"] = metrics.itemised_cost(counts, costs, consensus_cost)["total"].tolist()
     # The priced counts themselves, per plan (``n:<item>``, drafter items [P, K]): a run
     # can be priced afresh at other c_i (another machine's, a TPU plan's) from its rows
-    # (`specjax.runner.seed_table.reprice`).
+    # (`specjax.runner.seed_reprice.reprice`).
     for item in metrics.COST_ITEMS:
         if item in counts:
             out[f"n:{item}"] = np.asarray(counts[item]).tolist()

@@ -5,7 +5,7 @@ against HBM, collectives, relayout copies), T_step and T_score(k) ÷ T_step (the
 the compiled programs; the compiler's own estimate beside it where it gives one), the
 projected speculative ÷ autoregressive per drafter, the analytic estimates against the
 compiled figures, the engine's programs, and the seed table priced at the slice's prices
-from a run's per-plan counts (`specjax.runner.seed_table.reprice`).
+from a run's per-plan counts (`specjax.runner.seed_reprice.reprice`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 
 from specjax.field_report import FIELD_REPORT_COSTS, FIELD_REPORT_TABLE
-from specjax.runner.seed_table import reprice
+from specjax.runner.seed_reprice import reprice
 from specjax.tpu import programs as P
 from specjax.tpu.shapes import abstract_model
 from specjax.tpu.targets import CHIPS, SLICES
@@ -205,7 +205,7 @@ def _projection(cfg, ratios, costs) -> list[str]:
 
 def _seed_table(cfg, sl: str, ratios: dict, costs: dict) -> list[str]:
     """The seed table's throughput column priced at this slice's prices: the run named by
-    ``cfg.seed_run`` (its per-plan counts, `seed_table.reprice`) at c_i = T_draft ÷ T_step
+    ``cfg.seed_run`` (its per-plan counts, `seed_reprice.reprice`) at c_i = T_draft ÷ T_step
     of the compiled drafters and a scored token's price from T_score(4) ÷ T_step."""
     run = cfg.get('seed_run', '')
     if not run:
