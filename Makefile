@@ -201,14 +201,14 @@ docs-seed-real: $(STAMP)
 	$(MAKE) routing-real
 
 # Every router side by side on SmolLM2 in bf16 (both autos, the domain router, each drafter
-# alone, the fixed token tree code+lookup): on the seed's three domains
-# (docs/results/routing_real.md) and mixed with the copy-and-edit plans
-# (docs/results/routing_real_mixed.md). On an idle machine: wall clock is the result.
+# alone, the fixed token tree code+lookup): on the seed's three domains and mixed with the
+# copy-and-edit plans, one page (docs/results/routing_real.md, the second run a section of
+# it). On an idle machine: wall clock is the result.
 routing-real: $(STAMP)
 	$(PY) -m specjax.main --config=configs/seed_reproduction_real.py:routing --workdir=runs/seed_reproduction_real_routing
 	$(PY) -m specjax.report --workdir=runs/seed_reproduction_real_routing --docs_page=docs/results/routing_real.md
 	$(PY) -m specjax.main --config=configs/seed_reproduction_real.py:routing_mixed --workdir=runs/seed_reproduction_real_routing_mixed
-	$(PY) -m specjax.report --workdir=runs/seed_reproduction_real_routing_mixed --docs_page=docs/results/routing_real_mixed.md
+	$(PY) -m specjax.report --workdir=runs/seed_reproduction_real_routing_mixed --docs_page=docs/results/routing_real.md --docs_append
 
 clean-venv:
 	rm -rf $(VENV)

@@ -36,6 +36,13 @@ flags.DEFINE_string(
     "docs/results/sweep_gamma_temperature.md; the plots copied into a folder of the "
     "page's name beside it).",
 )
+flags.DEFINE_bool(
+    "docs_append",
+    False,
+    "With --docs_page: add this run's table to that existing page as a section of its own "
+    "(headed by its workdir; a rerun replaces the section) instead of rewriting the page: "
+    "one page per question, e.g. the routers on two workloads.",
+)
 flags.DEFINE_multi_string(
     "compare_with",
     None,
@@ -54,6 +61,13 @@ def main(argv: Sequence[str]) -> None:
 
     try:
         page = _docs_page_path(flags.FLAGS.docs_page) if flags.FLAGS.docs_page else None
+        if flags.FLAGS.docs_append:  # before anything is built or written
+            check(
+                page is not None and page.is_file(),
+                "--docs_page",
+                flags.FLAGS.docs_page,
+                "an existing page with --docs_append (write it first)",
+            )
     except ConfigError as e:
         fail(e)
     # Every input is read and checked, and every output built in memory, before anything
@@ -91,7 +105,11 @@ def main(argv: Sequence[str]) -> None:
         print(built["seed_table"]["markdown"])
     if page is not None:
         if built["seed_table"] is not None:
-            print(_write_docs_page(page, path, inputs[3], built["seed_table"]["markdown"]))
+            md = built["seed_table"]["markdown"]
+            if flags.FLAGS.docs_append:
+                print(_append_docs_section(page, path, inputs[3], md))
+            else:
+                print(_write_docs_page(page, path, inputs[3], md))
         else:
             print(write_sweep_page(page, path, inputs[1], inputs[2], inputs[3], built["report"][0]))
 
@@ -182,6 +200,40 @@ def _read_run(workdir, flag: str) -> tuple[Path, list, dict, dict]:
     return path, rows, config, docs["version.json"]
 
 
+def _append_docs_section(page, workdir: Path, version: dict, markdown: str) -> Path:
+    """--docs_append: the run's seed table as a section of the existing results ``page``,
+    headed by its workdir (a section of the same workdir is replaced); the page is
+    rewritten atomically (`main` has checked that it exists)."""
+    from specjax.runner import results  # pylint: disable=import-outside-toplevel
+
+    page = Path(page)
+    head = f"## Also: the run in `{workdir}`"
+    text = page.read_text(encoding="utf-8").split(f"\n{head}\n", 1)[0].rstrip()
+    lines = markdown.splitlines()
+    if lines and lines[0].startswith("# "):
+        lines = lines[1:]
+    lines = [f"#{ln}" if ln.startswith("## ") else ln for ln in lines]  # one level down
+    body = [text, "", head, "", *_run_lines(workdir, version), *lines]
+    results.atomic_write_text(page, "\n".join(body).rstrip() + "\n")
+    return page
+
+
+def _run_lines(workdir: Path, version: dict) -> list[str]:
+    """Who ran the cells: the run's command, commit and start (its version.json)."""
+    from specjax.runner import provenance  # pylint: disable=import-outside-toplevel
+
+    argv = version.get("argv") or []
+    run_cmd = provenance.command_line(argv) if argv else "(not recorded)"
+    run_commit = str(version.get("git_commit") or "?")[:7] + (
+        "-dirty" if version.get("git_dirty") else ""
+    )
+    return [
+        f"The cells were run by `{run_cmd}` at commit `{run_commit}`, started "
+        f"{version.get('started_at', '(not recorded)')}; the workdir was `{workdir}`.",
+        "",
+    ]
+
+
 def _write_docs_page(page, workdir: Path, version: dict, markdown: str) -> Path:
     """The seed table as a results page: the report's markdown under a header naming the
     command that ran the cells (from the run's version.json) and this command."""
@@ -191,16 +243,7 @@ def _write_docs_page(page, workdir: Path, version: dict, markdown: str) -> Path:
 
     page = Path(page)
     prov = provenance.provenance()
-    argv = version.get("argv") or []
-    run_cmd = provenance.command_line(argv) if argv else "(not recorded)"
-    run_commit = str(version.get("git_commit") or "?")[:7] + (
-        "-dirty" if version.get("git_dirty") else ""
-    )
-    body = [
-        f"The cells were run by `{run_cmd}` at commit `{run_commit}`, started "
-        f"{version.get('started_at', '(not recorded)')}; the workdir was `{workdir}`.",
-        "",
-    ]
+    body = _run_lines(workdir, version)
     plots = workdir / "plots"
     lines = markdown.splitlines()
     # Plots the report links to (plots/x.png) are copied beside the page, renamed after it.

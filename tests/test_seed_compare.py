@@ -523,3 +523,44 @@ def test_report_compare_with_three_runs_bad_input_is_one_line(tmp_path, capsys, 
     code, err, out = run_report(capsys, str(gemma), other)
     assert_one_line_error(code, err, out, "--compare_with")
     assert not (gemma / "seed_report.md").exists()
+
+
+def _report_page(capsys, workdir, page, append: bool) -> tuple[int, list[str], str]:
+    """``python -m specjax.report --workdir=W --docs_page=P [--docs_append]`` in-process."""
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS["workdir"].value = str(workdir)
+    flags.FLAGS["docs_page"].value = str(page)
+    flags.FLAGS["docs_append"].value = append
+    flags.FLAGS.mark_as_parsed()
+    try:
+        report_mod.main(["specjax"])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    finally:
+        flags.FLAGS["docs_page"].value = None
+        flags.FLAGS["docs_append"].value = False
+        flags.FLAGS.unparse_flags()
+    out = capsys.readouterr()
+    return code, out.err.splitlines(), out.out
+
+
+def test_docs_append_adds_one_section_per_run_and_replaces_it_on_a_rerun(tmp_path, capsys):
+    """One page for two runs of one question (the routers on two workloads): the second
+    run's table is a section of its own, headed by its workdir; appending again replaces
+    that section; appending to a page that does not exist is one line and writes nothing."""
+    first, second = _run(tmp_path, "pure", **REAL), _run(tmp_path, "mixed", **REAL)
+    page = tmp_path / "docs" / "routing.md"
+    page.parent.mkdir()
+    code, err, _ = _report_page(capsys, tmp_path / "nope", page, True)
+    assert_one_line_error(code, err, "", "--docs_page")
+    assert not page.exists()
+    assert _report_page(capsys, first, page, False)[0] == 0
+    own = page.read_text()
+    assert _report_page(capsys, second, page, True)[0] == 0
+    once = page.read_text()
+    head = f"## Also: the run in `{second}`"
+    assert once.startswith(own.rstrip()) and once.count(head) == 1
+    assert "### Every policy" in once.split(head, 1)[1]  # its sections one level down
+    assert _report_page(capsys, second, page, True)[0] == 0
+    assert page.read_text() == once

@@ -52,6 +52,7 @@ def markdown(summary: dict) -> str:
     lines = (
         _intro(summary) + _seed_comparison(summary) + _claim_verdicts(summary) + _every_policy(pol)
     )
+    lines += _router_bound(summary.get("router_bound") or {})
     lines += _effects(summary.get("effects", {}))
     lines += _decision(pol, st)
     lines += _why(summary)
@@ -167,6 +168,22 @@ def _claim_verdicts(summary: dict) -> list[str]:
         verdict = {True: "reproduced", False: "not reproduced", None: "undefined"}[c["holds"]]
         lines.append(f"- **{claim.replace('_', ' ')}** — {verdict}: {c['text']}.")
     return lines
+
+
+def _router_bound(bound: dict) -> list[str]:
+    """The best single drafter per plan in hindsight ÷ the best single for all plans
+    (`seed_table._router_bound`): the most a router running one drafter per plan can win."""
+    parts = [
+        f"{_fmt(b)}× by {what} (vs {b.get('versus')}, γ {b.get('gamma')})"
+        for key, what in (("seconds", "wall clock"), ("cost", "the cost model"))
+        if isinstance(b := bound.get(key), dict)
+    ]
+    if not parts:
+        return []
+    return [
+        "Best single drafter per plan in hindsight ÷ the best single: " + "; ".join(parts) + ".",
+        "",
+    ]
 
 
 def _every_policy(pol: dict) -> list[str]:
