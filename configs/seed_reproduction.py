@@ -58,9 +58,11 @@ def routing_mixed(c: ml_collections.ConfigDict) -> None:
         + [single_name(d) for d in drafters]
         + ["set:code+lookup"]
     )
-    c.grid.gamma = [4]
+    # γ 1 and 4: each single drafter at its best γ of the two (the routers' fair baseline),
+    # and `auto` at γ 1 choosing drafters alone beside `auto` at γ 4 choosing drafter and γ.
+    c.grid.gamma = [1, 4]
     c.grid.seed = [0, 1]
-    c.auto_gammas = [1, 2, 3, 4]
+    c.auto_gammas = [1, 2, 3, 4]  # a cell uses those ≤ its γ
 
 
 def get_config(arg=None):

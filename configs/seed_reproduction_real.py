@@ -92,8 +92,12 @@ def routing(c: ml_collections.ConfigDict) -> None:
         + [single_name(d) for d in ROUTING_DRAFTERS]
         + ["set:code+lookup"]
     )
-    c.grid.gamma = [4]
-    c.auto_gammas = [1, 2, 3, 4]
+    # γ 1 and 4: each single drafter at its best γ of the two (the routers' fair baseline:
+    # a router that may pick γ 1 beats singles held at γ 4 by γ alone when rounds are
+    # compute-bound), and `auto` at γ 1 (choosing drafters alone) beside `auto` at γ 4
+    # (choosing drafter and γ ∈ [1, 4]); the hindsight bound picks each plan's drafter and γ.
+    c.grid.gamma = [1, 4]
+    c.auto_gammas = [1, 2, 3, 4]  # a cell uses those ≤ its γ
     # bf16: the verifier's 5-token score costs about one step on this CPU (memory-bound, the
     # regime speculation is for), so wall clock is the routers' result; in f32 it is not.
     c.dtype = "bfloat16"

@@ -239,7 +239,7 @@ def _write_docs_page(page, workdir: Path, version: dict, markdown: str) -> Path:
     command that ran the cells (from the run's version.json) and this command."""
     import shutil  # pylint: disable=import-outside-toplevel
 
-    from specjax.runner import provenance  # pylint: disable=import-outside-toplevel
+    from specjax.runner import provenance, seed_report  # pylint: disable=import-outside-toplevel
 
     page = Path(page)
     prov = provenance.provenance()
@@ -255,11 +255,12 @@ def _write_docs_page(page, workdir: Path, version: dict, markdown: str) -> Path:
                 page.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(plots / name, target)
             lines[i] = line.replace(f"](plots/{name})", f"]({target.name})")
+    title = "The field report's table, reproduced"
     if lines and lines[0].startswith("# "):
+        if lines[0][2:] == seed_report.ROUTERS_TITLE:  # a routing run's page keeps its title
+            title = seed_report.ROUTERS_TITLE
         lines = lines[1:]
-    return provenance.write_page(
-        page.stem, "The field report's table, reproduced", body + lines, prov, docs_dir=page.parent
-    )
+    return provenance.write_page(page.stem, title, body + lines, prov, docs_dir=page.parent)
 
 
 def _docs_page_path(value) -> Path:

@@ -5,6 +5,8 @@ text (the synthetic deployment's exact tables: p and q read from the tables, no 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -89,6 +91,18 @@ def test_scores_of_a_drafter_that_sat_out(deployment):
     # once per step, shared by the plans: the predicted seconds include the scoring.
     scoring = [k for k in st.priced if k.startswith("verify:verifier:8x")]
     assert scoring and sum(st.priced[k].sum() for k in scoring) == pytest.approx(cfg.plan_steps)
+    # …and every drafter's read of the rows — those that sat out too — as the prefill it is
+    # (its re-spelling's width, over the padded rows, into a cache of that width).
+    for name in dep.names:
+        reads = [
+            k
+            for k in st.priced
+            if (m := re.fullmatch(rf"draft:{re.escape(name)}:(\d+)x\d+@(\d+)", k))
+            and m.group(1) == m.group(2)
+        ]
+        assert reads and sum(st.priced[k].sum() for k in reads) == pytest.approx(cfg.plan_steps), (
+            name
+        )
     assert np.all(st.counts["drafter_prefills"][:, 2:] == cfg.plan_steps)
     # The estimates are the teacher-forced ones (shrunk towards the pooled α).
     a = router.alpha(0)

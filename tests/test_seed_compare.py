@@ -279,6 +279,39 @@ def test_router_bound_is_the_hindsight_best_single_per_plan():
     assert f"{want:.2f} [" in _cells(line)[2]
 
 
+def test_router_bound_ranges_over_every_gamma_of_the_grid():
+    """A γ grid makes the hindsight bound pick each plan's (drafter, γ): a drafter made 10×
+    cheaper on plan 0 at a second γ only is that plan's choice, named ``drafter@γ``, and
+    the bound is the hand-computed sum over the picks ÷ the best single at its γ."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    rows = [r for r in _rows() if r.get("gamma") == 2]
+    names = list(rows[0]["pairing"])
+    twin = copy.deepcopy(rows)
+    for r in twin:
+        r["gamma"] = 5
+        cost = r["baselines"]["single"][names[1]]["cost"]
+        cost[0] = cost[0] / 10.0
+    side = _sides(real_rows=rows + twin)["real"]
+    s = side["summary"]
+    b = s["router_bound"]["cost"]
+    assert b["gammas"] == [2, 5]
+    assert b["choice"][0] == f"{names[1]}@5"
+    pool = {g: [r for r in rows + twin if r["gamma"] == g] for g in (2, 5)}
+    base = lambda rr, n, k: np.sum(  # noqa: E731
+        [np.asarray(r["baselines"]["single"][n][k], float) for r in rr], axis=0
+    )
+    tok = sec = 0.0
+    for p, pick in enumerate(b["choice"]):
+        n, g = pick.split("@")
+        tok += base(pool[int(g)], n, "tokens")[p]
+        sec += base(pool[int(g)], n, "cost")[p]
+    g_best, n_best = s["best_single"]["gamma"], s["best_single"]["drafter"]
+    best = base(pool[g_best], n_best, "tokens").sum() / base(pool[g_best], n_best, "cost").sum()
+    assert b["value"] == pytest.approx((tok / sec) / best, rel=1e-12)
+    assert "each plan's drafter and γ in [2, 5]" in side["markdown"]
+
+
 @pytest.mark.parametrize("ratio, primary", [(1.1, "wall"), (3.0, "cost")])
 def test_real_primary_figure_follows_the_measured_regime(ratio, primary):
     """Wall clock is the real deployment's primary figure only where its rounds were
@@ -564,3 +597,20 @@ def test_docs_append_adds_one_section_per_run_and_replaces_it_on_a_rerun(tmp_pat
     assert "### Every policy" in once.split(head, 1)[1]  # its sections one level down
     assert _report_page(capsys, second, page, True)[0] == 0
     assert page.read_text() == once
+
+
+def test_a_routers_only_run_is_titled_as_such_without_the_seeds_table():
+    """A run with neither naive nor all-on (a routing run) has nothing of the seed's table
+    to compare: its report is titled "Routers side by side", says why, and keeps every
+    policy's row; a run with them keeps the seed's table and claims."""
+    from specjax.runner import seed_table  # pylint: disable=import-outside-toplevel
+
+    rows = [r for r in _rows() if r["policy"] == "auto"]
+    md = seed_table.build(_config(), rows)["markdown"]
+    assert md.startswith("# Routers side by side\n")
+    assert "the seed's table and its four claims are not judged here" in md
+    assert "| quantity | seed, naive |" not in md and "four claims, judged" not in md
+    assert "\n| auto |" in md
+    full = seed_table.build(_config(), _rows())["markdown"]
+    assert full.startswith("# The seed's table, reproduced\n")
+    assert "| quantity | seed, naive |" in full

@@ -325,7 +325,8 @@ def _score_step(dep, states, todo, step, new, router, stats) -> None:
     drafter reads the plan's whole text instead (`teacher_forced`, at the run's buffer width).
     The scoring is charged to the plans: its seconds, and in the modelled cost a verifier
     call (a prefill where the whole text is read) and a prefill of every drafter per plan
-    and step."""
+    and step; the machine prices price the verifier's block and every drafter's read (the
+    host's re-spelling is not priced, as no host Python is)."""
     rows = [states.hist[i] for i in todo]
     pad = padded_count(len(rows)) - len(rows)
     width = min(-(-states.buf_len // 32) * 32, dep.verifier.max_len)
@@ -339,7 +340,7 @@ def _score_step(dep, states, todo, step, new, router, stats) -> None:
         verifier_count = "verifier_prefills"
     else:
         window = -(-(max(states.max_step_tokens, *new) + 1) // 8) * 8
-        got, secs = teacher_forced_window(
+        got, secs, reads = teacher_forced_window(
             dep,
             states.v.vcache,
             states.v_cap,
@@ -351,9 +352,14 @@ def _score_step(dep, states, todo, step, new, router, stats) -> None:
         )
         sums = [got[:, j] for j in range(len(rows))]
         verifier_count = "verifier_calls"
-        # Priced as the verifier forward it is (a block of `window` tokens over the padded
-        # rows, from the carried cache): the predicted seconds include the scoring.
-        priced = {price_key("verify", "verifier", window, len(rows) + pad, states.v_cap): 1}
+        # Priced as the forwards it is: the verifier's block of `window` tokens over the
+        # padded rows from the carried cache, and each drafter's read of the rows (a prefill
+        # of its re-spelling's width): the predicted seconds include the scoring.
+        b = len(rows) + pad
+        priced = {price_key("verify", "verifier", window, b, states.v_cap): 1}
+        for name, w_d in reads.items():
+            key = price_key("draft", name, w_d, b, w_d)
+            priced[key] = priced.get(key, 0) + 1
     for j, i in enumerate(todo):
         router.observe_scores(i, step, sums[j], int(new[j]))
         stats.add("seconds", i, secs / len(todo))

@@ -197,7 +197,7 @@ def teacher_forced_window(
     new: Sequence[int],
     window: int,
     width: int,
-) -> tuple[np.ndarray, float]:
+) -> tuple[np.ndarray, float, dict]:
     """`teacher_forced`'s α on each row's last step only, the verifier continuing from the
     plan runner's carried cache (``vcache``, capacity ``cap``; row ``plans[b]`` holds
     ``rows[b]`` committed) instead of reading the whole text again: α f32[K, B] = Σ over the
@@ -207,7 +207,9 @@ def teacher_forced_window(
     run) from each row's last step's first predicting position; a drafter re-reads the row
     (its own, small, forward; a re-spelling as in `teacher_forced`, at ``width``) and is
     compared at those positions only. A feature drafter needs the verifier's features over
-    the whole text: use `teacher_forced` for deployments that have one."""
+    the whole text: use `teacher_forced` for deployments that have one. The third value
+    names the drafters' reads, {drafter: pieces per row}, for the caller to price (each is a
+    prefill of that width over the rows)."""
     request, _ = feature_layout(dep.verifier, [d.lm for d in dep.drafters])
     if request:
         raise ValueError("teacher_forced_window: feature drafters read the whole text's features")
@@ -233,10 +235,11 @@ def teacher_forced_window(
         jnp.asarray(tok),
         jnp.asarray(lo, jnp.int32),
     )
-    outs, starts = [], []
+    outs, starts, reads = [], [], {}
     cols = lo[:, None] + np.arange(window)[None, :]  # [B, window] positions
     for spec, data in zip(dep.drafters, dep.d_data):
         ids, ends, dn, first = _respell(data, rows, width, width, spec.lm.max_len)
+        reads[spec.name] = int(ids.shape[1])
         ends_w = np.take_along_axis(ends, np.minimum(cols, ends.shape[1] - 1), 1)
         starts.append(first)
         outs.append(_score_one(dep, spec, data, v_logits, nxt, ids, ends_w, dn, None, None))
@@ -250,4 +253,4 @@ def teacher_forced_window(
         np.arange(window)[None, :] < lo_step + new[:, None]
     )
     read = cols[None] >= np.stack(starts)[:, :, None]
-    return (alpha * (want[None] & read)).sum(-1), time.perf_counter() - t0
+    return (alpha * (want[None] & read)).sum(-1), time.perf_counter() - t0, reads

@@ -312,14 +312,13 @@ AUTO_GAMMAS = (2, 4, 6, 8)
 
 
 def auto_gamma_candidates(config, gamma: int, own) -> tuple[int, ...]:
-    """`auto`'s γ candidates for a lone drafter: the config's ``auto_gammas`` (each must be
-    within [1, the run's widest γ]; a ConfigError names it otherwise), else `AUTO_GAMMAS`
-    up to the run's widest γ; each drafter's own γ_i is a candidate anyway."""
-    given = config.get("auto_gammas")
-    if given:
-        return tuple(given)
+    """`auto`'s γ candidates for a lone drafter in one cell: the config's ``auto_gammas``
+    (else `AUTO_GAMMAS`), those above the cell's widest γ left out — a γ grid such as
+    [1, 4] runs `auto` at γ 1 (drafter choice alone) and at γ 4 (drafter and γ) from one
+    list; each drafter's own γ_i is a candidate anyway."""
     widest = widest_gamma(gamma, own)
-    return tuple(g for g in AUTO_GAMMAS if g <= widest)
+    given = config.get("auto_gammas") or AUTO_GAMMAS
+    return tuple(g for g in given if g <= widest)
 
 
 def _finalize(config, workdir: Path, results: list[dict]) -> None:

@@ -166,7 +166,7 @@ def _check_values(config) -> None:
         isinstance(value, (tuple, list)) and all(is_gamma(g, LIMITS["gamma"]) for g in value),
         "auto_gammas",
         value,
-        f"a list of integers γ in [1, {LIMITS['gamma']}] (each ≤ the run's widest γ)",
+        f"a list of integers γ in [1, {LIMITS['gamma']}] (a cell uses those ≤ its widest γ)",
     )
     value = config.get("machine_prices", True)
     check(isinstance(value, bool), "machine_prices", value, "True or False")

@@ -161,43 +161,48 @@ def _best_single(by_gamma: dict, keys=("cost", "cost_seed", "seconds")) -> dict:
     return out
 
 
-def _router_bound(best_single: dict) -> dict:
+def _router_bound(best_single: dict, pools: dict | None = None) -> dict:
     """The best single drafter chosen per plan in hindsight, over the best single drafter
-    for all plans (each at the best single's γ): the most any router that runs one drafter
-    per plan can gain, since it cannot know more than hindsight does. Per throughput
-    measure ('cost', 'seconds'): {'value', 'ci' (bootstrap over plans), 'choice' (the
-    drafter each plan took), 'source'}; a plan's drafter is its argmax of tokens per unit,
-    fixed before resampling."""
+    for all plans: the most any router that runs one drafter per plan can gain, since it
+    cannot know more than hindsight does. A plan's choice ranges over every (drafter, γ) in
+    ``pools[key]`` ({γ: units}, the γ grid's) — else over the best single's γ alone — so a
+    router that also picks γ is held to a bound that does too. Per throughput measure
+    ('cost', 'seconds'): {'value', 'ci' (bootstrap over plans), 'choice' (what each plan
+    took: the drafter, ``@γ`` when the grid has several), 'source'}; a plan's choice is its
+    argmax of tokens per unit, fixed before resampling."""
     out = {}
     for key in ("cost", "seconds"):
         best = best_single.get(key)
         if best is None:
             continue
         u, name = best
-        rates = np.stack(
-            [
-                np.asarray(u.single[n]["tokens"], np.float64)
-                / np.maximum(np.asarray(u.single[n][key], np.float64), 1e-300)
-                for n in u.names
-            ]
-        )  # [K, P]
-        pick = np.argmax(rates, axis=0)
-        cols = np.arange(rates.shape[1])
-        tok = np.stack([np.asarray(u.single[n]["tokens"], np.float64) for n in u.names])
-        den = np.stack([np.asarray(u.single[n][key], np.float64) for n in u.names])
+        pool = (pools or {}).get(key) or {u.gamma: u}
+        cands = [
+            (g, n, v)
+            for g, v in sorted(pool.items(), key=lambda x: (x[0] is None, x[0]))
+            for n in v.names
+            if key in v.single[n]
+        ]
+        tok = np.stack([np.asarray(v.single[n]["tokens"], np.float64) for _, n, v in cands])
+        den = np.stack([np.asarray(v.single[n][key], np.float64) for _, n, v in cands])
+        pick = np.argmax(tok / np.maximum(den, 1e-300), axis=0)  # [P] over the candidates
+        cols = np.arange(tok.shape[1])
         t_pick, d_pick = tok[pick, cols], den[pick, cols]
+        several = len({g for g, _, _ in cands}) > 1
 
         def f(idx=None, t_pick=t_pick, d_pick=d_pick, u=u, name=name, key=key):
             return _div(metrics.ratio_of_sums(t_pick, d_pick, idx), _single_rate(u, name, key, idx))
 
+        unit = "baselines.single" if pools is None or key == "cost" else "single:<drafter> cells"
         out[key] = {
             "value": f(),
             "ci": metrics.bootstrap_ci(len(t_pick), f, N_BOOT, seed=7),
-            "choice": [u.names[i] for i in pick],
+            "choice": [f"{cands[i][1]}@{cands[i][0]}" if several else cands[i][1] for i in pick],
             "versus": name,
             "gamma": u.gamma,
-            "source": f"Σ over plans of baselines.single.<argmax per plan>.tokens / .{key} ÷ "
-            f"the same of baselines.single.{name} (γ={u.gamma})",
+            "gammas": sorted({g for g, _, _ in cands}, key=lambda g: (g is None, g)),
+            "source": f"Σ over plans of {unit}.<argmax per plan over drafter and γ>.tokens / "
+            f".{key} ÷ the same of {name} (γ={u.gamma})",
         }
     return out
 
@@ -257,13 +262,16 @@ def build(config, results: list[dict]) -> dict | None:
     if not results:
         return None
     groups = _group(results)
-    best_single = _best_single(_baselines(groups))
+    baselines = _baselines(groups)
+    best_single = _best_single(baselines)
     # Wall clock: where the run has `single:<drafter>` cells, the denominator is the best of
     # those (timed like every other cell, in turn), not the baselines (timed first, with
     # the first cell: a process's first runs of its programs and any load it started under).
-    cells = _best_single(_single_cells(groups), keys=("seconds",))
+    single_cells = _single_cells(groups)
+    cells = _best_single(single_cells, keys=("seconds",))
     if cells:
         best_single["seconds"] = cells["seconds"]
+    pools = {"cost": baselines, "seconds": single_cells if cells else baselines}
     policies, fns = {}, {}
     ordered = sorted(groups.items(), key=lambda x: policy_names.order_key(x[0]))
     for k, (name, per_gamma) in enumerate(ordered):
@@ -282,7 +290,7 @@ def build(config, results: list[dict]) -> dict | None:
             if bw
             else None
         ),
-        "router_bound": _router_bound(best_single),
+        "router_bound": _router_bound(best_single, pools),
         "claims": _claims(policies),
         "settings": _settings(config, results),
     }
