@@ -5,8 +5,6 @@ text (the synthetic deployment's exact tables: p and q read from the tables, no 
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 
@@ -91,18 +89,14 @@ def test_scores_of_a_drafter_that_sat_out(deployment):
     # once per step, shared by the plans: the predicted seconds include the scoring.
     scoring = [k for k in st.priced if k.startswith("verify:verifier:8x")]
     assert scoring and sum(st.priced[k].sum() for k in scoring) == pytest.approx(cfg.plan_steps)
-    # …and every drafter's read of the rows — those that sat out too — as the prefill it is
-    # (its re-spelling's width, over the padded rows, into a cache of that width).
-    for name in dep.names:
-        reads = [
-            k
-            for k in st.priced
-            if (m := re.fullmatch(rf"draft:{re.escape(name)}:(\d+)x\d+@(\d+)", k))
-            and m.group(1) == m.group(2)
-        ]
-        assert reads and sum(st.priced[k].sum() for k in reads) == pytest.approx(cfg.plan_steps), (
-            name
-        )
+    # …and every drafter's read of the step — those that sat out too — as the program it
+    # is (once per drafter and step, shared by the plans), after a prefill of the prompts
+    # at its first use (the drafters that sat out have no other forward to price).
+    reads = [k for k in st.priced if k.startswith("state:read_score.")]
+    assert sum(st.priced[k].sum() for k in reads) == pytest.approx(cfg.plan_steps * len(dep.names))
+    for name in dep.names[2:]:
+        first = [k for k in st.priced if k.startswith(f"draft:{name}:")]
+        assert len(first) == 1 and st.priced[first[0]].sum() == pytest.approx(1), name
     assert np.all(st.counts["drafter_prefills"][:, 2:] == cfg.plan_steps)
     # The estimates are the teacher-forced ones (shrunk towards the pooled α).
     a = router.alpha(0)
@@ -132,20 +126,25 @@ def test_teacher_forced_choice_follows_scores():
 
 def test_scoring_compiles_once_per_run(deployment):
     """The scoring pass runs at the run's fixed window and padded rows: one verifier program
-    for the whole run, not one per step (its cache counted before and after), continuing
-    the carried cache (the whole-text verifier pass is not run)."""
-    from specjax.policy import scores
+    for the whole run, not one per step, continuing the carried cache (the whole-text passes
+    are not run), and each drafter's read a few programs (its pieces' padded widths)."""
+    from specjax.engine import programs
+    from specjax.policy import carried_scores, scores
+
+    def compiled(fn):
+        return sum(1 for key in programs._PROGRAMS if key[0] is fn)
 
     dep, _ = deployment
     cfg = PlanConfig(gamma=2, verifier_temperature=1.0, plan_steps=4, max_step_tokens=7, bucket=16)
     router = AutoRouter([0.0, 0.0, 0.0, 0.0], cfg.gamma, score="teacher_forced", max_set=1)
-    w0 = scores._window_pass._cache_size()
+    programs.release_programs(0)
     v0 = scores._verifier_pass._cache_size()
     d0 = scores._drafter_scores._cache_size()
     run_plans(dep, cfg, ["ab", "cd", "a"], router=router)
-    assert scores._window_pass._cache_size() - w0 == 1
+    assert compiled(scores._window_pass) == 1
+    assert 1 <= compiled(carried_scores._read_score_jit) <= 2 * len(dep.drafters)
     assert scores._verifier_pass._cache_size() == v0
-    assert scores._drafter_scores._cache_size() - d0 <= 2 * len(dep.drafters)
+    assert scores._drafter_scores._cache_size() == d0
     assert sum(router.pooled_tf_positions) > 0
 
 
@@ -176,9 +175,9 @@ def test_rows_longer_than_a_drafters_context(deployment):
 def test_window_from_the_carried_cache_equals_the_whole_text_on_the_zoo(monkeypatch):
     """On real transformers (the zoo: a verifier, a drafter of its tokenizer, one of another
     and prompt lookup), the router's per-step scores — the verifier continuing its carried
-    cache over the step, `teacher_forced_window` — equal those of `teacher_forced` over each
-    plan's whole committed text at the same positions (the same run, same seeds: the same
-    plans), step by step."""
+    cache over the step (`verifier_window`), each drafter its own read (`ScoreReads`) —
+    equal those of `teacher_forced` over each plan's whole committed text at the same
+    positions (the same run, same seeds: the same plans), step by step."""
     from specjax.configs.common import plans_defaults
     from specjax.policy import plan as plan_mod
     from specjax.runner import plans_setup

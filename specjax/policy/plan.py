@@ -49,6 +49,7 @@ from specjax.engine.features import feature_layout
 from specjax.engine.gammas import widest_gamma
 from specjax.metrics import price_key
 from specjax.policy import boundary as boundary_lib
+from specjax.policy.carried_scores import ScoreReads
 from specjax.policy.consensus import BranchOutcome, branch_statistics, decide_step, exact_match
 from specjax.policy.counters import RunStats
 from specjax.policy.engine_calls import (
@@ -65,7 +66,7 @@ from specjax.policy.kl import pairwise_kl_common
 from specjax.policy.layout import StepRows, branch_layout
 from specjax.policy.plan_config import PlanConfig
 from specjax.policy.plan_state import PlanStates, padded_count
-from specjax.policy.scores import teacher_forced, teacher_forced_window
+from specjax.policy.scores import teacher_forced, verifier_window
 from specjax.policy.switches import Policy
 
 # ---------------------------------------------------------------------------- the run
@@ -320,13 +321,16 @@ def _score_step(dep, states, todo, step, new, router, stats) -> None:
     """Every drafter scored teacher forced on the step's committed text of each plan in
     ``todo``, the sums over the positions that predicted the step's ``new`` tokens handed to
     the router (`AutoRouter.observe_scores`). The verifier continues from the carried cache
-    over a block of the step's length (`policy.scores.teacher_forced_window`: one program
-    per run, like a verify call of max_step_tokens + 1 tokens); a deployment with a feature
-    drafter reads the plan's whole text instead (`teacher_forced`, at the run's buffer width).
-    The scoring is charged to the plans: its seconds, and in the modelled cost a verifier
-    call (a prefill where the whole text is read) and a prefill of every drafter per plan
-    and step; the machine prices price the verifier's block and every drafter's read (the
-    host's re-spelling is not priced, as no host Python is)."""
+    over a block of the step's length (`policy.scores.verifier_window`: one program per
+    run, like a verify call of max_step_tokens + 1 tokens) and every drafter's own carried
+    read advances over the step's new tokens (`policy.carried_scores.ScoreReads`); a
+    deployment with a feature drafter reads the plan's whole text instead
+    (`teacher_forced`, at the run's buffer width).
+    The scoring is charged to the plans: its programs' seconds; in the modelled cost a
+    verifier call (a prefill where the whole text is read) and one forward of every drafter
+    per plan and step (counted with the drafter prefills, c_i each, like a catch-up); by the
+    machine prices, the verifier's block and every drafter's read program (a prefill at its
+    first use)."""
     rows = [states.hist[i] for i in todo]
     pad = padded_count(len(rows)) - len(rows)
     width = min(-(-states.buf_len // 32) * 32, dep.verifier.max_len)
@@ -340,26 +344,22 @@ def _score_step(dep, states, todo, step, new, router, stats) -> None:
         verifier_count = "verifier_prefills"
     else:
         window = -(-(max(states.max_step_tokens, *new) + 1) // 8) * 8
-        got, secs, reads = teacher_forced_window(
-            dep,
-            states.v.vcache,
-            states.v_cap,
-            list(todo) + [todo[0]] * pad,
-            rows + [rows[0]] * pad,
-            list(new) + [new[0]] * pad,
-            window,
-            width,
+        plans = list(todo) + [todo[0]] * pad
+        steps = list(new) + [new[0]] * pad
+        v_logits, lo, secs = verifier_window(
+            dep, states.v.vcache, states.v_cap, plans, rows + [rows[0]] * pad, steps, window
         )
+        if states.score_reads is None:
+            states.score_reads = ScoreReads(dep, states)
+        got, d_secs, priced = states.score_reads.score(plans, v_logits, lo, steps)
+        secs += d_secs
         sums = [got[:, j] for j in range(len(rows))]
         verifier_count = "verifier_calls"
         # Priced as the forwards it is: the verifier's block of `window` tokens over the
-        # padded rows from the carried cache, and each drafter's read of the rows (a prefill
-        # of its re-spelling's width): the predicted seconds include the scoring.
-        b = len(rows) + pad
-        priced = {price_key("verify", "verifier", window, b, states.v_cap): 1}
-        for name, w_d in reads.items():
-            key = price_key("draft", name, w_d, b, w_d)
-            priced[key] = priced.get(key, 0) + 1
+        # padded rows from the carried cache, and each drafter's read of the step (its
+        # program: gather, read the new pieces, score, put back; a prefill at first use).
+        key = price_key("verify", "verifier", window, len(plans), states.v_cap)
+        priced[key] = priced.get(key, 0) + 1
     for j, i in enumerate(todo):
         router.observe_scores(i, step, sums[j], int(new[j]))
         stats.add("seconds", i, secs / len(todo))

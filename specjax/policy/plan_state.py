@@ -229,6 +229,9 @@ class PlanStates:
         self.bucket = int(bucket)
         self.steps = int(steps)
         self.max_step_tokens = int(max_step_tokens)
+        # Every drafter's score read of the committed text (`policy.carried_scores`), made
+        # by the plan runner when a router scores drafters teacher forced.
+        self.score_reads = None
 
     @property
     def n_plans(self) -> int:

@@ -20,10 +20,11 @@ import numpy as np
 from specjax.engine.deployment import Deployment
 from specjax.engine.drafting import draw
 from specjax.engine.features import feature_layout, pick_features
+from specjax.engine.programs import run_program
 from specjax.models.api import causal_block_mask, forward_rows
 from specjax.verify.qlaw import q_dense
 
-__all__ = ["teacher_forced", "teacher_forced_window"]
+__all__ = ["teacher_forced", "verifier_window"]
 
 
 def _width(n: int, bucket: int) -> int:
@@ -69,7 +70,7 @@ def _drafter_scores(spec, data, v_logits, v_next, ids, ends, n, feats, feat_n, v
 
 
 @functools.partial(jax.jit, static_argnames=("verifier",))
-def _window_pass(verifier, v_params, vcache, idx, tokens, lo):
+def _window_pass(v_params, vcache, idx, tokens, lo, *, verifier):
     """The verifier's logits f32[B, W, V] at positions lo[b] + [0, W) of the carried cache's
     rows ``idx``, reading ``tokens`` there, with the cache's committed slots before lo[b] as
     context (rolled back to lo[b]: `models.cache`, the carried cache itself untouched); and
@@ -188,7 +189,7 @@ def teacher_forced(
     return alpha, accept, top1, time.perf_counter() - t0
 
 
-def teacher_forced_window(
+def verifier_window(
     dep: Deployment,
     vcache,
     cap: int,
@@ -196,61 +197,32 @@ def teacher_forced_window(
     rows: Sequence[Sequence[int]],
     new: Sequence[int],
     window: int,
-    width: int,
-) -> tuple[np.ndarray, float, dict]:
-    """`teacher_forced`'s α on each row's last step only, the verifier continuing from the
+) -> tuple[jax.Array, np.ndarray, float]:
+    """The verifier's logits f32[B, window, V] over each row's last step, continuing the
     plan runner's carried cache (``vcache``, capacity ``cap``; row ``plans[b]`` holds
-    ``rows[b]`` committed) instead of reading the whole text again: α f32[K, B] = Σ over the
-    positions that predicted row b's ``new[b]`` last tokens of Σ_x min(p, q_k), and seconds.
-
-    The verifier reads a block of ``window`` tokens (≥ every new[b] + 1, one program per
-    run) from each row's last step's first predicting position; a drafter re-reads the row
-    (its own, small, forward; a re-spelling as in `teacher_forced`, at ``width``) and is
-    compared at those positions only. A feature drafter needs the verifier's features over
-    the whole text: use `teacher_forced` for deployments that have one. The third value
-    names the drafters' reads, {drafter: pieces per row}, for the caller to price (each is a
-    prefill of that width over the rows)."""
-    request, _ = feature_layout(dep.verifier, [d.lm for d in dep.drafters])
-    if request:
-        raise ValueError("teacher_forced_window: feature drafters read the whole text's features")
+    ``rows[b]`` committed) instead of reading the whole text again: the block starts at
+    position lo[b] (the step's first predicting position, earlier where the block would
+    leave the cache), one program per run, like a verify call of ``window`` tokens.
+    Returns (logits, lo i64[B], seconds of the program). The drafters' side is
+    `policy.carried_scores.ScoreReads`."""
     rows = [list(map(int, r)) for r in rows]
     n = np.asarray([len(r) for r in rows], np.int64)
     new = np.asarray(new, np.int64)
     if (new + 1 > window).any() or (new + 1 > n).any():
-        raise ValueError(f"teacher_forced_window: steps of {new.tolist()} tokens, window {window}")
-    t0 = time.perf_counter()
+        raise ValueError(f"verifier_window: steps of {new.tolist()} tokens, window {window}")
     lo = np.minimum(n - new - 1, cap - window)  # the block stays inside the cache
-    b = len(rows)
-    tok = np.zeros((b, window), np.int32)
-    nxt = np.zeros((b, window), np.int32)
+    tok = np.zeros((len(rows), window), np.int32)
     for i, r in enumerate(rows):
         seg = r[lo[i] : lo[i] + window]
         tok[i, : len(seg)] = seg
-        nxt[i, : max(len(seg) - 1, 0)] = seg[1:]
-    v_logits, ok = _window_pass(
-        dep.verifier,
+    args = (
         dep.v_params,
         vcache,
         jnp.asarray(plans, jnp.int32),
         jnp.asarray(tok),
         jnp.asarray(lo, jnp.int32),
     )
-    outs, starts, reads = [], [], {}
-    cols = lo[:, None] + np.arange(window)[None, :]  # [B, window] positions
-    for spec, data in zip(dep.drafters, dep.d_data):
-        ids, ends, dn, first = _respell(data, rows, width, width, spec.lm.max_len)
-        reads[spec.name] = int(ids.shape[1])
-        ends_w = np.take_along_axis(ends, np.minimum(cols, ends.shape[1] - 1), 1)
-        starts.append(first)
-        outs.append(_score_one(dep, spec, data, v_logits, nxt, ids, ends_w, dn, None, None))
-    outs, ok = jax.device_get((outs, ok))
-    if not np.all(ok):
-        raise ValueError("teacher_forced_window: a row's carried cache is behind its text")
-    alpha = np.stack([np.asarray(o[0]) for o in outs])  # [K, B, window]
-    # Only the positions that predicted the step's new tokens, and that each drafter read.
-    lo_step = (n - new - 1 - lo)[:, None]
-    want = (np.arange(window)[None, :] >= lo_step) & (
-        np.arange(window)[None, :] < lo_step + new[:, None]
-    )
-    read = cols[None] >= np.stack(starts)[:, :, None]
-    return (alpha * (want[None] & read)).sum(-1), time.perf_counter() - t0, reads
+    (logits, ok), secs = run_program(_window_pass, {"verifier": dep.verifier}, args)
+    if not np.all(jax.device_get(ok)):
+        raise ValueError("verifier_window: a row's carried cache is behind its text")
+    return logits, lo, secs
