@@ -208,3 +208,29 @@ def test_window_from_the_carried_cache_equals_the_whole_text_on_the_zoo(monkeypa
     for (p, s, a, n), (p2, s2, b, n2) in zip(got, want):
         assert (p, s, n) == (p2, s2, n2)
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4, err_msg=f"plan {p} step {s}")
+
+
+def test_reads_that_outgrow_a_drafters_context_keep_the_recent_text(deployment):
+    """A drafter whose context cannot hold a plan's whole text has its read rebuilt from the
+    recent text (a prefill, priced) when a step would not fit: its scores stay those of the
+    exact tables (a bigram needs one token of context), the other drafters' unchanged."""
+    import dataclasses
+
+    from specjax.models.synthetic import BigramLM
+
+    dep, _ = deployment
+    specs = list(dep.drafters)
+    cap = 16
+    specs[1] = dataclasses.replace(specs[1], lm=BigramLM(specs[1].lm.vocab_size, max_len=cap))
+    short = dataclasses.replace(dep, drafters=tuple(specs))
+    cfg = PlanConfig(gamma=2, verifier_temperature=1.0, plan_steps=6, max_step_tokens=4, bucket=8)
+    prompts = ["ab", "cd"]
+    router = AutoRouter([0.0, 1e6, 1e6, 1e6], cfg.gamma, score="teacher_forced", max_set=1)
+    texts, st = run_plans(short, cfg, prompts, router=router)
+    refills = [k for k in st.priced if k.startswith("draft:d1:")]
+    assert sum(st.priced[k].sum() for k in refills) > 1, refills  # rebuilt at least once
+    for p, text in enumerate(texts):
+        toks = short.encode(text)
+        n0 = len(short.encode(prompts[p]))
+        want = _exact_alpha(short, toks, n0 - 1, len(toks) - 1)
+        np.testing.assert_allclose(router.tf_alpha[p], want, rtol=1e-4, atol=1e-4)

@@ -96,16 +96,15 @@ class ScoreReads:
         self.synced: dict[int, np.ndarray] = {}  # verifier tokens read per plan; −1: none
         self.pieces: dict[int, np.ndarray] = {}  # cache slots used per plan
         self.cap: dict[int, int] = {}
+        self.width: dict[int, int] = {}  # the prompts' padded width
 
     def _allocate(self, j: int) -> None:
         st, spec, data = self.states, self.dep.drafters[j], self.dep.d_data[j]
         m = int(data.retok.shape[1])
-        width = st.d_width.get(j) if j in st.d_width else None
-        if width is None:
-            st.d_capacity(j)  # sizes the drafter's prompt width (its carried rows too)
-            width = st.d_width[j]
+        enc = self.dep.drafter_encode[j]
+        self.width[j] = min(_up(max(len(enc(t)) for t in st.texts0), st.bucket), spec.lm.max_len)
         read = _up(_up(st.max_step_tokens + 1) * m)  # the widest read of one step
-        self.cap[j] = int(min(spec.lm.max_len, width + (st.buf_len - st.width) * m + read))
+        self.cap[j] = int(min(spec.lm.max_len, self.width[j] + (st.buf_len - st.width) * m + read))
         p = st.n_plans
         self.rows[j] = _DrafterRows(
             cache=spec.lm.init_cache(p, self.cap[j]),
@@ -131,7 +130,7 @@ class ScoreReads:
             data.params,
             prompts,
             capacity=self.cap[j],
-            width=st.d_width[j],
+            width=self.width[j],
             bucket=st.bucket,
         )
         dst = np.full((len(rows),), st.n_plans, np.int32)
@@ -150,9 +149,47 @@ class ScoreReads:
         self.synced[j][need] = st._n0[need]  # pylint: disable=protected-access
         self.pieces[j][need] = [len(enc(st.texts0[p])) for p in need]
         priced = {
-            price_key("draft", spec.name, st.d_width[j], len(rows), self.cap[j]): 1,
+            price_key("draft", spec.name, self.width[j], len(rows), self.cap[j]): 1,
             key: 1,
         }
+        return secs + put_s, priced
+
+    def _refill(self, j: int, plans, room: int) -> tuple[float, dict]:
+        """Drafter j's read of ``plans`` rebuilt from the most recent whole verifier tokens
+        read so far whose re-spelling fits half of ``room`` slots (as `scores.teacher_forced`
+        reads a row longer than a drafter's context: the start of a long text is not read),
+        so the step's pieces fit after it. A prefill, priced as one."""
+        st, spec, data = self.states, self.dep.drafters[j], self.dep.d_data[j]
+        retok, lens = np.asarray(data.retok), np.asarray(data.retok_len)
+        keep = max(room // 2, 1)
+        rows = padded_rows(list(plans))
+        prompts = []
+        for p in rows:
+            toks = np.asarray(st.hist[p][: int(self.synced[j][p])], np.int64)
+            k = lens[toks]
+            first = int(np.searchsorted(np.cumsum(k) - k, max(int(k.sum()) - keep, 0), "left"))
+            first = min(first, len(toks) - 1)  # at least the last token: its law is needed
+            prompts.append(np.concatenate([retok[t, : lens[t]] for t in toks[first:]]))
+        width = min(_up(max(len(x) for x in prompts), st.bucket), self.cap[j])
+        cache, logits, secs = prefill(
+            spec.lm, data.params, prompts, capacity=self.cap[j], width=width, bucket=st.bucket
+        )
+        dst = np.full((len(rows),), st.n_plans, np.int32)
+        dst[: len(plans)] = plans
+        synced = jnp.asarray(self.synced[j][np.asarray(rows)], jnp.int32)
+        args = (
+            self.rows[j],
+            cache,
+            logits,
+            synced,
+            jnp.asarray(dst),
+            jnp.arange(len(rows), dtype=jnp.int32),
+        )
+        key = register_state(_put_drafter, {}, args, st.n_plans, self.cap[j])
+        self.rows[j], put_s = run_program(_put_drafter, {}, args)
+        for p, x in zip(plans, prompts):
+            self.pieces[j][p] = len(x)
+        priced = {price_key("draft", spec.name, width, len(rows), self.cap[j]): 1, key: 1}
         return secs + put_s, priced
 
     def score(self, plans, v_logits, lo, new) -> tuple[np.ndarray, float, dict]:
@@ -186,11 +223,17 @@ class ScoreReads:
             t_cols = _up(max(len(t) for t in toks))
             pieces = [np.concatenate([retok[t, : lens[t]] for t in tk]) for tk in toks]
             w_p = _up(max(len(x) for x in pieces))
-            if (self.pieces[j][np.asarray(plans)] + w_p > self.cap[j]).any():
+            if w_p > self.cap[j]:
                 raise ValueError(
-                    f"ScoreReads: drafter {spec.name!r}'s read needs more than its "
-                    f"{self.cap[j]} cache slots"
+                    f"ScoreReads: drafter {spec.name!r} cannot read one step ({w_p} pieces) "
+                    f"within its context of {self.cap[j]} slots"
                 )
+            full = [p for p, ok in zip(plans, real) if ok and self.pieces[j][p] + w_p > self.cap[j]]
+            if full:  # the read outgrows the drafter's context: it keeps the recent text
+                s, pr = self._refill(j, full, self.cap[j] - w_p)
+                secs += s
+                for k, x in pr.items():
+                    priced[k] = priced.get(k, 0) + x
             ids = np.zeros((b, w_p), np.int32)
             ends = np.zeros((b, t_cols), np.int32)
             vcol = np.zeros((b, t_cols + 1), np.int32)
