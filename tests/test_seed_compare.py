@@ -614,3 +614,35 @@ def test_a_routers_only_run_is_titled_as_such_without_the_seeds_table():
     full = seed_table.build(_config(), _rows())["markdown"]
     assert full.startswith("# The seed's table, reproduced\n")
     assert "| quantity | seed, naive |" in full
+
+
+@pytest.mark.parametrize("ratio, want", [(1.1, 5), (3.0, 2)])
+def test_each_policy_is_at_its_best_gamma_by_the_primary_figure(ratio, want):
+    """Where wall clock is primary (memory-bound rounds on a steady machine) a policy's row
+    is at its best γ by wall clock, as the best single drafter is; else by the cost model.
+    The twin γ 5 is 2× faster in wall clock and 10% dearer by the cost model."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    rows = [r for r in _rows() if r.get("gamma") == 2]
+    twin = copy.deepcopy(rows)
+    for r in twin:
+        r["gamma"] = 5
+        if r["policy"] == "auto":
+            r["per_plan"]["seconds"] = list(np.asarray(r["per_plan"]["seconds"]) / 2)
+            r["per_plan"]["cost"] = list(np.asarray(r["per_plan"]["cost"]) * 1.1)
+    for r in rows + twin:
+        r["regime"] = {
+            "rows": 16,
+            "capacity": 96,
+            "gamma": 3,
+            "t_step": 0.02,
+            "t_score": 0.02 * ratio,
+        }
+    side = _sides(real_rows=rows + twin)["real"]
+    auto = side["summary"]["policies"]["auto"]
+    assert side["primary"] == ("wall" if ratio < 1.5 else "cost")
+    assert auto["gamma"] == want
+    assert auto["gamma_chosen_by"] == (
+        "wallclock_ratio_vs_single" if want == 5 else "throughput_ratio_vs_single"
+    )
+    assert ("Throughput by γ (wall clock): " in side["markdown"]) is True
