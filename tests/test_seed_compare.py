@@ -312,6 +312,11 @@ def test_router_bound_ranges_over_every_gamma_of_the_grid():
     assert "each plan's drafter and γ in [2, 5]" in side["markdown"]
 
 
+def _regime(ratio: float) -> dict:
+    """A row's measured regime: T_score(γ+1) / T_step = ``ratio`` at 16 padded rows."""
+    return {"rows": 16, "capacity": 96, "gamma": 3, "t_step": 0.02, "t_score": 0.02 * ratio}
+
+
 @pytest.mark.parametrize("ratio, primary", [(1.1, "wall"), (3.0, "cost")])
 def test_real_primary_figure_follows_the_measured_regime(ratio, primary):
     """Wall clock is the real deployment's primary figure only where its rounds were
@@ -319,13 +324,7 @@ def test_real_primary_figure_follows_the_measured_regime(ratio, primary):
     cost model the result and the wall clock its check (SPEC §10)."""
     rows = copy.deepcopy(_rows())
     for r in rows:
-        r["regime"] = {
-            "rows": 16,
-            "capacity": 96,
-            "gamma": 3,
-            "t_step": 0.02,
-            "t_score": 0.02 * ratio,
-        }
+        r["regime"] = _regime(ratio)
     s = _sides(real_rows=rows)["real"]
     assert s["primary"] == primary
     assert seed_compare.regime(s).startswith("memory-bound" if ratio < 1.5 else "compute-bound")
@@ -631,13 +630,7 @@ def test_each_policy_is_at_its_best_gamma_by_the_primary_figure(ratio, want):
             r["per_plan"]["seconds"] = list(np.asarray(r["per_plan"]["seconds"]) / 2)
             r["per_plan"]["cost"] = list(np.asarray(r["per_plan"]["cost"]) * 1.1)
     for r in rows + twin:
-        r["regime"] = {
-            "rows": 16,
-            "capacity": 96,
-            "gamma": 3,
-            "t_step": 0.02,
-            "t_score": 0.02 * ratio,
-        }
+        r["regime"] = _regime(ratio)
     side = _sides(real_rows=rows + twin)["real"]
     auto = side["summary"]["policies"]["auto"]
     assert side["primary"] == ("wall" if ratio < 1.5 else "cost")
