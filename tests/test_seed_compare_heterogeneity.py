@@ -126,3 +126,20 @@ def test_heterogeneity_sentences_are_conditional_on_the_figures():
     assert "The largest KL is at or below the 0.35-nat ceiling" in _hetero(page, "gemma3")
     assert "exceeds the ceiling on zoo, smollm2 and not on gemma3" in _hetero(page)
     assert "On no real deployment do both lie above the zoo's." in _hetero(page)
+
+
+def test_a_tiny_distinguishable_ceiling_effect_is_written_with_its_size(monkeypatch):
+    """A paired effect that rounds to ±0.00 but whose interval excludes zero is written
+    with four decimals and 'under 0.005', not as a bare '+0.00, distinguishable'."""
+    page = _page3(gemma_rows=_with_ceiling_rows())
+    assert "primary throughput moves by" in _hetero(page, "gemma3")
+    tiny = {"value": 0.0012, "ci": [0.0005, 0.002], "distinguishable": True}
+    real = seed_compare_heterogeneity.effect
+    monkeypatch.setattr(
+        seed_compare_heterogeneity,
+        "effect",
+        lambda s, label, what: tiny if what == "primary" else real(s, label, what),
+    )
+    gem = _hetero(_page3(gemma_rows=_with_ceiling_rows()), "gemma3")
+    assert "primary throughput moves by +0.0012 (" in gem
+    assert "distinguishable from zero but under 0.005" in gem

@@ -173,10 +173,13 @@ def _ceiling_lines(s: dict) -> list[str]:
             f"{' / '.join('not run' if x is None else str(x) for x in sr)} | {sep_cell} |"
         )
         if ep is not None and _ok(ep.get("value")):
+            v = ep["value"]
+            tiny = abs(v) < 0.005  # would print as ±0.00: say how small, not just the sign
             notes.append(
-                f"- {label}: primary throughput moves by {ep['value']:+.2f} ({a} − {b}), "
+                f"- {label}: primary throughput moves by "
+                f"{f'{v:+.4f}' if tiny else f'{v:+.2f}'} ({a} − {b}), "
                 + (
-                    "distinguishable from zero"
+                    ("distinguishable from zero" + (" but under 0.005" if tiny else ""))
                     if ep.get("distinguishable")
                     else "not distinguishable from zero"
                 )
