@@ -201,8 +201,8 @@ docs-seed-real: $(STAMP)
 	$(MAKE) routing-real
 
 # Every router side by side on SmolLM2 in bf16 (both autos, the domain router, each drafter
-# alone, the fixed token tree code+lookup): on the seed's three domains and mixed with the
-# copy-and-edit plans, one page (docs/results/routing_real.md, the second run a section of
+# alone, eagle included, the fixed token tree lookup+eagle): on the seed's three domains and
+# mixed with the copy-and-edit plans, one page (docs/results/routing_real.md, the second run a section of
 # it). On an idle machine: wall clock is the result.
 routing-real: $(STAMP)
 	$(PY) -m specjax.main --config=configs/seed_reproduction_real.py:routing --workdir=runs/seed_reproduction_real_routing

@@ -24,8 +24,9 @@ of the grid.
 
 Sizes. ``runlocal``: 3 plans (one per domain) × 2 steps × ≤ 24 tokens, γ = 3, one seed
 (15 cells). The default: 4 plans per domain (12 plans) × 2 steps × ≤ 32 tokens, γ = 3, seeds
-0 and 1 (30 cells); the ``routing`` variant 16 cells (8 routers × 2 seeds), ``routing_mixed`` 14. Both time every program's machine
-prices (`specjax.measure.prices`) in the run's own process. How long the runs took, and on which
+0 and 1 (30 cells); the ``routing`` variant 36 cells (9 routers × γ {1, 4} × 2 seeds), ``routing_mixed``
+32 (no domain router). Both time every program's machine prices (`specjax.measure.prices`)
+in the run's own process. How long the runs took, and on which
 machine: docs/results/seed_report_real.md and docs/results/routing_real.md.
 """
 
@@ -71,12 +72,12 @@ def lookup(c: ml_collections.ConfigDict) -> None:
 
 #: The routers side by side: `auto` scored teacher forced (no exploration), `auto` scored by
 #: the drafters that ran (with exploration: the behaviour before), then each drafter alone
-#: and the fixed token tree of the code drafter and prompt lookup; the hindsight per-plan
-#: best single is the report's router bound. The feature drafter (eagle) is not among them:
-#: the plan runner's carried states do not carry the verifier's features
-#: (experiments/routing_room.py scores it teacher forced on the same plans).
+#: — the seed's three, prompt lookup (the copy specialist) and the feature drafter (eagle,
+#: the free-generation one; its carried state reads the verifier's features of the steps it
+#: sat out, `PlanStates.sync_features`) — and the fixed token tree of lookup and eagle; the
+#: hindsight per-plan best single is the report's router bound.
 ROUTERS = ("auto:teacher_forced", "auto:own")
-ROUTING_DRAFTERS = DRAFTERS + ("lookup",)
+ROUTING_DRAFTERS = DRAFTERS + ("lookup", "eagle")
 
 
 def routing(c: ml_collections.ConfigDict) -> None:
@@ -90,7 +91,7 @@ def routing(c: ml_collections.ConfigDict) -> None:
         list(ROUTERS)
         + ["oracle"]
         + [single_name(d) for d in ROUTING_DRAFTERS]
-        + ["set:code+lookup"]
+        + ["set:lookup+eagle"]
     )
     # γ 1 and 4: each single drafter at its best γ of the two (the routers' fair baseline:
     # a router that may pick γ 1 beats singles held at γ 4 by γ alone when rounds are

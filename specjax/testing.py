@@ -229,10 +229,12 @@ def tiny_transformers(vocab: int = 32, max_len: int = 64, verifier_layers: int =
     return v, v.init_params(0), specs, data
 
 
-def tiny_transformer_deployment(max_len: int = 96):
+def tiny_transformer_deployment(max_len: int = 96, feature: bool = False):
     """A verifier (2 layers, d 32) and two one-layer drafters as tiny random transformers:
     'same' (the verifier's byte tokenizer) and 'other' (bytes plus two thinking tokens, a
-    tokenizer of its own). Fixed seeds: every process builds the same deployment."""
+    tokenizer of its own); with ``feature`` a third, 'eagle', a feature drafter
+    (`specjax.models.eagle`, one layer over the verifier's final state, its head the
+    verifier's over every id). Fixed seeds: every process builds the same deployment."""
     from types import SimpleNamespace  # pylint: disable=import-outside-toplevel
 
     from specjax.engine.deployment import build_deployment  # pylint: disable=import-outside-toplevel
@@ -254,10 +256,17 @@ def tiny_transformer_deployment(max_len: int = 96):
         return SimpleNamespace(lm=lm, params=lm.init_params(seed), tokenizer=tok)
 
     plain, marked = ByteTokenizer(), ByteTokenizer(special_tokens=["<think>", "</think>"])
-    return build_deployment(
-        model(256, 32, 2, 0, plain),
-        [
-            ("same", model(256, 16, 1, 1, plain), 1.0, 0.1),
-            ("other", model(258, 16, 1, 2, marked), 1.0, 0.1),
-        ],
-    )
+    verifier = model(256, 32, 2, 0, plain)
+    drafters = [
+        ("same", model(256, 16, 1, 1, plain), 1.0, 0.1),
+        ("other", model(258, 16, 1, 2, marked), 1.0, 0.1),
+    ]
+    if feature:
+        from specjax.models.eagle import EagleLM, eagle_config  # pylint: disable=import-outside-toplevel
+
+        lm = EagleLM(eagle_config(verifier.lm.config, 256), 256)
+        net = lm.init_net(3)
+        net["fc"] = net["fc"] * 3.0  # a drafter that reads its features (not near-uniform)
+        params = lm.attach(net, verifier.params["embed"], np.arange(256))
+        drafters.append(("eagle", SimpleNamespace(lm=lm, params=params, tokenizer=plain), 1.0, 0.1))
+    return build_deployment(verifier, drafters)

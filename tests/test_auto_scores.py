@@ -171,15 +171,51 @@ def test_rows_longer_than_a_drafters_context(deployment):
     np.testing.assert_array_equal(got[[0, 2, 3]], full[[0, 2, 3]])
 
 
-@pytest.mark.slow  # ~40 s: two runs on the zoo's transformers; `make test-all`
+def scores_against_the_whole_text(dep, cfg, prompts, monkeypatch, max_set=1):
+    """Runs `auto:teacher_forced` on ``prompts`` and checks its per-step scores — the
+    verifier continuing its carried cache over the step (`verifier_window`), each drafter
+    its own read (`ScoreReads`) — against `teacher_forced` over each plan's whole committed
+    text at the same positions. Returns the scores checked."""
+    from specjax.policy import plan as plan_mod
+    from specjax.policy import scores
+
+    seen = []
+    real = plan_mod.verifier_window
+
+    def spy(dep_, vcache, cap, plans, rows, steps, window):
+        seen.append(("call", [list(r) for r in rows], list(steps)))
+        return real(dep_, vcache, cap, plans, rows, steps, window)
+
+    monkeypatch.setattr(plan_mod, "verifier_window", spy)
+    router = AutoRouter(
+        [0.0] * len(dep.drafters), cfg.gamma, score="teacher_forced", max_set=max_set
+    )
+    router.observe_scores = lambda plan, step, a, n: seen.append((plan, step, np.asarray(a), n))
+    run_plans(dep, cfg, prompts, router=router)
+    checked = 0
+    for k, entry in enumerate(seen):
+        if entry[0] != "call":
+            continue
+        rows, steps = entry[1], entry[2]
+        got = [e for e in seen[k + 1 :]]
+        got = got[: next((i for i, e in enumerate(got) if e[0] == "call"), len(got))]
+        alpha, _, _, _ = scores.teacher_forced(dep, rows[: len(got)])
+        for b, (plan, step, a, n) in enumerate(got):
+            r, m = rows[b], steps[b]
+            assert n == m
+            want = alpha[:, b, len(r) - m - 1 : len(r) - 1].sum(-1)
+            np.testing.assert_allclose(a, want, rtol=2e-4, atol=2e-4, err_msg=f"{plan}, {step}")
+            checked += 1
+    assert checked == len(prompts) * cfg.plan_steps
+    return checked
+
+
+@pytest.mark.slow  # ~30 s: a run on the zoo's transformers; `make test-all`
 def test_window_from_the_carried_cache_equals_the_whole_text_on_the_zoo(monkeypatch):
     """On real transformers (the zoo: a verifier, a drafter of its tokenizer, one of another
-    and prompt lookup), the router's per-step scores — the verifier continuing its carried
-    cache over the step (`verifier_window`), each drafter its own read (`ScoreReads`) —
-    equal those of `teacher_forced` over each plan's whole committed text at the same
-    positions (the same run, same seeds: the same plans), step by step."""
+    and prompt lookup), the router's per-step scores equal `teacher_forced`'s over each
+    plan's whole committed text (`scores_against_the_whole_text`)."""
     from specjax.configs.common import plans_defaults
-    from specjax.policy import plan as plan_mod
     from specjax.runner import plans_setup
 
     c = plans_defaults()
@@ -187,27 +223,7 @@ def test_window_from_the_carried_cache_equals_the_whole_text_on_the_zoo(monkeypa
     dep = plans_setup.cell_deployment(c, {"pairing": ["code", "reasoning", "lookup"]})
     cfg = PlanConfig(gamma=3, verifier_temperature=1.0, plan_steps=3, max_step_tokens=8, bucket=16)
     prompts = ["def add(a, b):\n", "In the beginning", "x = [1, 2, 3]\nfor"]
-    seen = {}
-
-    def record(router):
-        def observe(plan, step, alpha_sum, positions):
-            seen.setdefault(id(router), []).append((plan, step, np.asarray(alpha_sum), positions))
-
-        router.observe_scores = observe
-        return router
-
-    window = record(AutoRouter([0.0] * 3, cfg.gamma, score="teacher_forced", max_set=1))
-    texts_w, _ = run_plans(dep, cfg, prompts, router=window)
-    # The whole-text path: what `_score_step` runs for a deployment with a feature drafter.
-    monkeypatch.setattr(plan_mod, "feature_layout", lambda *a: (("forced",), None))
-    whole = record(AutoRouter([0.0] * 3, cfg.gamma, score="teacher_forced", max_set=1))
-    texts_f, _ = run_plans(dep, cfg, prompts, router=whole)
-    assert texts_w == texts_f  # the choices never saw the scores: same drafter, same plans
-    got, want = seen[id(window)], seen[id(whole)]
-    assert len(got) == len(want) == len(prompts) * cfg.plan_steps
-    for (p, s, a, n), (p2, s2, b, n2) in zip(got, want):
-        assert (p, s, n) == (p2, s2, n2)
-        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4, err_msg=f"plan {p} step {s}")
+    scores_against_the_whole_text(dep, cfg, prompts, monkeypatch)
 
 
 def test_reads_that_outgrow_a_drafters_context_keep_the_recent_text(deployment):

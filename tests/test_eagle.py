@@ -119,37 +119,38 @@ def test_multi_layer_features_read_what_training_reads():
     params = lm.attach(lm.init_net(2), v_params["embed"], np.arange(V))
     rng = np.random.default_rng(1)
     toks = jnp.asarray(rng.integers(0, V, (2, 7)), jnp.int32)
-    _, final = v_lm.hidden_full(v_params, toks)
-    _, states = v_lm.hidden_full(v_params, toks, layers=layers)
+    # Each piece one jitted program (op by op, every op compiles: the test took 26 s).
+    v_hidden = jax.jit(v_lm.hidden_full, static_argnames="layers")
+    fwd = jax.jit(lm.forward)
+    _, final = v_hidden(v_params, toks)
+    _, states = v_hidden(v_params, toks, layers=layers)
     assert states.shape == (2, 7, 3 * cfg.d_model)
     np.testing.assert_allclose(states[..., 2 * cfg.d_model :], final, rtol=1e-6, atol=1e-6)
     pos = jnp.broadcast_to(jnp.arange(7), (2, 7))
-    _, st2, _ = v_lm.forward_hidden(
+    _, st2, _ = jax.jit(v_lm.forward_hidden, static_argnames="layers")(
         v_params, v_lm.init_cache(2), toks, pos, causal_block_mask(2, 7), layers=layers
     )
     np.testing.assert_allclose(st2, states, rtol=2e-5, atol=2e-5)
-    h = lm.hidden_full(params, toks, lm.input_features(params, states))
+    h = jax.jit(lm.hidden_full)(params, toks, lm.input_features(params, states))
     want = lm.draft_logits(params, h)
     c = lm.write_features(lm.init_cache(2), states, jnp.zeros(2, jnp.int32), jnp.full(2, 6))
-    got, c1 = lm.forward(params, c, toks, pos, causal_block_mask(2, 7))
+    got, c1 = fwd(params, c, toks, pos, causal_block_mask(2, 7))
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
     cc = c
     for t in range(7):
-        lg, cc = lm.forward(
-            params, cc, toks[:, t : t + 1], pos[:, t : t + 1], causal_block_mask(2, 1)
-        )
+        lg, cc = fwd(params, cc, toks[:, t : t + 1], pos[:, t : t + 1], causal_block_mask(2, 1))
         cc = lm.advance(cc, 1)
         np.testing.assert_allclose(lg[:, 0], want[:, t], rtol=2e-5, atol=2e-5)
     nxt = jnp.zeros((2, 1), jnp.int32)
-    lg, _ = lm.forward(params, lm.advance(c1, 7), nxt, jnp.full((2, 1), 7), causal_block_mask(2, 1))
+    lg, _ = fwd(params, lm.advance(c1, 7), nxt, jnp.full((2, 1), 7), causal_block_mask(2, 1))
     g = lm.input_features(params, states)
     own = jnp.concatenate([g[:, :6], h[:, 6:7], g[:, :1]], 1)
-    h8 = lm.hidden_full(params, jnp.concatenate([toks, nxt], 1), own)
+    h8 = jax.jit(lm.hidden_full)(params, jnp.concatenate([toks, nxt], 1), own)
     np.testing.assert_allclose(lg[:, 0], lm.draft_logits(params, h8)[:, 7], rtol=2e-5, atol=2e-5)
     # Stored [out, in] it gives the same logits.
     lm2, params2 = order_eagle(lm, params, True)
     assert lm2.feature_layers == layers
-    got2, _ = lm2.forward(params2, c, toks, pos, causal_block_mask(2, 7))
+    got2, _ = jax.jit(lm2.forward)(params2, c, toks, pos, causal_block_mask(2, 7))
     np.testing.assert_allclose(got2, want, rtol=2e-5, atol=2e-5)
     with pytest.raises(ValueError, match="feature layers"):
         v_lm.hidden_full(v_params, toks, layers=(4,))

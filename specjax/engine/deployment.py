@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.engine.decode import pack_valid
+from specjax.engine.features import feature_layout, pick_features
 from specjax.engine.gammas import check_gamma
 from specjax.engine.spec import (
     DrafterData,
@@ -107,10 +108,26 @@ class Deployment:
         )
 
 
+@functools.partial(jax.jit, static_argnames=("verifier", "request"))
+def _verifier_states(verifier, v_params, v_tokens, request):
+    """The verifier's hidden states [B, T, n·D] at every position of ``v_tokens`` (the
+    states feature drafters read, `feature_layout`'s ``request``)."""
+    b, t = v_tokens.shape
+    cache = verifier.init_cache(b, t).replace(length=jnp.minimum(v_tokens[:, 0], 0) * 0)
+    pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+    at = jnp.zeros((b, 1), jnp.int32)
+    mask = causal_block_mask(b, t)
+    return forward_rows(verifier, v_params, cache, v_tokens, pos, mask, at, with_hidden=request)[1]
+
+
 @functools.partial(jax.jit, static_argnames=("spec", "v_vocab"))
-def _prefix_q(spec: DrafterStatic, data: DrafterData, temperature, v_tokens, v_valid, v_vocab):
+def _prefix_q(
+    spec: DrafterStatic, data: DrafterData, temperature, v_tokens, v_valid, v_vocab, feats=None
+):
     # `spec` is the drafter's static part and the temperature an array: one program per
     # drafter model and shape, whatever the temperature (a temperature sweep compiles once).
+    # `feats` (a feature drafter, which reads the verifier's ids): the verifier's features
+    # f[B, T, F] of the prefix, written before it is read, as the engine does.
     b, t = v_tokens.shape
     m = data.retok.shape[1]
     lens = jnp.where(v_valid, data.retok_len[v_tokens], 0)  # [B, T]
@@ -124,6 +141,11 @@ def _prefix_q(spec: DrafterStatic, data: DrafterData, temperature, v_tokens, v_v
     ids = jnp.take_along_axis(ids, offset[:, None] + jnp.arange(w)[None, :], axis=1)
     # Runtime zero length: avoids constant-folding attention over empty slots (generate.py).
     cache = spec.lm.init_cache(b, w).replace(length=jnp.minimum(total, 0).astype(jnp.int32))
+    if feats is not None:  # slot s reads the feature of slot s − 1: position offset + s − 1
+        window = jnp.take_along_axis(
+            feats, jnp.minimum(offset[:, None] + jnp.arange(w)[None, :], t - 1)[:, :, None], 1
+        )
+        cache = spec.lm.write_features(cache, window, jnp.zeros_like(total), total - offset)
     ends = jnp.cumsum(lens, axis=1) - 1 - offset[:, None]  # last piece of token t
     at, _ = forward_rows(
         spec.lm,
@@ -153,6 +175,8 @@ def prefix_distributions(
     b, t = v_tokens.shape
     valid = np.arange(t)[None, :] < v_len[:, None]
     toks, ok_in = jax.device_put((np.asarray(v_tokens, np.int32), valid))
+    request, picks = feature_layout(dep.verifier, [s.lm for s in dep.drafters])
+    states = _verifier_states(dep.verifier, dep.v_params, toks, request) if request else None
     qs = [
         _prefix_q(
             dataclasses.replace(s.static, gamma=None),
@@ -161,8 +185,9 @@ def prefix_distributions(
             toks,
             ok_in,
             dep.verifier.vocab_size,
+            None if pick is None else pick_features(states, pick, request),
         )
-        for s, d in zip(dep.drafters, dep.d_data)
+        for s, d, pick in zip(dep.drafters, dep.d_data, picks)
     ]
     pos = v_len[:, None] - last + np.arange(last)[None, :]  # [B, last]
     ok = pos >= 0

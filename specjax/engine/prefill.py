@@ -193,8 +193,8 @@ def prefill_cache(lm, params, tokens, n, capacity, groups=None, with_hidden=Fals
 
 
 @functools.partial(jax.jit, static_argnames=("lm", "capacity", "groups"))
-def _prefill_program(params, tokens, n, *, lm, capacity, groups):
-    return prefill_cache(lm, params, tokens, n, capacity, groups)
+def _prefill_program(params, tokens, n, features=None, *, lm, capacity, groups):
+    return prefill_cache(lm, params, tokens, n, capacity, groups, features=features)
 
 
 def prefill(
@@ -206,6 +206,7 @@ def prefill(
     width: int = 0,
     cached: Sequence[int] | None = None,
     bucket: int = 1,
+    features=None,
 ):
     """A fresh cache of `capacity` slots per row holding each prompt: one compiled program.
 
@@ -214,6 +215,8 @@ def prefill(
       prompts: B token lists, padded to a multiple of `bucket` ≥ `width`.
       cached: tokens of each prompt to cache (default all; the engine's verifier caches all
         but the last, which is the next round's root).
+      features: a feature drafter's (the verifier's features [B, W, F], count i32[B]),
+        written into its fresh cache before its prompt is fed (`prefill_cache`).
 
     Returns:
       (cache, logits f32[B, V] after the last cached token, seconds of the program), on
@@ -231,8 +234,9 @@ def prefill(
     statics = dict(
         lm=lm, capacity=int(capacity), groups=prefill_groups(n, int(arr.shape[1]), bucket)
     )
+    args = (params, dev['tokens'], dev['n'])
     (cache, logits), seconds = run_program(
-        _prefill_program, statics, (params, dev['tokens'], dev['n'])
+        _prefill_program, statics, args if features is None else args + (tuple(features),)
     )
     return cache, logits, seconds
 

@@ -9,7 +9,11 @@ treatment: a *score read* per drafter and plan — a cache of its own, read like
 token's re-spelling, `DrafterData.retok`) — advances over the step's new tokens only, so a
 step's scoring costs every drafter a forward over the step's pieces, not over the whole
 text again (`policy.scores.teacher_forced`, which re-reads every row from its start, stays
-the reference and the path of feature drafters, which read the verifier's features).
+the reference). A feature drafter (`specjax.models.eagle`) reads the verifier's ids, and the
+verifier's features of the step's tokens come with its block (`verifier_window`'s hidden
+states), written into its read before the step's tokens are fed, as the engine does; its
+prompt's, at first use, from a verifier block over the committed text
+(`PlanStates._prompt_features`).
 
 Its q is the engine's: a drafter that runs next step starts from the same context it is
 scored in (the read is not shared with the engine's carried rows, `PlanStates.d`, whose
@@ -33,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.engine.drafting import draw
+from specjax.engine.features import pick_features
 from specjax.engine.prefill import prefill
 from specjax.engine.programs import run_program
 from specjax.measure.price_programs import register_state
@@ -52,16 +57,34 @@ def _up(n: int, b: int = READ_BUCKET) -> int:
 
 
 def _read_score(
-    rows, data, idx, dst, ids, npieces, ends, last, v_logits, vcol, want, *, spec, v_vocab
+    rows,
+    data,
+    idx,
+    dst,
+    ids,
+    npieces,
+    ends,
+    last,
+    v_logits,
+    vcol,
+    want,
+    feats=None,
+    *,
+    spec,
+    v_vocab,
 ):
     """One drafter's score read over the rows ``idx`` of its plans: reads ``ids`` (each
     row's ``npieces`` new pieces) after its cached text, takes its law after each new
     token's last piece (``ends``) and before the first (the stored logits), scores Σ_x
     min(p, q) against the verifier's logits at the same positions (``vcol``: the column of
     ``v_logits`` for each law; ``want``: the positions scored), and puts the advanced rows
-    back at ``dst`` (past the end: a padded row, dropped). Returns (α f32[B], rows)."""
+    back at ``dst`` (past the end: a padded row, dropped). ``feats`` (a feature drafter):
+    (the verifier's features [B, W, F], their first position i32[B], count i32[B]) written
+    into its read first. Returns (α f32[B], rows)."""
     take = lambda x: jnp.take(x, idx, axis=0)  # noqa: E731
     cache = jax.tree.map(take, rows.cache)
+    if feats is not None:
+        cache = spec.lm.write_features(cache, *feats)
     prev = take(rows.logits)  # [B, Vd]: the law before the first new token
     b, wp = ids.shape
     start = cache.length
@@ -102,7 +125,11 @@ class ScoreReads:
         st, spec, data = self.states, self.dep.drafters[j], self.dep.d_data[j]
         m = int(data.retok.shape[1])
         enc = self.dep.drafter_encode[j]
-        self.width[j] = min(_up(max(len(enc(t)) for t in st.texts0), st.bucket), spec.lm.max_len)
+        if st.reads_features(j):  # its prompt: the verifier's ids (positions align)
+            longest = max(len(h) for h in st.hist0)
+        else:
+            longest = max(len(enc(t)) for t in st.texts0)
+        self.width[j] = min(_up(longest, st.bucket), spec.lm.max_len)
         read = _up(_up(st.max_step_tokens + 1) * m)  # the widest read of one step
         self.cap[j] = int(min(spec.lm.max_len, self.width[j] + (st.buf_len - st.width) * m + read))
         p = st.n_plans
@@ -122,9 +149,14 @@ class ScoreReads:
         if not need:
             return 0.0, {}
         st, spec, data = self.states, self.dep.drafters[j], self.dep.d_data[j]
-        enc = self.dep.drafter_encode[j]
         rows = padded_rows(need)
-        prompts = [enc(st.texts0[p]) for p in rows]
+        features, priced = None, {}
+        if st.reads_features(j):  # the verifier's ids, its features of the text written first
+            prompts = [st.hist0[p] for p in rows]
+            features = st._prompt_features(j, rows)  # pylint: disable=protected-access
+        else:
+            enc = self.dep.drafter_encode[j]
+            prompts = [enc(st.texts0[p]) for p in rows]
         cache, logits, secs = prefill(
             spec.lm,
             data.params,
@@ -132,7 +164,11 @@ class ScoreReads:
             capacity=self.cap[j],
             width=self.width[j],
             bucket=st.bucket,
+            features=features,
         )
+        if features is not None:  # its verifier block: a state program of `states`
+            secs_f, priced = st.take_charges()
+            secs += secs_f
         dst = np.full((len(rows),), st.n_plans, np.int32)
         dst[: len(need)] = need
         n0 = st._n0[np.asarray(rows)]  # pylint: disable=protected-access
@@ -147,11 +183,9 @@ class ScoreReads:
         key = register_state(_put_drafter, {}, args, st.n_plans, self.cap[j])
         self.rows[j], put_s = run_program(_put_drafter, {}, args)
         self.synced[j][need] = st._n0[need]  # pylint: disable=protected-access
-        self.pieces[j][need] = [len(enc(st.texts0[p])) for p in need]
-        priced = {
-            price_key("draft", spec.name, self.width[j], len(rows), self.cap[j]): 1,
-            key: 1,
-        }
+        self.pieces[j][need] = [len(x) for x in prompts[: len(need)]]
+        for k in (price_key("draft", spec.name, self.width[j], len(rows), self.cap[j]), key):
+            priced[k] = priced.get(k, 0) + 1
         return secs + put_s, priced
 
     def _refill(self, j: int, plans, room: int) -> tuple[float, dict]:
@@ -160,6 +194,11 @@ class ScoreReads:
         reads a row longer than a drafter's context: the start of a long text is not read),
         so the step's pieces fit after it. A prefill, priced as one."""
         st, spec, data = self.states, self.dep.drafters[j], self.dep.d_data[j]
+        if st.reads_features(j):  # its slots are the verifier's positions: no window
+            raise ValueError(
+                f"ScoreReads: feature drafter {spec.name!r} cannot read the plans' text "
+                f"within its context of {self.cap[j]} slots"
+            )
         retok, lens = np.asarray(data.retok), np.asarray(data.retok_len)
         keep = max(room // 2, 1)
         rows = padded_rows(list(plans))
@@ -192,12 +231,13 @@ class ScoreReads:
         priced = {price_key("draft", spec.name, width, len(rows), self.cap[j]): 1, key: 1}
         return secs + put_s, priced
 
-    def score(self, plans, v_logits, lo, new) -> tuple[np.ndarray, float, dict]:
+    def score(self, plans, v_logits, lo, new, hidden=None) -> tuple[np.ndarray, float, dict]:
         """α f32[K, B] of every drafter over rows ``plans`` (padded: a plan may repeat;
         each real plan once, first), the verifier's logits ``v_logits`` f32[B, W, V] at
         positions lo[b] + [0, W), each row's last ``new[b]`` tokens scored; (α, seconds,
         price key → runs; the seconds are the programs', as every row's: no host Python).
-        Each drafter's read advances to the committed text."""
+        ``hidden``: the verifier's states [B, W, ·] there (`verifier_window`), which feature
+        drafters read. Each drafter's read advances to the committed text."""
         st = self.states
         plans = [int(p) for p in plans]
         b = len(plans)
@@ -263,6 +303,17 @@ class ScoreReads:
                 jnp.asarray(vcol),
                 jnp.asarray(want),
             )
+            if st.reads_features(j):  # the features of positions lo .. n − 2
+                if hidden is None:
+                    raise ValueError("ScoreReads.score: a feature drafter needs `hidden`")
+                feats = pick_features(hidden, st._picks[j], st._request)  # pylint: disable=protected-access
+                args += (
+                    (
+                        feats,
+                        jnp.asarray(lo, jnp.int32),
+                        jnp.asarray(np.minimum(n - 1 - lo, w_v), jnp.int32),
+                    ),
+                )
             key = register_state(_read_score_jit, statics, args, b, self.cap[j])
             (alpha, self.rows[j]), s = run_program(_read_score_jit, statics, args)
             secs += s

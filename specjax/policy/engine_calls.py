@@ -166,6 +166,7 @@ class CarriedRows:
     prefills: list  # per row: drafters prefilled for its plan before the call
     drafts_per_round: list  # per row: drafts its verifier block scores per round (Σ γ_i)
     priced: list = None  # per row: price key → its share of its call's forwards
+    fills: list = None  # per row: verifier blocks run for its feature drafters' features
 
 
 def call_forwards(states, sub, n_slots: int, gamma: int, rows: int, iterations: int) -> dict:
@@ -213,6 +214,7 @@ def run_carried(
     gammas = _row_gammas(states, sets, gammas)
     tokens, seconds = [None] * n, np.zeros(n)
     where, prefills, priced = [None] * n, [()] * n, [{} for _ in range(n)]
+    fills = [0] * n
     counters, calls, block = None, [], [0] * n
     for u, g_row in dict.fromkeys(zip(sets, gammas)):
         rows = [i for i in range(n) if sets[i] == u and gammas[i] == g_row]
@@ -226,6 +228,7 @@ def run_carried(
             priced[i] = {key: x / len(rows) for key, x in run.forwards.items()}
             where[i] = (len(calls) - 1, j)
             prefills[i] = run.prefills[j]
+            fills[i] = run.fills[j]
             block[i] = run.drafts_per_round
             counters = _set_row(counters, run.counters, i, j)
     return CarriedRows(
@@ -237,6 +240,7 @@ def run_carried(
         prefills=prefills,
         drafts_per_round=block,
         priced=priced,
+        fills=fills,
     )
 
 
@@ -268,6 +272,7 @@ class _SetRun:
     forwards: dict  # price key → units of the call's work (its rows' and padding's)
     prefills: list  # per row: drafters prefilled for its plan before the call
     drafts_per_round: int  # drafts the verifier's block scores per round (Σ γ_i)
+    fills: list  # per row: verifier blocks run for its plan's feature drafters' features
 
 
 def _set_engine(dep: Deployment, cfg: PlanConfig, rule: str, u: tuple, g_row):
@@ -297,6 +302,8 @@ def _run_set(states, dep, cfg, rule, u: tuple, g_row, rows: list, plans, keys) -
     sub, ecfg = _set_engine(dep, cfg, rule, u, g_row)
     drafts_per_round = sum(drafter_gammas(cfg.gamma, [d.gamma for d in sub.drafters]))
     done = states.ensure(u, [plans[i] for i in rows])
+    states.sync_features(u, [plans[i] for i in rows])  # feature drafters: missed features
+    fills = states.take_fills()
     prefilled = [tuple(j for j in u if plans[i] in done.get(j, ())) for i in rows]
     padded = padded_rows(rows)
     call_plans = [plans[i] for i in padded]
@@ -347,6 +354,7 @@ def _run_set(states, dep, cfg, rule, u: tuple, g_row, rows: list, plans, keys) -
         forwards=fwd,
         prefills=prefilled,
         drafts_per_round=drafts_per_round,
+        fills=[fills.pop(plans[i], 0) for i in rows],  # a plan's first row carries them
     )
 
 

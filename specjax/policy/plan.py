@@ -45,7 +45,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.engine.deployment import Deployment, prefix_distributions
-from specjax.engine.features import feature_layout
 from specjax.engine.gammas import widest_gamma
 from specjax.metrics import price_key
 from specjax.policy import boundary as boundary_lib
@@ -66,7 +65,7 @@ from specjax.policy.kl import pairwise_kl_common
 from specjax.policy.layout import StepRows, branch_layout
 from specjax.policy.plan_config import PlanConfig
 from specjax.policy.plan_state import PlanStates, padded_count
-from specjax.policy.scores import teacher_forced, verifier_window
+from specjax.policy.scores import verifier_window
 from specjax.policy.switches import Policy
 
 # ---------------------------------------------------------------------------- the run
@@ -277,6 +276,8 @@ def _charge_rows(stats, cfg, plan, rows, res):
         pre = np.asarray(counters.catchups[r]).copy()  # the engine's catch-up forwards
         pre[list(res.prefills[r])] += 1
         stats.add("drafter_prefills", plan, pre)
+        if res.fills and res.fills[r]:  # the verifier's features for feature drafters
+            stats.add("verifier_prefills", plan, res.fills[r])
         stats.add("seconds", plan, res.seconds[r])
         stats.add_priced(plan, res.priced[r])
 
@@ -323,49 +324,36 @@ def _score_step(dep, states, todo, step, new, router, stats) -> None:
     the router (`AutoRouter.observe_scores`). The verifier continues from the carried cache
     over a block of the step's length (`policy.scores.verifier_window`: one program per
     run, like a verify call of max_step_tokens + 1 tokens) and every drafter's own carried
-    read advances over the step's new tokens (`policy.carried_scores.ScoreReads`); a
-    deployment with a feature drafter reads the plan's whole text instead
-    (`teacher_forced`, at the run's buffer width).
+    read advances over the step's new tokens (`policy.carried_scores.ScoreReads`; a
+    feature drafter reads the verifier's features of the step from the same block).
     The scoring is charged to the plans: its programs' seconds; in the modelled cost a
-    verifier call (a prefill where the whole text is read) and one forward of every drafter
+    verifier call and one forward of every drafter
     per plan and step (counted with the drafter prefills, c_i each, like a catch-up); by the
     machine prices, the verifier's block and every drafter's read program (a prefill at its
     first use)."""
     rows = [states.hist[i] for i in todo]
     pad = padded_count(len(rows)) - len(rows)
-    width = min(-(-states.buf_len // 32) * 32, dep.verifier.max_len)
-    request, _ = feature_layout(dep.verifier, [d.lm for d in dep.drafters])
-    if request:
-        alpha, _, _, secs = teacher_forced(dep, rows + [rows[0]] * pad, width=width)
-        sums = [
-            alpha[:, j, len(r) - m - 1 : len(r) - 1].sum(-1)
-            for j, (r, m) in enumerate(zip(rows, new))
-        ]
-        verifier_count = "verifier_prefills"
-    else:
-        window = -(-(max(states.max_step_tokens, *new) + 1) // 8) * 8
-        plans = list(todo) + [todo[0]] * pad
-        steps = list(new) + [new[0]] * pad
-        v_logits, lo, secs = verifier_window(
-            dep, states.v.vcache, states.v_cap, plans, rows + [rows[0]] * pad, steps, window
-        )
-        if states.score_reads is None:
-            states.score_reads = ScoreReads(dep, states)
-        got, d_secs, priced = states.score_reads.score(plans, v_logits, lo, steps)
-        secs += d_secs
-        sums = [got[:, j] for j in range(len(rows))]
-        verifier_count = "verifier_calls"
-        # Priced as the forwards it is: the verifier's block of `window` tokens over the
-        # padded rows from the carried cache, and each drafter's read of the step (its
-        # program: gather, read the new pieces, score, put back; a prefill at first use).
-        key = price_key("verify", "verifier", window, len(plans), states.v_cap)
-        priced[key] = priced.get(key, 0) + 1
+    window = -(-(max(states.max_step_tokens, *new) + 1) // 8) * 8
+    plans = list(todo) + [todo[0]] * pad
+    steps = list(new) + [new[0]] * pad
+    v_logits, lo, secs, hidden = verifier_window(
+        dep, states.v.vcache, states.v_cap, plans, rows + [rows[0]] * pad, steps, window
+    )
+    if states.score_reads is None:
+        states.score_reads = ScoreReads(dep, states)
+    got, d_secs, priced = states.score_reads.score(plans, v_logits, lo, steps, hidden)
+    secs += d_secs
+    sums = [got[:, j] for j in range(len(rows))]
+    # Priced as the forwards it is: the verifier's block of `window` tokens over the
+    # padded rows from the carried cache, and each drafter's read of the step (its
+    # program: gather, read the new pieces, score, put back; a prefill at first use).
+    key = price_key("verify", "verifier", window, len(plans), states.v_cap)
+    priced[key] = priced.get(key, 0) + 1
     for j, i in enumerate(todo):
         router.observe_scores(i, step, sums[j], int(new[j]))
         stats.add("seconds", i, secs / len(todo))
-        stats.add(verifier_count, i, 1)
-        if not request:
-            stats.add_priced(i, {k: x / len(todo) for k, x in priced.items()})
+        stats.add("verifier_calls", i, 1)
+        stats.add_priced(i, {k: x / len(todo) for k, x in priced.items()})
         stats.add("drafter_prefills", i, np.ones(len(dep.drafters), np.int64))
 
 

@@ -32,11 +32,13 @@ import numpy as np
 
 from specjax.engine.decode import consume_width
 from specjax.engine.deployment import Deployment
+from specjax.engine.features import feature_layout, pick_features
 from specjax.engine.prefill import prefill
 from specjax.engine.programs import run_program
 from specjax.engine.state import EngineState
 from specjax.errors import ConfigError
 from specjax.measure.price_programs import register_state
+from specjax.models.api import causal_block_mask, forward_rows
 
 __all__ = ['PlanStates', 'CallState']
 
@@ -123,6 +125,45 @@ def _put_drafter(d: _DrafterRows, cache, logits, synced, dst, src):
     )
 
 
+def _verifier_features(verifier, v_params, vcache, idx, tokens, lo, request, pick):
+    """The verifier's features [B, W, F] (what a feature drafter reads, `pick` of
+    `feature_layout`'s `request`) of tokens[b] at positions lo[b] + [0, W): a block over a
+    copy of the carried cache's rows `idx` rolled back to lo[b] (its slots before lo[b]
+    committed; the carried cache itself untouched)."""
+    vc = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), vcache).replace(length=lo)
+    b, w = tokens.shape
+    pos = lo[:, None] + jnp.arange(w)[None, :]
+    at = jnp.zeros((b, 1), jnp.int32)  # the head on one row: only the states are read
+    out = forward_rows(
+        verifier, v_params, vc, tokens, pos, causal_block_mask(b, w), at, with_hidden=request
+    )
+    return pick_features(out[1], pick, request)
+
+
+@functools.partial(jax.jit, static_argnames=("verifier", "lm", "request", "pick"))
+def _fill_features(
+    v_params, vcache, d: _DrafterRows, idx, dst, tokens, lo, n, *, verifier, lm, request, pick
+):
+    """Feature drafter rows ``dst`` ← the verifier's features of the committed tokens they
+    have not read (tokens[b, :n[b]], at slots lo[b] + j): one verifier block over the
+    carried cache (`_verifier_features`), written into the drafter's carried cache
+    (``dst`` past the end: a padding row, dropped)."""
+    feats = _verifier_features(verifier, v_params, vcache, idx, tokens, lo, request, pick)
+    rows = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), d.cache)
+    rows = lm.write_features(rows, feats, lo, n)
+    src = jnp.arange(idx.shape[0], dtype=jnp.int32)
+    cache = jax.tree.map(lambda a, b: _put(a, b, dst, src), d.cache, rows)
+    return dataclasses.replace(d, cache=cache)
+
+
+@functools.partial(jax.jit, static_argnames=("verifier", "request", "pick"))
+def _prompt_features(v_params, vcache, idx, tokens, *, verifier, request, pick):
+    """`_verifier_features` of tokens from position 0 (a feature drafter's first use: the
+    features its prompt's prefill writes first, as the engine's `prompt_state` does)."""
+    lo = jnp.zeros((tokens.shape[0],), jnp.int32)
+    return _verifier_features(verifier, v_params, vcache, idx, tokens, lo, request, pick)
+
+
 def _bucket(n: int, b: int) -> int:
     return -(-int(n) // int(b)) * int(b)
 
@@ -180,6 +221,7 @@ class PlanStates:
         self.dep = dep
         self.texts0 = list(texts)
         self.hist = [list(map(int, h)) for h in histories]
+        self.hist0 = [list(h) for h in self.hist]  # a feature drafter's prompt: these ids
         self.gamma = int(gamma)
         p = len(self.hist)
         k = len(dep.drafters)
@@ -232,6 +274,10 @@ class PlanStates:
         # Every drafter's score read of the committed text (`policy.carried_scores`), made
         # by the plan runner when a router scores drafters teacher forced.
         self.score_reads = None
+        # Feature drafters (`specjax.models.eagle`): the verifier states they read, and the
+        # verifier blocks run for them not yet charged (plan → blocks, `take_fills`).
+        self._request, self._picks = feature_layout(dep.verifier, [d.lm for d in dep.drafters])
+        self.fills: dict[int, int] = {}
 
     @property
     def n_plans(self) -> int:
@@ -243,6 +289,17 @@ class PlanStates:
             self._allocate(j)
         return self._d_cap[j]
 
+    def reads_features(self, j: int) -> bool:
+        """Whether drafter j drafts from the verifier's features."""
+        return self._picks[j] is not None
+
+    def take_fills(self) -> dict[int, int]:
+        """plan → the verifier blocks run for its feature drafters since the last take
+        (its first use's prompt features and `sync_features`; each priced like a verifier
+        prefill in the modelled cost)."""
+        out, self.fills = self.fills, {}
+        return out
+
     def take_charges(self) -> tuple[float, dict]:
         """(seconds, price key → runs) of the state programs run since the last take: the
         caller charges them to the plans they ran for."""
@@ -250,10 +307,11 @@ class PlanStates:
         self.seconds, self.priced = 0.0, {}
         return s, p
 
-    def _run(self, fn, args: tuple):
+    def _run(self, fn, args: tuple, statics: dict | None = None):
         """Runs a state program (`run_program`), its seconds and its price key pending."""
-        key = register_state(fn, {}, args, self.n_plans, self.v_cap)
-        out, secs = run_program(fn, {}, args)
+        statics = statics or {}
+        key = register_state(fn, statics, args, self.n_plans, self.v_cap)
+        out, secs = run_program(fn, statics, args)
         self.seconds += secs
         self.priced[key] = self.priced.get(key, 0) + 1
         return out
@@ -270,10 +328,19 @@ class PlanStates:
             if not need:
                 continue
             spec, data = self.dep.drafters[j], self.dep.d_data[j]
-            enc = self.dep.drafter_encode[j]
             rows = padded_rows(need)
-            prompts = [enc(self.texts0[p]) for p in rows]
             cap = self._d_cap[j]
+            features = None
+            if self.reads_features(j):
+                # Its prompt in the verifier's ids, the verifier's features of every committed
+                # token but the last written first (later steps' too: it catches up on them).
+                prompts = [self.hist0[p] for p in rows]
+                features = self._prompt_features(j, rows)
+                for p in need:
+                    self.fills[p] = self.fills.get(p, 0) + 1
+            else:
+                enc = self.dep.drafter_encode[j]
+                prompts = [enc(self.texts0[p]) for p in rows]
             cache, logits, secs = prefill(
                 spec.lm,
                 data.params,
@@ -281,6 +348,7 @@ class PlanStates:
                 capacity=cap,
                 width=self.d_width[j],
                 bucket=self.bucket,
+                features=features,
             )
             n_v = self._n0[np.asarray(rows)]
             dst = np.full((len(rows),), self.n_plans, np.int32)
@@ -301,10 +369,76 @@ class PlanStates:
             out[j] = need
         return out
 
+    def _prompt_features(self, j: int, rows: list) -> tuple:
+        """(features [R, W, F], count i32[R]) of the verifier over plans ``rows``' committed
+        tokens but the last, from position 0 (W a multiple of the run's bucket)."""
+        n = np.array([len(self.hist[p]) - 1 for p in rows], np.int32)
+        w = min(_bucket(max(int(n.max()), 1), self.bucket), self.v_cap)
+        tokens = np.zeros((len(rows), w), np.int32)
+        for r, p in enumerate(rows):
+            tokens[r, : n[r]] = self.hist[p][: n[r]]
+        feats = self._run(
+            _prompt_features,
+            (self.dep.v_params, self.v.vcache, jnp.asarray(rows, jnp.int32), jnp.asarray(tokens)),
+            dict(verifier=self.dep.verifier, request=self._request, pick=self._picks[j]),
+        )
+        return feats, jnp.asarray(n)
+
+    def sync_features(self, js: Sequence[int], plans: Sequence[int]) -> None:
+        """Writes into feature drafters ``js``' carried caches the verifier's features of
+        the committed tokens they have not read for ``plans`` (steps they sat out or whose
+        branch lost): one verifier block over the missed tokens from the carried cache per
+        drafter, before a call that catches them up (`engine.checks.check_state_features`)."""
+        for j in js:
+            if not self.reads_features(j) or j not in self.d:
+                continue
+            vlen = np.asarray(self.d[j].cache.vlen)
+            need = [
+                p
+                for p in dict.fromkeys(plans)
+                if self.synced[j][p] >= 0 and vlen[p] < len(self.hist[p]) - 1
+            ]
+            if not need:
+                continue
+            rows = padded_rows(need)
+            lo = np.array([vlen[p] for p in rows], np.int32)
+            n = np.array([len(self.hist[p]) - 1 - vlen[p] for p in rows], np.int32)
+            n[len(need) :] = 0  # padding rows write nothing
+            w = _bucket(int(n.max()), 8)
+            tokens = np.zeros((len(rows), w), np.int32)
+            for r, p in enumerate(need):
+                tokens[r, : n[r]] = self.hist[p][lo[r] : lo[r] + n[r]]
+            dst = np.full((len(rows),), self.n_plans, np.int32)
+            dst[: len(need)] = need
+            self.d[j] = self._run(
+                _fill_features,
+                (
+                    self.dep.v_params,
+                    self.v.vcache,
+                    self.d[j],
+                    jnp.asarray(rows, jnp.int32),
+                    jnp.asarray(dst),
+                    jnp.asarray(tokens),
+                    jnp.asarray(lo),
+                    jnp.asarray(n),
+                ),
+                dict(
+                    verifier=self.dep.verifier,
+                    lm=self.dep.drafters[j].lm,
+                    request=self._request,
+                    pick=self._picks[j],
+                ),
+            )
+            for p in need:
+                self.fills[p] = self.fills.get(p, 0) + 1
+
     def _allocate(self, j: int) -> None:
         spec, data = self.dep.drafters[j], self.dep.d_data[j]
         enc = self.dep.drafter_encode[j]
-        lens = [len(enc(t)) for t in self.texts0]
+        if self.reads_features(j):  # its prompt: the verifier's ids (positions align)
+            lens = [len(h) for h in self.hist0]
+        else:
+            lens = [len(enc(t)) for t in self.texts0]
         self.d_width[j] = _bucket(max(lens), self.bucket)
         m = int(data.retok.shape[1])
         need = self.d_width[j] + consume_width(m, self.gamma + 1) + self.gamma
