@@ -135,7 +135,7 @@ def test_validation_reads_no_weights_and_names_the_inputs(monkeypatch):
     inputs = plans_validation.validate(_config("runlocal,lookup"))
     rec = inputs["smollm2"]
     assert rec["gguf"] == str(gguf.smollm2_path()) and len(rec["gguf_sha256"]) == 64
-    assert sorted(rec["drafters_sha256"]) == ["code", "prose"]
+    assert sorted(rec["drafters_sha256"]) == ["code", "eagle", "prose"]
     assert len(rec["reasoning_zoo"]["manifest_sha256"]) == 64
     # The outline spells prompts as a cell does: one user turn of the chat template.
     dep = sd.deployment("float32", 512, ("code", "prose", "reasoning", "lookup"), False)

@@ -213,7 +213,8 @@ def _inputs(path: str) -> dict:
         'gguf': path,
         'gguf_sha256': zoo_lib.file_sha256(path),
         'drafters_sha256': {
-            n: zoo_lib.file_sha256(real_zoo.drafter_path(n)) for n in real_zoo.DISTILLED
+            n: zoo_lib.file_sha256(real_zoo.drafter_path(n))
+            for n in real_zoo.DISTILLED + SMOLLM2_EXTRA
         },
         'reasoning_zoo': {
             'path': str(zoo_path.absolute()),
@@ -290,10 +291,13 @@ class SmolLM2Kind(DeploymentKind):
 
     def validate(self, config) -> tuple[dict | None, set[str]]:
         # The names first: a bad pairing is named whether or not the wheel is installed.
-        check_pairings(config, set(SMOLLM2_DRAFTERS))
+        # The feature drafter runs in plans too (its carried state reads the verifier's
+        # features of the steps it sat out: `PlanStates.sync_features`).
+        known = set(SMOLLM2_DRAFTERS + SMOLLM2_EXTRA)
+        check_pairings(config, known)
         inputs = validate_smollm2(config)
         check_max_len(config)  # before the cells' budgets use it
-        return inputs, set(SMOLLM2_DRAFTERS)
+        return inputs, known
 
     def load(self, config, pairing=None, weights: bool = True) -> Deployment:
         return load_smollm2_deployment(config, pairing or None, weights)
