@@ -1,7 +1,7 @@
 """A feature drafter (`specjax.models.eagle`) in the plan runner's carried state
 (`specjax.policy.plan_state`): at its first use it reads the verifier's features of its
-prompt and of the steps before; after steps it sat out it reads those of the tokens
-committed meanwhile (one verifier block over the carried cache). Its carried cache then
+prompt (kept from the verifier's prefill), and of the steps before and after steps it sat
+out those of the tokens committed meanwhile (one verifier block over the carried cache). Its carried cache then
 holds the verifier's features of every committed token and the logits a fresh prefill of
 the committed text gives, and at verifier τ 0 every plan commits the verifier's greedy text."""
 
@@ -45,9 +45,10 @@ def test_carried_features_are_the_verifiers_and_the_logits_a_fresh_prefills(dep)
         commit_carried(
             states, res, [0, 1, 2], {p: p for p in range(3)}, dict(enumerate(res.tokens))
         )
-    # Verifier blocks for the feature drafter: its first use (plans 0, 2 at step 0, plan 1 at
-    # step 2) and plans 0 and 2 coming back after sitting out step 1.
-    assert fills == [[1, 0, 1], [0, 0, 0], [1, 1, 1]]
+    # Verifier blocks for the feature drafter: none at a first use at step 0 (the prompt's
+    # features come with the verifier's prefill); one for the steps before a later first use
+    # (plan 1) and for a return after sitting out step 1 (plans 0 and 2).
+    assert fills == [[0, 0, 0], [0, 0, 0], [1, 1, 1]]
     carried = states.d[EAGLE]
     vlen = np.asarray(carried.cache.vlen)
     for p in range(3):
@@ -87,7 +88,7 @@ def test_a_feature_drafter_routed_in_and_out_commits_the_greedy_text(dep):
     got, stats = run_plans(dep, cfg, TEXTS, router=_Rota())
     assert got == greedy
     # The plans' prompt prefills, then the verifier blocks for its features (the test above).
-    assert int(np.sum(stats.verifier_prefills)) == 3 + 5
+    assert int(np.sum(stats.verifier_prefills)) == 3 + 3
 
 
 def _fresh_logits(dep, toks, n_tokens):

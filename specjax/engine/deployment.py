@@ -113,7 +113,8 @@ def _verifier_states(verifier, v_params, v_tokens, request):
     """The verifier's hidden states [B, T, n·D] at every position of ``v_tokens`` (the
     states feature drafters read, `feature_layout`'s ``request``)."""
     b, t = v_tokens.shape
-    cache = verifier.init_cache(b, t).replace(length=jnp.minimum(v_tokens[:, 0], 0) * 0)
+    # A runtime 0 (ids are ≥ 0), not a constant XLA would fold attention over.
+    cache = verifier.init_cache(b, t).replace(length=jnp.minimum(v_tokens[:, 0], 0))
     pos = jnp.broadcast_to(jnp.arange(t), (b, t))
     at = jnp.zeros((b, 1), jnp.int32)
     mask = causal_block_mask(b, t)

@@ -192,9 +192,11 @@ def prefill_cache(lm, params, tokens, n, capacity, groups=None, with_hidden=Fals
     return lm.advance(out[1], n), out[0][:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("lm", "capacity", "groups"))
-def _prefill_program(params, tokens, n, features=None, *, lm, capacity, groups):
-    return prefill_cache(lm, params, tokens, n, capacity, groups, features=features)
+@functools.partial(jax.jit, static_argnames=("lm", "capacity", "groups", "with_hidden"))
+def _prefill_program(params, tokens, n, features=None, *, lm, capacity, groups, with_hidden=False):
+    return prefill_cache(
+        lm, params, tokens, n, capacity, groups, with_hidden=with_hidden, features=features
+    )
 
 
 def prefill(
@@ -207,6 +209,7 @@ def prefill(
     cached: Sequence[int] | None = None,
     bucket: int = 1,
     features=None,
+    with_hidden=False,
 ):
     """A fresh cache of `capacity` slots per row holding each prompt: one compiled program.
 
@@ -217,10 +220,13 @@ def prefill(
         but the last, which is the next round's root).
       features: a feature drafter's (the verifier's features [B, W, F], count i32[B]),
         written into its fresh cache before its prompt is fed (`prefill_cache`).
+      with_hidden: a verifier's: also return its hidden states over the prompts
+        [B, P, ·] (`prefill_cache`; what its feature drafters read, `feature_layout`).
 
     Returns:
       (cache, logits f32[B, V] after the last cached token, seconds of the program), on
-      the device: the pieces of an `EngineState` that later calls continue.
+      the device: the pieces of an `EngineState` that later calls continue; with
+      ``with_hidden`` the hidden states last.
     """
     arr, plen = pad_prompts(prompts, bucket=bucket, min_width=width)
     n = plen if cached is None else np.asarray(cached, np.int32)
@@ -234,11 +240,13 @@ def prefill(
     statics = dict(
         lm=lm, capacity=int(capacity), groups=prefill_groups(n, int(arr.shape[1]), bucket)
     )
+    if with_hidden:
+        statics['with_hidden'] = with_hidden
     args = (params, dev['tokens'], dev['n'])
-    (cache, logits), seconds = run_program(
+    out, seconds = run_program(
         _prefill_program, statics, args if features is None else args + (tuple(features),)
     )
-    return cache, logits, seconds
+    return out[0], out[1], seconds, *out[2:]
 
 
 def prompt_state(

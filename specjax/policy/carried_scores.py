@@ -65,7 +65,7 @@ def _read_score(
     npieces,
     ends,
     last,
-    v_logits,
+    v_law,
     vcol,
     want,
     feats=None,
@@ -76,8 +76,8 @@ def _read_score(
     """One drafter's score read over the rows ``idx`` of its plans: reads ``ids`` (each
     row's ``npieces`` new pieces) after its cached text, takes its law after each new
     token's last piece (``ends``) and before the first (the stored logits), scores Σ_x
-    min(p, q) against the verifier's logits at the same positions (``vcol``: the column of
-    ``v_logits`` for each law; ``want``: the positions scored), and puts the advanced rows
+    min(p, q) against the verifier's law p at the same positions (``vcol``: the column of
+    ``v_law`` for each law; ``want``: the positions scored), and puts the advanced rows
     back at ``dst`` (past the end: a padded row, dropped). ``feats`` (a feature drafter):
     (the verifier's features [B, W, F], their first position i32[B], count i32[B]) written
     into its read first. Returns (α f32[B], rows)."""
@@ -98,8 +98,7 @@ def _read_score(
     flat = laws.reshape(b * t1, laws.shape[-1]).astype(jnp.float32)
     _, _, q = draw(False, spec, data, v_vocab, flat, jnp.zeros((b * t1,), jnp.float32))
     q = q_dense(q).reshape(b, t1, v_vocab)
-    p_logits = jax.vmap(lambda v, c: jnp.take(v, c, axis=0))(v_logits, vcol)  # [B, T+1, V]
-    p = jax.nn.softmax(p_logits.astype(jnp.float32), -1)
+    p = jax.vmap(lambda v, c: jnp.take(v, c, axis=0))(v_law, vcol)  # [B, T+1, V]
     alpha = (jnp.minimum(p, q).sum(-1) * want).sum(-1)
     after = jnp.take_along_axis(laws, last[:, None, None], 1)[:, 0].astype(jnp.float32)
     synced = take(rows.synced) + last  # verifier tokens read
@@ -141,8 +140,9 @@ class ScoreReads:
         self.synced[j] = np.full((p,), -1, np.int64)
         self.pieces[j] = np.zeros((p,), np.int64)
 
-    def _ensure(self, j: int, plans) -> tuple[float, dict]:
-        """Prefills drafter j's read of the prompts of ``plans`` that have none."""
+    def _ensure(self, j: int, plans, lo: dict) -> tuple[float, dict]:
+        """Prefills drafter j's read of the prompts of ``plans`` that have none (``lo``:
+        plan → the first position of the verifier's block this step, `score`)."""
         if j not in self.rows:
             self._allocate(j)
         need = [p for p in dict.fromkeys(plans) if self.synced[j][p] < 0]
@@ -153,7 +153,12 @@ class ScoreReads:
         features, priced = None, {}
         if st.reads_features(j):  # the verifier's ids, its features of the text written first
             prompts = [st.hist0[p] for p in rows]
-            features = st._prompt_features(j, rows)  # pylint: disable=protected-access
+            n0 = st._n0  # pylint: disable=protected-access
+            if all(lo.get(p, 0) <= n0[p] - 1 for p in rows):
+                # Kept from the verifier's prefill; the step's block (from ``lo``) has the rest.
+                features = st.prompt_features(j, rows)
+            else:  # steps the step's block does not cover: the verifier reads the text again
+                features = st._prompt_features(j, rows)  # pylint: disable=protected-access
         else:
             enc = self.dep.drafter_encode[j]
             prompts = [enc(st.texts0[p]) for p in rows]
@@ -231,9 +236,9 @@ class ScoreReads:
         priced = {price_key("draft", spec.name, width, len(rows), self.cap[j]): 1, key: 1}
         return secs + put_s, priced
 
-    def score(self, plans, v_logits, lo, new, hidden=None) -> tuple[np.ndarray, float, dict]:
+    def score(self, plans, v_law, lo, new, hidden=None) -> tuple[np.ndarray, float, dict]:
         """α f32[K, B] of every drafter over rows ``plans`` (padded: a plan may repeat;
-        each real plan once, first), the verifier's logits ``v_logits`` f32[B, W, V] at
+        each real plan once, first), the verifier's law at τ 1 ``v_law`` f32[B, W, V] at
         positions lo[b] + [0, W), each row's last ``new[b]`` tokens scored; (α, seconds,
         price key → runs; the seconds are the programs', as every row's: no host Python).
         ``hidden``: the verifier's states [B, W, ·] there (`verifier_window`), which feature
@@ -248,10 +253,10 @@ class ScoreReads:
         n = np.asarray([len(st.hist[p]) for p in plans], np.int64)
         new = np.asarray(new, np.int64)
         lo = np.asarray(lo, np.int64)
-        w_v = int(v_logits.shape[1])
+        w_v = int(v_law.shape[1])
         secs, priced, out = 0.0, {}, []
         for j, (spec, data) in enumerate(zip(self.dep.drafters, self.dep.d_data)):
-            s, pr = self._ensure(j, plans)
+            s, pr = self._ensure(j, plans, dict(zip(plans, lo.tolist())))
             secs += s
             for k, x in pr.items():
                 priced[k] = priced.get(k, 0) + x
@@ -299,7 +304,7 @@ class ScoreReads:
                 jnp.asarray(np.asarray([len(x) for x in pieces], np.int32)),
                 jnp.asarray(ends),
                 jnp.asarray(last),
-                v_logits,
+                v_law,
                 jnp.asarray(vcol),
                 jnp.asarray(want),
             )

@@ -336,12 +336,12 @@ def _score_step(dep, states, todo, step, new, router, stats) -> None:
     window = -(-(max(states.max_step_tokens, *new) + 1) // 8) * 8
     plans = list(todo) + [todo[0]] * pad
     steps = list(new) + [new[0]] * pad
-    v_logits, lo, secs, hidden = verifier_window(
+    v_law, lo, secs, hidden = verifier_window(
         dep, states.v.vcache, states.v_cap, plans, rows + [rows[0]] * pad, steps, window
     )
     if states.score_reads is None:
         states.score_reads = ScoreReads(dep, states)
-    got, d_secs, priced = states.score_reads.score(plans, v_logits, lo, steps, hidden)
+    got, d_secs, priced = states.score_reads.score(plans, v_law, lo, steps, hidden)
     secs += d_secs
     sums = [got[:, j] for j in range(len(rows))]
     # Priced as the forwards it is: the verifier's block of `window` tokens over the

@@ -156,11 +156,19 @@ def _fill_features(
     return dataclasses.replace(d, cache=cache)
 
 
+@functools.partial(jax.jit, static_argnames=("request", "pick"))
+def _pick_rows(hidden, idx, *, request, pick):
+    """Rows ``idx`` of the verifier's prompt states, the slices a feature drafter reads."""
+    return pick_features(jnp.take(hidden, idx, axis=0), pick, request)
+
+
 @functools.partial(jax.jit, static_argnames=("verifier", "request", "pick"))
 def _prompt_features(v_params, vcache, idx, tokens, *, verifier, request, pick):
     """`_verifier_features` of tokens from position 0 (a feature drafter's first use: the
     features its prompt's prefill writes first, as the engine's `prompt_state` does)."""
-    lo = jnp.zeros((tokens.shape[0],), jnp.int32)
+    # A runtime 0 (token ids are ≥ 0): a compile-time empty cache lets XLA constant-fold
+    # the attention over every empty slot (tens of seconds of compilation per shape).
+    lo = jnp.minimum(tokens[:, 0], 0).astype(jnp.int32)
     return _verifier_features(verifier, v_params, vcache, idx, tokens, lo, request, pick)
 
 
@@ -240,8 +248,14 @@ class PlanStates:
                 "steps, or shorter prompts)"
             )
         self.v_cap = min(self.buf_len + (k - 1) * self.gamma, dep.verifier.max_len)
+        # Feature drafters (`specjax.models.eagle`): the verifier states they read, those of
+        # the prompts kept from the verifier's prefill (its first use of a plan reads them;
+        # steps' come from `sync_features`), and the verifier blocks run for them not yet
+        # charged (plan → blocks, `take_fills`).
+        self._request, self._picks = feature_layout(dep.verifier, [d.lm for d in dep.drafters])
+        self.fills: dict[int, int] = {}
         # Ragged prefill groups (if any) at the plan's bucket: few distinct programs.
-        cache, _, secs = prefill(
+        cache, _, secs, *hidden = prefill(
             dep.verifier,
             dep.v_params,
             self.hist,
@@ -249,7 +263,9 @@ class PlanStates:
             width=self.width,
             cached=np.maximum(n0 - 1, 0),
             bucket=int(bucket),
+            with_hidden=self._request,
         )
+        self._prompt_hidden = hidden[0] if hidden else None  # [P, width, ·]
         tokens = np.zeros((p, self.buf_len), np.int32)
         for i, h in enumerate(self.hist):
             tokens[i, : len(h)] = h
@@ -274,10 +290,6 @@ class PlanStates:
         # Every drafter's score read of the committed text (`policy.carried_scores`), made
         # by the plan runner when a router scores drafters teacher forced.
         self.score_reads = None
-        # Feature drafters (`specjax.models.eagle`): the verifier states they read, and the
-        # verifier blocks run for them not yet charged (plan → blocks, `take_fills`).
-        self._request, self._picks = feature_layout(dep.verifier, [d.lm for d in dep.drafters])
-        self.fills: dict[int, int] = {}
 
     @property
     def n_plans(self) -> int:
@@ -332,12 +344,10 @@ class PlanStates:
             cap = self._d_cap[j]
             features = None
             if self.reads_features(j):
-                # Its prompt in the verifier's ids, the verifier's features of every committed
-                # token but the last written first (later steps' too: it catches up on them).
+                # Its prompt in the verifier's ids, the verifier's features of it (from its
+                # prefill) written first; those of later steps `sync_features` writes.
                 prompts = [self.hist0[p] for p in rows]
-                features = self._prompt_features(j, rows)
-                for p in need:
-                    self.fills[p] = self.fills.get(p, 0) + 1
+                features = self.prompt_features(j, rows)
             else:
                 enc = self.dep.drafter_encode[j]
                 prompts = [enc(self.texts0[p]) for p in rows]
@@ -369,9 +379,23 @@ class PlanStates:
             out[j] = need
         return out
 
+    def prompt_features(self, j: int, rows: list) -> tuple:
+        """(features [R, W, F], count i32[R]) drafter j reads before plans ``rows``' prompts
+        (their first tokens: every prompt token but the last): the verifier's states kept
+        from its prefill, gathered (a state program)."""
+        n = np.maximum(self._n0[np.asarray(rows)] - 1, 0).astype(np.int32)
+        feats = self._run(
+            _pick_rows,
+            (self._prompt_hidden, jnp.asarray(rows, jnp.int32)),
+            dict(request=self._request, pick=self._picks[j]),
+        )
+        return feats, jnp.asarray(n)
+
     def _prompt_features(self, j: int, rows: list) -> tuple:
         """(features [R, W, F], count i32[R]) of the verifier over plans ``rows``' committed
-        tokens but the last, from position 0 (W a multiple of the run's bucket)."""
+        tokens but the last, from position 0 (W a multiple of the run's bucket): a verifier
+        block over the whole text (where steps were committed before a first use that
+        cannot catch up on them, `ScoreReads`)."""
         n = np.array([len(self.hist[p]) - 1 for p in rows], np.int32)
         w = min(_bucket(max(int(n.max()), 1), self.bucket), self.v_cap)
         tokens = np.zeros((len(rows), w), np.int32)

@@ -71,11 +71,12 @@ def _drafter_scores(spec, data, v_logits, v_next, ids, ends, n, feats, feat_n, v
 
 @functools.partial(jax.jit, static_argnames=("verifier", "request"))
 def _window_pass(v_params, vcache, idx, tokens, lo, *, verifier, request=False):
-    """The verifier's logits f32[B, W, V] at positions lo[b] + [0, W) of the carried cache's
-    rows ``idx``, reading ``tokens`` there, with the cache's committed slots before lo[b] as
-    context (rolled back to lo[b]: `models.cache`, the carried cache itself untouched);
-    bool[B] whether every row's slots before lo[b] were committed; and the hidden states
-    feature drafters read there (`feature_layout`'s ``request``; else None)."""
+    """The verifier's law at τ 1, f32[B, W, V], at positions lo[b] + [0, W) of the carried
+    cache's rows ``idx``, reading ``tokens`` there, with the cache's committed slots before
+    lo[b] as context (rolled back to lo[b]: `models.cache`, the carried cache itself
+    untouched); bool[B] whether every row's slots before lo[b] were committed; and the
+    hidden states feature drafters read there (`feature_layout`'s ``request``; else None).
+    The law once here, not once per drafter scored against it."""
     cache = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), vcache)
     ok = lo <= cache.length
     cache = cache.replace(length=lo)
@@ -84,7 +85,7 @@ def _window_pass(v_params, vcache, idx, tokens, lo, *, verifier, request=False):
     at = jnp.broadcast_to(jnp.arange(w), (b, w))
     mask = causal_block_mask(b, w)
     out = forward_rows(verifier, v_params, cache, tokens, pos, mask, at, with_hidden=request)
-    return out[0], ok, (out[1] if request else None)
+    return jax.nn.softmax(out[0].astype(jnp.float32), -1), ok, (out[1] if request else None)
 
 
 def _score_one(dep, spec, data, v_logits, nxt, ids, ends, dn, feats, feat_n):
@@ -200,12 +201,12 @@ def verifier_window(
     new: Sequence[int],
     window: int,
 ) -> tuple[jax.Array, np.ndarray, float]:
-    """The verifier's logits f32[B, window, V] over each row's last step, continuing the
-    plan runner's carried cache (``vcache``, capacity ``cap``; row ``plans[b]`` holds
+    """The verifier's law at τ 1, f32[B, window, V], over each row's last step, continuing
+    the plan runner's carried cache (``vcache``, capacity ``cap``; row ``plans[b]`` holds
     ``rows[b]`` committed) instead of reading the whole text again: the block starts at
     position lo[b] (the step's first predicting position, earlier where the block would
     leave the cache), one program per run, like a verify call of ``window`` tokens.
-    Returns (logits, lo i64[B], seconds of the program, the hidden states [B, window, F]
+    Returns (law, lo i64[B], seconds of the program, the hidden states [B, window, F]
     there that the deployment's feature drafters read, `feature_layout`, or None). The
     drafters' side is `policy.carried_scores.ScoreReads`."""
     rows = [list(map(int, r)) for r in rows]
@@ -227,7 +228,7 @@ def verifier_window(
     )
     request, _ = feature_layout(dep.verifier, [d.lm for d in dep.drafters])
     statics = {"verifier": dep.verifier, "request": request}
-    (logits, ok, hidden), secs = run_program(_window_pass, statics, args)
+    (law, ok, hidden), secs = run_program(_window_pass, statics, args)
     if not np.all(jax.device_get(ok)):
         raise ValueError("verifier_window: a row's carried cache is behind its text")
-    return logits, lo, secs, hidden
+    return law, lo, secs, hidden
