@@ -85,6 +85,35 @@ def test_a_model_without_a_kind_drafts_as_a_transformer_and_wrappers_keep_theirs
         assert drafter_kinds.kind_of(FreeLM(lm, 0)) is drafter_kinds.kind_of(lm)
 
 
+def test_a_free_verifier_gives_states_of_the_real_shapes_without_a_forward():
+    """A round with feature drafters asks the verifier for its states: a round's price
+    program (`FreeLM`) gets states of the real shapes without the verifier's forward, which
+    is priced apart (its ``verify`` key), not a second time inside the round's price."""
+    import jax
+    import jax.numpy as jnp
+
+    from specjax.models.api import causal_block_mask
+
+    lm = _models()['transformer']
+    params, cache = lm.init_params(0), lm.init_cache(2, 16)
+    tok = jnp.ones((2, 4), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(4), (2, 4))
+    mask = causal_block_mask(2, 4)
+    free = FreeLM(lm, 3)
+    for layers in (None, (0, 2)):
+        real = jax.eval_shape(
+            lambda p: lm.forward_hidden(p, cache, tok, pos, mask, layers=layers), params
+        )
+        got = free.forward_hidden(params, cache, tok, pos, mask, layers=layers)
+        assert [x.shape for x in got[:2]] == [x.shape for x in real[:2]]
+        program = jax.make_jaxpr(
+            lambda p: free.forward_hidden(p, cache, tok, pos, mask, layers=layers)[:2]
+        )(params)
+        assert 'dot_general' not in str(program)
+    real = jax.make_jaxpr(lambda p: lm.forward_hidden(p, cache, tok, pos, mask)[:2])(params)
+    assert 'dot_general' in str(real)  # the check can fail
+
+
 def test_names_are_checked():
     with pytest.raises(ConfigError, match=r"drafter kind: got 'medusa'; allowed: one of .*eagle"):
         drafter_kinds.get('medusa')

@@ -85,6 +85,22 @@ class FreeLM:
         wiggle = (tokens % 2).astype(out.dtype)[..., None] * 1e-3
         return jnp.broadcast_to(base, out.shape) + wiggle, cache
 
+    def forward_hidden(
+        self, params, cache, tokens, positions, block_mask, logits_at=None, layers=None
+    ):
+        """`forward`'s free logits with free hidden states of `inner`'s shape: a round with
+        feature drafters asks the verifier for its states, and that forward is priced
+        apart (its ``verify`` key), not again inside the round's own price."""
+        abstract = lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+        kw = {} if layers is None else {"layers": layers}
+        hidden = jax.eval_shape(
+            functools.partial(self.inner.forward_hidden, **kw),
+            *jax.tree.map(abstract, (params, cache, tokens, positions, block_mask)),
+        )[1]
+        logits, cache = self.forward(params, cache, tokens, positions, block_mask, logits_at)
+        wiggle = (tokens % 2).astype(hidden.dtype)[..., None] * 1e-3
+        return logits, jnp.broadcast_to(wiggle, hidden.shape), cache
+
 
 # ----------------------------------------------------------------------------------------
 # Templates: shapes and integer arrays kept, floating-point arrays rebuilt as zeros
