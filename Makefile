@@ -185,11 +185,12 @@ docs: $(STAMP) docs-seed
 	$(PY) experiments/benchmark_batching.py --write_docs
 	$(MAKE) benchmark-real-headline
 
-# The seed table's page: `make reproduce`'s run in a fresh workdir, then its page.
+# The zoo's run of the seed table: `make reproduce`'s run in a fresh workdir, its report in the
+# workdir (the page is docs/results/seed_report_real.md, beside the real verifiers).
 docs-seed: $(STAMP)
 	rm -rf runs/docs_seed_table
 	$(PY) -m specjax.main --config=configs/seed_reproduction.py:runlocal --workdir=runs/docs_seed_table
-	$(PY) -m specjax.report --workdir=runs/docs_seed_table --docs_page=docs/results/seed_table.md
+	$(PY) -m specjax.report --workdir=runs/docs_seed_table
 
 # The seed's four claims on three deployments side by side (docs/results/seed_report_real.md):
 # `make reproduce-real`'s run (~30 min) and `make reproduce-gemma3`'s, then the page against

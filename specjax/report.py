@@ -32,7 +32,7 @@ flags.DEFINE_string(
     None,
     "Also write a results page at this path, headed by this command, the run's command, "
     "their commits and dates, and the machine: the seed table for the seed reproduction "
-    "(e.g. docs/results/seed_table.md), else the report's tables and plots (e.g. "
+    "(e.g. docs/results/seed_report_real.md), else the report's tables and plots (e.g. "
     "docs/results/sweep_gamma_temperature.md; the plots copied into a folder of the "
     "page's name beside it).",
 )
