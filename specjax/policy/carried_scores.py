@@ -12,8 +12,9 @@ text again (`policy.scores.teacher_forced`, which re-reads every row from its st
 the reference). A feature drafter (`specjax.models.eagle`) reads the verifier's ids, and the
 verifier's features of the step's tokens come with its block (`verifier_window`'s hidden
 states), written into its read before the step's tokens are fed, as the engine does; its
-prompt's, at first use, from a verifier block over the committed text
-(`PlanStates._prompt_features`).
+prompt's, at first use, those kept from the verifier's prefill (`PlanStates.prompt_features`;
+a verifier block over the committed text where the step's block does not reach back to the
+prompt, `PlanStates._prompt_features`).
 
 Its q is the engine's: a drafter that runs next step starts from the same context it is
 scored in (the read is not shared with the engine's carried rows, `PlanStates.d`, whose

@@ -307,8 +307,7 @@ class PlanStates:
 
     def take_fills(self) -> dict[int, int]:
         """plan → the verifier blocks run for its feature drafters since the last take
-        (its first use's prompt features and `sync_features`; each priced like a verifier
-        prefill in the modelled cost)."""
+        (`sync_features`; each priced like a verifier prefill in the modelled cost)."""
         out, self.fills = self.fills, {}
         return out
 
