@@ -197,7 +197,7 @@ def scores_against_the_whole_text(dep, cfg, prompts, monkeypatch, max_set=1):
         if entry[0] != "call":
             continue
         rows, steps = entry[1], entry[2]
-        got = [e for e in seen[k + 1 :]]
+        got = seen[k + 1 :]
         got = got[: next((i for i, e in enumerate(got) if e[0] == "call"), len(got))]
         alpha, _, _, _ = scores.teacher_forced(dep, rows[: len(got)])
         for b, (plan, step, a, n) in enumerate(got):
